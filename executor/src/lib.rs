@@ -1,0 +1,1 @@
+//! memra executor.

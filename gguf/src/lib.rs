@@ -1,0 +1,1 @@
+//! GGUF container: header, metadata, tensor infos.

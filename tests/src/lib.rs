@@ -1,0 +1,1 @@
+//! memra end-to-end tests live in tests/.
