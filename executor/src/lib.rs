@@ -1,1 +1,2 @@
 //! memra executor.
+pub mod text;
