@@ -1,0 +1,188 @@
+//! Hugging Face `config.json` reader: hyperparameters of a model whose weights the compiler
+//! never sees, with tensors synthesized in the placement's chosen dtype.
+
+use super::tensors::synthesize;
+use super::{fnv1a, Architecture, Dtype, ModelMeta};
+use crate::plan::{MlaSummary, MoeSummary};
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// HF `model_type` spellings and the architecture each maps to.
+const MODEL_TYPES: [(&str, Architecture); 7] = [
+    ("llama", Architecture::Llama),
+    ("qwen2", Architecture::Qwen2),
+    ("qwen3", Architecture::Qwen3),
+    ("qwen3_moe", Architecture::Qwen3Moe),
+    ("mixtral", Architecture::Mixtral),
+    ("deepseek_v2", Architecture::Deepseek2),
+    ("deepseek_v3", Architecture::Deepseek2),
+];
+
+/// Read a config.json; weights are assumed to be stored in `dtype`.
+pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
+    let text = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let json: Value = serde_json::from_slice(&text).map_err(|e| {
+        anyhow!(
+            "{}:{}:{}: invalid json: {e}",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| anyhow!("{}: expected a json object at the top", path.display()))?;
+    let keys = Keys { obj, path };
+    let model_type = keys.str("model_type")?;
+    let architecture = MODEL_TYPES
+        .iter()
+        .find(|(name, _)| *name == model_type)
+        .map(|(_, arch)| *arch)
+        .ok_or_else(|| {
+            let names: Vec<&str> = MODEL_TYPES.iter().map(|(n, _)| *n).collect();
+            anyhow!(
+                "{}: model_type `{model_type}` is not supported; supported: {}",
+                path.display(),
+                names.join(", ")
+            )
+        })?;
+    let embedding = keys.u32("hidden_size")?;
+    let heads = keys.u32("num_attention_heads")?;
+    let kv_heads = keys.opt_u32("num_key_value_heads")?.unwrap_or(heads);
+    if heads == 0 {
+        bail!("{}: num_attention_heads must be at least 1", path.display());
+    }
+    let mla = match architecture {
+        Architecture::Deepseek2 => Some(MlaSummary {
+            q_lora_rank: keys.u32("q_lora_rank")?,
+            kv_lora_rank: keys.u32("kv_lora_rank")?,
+            qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
+            qk_rope_head_dim: keys.u32("qk_rope_head_dim")?,
+            v_head_dim: keys.u32("v_head_dim")?,
+        }),
+        _ => None,
+    };
+    let head_dim = match &mla {
+        Some(mla) => mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+        None => keys.opt_u32("head_dim")?.unwrap_or(embedding / heads),
+    };
+    let moe = match architecture {
+        Architecture::Mixtral => Some(MoeSummary {
+            experts: keys.u32("num_local_experts")?,
+            top_k: keys.u32("num_experts_per_tok")?,
+            expert_ffn: keys.u32("intermediate_size")?,
+            shared_expert_ffn: 0,
+            dense_layers: 0,
+        }),
+        Architecture::Qwen3Moe => Some(MoeSummary {
+            experts: keys.u32("num_experts")?,
+            top_k: keys.u32("num_experts_per_tok")?,
+            expert_ffn: keys.u32("moe_intermediate_size")?,
+            shared_expert_ffn: 0,
+            dense_layers: 0,
+        }),
+        Architecture::Deepseek2 => {
+            let expert_ffn = keys.u32("moe_intermediate_size")?;
+            Some(MoeSummary {
+                experts: keys.u32("n_routed_experts")?,
+                top_k: keys.u32("num_experts_per_tok")?,
+                expert_ffn,
+                shared_expert_ffn: keys.opt_u32("n_shared_experts")?.unwrap_or(0) * expert_ffn,
+                dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
+            })
+        }
+        _ => None,
+    };
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut meta = ModelMeta {
+        name,
+        architecture,
+        layers: keys.u32("num_hidden_layers")?,
+        embedding,
+        heads,
+        kv_heads,
+        head_dim,
+        ffn: keys.u32("intermediate_size")?,
+        vocab: keys.u32("vocab_size")?,
+        context_length: keys.u32("max_position_embeddings")?,
+        rope_theta: keys.opt_f32("rope_theta")?.unwrap_or(10_000.0),
+        rms_eps: keys.f32("rms_norm_eps")?,
+        tied_embeddings: keys.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
+        qkv_bias: architecture == Architecture::Qwen2,
+        moe,
+        mla,
+        tensors: Vec::new(),
+        fingerprint: fnv1a(&text, 0),
+    };
+    meta.tensors = synthesize(&meta, dtype);
+    Ok(meta)
+}
+
+/// Typed access to the keys of a config.json, with errors that name the file and key.
+struct Keys<'a> {
+    obj: &'a Map<String, Value>,
+    path: &'a Path,
+}
+
+impl Keys<'_> {
+    fn missing(&self, key: &str) -> anyhow::Error {
+        anyhow!("{}: missing key `{key}`", self.path.display())
+    }
+
+    fn wrong(&self, key: &str, allowed: &str) -> anyhow::Error {
+        anyhow!(
+            "{}: key `{key}` must be {allowed}",
+            self.path.display()
+        )
+    }
+
+    fn str(&self, key: &str) -> Result<&str> {
+        let v = self.obj.get(key).ok_or_else(|| self.missing(key))?;
+        v.as_str().ok_or_else(|| self.wrong(key, "a string"))
+    }
+
+    fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "an integer in 0..=4294967295")),
+        }
+    }
+
+    fn u32(&self, key: &str) -> Result<u32> {
+        self.opt_u32(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| self.wrong(key, "a positive number")),
+        }
+    }
+
+    fn f32(&self, key: &str) -> Result<f32> {
+        self.opt_f32(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "true or false")),
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Model metadata: what the compiler knows of a model without touching its weights.
+//!
+//! Two readers fill `ModelMeta`: a GGUF header (tensor infos included) and a Hugging Face
+//! `config.json` (tensors synthesized from the architecture's layout in a chosen dtype).
+
+mod config;
+mod gguf;
+mod tensors;
+
+pub use config::read_config;
+pub use gguf::read_gguf;
+
+use crate::plan::{MlaSummary, MoeSummary};
+
+/// Architectures the compiler can plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Qwen3Moe,
+    Mixtral,
+    Deepseek2,
+}
+
+impl Architecture {
+    /// Every supported architecture, for error messages.
+    pub const ALL: [Architecture; 6] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3Moe,
+        Architecture::Mixtral,
+        Architecture::Deepseek2,
+    ];
+
+    /// The GGUF `general.architecture` spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::Mixtral => "mixtral",
+            Architecture::Deepseek2 => "deepseek2",
+        }
+    }
+
+    /// The comma-separated list of supported names.
+    pub fn supported_list() -> String {
+        Self::ALL.map(Architecture::name).join(", ")
+    }
+}
+
+/// Element types of weights and caches, with their block geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q4K,
+    Q6K,
+}
+
+impl Dtype {
+    /// Every dtype, for error messages.
+    pub const ALL: [Dtype; 8] = [
+        Dtype::F32,
+        Dtype::F16,
+        Dtype::Bf16,
+        Dtype::Q8_0,
+        Dtype::Q4_0,
+        Dtype::Q4_1,
+        Dtype::Q4K,
+        Dtype::Q6K,
+    ];
+
+    /// The lowercase ggml spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::Q8_0 => "q8_0",
+            Dtype::Q4_0 => "q4_0",
+            Dtype::Q4_1 => "q4_1",
+            Dtype::Q4K => "q4_k",
+            Dtype::Q6K => "q6_k",
+        }
+    }
+
+    /// Parse the lowercase ggml spelling.
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        Self::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// Elements per block.
+    pub fn block_elems(self) -> u64 {
+        match self {
+            Dtype::F32 | Dtype::F16 | Dtype::Bf16 => 1,
+            Dtype::Q8_0 | Dtype::Q4_0 | Dtype::Q4_1 => 32,
+            Dtype::Q4K | Dtype::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+            Dtype::Q8_0 => 34,
+            Dtype::Q4_0 => 18,
+            Dtype::Q4_1 => 20,
+            Dtype::Q4K => 144,
+            Dtype::Q6K => 210,
+        }
+    }
+
+    /// Bytes of `elems` elements; `elems` must be a whole number of blocks.
+    pub fn bytes_for(self, elems: u64) -> u64 {
+        elems / self.block_elems() * self.block_bytes()
+    }
+
+    /// The comma-separated list of names.
+    pub fn supported_list() -> String {
+        Self::ALL.map(Dtype::name).join(", ")
+    }
+}
+
+/// How a tensor is cut under tensor parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardRule {
+    /// Every rank holds all of it (norms, router, the embedding lookup).
+    Replicated,
+    /// Output rows are split (column-parallel).
+    Rows,
+    /// Input columns are split (row-parallel; its product needs an all-reduce).
+    Cols,
+    /// Stacked experts are split by expert.
+    Experts,
+}
+
+/// Where a tensor lives in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TensorSite {
+    Embed,
+    Layer(u32),
+    Head,
+}
+
+/// One weight tensor, as the compiler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorMeta {
+    pub name: String,
+    pub dtype: Dtype,
+    /// `[rows, cols]` with rows = outputs (or `[experts, rows, cols]`, or `[len]`).
+    pub shape: Vec<u64>,
+    pub site: TensorSite,
+    pub rule: ShardRule,
+}
+
+impl TensorMeta {
+    /// Elements of the whole tensor.
+    pub fn elems(&self) -> u64 {
+        self.shape.iter().product()
+    }
+    /// Bytes of the whole tensor.
+    pub fn bytes(&self) -> u64 {
+        self.dtype.bytes_for(self.elems())
+    }
+}
+
+/// Everything the compiler reads from a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelMeta {
+    pub name: String,
+    pub architecture: Architecture,
+    pub layers: u32,
+    pub embedding: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub ffn: u32,
+    pub vocab: u32,
+    pub context_length: u32,
+    pub rope_theta: f32,
+    pub rms_eps: f32,
+    pub tied_embeddings: bool,
+    pub qk_norm: bool,
+    pub qkv_bias: bool,
+    pub moe: Option<MoeSummary>,
+    pub mla: Option<MlaSummary>,
+    /// Sorted by site, then name.
+    pub tensors: Vec<TensorMeta>,
+    pub fingerprint: u64,
+}
+
+impl ModelMeta {
+    /// Whether `layer` has routed experts.
+    pub fn is_moe_layer(&self, layer: u32) -> bool {
+        self.moe.as_ref().is_some_and(|m| layer >= m.dense_layers)
+    }
+
+    /// Width of the attention output (heads times the value head size).
+    pub fn attn_out_width(&self) -> u32 {
+        match &self.mla {
+            Some(mla) => self.heads * mla.v_head_dim,
+            None => self.heads * self.head_dim,
+        }
+    }
+
+    /// Bytes of K and V for one token of one layer at full width, in `kv` dtype.
+    pub fn kv_bytes_per_token_layer(&self, kv: Dtype) -> u64 {
+        let elems = match &self.mla {
+            // MLA caches the compressed latent plus the shared rope key.
+            Some(mla) => u64::from(mla.kv_lora_rank + mla.qk_rope_head_dim),
+            None => 2 * u64::from(self.kv_heads * self.head_dim),
+        };
+        elems * kv.block_bytes() / kv.block_elems()
+    }
+}
+
+/// FNV-1a 64: a stable hash for fingerprints (no randomized hasher may reach plan text).
+pub fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
+    let mut hash = if seed == 0 { 0xcbf2_9ce4_8422_2325 } else { seed };
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}

@@ -1,0 +1,173 @@
+//! The tensor layout of each architecture, in llama.cpp's GGUF names: which tensors a layer
+//! has, their shapes, and how tensor parallelism cuts them. GGUF tensor infos are checked
+//! against it; config.json models are synthesized from it.
+
+use super::{Architecture, Dtype, ModelMeta, ShardRule, TensorMeta, TensorSite};
+
+/// The role of a tensor, decided by its name; gives its shard rule.
+fn rule_for(suffix: &str) -> Option<ShardRule> {
+    let rule = match suffix {
+        "attn_norm" | "ffn_norm" | "attn_q_norm" | "attn_k_norm" | "attn_q_a_norm"
+        | "attn_kv_a_norm" | "attn_q_a" | "attn_kv_a_mqa" | "ffn_gate_inp" | "exp_probs_b" => {
+            ShardRule::Replicated
+        }
+        "attn_q" | "attn_k" | "attn_v" | "attn_q_b" | "attn_kv_b" | "ffn_gate" | "ffn_up"
+        | "ffn_gate_shexp" | "ffn_up_shexp" => ShardRule::Rows,
+        "attn_output" | "ffn_down" | "ffn_down_shexp" => ShardRule::Cols,
+        "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps" => ShardRule::Experts,
+        _ => return None,
+    };
+    Some(rule)
+}
+
+/// Site and shard rule of a GGUF tensor name; `None` for a name no architecture uses.
+pub fn classify(name: &str) -> Option<(TensorSite, ShardRule)> {
+    match name {
+        "token_embd.weight" => return Some((TensorSite::Embed, ShardRule::Replicated)),
+        "output_norm.weight" => return Some((TensorSite::Head, ShardRule::Replicated)),
+        "output.weight" => return Some((TensorSite::Head, ShardRule::Rows)),
+        _ => {}
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let suffix = rest
+        .strip_suffix(".weight")
+        .or_else(|| rest.strip_suffix(".bias"))
+        .unwrap_or(rest);
+    Some((TensorSite::Layer(layer), rule_for(suffix)?))
+}
+
+/// Shapes `[rows, cols]` (rows = outputs) of every tensor the architecture expects.
+pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
+    let d = u64::from(meta.embedding);
+    let vocab = u64::from(meta.vocab);
+    let hd = u64::from(meta.head_dim);
+    let (h, kv) = (u64::from(meta.heads), u64::from(meta.kv_heads));
+    let mut out = vec![
+        ("token_embd.weight".to_string(), vec![vocab, d]),
+        ("output_norm.weight".to_string(), vec![d]),
+    ];
+    if !meta.tied_embeddings {
+        out.push(("output.weight".to_string(), vec![vocab, d]));
+    }
+    for layer in 0..meta.layers {
+        let mut t = |suffix: &str, shape: Vec<u64>| {
+            out.push((format!("blk.{layer}.{suffix}"), shape));
+        };
+        t("attn_norm.weight", vec![d]);
+        t("ffn_norm.weight", vec![d]);
+        match &meta.mla {
+            Some(mla) => {
+                let (ql, kvl) = (u64::from(mla.q_lora_rank), u64::from(mla.kv_lora_rank));
+                let (nope, rope) = (
+                    u64::from(mla.qk_nope_head_dim),
+                    u64::from(mla.qk_rope_head_dim),
+                );
+                let v = u64::from(mla.v_head_dim);
+                t("attn_q_a.weight", vec![ql, d]);
+                t("attn_q_a_norm.weight", vec![ql]);
+                t("attn_q_b.weight", vec![h * (nope + rope), ql]);
+                t("attn_kv_a_mqa.weight", vec![kvl + rope, d]);
+                t("attn_kv_a_norm.weight", vec![kvl]);
+                t("attn_kv_b.weight", vec![h * (nope + v), kvl]);
+                t("attn_output.weight", vec![d, h * v]);
+            }
+            None => {
+                t("attn_q.weight", vec![h * hd, d]);
+                t("attn_k.weight", vec![kv * hd, d]);
+                t("attn_v.weight", vec![kv * hd, d]);
+                t("attn_output.weight", vec![d, h * hd]);
+            }
+        }
+        if meta.qkv_bias {
+            t("attn_q.bias", vec![h * hd]);
+            t("attn_k.bias", vec![kv * hd]);
+            t("attn_v.bias", vec![kv * hd]);
+        }
+        if meta.qk_norm {
+            t("attn_q_norm.weight", vec![hd]);
+            t("attn_k_norm.weight", vec![hd]);
+        }
+        match meta.moe.as_ref().filter(|_| meta.is_moe_layer(layer)) {
+            Some(moe) => {
+                let (e, eff) = (u64::from(moe.experts), u64::from(moe.expert_ffn));
+                t("ffn_gate_inp.weight", vec![e, d]);
+                t("ffn_gate_exps.weight", vec![e, eff, d]);
+                t("ffn_up_exps.weight", vec![e, eff, d]);
+                t("ffn_down_exps.weight", vec![e, d, eff]);
+                if meta.architecture == Architecture::Deepseek2 {
+                    t("exp_probs_b.bias", vec![e]);
+                }
+                if moe.shared_expert_ffn > 0 {
+                    let sff = u64::from(moe.shared_expert_ffn);
+                    t("ffn_gate_shexp.weight", vec![sff, d]);
+                    t("ffn_up_shexp.weight", vec![sff, d]);
+                    t("ffn_down_shexp.weight", vec![d, sff]);
+                }
+            }
+            None => {
+                let ffn = u64::from(meta.ffn);
+                t("ffn_gate.weight", vec![ffn, d]);
+                t("ffn_up.weight", vec![ffn, d]);
+                t("ffn_down.weight", vec![d, ffn]);
+            }
+        }
+    }
+    out
+}
+
+/// Build a tensor meta from a name, dtype and shape; `None` for an unknown name.
+pub fn tensor_meta(name: &str, dtype: Dtype, shape: Vec<u64>) -> Option<TensorMeta> {
+    let (site, rule) = classify(name)?;
+    Some(TensorMeta {
+        name: name.to_string(),
+        dtype,
+        shape,
+        site,
+        rule,
+    })
+}
+
+/// Synthesize the tensor list of a config.json model: norms, biases and routers in f32,
+/// matrices in `dtype`.
+pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
+    let mut tensors: Vec<TensorMeta> = expected(meta)
+        .into_iter()
+        .map(|(name, shape)| {
+            let small = shape.len() == 1 || name.contains("ffn_gate_inp");
+            let dt = if small { Dtype::F32 } else { dtype };
+            tensor_meta(&name, dt, shape).expect("invariant: expected() only yields known names")
+        })
+        .collect();
+    sort_tensors(&mut tensors);
+    tensors
+}
+
+/// The canonical tensor order: by site, then name.
+pub fn sort_tensors(tensors: &mut [TensorMeta]) {
+    tensors.sort_by(|a, b| (a.site, &a.name).cmp(&(b.site, &b.name)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_names() {
+        assert_eq!(
+            classify("blk.12.attn_output.weight"),
+            Some((TensorSite::Layer(12), ShardRule::Cols))
+        );
+        assert_eq!(
+            classify("blk.0.attn_q.bias"),
+            Some((TensorSite::Layer(0), ShardRule::Rows))
+        );
+        assert_eq!(
+            classify("output.weight"),
+            Some((TensorSite::Head, ShardRule::Rows))
+        );
+        assert_eq!(classify("blk.x.attn_q.weight"), None);
+        assert_eq!(classify("rope_freqs.weight"), None);
+    }
+}

@@ -1,0 +1,82 @@
+//! Pass 6, place: connect the stages. Each rank of stage s+1 receives the hidden state from
+//! rank `tp_index mod degree` of stage s; every first-stage rank but the sampler receives the
+//! sampled token from the sampler. Boundaries on one device use a device copy, across devices
+//! a peer copy. The sampler gets a readback on its own stream.
+
+use super::Topology;
+use crate::graph::{DecodeGraph, Node, NodeKind, StreamKind};
+use crate::model::ModelMeta;
+use crate::placement::{Placement, TransportChoice};
+use crate::plan::{Boundary, Carries, Transport, BOUNDARY_SLOTS};
+
+/// Add boundaries and the readback to the sharded graph.
+pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placement: &Placement) {
+    let d = u64::from(model.embedding);
+    let mut pairs = Vec::new();
+    for receiver in &topo.ranks {
+        if receiver.stage == 0 {
+            continue;
+        }
+        let senders: Vec<_> = topo.ranks.iter().filter(|r| r.stage == receiver.stage - 1).collect();
+        let sender = senders[(receiver.tp_index as usize) % senders.len()];
+        pairs.push((Carries::Hidden, sender.rank, receiver.rank));
+    }
+    let sampler = topo
+        .ranks
+        .iter()
+        .find(|r| r.sampler)
+        .expect("invariant: the last stage has a first rank")
+        .rank;
+    for r in topo.ranks.iter().filter(|r| r.embed && r.rank != sampler) {
+        pairs.push((Carries::Token, sampler, r.rank));
+    }
+    for (id, (carries, from, to)) in pairs.into_iter().enumerate() {
+        let id = id as u32;
+        let (from_dev, to_dev) = (topo.ranks[from as usize].device, topo.ranks[to as usize].device);
+        let transport = match placement.transport {
+            TransportChoice::DeviceCopy => Transport::DeviceCopy,
+            TransportChoice::PeerCopy => Transport::PeerCopy,
+            TransportChoice::Auto if from_dev == to_dev => Transport::DeviceCopy,
+            TransportChoice::Auto => Transport::PeerCopy,
+        };
+        let (elems, name) = match carries {
+            Carries::Hidden => (d, "hidden"),
+            Carries::Token => (1, "token"),
+        };
+        let compute = |rank, kind| Node {
+            kind,
+            rank,
+            stream: StreamKind::Compute,
+            eager: None,
+        };
+        let last = match carries {
+            Carries::Hidden => g.ends(from).expect("invariant: every rank has nodes").1,
+            Carries::Token => g.find(from, &NodeKind::Sample).expect("invariant: the sampler samples"),
+        };
+        let send = g.push(compute(from, NodeKind::Send { boundary: id }));
+        g.connect(last, send, name, elems);
+        let (first, _) = g.ends(to).expect("invariant: every rank has nodes");
+        let recv = g.push_front(compute(to, NodeKind::Recv { boundary: id }));
+        g.connect(recv, first, name, elems);
+        if carries == Carries::Hidden {
+            g.connect(send, recv, name, elems);
+        }
+        topo.boundaries.push(Boundary {
+            boundary: id,
+            carries,
+            from_rank: from,
+            to_rank: to,
+            bytes: elems * 4,
+            slots: BOUNDARY_SLOTS,
+            transport,
+        });
+    }
+    let sample = g.find(sampler, &NodeKind::Sample).expect("invariant: the sampler samples");
+    let readback = g.push(Node {
+        kind: NodeKind::Readback,
+        rank: sampler,
+        stream: StreamKind::Readback,
+        eager: None,
+    });
+    g.connect(sample, readback, "logits", u64::from(model.vocab));
+}

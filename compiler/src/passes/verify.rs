@@ -1,0 +1,335 @@
+//! Pass 7, verify. Two halves:
+//!
+//! - `verify_graph`, before partition: the decode graph is acyclic, each rank's schedule is a
+//!   topological order, each rank holds exactly its stage's layers, cross-rank edges are only
+//!   boundaries, all-reduces and gathers inside one group.
+//! - `verify_plan`, on the finished plan (the executor can run it too): memory fit per
+//!   device, buffer ownership (no scratch, cache or IO buffer is shared by two ranks) and
+//!   happens-before. The schedule is replayed for several decode steps in the host's enqueue
+//!   order with CUDA's event semantics (a wait binds to the latest record enqueued before it),
+//!   tracking a vector clock per stream. Every pair of accesses to one buffer from two streams,
+//!   at least one a write, must be ordered; a slot rewritten before its reader has copied it
+//!   away is the same check (write after read).
+
+use super::build::layer_segments;
+use crate::graph::{DecodeGraph, NodeKind};
+use crate::model::ModelMeta;
+use crate::plan::{BufferKind, Carries, Op, Plan, Segment, Step};
+use petgraph::algo::is_cyclic_directed;
+use std::collections::BTreeMap;
+
+/// Decode steps replayed by the happens-before check: enough for every slot to be reused.
+const REPLAY_STEPS: u64 = 5;
+
+/// Structural checks of the sharded, placed graph; each string is one violation.
+pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) -> Vec<String> {
+    let mut errors = Vec::new();
+    if is_cyclic_directed(&g.graph) {
+        errors.push("the decode graph has a cycle".to_string());
+    }
+    for rank in &topo.ranks {
+        let nodes = &g.schedule[rank.rank as usize];
+        let position: BTreeMap<_, _> = nodes.iter().enumerate().map(|(i, &ix)| (ix, i)).collect();
+        for (i, &ix) in nodes.iter().enumerate() {
+            for e in g.graph.edges_directed(ix, petgraph::Direction::Incoming) {
+                use petgraph::visit::EdgeRef;
+                if let Some(&j) = position.get(&e.source()) {
+                    if j >= i {
+                        errors.push(format!(
+                            "{} reads from {}, which is scheduled after it",
+                            DecodeGraph::label(&g.graph[ix]),
+                            DecodeGraph::label(&g.graph[e.source()])
+                        ));
+                    }
+                }
+            }
+        }
+        for layer in rank.layers.start..rank.layers.end {
+            let mut want = layer_segments(model, layer);
+            if rank.tp_degree > 1 {
+                want = with_reduces(want);
+            }
+            let have: Vec<Segment> = g
+                .rank_nodes(rank.rank)
+                .filter_map(|n| match n.kind {
+                    NodeKind::Layer { layer: l, segment } if l == layer => Some(segment),
+                    _ => None,
+                })
+                .collect();
+            if have != want {
+                errors.push(format!(
+                    "rank {} layer {layer} has segments {have:?}, expected {want:?}",
+                    rank.rank
+                ));
+            }
+        }
+    }
+    for (from, to, tensor) in g.edges() {
+        if from.rank == to.rank {
+            continue;
+        }
+        let (a, b) = (&topo.ranks[from.rank as usize], &topo.ranks[to.rank as usize]);
+        let allowed = match (&from.kind, &to.kind) {
+            (NodeKind::Send { boundary: x }, NodeKind::Recv { boundary: y }) => x == y,
+            (_, NodeKind::Layer { segment: Segment::AllReduce, .. }) | (_, NodeKind::GatherLogits) => {
+                a.stage == b.stage
+            }
+            _ => false,
+        };
+        if !allowed {
+            errors.push(format!(
+                "{} hands `{}` to {} on another rank outside a boundary or collective",
+                DecodeGraph::label(from),
+                tensor.name,
+                DecodeGraph::label(to)
+            ));
+        }
+        if tensor.name == "hidden" && tensor.elems != u64::from(model.embedding) {
+            errors.push(format!("hidden state of {} elements, expected {}", tensor.elems, model.embedding));
+        }
+    }
+    errors
+}
+
+/// Segments with an all-reduce after each partial sum.
+fn with_reduces(segments: Vec<Segment>) -> Vec<Segment> {
+    let partial_ends = |i: usize| match segments[i] {
+        Segment::AttnOut | Segment::Ffn | Segment::MoeShared => true,
+        Segment::MoeExperts => !segments.contains(&Segment::MoeShared),
+        _ => false,
+    };
+    let mut out = Vec::new();
+    for i in 0..segments.len() {
+        out.push(segments[i]);
+        if partial_ends(i) {
+            out.push(Segment::AllReduce);
+        }
+    }
+    out
+}
+
+/// A device over its declared memory: `(device, message)`.
+pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    plan.devices
+        .iter()
+        .filter(|u| u.total_bytes > u.memory_bytes)
+        .map(|u| {
+            (
+                u.device,
+                format!(
+                    "device {} needs {:.2} GiB (weights {:.2}, kv {:.2}, buffers {:.2}) but declares {:.2} GiB; lower runtime.max_context or runtime.max_sequences, or spread the model over more devices",
+                    u.device,
+                    gib(u.total_bytes),
+                    gib(u.weight_bytes),
+                    gib(u.kv_bytes),
+                    gib(u.buffer_bytes),
+                    gib(u.memory_bytes)
+                ),
+            )
+        })
+        .collect()
+}
+
+/// One access of a step to a buffer.
+struct Access {
+    buffer: String,
+    slot: u32,
+    write: bool,
+}
+
+/// The buffers a step reads and writes on `rank` at decode step `t`.
+fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, String> {
+    let r = plan.rank(rank).expect("invariant: rank exists");
+    let find = |kind: BufferKind, suffix: &str| -> Result<String, String> {
+        r.buffers
+            .iter()
+            .find(|b| b.kind == kind && b.name.ends_with(suffix))
+            .map(|b| b.name.clone())
+            .ok_or_else(|| format!("rank {rank} needs a {kind:?} buffer `*{suffix}` but declares none"))
+    };
+    let acc = |buffer: String, write: bool| Access { buffer, slot: 0, write };
+    let mut out = Vec::new();
+    let boundaries = |carries: Carries, to_me: bool| {
+        plan.boundaries.iter().filter(move |b| {
+            b.carries == carries && if to_me { b.to_rank == rank } else { b.from_rank == rank }
+        })
+    };
+    match step {
+        Step::Record { .. } | Step::Wait { .. } => {}
+        Step::Copy { boundary, .. } => {
+            let b = plan
+                .boundary(*boundary)
+                .ok_or_else(|| format!("rank {rank} copies boundary {boundary}, which does not exist"))?;
+            let slot = b.recv_slot(t);
+            out.push(Access { buffer: b.tx(), slot, write: false });
+            out.push(Access { buffer: b.rx(), slot, write: true });
+        }
+        Step::Readback { .. } => {
+            out.push(acc(find(BufferKind::Io, ".logits")?, false));
+            out.push(acc(find(BufferKind::Io, ".token")?, false));
+        }
+        Step::Run { ops, .. } | Step::Island { ops, .. } => {
+            let act = find(BufferKind::Scratch, ".act")?;
+            for op in ops {
+                match op {
+                    Op::Embed => {
+                        match boundaries(Carries::Token, true).next() {
+                            Some(b) => out.push(Access { buffer: b.rx(), slot: b.recv_slot(t), write: false }),
+                            None => out.push(acc(find(BufferKind::Io, ".token")?, false)),
+                        }
+                        out.push(acc(act.clone(), true));
+                    }
+                    Op::Layers { segments, .. } => {
+                        out.push(acc(act.clone(), true));
+                        if segments.contains(&Segment::AttnCore) {
+                            out.push(acc(find(BufferKind::Kv, ".kv")?, true));
+                        }
+                    }
+                    Op::LoadHidden => {
+                        for b in boundaries(Carries::Hidden, true) {
+                            out.push(Access { buffer: b.rx(), slot: b.recv_slot(t), write: false });
+                        }
+                        out.push(acc(act.clone(), true));
+                    }
+                    Op::StoreHidden => {
+                        out.push(acc(act.clone(), false));
+                        for b in boundaries(Carries::Hidden, false) {
+                            out.push(Access { buffer: b.tx(), slot: b.send_slot(t), write: true });
+                        }
+                    }
+                    Op::StoreToken => {
+                        out.push(acc(find(BufferKind::Io, ".token")?, false));
+                        for b in boundaries(Carries::Token, false) {
+                            out.push(Access { buffer: b.tx(), slot: b.send_slot(t), write: true });
+                        }
+                    }
+                    Op::Head | Op::GatherLogits => {
+                        out.push(acc(act.clone(), false));
+                        out.push(acc(find(BufferKind::Io, ".logits")?, true));
+                    }
+                    Op::Sample => {
+                        out.push(acc(find(BufferKind::Io, ".logits")?, false));
+                        out.push(acc(find(BufferKind::Io, ".token")?, true));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Ownership and happens-before checks of a plan's schedule; each string is one violation.
+pub fn verify_plan(plan: &Plan) -> Vec<String> {
+    let mut errors = Vec::new();
+    // Ownership: each buffer is declared by exactly one rank; slots by their boundary's ends.
+    let mut owners: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for r in &plan.ranks {
+        for b in &r.buffers {
+            owners.entry(&b.name).or_default().push(r.rank);
+            if b.kind != BufferKind::Slot && !b.name.starts_with(&format!("r{}.", r.rank)) {
+                errors.push(format!(
+                    "rank {} declares {:?} buffer `{}`, which belongs to another rank; scratch, caches and IO are never shared between ranks",
+                    r.rank, b.kind, b.name
+                ));
+            }
+        }
+    }
+    for (name, ranks) in &owners {
+        if ranks.len() > 1 {
+            errors.push(format!(
+                "buffer `{name}` is declared by ranks {ranks:?}; no buffer is shared between ranks"
+            ));
+        }
+    }
+    // Happens-before, by vector clocks over every (rank, stream).
+    let mut stream_ix: BTreeMap<(u32, &str), usize> = BTreeMap::new();
+    for r in &plan.ranks {
+        for s in &r.streams {
+            let n = stream_ix.len();
+            stream_ix.insert((r.rank, s.as_str()), n);
+        }
+    }
+    let n = stream_ix.len();
+    let mut clocks = vec![vec![0u64; n]; n];
+    let mut events: BTreeMap<(String, u32), Vec<u64>> = BTreeMap::new();
+    // Per (buffer, slot): earlier accesses as (stream, its clock tick, write, label).
+    let mut history: BTreeMap<(String, u32), Vec<(usize, u64, bool, String)>> = BTreeMap::new();
+    let event_slot = |event: &str, t: u64, receiver_side: bool| -> u32 {
+        for b in &plan.boundaries {
+            if event == b.ready() {
+                return if receiver_side { b.recv_slot(t) } else { b.send_slot(t) };
+            }
+            if event == b.consumed() {
+                return if receiver_side { b.recv_slot(t) } else { b.send_slot(t) };
+            }
+        }
+        0
+    };
+    for t in 0..REPLAY_STEPS {
+        for r in &plan.ranks {
+            for step in &r.program {
+                let Some(&s) = stream_ix.get(&(r.rank, step.stream())) else {
+                    errors.push(format!("rank {} uses stream `{}`, which it does not declare", r.rank, step.stream()));
+                    continue;
+                };
+                clocks[s][s] += 1;
+                match step {
+                    Step::Record { event, .. } => {
+                        let receiver = plan.boundaries.iter().any(|b| b.to_rank == r.rank && *event == b.consumed());
+                        let key = (event.clone(), event_slot(event, t, receiver));
+                        events.insert(key, clocks[s].clone());
+                    }
+                    Step::Wait { event, .. } => {
+                        let receiver = plan.boundaries.iter().any(|b| b.to_rank == r.rank && *event == b.ready());
+                        if let Some(c) = events.get(&(event.clone(), event_slot(event, t, receiver))) {
+                            for (mine, theirs) in clocks[s].iter_mut().zip(c) {
+                                *mine = (*mine).max(*theirs);
+                            }
+                        }
+                    }
+                    _ => {
+                        let list = match accesses(plan, r.rank, step, t) {
+                            Ok(list) => list,
+                            Err(e) => {
+                                errors.push(e);
+                                continue;
+                            }
+                        };
+                        let label = format!("step {t} rank {} {}", r.rank, describe(step));
+                        for a in list {
+                            let past = history.entry((a.buffer.clone(), a.slot)).or_default();
+                            for (ps, tick, pw, plabel) in past.iter() {
+                                if *ps != s && (a.write || *pw) && clocks[s][*ps] < *tick {
+                                    errors.push(format!(
+                                        "race on `{}[{}]`: {} ({}) is not ordered after {} ({}); add an event from the first stream to the second",
+                                        a.buffer,
+                                        a.slot,
+                                        label,
+                                        if a.write { "write" } else { "read" },
+                                        plabel,
+                                        if *pw { "write" } else { "read" }
+                                    ));
+                                }
+                            }
+                            past.push((s, clocks[s][s], a.write, label.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    errors.sort();
+    errors.dedup();
+    errors
+}
+
+fn describe(step: &Step) -> String {
+    match step {
+        Step::Run { id, .. } | Step::Island { id, .. } => id.clone(),
+        Step::Copy { boundary, .. } => format!("copy b{boundary}"),
+        Step::Readback { .. } => "readback".to_string(),
+        Step::Record { event, .. } => format!("record {event}"),
+        Step::Wait { event, .. } => format!("wait {event}"),
+    }
+}

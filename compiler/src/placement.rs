@@ -1,0 +1,624 @@
+//! The placement plan a person writes: TOML parsed into raw structs (spans kept), then
+//! validated against the model into a typed `Placement`. Validation reports every error at
+//! once, each with `file:line:col`, the field and what is allowed.
+
+use crate::diag::{Collector, Diagnostics};
+use crate::model::{read_config, read_gguf, Dtype, ModelMeta};
+use crate::plan::{CaptureMode, LayerRange};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// Largest accepted values; beyond them a number is a typo, not a plan.
+const MAX_CONTEXT: i64 = 1 << 24;
+const MAX_SEQUENCES: i64 = 4096;
+const MAX_IN_FLIGHT: i64 = 64;
+const MAX_DEVICE_ID: i64 = 1023;
+const MAX_MEMORY_GIB: f64 = 1_048_576.0;
+/// Context used when the placement names none (capped by the model's own).
+const DEFAULT_CONTEXT: u32 = 4096;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlacement {
+    model: Spanned<RawModel>,
+    devices: Option<Spanned<Vec<Spanned<RawDevices>>>>,
+    runtime: Option<RawRuntime>,
+    pipeline: Spanned<RawPipeline>,
+    capture: Option<RawCapture>,
+    transport: Option<RawTransport>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    gguf: Option<Spanned<String>>,
+    config: Option<Spanned<String>>,
+    weight_dtype: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevices {
+    ids: Spanned<Vec<Spanned<i64>>>,
+    memory_gib: Spanned<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    max_context: Option<Spanned<i64>>,
+    max_sequences: Option<Spanned<i64>>,
+    kv_dtype: Option<Spanned<String>>,
+    in_flight: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeline {
+    stages: Option<Spanned<i64>>,
+    cuts: Option<Spanned<Vec<Spanned<i64>>>>,
+    devices: Spanned<Vec<Spanned<Vec<Spanned<i64>>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCapture {
+    mode: Option<Spanned<String>>,
+    #[serde(default)]
+    eager: Vec<Spanned<RawEager>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEager {
+    layers: Spanned<Vec<Spanned<i64>>>,
+    reason: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTransport {
+    boundary: Spanned<String>,
+}
+
+/// How boundaries move bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Same device: device copy; different devices: peer copy.
+    Auto,
+    DeviceCopy,
+    PeerCopy,
+}
+
+/// One pipeline stage: its layers and its devices (several = a tensor-parallel group).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stage {
+    pub layers: LayerRange,
+    pub devices: Vec<u32>,
+}
+
+/// A layer range forced eager, with the person's reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForcedEager {
+    pub layers: LayerRange,
+    pub reason: String,
+}
+
+/// A validated placement, with the spans later passes need for their errors.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// The model file as written in the placement.
+    pub model_source: String,
+    pub devices: BTreeMap<u32, u64>,
+    /// Where each device was declared.
+    pub device_spans: BTreeMap<u32, Range<usize>>,
+    pub max_context: u32,
+    pub max_sequences: u32,
+    pub kv_dtype: Dtype,
+    pub in_flight: u32,
+    pub stages: Vec<Stage>,
+    pub capture: CaptureMode,
+    pub forced_eager: Vec<ForcedEager>,
+    pub transport: TransportChoice,
+}
+
+impl Placement {
+    /// A canonical text of the placement (independent of table order), for its hash.
+    pub fn canonical(&self) -> String {
+        let mut s = format!(
+            "model={}\nctx={}\nseqs={}\nkv={}\nin_flight={}\ncapture={:?}\ntransport={:?}\n",
+            self.model_source,
+            self.max_context,
+            self.max_sequences,
+            self.kv_dtype.name(),
+            self.in_flight,
+            self.capture,
+            self.transport
+        );
+        for (id, bytes) in &self.devices {
+            s += &format!("device {id} {bytes}\n");
+        }
+        for st in &self.stages {
+            s += &format!("stage {} {:?}\n", st.layers, st.devices);
+        }
+        for f in &self.forced_eager {
+            s += &format!("eager {} {}\n", f.layers, f.reason);
+        }
+        s
+    }
+}
+
+/// Read, parse and validate a placement file, loading its model's metadata.
+pub fn load(path: &Path) -> Result<(Placement, ModelMeta), Diagnostics> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| single(&file, format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| single(&file, format!("not utf-8 text: {e}")))?;
+    let raw: RawPlacement = toml::from_str(&text).map_err(|e| {
+        let mut c = Collector::new(&file, &text);
+        c.error(e.span().unwrap_or(0..0), "", e.message().trim_end_matches('\n'));
+        c.finish().expect_err("invariant: one error was recorded")
+    })?;
+    let mut c = Collector::new(&file, &text);
+    let model = load_model(&raw, path, &mut c);
+    let placement = model.as_ref().map(|m| validate(&raw, m, &mut c));
+    c.finish()?;
+    match (placement, model) {
+        (Some(p), Some(m)) => Ok((p, m)),
+        _ => unreachable!("invariant: a missing model records an error"),
+    }
+}
+
+fn single(file: &str, message: String) -> Diagnostics {
+    Diagnostics {
+        file: file.to_string(),
+        items: vec![crate::diag::Diagnostic {
+            line: 1,
+            col: 1,
+            field: String::new(),
+            message,
+        }],
+    }
+}
+
+fn load_model(raw: &RawPlacement, path: &Path, c: &mut Collector) -> Option<ModelMeta> {
+    let m = raw.model.get_ref();
+    let base = path.parent().unwrap_or(Path::new("."));
+    let resolve = |p: &str| -> PathBuf { base.join(p) };
+    match (&m.gguf, &m.config) {
+        (Some(g), None) => {
+            if let Some(dt) = &m.weight_dtype {
+                c.error(
+                    dt.span(),
+                    "model.weight_dtype",
+                    "a gguf file carries its own dtypes; weight_dtype is only for `config`",
+                );
+            }
+            read_gguf(&resolve(g.get_ref()))
+                .map_err(|e| c.error(g.span(), "model.gguf", format!("{e:#}")))
+                .ok()
+        }
+        (None, Some(cfg)) => {
+            let dtype = match &m.weight_dtype {
+                None => Dtype::Bf16,
+                Some(dt) => match Dtype::from_name(dt.get_ref()) {
+                    Some(d) => d,
+                    None => {
+                        c.error(
+                            dt.span(),
+                            "model.weight_dtype",
+                            format!(
+                                "unknown dtype `{}`; allowed: {}",
+                                dt.get_ref(),
+                                Dtype::supported_list()
+                            ),
+                        );
+                        return None;
+                    }
+                },
+            };
+            read_config(&resolve(cfg.get_ref()), dtype)
+                .map_err(|e| c.error(cfg.span(), "model.config", format!("{e:#}")))
+                .ok()
+        }
+        (Some(g), Some(_)) => {
+            c.error(g.span(), "model", "give either `gguf` or `config`, not both");
+            None
+        }
+        (None, None) => {
+            c.error(
+                raw.model.span(),
+                "model",
+                "missing the model: give `gguf = \"path\"` or `config = \"path\"`",
+            );
+            None
+        }
+    }
+}
+
+/// An integer field checked against `lo..=hi`.
+fn int_in(c: &mut Collector, v: &Spanned<i64>, field: &str, lo: i64, hi: i64) -> Option<u32> {
+    let x = *v.get_ref();
+    if (lo..=hi).contains(&x) {
+        Some(x as u32)
+    } else {
+        c.error(v.span(), field, format!("{x} is out of range; allowed: {lo}..={hi}"));
+        None
+    }
+}
+
+fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector) -> Placement {
+    let m = raw.model.get_ref();
+    let model_source = m
+        .gguf
+        .as_ref()
+        .or(m.config.as_ref())
+        .map(|s| s.get_ref().clone())
+        .unwrap_or_default();
+    let (devices, device_spans) = validate_devices(raw, c);
+    let rt = raw.runtime.as_ref();
+    let model_ctx = i64::from(model.context_length);
+    let max_context = match rt.and_then(|r| r.max_context.as_ref()) {
+        Some(v) => int_in(c, v, "runtime.max_context", 1, MAX_CONTEXT.min(model_ctx)),
+        None => Some(DEFAULT_CONTEXT.min(model.context_length)),
+    };
+    let max_sequences = rt
+        .and_then(|r| r.max_sequences.as_ref())
+        .map_or(Some(1), |v| int_in(c, v, "runtime.max_sequences", 1, MAX_SEQUENCES));
+    let in_flight = rt
+        .and_then(|r| r.in_flight.as_ref())
+        .map_or(Some(1), |v| int_in(c, v, "runtime.in_flight", 1, MAX_IN_FLIGHT));
+    let kv_dtype = match rt.and_then(|r| r.kv_dtype.as_ref()) {
+        None => Dtype::F16,
+        Some(v) => match Dtype::from_name(v.get_ref()) {
+            Some(d @ (Dtype::F32 | Dtype::F16 | Dtype::Bf16)) => d,
+            _ => {
+                c.error(
+                    v.span(),
+                    "runtime.kv_dtype",
+                    format!("unknown kv dtype `{}`; allowed: f32, f16, bf16", v.get_ref()),
+                );
+                Dtype::F16
+            }
+        },
+    };
+    let stages = validate_stages(raw.pipeline.get_ref(), model, &devices, c);
+    let (capture, forced_eager) = validate_capture(raw.capture.as_ref(), model, c);
+    let transport = validate_transport(raw.transport.as_ref(), &stages, c);
+    Placement {
+        model_source,
+        devices,
+        device_spans,
+        max_context: max_context.unwrap_or(1),
+        max_sequences: max_sequences.unwrap_or(1),
+        kv_dtype,
+        in_flight: in_flight.unwrap_or(1),
+        stages,
+        capture,
+        forced_eager,
+        transport,
+    }
+}
+
+type DeviceTable = (BTreeMap<u32, u64>, BTreeMap<u32, Range<usize>>);
+
+fn validate_devices(raw: &RawPlacement, c: &mut Collector) -> DeviceTable {
+    let mut devices = BTreeMap::new();
+    let mut spans = BTreeMap::new();
+    let Some(list) = &raw.devices else {
+        c.error(
+            raw.pipeline.span(),
+            "devices",
+            "no devices are declared; add `[[devices]]` with `ids` and `memory_gib`",
+        );
+        return (devices, spans);
+    };
+    for (i, entry) in list.get_ref().iter().enumerate() {
+        let d = entry.get_ref();
+        let gib = *d.memory_gib.get_ref();
+        let bytes = if gib.is_finite() && gib > 0.0 && gib <= MAX_MEMORY_GIB {
+            (gib * 1024.0 * 1024.0 * 1024.0) as u64
+        } else {
+            c.error(
+                d.memory_gib.span(),
+                &format!("devices[{i}].memory_gib"),
+                format!("{gib} is not a memory size; allowed: a number in (0, {MAX_MEMORY_GIB}]"),
+            );
+            0
+        };
+        if d.ids.get_ref().is_empty() {
+            c.error(d.ids.span(), &format!("devices[{i}].ids"), "the list is empty");
+        }
+        for id in d.ids.get_ref() {
+            let field = format!("devices[{i}].ids");
+            let Some(id_u) = int_in(c, id, &field, 0, MAX_DEVICE_ID) else {
+                continue;
+            };
+            if devices.insert(id_u, bytes).is_some() {
+                c.error(id.span(), &field, format!("device {id_u} is declared twice"));
+            }
+            spans.insert(id_u, entry.span());
+        }
+    }
+    (devices, spans)
+}
+
+fn declared_list(devices: &BTreeMap<u32, u64>) -> String {
+    let ids: Vec<String> = devices.keys().map(u32::to_string).collect();
+    if ids.is_empty() {
+        "none".into()
+    } else {
+        ids.join(", ")
+    }
+}
+
+fn validate_stages(
+    p: &RawPipeline,
+    model: &ModelMeta,
+    devices: &BTreeMap<u32, u64>,
+    c: &mut Collector,
+) -> Vec<Stage> {
+    let n = model.layers;
+    let dev_lists = p.devices.get_ref();
+    let count = dev_lists.len() as i64;
+    if count == 0 {
+        c.error(p.devices.span(), "pipeline.devices", "no stages: give one device list per stage, e.g. [[0], [1]]");
+        return Vec::new();
+    }
+    if let Some(s) = &p.stages {
+        if *s.get_ref() != count {
+            c.error(
+                s.span(),
+                "pipeline.stages",
+                format!(
+                    "{} stages, but pipeline.devices lists {count}; give one device list per stage",
+                    s.get_ref()
+                ),
+            );
+            return Vec::new();
+        }
+    }
+    if count > i64::from(n) {
+        c.error(
+            p.devices.span(),
+            "pipeline.devices",
+            format!("{count} stages for a model of {n} layers; allowed: 1..={n} stages"),
+        );
+        return Vec::new();
+    }
+    let mut stage_devices = Vec::new();
+    for (s, list) in dev_lists.iter().enumerate() {
+        let field = format!("pipeline.devices[{s}]");
+        if list.get_ref().is_empty() {
+            c.error(list.span(), &field, "a stage needs at least one device");
+        }
+        let mut ids = Vec::new();
+        for d in list.get_ref() {
+            let Some(id) = int_in(c, d, &field, 0, MAX_DEVICE_ID) else {
+                continue;
+            };
+            if !devices.contains_key(&id) {
+                c.error(
+                    d.span(),
+                    &field,
+                    format!("device {id} is not declared; declared devices: {}", declared_list(devices)),
+                );
+            }
+            ids.push(id);
+        }
+        check_tp_degree(model, ids.len() as u32, list.span(), &field, c);
+        stage_devices.push(ids);
+    }
+    let bounds = match &p.cuts {
+        Some(cuts) => validate_cuts(cuts, n, count, c),
+        None => even_split(n, count as u32),
+    };
+    bounds
+        .windows(2)
+        .zip(stage_devices)
+        .map(|(w, devices)| Stage {
+            layers: LayerRange { start: w[0], end: w[1] },
+            devices,
+        })
+        .collect()
+}
+
+/// Stage boundaries `[0, c1, .., n]` of an even split; the first `n % stages` stages get one
+/// layer more.
+pub fn even_split(n: u32, stages: u32) -> Vec<u32> {
+    let (base, rem) = (n / stages, n % stages);
+    let mut bounds = vec![0];
+    for s in 0..stages {
+        bounds.push(bounds[s as usize] + base + u32::from(s < rem));
+    }
+    bounds
+}
+
+fn validate_cuts(cuts: &Spanned<Vec<Spanned<i64>>>, n: u32, stages: i64, c: &mut Collector) -> Vec<u32> {
+    let list = cuts.get_ref();
+    if list.len() as i64 != stages - 1 {
+        c.error(
+            cuts.span(),
+            "pipeline.cuts",
+            format!(
+                "{} cuts for {stages} stages; a plan of S stages needs S-1 cuts",
+                list.len()
+            ),
+        );
+        return even_split(n, stages as u32);
+    }
+    let mut bounds = vec![0u32];
+    for (i, cut) in list.iter().enumerate() {
+        let prev = i64::from(*bounds.last().expect("invariant: starts with 0"));
+        let x = *cut.get_ref();
+        if x <= prev || x >= i64::from(n) {
+            c.error(
+                cut.span(),
+                &format!("pipeline.cuts[{i}]"),
+                format!(
+                    "cut {x} is not allowed; cuts must be strictly increasing inside (0, {n}), and this one must be in {}..={}",
+                    prev + 1,
+                    n - 1
+                ),
+            );
+            return even_split(n, stages as u32);
+        }
+        bounds.push(x as u32);
+    }
+    bounds.push(n);
+    bounds
+}
+
+fn check_tp_degree(model: &ModelMeta, tp: u32, span: Range<usize>, field: &str, c: &mut Collector) {
+    if tp <= 1 {
+        return;
+    }
+    let mut dims = vec![
+        ("attention heads", model.heads),
+        ("vocab", model.vocab),
+    ];
+    if model.mla.is_none() {
+        dims.push(("kv heads", model.kv_heads));
+    }
+    if model.moe.as_ref().is_none_or(|m| m.dense_layers > 0) {
+        dims.push(("ffn width", model.ffn));
+    }
+    if let Some(moe) = &model.moe {
+        dims.push(("experts", moe.experts));
+        if moe.shared_expert_ffn > 0 {
+            dims.push(("shared expert width", moe.shared_expert_ffn));
+        }
+    }
+    for (what, value) in dims {
+        if value % tp != 0 {
+            c.error(
+                span.clone(),
+                field,
+                format!("tensor-parallel degree {tp} does not divide the model's {what} ({value}); allowed degrees divide it"),
+            );
+        }
+    }
+    for t in &model.tensors {
+        if t.rule == crate::model::ShardRule::Cols {
+            let cols = t.shape[t.shape.len() - 1];
+            if cols % u64::from(tp) == 0 && (cols / u64::from(tp)) % t.dtype.block_elems() != 0 {
+                c.error(
+                    span.clone(),
+                    field,
+                    format!(
+                        "tensor-parallel degree {tp} cuts `{}` ({} columns, {}) inside a {}-element block; allowed degrees keep blocks whole",
+                        t.name,
+                        cols,
+                        t.dtype.name(),
+                        t.dtype.block_elems()
+                    ),
+                );
+                return;
+            }
+        }
+    }
+}
+
+fn validate_capture(
+    raw: Option<&RawCapture>,
+    model: &ModelMeta,
+    c: &mut Collector,
+) -> (CaptureMode, Vec<ForcedEager>) {
+    let Some(raw) = raw else {
+        return (CaptureMode::Graphs, Vec::new());
+    };
+    let mode = match &raw.mode {
+        None => CaptureMode::Graphs,
+        Some(m) => match m.get_ref().as_str() {
+            "graphs" => CaptureMode::Graphs,
+            "eager" => CaptureMode::Eager,
+            other => {
+                c.error(m.span(), "capture.mode", format!("unknown mode `{other}`; allowed: graphs, eager"));
+                CaptureMode::Graphs
+            }
+        },
+    };
+    let n = model.layers;
+    let mut forced: Vec<ForcedEager> = Vec::new();
+    for (i, e) in raw.eager.iter().enumerate() {
+        let e = e.get_ref();
+        let field = format!("capture.eager[{i}].layers");
+        let l = e.layers.get_ref();
+        if l.len() != 2 {
+            c.error(e.layers.span(), &field, "expected [first, last], an inclusive layer range");
+            continue;
+        }
+        let (Some(first), Some(last)) = (
+            int_in(c, &l[0], &field, 0, i64::from(n) - 1),
+            int_in(c, &l[1], &field, 0, i64::from(n) - 1),
+        ) else {
+            continue;
+        };
+        if first > last {
+            c.error(e.layers.span(), &field, format!("range [{first}, {last}] ends before it starts"));
+            continue;
+        }
+        if e.reason.get_ref().trim().is_empty() {
+            c.error(e.reason.span(), &format!("capture.eager[{i}].reason"), "say why these layers stay eager");
+            continue;
+        }
+        let layers = LayerRange { start: first, end: last + 1 };
+        if let Some(prev) = forced.iter().find(|f| f.layers.start < layers.end && layers.start < f.layers.end) {
+            c.error(
+                e.layers.span(),
+                &field,
+                format!("layers {layers} overlap the forced range {} given before", prev.layers),
+            );
+            continue;
+        }
+        forced.push(ForcedEager { layers, reason: e.reason.get_ref().trim().to_string() });
+    }
+    if mode == CaptureMode::Eager {
+        if let Some(first) = raw.eager.first() {
+            c.error(first.span(), "capture.eager", "capture.mode is `eager`, so every layer is eager already; remove the forced ranges or use mode = \"graphs\"");
+        }
+    }
+    forced.sort_by_key(|f| f.layers);
+    (mode, forced)
+}
+
+fn validate_transport(raw: Option<&RawTransport>, stages: &[Stage], c: &mut Collector) -> TransportChoice {
+    let Some(raw) = raw else {
+        return TransportChoice::Auto;
+    };
+    let choice = match raw.boundary.get_ref().as_str() {
+        "auto" => TransportChoice::Auto,
+        "device_copy" => TransportChoice::DeviceCopy,
+        "peer_copy" => TransportChoice::PeerCopy,
+        other => {
+            c.error(
+                raw.boundary.span(),
+                "transport.boundary",
+                format!("unknown transport `{other}`; allowed: auto, device_copy, peer_copy"),
+            );
+            return TransportChoice::Auto;
+        }
+    };
+    for (i, pair) in stages.windows(2).enumerate() {
+        let same = pair[0].devices == pair[1].devices;
+        let all_same = pair[0].devices.iter().chain(&pair[1].devices).all(|d| Some(d) == pair[0].devices.first());
+        if choice == TransportChoice::DeviceCopy && !all_same {
+            c.error(
+                raw.boundary.span(),
+                "transport.boundary",
+                format!("device_copy needs stages {i} and {} on one device; they use {:?} and {:?}; use auto or peer_copy", i + 1, pair[0].devices, pair[1].devices),
+            );
+        }
+        if choice == TransportChoice::PeerCopy && same && all_same {
+            c.error(
+                raw.boundary.span(),
+                "transport.boundary",
+                format!("peer_copy needs two devices, but stages {i} and {} share device {}; use auto or device_copy", i + 1, pair[0].devices[0]),
+            );
+        }
+    }
+    choice
+}

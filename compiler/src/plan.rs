@@ -1,0 +1,665 @@
+//! The execution plan: the contract between `memra-compile` and `memra-run`.
+//!
+//! A plan is TOML so that a reviewer can read its diff. It is deterministic: the same placement
+//! and model always give the same bytes (sorted vectors, no node indices, no timestamps). The
+//! executor depends on this module only; nothing here knows about petgraph or CUDA.
+//!
+//! Each rank's `program` is the ordered list of steps it enqueues for one decode step. Steps that
+//! touch a double-buffered boundary slot use slot `step % 2`; events are per slot too.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Version of the plan format; the executor refuses any other.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Number of slots of every boundary buffer (double buffering).
+pub const BOUNDARY_SLOTS: u32 = 2;
+
+/// A whole execution plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub format_version: u32,
+    /// Hash of the validated placement (table order does not change it).
+    pub placement_hash: String,
+    pub model: ModelSummary,
+    pub runtime: RuntimeSettings,
+    pub devices: Vec<DeviceUse>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<TpGroup>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub boundaries: Vec<Boundary>,
+    pub ranks: Vec<Rank>,
+}
+
+/// Model facts the executor needs, and the fingerprint that ties the plan to one model file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSummary {
+    pub name: String,
+    pub architecture: String,
+    /// The model file as the placement named it (relative to the placement file).
+    pub source: String,
+    /// FNV-1a 64 over the metadata and tensor infos (never the weight bytes).
+    pub fingerprint: String,
+    pub layers: u32,
+    pub embedding: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub ffn: u32,
+    pub vocab: u32,
+    pub context_length: u32,
+    pub rope_theta: f64,
+    pub rms_eps: f64,
+    pub tied_embeddings: bool,
+    pub qk_norm: bool,
+    pub qkv_bias: bool,
+    /// Chunks of the canonical reduction tree for each row-parallel reduction dimension.
+    pub reduction_chunks: ReductionChunks,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaSummary>,
+}
+
+/// Chunk counts of the canonical reduction order (see `reduction_chunks`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReductionChunks {
+    pub attn_out: u32,
+    pub ffn_down: u32,
+}
+
+/// Mixture-of-experts facts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeSummary {
+    pub experts: u32,
+    pub top_k: u32,
+    pub expert_ffn: u32,
+    pub shared_expert_ffn: u32,
+    /// Leading layers that keep a dense FFN.
+    pub dense_layers: u32,
+}
+
+/// Multi-head latent attention facts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlaSummary {
+    pub q_lora_rank: u32,
+    pub kv_lora_rank: u32,
+    pub qk_nope_head_dim: u32,
+    pub qk_rope_head_dim: u32,
+    pub v_head_dim: u32,
+}
+
+/// Decode-time settings from the placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSettings {
+    pub max_context: u32,
+    pub max_sequences: u32,
+    pub kv_dtype: String,
+    /// Decode steps the host may enqueue ahead of the readback it has consumed.
+    pub in_flight: u32,
+    pub capture: CaptureMode,
+}
+
+/// Whether runs are captured as CUDA graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureMode {
+    Graphs,
+    Eager,
+}
+
+/// Memory a device is asked to hold, per kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceUse {
+    pub device: u32,
+    pub memory_bytes: u64,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub buffer_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// A tensor-parallel group and its canonical reduction tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpGroup {
+    pub group: u32,
+    pub stage: u32,
+    pub ranks: Vec<u32>,
+    /// True when the degree nests in the reduction tree, so logits are bit-identical to 1 rank.
+    pub exact: bool,
+    /// The all-reduce's combine order, e.g. `(r0 r1)` or `((r0 r1) (r2 r3))`.
+    pub tree: String,
+}
+
+/// What a boundary carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Carries {
+    /// The residual stream between pipeline stages.
+    Hidden,
+    /// The sampled token, fed back from the last stage to the first.
+    Token,
+}
+
+/// How a boundary moves bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    DeviceCopy,
+    PeerCopy,
+}
+
+/// A point-to-point handoff between two ranks through double-buffered slots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Boundary {
+    pub boundary: u32,
+    pub carries: Carries,
+    pub from_rank: u32,
+    pub to_rank: u32,
+    pub bytes: u64,
+    pub slots: u32,
+    pub transport: Transport,
+}
+
+impl Boundary {
+    /// Name of the sender's slot buffer.
+    pub fn tx(&self) -> String {
+        format!("b{}.tx", self.boundary)
+    }
+    /// Name of the receiver's slot buffer.
+    pub fn rx(&self) -> String {
+        format!("b{}.rx", self.boundary)
+    }
+    /// Event recorded by the sender once `tx[slot]` holds the step's data.
+    pub fn ready(&self) -> String {
+        format!("b{}.ready", self.boundary)
+    }
+    /// Event recorded by the receiver once it has copied `tx[slot]` away.
+    pub fn consumed(&self) -> String {
+        format!("b{}.consumed", self.boundary)
+    }
+    /// Slot the sender writes at decode step `step`.
+    pub fn send_slot(&self, step: u64) -> u32 {
+        (step % u64::from(self.slots)) as u32
+    }
+    /// Slot the receiver takes at decode step `step`: a token is sampled one step before it
+    /// is embedded, so the token boundary's receiver lags one slot behind its sender.
+    pub fn recv_slot(&self, step: u64) -> u32 {
+        let lag = match self.carries {
+            Carries::Hidden => 0,
+            Carries::Token => u64::from(self.slots) - 1,
+        };
+        ((step + lag) % u64::from(self.slots)) as u32
+    }
+}
+
+/// One rank: a device, its streams, its weights, its buffers and its program.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rank {
+    pub rank: u32,
+    pub stage: u32,
+    pub device: u32,
+    pub tp_index: u32,
+    pub tp_degree: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
+    /// Layers this rank runs, `first..end`.
+    pub layers: LayerRange,
+    pub embed: bool,
+    pub head: bool,
+    pub streams: Vec<String>,
+    pub buffers: Vec<Buffer>,
+    pub program: Vec<Step>,
+    pub weights: Vec<WeightShard>,
+}
+
+/// A half-open range of layers, written `a..b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LayerRange {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl LayerRange {
+    /// Number of layers in the range.
+    pub fn len(&self) -> u32 {
+        self.end - self.start
+    }
+    /// True when the range holds no layer.
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+    /// Whether `layer` is in the range.
+    pub fn contains(&self, layer: u32) -> bool {
+        (self.start..self.end).contains(&layer)
+    }
+}
+
+/// What a buffer is for; decides who may touch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferKind {
+    /// Per-rank activations and intermediates; never touched by another rank.
+    Scratch,
+    /// The KV cache of this rank's layers.
+    Kv,
+    /// Static inputs and outputs of runs (token, position, logits).
+    Io,
+    /// A boundary slot buffer: written by one rank, read by a copy on another.
+    Slot,
+}
+
+/// A device buffer owned by a rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Buffer {
+    pub name: String,
+    pub kind: BufferKind,
+    pub bytes: u64,
+    pub slots: u32,
+}
+
+/// A slice of one model tensor held by a rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightShard {
+    pub tensor: String,
+    pub dtype: String,
+    /// Logical shape `[rows, cols]` of the whole tensor (rows = outputs), or `[len]`.
+    pub shape: Vec<u64>,
+    pub split: Split,
+    pub bytes: u64,
+}
+
+/// Which part of a tensor a shard holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Full,
+    /// Output rows `start..end` (column-parallel: q, k, v, gate, up, vocab-parallel head).
+    Rows { start: u64, end: u64 },
+    /// Input columns `start..end` (row-parallel: attention output, FFN down).
+    Cols { start: u64, end: u64 },
+    /// Experts `start..end` of a stacked expert tensor.
+    Experts { start: u64, end: u64 },
+}
+
+/// Why a stretch of a rank's program is not captured into a graph.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum IslandReason {
+    /// The placement's capture mode is `eager`.
+    CaptureDisabled,
+    /// The placement forces these layers eager; the text is the placement's reason.
+    Forced(String),
+    /// Expert dispatch sizes depend on the router's output, read on the host.
+    ExpertDispatch,
+}
+
+/// One step of a rank's per-token program.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Step {
+    /// A maximal stretch of capturable ops, replayed as a CUDA graph.
+    Run {
+        id: String,
+        stream: String,
+        /// 2 when the run's baked addresses alternate per step (it touches a boundary slot).
+        phases: u32,
+        ops: Vec<Op>,
+    },
+    /// Ops that run eagerly, and why.
+    Island {
+        id: String,
+        stream: String,
+        reason: IslandReason,
+        ops: Vec<Op>,
+    },
+    /// Record an event (slot-indexed when it names a boundary event).
+    Record { stream: String, event: String },
+    /// Make the stream wait for the latest record of an event.
+    Wait { stream: String, event: String },
+    /// Copy a boundary's `tx[slot]` into `rx[slot]` on the receiver's stream.
+    Copy { stream: String, boundary: u32 },
+    /// Copy logits and the sampled token to the host ring (slot `step % in_flight`).
+    Readback { stream: String },
+}
+
+impl Step {
+    /// The stream the step is enqueued on.
+    pub fn stream(&self) -> &str {
+        match self {
+            Step::Run { stream, .. }
+            | Step::Island { stream, .. }
+            | Step::Record { stream, .. }
+            | Step::Wait { stream, .. }
+            | Step::Copy { stream, .. }
+            | Step::Readback { stream } => stream,
+        }
+    }
+    /// The ops of a run or island; empty for the other steps.
+    pub fn ops(&self) -> &[Op] {
+        match self {
+            Step::Run { ops, .. } | Step::Island { ops, .. } => ops,
+            _ => &[],
+        }
+    }
+}
+
+/// A per-layer piece of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Segment {
+    /// Residual add, RMS norm, QKV projection (+bias, q/k norm), RoPE.
+    AttnPre,
+    /// KV-cache write and attention over the cache.
+    AttnCore,
+    /// Output projection (a partial sum under TP).
+    AttnOut,
+    /// Sum of the group's partials in the canonical tree.
+    AllReduce,
+    /// Residual add, RMS norm, gate/up, activation, down projection.
+    Ffn,
+    /// Residual add, RMS norm, expert router (top-k).
+    MoeRouter,
+    /// The routed experts.
+    MoeExperts,
+    /// The always-on shared expert.
+    MoeShared,
+}
+
+/// One entry of a run or island: model-level ops, or a layer range with its segments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Read the token (from `token` or the token boundary's slot) and look up its embedding.
+    Embed,
+    /// For each layer of `layers`, the segments in order.
+    Layers { layers: LayerRange, segments: Vec<Segment> },
+    /// Residual add, final norm, this rank's vocab rows of the head.
+    Head,
+    /// Gather the vocab-parallel logits on the group's first rank.
+    GatherLogits,
+    /// Pick the next token on the device.
+    Sample,
+    /// Read the hidden state from the incoming boundary slot `rx[slot]`.
+    LoadHidden,
+    /// Write the hidden state into the outgoing boundary slot `tx[slot]`.
+    StoreHidden,
+    /// Write the sampled token into the outgoing token slot `tx[slot]`.
+    StoreToken,
+}
+
+/// Number of chunks of the canonical reduction tree for a reduction of length `k` whose weights
+/// come in blocks of `block` elements: the largest power of two up to 8 whose chunks are whole
+/// blocks. A TP degree nests in the tree (bit-identical logits) when it divides this number.
+pub fn reduction_chunks(k: u64, block: u64) -> u32 {
+    let mut chunks = 8u32;
+    while chunks > 1 && k % (u64::from(chunks) * block) != 0 {
+        chunks /= 2;
+    }
+    chunks
+}
+
+impl Segment {
+    /// The segment's name in plan text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Segment::AttnPre => "attn_pre",
+            Segment::AttnCore => "attn_core",
+            Segment::AttnOut => "attn_out",
+            Segment::AllReduce => "all_reduce",
+            Segment::Ffn => "ffn",
+            Segment::MoeRouter => "moe_router",
+            Segment::MoeExperts => "moe_experts",
+            Segment::MoeShared => "moe_shared",
+        }
+    }
+    const ALL: [Segment; 8] = [
+        Segment::AttnPre,
+        Segment::AttnCore,
+        Segment::AttnOut,
+        Segment::AllReduce,
+        Segment::Ffn,
+        Segment::MoeRouter,
+        Segment::MoeExperts,
+        Segment::MoeShared,
+    ];
+}
+
+impl fmt::Display for LayerRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..{}", self.start, self.end)
+    }
+}
+
+impl FromStr for LayerRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, b) = s
+            .split_once("..")
+            .ok_or_else(|| format!("expected a range `a..b`, found `{s}`"))?;
+        let parse = |x: &str| {
+            x.parse::<u32>()
+                .map_err(|_| format!("expected a layer number, found `{x}`"))
+        };
+        let (start, end) = (parse(a)?, parse(b)?);
+        if start > end {
+            return Err(format!("range `{s}` ends before it starts"));
+        }
+        Ok(LayerRange { start, end })
+    }
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Split::Full => write!(f, "full"),
+            Split::Rows { start, end } => write!(f, "rows {start}..{end}"),
+            Split::Cols { start, end } => write!(f, "cols {start}..{end}"),
+            Split::Experts { start, end } => write!(f, "experts {start}..{end}"),
+        }
+    }
+}
+
+impl FromStr for Split {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "full" {
+            return Ok(Split::Full);
+        }
+        let (kind, range) = s
+            .split_once(' ')
+            .ok_or_else(|| format!("expected `full` or `rows|cols|experts a..b`, found `{s}`"))?;
+        let (a, b) = range
+            .split_once("..")
+            .ok_or_else(|| format!("expected a range `a..b`, found `{range}`"))?;
+        let parse = |x: &str| {
+            x.parse::<u64>()
+                .map_err(|_| format!("expected a number, found `{x}`"))
+        };
+        let (start, end) = (parse(a)?, parse(b)?);
+        match kind {
+            "rows" => Ok(Split::Rows { start, end }),
+            "cols" => Ok(Split::Cols { start, end }),
+            "experts" => Ok(Split::Experts { start, end }),
+            _ => Err(format!("unknown split `{kind}`; allowed: rows, cols, experts")),
+        }
+    }
+}
+
+impl fmt::Display for IslandReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IslandReason::CaptureDisabled => write!(f, "capture_disabled"),
+            IslandReason::Forced(why) => write!(f, "forced: {why}"),
+            IslandReason::ExpertDispatch => write!(f, "expert_dispatch"),
+        }
+    }
+}
+
+impl FromStr for IslandReason {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "capture_disabled" => Ok(IslandReason::CaptureDisabled),
+            "expert_dispatch" => Ok(IslandReason::ExpertDispatch),
+            _ => match s.strip_prefix("forced: ") {
+                Some(why) => Ok(IslandReason::Forced(why.to_string())),
+                None => Err(format!(
+                    "unknown island reason `{s}`; allowed: capture_disabled, expert_dispatch, forced: <why>"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Embed => write!(f, "embed"),
+            Op::Head => write!(f, "head"),
+            Op::GatherLogits => write!(f, "gather_logits"),
+            Op::Sample => write!(f, "sample"),
+            Op::LoadHidden => write!(f, "load_hidden"),
+            Op::StoreHidden => write!(f, "store_hidden"),
+            Op::StoreToken => write!(f, "store_token"),
+            Op::Layers { layers, segments } => {
+                let names: Vec<&str> = segments.iter().map(|s| s.name()).collect();
+                write!(f, "layers {layers}: {}", names.join(" "))
+            }
+        }
+    }
+}
+
+impl FromStr for Op {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "embed" => return Ok(Op::Embed),
+            "head" => return Ok(Op::Head),
+            "gather_logits" => return Ok(Op::GatherLogits),
+            "sample" => return Ok(Op::Sample),
+            "load_hidden" => return Ok(Op::LoadHidden),
+            "store_hidden" => return Ok(Op::StoreHidden),
+            "store_token" => return Ok(Op::StoreToken),
+            _ => {}
+        }
+        let rest = s.strip_prefix("layers ").ok_or_else(|| {
+            format!("unknown op `{s}`; allowed: embed, layers a..b: <segments>, head, gather_logits, sample, load_hidden, store_hidden, store_token")
+        })?;
+        let (range, segs) = rest
+            .split_once(": ")
+            .ok_or_else(|| format!("expected `layers a..b: <segments>`, found `{s}`"))?;
+        let segments = segs
+            .split(' ')
+            .map(|name| {
+                Segment::ALL
+                    .into_iter()
+                    .find(|seg| seg.name() == name)
+                    .ok_or_else(|| format!("unknown segment `{name}`"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Op::Layers {
+            layers: range.parse()?,
+            segments,
+        })
+    }
+}
+
+/// Serde through `Display`/`FromStr`, so plan text reads as one short string per value.
+macro_rules! serde_as_string {
+    ($($ty:ty),*) => {$(
+        impl Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+serde_as_string!(LayerRange, Split, IslandReason, Op);
+
+impl Plan {
+    /// Parse plan text, refusing other format versions.
+    pub fn from_toml(text: &str) -> Result<Plan, String> {
+        #[derive(Deserialize)]
+        struct VersionOnly {
+            format_version: u32,
+        }
+        let version: VersionOnly = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        if version.format_version != FORMAT_VERSION {
+            return Err(format!(
+                "plan format version {} is not supported; this build reads version {FORMAT_VERSION}",
+                version.format_version
+            ));
+        }
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The plan as TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("invariant: plan types serialize to toml")
+    }
+
+    /// The rank with this id.
+    pub fn rank(&self, rank: u32) -> Option<&Rank> {
+        self.ranks.iter().find(|r| r.rank == rank)
+    }
+
+    /// The boundary with this id.
+    pub fn boundary(&self, id: u32) -> Option<&Boundary> {
+        self.boundaries.iter().find(|b| b.boundary == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_text_round_trips() {
+        for text in [
+            "embed",
+            "layers 0..15: attn_pre attn_core attn_out all_reduce ffn all_reduce",
+            "layers 3..4: moe_router",
+            "gather_logits",
+        ] {
+            let op: Op = text.parse().unwrap();
+            assert_eq!(op.to_string(), text);
+        }
+        assert!("layers 3..1: ffn".parse::<Op>().is_err());
+        assert!("layers 0..2: ffm".parse::<Op>().is_err());
+    }
+
+    #[test]
+    fn split_and_reason_round_trip() {
+        for text in ["full", "rows 0..288", "cols 288..576", "experts 0..64"] {
+            assert_eq!(text.parse::<Split>().unwrap().to_string(), text);
+        }
+        let reason: IslandReason = "forced: nan hunt in layer 7".parse().unwrap();
+        assert_eq!(reason, IslandReason::Forced("nan hunt in layer 7".into()));
+    }
+
+    #[test]
+    fn reduction_chunks_follow_blocks() {
+        assert_eq!(reduction_chunks(576, 32), 2);
+        assert_eq!(reduction_chunks(1536, 32), 8);
+        assert_eq!(reduction_chunks(256, 32), 8);
+        assert_eq!(reduction_chunks(96, 32), 1);
+        assert_eq!(reduction_chunks(4096, 256), 8);
+    }
+}
