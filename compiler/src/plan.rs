@@ -610,9 +610,14 @@ impl Plan {
         toml::from_str(text).map_err(|e| e.to_string())
     }
 
-    /// The plan as TOML text.
+    /// The plan as TOML text: sections as tables, and the long per-rank lists (buffers,
+    /// program, weights) as arrays with one inline table per line, so a diff shows one line
+    /// per changed entry.
     pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("invariant: plan types serialize to toml")
+        let table = toml::Table::try_from(self).expect("invariant: plan types serialize to toml");
+        let mut out = String::new();
+        write_table(&mut out, "", &table);
+        out
     }
 
     /// The rank with this id.
@@ -623,6 +628,43 @@ impl Plan {
     /// The boundary with this id.
     pub fn boundary(&self, id: u32) -> Option<&Boundary> {
         self.boundaries.iter().find(|b| b.boundary == id)
+    }
+}
+
+/// Lists written one inline table per line.
+const INLINE_LISTS: [&str; 3] = ["buffers", "program", "weights"];
+
+fn is_table_array(v: &toml::Value) -> bool {
+    v.as_array()
+        .is_some_and(|a| !a.is_empty() && a.iter().all(toml::Value::is_table))
+}
+
+fn write_table(out: &mut String, path: &str, table: &toml::Table) {
+    let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+    for (k, v) in table {
+        if INLINE_LISTS.contains(&k.as_str()) && is_table_array(v) {
+            out.push_str(&format!("{k} = [\n"));
+            for item in v.as_array().expect("invariant: checked above") {
+                out.push_str(&format!("  {item},\n"));
+            }
+            out.push_str("]\n");
+        } else if !v.is_table() && !is_table_array(v) {
+            out.push_str(&format!("{k} = {v}\n"));
+        }
+    }
+    for (k, v) in table {
+        if let Some(sub) = v.as_table() {
+            out.push_str(&format!("\n[{}]\n", join(k)));
+            write_table(out, &join(k), sub);
+        }
+    }
+    for (k, v) in table {
+        if is_table_array(v) && !INLINE_LISTS.contains(&k.as_str()) {
+            for item in v.as_array().expect("invariant: checked above") {
+                out.push_str(&format!("\n[[{}]]\n", join(k)));
+                write_table(out, &join(k), item.as_table().expect("invariant: checked above"));
+            }
+        }
     }
 }
 
