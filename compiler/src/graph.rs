@@ -101,7 +101,10 @@ impl DecodeGraph {
     /// The first node of `rank` of this kind.
     pub fn find(&self, rank: u32, kind: &NodeKind) -> Option<NodeIndex> {
         let nodes = self.schedule.get(rank as usize)?;
-        nodes.iter().copied().find(|&ix| &self.graph[ix].kind == kind)
+        nodes
+            .iter()
+            .copied()
+            .find(|&ix| &self.graph[ix].kind == kind)
     }
 
     /// Connect two nodes with a tensor of `elems` elements on both sides.

@@ -30,7 +30,10 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.output.is_some() && cli.placements.len() > 1 {
-        eprintln!("error: --output takes one placement; {} were given", cli.placements.len());
+        eprintln!(
+            "error: --output takes one placement; {} were given",
+            cli.placements.len()
+        );
         return ExitCode::from(2);
     }
     let mut failed = false;
@@ -56,7 +59,10 @@ fn default_output(placement: &Path) -> PathBuf {
 fn run(cli: &Cli, placement: &Path) -> Result<()> {
     let compiled = compile(placement).map_err(|d| anyhow::anyhow!("{d}"))?;
     let text = compiled.plan.to_toml();
-    let out = cli.output.clone().unwrap_or_else(|| default_output(placement));
+    let out = cli
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(placement));
     if cli.check {
         let committed = std::fs::read_to_string(&out)
             .with_context(|| format!("{}: cannot read the committed plan", out.display()))?;
@@ -110,7 +116,11 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
         plan.runtime.capture
     );
     for r in &plan.ranks {
-        let runs = r.program.iter().filter(|p| matches!(p, Step::Run { .. })).count();
+        let runs = r
+            .program
+            .iter()
+            .filter(|p| matches!(p, Step::Run { .. }))
+            .count();
         let islands: Vec<String> = r
             .program
             .iter()

@@ -155,11 +155,17 @@ impl Placement {
 pub fn load(path: &Path) -> Result<(Placement, ModelMeta), Diagnostics> {
     let file = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| single(&file, format!("cannot read: {e}")))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| single(&file, format!("not utf-8 text: {e}")))?;
+    let text =
+        String::from_utf8(bytes).map_err(|e| single(&file, format!("not utf-8 text: {e}")))?;
     let raw: RawPlacement = toml::from_str(&text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        let message = e
+            .message()
+            .trim_end_matches('\n')
+            .replace("expected i64", "expected an integer")
+            .replace("expected f64", "expected a number");
         let mut c = Collector::new(&file, &text);
-        c.error(e.span().unwrap_or(0..0), "", e.message().trim_end_matches('\n'));
+        c.error(span.clone(), &field_at(&text, span.start), message);
         c.finish().expect_err("invariant: one error was recorded")
     })?;
     let mut c = Collector::new(&file, &text);
@@ -169,6 +175,28 @@ pub fn load(path: &Path) -> Result<(Placement, ModelMeta), Diagnostics> {
     match (placement, model) {
         (Some(p), Some(m)) => Ok((p, m)),
         _ => unreachable!("invariant: a missing model records an error"),
+    }
+}
+
+/// The dotted field a byte offset sits in, read off the text: the last `[section]` header
+/// before it and the key on its line (empty where there is none).
+fn field_at(text: &str, offset: usize) -> String {
+    let before = text.get(..offset).unwrap_or("");
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let key = match line.split_once('=') {
+        Some((k, _)) if !line.trim_start().starts_with('[') => k.trim(),
+        _ => return String::new(),
+    };
+    let section = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']'));
+    match section {
+        Some(s) => format!("{s}.{key}"),
+        None => key.to_string(),
     }
 }
 
@@ -220,12 +248,37 @@ fn load_model(raw: &RawPlacement, path: &Path, c: &mut Collector) -> Option<Mode
                     }
                 },
             };
-            read_config(&resolve(cfg.get_ref()), dtype)
+            let model = read_config(&resolve(cfg.get_ref()), dtype)
                 .map_err(|e| c.error(cfg.span(), "model.config", format!("{e:#}")))
-                .ok()
+                .ok()?;
+            // Quantized rows must be whole blocks.
+            let span = m.weight_dtype.as_ref().map_or(cfg.span(), |d| d.span());
+            if let Some(t) = model
+                .tensors
+                .iter()
+                .find(|t| t.shape[t.shape.len() - 1] % t.dtype.block_elems() != 0)
+            {
+                c.error(
+                    span,
+                    "model.weight_dtype",
+                    format!(
+                        "{} stores rows in blocks of {} elements, but `{}` has rows of {}; choose a dtype whose block divides the rows",
+                        dtype.name(),
+                        dtype.block_elems(),
+                        t.name,
+                        t.shape[t.shape.len() - 1]
+                    ),
+                );
+                return None;
+            }
+            Some(model)
         }
         (Some(g), Some(_)) => {
-            c.error(g.span(), "model", "give either `gguf` or `config`, not both");
+            c.error(
+                g.span(),
+                "model",
+                "give either `gguf` or `config`, not both",
+            );
             None
         }
         (None, None) => {
@@ -245,7 +298,11 @@ fn int_in(c: &mut Collector, v: &Spanned<i64>, field: &str, lo: i64, hi: i64) ->
     if (lo..=hi).contains(&x) {
         Some(x as u32)
     } else {
-        c.error(v.span(), field, format!("{x} is out of range; allowed: {lo}..={hi}"));
+        c.error(
+            v.span(),
+            field,
+            format!("{x} is out of range; allowed: {lo}..={hi}"),
+        );
         None
     }
 }
@@ -267,10 +324,12 @@ fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector) -> Placeme
     };
     let max_sequences = rt
         .and_then(|r| r.max_sequences.as_ref())
-        .map_or(Some(1), |v| int_in(c, v, "runtime.max_sequences", 1, MAX_SEQUENCES));
-    let in_flight = rt
-        .and_then(|r| r.in_flight.as_ref())
-        .map_or(Some(1), |v| int_in(c, v, "runtime.in_flight", 1, MAX_IN_FLIGHT));
+        .map_or(Some(1), |v| {
+            int_in(c, v, "runtime.max_sequences", 1, MAX_SEQUENCES)
+        });
+    let in_flight = rt.and_then(|r| r.in_flight.as_ref()).map_or(Some(1), |v| {
+        int_in(c, v, "runtime.in_flight", 1, MAX_IN_FLIGHT)
+    });
     let kv_dtype = match rt.and_then(|r| r.kv_dtype.as_ref()) {
         None => Dtype::F16,
         Some(v) => match Dtype::from_name(v.get_ref()) {
@@ -279,7 +338,10 @@ fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector) -> Placeme
                 c.error(
                     v.span(),
                     "runtime.kv_dtype",
-                    format!("unknown kv dtype `{}`; allowed: f32, f16, bf16", v.get_ref()),
+                    format!(
+                        "unknown kv dtype `{}`; allowed: f32, f16, bf16",
+                        v.get_ref()
+                    ),
                 );
                 Dtype::F16
             }
@@ -330,7 +392,11 @@ fn validate_devices(raw: &RawPlacement, c: &mut Collector) -> DeviceTable {
             0
         };
         if d.ids.get_ref().is_empty() {
-            c.error(d.ids.span(), &format!("devices[{i}].ids"), "the list is empty");
+            c.error(
+                d.ids.span(),
+                &format!("devices[{i}].ids"),
+                "the list is empty",
+            );
         }
         for id in d.ids.get_ref() {
             let field = format!("devices[{i}].ids");
@@ -338,7 +404,11 @@ fn validate_devices(raw: &RawPlacement, c: &mut Collector) -> DeviceTable {
                 continue;
             };
             if devices.insert(id_u, bytes).is_some() {
-                c.error(id.span(), &field, format!("device {id_u} is declared twice"));
+                c.error(
+                    id.span(),
+                    &field,
+                    format!("device {id_u} is declared twice"),
+                );
             }
             spans.insert(id_u, entry.span());
         }
@@ -365,7 +435,11 @@ fn validate_stages(
     let dev_lists = p.devices.get_ref();
     let count = dev_lists.len() as i64;
     if count == 0 {
-        c.error(p.devices.span(), "pipeline.devices", "no stages: give one device list per stage, e.g. [[0], [1]]");
+        c.error(
+            p.devices.span(),
+            "pipeline.devices",
+            "no stages: give one device list per stage, e.g. [[0], [1]]",
+        );
         return Vec::new();
     }
     if let Some(s) = &p.stages {
@@ -404,7 +478,10 @@ fn validate_stages(
                 c.error(
                     d.span(),
                     &field,
-                    format!("device {id} is not declared; declared devices: {}", declared_list(devices)),
+                    format!(
+                        "device {id} is not declared; declared devices: {}",
+                        declared_list(devices)
+                    ),
                 );
             }
             ids.push(id);
@@ -420,7 +497,10 @@ fn validate_stages(
         .windows(2)
         .zip(stage_devices)
         .map(|(w, devices)| Stage {
-            layers: LayerRange { start: w[0], end: w[1] },
+            layers: LayerRange {
+                start: w[0],
+                end: w[1],
+            },
             devices,
         })
         .collect()
@@ -437,7 +517,12 @@ pub fn even_split(n: u32, stages: u32) -> Vec<u32> {
     bounds
 }
 
-fn validate_cuts(cuts: &Spanned<Vec<Spanned<i64>>>, n: u32, stages: i64, c: &mut Collector) -> Vec<u32> {
+fn validate_cuts(
+    cuts: &Spanned<Vec<Spanned<i64>>>,
+    n: u32,
+    stages: i64,
+    c: &mut Collector,
+) -> Vec<u32> {
     let list = cuts.get_ref();
     if list.len() as i64 != stages - 1 {
         c.error(
@@ -476,10 +561,7 @@ fn check_tp_degree(model: &ModelMeta, tp: u32, span: Range<usize>, field: &str, 
     if tp <= 1 {
         return;
     }
-    let mut dims = vec![
-        ("attention heads", model.heads),
-        ("vocab", model.vocab),
-    ];
+    let mut dims = vec![("attention heads", model.heads), ("vocab", model.vocab)];
     if model.mla.is_none() {
         dims.push(("kv heads", model.kv_heads));
     }
@@ -536,7 +618,11 @@ fn validate_capture(
             "graphs" => CaptureMode::Graphs,
             "eager" => CaptureMode::Eager,
             other => {
-                c.error(m.span(), "capture.mode", format!("unknown mode `{other}`; allowed: graphs, eager"));
+                c.error(
+                    m.span(),
+                    "capture.mode",
+                    format!("unknown mode `{other}`; allowed: graphs, eager"),
+                );
                 CaptureMode::Graphs
             }
         },
@@ -548,7 +634,11 @@ fn validate_capture(
         let field = format!("capture.eager[{i}].layers");
         let l = e.layers.get_ref();
         if l.len() != 2 {
-            c.error(e.layers.span(), &field, "expected [first, last], an inclusive layer range");
+            c.error(
+                e.layers.span(),
+                &field,
+                "expected [first, last], an inclusive layer range",
+            );
             continue;
         }
         let (Some(first), Some(last)) = (
@@ -558,23 +648,43 @@ fn validate_capture(
             continue;
         };
         if first > last {
-            c.error(e.layers.span(), &field, format!("range [{first}, {last}] ends before it starts"));
-            continue;
-        }
-        if e.reason.get_ref().trim().is_empty() {
-            c.error(e.reason.span(), &format!("capture.eager[{i}].reason"), "say why these layers stay eager");
-            continue;
-        }
-        let layers = LayerRange { start: first, end: last + 1 };
-        if let Some(prev) = forced.iter().find(|f| f.layers.start < layers.end && layers.start < f.layers.end) {
             c.error(
                 e.layers.span(),
                 &field,
-                format!("layers {layers} overlap the forced range {} given before", prev.layers),
+                format!("range [{first}, {last}] ends before it starts"),
             );
             continue;
         }
-        forced.push(ForcedEager { layers, reason: e.reason.get_ref().trim().to_string() });
+        if e.reason.get_ref().trim().is_empty() {
+            c.error(
+                e.reason.span(),
+                &format!("capture.eager[{i}].reason"),
+                "say why these layers stay eager",
+            );
+            continue;
+        }
+        let layers = LayerRange {
+            start: first,
+            end: last + 1,
+        };
+        if let Some(prev) = forced
+            .iter()
+            .find(|f| f.layers.start < layers.end && layers.start < f.layers.end)
+        {
+            c.error(
+                e.layers.span(),
+                &field,
+                format!(
+                    "layers {layers} overlap the forced range {} given before",
+                    prev.layers
+                ),
+            );
+            continue;
+        }
+        forced.push(ForcedEager {
+            layers,
+            reason: e.reason.get_ref().trim().to_string(),
+        });
     }
     if mode == CaptureMode::Eager {
         if let Some(first) = raw.eager.first() {
@@ -585,7 +695,11 @@ fn validate_capture(
     (mode, forced)
 }
 
-fn validate_transport(raw: Option<&RawTransport>, stages: &[Stage], c: &mut Collector) -> TransportChoice {
+fn validate_transport(
+    raw: Option<&RawTransport>,
+    stages: &[Stage],
+    c: &mut Collector,
+) -> TransportChoice {
     let Some(raw) = raw else {
         return TransportChoice::Auto;
     };
@@ -604,7 +718,11 @@ fn validate_transport(raw: Option<&RawTransport>, stages: &[Stage], c: &mut Coll
     };
     for (i, pair) in stages.windows(2).enumerate() {
         let same = pair[0].devices == pair[1].devices;
-        let all_same = pair[0].devices.iter().chain(&pair[1].devices).all(|d| Some(d) == pair[0].devices.first());
+        let all_same = pair[0]
+            .devices
+            .iter()
+            .chain(&pair[1].devices)
+            .all(|d| Some(d) == pair[0].devices.first());
         if choice == TransportChoice::DeviceCopy && !all_same {
             c.error(
                 raw.boundary.span(),

@@ -14,8 +14,8 @@ use std::str::FromStr;
 /// Version of the plan format; the executor refuses any other.
 pub const FORMAT_VERSION: u32 = 1;
 
-/// Number of slots of every boundary buffer (double buffering).
-pub const BOUNDARY_SLOTS: u32 = 2;
+/// Slots of a hidden-state boundary (double buffering).
+pub const HIDDEN_SLOTS: u32 = 2;
 
 /// A whole execution plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,6 +169,10 @@ pub struct Boundary {
     pub to_rank: u32,
     pub bytes: u64,
     pub slots: u32,
+    /// Decode steps between a send and its receive: 0 for the hidden state; for the token,
+    /// the number of sequences decoded round-robin (a sequence's next token is embedded
+    /// when its turn comes again).
+    pub lag: u32,
     pub transport: Transport,
 }
 
@@ -193,14 +197,10 @@ impl Boundary {
     pub fn send_slot(&self, step: u64) -> u32 {
         (step % u64::from(self.slots)) as u32
     }
-    /// Slot the receiver takes at decode step `step`: a token is sampled one step before it
-    /// is embedded, so the token boundary's receiver lags one slot behind its sender.
+    /// Slot the receiver takes at decode step `step`: the one sent `lag` steps earlier.
     pub fn recv_slot(&self, step: u64) -> u32 {
-        let lag = match self.carries {
-            Carries::Hidden => 0,
-            Carries::Token => u64::from(self.slots) - 1,
-        };
-        ((step + lag) % u64::from(self.slots)) as u32
+        let slots = u64::from(self.slots);
+        ((step + slots - u64::from(self.lag) % slots) % slots) as u32
     }
 }
 
@@ -288,11 +288,20 @@ pub struct WeightShard {
 pub enum Split {
     Full,
     /// Output rows `start..end` (column-parallel: q, k, v, gate, up, vocab-parallel head).
-    Rows { start: u64, end: u64 },
+    Rows {
+        start: u64,
+        end: u64,
+    },
     /// Input columns `start..end` (row-parallel: attention output, FFN down).
-    Cols { start: u64, end: u64 },
+    Cols {
+        start: u64,
+        end: u64,
+    },
     /// Experts `start..end` of a stacked expert tensor.
-    Experts { start: u64, end: u64 },
+    Experts {
+        start: u64,
+        end: u64,
+    },
 }
 
 /// Why a stretch of a rank's program is not captured into a graph.
@@ -383,7 +392,10 @@ pub enum Op {
     /// Read the token (from `token` or the token boundary's slot) and look up its embedding.
     Embed,
     /// For each layer of `layers`, the segments in order.
-    Layers { layers: LayerRange, segments: Vec<Segment> },
+    Layers {
+        layers: LayerRange,
+        segments: Vec<Segment>,
+    },
     /// Residual add, final norm, this rank's vocab rows of the head.
     Head,
     /// Gather the vocab-parallel logits on the group's first rank.
@@ -403,7 +415,7 @@ pub enum Op {
 /// blocks. A TP degree nests in the tree (bit-identical logits) when it divides this number.
 pub fn reduction_chunks(k: u64, block: u64) -> u32 {
     let mut chunks = 8u32;
-    while chunks > 1 && k % (u64::from(chunks) * block) != 0 {
+    while chunks > 1 && !k.is_multiple_of(u64::from(chunks) * block) {
         chunks /= 2;
     }
     chunks
@@ -491,7 +503,9 @@ impl FromStr for Split {
             "rows" => Ok(Split::Rows { start, end }),
             "cols" => Ok(Split::Cols { start, end }),
             "experts" => Ok(Split::Experts { start, end }),
-            _ => Err(format!("unknown split `{kind}`; allowed: rows, cols, experts")),
+            _ => Err(format!(
+                "unknown split `{kind}`; allowed: rows, cols, experts"
+            )),
         }
     }
 }
@@ -640,7 +654,13 @@ fn is_table_array(v: &toml::Value) -> bool {
 }
 
 fn write_table(out: &mut String, path: &str, table: &toml::Table) {
-    let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
     for (k, v) in table {
         if INLINE_LISTS.contains(&k.as_str()) && is_table_array(v) {
             out.push_str(&format!("{k} = [\n"));
@@ -662,7 +682,11 @@ fn write_table(out: &mut String, path: &str, table: &toml::Table) {
         if is_table_array(v) && !INLINE_LISTS.contains(&k.as_str()) {
             for item in v.as_array().expect("invariant: checked above") {
                 out.push_str(&format!("\n[[{}]]\n", join(k)));
-                write_table(out, &join(k), item.as_table().expect("invariant: checked above"));
+                write_table(
+                    out,
+                    &join(k),
+                    item.as_table().expect("invariant: checked above"),
+                );
             }
         }
     }

@@ -44,7 +44,11 @@ fn edits(a: &[&str], b: &[&str]) -> Vec<Edit> {
         let d = d as isize;
         let k = x - y;
         let ki = (k + off) as usize;
-        let prev_k = if k == -d || (k != d && v[ki - 1] < v[ki + 1]) { k + 1 } else { k - 1 };
+        let prev_k = if k == -d || (k != d && v[ki - 1] < v[ki + 1]) {
+            k + 1
+        } else {
+            k - 1
+        };
         let prev_x = v[(prev_k + off) as usize];
         let prev_y = prev_x - prev_k;
         while x > prev_x && y > prev_y {
@@ -125,6 +129,9 @@ mod tests {
         let old = "a\nb\nc\nd\ne\n";
         let new = "a\nb\nC\nd\ne\nf\n";
         let diff = unified("old", "new", old, new, 1);
-        assert_eq!(diff, "--- old\n+++ new\n@@ -2,4 +2,5 @@\n b\n-c\n+C\n d\n e\n+f\n");
+        assert_eq!(
+            diff,
+            "--- old\n+++ new\n@@ -2,4 +2,5 @@\n b\n-c\n+C\n d\n e\n+f\n"
+        );
     }
 }

@@ -23,8 +23,14 @@ const MODEL_TYPES: [(&str, Architecture); 7] = [
 pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     let text = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
     let json: Value = serde_json::from_slice(&text).map_err(|e| {
+        let what = e.to_string();
+        let what = what
+            .split(" at line ")
+            .next()
+            .unwrap_or_default()
+            .to_lowercase();
         anyhow!(
-            "{}:{}:{}: invalid json: {e}",
+            "{}:{}:{}: invalid json: {what}",
             path.display(),
             e.line(),
             e.column()
@@ -135,10 +141,7 @@ impl Keys<'_> {
     }
 
     fn wrong(&self, key: &str, allowed: &str) -> anyhow::Error {
-        anyhow!(
-            "{}: key `{key}` must be {allowed}",
-            self.path.display()
-        )
+        anyhow!("{}: key `{key}` must be {allowed}", self.path.display())
     }
 
     fn str(&self, key: &str) -> Result<&str> {

@@ -35,7 +35,11 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     let embedding = req_u32("embedding_length")?;
     let heads = req_u32("attention.head_count")?;
     if heads == 0 {
-        bail!("{}: {} must be at least 1", path.display(), key("attention.head_count"));
+        bail!(
+            "{}: {} must be at least 1",
+            path.display(),
+            key("attention.head_count")
+        );
     }
     let mla = match architecture {
         Architecture::Deepseek2 => {
@@ -108,11 +112,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
 }
 
 /// The file's tensors, checked against the architecture's expected names and shapes.
-fn read_tensors(
-    file: &GgufFile,
-    meta: &ModelMeta,
-    path: &Path,
-) -> Result<Vec<super::TensorMeta>> {
+fn read_tensors(file: &GgufFile, meta: &ModelMeta, path: &Path) -> Result<Vec<super::TensorMeta>> {
     let expected: BTreeMap<String, Vec<u64>> = expected(meta).into_iter().collect();
     let mut tensors = Vec::new();
     for info in &file.tensors {

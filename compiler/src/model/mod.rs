@@ -225,7 +225,11 @@ impl ModelMeta {
 
 /// FNV-1a 64: a stable hash for fingerprints (no randomized hasher may reach plan text).
 pub fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
-    let mut hash = if seed == 0 { 0xcbf2_9ce4_8422_2325 } else { seed };
+    let mut hash = if seed == 0 {
+        0xcbf2_9ce4_8422_2325
+    } else {
+        seed
+    };
     for &b in bytes {
         hash ^= u64::from(b);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);

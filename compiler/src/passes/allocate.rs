@@ -20,7 +20,11 @@ pub fn weights(model: &ModelMeta, rank: &RankInfo) -> Vec<WeightShard> {
         if held_for_embed {
             out.push(shard(t, Split::Full));
         } else if held_for_head {
-            let rule = if t.site == TensorSite::Embed { ShardRule::Rows } else { t.rule };
+            let rule = if t.site == TensorSite::Embed {
+                ShardRule::Rows
+            } else {
+                t.rule
+            };
             out.push(shard(t, split_for(t, rule, rank)));
         }
     }
@@ -68,13 +72,23 @@ fn shard(t: &TensorMeta, split: Split) -> WeightShard {
 }
 
 /// The buffers a rank owns, sorted by name.
-pub fn buffers(model: &ModelMeta, placement: &Placement, topo: &Topology, rank: &RankInfo) -> Vec<Buffer> {
+pub fn buffers(
+    model: &ModelMeta,
+    placement: &Placement,
+    topo: &Topology,
+    rank: &RankInfo,
+) -> Vec<Buffer> {
     let n = u64::from(rank.tp_degree);
     let r = rank.rank;
     let d = u64::from(model.embedding);
     let heads = u64::from(model.heads) / n;
     let ffn_width = match &model.moe {
-        Some(m) => u64::from(model.ffn.max(m.expert_ffn * m.top_k).max(m.shared_expert_ffn)),
+        Some(m) => u64::from(
+            model
+                .ffn
+                .max(m.expert_ffn * m.top_k)
+                .max(m.shared_expert_ffn),
+        ),
         None => u64::from(model.ffn),
     };
     let qkv = u64::from(model.heads + 2 * model.kv_heads) * u64::from(model.head_dim);
@@ -83,7 +97,12 @@ pub fn buffers(model: &ModelMeta, placement: &Placement, topo: &Topology, rank: 
         + u64::from(model.attn_out_width()) / n
         + 2 * ffn_width / n
         + heads * u64::from(placement.max_context);
-    let buffer = |name: String, kind, bytes, slots| Buffer { name, kind, bytes, slots };
+    let buffer = |name: String, kind, bytes, slots| Buffer {
+        name,
+        kind,
+        bytes,
+        slots,
+    };
     let mut out = vec![
         buffer(format!("r{r}.act"), BufferKind::Scratch, act_elems * 4, 1),
         buffer(format!("r{r}.pos"), BufferKind::Io, 4, 1),
@@ -99,12 +118,23 @@ pub fn buffers(model: &ModelMeta, placement: &Placement, topo: &Topology, rank: 
         out.push(buffer(format!("r{r}.kv"), BufferKind::Kv, kv, 1));
     }
     if rank.embed || rank.sampler {
-        out.push(buffer(format!("r{r}.token"), BufferKind::Io, 4, 1));
+        // One token per sequence in flight.
+        out.push(buffer(
+            format!("r{r}.token"),
+            BufferKind::Io,
+            4,
+            placement.max_sequences,
+        ));
     }
     if rank.head {
         let vocab = u64::from(model.vocab);
         let logits = if rank.sampler { vocab } else { vocab / n };
-        out.push(buffer(format!("r{r}.logits"), BufferKind::Io, logits * 4, 1));
+        out.push(buffer(
+            format!("r{r}.logits"),
+            BufferKind::Io,
+            logits * 4,
+            1,
+        ));
     }
     for b in &topo.boundaries {
         if b.from_rank == r {

@@ -36,7 +36,10 @@ pub fn segment_output(model: &ModelMeta, segment: Segment, tp: u32) -> (&'static
             ("qkv", qkv / tp)
         }
         Segment::AttnCore => ("attn", u64::from(model.attn_out_width()) / tp),
-        Segment::MoeRouter => ("routing", u64::from(model.moe.as_ref().map_or(0, |m| m.top_k))),
+        Segment::MoeRouter => (
+            "routing",
+            u64::from(model.moe.as_ref().map_or(0, |m| m.top_k)),
+        ),
         Segment::AttnOut
         | Segment::AllReduce
         | Segment::Ffn

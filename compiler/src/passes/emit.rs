@@ -12,25 +12,41 @@ use crate::plan::{
 };
 
 /// Build the plan from the passes' results.
-pub fn emit(model: &ModelMeta, placement: &Placement, topo: &Topology, programs: Vec<Vec<Step>>) -> Plan {
+pub fn emit(
+    model: &ModelMeta,
+    placement: &Placement,
+    topo: &Topology,
+    programs: Vec<Vec<Step>>,
+) -> Plan {
     let chunks = model_chunks(model);
     let allocated: Vec<_> = topo
         .ranks
         .iter()
-        .map(|r| (r.clone(), weights(model, r), buffers(model, placement, topo, r)))
+        .map(|r| {
+            (
+                r.clone(),
+                weights(model, r),
+                buffers(model, placement, topo, r),
+            )
+        })
         .collect();
     let devices = device_use(placement, &allocated);
     let mut groups = Vec::new();
     for s in 0..placement.stages.len() {
-        let ranks: Vec<u32> = topo.ranks.iter().filter(|r| r.stage == s as u32).map(|r| r.rank).collect();
+        let ranks: Vec<u32> = topo
+            .ranks
+            .iter()
+            .filter(|r| r.stage == s as u32)
+            .map(|r| r.rank)
+            .collect();
         let degree = ranks.len() as u32;
         if degree > 1 {
             groups.push(TpGroup {
                 group: groups.len() as u32,
                 stage: s as u32,
                 exact: degree.is_power_of_two()
-                    && chunks.attn_out % degree == 0
-                    && chunks.ffn_down % degree == 0,
+                    && chunks.attn_out.is_multiple_of(degree)
+                    && chunks.ffn_down.is_multiple_of(degree),
                 tree: tree(&ranks),
                 ranks,
             });
@@ -50,7 +66,10 @@ pub fn emit(model: &ModelMeta, placement: &Placement, topo: &Topology, programs:
                 device: info.device,
                 tp_index: info.tp_index,
                 tp_degree: info.tp_degree,
-                group: groups.iter().find(|g| g.ranks.contains(&info.rank)).map(|g| g.group),
+                group: groups
+                    .iter()
+                    .find(|g| g.ranks.contains(&info.rank))
+                    .map(|g| g.group),
                 layers: info.layers,
                 embed: info.embed,
                 head: info.head,
@@ -95,8 +114,14 @@ fn model_chunks(model: &ModelMeta) -> ReductionChunks {
         _ => model.ffn,
     };
     ReductionChunks {
-        attn_out: reduction_chunks(u64::from(model.attn_out_width()), block_of("attn_output.weight")),
-        ffn_down: reduction_chunks(u64::from(ffn_k), block_of("ffn_down.weight").max(block_of("ffn_down_exps.weight"))),
+        attn_out: reduction_chunks(
+            u64::from(model.attn_out_width()),
+            block_of("attn_output.weight"),
+        ),
+        ffn_down: reduction_chunks(
+            u64::from(ffn_k),
+            block_of("ffn_down.weight").max(block_of("ffn_down_exps.weight")),
+        ),
     }
 }
 
@@ -113,7 +138,9 @@ fn tree(ranks: &[u32]) -> String {
 
 /// Shortest text that reads back as the same f32, as an f64 for the plan.
 fn exact(x: f32) -> f64 {
-    x.to_string().parse().expect("invariant: a float prints as a float")
+    x.to_string()
+        .parse()
+        .expect("invariant: a float prints as a float")
 }
 
 fn summary(model: &ModelMeta, placement: &Placement, chunks: ReductionChunks) -> ModelSummary {

@@ -52,7 +52,11 @@ pub fn compile(path: &Path) -> Result<Compiled, Diagnostics> {
 }
 
 /// Passes 4-10 on a validated placement.
-pub fn compile_placement(path: &Path, placement: &Placement, model: ModelMeta) -> Result<Compiled, Diagnostics> {
+pub fn compile_placement(
+    path: &Path,
+    placement: &Placement,
+    model: ModelMeta,
+) -> Result<Compiled, Diagnostics> {
     let file = path.display().to_string();
     let internal = |errors: Vec<String>| Diagnostics {
         file: file.clone(),

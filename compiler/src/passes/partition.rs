@@ -3,12 +3,13 @@
 //! or an eager island (with its reason); boundary receives and the readback close the current
 //! run. Each run is wrapped in the event waits and records that order it against other
 //! streams: `ready`/`consumed` for the boundary slots it writes, and the readback pair for the
-//! logits and token it writes. A run that touches a boundary slot gets two phases.
+//! logits and token it writes. A run that touches boundary slots has one phase per distinct
+//! set of slot addresses: the lcm of their slot counts (2 for double buffering).
 
 use super::Topology;
 use crate::graph::{DecodeGraph, NodeKind, StreamKind};
 use crate::placement::Placement;
-use crate::plan::{Carries, CaptureMode, IslandReason, LayerRange, Op, Segment, Step};
+use crate::plan::{CaptureMode, Carries, IslandReason, LayerRange, Op, Segment, Step};
 
 /// Event the sampler records once logits and token are written.
 pub fn logits_ready(rank: u32) -> String {
@@ -74,18 +75,33 @@ fn partition_rank(g: &DecodeGraph, topo: &Topology, rank: u32) -> Vec<Step> {
             NodeKind::Recv { boundary } => {
                 out.close(group.take());
                 let b = &topo.boundaries[*boundary as usize];
-                out.steps.push(Step::Wait { stream: compute.clone(), event: b.ready() });
-                out.steps.push(Step::Copy { stream: compute.clone(), boundary: *boundary });
-                out.steps.push(Step::Record { stream: compute.clone(), event: b.consumed() });
+                out.steps.push(Step::Wait {
+                    stream: compute.clone(),
+                    event: b.ready(),
+                });
+                out.steps.push(Step::Copy {
+                    stream: compute.clone(),
+                    boundary: *boundary,
+                });
+                out.steps.push(Step::Record {
+                    stream: compute.clone(),
+                    event: b.consumed(),
+                });
                 pending_load |= b.carries == Carries::Hidden;
                 continue;
             }
             NodeKind::Readback => {
                 out.close(group.take());
                 let rb = StreamKind::Readback.name().to_string();
-                out.steps.push(Step::Wait { stream: rb.clone(), event: logits_ready(rank) });
+                out.steps.push(Step::Wait {
+                    stream: rb.clone(),
+                    event: logits_ready(rank),
+                });
                 out.steps.push(Step::Readback { stream: rb.clone() });
-                out.steps.push(Step::Record { stream: rb, event: readback_done(rank) });
+                out.steps.push(Step::Record {
+                    stream: rb,
+                    event: readback_done(rank),
+                });
                 continue;
             }
             NodeKind::Send { boundary } => {
@@ -96,7 +112,12 @@ fn partition_rank(g: &DecodeGraph, topo: &Topology, rank: u32) -> Vec<Step> {
                 // A store joins whatever group is open: it is as capturable as its producer.
                 match group.as_mut() {
                     Some(open) => open.items.push(Item::Op(op)),
-                    None => group = Some(Group { class: None, items: vec![Item::Op(op)] }),
+                    None => {
+                        group = Some(Group {
+                            class: None,
+                            items: vec![Item::Op(op)],
+                        })
+                    }
                 }
                 continue;
             }
@@ -109,7 +130,10 @@ fn partition_rank(g: &DecodeGraph, topo: &Topology, rank: u32) -> Vec<Step> {
         if group.as_ref().is_some_and(|open| open.class != node.eager) {
             out.close(group.take());
         }
-        let open = group.get_or_insert_with(|| Group { class: node.eager.clone(), items: Vec::new() });
+        let open = group.get_or_insert_with(|| Group {
+            class: node.eager.clone(),
+            items: Vec::new(),
+        });
         if std::mem::take(&mut pending_load) {
             open.items.push(Item::Op(Op::LoadHidden));
         }
@@ -148,32 +172,44 @@ impl Builder<'_> {
             .map(|b| b.boundary)
             .collect();
         let writes_readback = self.topo.ranks[self.rank as usize].sampler
-            && ops.iter().any(|op| matches!(op, Op::Head | Op::GatherLogits | Op::Sample));
+            && ops
+                .iter()
+                .any(|op| matches!(op, Op::Head | Op::GatherLogits | Op::Sample));
         if writes_readback && !self.guarded_readback {
             self.guarded_readback = true;
             let event = readback_done(self.rank);
-            self.steps.push(Step::Wait { stream: compute.clone(), event });
+            self.steps.push(Step::Wait {
+                stream: compute.clone(),
+                event,
+            });
         }
         for &b in &stores {
             let event = self.topo.boundaries[b as usize].consumed();
-            self.steps.push(Step::Wait { stream: compute.clone(), event });
+            self.steps.push(Step::Wait {
+                stream: compute.clone(),
+                event,
+            });
         }
-        let receives_token = self
+        let phases = self
             .topo
             .boundaries
             .iter()
-            .any(|b| b.to_rank == self.rank && b.carries == Carries::Token);
-        let touches_slot = ops.iter().any(|op| {
-            matches!(op, Op::LoadHidden | Op::StoreHidden | Op::StoreToken)
-                || (*op == Op::Embed && receives_token)
-        });
+            .filter(|b| {
+                let (load, store) = match b.carries {
+                    Carries::Hidden => (Op::LoadHidden, Op::StoreHidden),
+                    Carries::Token => (Op::Embed, Op::StoreToken),
+                };
+                (b.to_rank == self.rank && ops.contains(&load))
+                    || (b.from_rank == self.rank && ops.contains(&store))
+            })
+            .fold(1, |acc, b| lcm(acc, b.slots));
         let step = match group.class {
             None => {
                 self.runs += 1;
                 Step::Run {
                     id: format!("r{}.run{}", self.rank, self.runs - 1),
                     stream: compute.clone(),
-                    phases: if touches_slot { 2 } else { 1 },
+                    phases,
                     ops: ops.clone(),
                 }
             }
@@ -190,13 +226,30 @@ impl Builder<'_> {
         self.steps.push(step);
         for &b in &stores {
             let event = self.topo.boundaries[b as usize].ready();
-            self.steps.push(Step::Record { stream: compute.clone(), event });
+            self.steps.push(Step::Record {
+                stream: compute.clone(),
+                event,
+            });
         }
         if self.topo.ranks[self.rank as usize].sampler && ops.contains(&Op::Sample) {
             let event = logits_ready(self.rank);
-            self.steps.push(Step::Record { stream: compute, event });
+            self.steps.push(Step::Record {
+                stream: compute,
+                event,
+            });
         }
     }
+}
+
+/// Least common multiple: a run touching slots of periods a and b repeats every lcm(a, b).
+fn lcm(a: u32, b: u32) -> u32 {
+    let gcd = |mut x: u32, mut y: u32| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    a / gcd(a, b) * b
 }
 
 /// Turn items into ops, merging runs of layers that have the same segments into one range.
@@ -204,14 +257,26 @@ fn compress(items: Vec<Item>) -> Vec<Op> {
     let mut ops: Vec<Op> = Vec::new();
     let mut layer: Option<(u32, Vec<Segment>)> = None;
     let flush = |ops: &mut Vec<Op>, layer: &mut Option<(u32, Vec<Segment>)>| {
-        let Some((l, segments)) = layer.take() else { return };
-        if let Some(Op::Layers { layers, segments: prev }) = ops.last_mut() {
+        let Some((l, segments)) = layer.take() else {
+            return;
+        };
+        if let Some(Op::Layers {
+            layers,
+            segments: prev,
+        }) = ops.last_mut()
+        {
             if *prev == segments && layers.end == l {
                 layers.end = l + 1;
                 return;
             }
         }
-        ops.push(Op::Layers { layers: LayerRange { start: l, end: l + 1 }, segments });
+        ops.push(Op::Layers {
+            layers: LayerRange {
+                start: l,
+                end: l + 1,
+            },
+            segments,
+        });
     };
     for item in items {
         match item {

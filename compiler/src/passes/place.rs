@@ -7,7 +7,7 @@ use super::Topology;
 use crate::graph::{DecodeGraph, Node, NodeKind, StreamKind};
 use crate::model::ModelMeta;
 use crate::placement::{Placement, TransportChoice};
-use crate::plan::{Boundary, Carries, Transport, BOUNDARY_SLOTS};
+use crate::plan::{Boundary, Carries, Transport, HIDDEN_SLOTS};
 
 /// Add boundaries and the readback to the sharded graph.
 pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placement: &Placement) {
@@ -17,7 +17,11 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
         if receiver.stage == 0 {
             continue;
         }
-        let senders: Vec<_> = topo.ranks.iter().filter(|r| r.stage == receiver.stage - 1).collect();
+        let senders: Vec<_> = topo
+            .ranks
+            .iter()
+            .filter(|r| r.stage == receiver.stage - 1)
+            .collect();
         let sender = senders[(receiver.tp_index as usize) % senders.len()];
         pairs.push((Carries::Hidden, sender.rank, receiver.rank));
     }
@@ -32,16 +36,26 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
     }
     for (id, (carries, from, to)) in pairs.into_iter().enumerate() {
         let id = id as u32;
-        let (from_dev, to_dev) = (topo.ranks[from as usize].device, topo.ranks[to as usize].device);
+        let (from_dev, to_dev) = (
+            topo.ranks[from as usize].device,
+            topo.ranks[to as usize].device,
+        );
         let transport = match placement.transport {
             TransportChoice::DeviceCopy => Transport::DeviceCopy,
             TransportChoice::PeerCopy => Transport::PeerCopy,
             TransportChoice::Auto if from_dev == to_dev => Transport::DeviceCopy,
             TransportChoice::Auto => Transport::PeerCopy,
         };
-        let (elems, name) = match carries {
-            Carries::Hidden => (d, "hidden"),
-            Carries::Token => (1, "token"),
+        // A token waits for its sequence's next turn: one slot per sequence in flight, plus
+        // one so the sampler never waits for a slot the receiver still holds.
+        let (elems, name, lag, slots) = match carries {
+            Carries::Hidden => (d, "hidden", 0, HIDDEN_SLOTS),
+            Carries::Token => (
+                1,
+                "token",
+                placement.max_sequences,
+                placement.max_sequences + 1,
+            ),
         };
         let compute = |rank, kind| Node {
             kind,
@@ -51,7 +65,9 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
         };
         let last = match carries {
             Carries::Hidden => g.ends(from).expect("invariant: every rank has nodes").1,
-            Carries::Token => g.find(from, &NodeKind::Sample).expect("invariant: the sampler samples"),
+            Carries::Token => g
+                .find(from, &NodeKind::Sample)
+                .expect("invariant: the sampler samples"),
         };
         let send = g.push(compute(from, NodeKind::Send { boundary: id }));
         g.connect(last, send, name, elems);
@@ -67,11 +83,14 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
             from_rank: from,
             to_rank: to,
             bytes: elems * 4,
-            slots: BOUNDARY_SLOTS,
+            slots,
+            lag,
             transport,
         });
     }
-    let sample = g.find(sampler, &NodeKind::Sample).expect("invariant: the sampler samples");
+    let sample = g
+        .find(sampler, &NodeKind::Sample)
+        .expect("invariant: the sampler samples");
     let readback = g.push(Node {
         kind: NodeKind::Readback,
         rank: sampler,

@@ -16,14 +16,19 @@ fn ends_partial(model: &ModelMeta, layer: u32, segment: Segment) -> bool {
     match segment {
         Segment::AttnOut | Segment::Ffn | Segment::MoeShared => true,
         Segment::MoeExperts => {
-            model.is_moe_layer(layer) && model.moe.as_ref().is_some_and(|m| m.shared_expert_ffn == 0)
+            model.is_moe_layer(layer)
+                && model.moe.as_ref().is_some_and(|m| m.shared_expert_ffn == 0)
         }
         _ => false,
     }
 }
 
 /// Expand the one-rank graph over the placement's stages and TP groups.
-pub fn shard(logical: &DecodeGraph, model: &ModelMeta, placement: &Placement) -> (DecodeGraph, Topology) {
+pub fn shard(
+    logical: &DecodeGraph,
+    model: &ModelMeta,
+    placement: &Placement,
+) -> (DecodeGraph, Topology) {
     let mut g = DecodeGraph::default();
     let mut topo = Topology::default();
     let last_stage = placement.stages.len() - 1;
@@ -59,7 +64,10 @@ pub fn shard(logical: &DecodeGraph, model: &ModelMeta, placement: &Placement) ->
                 if !keep {
                     continue;
                 }
-                let ix = g.push(Node { rank, ..node.clone() });
+                let ix = g.push(Node {
+                    rank,
+                    ..node.clone()
+                });
                 link(&mut g, prev, ix);
                 let out = match &node.kind {
                     NodeKind::Embed => ("hidden", d),
@@ -69,15 +77,26 @@ pub fn shard(logical: &DecodeGraph, model: &ModelMeta, placement: &Placement) ->
                 };
                 prev = Some((ix, out));
                 if node.kind == NodeKind::Head && tp > 1 {
-                    let gather = g.push(Node { kind: NodeKind::GatherLogits, rank, ..node.clone() });
+                    let gather = g.push(Node {
+                        kind: NodeKind::GatherLogits,
+                        rank,
+                        ..node.clone()
+                    });
                     link(&mut g, prev, gather);
                     gathers.push((ix, gather));
                     prev = Some((gather, ("logits", u64::from(model.vocab))));
                 }
                 if let NodeKind::Layer { layer, segment } = node.kind {
                     if tp > 1 && ends_partial(model, layer, segment) {
-                        let kind = NodeKind::Layer { layer, segment: Segment::AllReduce };
-                        let ar = g.push(Node { kind, rank, ..node.clone() });
+                        let kind = NodeKind::Layer {
+                            layer,
+                            segment: Segment::AllReduce,
+                        };
+                        let ar = g.push(Node {
+                            kind,
+                            rank,
+                            ..node.clone()
+                        });
                         link(&mut g, prev, ar);
                         reduces.push((ix, ar));
                         prev = Some((ar, ("hidden", d)));

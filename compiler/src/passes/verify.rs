@@ -18,9 +18,6 @@ use crate::plan::{BufferKind, Carries, Op, Plan, Segment, Step};
 use petgraph::algo::is_cyclic_directed;
 use std::collections::BTreeMap;
 
-/// Decode steps replayed by the happens-before check: enough for every slot to be reused.
-const REPLAY_STEPS: u64 = 5;
-
 /// Structural checks of the sharded, placed graph; each string is one violation.
 pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) -> Vec<String> {
     let mut errors = Vec::new();
@@ -68,12 +65,20 @@ pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) 
         if from.rank == to.rank {
             continue;
         }
-        let (a, b) = (&topo.ranks[from.rank as usize], &topo.ranks[to.rank as usize]);
+        let (a, b) = (
+            &topo.ranks[from.rank as usize],
+            &topo.ranks[to.rank as usize],
+        );
         let allowed = match (&from.kind, &to.kind) {
             (NodeKind::Send { boundary: x }, NodeKind::Recv { boundary: y }) => x == y,
-            (_, NodeKind::Layer { segment: Segment::AllReduce, .. }) | (_, NodeKind::GatherLogits) => {
-                a.stage == b.stage
-            }
+            (
+                _,
+                NodeKind::Layer {
+                    segment: Segment::AllReduce,
+                    ..
+                },
+            )
+            | (_, NodeKind::GatherLogits) => a.stage == b.stage,
             _ => false,
         };
         if !allowed {
@@ -85,7 +90,10 @@ pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) 
             ));
         }
         if tensor.name == "hidden" && tensor.elems != u64::from(model.embedding) {
-            errors.push(format!("hidden state of {} elements, expected {}", tensor.elems, model.embedding));
+            errors.push(format!(
+                "hidden state of {} elements, expected {}",
+                tensor.elems, model.embedding
+            ));
         }
     }
     errors
@@ -93,15 +101,16 @@ pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) 
 
 /// Segments with an all-reduce after each partial sum.
 fn with_reduces(segments: Vec<Segment>) -> Vec<Segment> {
-    let partial_ends = |i: usize| match segments[i] {
-        Segment::AttnOut | Segment::Ffn | Segment::MoeShared => true,
-        Segment::MoeExperts => !segments.contains(&Segment::MoeShared),
-        _ => false,
-    };
+    let has_shared = segments.contains(&Segment::MoeShared);
     let mut out = Vec::new();
-    for i in 0..segments.len() {
-        out.push(segments[i]);
-        if partial_ends(i) {
+    for &segment in &segments {
+        out.push(segment);
+        let partial_end = match segment {
+            Segment::AttnOut | Segment::Ffn | Segment::MoeShared => true,
+            Segment::MoeExperts => !has_shared,
+            _ => false,
+        };
+        if partial_end {
             out.push(Segment::AllReduce);
         }
     }
@@ -138,6 +147,14 @@ struct Access {
     write: bool,
 }
 
+/// An earlier access to a buffer: its stream, that stream's clock tick, its kind, its step.
+struct PastAccess {
+    stream: usize,
+    tick: u64,
+    write: bool,
+    label: String,
+}
+
 /// The buffers a step reads and writes on `rank` at decode step `t`.
 fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, String> {
     let r = plan.rank(rank).expect("invariant: rank exists");
@@ -146,28 +163,56 @@ fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, 
             .iter()
             .find(|b| b.kind == kind && b.name.ends_with(suffix))
             .map(|b| b.name.clone())
-            .ok_or_else(|| format!("rank {rank} needs a {kind:?} buffer `*{suffix}` but declares none"))
+            .ok_or_else(|| {
+                format!("rank {rank} needs a {kind:?} buffer `*{suffix}` but declares none")
+            })
     };
-    let acc = |buffer: String, write: bool| Access { buffer, slot: 0, write };
+    let acc = |buffer: String, write: bool| Access {
+        buffer,
+        slot: 0,
+        write,
+    };
+    // The step's sequence picks its token slot.
+    let seq = (t % u64::from(plan.runtime.max_sequences)) as u32;
+    let token = |write: bool| {
+        find(BufferKind::Io, ".token").map(|buffer| Access {
+            buffer,
+            slot: seq,
+            write,
+        })
+    };
     let mut out = Vec::new();
     let boundaries = |carries: Carries, to_me: bool| {
         plan.boundaries.iter().filter(move |b| {
-            b.carries == carries && if to_me { b.to_rank == rank } else { b.from_rank == rank }
+            b.carries == carries
+                && if to_me {
+                    b.to_rank == rank
+                } else {
+                    b.from_rank == rank
+                }
         })
     };
     match step {
         Step::Record { .. } | Step::Wait { .. } => {}
         Step::Copy { boundary, .. } => {
-            let b = plan
-                .boundary(*boundary)
-                .ok_or_else(|| format!("rank {rank} copies boundary {boundary}, which does not exist"))?;
+            let b = plan.boundary(*boundary).ok_or_else(|| {
+                format!("rank {rank} copies boundary {boundary}, which does not exist")
+            })?;
             let slot = b.recv_slot(t);
-            out.push(Access { buffer: b.tx(), slot, write: false });
-            out.push(Access { buffer: b.rx(), slot, write: true });
+            out.push(Access {
+                buffer: b.tx(),
+                slot,
+                write: false,
+            });
+            out.push(Access {
+                buffer: b.rx(),
+                slot,
+                write: true,
+            });
         }
         Step::Readback { .. } => {
             out.push(acc(find(BufferKind::Io, ".logits")?, false));
-            out.push(acc(find(BufferKind::Io, ".token")?, false));
+            out.push(token(false)?);
         }
         Step::Run { ops, .. } | Step::Island { ops, .. } => {
             let act = find(BufferKind::Scratch, ".act")?;
@@ -175,8 +220,12 @@ fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, 
                 match op {
                     Op::Embed => {
                         match boundaries(Carries::Token, true).next() {
-                            Some(b) => out.push(Access { buffer: b.rx(), slot: b.recv_slot(t), write: false }),
-                            None => out.push(acc(find(BufferKind::Io, ".token")?, false)),
+                            Some(b) => out.push(Access {
+                                buffer: b.rx(),
+                                slot: b.recv_slot(t),
+                                write: false,
+                            }),
+                            None => out.push(token(false)?),
                         }
                         out.push(acc(act.clone(), true));
                     }
@@ -188,20 +237,32 @@ fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, 
                     }
                     Op::LoadHidden => {
                         for b in boundaries(Carries::Hidden, true) {
-                            out.push(Access { buffer: b.rx(), slot: b.recv_slot(t), write: false });
+                            out.push(Access {
+                                buffer: b.rx(),
+                                slot: b.recv_slot(t),
+                                write: false,
+                            });
                         }
                         out.push(acc(act.clone(), true));
                     }
                     Op::StoreHidden => {
                         out.push(acc(act.clone(), false));
                         for b in boundaries(Carries::Hidden, false) {
-                            out.push(Access { buffer: b.tx(), slot: b.send_slot(t), write: true });
+                            out.push(Access {
+                                buffer: b.tx(),
+                                slot: b.send_slot(t),
+                                write: true,
+                            });
                         }
                     }
                     Op::StoreToken => {
-                        out.push(acc(find(BufferKind::Io, ".token")?, false));
+                        out.push(token(false)?);
                         for b in boundaries(Carries::Token, false) {
-                            out.push(Access { buffer: b.tx(), slot: b.send_slot(t), write: true });
+                            out.push(Access {
+                                buffer: b.tx(),
+                                slot: b.send_slot(t),
+                                write: true,
+                            });
                         }
                     }
                     Op::Head | Op::GatherLogits => {
@@ -210,7 +271,7 @@ fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, 
                     }
                     Op::Sample => {
                         out.push(acc(find(BufferKind::Io, ".logits")?, false));
-                        out.push(acc(find(BufferKind::Io, ".token")?, true));
+                        out.push(token(true)?);
                     }
                 }
             }
@@ -254,35 +315,57 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
     let mut clocks = vec![vec![0u64; n]; n];
     let mut events: BTreeMap<(String, u32), Vec<u64>> = BTreeMap::new();
     // Per (buffer, slot): earlier accesses as (stream, its clock tick, write, label).
-    let mut history: BTreeMap<(String, u32), Vec<(usize, u64, bool, String)>> = BTreeMap::new();
+    let mut history: BTreeMap<(String, u32), Vec<PastAccess>> = BTreeMap::new();
     let event_slot = |event: &str, t: u64, receiver_side: bool| -> u32 {
         for b in &plan.boundaries {
             if event == b.ready() {
-                return if receiver_side { b.recv_slot(t) } else { b.send_slot(t) };
+                return if receiver_side {
+                    b.recv_slot(t)
+                } else {
+                    b.send_slot(t)
+                };
             }
             if event == b.consumed() {
-                return if receiver_side { b.recv_slot(t) } else { b.send_slot(t) };
+                return if receiver_side {
+                    b.recv_slot(t)
+                } else {
+                    b.send_slot(t)
+                };
             }
         }
         0
     };
-    for t in 0..REPLAY_STEPS {
+    // Enough decode steps for every slot and every sequence's turn to come round twice.
+    let replay_steps = 2 * u64::from(plan.runtime.max_sequences + 2);
+    for t in 0..replay_steps {
         for r in &plan.ranks {
             for step in &r.program {
                 let Some(&s) = stream_ix.get(&(r.rank, step.stream())) else {
-                    errors.push(format!("rank {} uses stream `{}`, which it does not declare", r.rank, step.stream()));
+                    errors.push(format!(
+                        "rank {} uses stream `{}`, which it does not declare",
+                        r.rank,
+                        step.stream()
+                    ));
                     continue;
                 };
                 clocks[s][s] += 1;
                 match step {
                     Step::Record { event, .. } => {
-                        let receiver = plan.boundaries.iter().any(|b| b.to_rank == r.rank && *event == b.consumed());
+                        let receiver = plan
+                            .boundaries
+                            .iter()
+                            .any(|b| b.to_rank == r.rank && *event == b.consumed());
                         let key = (event.clone(), event_slot(event, t, receiver));
                         events.insert(key, clocks[s].clone());
                     }
                     Step::Wait { event, .. } => {
-                        let receiver = plan.boundaries.iter().any(|b| b.to_rank == r.rank && *event == b.ready());
-                        if let Some(c) = events.get(&(event.clone(), event_slot(event, t, receiver))) {
+                        let receiver = plan
+                            .boundaries
+                            .iter()
+                            .any(|b| b.to_rank == r.rank && *event == b.ready());
+                        if let Some(c) =
+                            events.get(&(event.clone(), event_slot(event, t, receiver)))
+                        {
                             for (mine, theirs) in clocks[s].iter_mut().zip(c) {
                                 *mine = (*mine).max(*theirs);
                             }
@@ -299,8 +382,9 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
                         let label = format!("step {t} rank {} {}", r.rank, describe(step));
                         for a in list {
                             let past = history.entry((a.buffer.clone(), a.slot)).or_default();
-                            for (ps, tick, pw, plabel) in past.iter() {
-                                if *ps != s && (a.write || *pw) && clocks[s][*ps] < *tick {
+                            for p in past.iter() {
+                                let (ps, tick, pw, plabel) = (p.stream, p.tick, p.write, &p.label);
+                                if ps != s && (a.write || pw) && clocks[s][ps] < tick {
                                     errors.push(format!(
                                         "race on `{}[{}]`: {} ({}) is not ordered after {} ({}); add an event from the first stream to the second",
                                         a.buffer,
@@ -308,11 +392,16 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
                                         label,
                                         if a.write { "write" } else { "read" },
                                         plabel,
-                                        if *pw { "write" } else { "read" }
+                                        if pw { "write" } else { "read" }
                                     ));
                                 }
                             }
-                            past.push((s, clocks[s][s], a.write, label.clone()));
+                            past.push(PastAccess {
+                                stream: s,
+                                tick: clocks[s][s],
+                                write: a.write,
+                                label: label.clone(),
+                            });
                         }
                     }
                 }

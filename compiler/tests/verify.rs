@@ -1,0 +1,107 @@
+//! The verify pass rejects each race class the env-var runtime found only by soak tests:
+//! a cross-stream read without an event, a boundary slot rewritten before its reader copied
+//! it away, a readback overrun, and scratch shared by two ranks. Each test breaks one thing
+//! in a correct compiled plan and checks the verifier names it.
+
+use memra_compiler::passes::compile;
+use memra_compiler::passes::verify::verify_plan;
+use memra_compiler::plan::{Plan, Step};
+use std::path::Path;
+
+fn plan(name: &str) -> Plan {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plans")
+        .join(name);
+    compile(&path).unwrap_or_else(|e| panic!("{e}")).plan
+}
+
+/// Remove the first `wait` for `event` from `rank`'s program.
+fn drop_wait(plan: &mut Plan, rank: u32, event: &str) {
+    let program = &mut plan.ranks[rank as usize].program;
+    let at = program
+        .iter()
+        .position(|s| matches!(s, Step::Wait { event: e, .. } if e == event))
+        .unwrap_or_else(|| panic!("rank {rank} has no wait for {event}"));
+    program.remove(at);
+}
+
+fn expect_error(plan: &Plan, needle: &str) {
+    let errors = verify_plan(plan);
+    assert!(
+        errors.iter().any(|e| e.contains(needle)),
+        "expected an error containing `{needle}`, got {errors:#?}"
+    );
+}
+
+#[test]
+fn correct_plans_verify_clean() {
+    for name in [
+        "llama3-8b-pp4.toml",
+        "llama3-8b-pp2-tp2.toml",
+        "llama3.1-70b-tp8.toml",
+        "deepseek-v3-pp8.toml",
+    ] {
+        assert_eq!(verify_plan(&plan(name)), Vec::<String>::new(), "{name}");
+    }
+}
+
+#[test]
+fn a_copy_without_the_ready_event_is_a_race() {
+    let mut p = plan("llama3-8b-pp4.toml");
+    // Rank 1 copies boundary 0's slot without waiting for rank 0 to have written it.
+    drop_wait(&mut p, 1, "b0.ready");
+    expect_error(&p, "race on `b0.tx[0]`: step 0 rank 1 copy b0 (read) is not ordered after step 0 rank 0 r0.run0 (write)");
+}
+
+#[test]
+fn rewriting_a_slot_before_its_reader_copied_it_is_a_race() {
+    let mut p = plan("llama3-8b-pp4.toml");
+    // Rank 0 rewrites b0.tx[slot] two steps later without the write-after-read guard.
+    drop_wait(&mut p, 0, "b0.consumed");
+    expect_error(&p, "race on `b0.tx[0]`: step 2 rank 0 r0.run0 (write) is not ordered after step 0 rank 1 copy b0 (read)");
+}
+
+#[test]
+fn the_token_feedback_needs_its_guard_too() {
+    // Under TP the token's receiver is not upstream of the sampler through boundaries (the
+    // all-reduce's device-side flags are not counted as ordering), so only the guard orders
+    // the sampler's rewrite after the receiver's copy.
+    let mut p = plan("llama3-8b-tp2.toml");
+    let sampler = 0;
+    let token = p
+        .boundaries
+        .iter()
+        .find(|b| b.from_rank == sampler)
+        .unwrap()
+        .clone();
+    drop_wait(&mut p, sampler, &token.consumed());
+    expect_error(&p, &format!("race on `{}", token.tx()));
+}
+
+#[test]
+fn overwriting_logits_before_the_readback_is_a_race() {
+    let mut p = plan("llama3-8b-tp2.toml");
+    drop_wait(&mut p, 0, "r0.readback_done");
+    expect_error(&p, "race on `r0.logits[0]`: step 1 rank 0 r0.run0 (write) is not ordered after step 0 rank 0 readback (read)");
+}
+
+#[test]
+fn scratch_shared_by_two_ranks_is_rejected() {
+    let mut p = plan("llama3-8b-pp4.toml");
+    // Rank 2 (stage 2) uses rank 0's scratch, as pooled scratch on one device once did.
+    for b in &mut p.ranks[2].buffers {
+        if b.name == "r2.act" {
+            b.name = "r0.act".into();
+        }
+    }
+    expect_error(
+        &p,
+        "buffer `r0.act` is declared by ranks [0, 2]; no buffer is shared between ranks",
+    );
+    // With four sequences in flight, stage 0 runs the next step while stage 2 runs this one.
+    expect_error(
+        &p,
+        "rank 2 declares Scratch buffer `r0.act`, which belongs to another rank",
+    );
+    expect_error(&p, "race on `r0.act[0]`");
+}
