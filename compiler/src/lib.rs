@@ -9,4 +9,5 @@ pub mod model;
 pub mod passes;
 pub mod placement;
 pub mod plan;
+pub mod review;
 pub mod textdiff;

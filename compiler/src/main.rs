@@ -1,25 +1,32 @@
 //! `memra-compile`: compile a placement into an execution plan, print its per-rank summary,
 //! or check that a committed plan is up to date.
 
-use anyhow::{bail, Context, Result};
-use clap::Parser;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
 use memra_compiler::passes::compile;
 use memra_compiler::plan::{Plan, Step};
+use memra_compiler::review::{semantic_diff, to_dot};
 use memra_compiler::textdiff::unified;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Compile a placement plan (TOML) and its model's metadata into an execution plan.
 #[derive(Parser)]
-#[command(name = "memra-compile", version, about)]
+#[command(
+    name = "memra-compile",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Placement files to compile (e.g. plans/smollm2-pp2.toml).
-    #[arg(required = true)]
     placements: Vec<PathBuf>,
     /// Where to write the plan (default: beside the placement, `NAME.plan.toml`).
     #[arg(short, long, conflicts_with = "check")]
     output: Option<PathBuf>,
-    /// Write nothing; fail with a diff when the committed plan differs from a fresh compile.
+    /// Write nothing; fail with a semantic and a text diff when the committed plan is stale.
     #[arg(long)]
     check: bool,
     /// Print only errors.
@@ -27,27 +34,72 @@ struct Cli {
     quiet: bool,
 }
 
+#[derive(Subcommand)]
+enum Command {
+    /// Semantic diff of two plans; each side is a plan (`*.plan.toml`) or a placement, which is
+    /// compiled first. With one plan, compares it with what its placement compiles to now.
+    /// Exits 1 when they differ.
+    Diff { old: PathBuf, new: Option<PathBuf> },
+    /// Draw a plan: DOT always; SVG or PNG through graphviz's `dot` when it is installed.
+    Render {
+        /// A plan (`*.plan.toml`) or a placement.
+        plan: PathBuf,
+        /// Output file (default: the plan's name with the format's extension).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "svg")]
+        format: Format,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Dot,
+    Svg,
+    Png,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if cli.output.is_some() && cli.placements.len() > 1 {
-        eprintln!(
-            "error: --output takes one placement; {} were given",
-            cli.placements.len()
-        );
-        return ExitCode::from(2);
-    }
-    let mut failed = false;
-    for placement in &cli.placements {
-        if let Err(e) = run(&cli, placement) {
+    let outcome = match &cli.command {
+        Some(Command::Diff { old, new }) => diff(old, new.as_deref()),
+        Some(Command::Render {
+            plan,
+            output,
+            format,
+        }) => render(plan, output.as_deref(), *format),
+        None => compile_all(&cli),
+    };
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
             eprintln!("error: {e:#}");
-            failed = true;
+            ExitCode::FAILURE
         }
     }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+}
+
+fn compile_all(cli: &Cli) -> Result<bool> {
+    if cli.placements.is_empty() {
+        bail!(
+            "give at least one placement file, e.g. memra-compile plans/smollm2.toml (see --help)"
+        );
     }
+    if cli.output.is_some() && cli.placements.len() > 1 {
+        bail!(
+            "--output takes one placement; {} were given",
+            cli.placements.len()
+        );
+    }
+    let mut ok = true;
+    for placement in &cli.placements {
+        if let Err(e) = compile_one(cli, placement) {
+            eprintln!("error: {e:#}");
+            ok = false;
+        }
+    }
+    Ok(ok)
 }
 
 /// `plans/x.toml` -> `plans/x.plan.toml`.
@@ -56,8 +108,90 @@ fn default_output(placement: &Path) -> PathBuf {
     placement.with_file_name(format!("{stem}.plan.toml"))
 }
 
-fn run(cli: &Cli, placement: &Path) -> Result<()> {
-    let compiled = compile(placement).map_err(|d| anyhow::anyhow!("{d}"))?;
+/// `plans/x.plan.toml` -> `plans/x.toml`.
+fn placement_of(plan: &Path) -> Option<PathBuf> {
+    let name = plan.file_name()?.to_str()?;
+    Some(plan.with_file_name(format!("{}.toml", name.strip_suffix(".plan.toml")?)))
+}
+
+fn compile_plan(placement: &Path) -> Result<Plan> {
+    Ok(compile(placement).map_err(|d| anyhow!("{d}"))?.plan)
+}
+
+/// A plan file is read; anything else is compiled as a placement.
+fn load_either(path: &Path) -> Result<Plan> {
+    if path.to_string_lossy().ends_with(".plan.toml") {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read", path.display()))?;
+        Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+    } else {
+        compile_plan(path)
+    }
+}
+
+fn diff(old: &Path, new: Option<&Path>) -> Result<bool> {
+    let old_plan = load_either(old)?;
+    let new_plan = match new {
+        Some(new) => load_either(new)?,
+        None => {
+            let placement = placement_of(old).ok_or_else(|| {
+                anyhow!(
+                    "{}: with one argument, give a committed `*.plan.toml`",
+                    old.display()
+                )
+            })?;
+            compile_plan(&placement)?
+        }
+    };
+    let text = semantic_diff(&old_plan, &new_plan);
+    if text.is_empty() {
+        println!("plans are identical");
+        return Ok(true);
+    }
+    print!("{text}");
+    Ok(false)
+}
+
+fn render(path: &Path, output: Option<&Path>, format: Format) -> Result<bool> {
+    let plan = load_either(path)?;
+    let dot = to_dot(&plan);
+    let ext = match format {
+        Format::Dot => "dot",
+        Format::Svg => "svg",
+        Format::Png => "png",
+    };
+    let out = output.map(Path::to_path_buf).unwrap_or_else(|| {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let stem = name.trim_end_matches(".toml").trim_end_matches(".plan");
+        path.with_file_name(format!("{stem}.{ext}"))
+    });
+    if let Format::Dot = format {
+        std::fs::write(&out, dot).with_context(|| format!("{}: cannot write", out.display()))?;
+    } else {
+        let mut child = std::process::Command::new("dot")
+            .arg(format!("-T{ext}"))
+            .arg("-o")
+            .arg(&out)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| anyhow!("graphviz `dot` is needed for {ext} output ({e}); install graphviz or use --format dot"))?;
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("invariant: stdin is piped")
+            .write_all(dot.as_bytes())?;
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("graphviz `dot` failed ({status}) writing {}", out.display());
+        }
+    }
+    println!("{}", out.display());
+    Ok(true)
+}
+
+fn compile_one(cli: &Cli, placement: &Path) -> Result<()> {
+    let compiled = compile(placement).map_err(|d| anyhow!("{d}"))?;
     let text = compiled.plan.to_toml();
     let out = cli
         .output
@@ -66,24 +200,28 @@ fn run(cli: &Cli, placement: &Path) -> Result<()> {
     if cli.check {
         let committed = std::fs::read_to_string(&out)
             .with_context(|| format!("{}: cannot read the committed plan", out.display()))?;
-        let diff = unified(
+        if committed == text {
+            if !cli.quiet {
+                println!("{}: up to date", out.display());
+            }
+            return Ok(());
+        }
+        let semantic = match Plan::from_toml(&committed) {
+            Ok(old) => semantic_diff(&old, &compiled.plan),
+            Err(e) => format!("the committed plan does not parse: {e}\n"),
+        };
+        let text_diff = unified(
             &format!("{} (committed)", out.display()),
             &format!("{} (compiled now)", out.display()),
             &committed,
             &text,
             3,
         );
-        if !diff.is_empty() {
-            bail!(
-                "{} is stale:\n{diff}update it with: memra-compile {}",
-                out.display(),
-                placement.display()
-            );
-        }
-        if !cli.quiet {
-            println!("{}: up to date", out.display());
-        }
-        return Ok(());
+        bail!(
+            "{} is stale\n{semantic}text diff:\n{text_diff}update it with: memra-compile {}",
+            out.display(),
+            placement.display()
+        );
     }
     std::fs::write(&out, &text).with_context(|| format!("{}: cannot write", out.display()))?;
     if !cli.quiet {

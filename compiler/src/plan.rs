@@ -159,6 +159,26 @@ pub enum Transport {
     PeerCopy,
 }
 
+impl Carries {
+    /// The name in plan text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Carries::Hidden => "hidden",
+            Carries::Token => "token",
+        }
+    }
+}
+
+impl Transport {
+    /// The name in plan text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::DeviceCopy => "device_copy",
+            Transport::PeerCopy => "peer_copy",
+        }
+    }
+}
+
 /// A point-to-point handoff between two ranks through double-buffered slots.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,11 +4,14 @@
 //! change with `git diff plans/`.
 
 use memra_compiler::passes::compile;
+use memra_compiler::plan::Plan;
+use memra_compiler::review::semantic_diff;
 use memra_compiler::textdiff::unified;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const BLESS: &str = "UPDATE_GOLDEN=1 cargo test -p memra-compiler --test golden";
+const BLESS: &str =
+    "UPDATE_GOLDEN=1 cargo test -p memra-compiler --test golden (or: memra-compile plans/NAME.toml)";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -74,7 +77,17 @@ fn plans_compile_to_their_golden_text() {
         };
         let stem = placement.file_stem().unwrap().to_string_lossy().to_string();
         let golden = placement.with_file_name(format!("{stem}.plan.toml"));
-        failures.extend(check_golden(&golden, &compiled.plan.to_toml()));
+        if let Some(failure) = check_golden(&golden, &compiled.plan.to_toml()) {
+            // Lead with the semantic diff: what moved, split or appeared.
+            let committed = std::fs::read_to_string(&golden).unwrap_or_default();
+            let semantic = Plan::from_toml(&committed)
+                .map(|old| semantic_diff(&old, &compiled.plan))
+                .unwrap_or_else(|e| format!("the committed plan does not parse: {e}\n"));
+            failures.push(format!(
+                "{} is stale\n{semantic}{failure}",
+                golden.display()
+            ));
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -145,6 +158,12 @@ fn a_stale_plan_fails_check_with_a_diff_and_the_update_command() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("is stale"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "layers:\n  layer 8 moved: rank 1 (stage 1, device 1) -> rank 0 (stage 0, device 0)"
+        ),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("-layers = \"0..8\"") && stderr.contains("+layers = \"0..9\""),
         "{stderr}"

@@ -110,7 +110,13 @@ fn partition_rank(g: &DecodeGraph, topo: &Topology, rank: u32) -> Vec<Step> {
                     Carries::Token => Op::StoreToken,
                 };
                 // A store joins whatever group is open: it is as capturable as its producer.
+                // One store op serves every boundary of its kind leaving this rank.
                 match group.as_mut() {
+                    Some(open)
+                        if open
+                            .items
+                            .iter()
+                            .any(|i| matches!(i, Item::Op(o) if *o == op)) => {}
                     Some(open) => open.items.push(Item::Op(op)),
                     None => {
                         group = Some(Group {

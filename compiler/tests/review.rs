@@ -1,0 +1,85 @@
+//! Plan review: the semantic diff of a one-layer cut move reads without opening the plans, and
+//! the rendered picture shows ranks, runs, islands with their reasons, boundaries and
+//! all-reduces.
+
+use memra_compiler::passes::compile;
+use memra_compiler::plan::Plan;
+use memra_compiler::review::{semantic_diff, to_dot};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static SCRATCH: AtomicUsize = AtomicUsize::new(0);
+
+fn compile_with(name: &str, edit: impl Fn(String) -> String) -> Plan {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let text = edit(std::fs::read_to_string(dir.join(name)).unwrap());
+    let n = SCRATCH.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!(".test-review-{}-{n}-{name}", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    let plan = compile(&path);
+    std::fs::remove_file(&path).unwrap();
+    plan.unwrap_or_else(|e| panic!("{e}")).plan
+}
+
+#[test]
+fn moving_a_cut_by_one_layer_reads_as_one_moved_layer() {
+    let old = compile_with("llama3-8b-pp4.toml", |t| t);
+    let new = compile_with("llama3-8b-pp4.toml", |t| {
+        t.replace("[pipeline]", "[pipeline]\ncuts = [9, 16, 24]")
+    });
+    let expected = "\
+plan:
+  placement hash: 799ea935e25e8d3f -> 6ad27787a8c26e73
+layers:
+  layer 8 moved: rank 1 (stage 1, device 1) -> rank 0 (stage 0, device 0)
+programs:
+  rank 0:
+    - run r0.run0 (10 phases): embed, layers 0..8: attn_pre attn_core attn_out ffn, store_hidden
+    + run r0.run0 (10 phases): embed, layers 0..9: attn_pre attn_core attn_out ffn, store_hidden
+  rank 1:
+    - run r1.run0 (2 phases): load_hidden, layers 8..16: attn_pre attn_core attn_out ffn, store_hidden
+    + run r1.run0 (2 phases): load_hidden, layers 9..16: attn_pre attn_core attn_out ffn, store_hidden
+bytes per device:
+  device 0: 2378.6 MiB -> 2636.6 MiB (+258.0 MiB; weights +130.0 MiB, kv +128.0 MiB, buffers +0.0 MiB)
+  device 1: 2065.5 MiB -> 1807.5 MiB (-258.0 MiB; weights -130.0 MiB, kv -128.0 MiB, buffers +0.0 MiB)
+";
+    assert_eq!(semantic_diff(&old, &new), expected);
+    assert_eq!(semantic_diff(&old, &old), "");
+}
+
+#[test]
+fn an_island_appears_with_its_reason_and_a_transport_change_shows() {
+    let old = compile_with("llama3-8b-pp2-tp2.toml", |t| t);
+    let new = compile_with("llama3-8b-pp2-tp2.toml", |t| {
+        t.replace("[[0, 1], [2, 3]]", "[[0, 1], [0, 1]]")
+            + "\n[[capture.eager]]\nlayers = [20, 21]\nreason = \"nan hunt\"\n"
+    });
+    let diff = semantic_diff(&old, &new);
+    for needle in [
+        "rank 2 moved: device 2 -> 0",
+        "rank 2: runs split (1 -> 2) islands 0 -> 1",
+        "+ island r2.island0 (forced: nan hunt): layers 20..22: attn_pre attn_core attn_out all_reduce ffn all_reduce",
+        "- b0 hidden rank 0 -> rank 2, peer_copy, 2 slots, lag 0",
+        "+ b0 hidden rank 0 -> rank 2, device_copy, 2 slots, lag 0",
+    ] {
+        assert!(diff.contains(needle), "missing `{needle}` in:\n{diff}");
+    }
+}
+
+#[test]
+fn the_picture_shows_clusters_islands_boundaries_and_all_reduces() {
+    let plan = compile_with("llama3-8b-pp2-tp2.toml", |t| {
+        t + "\n[[capture.eager]]\nlayers = [20, 21]\nreason = \"nan hunt\"\n"
+    });
+    let dot = to_dot(&plan);
+    for needle in [
+        "subgraph cluster_r0",
+        "subgraph cluster_r3",
+        "label=\"rank 2 · stage 1 · device 2 · tp 0/2 · layers 16..32\"",
+        "eager island r2.island0\\lwhy: forced: nan hunt",
+        "r0s4 -> r2s1 [label=\"b0 hidden · peer_copy · 2 slots\"",
+        "label=\"all_reduce (r0 r1)\"",
+    ] {
+        assert!(dot.contains(needle), "missing `{needle}` in:\n{dot}");
+    }
+}
