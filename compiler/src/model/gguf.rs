@@ -33,6 +33,10 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     };
     let req_u32 = |k: &str| file.get_u32(&key(k));
     let embedding = req_u32("embedding_length")?;
+    let layers = req_u32("block_count")?;
+    let ffn = req_u32("feed_forward_length")?;
+    let context_length = req_u32("context_length")?;
+    let rms_eps = file.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
     let heads = req_u32("attention.head_count")?;
     if heads == 0 {
         bail!(
@@ -59,8 +63,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         Some(experts) if experts > 0 => Some(MoeSummary {
             experts,
             top_k: req_u32("expert_used_count")?,
-            expert_ffn: opt_u32("expert_feed_forward_length")?
-                .map_or_else(|| req_u32("feed_forward_length"), Ok)?,
+            expert_ffn: opt_u32("expert_feed_forward_length")?.unwrap_or(ffn),
             shared_expert_ffn: opt_u32("expert_shared_count")?.unwrap_or(0)
                 * opt_u32("expert_feed_forward_length")?.unwrap_or(0),
             dense_layers: opt_u32("leading_dense_block_count")?.unwrap_or(0),
@@ -86,7 +89,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             .map(str::to_string)
             .unwrap_or_else(|_| arch_name.to_string()),
         architecture,
-        layers: req_u32("block_count")?,
+        layers,
         embedding,
         heads,
         kv_heads: opt_u32("attention.head_count_kv")?.unwrap_or(heads),
@@ -94,11 +97,11 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
             None => opt_u32("attention.key_length")?.unwrap_or(embedding / heads),
         },
-        ffn: req_u32("feed_forward_length")?,
+        ffn,
         vocab,
-        context_length: req_u32("context_length")?,
+        context_length,
         rope_theta,
-        rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+        rms_eps,
         tied_embeddings: !has_output,
         qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),

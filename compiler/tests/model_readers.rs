@@ -1,0 +1,181 @@
+//! The two model readers agree: for each supported architecture, a tiny config.json and a GGUF
+//! header written with llama.cpp's keys and tensor names give the same `ModelMeta` facts.
+//! Unknown architectures and missing keys are clear errors.
+
+use memra_compiler::model::{read_config, read_gguf, Dtype, ModelMeta};
+use memra_gguf::{GgmlType, GgufWriter, Value};
+use std::path::PathBuf;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memra-readers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+const BASE: &str = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96,
+  "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0"#;
+
+fn config(model_type: &str, extra: &str) -> ModelMeta {
+    let path = scratch(&format!("{model_type}.json"));
+    std::fs::write(
+        &path,
+        format!("{{\"model_type\": \"{model_type}\", {BASE}{extra}}}"),
+    )
+    .unwrap();
+    read_config(&path, Dtype::F32).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// A GGUF header for `meta` in llama.cpp's spelling, with zeroed f32 tensors.
+fn gguf_for(meta: &ModelMeta, arch: &str) -> PathBuf {
+    let mut w = GgufWriter::new();
+    let mut put = |k: &str, v: Value| w.add(k, v).unwrap();
+    put("general.architecture", Value::Str(arch.into()));
+    put("general.name", Value::Str(meta.name.clone()));
+    let key = |k: &str| format!("{arch}.{k}");
+    put(&key("block_count"), Value::U32(meta.layers));
+    put(&key("context_length"), Value::U32(meta.context_length));
+    put(&key("embedding_length"), Value::U32(meta.embedding));
+    put(&key("feed_forward_length"), Value::U32(meta.ffn));
+    put(&key("attention.head_count"), Value::U32(meta.heads));
+    put(&key("attention.head_count_kv"), Value::U32(meta.kv_heads));
+    put(&key("attention.key_length"), Value::U32(meta.head_dim));
+    put(&key("rope.freq_base"), Value::F32(meta.rope_theta));
+    put(
+        &key("attention.layer_norm_rms_epsilon"),
+        Value::F32(meta.rms_eps),
+    );
+    put(&key("vocab_size"), Value::U32(meta.vocab));
+    if let Some(moe) = &meta.moe {
+        put(&key("expert_count"), Value::U32(moe.experts));
+        put(&key("expert_used_count"), Value::U32(moe.top_k));
+        put(
+            &key("expert_feed_forward_length"),
+            Value::U32(moe.expert_ffn),
+        );
+        put(
+            &key("expert_shared_count"),
+            Value::U32(moe.shared_expert_ffn / moe.expert_ffn),
+        );
+        put(
+            &key("leading_dense_block_count"),
+            Value::U32(moe.dense_layers),
+        );
+    }
+    if let Some(mla) = &meta.mla {
+        put(&key("attention.q_lora_rank"), Value::U32(mla.q_lora_rank));
+        put(&key("attention.kv_lora_rank"), Value::U32(mla.kv_lora_rank));
+        put(&key("attention.value_length"), Value::U32(mla.v_head_dim));
+        put(
+            &key("rope.dimension_count"),
+            Value::U32(mla.qk_rope_head_dim),
+        );
+    }
+    for t in &meta.tensors {
+        let dims: Vec<u64> = t.shape.iter().rev().copied().collect();
+        w.add_tensor(
+            &t.name,
+            &dims,
+            GgmlType::F32,
+            vec![0; t.elems() as usize * 4],
+        )
+        .unwrap();
+    }
+    let path = scratch(&format!("{arch}-{}.gguf", meta.name));
+    std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+    path
+}
+
+fn assert_same(cfg: &ModelMeta, gguf: &ModelMeta) {
+    assert_eq!(cfg.architecture, gguf.architecture);
+    assert_eq!(
+        (
+            cfg.layers,
+            cfg.embedding,
+            cfg.heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            cfg.ffn,
+            cfg.vocab
+        ),
+        (
+            gguf.layers,
+            gguf.embedding,
+            gguf.heads,
+            gguf.kv_heads,
+            gguf.head_dim,
+            gguf.ffn,
+            gguf.vocab
+        )
+    );
+    assert_eq!(
+        (cfg.rope_theta, cfg.rms_eps),
+        (gguf.rope_theta, gguf.rms_eps)
+    );
+    assert_eq!(
+        (cfg.tied_embeddings, cfg.qk_norm, cfg.qkv_bias),
+        (gguf.tied_embeddings, gguf.qk_norm, gguf.qkv_bias)
+    );
+    assert_eq!(cfg.moe, gguf.moe);
+    assert_eq!(cfg.mla, gguf.mla);
+    let shapes = |m: &ModelMeta| {
+        m.tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone(), t.rule))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shapes(cfg), shapes(gguf));
+}
+
+#[test]
+fn config_and_gguf_agree_for_every_architecture() {
+    let cases = [
+        (config("llama", ""), "llama"),
+        (config("llama", ", \"tie_word_embeddings\": true"), "llama"),
+        (config("qwen2", ", \"tie_word_embeddings\": true"), "qwen2"),
+        (config("qwen3", ", \"head_dim\": 32"), "qwen3"),
+        (config("qwen3_moe", ", \"head_dim\": 16, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32"), "qwen3moe"),
+        (
+            config(
+                "deepseek_v3",
+                ", \"n_routed_experts\": 4, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"first_k_dense_replace\": 1, \"q_lora_rank\": 32, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16",
+            ),
+            "deepseek2",
+        ),
+    ];
+    for (cfg, arch) in cases {
+        let gguf = read_gguf(&gguf_for(&cfg, arch)).unwrap_or_else(|e| panic!("{arch}: {e:#}"));
+        assert_same(&cfg, &gguf);
+    }
+    let qwen2 = config("qwen2", "");
+    assert!(qwen2.qkv_bias && !qwen2.qk_norm && !qwen2.tied_embeddings);
+    let qwen3 = config("qwen3", ", \"head_dim\": 32");
+    assert!(qwen3.qk_norm && qwen3.head_dim == 32);
+}
+
+#[test]
+fn unknown_architectures_and_missing_keys_are_named() {
+    let cfg = config("llama", "");
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::Str("gpt2".into()))
+        .unwrap();
+    let path = scratch("gpt2.gguf");
+    std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+    let err = format!("{:#}", read_gguf(&path).unwrap_err());
+    assert!(err.ends_with("architecture `gpt2` is not supported; supported: llama, qwen2, qwen3, qwen3moe, mixtral, deepseek2"), "{err}");
+
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::Str("llama".into()))
+        .unwrap();
+    w.add("llama.embedding_length", Value::U32(cfg.embedding))
+        .unwrap();
+    w.add("llama.attention.head_count", Value::U32(cfg.heads))
+        .unwrap();
+    let path = scratch("llama-missing.gguf");
+    std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+    let err = format!("{:#}", read_gguf(&path).unwrap_err());
+    assert!(
+        err.contains("llama.feed_forward_length") || err.contains("llama.block_count"),
+        "{err}"
+    );
+}
