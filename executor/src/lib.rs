@@ -1,2 +1,3 @@
 //! memra executor.
+pub mod cpu;
 pub mod text;

@@ -1,0 +1,207 @@
+//! Single-token attention over a KV cache: grouped-query heads, scores scaled by
+//! `1 / sqrt(head_dim)`, softmax in f32 with max subtraction. The cache stores f32, f16 or
+//! bf16 (narrowed with round-to-nearest-even on write); each cached row is widened once per
+//! KV head and shared by the query heads of its group.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use memra_gguf::f16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+
+use super::{simd_available, softmax};
+
+/// Element type of a KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+enum Store {
+    F32(Vec<f32>),
+    Half(Vec<u16>),
+}
+
+/// One layer's K and V cache: `capacity` positions of `n_kv_heads * head_dim` values each.
+pub struct KvCache {
+    dtype: KvDtype,
+    n_kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    k: Store,
+    v: Store,
+}
+
+impl KvCache {
+    /// An empty cache (zero-filled) for `capacity` positions.
+    pub fn new(dtype: KvDtype, n_kv_heads: usize, head_dim: usize, capacity: usize) -> KvCache {
+        let n = n_kv_heads * head_dim * capacity;
+        let store = || match dtype {
+            KvDtype::F32 => Store::F32(vec![0.0; n]),
+            KvDtype::F16 | KvDtype::BF16 => Store::Half(vec![0; n]),
+        };
+        KvCache {
+            dtype,
+            n_kv_heads,
+            head_dim,
+            capacity,
+            k: store(),
+            v: store(),
+        }
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// Number of positions the cache holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Stores the key and value rows (`n_kv_heads * head_dim` each) of position `pos`.
+    pub fn write(&mut self, pos: usize, k: &[f32], v: &[f32]) {
+        let row = self.n_kv_heads * self.head_dim;
+        assert!(
+            pos < self.capacity,
+            "kv cache: position {pos} is beyond capacity {}",
+            self.capacity
+        );
+        assert!(
+            k.len() == row && v.len() == row,
+            "kv cache: rows must have {row} values"
+        );
+        let dtype = self.dtype;
+        for (store, src) in [(&mut self.k, k), (&mut self.v, v)] {
+            match store {
+                Store::F32(s) => s[pos * row..(pos + 1) * row].copy_from_slice(src),
+                Store::Half(s) => {
+                    let narrow = if dtype == KvDtype::F16 {
+                        f32_to_f16
+                    } else {
+                        f32_to_bf16
+                    };
+                    for (d, &x) in s[pos * row..(pos + 1) * row].iter_mut().zip(src) {
+                        *d = narrow(x);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Widens the `head_dim` values of `head` at `pos` from `store` into `out`.
+    fn read(&self, store: &Store, pos: usize, head: usize, out: &mut [f32]) {
+        let at = (pos * self.n_kv_heads + head) * self.head_dim;
+        let n = self.head_dim;
+        match store {
+            Store::F32(s) => out.copy_from_slice(&s[at..at + n]),
+            Store::Half(s) if self.dtype == KvDtype::BF16 => {
+                for (o, &h) in out.iter_mut().zip(&s[at..at + n]) {
+                    *o = bf16_to_f32(h);
+                }
+            }
+            Store::Half(s) => widen_f16(&s[at..at + n], out),
+        }
+    }
+}
+
+/// `out[h] = softmax(q[h] . k[0..n_ctx_used] / sqrt(head_dim)) . v[0..n_ctx_used]` for every
+/// query head `h`; query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out: &mut [f32]) {
+    let hd = kv.head_dim;
+    assert!(
+        n_heads.is_multiple_of(kv.n_kv_heads),
+        "attention: {n_heads} heads do not group over {} kv heads",
+        kv.n_kv_heads
+    );
+    assert!(
+        q.len() == n_heads * hd && out.len() == n_heads * hd,
+        "attention: q and out must have n_heads * head_dim values"
+    );
+    assert!(
+        n_ctx_used > 0 && n_ctx_used <= kv.capacity,
+        "attention: {n_ctx_used} positions for a cache of {}",
+        kv.capacity
+    );
+    let group = n_heads / kv.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut row = vec![0f32; hd];
+    let mut scores = vec![0f32; group * n_ctx_used];
+    for kvh in 0..kv.n_kv_heads {
+        let heads = kvh * group..(kvh + 1) * group;
+        for pos in 0..n_ctx_used {
+            kv.read(&kv.k, pos, kvh, &mut row);
+            for (g, h) in heads.clone().enumerate() {
+                scores[g * n_ctx_used + pos] = dot(&q[h * hd..(h + 1) * hd], &row) * scale;
+            }
+        }
+        for s in scores.chunks_exact_mut(n_ctx_used) {
+            softmax(s);
+        }
+        out[heads.start * hd..heads.end * hd].fill(0.0);
+        for pos in 0..n_ctx_used {
+            kv.read(&kv.v, pos, kvh, &mut row);
+            for (g, h) in heads.clone().enumerate() {
+                let p = scores[g * n_ctx_used + pos];
+                for (o, &v) in out[h * hd..(h + 1) * hd].iter_mut().zip(&row) {
+                    *o += p * v;
+                }
+            }
+        }
+    }
+}
+
+/// Dot product in eight interleaved f32 lanes (so the compiler can vectorize it).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let full = a.len() / 8 * 8;
+    for (ca, cb) in a[..full].chunks_exact(8).zip(b[..full].chunks_exact(8)) {
+        for ((l, &x), &y) in lanes.iter_mut().zip(ca).zip(cb) {
+            *l += x * y;
+        }
+    }
+    let mut s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for (&x, &y) in a[full..].iter().zip(&b[full..]) {
+        s += x * y;
+    }
+    s
+}
+
+/// f16 to f32 for a cache row; F16C when present (exact either way).
+fn widen_f16(src: &[u16], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: F16C was detected
+        return unsafe { widen_f16_f16c(src, out) };
+    }
+    for (o, &h) in out.iter_mut().zip(src) {
+        *o = f16_to_f32(h);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn widen_f16_f16c(src: &[u16], out: &mut [f32]) {
+    let full = src.len().min(out.len()) / 8 * 8;
+    for (s, o) in src[..full]
+        .chunks_exact(8)
+        .zip(out[..full].chunks_exact_mut(8))
+    {
+        // SAFETY: 8 halves in, 8 floats out
+        unsafe {
+            _mm256_storeu_ps(
+                o.as_mut_ptr(),
+                _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())),
+            )
+        };
+    }
+    for (o, &h) in out[full..].iter_mut().zip(&src[full..]) {
+        *o = f16_to_f32(h);
+    }
+}

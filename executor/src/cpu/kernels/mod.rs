@@ -1,0 +1,249 @@
+//! The CPU backend's compute kernels on f32 activations: quantized matvecs (AVX2 with a
+//! scalar fallback that computes the identical bits), norms, rope, attention over an f32,
+//! f16 or bf16 KV cache, and the element-wise helpers of a llama-style decode step.
+//!
+//! Numerics contract of `matvec` (DESIGN.md "Numerics"): K is cut into `chunks` equal,
+//! block-aligned chunks; each chunk is reduced by accumulating its blocks in order in f32,
+//! independent of thread count, row count and where the chunk sits; the chunk partials are
+//! combined in a balanced binary tree ((c0 + c1) + (c2 + c3)) + ... A tensor-parallel rank
+//! holding K/d columns and calling `matvec` with chunks/d chunks therefore gets exactly one
+//! subtree of the 1-rank result.
+//!
+//! Dot-product strategy: quantized weights (q4_0, q4_1, q8_0, q4_k, q6_k) multiply an 8-bit
+//! copy of `x` quantized per block like llama.cpp does (`act`), so each block reduces to an
+//! exact integer sum followed by a fixed sequence of f32 operations; float weights (f32, f16,
+//! bf16) multiply `x` itself with a fixed lane order. Integer sums make the AVX2 and the
+//! scalar code agree bit for bit, whatever the SIMD lane order.
+
+mod act;
+mod attention;
+mod elementwise;
+mod float;
+mod kquant;
+mod pool;
+mod q32;
+mod rope;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_ops;
+
+use anyhow::{bail, Result};
+use memra_gguf::GgmlType;
+
+pub use attention::{attention, KvCache, KvDtype};
+pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
+pub use pool::Pool;
+pub use rope::{rope, RopeStyle};
+
+/// A row-major weight matrix in GGUF row layout: `rows` rows of `cols` values of `dtype`.
+#[derive(Clone, Copy, Debug)]
+pub struct Weight<'a> {
+    /// Element type; one of `memra_gguf::SUPPORTED`.
+    pub dtype: GgmlType,
+    /// The tensor bytes, `rows * row_bytes()` long.
+    pub data: &'a [u8],
+    /// Output dimension.
+    pub rows: usize,
+    /// Reduction dimension (K), a whole number of `dtype` blocks.
+    pub cols: usize,
+}
+
+impl<'a> Weight<'a> {
+    /// A checked weight: supported dtype, whole blocks per row, exactly the right byte count.
+    pub fn new(dtype: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Weight<'a>> {
+        dtype.check_supported()?;
+        let Some(row_bytes) = dtype.bytes_for(cols as u64) else {
+            bail!(
+                "{cols} columns is not a multiple of the {dtype} block size {}",
+                dtype.block_size()
+            );
+        };
+        let need = row_bytes as usize * rows;
+        if data.len() != need {
+            bail!(
+                "a {rows}x{cols} {dtype} weight takes {need} bytes, got {}",
+                data.len()
+            );
+        }
+        Ok(Weight {
+            dtype,
+            data,
+            rows,
+            cols,
+        })
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_size() * self.dtype.block_bytes()
+    }
+}
+
+/// Whether the AVX2 + FMA + F16C kernels can run on this machine (checked once).
+pub fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `y = W x`, with K reduced in `chunks` chunks combined in a balanced tree (see the module
+/// doc). Rows are split over the pool's threads; the result does not depend on the split.
+///
+/// Panics unless `x.len() == w.cols`, `y.len() == w.rows`, `chunks` is a power of two and
+/// each chunk is a whole number of blocks (256 values for q4_k and q6_k, 32 for the other
+/// quants): the plan compiler guarantees these.
+pub fn matvec(pool: &Pool, w: &Weight, x: &[f32], chunks: usize, y: &mut [f32]) {
+    matvec_with(pool, w, x, chunks, y, simd_available());
+}
+
+/// `matvec` with the SIMD kernels switched on or off, for the scalar-equals-SIMD tests.
+pub(crate) fn matvec_with(
+    pool: &Pool,
+    w: &Weight,
+    x: &[f32],
+    chunks: usize,
+    y: &mut [f32],
+    simd: bool,
+) {
+    assert_eq!(
+        x.len(),
+        w.cols,
+        "matvec: x has {} values for {} columns",
+        x.len(),
+        w.cols
+    );
+    assert_eq!(
+        y.len(),
+        w.rows,
+        "matvec: y has {} values for {} rows",
+        y.len(),
+        w.rows
+    );
+    assert_eq!(
+        w.data.len(),
+        w.rows * w.row_bytes(),
+        "matvec: weight byte count"
+    );
+    assert!(
+        chunks.is_power_of_two(),
+        "matvec: chunks must be a power of two, got {chunks}"
+    );
+    let block = w.dtype.block_size();
+    assert!(
+        w.cols.is_multiple_of(chunks * block),
+        "matvec: {} columns do not split into {chunks} chunks of whole {} blocks",
+        w.cols,
+        w.dtype
+    );
+    let rb = w.row_bytes();
+    match w.dtype {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            pool.split_mut(y, 4, &|r0, ys| {
+                float::rows(w.dtype, &w.data[r0 * rb..], rb, x, chunks, ys, simd)
+            });
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+            let xq = act::quantize_q8(x, simd);
+            pool.split_mut(y, 4, &|r0, ys| {
+                q32::rows(w.dtype, &w.data[r0 * rb..], rb, &xq, chunks, ys, simd)
+            });
+        }
+        GgmlType::Q4_K | GgmlType::Q6_K => {
+            let xq = act::quantize_q8k(x, simd);
+            pool.split_mut(y, 4, &|r0, ys| {
+                kquant::rows(w.dtype, &w.data[r0 * rb..], rb, &xq, chunks, ys, simd)
+            });
+        }
+        other => unreachable!("invariant: {other} weights are rejected by Weight::new"),
+    }
+}
+
+/// Dequantizes row `token` of `w` (an embedding table) into `out`, bit-exact with ggml.
+///
+/// Panics unless `token < w.rows` and `out.len() == w.cols`.
+pub fn embed_row(w: &Weight, token: usize, out: &mut [f32]) {
+    assert!(
+        token < w.rows,
+        "embed_row: token {token} is outside the {} rows",
+        w.rows
+    );
+    let rb = w.row_bytes();
+    memra_gguf::dequantize(w.dtype, &w.data[token * rb..(token + 1) * rb], out)
+        .expect("invariant: Weight::new checked dtype and sizes");
+}
+
+/// Combines chunk partials in a balanced binary tree as they arrive, lane-wise over `N` rows:
+/// merging the top two entries whenever they cover equally many chunks yields exactly
+/// ((c0 + c1) + (c2 + c3)) + ... for a power-of-two count, with O(log chunks) state.
+pub(crate) struct Tree<const N: usize> {
+    stack: [[f32; N]; 32],
+    level: [u32; 32],
+    len: usize,
+}
+
+impl<const N: usize> Tree<N> {
+    pub(crate) fn new() -> Self {
+        Tree {
+            stack: [[0.0; N]; 32],
+            level: [0; 32],
+            len: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, mut v: [f32; N]) {
+        let mut level = 0;
+        while self.len > 0 && self.level[self.len - 1] == level {
+            self.len -= 1;
+            let left = self.stack[self.len];
+            for (v, l) in v.iter_mut().zip(left) {
+                *v += l;
+            }
+            level += 1;
+        }
+        self.stack[self.len] = v;
+        self.level[self.len] = level;
+        self.len += 1;
+    }
+
+    pub(crate) fn finish(self) -> [f32; N] {
+        assert_eq!(
+            self.len, 1,
+            "invariant: a power-of-two number of chunks was pushed"
+        );
+        self.stack[0]
+    }
+}
+
+/// Reduces one row: blocks `0..n_blocks` in `chunks` chunks, each accumulated in order from
+/// `block(b)`, then tree-combined.
+pub(crate) fn reduce_row(
+    n_blocks: usize,
+    chunks: usize,
+    mut block: impl FnMut(usize) -> f32,
+) -> f32 {
+    let per = n_blocks / chunks;
+    let mut tree = Tree::<1>::new();
+    for c in 0..chunks {
+        let mut acc = 0f32;
+        for b in c * per..(c + 1) * per {
+            acc += block(b);
+        }
+        tree.push([acc]);
+    }
+    tree.finish()[0]
+}
+
+/// Reads the little-endian f16 at `b[at..]` as f32.
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    memra_gguf::f16::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
