@@ -1,3 +1,12 @@
-//! memra executor.
+//! memra executor: loads an execution plan and its model, runs the plan's ranks on a backend
+//! (the CPU reference today), and offers the host-side pieces `memra-run` is built from:
+//! sampling, decoding sessions, the bit-identity gate and perplexity.
+pub mod cli;
 pub mod cpu;
+pub mod gate;
+pub mod perplexity;
+pub mod plan_load;
+pub mod sample;
+pub mod session;
 pub mod text;
+pub mod weights;

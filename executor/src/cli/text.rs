@@ -1,0 +1,120 @@
+//! `memra-run generate` and `memra-run chat`: tokenize, decode through a session, and stream
+//! the text of each generated token to stdout as soon as it is whole UTF-8.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::{start, RunArgs};
+use crate::sample::SamplerConfig;
+use crate::session::Flow;
+use crate::text::{ChatTemplate, Message, Tokenizer};
+
+/// Streams generated tokens as text; returns the tokens' text without the end-of-generation
+/// token.
+fn stream(tokenizer: &Tokenizer) -> impl FnMut(u32) -> Result<Flow> + '_ {
+    let mut decoder = tokenizer.stream_decoder();
+    move |token| {
+        if tokenizer.is_eog(token) {
+            return Ok(Flow::Stop);
+        }
+        if let Some(text) = decoder.push(token)? {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())
+                .context("writing to stdout")?;
+            out.flush().context("writing to stdout")?;
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+/// `generate`: the continuation of `prompt`.
+pub fn generate(
+    plan: &Path,
+    prompt: &str,
+    n: usize,
+    sampler: SamplerConfig,
+    run: &RunArgs,
+) -> Result<ExitCode> {
+    let mut loaded = start(plan, run, sampler)?;
+    let ids = loaded.tokenizer.encode(prompt, true)?;
+    let started = Instant::now();
+    let mut first: Option<Instant> = None;
+    let mut on_token = stream(&loaded.tokenizer);
+    let generated = loaded.session.run(&ids, n, |out, generates| {
+        if !generates {
+            return Ok(Flow::Continue);
+        }
+        first.get_or_insert_with(Instant::now);
+        on_token(out.token)
+    })?;
+    println!();
+    let end = Instant::now();
+    let prompt_s = first.map_or(0.0, |f| (f - started).as_secs_f64());
+    let gen_s = first.map_or(0.0, |f| (end - f).as_secs_f64());
+    eprintln!(
+        "prompt: {} tokens in {:.2} s; generated {} tokens, {:.1} tok/s after the first",
+        ids.len(),
+        prompt_s,
+        generated.len(),
+        (generated.len().saturating_sub(1)) as f64 / gen_s.max(1e-9)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `chat`: one turn for `prompt`, or turns from stdin until an empty line or end of input.
+pub fn chat(
+    plan: &Path,
+    prompt: Option<&str>,
+    system: Option<&str>,
+    n: usize,
+    sampler: SamplerConfig,
+    run: &RunArgs,
+) -> Result<ExitCode> {
+    let mut loaded = start(plan, run, sampler)?;
+    let template = ChatTemplate::from_gguf(&loaded.plan.gguf, &loaded.tokenizer)?;
+    let mut messages: Vec<Message> = system
+        .map(|s| Message::new("system", s))
+        .into_iter()
+        .collect();
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        let user = match prompt {
+            Some(p) => p.to_string(),
+            None => {
+                eprint!("> ");
+                match lines.next() {
+                    Some(line) => line.context("reading stdin")?,
+                    None => break,
+                }
+            }
+        };
+        if user.trim().is_empty() {
+            break;
+        }
+        messages.push(Message::new("user", user));
+        let text = template.render(&messages, true)?;
+        let ids = loaded.tokenizer.encode(&text, false)?;
+        let mut on_token = stream(&loaded.tokenizer);
+        let reply = loaded.session.continue_with(&ids, n, |out, generates| {
+            if generates {
+                on_token(out.token)
+            } else {
+                Ok(Flow::Continue)
+            }
+        })?;
+        println!();
+        let words: Vec<u32> = reply
+            .into_iter()
+            .filter(|&t| !loaded.tokenizer.is_eog(t))
+            .collect();
+        messages.push(Message::new("assistant", loaded.tokenizer.decode(&words)?));
+        if prompt.is_some() {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

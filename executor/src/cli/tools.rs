@@ -1,0 +1,147 @@
+//! `memra-run perplexity`, `gate` and `bench`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::{start, RunArgs};
+use crate::cpu::{Arm, Engine};
+use crate::gate::gate as run_gate;
+use crate::perplexity::perplexity as run_perplexity;
+use crate::sample::SamplerConfig;
+use crate::session::{Flow, Session};
+use crate::text::Tokenizer;
+
+/// `perplexity`: prints the running PPL after each chunk and the final estimate with its ±,
+/// in llama-perplexity's format.
+pub fn perplexity(
+    plan: &Path,
+    file: &Path,
+    ctx: usize,
+    chunks: Option<usize>,
+    run: &RunArgs,
+) -> Result<ExitCode> {
+    let mut loaded = start(plan, run, SamplerConfig::GREEDY)?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let tokens = loaded.tokenizer.encode(&text, true)?;
+    // llama.cpp puts BOS first in each chunk exactly when the tokenizer adds one.
+    let adds_bos = loaded.tokenizer.encode("", true)?.first().copied();
+    let bos = adds_bos.filter(|&b| Some(b) == loaded.tokenizer.bos());
+    let n_chunks = chunks.map_or(tokens.len() / ctx.max(1), |c| {
+        c.min(tokens.len() / ctx.max(1))
+    });
+    eprintln!(
+        "{} tokens, {n_chunks} chunks of {ctx}, {} scored per chunk",
+        tokens.len(),
+        ctx - 1 - ctx / 2
+    );
+    let started = Instant::now();
+    let total = run_perplexity(&mut loaded.session, &tokens, ctx, bos, chunks, |c, p| {
+        print!("[{}]{:.4},", c + 1, p.ppl());
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    })?;
+    println!();
+    println!(
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        total.ppl(),
+        total.uncertainty()
+    );
+    eprintln!(
+        "{} tokens scored in {:.1} s",
+        total.count,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gate`: exit status 1 and the first mismatch when any logit bit differs.
+pub fn gate(
+    plan: &Path,
+    reference: &Path,
+    prompt: &str,
+    n: usize,
+    run: &RunArgs,
+) -> Result<ExitCode> {
+    let candidate = run.load(plan)?;
+    let reference = run.load(reference)?;
+    let tokenizer = Tokenizer::from_gguf(&candidate.gguf)?;
+    let ids = tokenizer.encode(prompt, true)?;
+    let report = run_gate(
+        &reference,
+        &candidate,
+        &ids,
+        n,
+        run.options(SamplerConfig::GREEDY),
+    )?;
+    match report.mismatch {
+        Some(m) => {
+            println!(
+                "gate failed: {} differs from {}: {m}",
+                plan.display(),
+                reference.path.display()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        None => {
+            let arms: Vec<&str> = report
+                .arms
+                .iter()
+                .map(|a| match a {
+                    Arm::Serial => "serial",
+                    Arm::Pipelined => "pipelined",
+                })
+                .collect();
+            println!(
+                "gate passed: {} matches {} bit for bit ({} arms x {} steps x {} logits)",
+                plan.display(),
+                reference.path.display(),
+                arms.join(" + "),
+                report.steps,
+                report.vocab
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `bench`: decode speed, mean ± sd over `reps` timed runs after one warm-up run.
+pub fn bench(plan: &Path, n: usize, reps: usize, run: &RunArgs) -> Result<ExitCode> {
+    let loaded = run.load(plan)?;
+    let options = run.options(SamplerConfig::GREEDY);
+    let engine = Engine::new(&loaded, options)?;
+    let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
+    let n = n.max(2);
+    let mut rates = Vec::new();
+    for rep in 0..=reps.max(1) {
+        session.reset();
+        let mut first: Option<Instant> = None;
+        let generated = session.run(&[0], n, |_, generates| {
+            if generates {
+                first.get_or_insert_with(Instant::now);
+            }
+            Ok(Flow::Continue)
+        })?;
+        let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+        // The first repetition warms caches and thread pools and is not counted.
+        if rep > 0 {
+            rates.push((generated.len() - 1) as f64 / secs.max(1e-9));
+        }
+    }
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let var =
+        rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;
+    println!(
+        "{}: {} threads, {n} tokens x {} reps: {:.1} ± {:.1} tok/s ({:.2} ms/token)",
+        plan.display(),
+        options.threads,
+        rates.len(),
+        mean,
+        var.sqrt(),
+        1000.0 / mean
+    );
+    Ok(ExitCode::SUCCESS)
+}

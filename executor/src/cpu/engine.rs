@@ -1,0 +1,273 @@
+//! The CPU engine: every rank of a plan with its own state, joined by the wire, driven one
+//! decode step at a time by the host. Two arms run the same rank programs:
+//!
+//! - serial: one thread steps the ranks in plan order, each until it finishes the step or
+//!   would wait (a tensor-parallel collective waits for the group's later ranks);
+//! - pipelined: one thread per rank, blocking on the wire; the host enqueues steps ahead and
+//!   reads results back from the sampler rank's readback channel.
+//!
+//! Both give the same bits: the ranks' arithmetic does not depend on who runs it when.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::{anyhow, bail, Result};
+use memra_compiler::plan::Step;
+
+use super::compute::RankCompute;
+use super::kernels::Pool;
+use super::program::Binder;
+use super::rank::{RankRunner, StepInput, StepOutput};
+use super::reduce::ReduceOrder;
+use super::wire::Wire;
+use crate::plan_load::LoadedPlan;
+use crate::sample::SamplerConfig;
+use crate::weights::RankWeights;
+
+/// How the ranks are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Arm {
+    /// One thread, ranks in plan order.
+    #[default]
+    Serial,
+    /// One thread per rank.
+    Pipelined,
+}
+
+/// Settings of an engine.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    /// Kernel threads in total.
+    pub threads: usize,
+    /// Serial or pipelined.
+    pub arm: Arm,
+    /// How the sampler rank picks tokens.
+    pub sampler: SamplerConfig,
+    /// The all-reduce's combine order; only tests change it.
+    pub reduce_order: ReduceOrder,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            arm: Arm::Serial,
+            sampler: SamplerConfig::GREEDY,
+            reduce_order: ReduceOrder::Tree,
+        }
+    }
+}
+
+enum Ranks {
+    Serial(Vec<RankRunner>),
+    Pipelined {
+        inputs: Vec<Sender<(u64, StepInput)>>,
+        threads: Vec<JoinHandle<()>>,
+    },
+}
+
+/// A plan loaded onto the CPU, ready to decode.
+pub struct Engine {
+    ranks: Ranks,
+    wire: Arc<Wire>,
+    outputs: Receiver<Result<StepOutput>>,
+    next_step: u64,
+    in_flight: u64,
+    max_context: u32,
+    failed: bool,
+}
+
+impl Engine {
+    /// Loads every rank's shards of `loaded` and starts the engine.
+    pub fn new(loaded: &LoadedPlan, options: EngineOptions) -> Result<Engine> {
+        let plan = &loaded.plan;
+        let readers = plan
+            .ranks
+            .iter()
+            .filter(|r| r.program.iter().any(|s| matches!(s, Step::Readback { .. })))
+            .count();
+        if readers != 1 {
+            bail!("the plan reads back from {readers} ranks; the cpu engine needs exactly one");
+        }
+        let binder = Arc::new(Binder::new(plan)?);
+        let wire = Arc::new(Wire::new(
+            plan.boundaries.iter().map(|b| (b.boundary, b.slots)),
+        ));
+        let (out_tx, outputs) = channel();
+        let n = plan.ranks.len();
+        let shared_pool = Arc::new(Pool::new(options.threads.max(1)));
+        let mut runners = Vec::with_capacity(n);
+        for r in &plan.ranks {
+            let pool = match options.arm {
+                Arm::Serial => shared_pool.clone(),
+                Arm::Pipelined => Arc::new(Pool::new((options.threads / n).max(1))),
+            };
+            let weights = RankWeights::load(&loaded.gguf, r)?;
+            let compute = RankCompute::new(plan, r.rank, weights, pool, options.sampler)
+                .map_err(|e| anyhow!("rank {}: {e:#}", r.rank))?;
+            runners.push(RankRunner::new(
+                plan,
+                r.rank,
+                compute,
+                binder.clone(),
+                wire.clone(),
+                options.reduce_order,
+                out_tx.clone(),
+            )?);
+        }
+        let ranks = match options.arm {
+            Arm::Serial => Ranks::Serial(runners),
+            Arm::Pipelined => spawn(runners, &wire, &out_tx)?,
+        };
+        Ok(Engine {
+            ranks,
+            wire,
+            outputs,
+            next_step: 0,
+            in_flight: 0,
+            max_context: plan.runtime.max_context,
+            failed: false,
+        })
+    }
+
+    /// Enqueues one decode step; its result comes from `next_output`, in order.
+    pub fn submit(&mut self, input: StepInput) -> Result<()> {
+        if self.failed {
+            bail!("the engine stopped after an earlier error");
+        }
+        if input.pos >= self.max_context {
+            bail!(
+                "position {} is beyond the plan's runtime.max_context {}",
+                input.pos,
+                self.max_context
+            );
+        }
+        if self.next_step == 0 && input.token.is_none() {
+            bail!("the first decode step needs a prompt token");
+        }
+        let t = self.next_step;
+        self.next_step += 1;
+        self.in_flight += 1;
+        let result = match &mut self.ranks {
+            Ranks::Serial(runners) => run_serial(runners, t, input),
+            Ranks::Pipelined { inputs, .. } => inputs
+                .iter()
+                .try_for_each(|tx| tx.send((t, input)))
+                .map_err(|_| anyhow!("a rank thread has stopped")),
+        };
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    /// The result of the oldest submitted step not yet returned.
+    pub fn next_output(&mut self) -> Result<StepOutput> {
+        if self.in_flight == 0 {
+            bail!("no decode step is in flight");
+        }
+        let out = self
+            .outputs
+            .recv()
+            .map_err(|_| anyhow!("every rank has stopped"))
+            .and_then(|r| r);
+        match out {
+            Ok(out) => {
+                self.in_flight -= 1;
+                Ok(out)
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Submits one step and waits for its result (nothing else may be in flight).
+    pub fn step(&mut self, input: StepInput) -> Result<StepOutput> {
+        self.submit(input)?;
+        self.next_output()
+    }
+
+    /// Number of submitted steps whose results have not been taken.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Ranks::Pipelined { inputs, threads } = &mut self.ranks {
+            inputs.clear();
+            self.wire.fail("the engine was shut down");
+            for t in threads.drain(..) {
+                // A rank thread reports its errors through the readback channel; a panic
+                // has already been printed by the panic hook.
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Runs step `t` on every rank: each in plan order until it finishes or would wait, round
+/// after round, until all finish. A round in which no rank moves is a deadlock of the plan.
+fn run_serial(runners: &mut [RankRunner], t: u64, input: StepInput) -> Result<()> {
+    for r in runners.iter_mut() {
+        r.begin(t, input);
+    }
+    loop {
+        let mut progressed = false;
+        let mut all_done = true;
+        for r in runners.iter_mut() {
+            if !r.advance(false, &mut progressed)? {
+                all_done = false;
+            }
+        }
+        if all_done {
+            return Ok(());
+        }
+        if !progressed {
+            let stuck: Vec<String> = runners
+                .iter()
+                .filter(|r| r.busy())
+                .map(|r| r.rank().to_string())
+                .collect();
+            bail!(
+                "step {t}: the plan deadlocks; ranks {} wait for each other",
+                stuck.join(", ")
+            );
+        }
+    }
+}
+
+fn spawn(
+    runners: Vec<RankRunner>,
+    wire: &Arc<Wire>,
+    out: &Sender<Result<StepOutput>>,
+) -> Result<Ranks> {
+    let mut inputs = Vec::new();
+    let mut threads = Vec::new();
+    for mut runner in runners {
+        let (tx, rx) = channel::<(u64, StepInput)>();
+        let wire = wire.clone();
+        let out = out.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("memra-rank-{}", runner.rank()))
+            .spawn(move || {
+                for (t, input) in rx {
+                    runner.begin(t, input);
+                    let mut progressed = false;
+                    if let Err(e) = runner.advance(true, &mut progressed) {
+                        wire.fail(&format!("{e:#}"));
+                        let _ = out.send(Err(e));
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| anyhow!("cannot start a rank thread: {e}"))?;
+        inputs.push(tx);
+        threads.push(handle);
+    }
+    Ok(Ranks::Pipelined { inputs, threads })
+}

@@ -1,0 +1,307 @@
+//! One rank of a plan on the CPU: its flattened program, a program counter, its own compute
+//! state, and its end of the wire. `advance` runs actions until the step is done or the next
+//! action would wait; the serial arm calls it without blocking and moves to the next rank,
+//! the pipelined arm calls it on the rank's own thread and lets it block.
+
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use memra_compiler::plan::{Boundary, Carries, Plan};
+
+use super::compute::RankCompute;
+use super::program::{actions, Action, Binder, Work};
+use super::reduce::{ReduceOrder, Tree};
+use super::wire::{Payload, Wire};
+
+/// What the host feeds one decode step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepInput {
+    /// Position of the token in the sequence (its KV-cache row).
+    pub pos: u32,
+    /// The token to embed (a prompt token), or `None` to embed the token sampled at the
+    /// previous step.
+    pub token: Option<u32>,
+}
+
+/// What one decode step gives back to the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// Decode step number, counting from 0.
+    pub step: u64,
+    /// Position the step decoded.
+    pub pos: u32,
+    /// The token sampled from the logits.
+    pub token: u32,
+    /// Logits over the whole vocabulary.
+    pub logits: Vec<f32>,
+}
+
+/// A rank's tensor-parallel group, as the rank sees it.
+#[derive(Debug)]
+struct Group {
+    id: u32,
+    members: usize,
+    index: usize,
+    tree: Tree,
+}
+
+/// A rank with its program and state.
+pub struct RankRunner {
+    rank: u32,
+    actions: Vec<Action>,
+    pc: usize,
+    step: Option<(u64, StepInput)>,
+    compute: RankCompute,
+    binder: Arc<Binder>,
+    wire: Arc<Wire>,
+    group: Option<Group>,
+    order: ReduceOrder,
+    collective_seq: u64,
+    contributed: bool,
+    outgoing: Vec<Boundary>,
+    incoming: Vec<Boundary>,
+    readback: Sender<Result<StepOutput>>,
+}
+
+impl RankRunner {
+    /// A runner for `rank` of `plan` around its compute state.
+    pub fn new(
+        plan: &Plan,
+        rank: u32,
+        compute: RankCompute,
+        binder: Arc<Binder>,
+        wire: Arc<Wire>,
+        order: ReduceOrder,
+        readback: Sender<Result<StepOutput>>,
+    ) -> Result<RankRunner> {
+        let r = plan.rank(rank).expect("invariant: a rank of the plan");
+        let group = match r.group {
+            Some(id) => {
+                let g = plan.groups.iter().find(|g| g.group == id).ok_or_else(|| {
+                    anyhow!("rank {rank} names group {id}, which is not declared")
+                })?;
+                let index = g
+                    .ranks
+                    .iter()
+                    .position(|&x| x == rank)
+                    .ok_or_else(|| anyhow!("group {id} does not list rank {rank}"))?;
+                Some(Group {
+                    id,
+                    members: g.ranks.len(),
+                    index,
+                    tree: Tree::parse(&g.tree, &g.ranks)
+                        .map_err(|e| anyhow!("group {id}: tree `{}`: {e}", g.tree))?,
+                })
+            }
+            None => None,
+        };
+        let outgoing = plan
+            .boundaries
+            .iter()
+            .filter(|b| b.from_rank == rank)
+            .cloned()
+            .collect();
+        let incoming = plan
+            .boundaries
+            .iter()
+            .filter(|b| b.to_rank == rank)
+            .cloned()
+            .collect();
+        Ok(RankRunner {
+            rank,
+            actions: actions(plan, rank)?,
+            pc: 0,
+            step: None,
+            compute,
+            binder,
+            wire,
+            group,
+            order,
+            collective_seq: 0,
+            contributed: false,
+            outgoing,
+            incoming,
+            readback,
+        })
+    }
+
+    /// The rank's id.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Starts decode step `t`.
+    pub fn begin(&mut self, t: u64, input: StepInput) {
+        debug_assert!(self.step.is_none(), "invariant: the previous step finished");
+        self.step = Some((t, input));
+        self.pc = 0;
+    }
+
+    /// Whether the rank has a step in progress.
+    pub fn busy(&self) -> bool {
+        self.step.is_some()
+    }
+
+    /// Runs actions until the step is done (`Ok(true)`) or, without `block`, until the next
+    /// action would wait (`Ok(false)`); returns whether any action ran in `progressed`.
+    pub fn advance(&mut self, block: bool, progressed: &mut bool) -> Result<bool> {
+        let Some((t, input)) = self.step else {
+            return Ok(true);
+        };
+        while self.pc < self.actions.len() {
+            let done = self
+                .act(t, input, block)
+                .map_err(|e| anyhow!("rank {} step {t}: {e:#}", self.rank))?;
+            if !done {
+                return Ok(false);
+            }
+            *progressed = true;
+            self.pc += 1;
+        }
+        self.step = None;
+        Ok(true)
+    }
+
+    fn act(&mut self, t: u64, input: StepInput, block: bool) -> Result<bool> {
+        match &self.actions[self.pc] {
+            Action::Wait { event, at } => match self.binder.bound_step(event, self.rank, *at, t) {
+                Some(bound) => self.wire.wait(event, bound, block),
+                None => Ok(true),
+            },
+            Action::Record { event } => self.wire.record(event, t).map(|_| true),
+            Action::Copy { boundary } => {
+                let b = self.incoming_boundary(*boundary)?;
+                let slot = b.recv_slot(t);
+                let payload = self.wire.read_slot(b.boundary, slot)?;
+                self.compute.receive(b.boundary, slot, payload);
+                Ok(true)
+            }
+            Action::Readback => {
+                let out = StepOutput {
+                    step: t,
+                    pos: input.pos,
+                    token: self.compute.token(),
+                    logits: self.compute.logits().to_vec(),
+                };
+                // A closed channel means the host stopped listening; nothing is left to do.
+                let _ = self.readback.send(Ok(out));
+                Ok(true)
+            }
+            Action::Work(work) => self.work(*work, t, input).map(|_| true),
+            Action::AllReduce => self.all_reduce(block),
+            Action::GatherLogits => self.gather(block),
+        }
+    }
+
+    fn incoming_boundary(&self, id: u32) -> Result<&Boundary> {
+        self.incoming
+            .iter()
+            .find(|b| b.boundary == id)
+            .ok_or_else(|| anyhow!("copy of boundary {id}, which does not end at this rank"))
+    }
+
+    fn work(&mut self, work: Work, t: u64, input: StepInput) -> Result<()> {
+        match work {
+            Work::Embed => {
+                let token = match input.token {
+                    Some(token) => token,
+                    None => match self.incoming.iter().find(|b| b.carries == Carries::Token) {
+                        Some(b) => self.compute.received_token(b.boundary, b.recv_slot(t))?,
+                        None => self.compute.token(),
+                    },
+                };
+                self.compute.embed(token)
+            }
+            Work::Segment { layer, segment } => self.compute.segment(layer, segment, input.pos),
+            Work::Head => self.compute.head(),
+            Work::Sample => self.compute.sample(),
+            Work::LoadHidden => {
+                let b = self
+                    .incoming
+                    .iter()
+                    .find(|b| b.carries == Carries::Hidden)
+                    .ok_or_else(|| anyhow!("load_hidden without an incoming hidden boundary"))?;
+                self.compute.load_hidden(b.boundary, b.recv_slot(t))
+            }
+            Work::StoreHidden | Work::StoreToken => {
+                let carries = if work == Work::StoreHidden {
+                    Carries::Hidden
+                } else {
+                    Carries::Token
+                };
+                let mut sent = false;
+                for b in self.outgoing.iter().filter(|b| b.carries == carries) {
+                    let payload = match carries {
+                        Carries::Hidden => Payload::Hidden(self.compute.hidden().to_vec()),
+                        Carries::Token => Payload::Token(self.compute.token()),
+                    };
+                    self.wire.send(b.boundary, b.send_slot(t), payload)?;
+                    sent = true;
+                }
+                if !sent {
+                    bail!("store without an outgoing boundary");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Contributes this rank's partial sum once, then waits for the others and sums all
+    /// partials in the group's tree order.
+    fn all_reduce(&mut self, block: bool) -> Result<bool> {
+        let group = self
+            .group
+            .as_ref()
+            .ok_or_else(|| anyhow!("all_reduce on a rank of no tensor-parallel group"))?;
+        if !self.contributed {
+            let partial = self.compute.partial().to_vec();
+            self.wire.contribute(
+                group.id,
+                self.collective_seq,
+                group.index,
+                group.members,
+                group.members,
+                partial,
+            )?;
+            self.contributed = true;
+        }
+        let Some(parts) = self.wire.collect(group.id, self.collective_seq, block)? else {
+            return Ok(false);
+        };
+        let sum = group.tree.combine(&parts, self.order);
+        self.compute.add_reduced(&sum);
+        self.contributed = false;
+        self.collective_seq += 1;
+        Ok(true)
+    }
+
+    /// Every member deposits its vocab slice; the first member concatenates them.
+    fn gather(&mut self, block: bool) -> Result<bool> {
+        let group = self
+            .group
+            .as_ref()
+            .ok_or_else(|| anyhow!("gather_logits on a rank of no tensor-parallel group"))?;
+        if !self.contributed {
+            let slice = self.compute.logits().to_vec();
+            self.wire.contribute(
+                group.id,
+                self.collective_seq,
+                group.index,
+                group.members,
+                1,
+                slice,
+            )?;
+            self.contributed = true;
+        }
+        if group.index == 0 {
+            let Some(parts) = self.wire.collect(group.id, self.collective_seq, block)? else {
+                return Ok(false);
+            };
+            self.compute.set_full_logits(&parts);
+        }
+        self.contributed = false;
+        self.collective_seq += 1;
+        Ok(true)
+    }
+}

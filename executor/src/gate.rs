@@ -1,0 +1,193 @@
+//! The bit-identity gate: decode the same prompt with a plan and with the 1-rank plan of the
+//! same model, in every arm, and compare every logit bit of every step. The first mismatch is
+//! named by arm, step and vocabulary index.
+
+use std::fmt;
+
+use anyhow::{bail, Result};
+
+use crate::cpu::{Arm, Engine, EngineOptions, StepOutput};
+use crate::plan_load::LoadedPlan;
+use crate::sample::SamplerConfig;
+use crate::session::{Flow, Session};
+
+/// The first difference found between the reference and a candidate run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    /// The arm of the candidate run.
+    pub arm: Arm,
+    /// Decode step.
+    pub step: u64,
+    /// What differs: a logit's vocabulary index, or the sampled token.
+    pub what: Difference,
+}
+
+/// A differing value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Difference {
+    /// Logit `index`: reference and candidate values.
+    Logit {
+        index: usize,
+        reference: f32,
+        got: f32,
+    },
+    /// The sampled token.
+    Token { reference: u32, got: u32 },
+    /// The runs decoded different numbers of steps.
+    Steps { reference: usize, got: usize },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let arm = match self.arm {
+            Arm::Serial => "serial",
+            Arm::Pipelined => "pipelined",
+        };
+        match &self.what {
+            Difference::Logit { index, reference, got } => write!(
+                f,
+                "{arm} arm, step {}, logit {index}: reference {reference:e} ({:#010x}), got {got:e} ({:#010x})",
+                self.step,
+                reference.to_bits(),
+                got.to_bits()
+            ),
+            Difference::Token { reference, got } => write!(
+                f,
+                "{arm} arm, step {}: reference token {reference}, got token {got}",
+                self.step
+            ),
+            Difference::Steps { reference, got } => write!(
+                f,
+                "{arm} arm: reference decoded {reference} steps, candidate {got}"
+            ),
+        }
+    }
+}
+
+/// What the gate checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateReport {
+    /// Decode steps per run (prompt plus generated).
+    pub steps: usize,
+    /// Logits compared per step.
+    pub vocab: usize,
+    /// Candidate arms that were run.
+    pub arms: Vec<Arm>,
+    /// The first mismatch, if any.
+    pub mismatch: Option<Mismatch>,
+}
+
+/// Greedy decoding of `prompt` plus `n` generated tokens; every step's output.
+pub fn decode_all(
+    loaded: &LoadedPlan,
+    options: EngineOptions,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<StepOutput>> {
+    let engine = Engine::new(loaded, options)?;
+    let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
+    let mut outs = Vec::new();
+    session.run(prompt, n, |out, _| {
+        outs.push(out.clone());
+        Ok(Flow::Continue)
+    })?;
+    Ok(outs)
+}
+
+/// The first difference between two runs' outputs.
+pub fn first_mismatch(arm: Arm, reference: &[StepOutput], got: &[StepOutput]) -> Option<Mismatch> {
+    for (r, g) in reference.iter().zip(got) {
+        let at = |what| Mismatch {
+            arm,
+            step: r.step,
+            what,
+        };
+        if r.logits.len() != g.logits.len() {
+            return Some(at(Difference::Logit {
+                index: r.logits.len().min(g.logits.len()),
+                reference: f32::NAN,
+                got: f32::NAN,
+            }));
+        }
+        if let Some(index) =
+            (0..r.logits.len()).find(|&i| r.logits[i].to_bits() != g.logits[i].to_bits())
+        {
+            return Some(at(Difference::Logit {
+                index,
+                reference: r.logits[index],
+                got: g.logits[index],
+            }));
+        }
+        if r.token != g.token {
+            return Some(at(Difference::Token {
+                reference: r.token,
+                got: g.token,
+            }));
+        }
+    }
+    (reference.len() != got.len()).then(|| Mismatch {
+        arm,
+        step: reference.len().min(got.len()) as u64,
+        what: Difference::Steps {
+            reference: reference.len(),
+            got: got.len(),
+        },
+    })
+}
+
+/// Runs `reference` (a 1-rank plan, serial) and `candidate` in both arms on `prompt` plus `n`
+/// greedy tokens and compares them bit for bit; stops at the first arm that mismatches.
+pub fn gate(
+    reference: &LoadedPlan,
+    candidate: &LoadedPlan,
+    prompt: &[u32],
+    n: usize,
+    options: EngineOptions,
+) -> Result<GateReport> {
+    if reference.plan.ranks.len() != 1 {
+        bail!(
+            "the reference plan {} has {} ranks; the gate compares against a 1-rank plan",
+            reference.path.display(),
+            reference.plan.ranks.len()
+        );
+    }
+    if reference.plan.model.fingerprint != candidate.plan.model.fingerprint {
+        bail!(
+            "{} and {} were compiled for different models",
+            reference.path.display(),
+            candidate.path.display()
+        );
+    }
+    let greedy = EngineOptions {
+        sampler: SamplerConfig::GREEDY,
+        ..options
+    };
+    let want = decode_all(
+        reference,
+        EngineOptions {
+            arm: Arm::Serial,
+            ..greedy
+        },
+        prompt,
+        n,
+    )?;
+    let mut arms = Vec::new();
+    for arm in [Arm::Serial, Arm::Pipelined] {
+        arms.push(arm);
+        let got = decode_all(candidate, EngineOptions { arm, ..greedy }, prompt, n)?;
+        if let Some(m) = first_mismatch(arm, &want, &got) {
+            return Ok(GateReport {
+                steps: want.len(),
+                vocab: want.first().map_or(0, |o| o.logits.len()),
+                arms,
+                mismatch: Some(m),
+            });
+        }
+    }
+    Ok(GateReport {
+        steps: want.len(),
+        vocab: want.first().map_or(0, |o| o.logits.len()),
+        arms,
+        mismatch: None,
+    })
+}

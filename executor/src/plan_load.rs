@@ -1,0 +1,107 @@
+//! Loading an execution plan for running: parse it (refusing other format versions), verify it
+//! with the compiler's own happens-before and ownership checks, open the model it names and
+//! refuse a model whose header fingerprint differs from the one the plan was compiled for.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use memra_compiler::model::fnv1a;
+use memra_compiler::passes::verify::verify_plan;
+use memra_compiler::plan::Plan;
+use memra_gguf::GgufFile;
+
+/// Architectures whose decode the CPU executor implements.
+const RUNNABLE_ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+
+/// A verified plan and the model file it was compiled for.
+#[derive(Debug)]
+pub struct LoadedPlan {
+    /// The plan as parsed.
+    pub plan: Plan,
+    /// Where the plan was read from.
+    pub path: PathBuf,
+    /// The opened model (weights are mapped, not read).
+    pub gguf: GgufFile,
+}
+
+/// The model file a plan names: its `model.source`, relative to the plan's directory.
+pub fn default_model_path(plan_path: &Path, plan: &Plan) -> PathBuf {
+    let dir = plan_path.parent().unwrap_or(Path::new("."));
+    dir.join(&plan.model.source)
+}
+
+/// The fingerprint the compiler writes for a GGUF file: FNV-1a 64 of its header.
+pub fn fingerprint(gguf: &GgufFile) -> String {
+    format!("{:016x}", fnv1a(gguf.header_bytes(), 0))
+}
+
+/// Reads and verifies the plan at `plan_path` and opens its model (`model` overrides the
+/// path the plan names).
+pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
+    let text = std::fs::read_to_string(plan_path)
+        .with_context(|| format!("cannot read plan {}", plan_path.display()))?;
+    let plan = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
+    let errors = verify_plan(&plan);
+    if !errors.is_empty() {
+        bail!(
+            "{}: the plan fails verification:\n  {}",
+            plan_path.display(),
+            errors.join("\n  ")
+        );
+    }
+    check_runnable(&plan).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
+    let model_path = model.map_or_else(|| default_model_path(plan_path, &plan), Path::to_path_buf);
+    let gguf = GgufFile::open(&model_path).with_context(|| {
+        format!(
+            "loading the model of plan {} (pass --model PATH to use another file)",
+            plan_path.display()
+        )
+    })?;
+    let found = fingerprint(&gguf);
+    if found != plan.model.fingerprint {
+        bail!(
+            "{}: model fingerprint {found} does not match the plan's {} ({}); recompile the placement for this model file",
+            model_path.display(),
+            plan.model.fingerprint,
+            plan_path.display()
+        );
+    }
+    Ok(LoadedPlan {
+        plan,
+        path: plan_path.to_path_buf(),
+        gguf,
+    })
+}
+
+/// Refuses plans that name features the CPU executor does not run.
+fn check_runnable(plan: &Plan) -> Result<()> {
+    let arch = plan.model.architecture.as_str();
+    if !RUNNABLE_ARCHITECTURES.contains(&arch) {
+        bail!(
+            "architecture `{arch}` is not supported by the executor; supported: {}",
+            RUNNABLE_ARCHITECTURES.join(", ")
+        );
+    }
+    if plan.model.moe.is_some() || plan.model.mla.is_some() {
+        bail!(
+            "mixture-of-experts and latent-attention models are not supported by the executor yet"
+        );
+    }
+    if plan.runtime.max_sequences != 1 {
+        bail!(
+            "runtime.max_sequences is {}; the executor runs one sequence",
+            plan.runtime.max_sequences
+        );
+    }
+    if plan.model.heads == 0
+        || plan.model.kv_heads == 0
+        || !plan.model.heads.is_multiple_of(plan.model.kv_heads)
+    {
+        bail!(
+            "model.heads {} is not a multiple of model.kv_heads {}",
+            plan.model.heads,
+            plan.model.kv_heads
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! A rank's weights: exactly the shards its plan lists, copied out of the mapped GGUF into
+//! buffers the rank owns. Matrices keep their stored (quantized) bytes; a column split copies
+//! each row's block-aligned column range. Vectors (norms, biases) are dequantized to f32.
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, bail, Result};
+use memra_compiler::plan::{Rank, Split, WeightShard};
+use memra_gguf::{GgmlType, GgufFile, TensorInfo};
+
+/// A matrix shard in its stored type: `rows` outputs of `cols` inputs, row-major.
+#[derive(Debug)]
+pub struct Matrix {
+    /// Stored element type.
+    pub dtype: GgmlType,
+    /// The rows' stored bytes, back to back.
+    pub data: Vec<u8>,
+    /// Output rows held.
+    pub rows: usize,
+    /// Inputs per row.
+    pub cols: usize,
+}
+
+impl Matrix {
+    /// Stored bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_size() * self.dtype.block_bytes()
+    }
+
+    /// The stored bytes of rows `start..end`.
+    pub fn rows_bytes(&self, start: usize, end: usize) -> &[u8] {
+        &self.data[start * self.row_bytes()..end * self.row_bytes()]
+    }
+}
+
+/// The shards one rank holds, by tensor name.
+#[derive(Debug, Default)]
+pub struct RankWeights {
+    matrices: BTreeMap<String, Matrix>,
+    vectors: BTreeMap<String, Vec<f32>>,
+}
+
+impl RankWeights {
+    /// Loads every shard `rank` lists from `gguf`.
+    pub fn load(gguf: &GgufFile, rank: &Rank) -> Result<RankWeights> {
+        let mut out = RankWeights::default();
+        for shard in &rank.weights {
+            out.load_shard(gguf, shard)
+                .map_err(|e| anyhow!("rank {}: tensor `{}`: {e}", rank.rank, shard.tensor))?;
+        }
+        Ok(out)
+    }
+
+    fn load_shard(&mut self, gguf: &GgufFile, shard: &WeightShard) -> Result<()> {
+        let info = gguf
+            .tensor(&shard.tensor)
+            .ok_or_else(|| anyhow!("not found in {}", gguf.path().display()))?;
+        if info.dtype.name() != shard.dtype {
+            bail!(
+                "the plan says {} but the model stores {}",
+                shard.dtype,
+                info.dtype
+            );
+        }
+        info.dtype.check_supported()?;
+        let logical: Vec<u64> = info.dims.iter().rev().copied().collect();
+        if logical != shard.shape {
+            bail!(
+                "the plan says shape {:?} but the model has {:?}",
+                shard.shape,
+                logical
+            );
+        }
+        if shard.shape.len() == 1 {
+            let all = gguf.dequantize_tensor(info)?;
+            let values = match shard.split {
+                Split::Full => all,
+                Split::Rows { start, end } if end <= all.len() as u64 && start <= end => {
+                    all[start as usize..end as usize].to_vec()
+                }
+                other => bail!("split `{other}` does not apply to a vector"),
+            };
+            self.vectors.insert(shard.tensor.clone(), values);
+            return Ok(());
+        }
+        if shard.shape.len() != 2 {
+            bail!(
+                "only vectors and matrices are supported, found shape {:?}",
+                shard.shape
+            );
+        }
+        let matrix = match shard.split {
+            Split::Full => matrix_rows(gguf, info, 0, info.rows())?,
+            Split::Rows { start, end } => matrix_rows(gguf, info, start, end)?,
+            Split::Cols { start, end } => matrix_cols(gguf, info, start, end)?,
+            Split::Experts { .. } => bail!("expert splits are not supported by the executor yet"),
+        };
+        if matrix.data.len() as u64 != shard.bytes {
+            bail!(
+                "the shard holds {} bytes but the plan says {}",
+                matrix.data.len(),
+                shard.bytes
+            );
+        }
+        self.matrices.insert(shard.tensor.clone(), matrix);
+        Ok(())
+    }
+
+    /// Takes the matrix shard `name` out; an error names the missing tensor.
+    pub fn take_matrix(&mut self, name: &str) -> Result<Matrix> {
+        self.matrices
+            .remove(name)
+            .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))
+    }
+
+    /// Takes the vector `name` out.
+    pub fn take_vector(&mut self, name: &str) -> Result<Vec<f32>> {
+        self.vectors
+            .remove(name)
+            .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))
+    }
+
+    /// Takes the vector `name` out if the rank holds it (optional tensors such as biases).
+    pub fn take_optional_vector(&mut self, name: &str) -> Option<Vec<f32>> {
+        self.vectors.remove(name)
+    }
+
+    /// Names of the shards not taken yet.
+    pub fn remaining(&self) -> Vec<&str> {
+        self.matrices
+            .keys()
+            .chain(self.vectors.keys())
+            .map(String::as_str)
+            .collect()
+    }
+}
+
+fn matrix_rows(gguf: &GgufFile, info: &TensorInfo, start: u64, end: u64) -> Result<Matrix> {
+    let bytes = gguf.tensor_rows(info, start..end)?;
+    Ok(Matrix {
+        dtype: info.dtype,
+        data: bytes.to_vec(),
+        rows: (end - start) as usize,
+        cols: info.row_len() as usize,
+    })
+}
+
+fn matrix_cols(gguf: &GgufFile, info: &TensorInfo, start: u64, end: u64) -> Result<Matrix> {
+    let block = info.dtype.block_size() as u64;
+    if start > end
+        || end > info.row_len()
+        || !start.is_multiple_of(block)
+        || !end.is_multiple_of(block)
+    {
+        bail!(
+            "columns {start}..{end} are not whole {}-element blocks of rows of length {}",
+            block,
+            info.row_len()
+        );
+    }
+    let block_bytes = info.dtype.block_bytes() as u64;
+    let (from, to) = (
+        (start / block * block_bytes) as usize,
+        (end / block * block_bytes) as usize,
+    );
+    let all = gguf.tensor_bytes(info);
+    let row_bytes = info.row_bytes() as usize;
+    let mut data = Vec::with_capacity((to - from) * info.rows() as usize);
+    for row in all.chunks_exact(row_bytes) {
+        data.extend_from_slice(&row[from..to]);
+    }
+    Ok(Matrix {
+        dtype: info.dtype,
+        data,
+        rows: info.rows() as usize,
+        cols: (end - start) as usize,
+    })
+}
