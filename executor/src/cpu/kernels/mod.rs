@@ -99,9 +99,9 @@ pub fn simd_available() -> bool {
 /// `y = W x`, with K reduced in `chunks` chunks combined in a balanced tree (see the module
 /// doc). Rows are split over the pool's threads; the result does not depend on the split.
 ///
-/// Panics unless `x.len() == w.cols`, `y.len() == w.rows`, `chunks` is a power of two and
-/// each chunk is a whole number of blocks (256 values for q4_k and q6_k, 32 for the other
-/// quants): the plan compiler guarantees these.
+/// Panics unless `x.len() == w.cols`, `y.len() == w.rows`, `chunks` is a power of two (at
+/// most `MAX_CHUNKS`) and each chunk is a whole number of blocks (256 values for q4_k and
+/// q6_k, 32 for the other quants): the plan compiler guarantees these.
 pub fn matvec(pool: &Pool, w: &Weight, x: &[f32], chunks: usize, y: &mut [f32]) {
     matvec_with(pool, w, x, chunks, y, simd_available());
 }
@@ -135,8 +135,8 @@ pub(crate) fn matvec_with(
         "matvec: weight byte count"
     );
     assert!(
-        chunks.is_power_of_two(),
-        "matvec: chunks must be a power of two, got {chunks}"
+        chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
+        "matvec: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
     );
     let block = w.dtype.block_size();
     assert!(
@@ -182,45 +182,44 @@ pub fn embed_row(w: &Weight, token: usize, out: &mut [f32]) {
         .expect("invariant: Weight::new checked dtype and sizes");
 }
 
-/// Combines chunk partials in a balanced binary tree as they arrive, lane-wise over `N` rows:
-/// merging the top two entries whenever they cover equally many chunks yields exactly
-/// ((c0 + c1) + (c2 + c3)) + ... for a power-of-two count, with O(log chunks) state.
+/// Most chunks a matvec may use (the depth of `Tree`'s fixed stack).
+pub const MAX_CHUNKS: usize = 1 << 16;
+
+/// Combines chunk partials in a balanced binary tree as they arrive, lane-wise over `N` rows.
+/// After `count` pushes, slot `l` holds the sum of a finished subtree of 2^l chunks exactly
+/// when bit `l` of `count` is set (a binary counter), which yields ((c0 + c1) + (c2 + c3))
+/// + ... for a power-of-two count with a few hundred bytes of stack.
 pub(crate) struct Tree<const N: usize> {
-    stack: [[f32; N]; 32],
-    level: [u32; 32],
-    len: usize,
+    slots: [[f32; N]; 17],
+    count: usize,
 }
 
 impl<const N: usize> Tree<N> {
     pub(crate) fn new() -> Self {
         Tree {
-            stack: [[0.0; N]; 32],
-            level: [0; 32],
-            len: 0,
+            slots: [[0.0; N]; 17],
+            count: 0,
         }
     }
 
     pub(crate) fn push(&mut self, mut v: [f32; N]) {
         let mut level = 0;
-        while self.len > 0 && self.level[self.len - 1] == level {
-            self.len -= 1;
-            let left = self.stack[self.len];
-            for (v, l) in v.iter_mut().zip(left) {
+        while self.count >> level & 1 == 1 {
+            for (v, l) in v.iter_mut().zip(self.slots[level]) {
                 *v += l;
             }
             level += 1;
         }
-        self.stack[self.len] = v;
-        self.level[self.len] = level;
-        self.len += 1;
+        self.slots[level] = v;
+        self.count += 1;
     }
 
-    pub(crate) fn finish(self) -> [f32; N] {
-        assert_eq!(
-            self.len, 1,
+    pub(crate) fn finish(&self) -> [f32; N] {
+        assert!(
+            self.count.is_power_of_two(),
             "invariant: a power-of-two number of chunks was pushed"
         );
-        self.stack[0]
+        self.slots[self.count.trailing_zeros() as usize]
     }
 }
 

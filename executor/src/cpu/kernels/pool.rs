@@ -1,7 +1,10 @@
 //! A persistent thread pool for the CPU kernels. A decode step issues ~200 matvecs of tens of
-//! microseconds each, so workers spin on a generation counter between jobs instead of being
+//! microseconds each, so workers spin on a shared state word between jobs instead of being
 //! spawned or woken through the OS every time; after a few milliseconds idle they park on a
-//! condvar so that an idle pool costs nothing. The calling thread is worker 0.
+//! condvar so that an idle pool costs nothing. The calling thread works too.
+//!
+//! A job is a number of tasks that threads claim one at a time, so a thread the OS has
+//! descheduled (a busy machine) delays a job by one small task, not by a fixed share.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -14,13 +17,22 @@ use std::time::{Duration, Instant};
 /// matvecs of one token (norms, rope, attention), shorter than anything a person notices.
 const SPIN: Duration = Duration::from_millis(3);
 
+/// Tasks per thread in `split_mut`: enough to rebalance around a descheduled thread, few
+/// enough that claiming costs nothing next to a task.
+const TASKS_PER_THREAD: usize = 4;
+
+/// Largest task count of one job (it shares a 16-bit field of the state word).
+const MAX_TASKS: usize = 0xffff;
+
 /// The job as the workers see it: a borrowed closure whose lifetime `run` guarantees by not
-/// returning before every worker is done with it.
+/// returning before every claimed task has finished.
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
-    generation: AtomicU64,
-    done: AtomicUsize,
+    /// generation (32 bits) | tasks (16) | next unclaimed task (16): one word, so a claim
+    /// (a compare-exchange) can never take a task of a job other than the one it checked
+    state: AtomicU64,
+    finished: AtomicUsize,
     sleepers: AtomicUsize,
     stop: AtomicBool,
     panicked: AtomicBool,
@@ -30,7 +42,9 @@ struct Shared {
 }
 
 // SAFETY: `job` is written only by the thread inside `run` (serialized by `Pool::caller`)
-// before the release increment of `generation`, and read by workers only after acquiring it.
+// before the state word publishes the job, and read only by a thread that has claimed one of
+// its tasks through that word; `run` does not return (nor overwrite it) before every claimed
+// task has finished.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -45,8 +59,8 @@ impl Pool {
     /// A pool of `threads` threads in total, counting the caller (so `new(1)` spawns none).
     pub fn new(threads: usize) -> Pool {
         let shared = Arc::new(Shared {
-            generation: AtomicU64::new(0),
-            done: AtomicUsize::new(0),
+            state: AtomicU64::new(0),
+            finished: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -59,7 +73,7 @@ impl Pool {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("memra-cpu-{index}"))
-                    .spawn(move || worker(&shared, index))
+                    .spawn(move || worker(&shared))
                     .expect("invariant: the OS can spawn a kernel thread")
             })
             .collect();
@@ -75,31 +89,36 @@ impl Pool {
         self.workers.len() + 1
     }
 
-    /// Runs `f(t)` for every thread index `t` in `0..threads()`, `f(0)` on the calling thread,
-    /// and returns when all calls have returned. A panic in any call is re-raised here.
-    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.workers.is_empty() {
-            return f(0);
+    /// Runs `f(t)` for every task `t` in `0..tasks` (at most 65535) across the pool's
+    /// threads, the caller included, and returns when all have returned. A panic in any
+    /// task is re-raised here.
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        assert!(tasks <= MAX_TASKS, "pool: {tasks} tasks exceed {MAX_TASKS}");
+        if self.workers.is_empty() || tasks <= 1 {
+            return (0..tasks).for_each(f);
         }
         let _serial = self.caller.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        s.done.store(0, Ordering::Relaxed);
-        // SAFETY: the lifetime is erased only for the duration of this call; we wait below
-        // until every worker has finished calling it.
+        s.finished.store(0, Ordering::Relaxed);
+        // SAFETY: the lifetime is erased only while this call runs; it returns only after
+        // every claimed task has finished
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
         unsafe { *s.job.get() = Some(job) };
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        let generation = (s.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
+        s.state
+            .store(generation << 32 | (tasks as u64) << 16, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let mine = catch_unwind(AssertUnwindSafe(|| claim_and_run(s, generation)));
         let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) < self.workers.len() {
+        while s.finished.load(Ordering::Acquire) < tasks {
             spins += 1;
-            if spins < 1 << 16 {
+            if spins < 1 << 12 {
                 std::hint::spin_loop();
             } else {
+                // the thread holding the last task is likely descheduled: let it run
                 std::thread::yield_now();
             }
         }
@@ -112,8 +131,8 @@ impl Pool {
         }
     }
 
-    /// Splits `out` into one contiguous piece per thread, each a multiple of `unit` elements
-    /// long (except the last), and runs `f(offset, piece)` for every piece in parallel.
+    /// Splits `out` into contiguous pieces, each a multiple of `unit` elements long (except
+    /// the last), and runs `f(offset, piece)` for every piece in parallel.
     pub fn split_mut<T: Send>(
         &self,
         out: &mut [T],
@@ -122,14 +141,14 @@ impl Pool {
     ) {
         let n = out.len();
         let units = n.div_ceil(unit);
-        let threads = self.threads();
+        let tasks = units.min(self.threads() * TASKS_PER_THREAD);
         let base = SendPtr(out.as_mut_ptr());
-        self.run(&|t| {
-            let start = (units * t / threads * unit).min(n);
-            let end = (units * (t + 1) / threads * unit).min(n);
+        self.run(tasks, &|t| {
+            let start = (units * t / tasks * unit).min(n);
+            let end = (units * (t + 1) / tasks * unit).min(n);
             if start < end {
-                // SAFETY: the ranges [start, end) of distinct threads are disjoint and inside
-                // `out`, which `run` keeps borrowed until every thread is done.
+                // SAFETY: the ranges [start, end) of distinct tasks are disjoint and inside
+                // `out`, which `run` keeps borrowed until every task is done
                 let piece =
                     unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
                 f(start, piece);
@@ -151,7 +170,8 @@ impl Drop for Pool {
     fn drop(&mut self) {
         let s = &*self.shared;
         s.stop.store(true, Ordering::SeqCst);
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        let generation = (s.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
+        s.state.store(generation << 32, Ordering::SeqCst);
         {
             let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
@@ -162,21 +182,38 @@ impl Drop for Pool {
     }
 }
 
-fn worker(s: &Shared, index: usize) {
+/// Claims tasks of job `generation` until none is left, running each; a panic is recorded
+/// for `run` to re-raise, and the task still counts as finished.
+fn claim_and_run(s: &Shared, generation: u64) {
+    loop {
+        let v = s.state.load(Ordering::Acquire);
+        let (tasks, next) = ((v >> 16) & 0xffff, v & 0xffff);
+        if v >> 32 != generation || next >= tasks {
+            return;
+        }
+        if s.state
+            .compare_exchange_weak(v, v + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        // SAFETY: we hold task `next` of this job, so `run` keeps the closure alive
+        let job = unsafe { (*s.job.get()).expect("invariant: a published job has a closure") };
+        if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(next as usize) })).is_err() {
+            s.panicked.store(true, Ordering::Relaxed);
+        }
+        s.finished.fetch_add(1, Ordering::Release);
+    }
+}
+
+fn worker(s: &Shared) {
     let mut seen = 0u64;
     loop {
         seen = wait_for_job(s, seen);
         if s.stop.load(Ordering::SeqCst) {
             return;
         }
-        // SAFETY: published before the generation we just acquired; `run` keeps it alive
-        // until we increment `done`.
-        let job =
-            unsafe { (*s.job.get()).expect("invariant: a job is published with its generation") };
-        if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(index) })).is_err() {
-            s.panicked.store(true, Ordering::Relaxed);
-        }
-        s.done.fetch_add(1, Ordering::Release);
+        claim_and_run(s, seen);
     }
 }
 
@@ -185,7 +222,7 @@ fn wait_for_job(s: &Shared, seen: u64) -> u64 {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        let g = s.generation.load(Ordering::Acquire);
+        let g = s.state.load(Ordering::Acquire) >> 32;
         if g != seen {
             return g;
         }
@@ -197,10 +234,10 @@ fn wait_for_job(s: &Shared, seen: u64) -> u64 {
     }
     let mut guard = s.park.lock().unwrap_or_else(|e| e.into_inner());
     s.sleepers.fetch_add(1, Ordering::SeqCst);
-    // the SeqCst pair (sleepers here, generation in `run`) means either we see the new
+    // the SeqCst pair (sleepers here, the state word in `run`) means either we see the new
     // generation now or `run` sees a sleeper and notifies under the lock
     loop {
-        let g = s.generation.load(Ordering::SeqCst);
+        let g = s.state.load(Ordering::SeqCst) >> 32;
         if g != seen {
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
             return g;

@@ -125,6 +125,11 @@ fn rows4_avx2<const K: u8>(w: &[u8], rb: usize, x: &[BlockQ8], chunks: usize) ->
             unsafe {
                 let p = [0, 1, 2, 3].map(|i| base.add(i * rb + b * bb));
                 let xq = _mm256_load_si256(xb.qs.as_ptr().cast());
+                // the next four rows' block: the hardware prefetcher alone leaves a core
+                // well short of memory bandwidth on these short interleaved streams
+                for p in p {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * rb).cast());
+                }
                 let dots = p.map(|p| block_dot::<K>(p, xq));
                 let mut isum = hsum4_epi32(dots);
                 if K == Q4_0 {

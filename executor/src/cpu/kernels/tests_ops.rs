@@ -160,14 +160,19 @@ fn elementwise_helpers_match_reference() {
 #[test]
 fn pool_runs_every_index_once_and_reraises_panics() {
     let pool = Pool::new(3);
-    for _ in 0..100 {
-        let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
-        pool.run(&|t| {
+    for tasks in [0, 1, 2, 3, 7, 100] {
+        let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+        pool.run(tasks, &|t| {
             hits[t].fetch_add(1, Ordering::Relaxed);
         });
-        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        assert!(
+            hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+            "{tasks} tasks"
+        );
     }
-    let r = catch_unwind(AssertUnwindSafe(|| pool.run(&|t| assert!(t != 2, "boom"))));
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        pool.run(9, &|t| assert!(t != 2, "boom"))
+    }));
     assert!(r.is_err());
     // the pool still works after a panic
     let mut v = vec![0usize; 103];
