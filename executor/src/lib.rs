@@ -3,6 +3,7 @@
 //! sampling, decoding sessions, the bit-identity gate and perplexity.
 pub mod cli;
 pub mod cpu;
+pub mod cuda;
 pub mod gate;
 pub mod perplexity;
 pub mod plan_load;

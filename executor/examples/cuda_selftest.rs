@@ -1,0 +1,58 @@
+//! The CUDA self-test (memra_executor::cuda::selftest): every kernel against the CPU reference,
+//! tensor-parallel bit-exactness, determinism and graph replay, optionally matvec bandwidth.
+//! Exits non-zero on any failure. `--compile-only sm_XY` only compiles the kernels with NVRTC
+//! (no GPU or driver needed), which checks the sources on a build machine.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use memra_executor::cuda::{compile, selftest};
+
+#[derive(Parser)]
+#[command(
+    about = "memra cuda self-test: kernels vs the cpu reference, tp bit-exactness, graphs, bandwidth"
+)]
+struct Args {
+    /// Device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Also time the matvec kernels on llama-8B shapes.
+    #[arg(long)]
+    bench: bool,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 20261129)]
+    seed: u64,
+    /// Only compile every kernel file for this architecture (e.g. sm_90) and exit.
+    #[arg(long, value_name = "ARCH")]
+    compile_only: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = match &args.compile_only {
+        Some(arch) => compile::compiled(arch).map(|ptx| {
+            for (file, ptx) in compile::FILES.iter().zip(ptx.iter()) {
+                println!(
+                    "kernels/{}: {} entry points, {} bytes of ptx",
+                    file.name,
+                    file.entries.len(),
+                    ptx.to_src().len()
+                );
+            }
+            true
+        }),
+        None => selftest::run(&selftest::Options {
+            device: args.device,
+            bench: args.bench,
+            seed: args.seed,
+        }),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The kernel sources (kernels/*.cu, embedded at build time) and their NVRTC compilation. Each
+//! file is compiled once per GPU architecture (`--gpu-architecture=sm_XY` from the device's
+//! compute capability) and the PTX is cached for the process, so several devices of one kind
+//! compile once. A compile error names the file and carries the NVRTC log as text.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
+
+/// The shared header, spliced into every file in place of its `#include "common.cuh"` line.
+const COMMON: &str = include_str!("../../../kernels/common.cuh");
+const INCLUDE_LINE: &str = "#include \"common.cuh\"";
+
+/// One kernels/*.cu file and the `extern "C"` entry points it defines.
+pub struct KernelFile {
+    /// File name under kernels/, used in error messages.
+    pub name: &'static str,
+    source: &'static str,
+    /// Entry points loaded from the compiled module.
+    pub entries: &'static [&'static str],
+}
+
+macro_rules! kernel_file {
+    ($name:literal, [$($entry:literal),* $(,)?]) => {
+        KernelFile {
+            name: $name,
+            source: include_str!(concat!("../../../kernels/", $name)),
+            entries: &[$($entry),*],
+        }
+    };
+}
+
+/// Every kernel file of the CUDA backend.
+pub const FILES: &[KernelFile] = &[
+    kernel_file!(
+        "matvec.cu",
+        [
+            "matvec_f32",
+            "matvec_f16",
+            "matvec_bf16",
+            "matvec_q8_0",
+            "matvec_q4_0",
+            "matvec_q4_1",
+            "matvec_q4_k",
+            "matvec_q6_k",
+        ]
+    ),
+    kernel_file!("norm.cu", ["rms_norm_f32"]),
+    kernel_file!("rope.cu", ["rope_f32", "rope_neox_f32"]),
+    kernel_file!("attention.cu", ["attention_f16", "kv_write_f16"]),
+    kernel_file!("elementwise.cu", ["silu_mul_f32", "add_f32"]),
+    kernel_file!(
+        "embed.cu",
+        [
+            "embed_f32",
+            "embed_f16",
+            "embed_bf16",
+            "embed_q8_0",
+            "embed_q4_0",
+            "embed_q4_1",
+            "embed_q4_k",
+            "embed_q6_k",
+        ]
+    ),
+    kernel_file!("sample.cu", ["argmax_f32"]),
+    kernel_file!("reduce.cu", ["tree_sum_f32"]),
+];
+
+/// Fails with a clear message when the NVRTC library cannot be loaded.
+pub fn check_nvrtc() -> Result<()> {
+    // SAFETY: only probes whether the shared library can be opened
+    if unsafe { nvrtc::sys::is_culib_present() } {
+        return Ok(());
+    }
+    bail!(
+        "cuda backend: no nvrtc library found (libnvrtc.so): searched {}; install the cuda runtime compiler or put it on LD_LIBRARY_PATH",
+        candidates("nvrtc")
+    )
+}
+
+/// The source NVRTC sees for `file`: the common header spliced in place of its include line,
+/// with `#line` markers so that compile errors point at the right file and line.
+fn full_source(file: &KernelFile) -> Result<String> {
+    let Some(at) = file.source.lines().position(|l| l.trim() == INCLUDE_LINE) else {
+        bail!("kernels/{}: missing the line {INCLUDE_LINE}", file.name);
+    };
+    let header = format!(
+        "#line 1 \"common.cuh\"\n{COMMON}\n#line {} \"{}\"",
+        at + 2,
+        file.name
+    );
+    Ok(file.source.replacen(INCLUDE_LINE, &header, 1))
+}
+
+/// The library names cudarc tries for `lib`, without repeats, for error messages.
+pub(crate) fn candidates(lib: &str) -> String {
+    let mut names = cudarc::get_lib_name_candidates(lib);
+    let mut seen = std::collections::BTreeSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names.join(", ")
+}
+
+/// Compiles one file for `arch` (e.g. "sm_90").
+pub fn compile(file: &KernelFile, arch: &str) -> Result<Ptx> {
+    check_nvrtc()?;
+    let opts = CompileOptions {
+        name: Some(file.name.to_string()),
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+        ],
+        ..Default::default()
+    };
+    nvrtc::compile_ptx_with_opts(full_source(file)?, opts).map_err(|e| match e {
+        CompileError::CompileError { nvrtc, log, .. } => anyhow!(
+            "cuda backend: nvrtc could not compile kernels/{} for {arch} ({nvrtc:?}):\n{}",
+            file.name,
+            log.to_string_lossy().trim_end()
+        ),
+        other => anyhow!(
+            "cuda backend: nvrtc failed on kernels/{} for {arch}: {other:?}",
+            file.name
+        ),
+    })
+}
+
+/// The PTX of every file for `arch`, compiled on first use and shared afterwards.
+pub fn compiled(arch: &str) -> Result<Arc<Vec<Ptx>>> {
+    static CACHE: OnceLock<Mutex<BTreeMap<String, Arc<Vec<Ptx>>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(hit) = map.get(arch) {
+        return Ok(hit.clone());
+    }
+    // NVRTC programs are independent, so the files compile in parallel
+    let ptx = std::thread::scope(|s| {
+        let jobs: Vec<_> = FILES
+            .iter()
+            .map(|f| s.spawn(move || compile(f, arch)))
+            .collect();
+        jobs.into_iter()
+            .map(|j| {
+                j.join()
+                    .expect("invariant: an nvrtc compile thread panicked")
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let ptx = Arc::new(ptx);
+    map.insert(arch.to_string(), ptx.clone());
+    Ok(ptx)
+}

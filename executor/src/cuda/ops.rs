@@ -1,0 +1,480 @@
+//! Typed launch helpers, one per kernel family, mirroring the CPU kernels: argument checks on
+//! the host (shape contracts are guaranteed by the plan compiler, so a violation is a bug and
+//! panics, as on the CPU), then an asynchronous launch on the given stream. Every per-step
+//! value (token, position) is read from device memory, so any sequence of these launches can
+//! be captured into a CUDA graph and replayed. Buffers must stay alive until the stream has
+//! finished with them.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use cudarc::driver::{
+    CudaStream, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
+};
+use memra_gguf::GgmlType;
+
+use super::device::{CudaDevice, DeviceBuffer};
+
+/// A weight matrix on the device in GGUF row layout: `rows` rows of `cols` values of `dtype`.
+pub struct DeviceWeight {
+    /// Element type; one of `memra_gguf::SUPPORTED`.
+    pub dtype: GgmlType,
+    /// The tensor bytes.
+    pub data: DeviceBuffer<u8>,
+    /// Output dimension.
+    pub rows: usize,
+    /// Reduction dimension (K), a whole number of `dtype` blocks.
+    pub cols: usize,
+}
+
+impl DeviceWeight {
+    /// Uploads a checked weight: supported dtype, whole blocks per row, exact byte count.
+    pub fn upload(
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        dtype: GgmlType,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<DeviceWeight> {
+        dtype.check_supported()?;
+        let Some(row_bytes) = dtype.bytes_for(cols as u64) else {
+            anyhow::bail!(
+                "{cols} columns is not a multiple of the {dtype} block size {}",
+                dtype.block_size()
+            );
+        };
+        let need = row_bytes as usize * rows;
+        if bytes.len() != need {
+            anyhow::bail!(
+                "a {rows}x{cols} {dtype} weight takes {need} bytes, got {}",
+                bytes.len()
+            );
+        }
+        Ok(DeviceWeight {
+            dtype,
+            data: dev.upload(stream, bytes)?,
+            rows,
+            cols,
+        })
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_size() * self.dtype.block_bytes()
+    }
+}
+
+/// One layer's f16 KV cache: `capacity` positions of `n_kv_heads * head_dim` halves, K and V.
+pub struct DeviceKv {
+    /// Keys, position-major.
+    pub k: DeviceBuffer<u16>,
+    /// Values, position-major.
+    pub v: DeviceBuffer<u16>,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Positions the cache holds.
+    pub capacity: usize,
+}
+
+impl DeviceKv {
+    /// A zero-filled cache.
+    pub fn new(
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+    ) -> Result<DeviceKv> {
+        let n = n_kv_heads * head_dim * capacity;
+        Ok(DeviceKv {
+            k: dev.alloc(stream, n)?,
+            v: dev.alloc(stream, n)?,
+            n_kv_heads,
+            head_dim,
+            capacity,
+        })
+    }
+}
+
+/// Which elements of a head form a rotated pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// llama: adjacent elements `(2i, 2i + 1)`.
+    Normal,
+    /// GPT-NeoX, qwen2, qwen3: elements `(i, i + head_dim / 2)`.
+    Neox,
+}
+
+/// Rows per matvec block (one warp each); must match MATVEC_WARPS in kernels/matvec.cu.
+const MATVEC_ROWS_PER_BLOCK: usize = 4;
+/// Largest chunk count the matvec tree (one lane per chunk) and tree_sum support.
+pub const MAX_CHUNKS: usize = 32;
+/// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
+pub const MAX_HEAD_DIM: usize = 256;
+
+fn grid(n: usize, threads: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(threads).max(1) as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn ptr<T>(stream: &CudaStream, b: &impl DevicePtr<T>) -> u64 {
+    // the guard records nothing: event tracking is off for memra contexts
+    b.device_ptr(stream).0
+}
+
+fn ptr_mut<T>(stream: &CudaStream, b: &mut impl DevicePtrMut<T>) -> u64 {
+    b.device_ptr_mut(stream).0
+}
+
+fn int(n: usize) -> i32 {
+    i32::try_from(n).expect("invariant: kernel sizes fit in i32")
+}
+
+impl CudaDevice {
+    fn launch<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+        name: &str,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<()> {
+        let mut args = stream.launch_builder(self.function(name));
+        push(&mut args);
+        // SAFETY: each helper below pushes exactly the parameters of its kernel's signature, in
+        // order and with matching types; the pointers are live device buffers of the sizes the
+        // helper checked
+        unsafe { args.launch(cfg) }.with_context(|| {
+            format!(
+                "cuda backend: launching {name} on device {}",
+                self.ordinal()
+            )
+        })?;
+        Ok(())
+    }
+
+    /// `y = W x` with K reduced in `chunks` chunks combined in a balanced tree (the numerics
+    /// contract of kernels/matvec.cu, identical in structure to the CPU backend's).
+    ///
+    /// Panics unless `x` has `w.cols` values, `y` has `w.rows`, `chunks` is a power of two of
+    /// at most `MAX_CHUNKS` and each chunk is a whole number of blocks; `x` must be 16-byte
+    /// aligned (buffer starts are).
+    pub fn matvec(
+        &self,
+        stream: &CudaStream,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        chunks: usize,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert_eq!(
+            x.len(),
+            w.cols,
+            "matvec: x has {} values for {} columns",
+            x.len(),
+            w.cols
+        );
+        assert_eq!(
+            y.len(),
+            w.rows,
+            "matvec: y has {} values for {} rows",
+            y.len(),
+            w.rows
+        );
+        assert!(
+            chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
+            "matvec: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
+        );
+        assert!(
+            w.cols.is_multiple_of(chunks * w.dtype.block_size()),
+            "matvec: {} columns do not split into {chunks} chunks of whole {} blocks",
+            w.cols,
+            w.dtype
+        );
+        let (wp, xp, yp) = (ptr(stream, &w.data), ptr(stream, x), ptr_mut(stream, y));
+        assert!(
+            xp.is_multiple_of(16) && wp.is_multiple_of(16),
+            "matvec: x and w must be 16-byte aligned"
+        );
+        let (rows, cols, chunks) = (int(w.rows), int(w.cols), int(chunks));
+        let name = format!("matvec_{}", w.dtype.name());
+        let cfg = grid(w.rows * 32, MATVEC_ROWS_PER_BLOCK * 32);
+        self.launch(stream, &name, cfg, |a| {
+            a.arg(&wp)
+                .arg(&xp)
+                .arg(&yp)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&chunks);
+        })
+    }
+
+    /// `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight` for each of `rows` rows of `n`.
+    pub fn rms_norm(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        weight: &impl DevicePtr<f32>,
+        eps: f32,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let n = weight.len();
+        assert!(
+            n > 0 && x.len().is_multiple_of(n) && out.len() == x.len(),
+            "rms_norm: x and out must hold whole rows of the weight's length"
+        );
+        let rows = x.len() / n;
+        let (xp, wp, op, n) = (
+            ptr(stream, x),
+            ptr(stream, weight),
+            ptr_mut(stream, out),
+            int(n),
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "rms_norm_f32", cfg, |a| {
+            a.arg(&xp).arg(&wp).arg(&op).arg(&n).arg(&eps);
+        })
+    }
+
+    /// Rotates each head of `x` (heads of `head_dim`, in place) to the position in `pos[0]`.
+    pub fn rope(
+        &self,
+        stream: &CudaStream,
+        x: &mut impl DevicePtrMut<f32>,
+        head_dim: usize,
+        pos: &impl DevicePtr<u32>,
+        theta: f32,
+        style: RopeStyle,
+    ) -> Result<()> {
+        assert!(
+            head_dim.is_multiple_of(2) && x.len().is_multiple_of(head_dim) && !pos.is_empty(),
+            "rope: odd head_dim, partial head or empty pos"
+        );
+        let n_heads = x.len() / head_dim;
+        // computed on the host exactly as the CPU backend does, so the angles match bit for bit
+        let theta_scale = theta.powf(-2.0 / head_dim as f32);
+        let name = match style {
+            RopeStyle::Normal => "rope_f32",
+            RopeStyle::Neox => "rope_neox_f32",
+        };
+        let (xp, pp, nh, hd) = (
+            ptr_mut(stream, x),
+            ptr(stream, pos),
+            int(n_heads),
+            int(head_dim),
+        );
+        self.launch(stream, name, grid(n_heads * head_dim / 2, 128), |a| {
+            a.arg(&xp).arg(&nh).arg(&hd).arg(&pp).arg(&theta_scale);
+        })
+    }
+
+    /// Stores `k` and `v` (`n_kv_heads * head_dim` each) as f16 at position `pos[0]`.
+    pub fn kv_write(
+        &self,
+        stream: &CudaStream,
+        k: &impl DevicePtr<f32>,
+        v: &impl DevicePtr<f32>,
+        kv: &mut DeviceKv,
+        pos: &impl DevicePtr<u32>,
+    ) -> Result<()> {
+        let row = kv.n_kv_heads * kv.head_dim;
+        assert!(
+            k.len() == row && v.len() == row,
+            "kv_write: rows must have {row} values"
+        );
+        let (kp, vp, pp) = (ptr(stream, k), ptr(stream, v), ptr(stream, pos));
+        let (kc, vc) = (ptr_mut(stream, &mut kv.k), ptr_mut(stream, &mut kv.v));
+        let (r, cap) = (int(row), int(kv.capacity));
+        self.launch(stream, "kv_write_f16", grid(row, 256), |a| {
+            a.arg(&kp)
+                .arg(&vp)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&pp)
+                .arg(&r)
+                .arg(&cap);
+        })
+    }
+
+    /// Attention of the query heads in `q` (heads of `kv.head_dim`) over positions `0..=pos[0]`
+    /// of `kv`, scale `1 / sqrt(head_dim)`, into `out`; `scores` is scratch of
+    /// `n_heads * kv.capacity` values.
+    pub fn attention(
+        &self,
+        stream: &CudaStream,
+        q: &impl DevicePtr<f32>,
+        kv: &DeviceKv,
+        pos: &impl DevicePtr<u32>,
+        scores: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let hd = kv.head_dim;
+        assert!(
+            hd <= MAX_HEAD_DIM,
+            "attention: head_dim {hd} is above {MAX_HEAD_DIM}"
+        );
+        let n_heads = q.len() / hd;
+        assert!(
+            q.len() == n_heads * hd && out.len() == q.len(),
+            "attention: q and out must hold whole heads of {hd}"
+        );
+        assert!(
+            n_heads.is_multiple_of(kv.n_kv_heads),
+            "attention: {n_heads} heads do not group over {} kv heads",
+            kv.n_kv_heads
+        );
+        assert!(
+            scores.len() >= n_heads * kv.capacity,
+            "attention: scores needs n_heads * capacity values"
+        );
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (qp, kc, vc, op, sp, pp) = (
+            ptr(stream, q),
+            ptr(stream, &kv.k),
+            ptr(stream, &kv.v),
+            ptr_mut(stream, out),
+            ptr_mut(stream, scores),
+            ptr(stream, pos),
+        );
+        let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
+        let cfg = LaunchConfig {
+            grid_dim: (n_heads as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "attention_f16", cfg, |a| {
+            a.arg(&qp)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&op)
+                .arg(&sp)
+                .arg(&pp)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&hd)
+                .arg(&cap)
+                .arg(&scale);
+        })
+    }
+
+    /// `out = silu(gate) * up`.
+    pub fn silu_mul(
+        &self,
+        stream: &CudaStream,
+        gate: &impl DevicePtr<f32>,
+        up: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        self.binary(stream, "silu_mul_f32", gate, up, out)
+    }
+
+    /// `out = a + b`.
+    pub fn add(
+        &self,
+        stream: &CudaStream,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        self.binary(stream, "add_f32", a, b, out)
+    }
+
+    fn binary(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert!(
+            a.len() == b.len() && a.len() == out.len(),
+            "{name}: lengths differ"
+        );
+        let (ap, bp, op, n) = (
+            ptr(stream, a),
+            ptr(stream, b),
+            ptr_mut(stream, out),
+            int(a.len()),
+        );
+        self.launch(stream, name, grid(a.len(), 256), |l| {
+            l.arg(&ap).arg(&bp).arg(&op).arg(&n);
+        })
+    }
+
+    /// Dequantizes row `token[0]` of the embedding table into `out` (NaNs if out of range).
+    pub fn embed(
+        &self,
+        stream: &CudaStream,
+        table: &DeviceWeight,
+        token: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert_eq!(
+            out.len(),
+            table.cols,
+            "embed: out has {} values for {} columns",
+            out.len(),
+            table.cols
+        );
+        let name = format!("embed_{}", table.dtype.name());
+        let (tp, kp, op) = (
+            ptr(stream, &table.data),
+            ptr(stream, token),
+            ptr_mut(stream, out),
+        );
+        let (cols, rows, rb) = (int(table.cols), int(table.rows), table.row_bytes() as u64);
+        self.launch(stream, &name, grid(table.cols, 256), |a| {
+            a.arg(&tp).arg(&kp).arg(&op).arg(&cols).arg(&rows).arg(&rb);
+        })
+    }
+
+    /// Greedy sampling: the index of the largest value of `x` (first on ties) into `token[0]`.
+    pub fn argmax(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        token: &mut impl DevicePtrMut<u32>,
+    ) -> Result<()> {
+        assert!(!token.is_empty(), "argmax: empty token buffer");
+        let (xp, tp, n) = (ptr(stream, x), ptr_mut(stream, token), int(x.len()));
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "argmax_f32", cfg, |a| {
+            a.arg(&xp).arg(&n).arg(&tp);
+        })
+    }
+
+    /// Tensor-parallel combine: `out[i]` = balanced-tree sum over the `d` partials
+    /// `parts[k * n + i]` (d a power of two up to `MAX_CHUNKS`, n = `out.len()`).
+    pub fn tree_sum(
+        &self,
+        stream: &CudaStream,
+        parts: &impl DevicePtr<f32>,
+        d: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let n = out.len();
+        assert!(
+            d.is_power_of_two() && d <= MAX_CHUNKS,
+            "tree_sum: d must be a power of two up to {MAX_CHUNKS}, got {d}"
+        );
+        assert_eq!(parts.len(), d * n, "tree_sum: parts must hold d * n values");
+        let (pp, op, di, ni) = (ptr(stream, parts), ptr_mut(stream, out), int(d), int(n));
+        self.launch(stream, "tree_sum_f32", grid(n, 256), |a| {
+            a.arg(&pp).arg(&di).arg(&ni).arg(&op);
+        })
+    }
+}

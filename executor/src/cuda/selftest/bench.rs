@@ -1,0 +1,153 @@
+//! Matvec bandwidth on llama-8B shapes: for each dtype and shape, enough copies of the weight
+//! to exceed the L2 cache several times are cycled through, each launch timed with CUDA events
+//! over a batch, and the median batch gives GB/s as weight bytes read per second. A large
+//! device-to-device copy (bytes read + written) gives the ceiling to compare with.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use memra_gguf::rng::Rng;
+use memra_gguf::GgmlType;
+
+use super::random;
+use crate::cuda::{CudaDevice, CudaStream, DeviceWeight};
+
+/// (rows, cols) of llama-3-8B's matrices: attention (q/o), FFN gate/up, FFN down.
+const SHAPES: [(usize, usize); 3] = [(4096, 4096), (14336, 4096), (4096, 14336)];
+const DTYPES: [GgmlType; 8] = [
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_1,
+    GgmlType::F32,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+/// Bytes the rotating weight copies must cover (the H200's L2 is 60 MB).
+const ROTATE_BYTES: usize = 256 << 20;
+const BATCH: usize = 20;
+const TRIALS: usize = 7;
+
+pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
+    let copy = copy_bandwidth(dev, s)?;
+    println!("matvec bandwidth (weights read once per launch, chunks = 8, median of {TRIALS} batches of {BATCH})");
+    println!(
+        "{:<6} {:>12} {:>10} {:>9} {:>8} {:>8}",
+        "dtype", "shape", "MB", "us", "GB/s", "of copy"
+    );
+    for dtype in DTYPES {
+        for (rows, cols) in SHAPES {
+            let (us, gbs) = matvec_bandwidth(dev, s, rng, dtype, rows, cols)?;
+            let mb = dtype
+                .bytes_for((rows * cols) as u64)
+                .expect("invariant: whole blocks") as f64
+                / 1e6;
+            println!(
+                "{:<6} {:>12} {mb:>10.1} {us:>9.2} {gbs:>8.0} {:>7.0}%",
+                dtype.name(),
+                format!("{rows}x{cols}"),
+                100.0 * gbs / copy
+            );
+        }
+    }
+    println!("device-to-device copy: {copy:.0} GB/s (bytes read + written)\n");
+    Ok(())
+}
+
+/// Median seconds per launch of `launch` over `TRIALS` batches of `BATCH`, after a warm-up.
+fn time(
+    dev: &CudaDevice,
+    s: &Arc<CudaStream>,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let (start, end) = (dev.new_event(true)?, dev.new_event(true)?);
+    for i in 0..BATCH {
+        launch(i)?;
+    }
+    let mut trials = Vec::new();
+    for _ in 0..TRIALS {
+        start.record(s)?;
+        for i in 0..BATCH {
+            launch(i)?;
+        }
+        end.record(s)?;
+        end.synchronize()?;
+        trials.push(f64::from(start.elapsed_ms(&end)?) / 1e3 / BATCH as f64);
+    }
+    trials.sort_by(f64::total_cmp);
+    Ok(trials[TRIALS / 2])
+}
+
+fn copy_bandwidth(dev: &CudaDevice, s: &Arc<CudaStream>) -> Result<f64> {
+    let n = 1usize << 28; // 1 GiB of f32
+    let src = dev.alloc::<f32>(s, n)?;
+    let mut dst = dev.alloc::<f32>(s, n)?;
+    let secs = time(dev, s, |_| dev.copy(s, &src, &mut dst))?;
+    Ok(2.0 * (n * 4) as f64 / secs / 1e9)
+}
+
+/// Random bytes (any bit pattern: speed does not depend on the values, and quantizing 8B-size
+/// matrices on the host would take longer than the whole benchmark).
+fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        v.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+fn matvec_bandwidth(
+    dev: &CudaDevice,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Result<(f64, f64)> {
+    let bytes = dtype
+        .bytes_for((rows * cols) as u64)
+        .expect("invariant: whole blocks") as usize;
+    let mut host = random_bytes(rng, bytes);
+    sanitize_halves(dtype, &mut host);
+    let copies = ROTATE_BYTES.div_ceil(bytes).max(2);
+    let first = DeviceWeight::upload(dev, s, dtype, &host, rows, cols)?;
+    let mut weights = vec![first];
+    for _ in 1..copies {
+        let mut data = dev.alloc::<u8>(s, bytes)?;
+        dev.copy(s, &weights[0].data, &mut data)?;
+        weights.push(DeviceWeight {
+            dtype,
+            data,
+            rows,
+            cols,
+        });
+    }
+    let x = dev.upload(s, &random(rng, cols, 1.0))?;
+    let mut y = dev.alloc::<f32>(s, rows)?;
+    let secs = time(dev, s, |i| {
+        dev.matvec(s, &weights[i % copies], &x, 8, &mut y)
+    })
+    .with_context(|| format!("timing matvec_{dtype} {rows}x{cols}"))?;
+    Ok((secs * 1e6, bytes as f64 / secs / 1e9))
+}
+
+/// Keeps random weights finite: clears the exponent's top bit of every f16/bf16/f32 value and
+/// every block scale, so no NaN or infinity enters the arithmetic (which would not change
+/// the speed, but makes any accidental output check meaningless).
+fn sanitize_halves(dtype: GgmlType, bytes: &mut [u8]) {
+    let (block, offsets): (usize, &[usize]) = match dtype {
+        GgmlType::F32 => (4, &[2]),
+        GgmlType::F16 | GgmlType::BF16 => (2, &[0]),
+        GgmlType::Q8_0 | GgmlType::Q4_0 => (dtype.block_bytes(), &[0]),
+        GgmlType::Q4_1 | GgmlType::Q4_K => (dtype.block_bytes(), &[0, 2]),
+        GgmlType::Q6_K => (dtype.block_bytes(), &[208]),
+        other => unreachable!("invariant: {other} is not benchmarked"),
+    };
+    for b in bytes.chunks_exact_mut(block) {
+        for &o in offsets {
+            b[o + 1] &= 0xbf;
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Per-op numerics: each kernel against a CPU reference at awkward sizes. Matvec errors are
+//! relative to the row's sum of |w * x| (the scale of f32 rounding in a dot product), elsewhere
+//! to the largest reference magnitude; embed and kv_write must match the CPU bits exactly.
+
+use anyhow::Result;
+use memra_gguf::f16::{f16_to_f32, f32_to_f16};
+use memra_gguf::GgmlType;
+
+use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle};
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    for dtype in DTYPES {
+        for (rows, cols, chunks) in matvec_cases(dtype) {
+            matvec(cx, dtype, rows, cols, chunks)?;
+        }
+        embed(cx, dtype)?;
+    }
+    rms_norm(cx)?;
+    for style in [RopeStyle::Normal, RopeStyle::Neox] {
+        for pos in [0, 37, 4000] {
+            rope(cx, style, pos)?;
+        }
+    }
+    for (n_heads, n_kv, hd, cap, pos) in [
+        (6, 2, 64, 50, 36),
+        (4, 4, 128, 8, 0),
+        (8, 1, 32, 300, 299),
+        (2, 2, 96, 20, 11),
+    ] {
+        attention(cx, n_heads, n_kv, hd, cap, pos)?;
+    }
+    elementwise(cx)?;
+    argmax(cx)?;
+    Ok(())
+}
+
+/// (rows, cols, chunks): rows not a multiple of the 4 rows per block, K with 1, 2, 8 and 32
+/// chunks of odd block counts; the float types also get a chunk length that is not a multiple
+/// of 8 (their scalar path).
+pub(super) fn matvec_cases(dtype: GgmlType) -> Vec<(usize, usize, usize)> {
+    let unit = dtype.block_size().max(8);
+    let mut cases = vec![
+        (37, unit * 7, 1),
+        (131, 2 * unit * 5, 2),
+        (5, 8 * unit * 3, 8),
+        (66, 32 * unit, 32),
+    ];
+    if dtype.block_size() == 1 {
+        cases.push((19, 8 * 13, 8));
+    }
+    cases
+}
+
+fn matvec(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize, chunks: usize) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (bytes, deq) = random_weight(&mut cx.rng, dtype, rows, cols)?;
+    let x = random(&mut cx.rng, cols, 1.0);
+    let w = DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?;
+    let xd = dev.upload(s, &x)?;
+    let mut yd = dev.upload(s, &vec![f32::NAN; rows])?;
+    dev.matvec(s, &w, &xd, chunks, &mut yd)?;
+    let y = dev.download(s, &yd)?;
+    let mut err = 0f64;
+    for (r, &got) in y.iter().enumerate() {
+        let row = &deq[r * cols..(r + 1) * cols];
+        let exact: f64 = row
+            .iter()
+            .zip(&x)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        let scale: f64 = row
+            .iter()
+            .zip(&x)
+            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+            .sum();
+        err = err.max((f64::from(got) - exact).abs() / scale.max(1e-30));
+    }
+    let err = if y.iter().any(|v| !v.is_finite()) {
+        f64::NAN
+    } else {
+        err
+    };
+    cx.report.tol(
+        &format!("matvec_{dtype}"),
+        format!("{rows}x{cols} chunks={chunks}"),
+        err,
+        1e-5,
+        "rel|wx|",
+    );
+    Ok(())
+}
+
+fn embed(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (rows, cols) = (11, dtype.block_size().max(8) * 5);
+    let (bytes, deq) = random_weight(&mut cx.rng, dtype, rows, cols)?;
+    let table = DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?;
+    let mut token = dev.upload(s, &[7u32])?;
+    let mut out = dev.upload(s, &vec![f32::NAN; cols])?;
+    dev.embed(s, &table, &token, &mut out)?;
+    let got = dev.download(s, &out)?;
+    cx.report.exact(
+        &format!("embed_{dtype}"),
+        format!("row 7 of {rows}x{cols}"),
+        bit_mismatches(&got, &deq[7 * cols..8 * cols]),
+    );
+    // a token outside the table must not read out of bounds: it writes NaNs
+    dev.write(s, &[rows as u32], &mut token)?;
+    dev.embed(s, &table, &token, &mut out)?;
+    let got = dev.download(s, &out)?;
+    cx.report.exact(
+        &format!("embed_{dtype}"),
+        "token out of range -> NaN".to_string(),
+        got.iter().filter(|v| !v.is_nan()).count(),
+    );
+    Ok(())
+}
+
+fn rms_norm(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    for (rows, n) in [(1, 1000), (3, 4096), (7, 64)] {
+        let x = random(&mut cx.rng, rows * n, 3.0);
+        let w = random(&mut cx.rng, n, 1.0);
+        let (xd, wd) = (dev.upload(s, &x)?, dev.upload(s, &w)?);
+        let mut od = dev.alloc::<f32>(s, rows * n)?;
+        let eps = 1e-5;
+        dev.rms_norm(s, &xd, &wd, eps, &mut od)?;
+        let got = dev.download(s, &od)?;
+        let mut err = 0f64;
+        for (xr, gr) in x.chunks(n).zip(got.chunks(n)) {
+            // the CPU backend's formula: f64 sum of f32 squares, f32 scale
+            let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+            let scale = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
+            for ((&v, &wv), &g) in xr.iter().zip(&w).zip(gr) {
+                err = err.max(f64::from((g - v * scale * wv).abs()));
+            }
+        }
+        cx.report.tol(
+            "rms_norm_f32",
+            format!("{rows} rows of {n}"),
+            err,
+            1e-6,
+            "abs",
+        );
+    }
+    Ok(())
+}
+
+fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (n_heads, hd, theta) = (5, 64, 10000f32);
+    let x = random(&mut cx.rng, n_heads * hd, 2.0);
+    let mut xd = dev.upload(s, &x)?;
+    let pd = dev.upload(s, &[pos])?;
+    dev.rope(s, &mut xd, hd, &pd, theta, style)?;
+    let got = dev.download(s, &xd)?;
+    let half = hd / 2;
+    let theta_scale = theta.powf(-2.0 / hd as f32);
+    let mut want = x.clone();
+    let mut angle = pos as f32;
+    for i in 0..half {
+        let (c, sn) = (f64::from(angle).cos(), f64::from(angle).sin());
+        let (a, b) = if style == RopeStyle::Normal {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        };
+        for h in 0..n_heads {
+            let (x0, x1) = (f64::from(x[h * hd + a]), f64::from(x[h * hd + b]));
+            want[h * hd + a] = (x0 * c - x1 * sn) as f32;
+            want[h * hd + b] = (x0 * sn + x1 * c) as f32;
+        }
+        angle *= theta_scale;
+    }
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(&g, &w)| f64::from((g - w).abs()))
+        .fold(0f64, f64::max);
+    let name = if style == RopeStyle::Normal {
+        "rope_f32"
+    } else {
+        "rope_neox_f32"
+    };
+    cx.report
+        .tol(name, format!("{n_heads}x{hd} pos={pos}"), err, 2e-5, "abs");
+    Ok(())
+}
+
+fn attention(
+    cx: &mut Ctx,
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    cap: usize,
+    pos: usize,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let row = n_kv * hd;
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap)?;
+    let (mut ks, mut vs) = (Vec::new(), Vec::new());
+    let mut pd = dev.alloc::<u32>(s, 1)?;
+    for p in 0..=pos {
+        let (k, v) = (random(&mut cx.rng, row, 2.0), random(&mut cx.rng, row, 1.0));
+        dev.write(s, &[p as u32], &mut pd)?;
+        let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
+        dev.kv_write(s, &kd, &vd, &mut kv, &pd)?;
+        s.synchronize()?;
+        ks.extend(k.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+        vs.extend(v.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+    }
+    let cached: Vec<f32> = dev.download(s, &kv.k)?[..(pos + 1) * row]
+        .iter()
+        .map(|&h| f16_to_f32(h))
+        .collect();
+    cx.report.exact(
+        "kv_write_f16",
+        format!("{} rows of {row}", pos + 1),
+        bit_mismatches(&cached, &ks),
+    );
+
+    let q = random(&mut cx.rng, n_heads * hd, 1.0);
+    let qd = dev.upload(s, &q)?;
+    let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
+    let mut out = dev.upload(s, &vec![f32::NAN; n_heads * hd])?;
+    dev.attention(s, &qd, &kv, &pd, &mut scores, &mut out)?;
+    let got = dev.download(s, &out)?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let group = n_heads / n_kv;
+    let mut err = 0f64;
+    for h in 0..n_heads {
+        let kvh = h / group;
+        let at = |buf: &[f32], p: usize, d: usize| f64::from(buf[p * row + kvh * hd + d]);
+        let sc: Vec<f64> = (0..=pos)
+            .map(|p| {
+                (0..hd)
+                    .map(|d| f64::from(q[h * hd + d]) * at(&ks, p, d))
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let max = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = sc.iter().map(|v| (v - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        for d in 0..hd {
+            let want: f64 = (0..=pos).map(|p| e[p] / sum * at(&vs, p, d)).sum();
+            err = err.max((f64::from(got[h * hd + d]) - want).abs());
+        }
+    }
+    cx.report.tol(
+        "attention_f16",
+        format!("h={n_heads} kv={n_kv} hd={hd} ctx={}", pos + 1),
+        err,
+        1e-5,
+        "abs",
+    );
+    Ok(())
+}
+
+fn elementwise(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let n = 1001;
+    let (a, b) = (random(&mut cx.rng, n, 6.0), random(&mut cx.rng, n, 2.0));
+    let (ad, bd) = (dev.upload(s, &a)?, dev.upload(s, &b)?);
+    let mut od = dev.alloc::<f32>(s, n)?;
+    dev.silu_mul(s, &ad, &bd, &mut od)?;
+    let got = dev.download(s, &od)?;
+    let rel = |g: f32, w: f64| (f64::from(g) - w).abs() / w.abs().max(1e-3);
+    let err = (0..n)
+        .map(|i| {
+            let g = f64::from(a[i]);
+            rel(got[i], g / (1.0 + (-g).exp()) * f64::from(b[i]))
+        })
+        .fold(0f64, f64::max);
+    cx.report
+        .tol("silu_mul_f32", format!("n={n}"), err, 2e-6, "rel");
+    dev.add(s, &ad, &bd, &mut od)?;
+    let got = dev.download(s, &od)?;
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    cx.report
+        .exact("add_f32", format!("n={n}"), bit_mismatches(&got, &want));
+    Ok(())
+}
+
+fn argmax(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let n = 49_157;
+    let mut x = random(&mut cx.rng, n, 10.0);
+    x[1234] = 50.0;
+    x[40_000] = 50.0; // a tie: the first index wins
+    x[777] = f32::NAN; // never chosen
+    let mut td = dev.alloc::<u32>(s, 1)?;
+    dev.argmax(s, &dev.upload(s, &x)?, &mut td)?;
+    let got = dev.download(s, &td)?[0];
+    cx.report.exact(
+        "argmax_f32",
+        format!("n={n} tie + NaN (got {got}, want 1234)"),
+        usize::from(got != 1234),
+    );
+    let all_neg_inf = vec![f32::NEG_INFINITY; 3000];
+    dev.argmax(s, &dev.upload(s, &all_neg_inf)?, &mut td)?;
+    let got = dev.download(s, &td)?[0];
+    cx.report.exact(
+        "argmax_f32",
+        format!("all -inf (got {got}, want 0)"),
+        usize::from(got != 0),
+    );
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! Bit-exactness on the device: the tensor-parallel subtree property of matvec (the full-K
+//! result equals tree_sum over the d column-shard results, d = 2 and 4, for every dtype),
+//! tree_sum against the host tree, determinism (a repeated launch gives the same bits), and a
+//! captured CUDA graph of a decode-like sequence replayed at several positions against the
+//! eager run of the same launches.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use memra_gguf::rng::Rng;
+use memra_gguf::GgmlType;
+
+use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use crate::cuda::{
+    capture, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle,
+};
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    for dtype in DTYPES {
+        let unit = dtype.block_size().max(8);
+        tensor_parallel(cx, dtype, 67, 8 * unit * 3, 8)?;
+        if dtype.block_size() == 1 {
+            tensor_parallel(cx, dtype, 9, 8 * 13, 8)?;
+        }
+    }
+    tree_sum(cx)?;
+    graph(cx)?;
+    Ok(())
+}
+
+/// Column shard `r` of `d` of a row-major weight: each row's bytes for columns
+/// `r * cols / d .. (r + 1) * cols / d`.
+fn column_shard(
+    dtype: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    d: usize,
+    r: usize,
+) -> Vec<u8> {
+    let row_bytes = bytes.len() / rows;
+    let part = row_bytes / d;
+    debug_assert_eq!(part, (cols / d) / dtype.block_size() * dtype.block_bytes());
+    bytes
+        .chunks(row_bytes)
+        .flat_map(|row| &row[r * part..(r + 1) * part])
+        .copied()
+        .collect()
+}
+
+fn tensor_parallel(
+    cx: &mut Ctx,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+    chunks: usize,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (bytes, _) = random_weight(&mut cx.rng, dtype, rows, cols)?;
+    let x = random(&mut cx.rng, cols, 1.0);
+    let full = DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?;
+    let xd = dev.upload(s, &x)?;
+    let mut y = dev.alloc::<f32>(s, rows)?;
+    dev.matvec(s, &full, &xd, chunks, &mut y)?;
+    let want = dev.download(s, &y)?;
+    // determinism: the same launch again
+    dev.matvec(s, &full, &xd, chunks, &mut y)?;
+    let again = dev.download(s, &y)?;
+    cx.report.exact(
+        &format!("matvec_{dtype}"),
+        format!("determinism {rows}x{cols} chunks={chunks}"),
+        bit_mismatches(&want, &again),
+    );
+    for d in [2, 4] {
+        let k = cols / d;
+        let mut parts = dev.alloc::<f32>(s, d * rows)?;
+        for r in 0..d {
+            let shard = DeviceWeight::upload(
+                dev,
+                s,
+                dtype,
+                &column_shard(dtype, &bytes, rows, cols, d, r),
+                rows,
+                k,
+            )?;
+            let xs = dev.upload(s, &x[r * k..(r + 1) * k])?;
+            dev.matvec(
+                s,
+                &shard,
+                &xs,
+                chunks / d,
+                &mut parts.slice_mut(r * rows..(r + 1) * rows),
+            )?;
+            s.synchronize()?;
+        }
+        let mut combined = dev.alloc::<f32>(s, rows)?;
+        dev.tree_sum(s, &parts, d, &mut combined)?;
+        let got = dev.download(s, &combined)?;
+        cx.report.exact(
+            &format!("matvec_{dtype}"),
+            format!("tp d={d} {rows}x{cols} chunks={chunks}"),
+            bit_mismatches(&got, &want),
+        );
+    }
+    Ok(())
+}
+
+fn tree_sum(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let n = 1000;
+    for d in [1, 2, 8, 32] {
+        let parts = random(&mut cx.rng, d * n, 100.0);
+        let mut out = dev.alloc::<f32>(s, n)?;
+        dev.tree_sum(s, &dev.upload(s, &parts)?, d, &mut out)?;
+        let got = dev.download(s, &out)?;
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let mut v: Vec<f32> = (0..d).map(|k| parts[k * n + i]).collect();
+                while v.len() > 1 {
+                    v = v.chunks(2).map(|p| p[0] + p[1]).collect();
+                }
+                v[0]
+            })
+            .collect();
+        cx.report.exact(
+            "tree_sum_f32",
+            format!("d={d} n={n}"),
+            bit_mismatches(&got, &want),
+        );
+    }
+    Ok(())
+}
+
+/// Buffers of a small decode-like step: embed -> rms_norm -> q/k/v matvecs -> rope ->
+/// kv_write -> attention -> output matvec -> add -> silu_mul -> head matvec -> argmax, which
+/// writes the token the next step embeds.
+struct Step {
+    embed: DeviceWeight,
+    wq: DeviceWeight,
+    wk: DeviceWeight,
+    wv: DeviceWeight,
+    wo: DeviceWeight,
+    head: DeviceWeight,
+    norm: DeviceBuffer<f32>,
+    kv: DeviceKv,
+    token: DeviceBuffer<u32>,
+    pos: DeviceBuffer<u32>,
+    h: DeviceBuffer<f32>,
+    hn: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    k: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+    att: DeviceBuffer<f32>,
+    o: DeviceBuffer<f32>,
+    scores: DeviceBuffer<f32>,
+    logits: DeviceBuffer<f32>,
+}
+
+const DIM: usize = 256;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 64;
+const VOCAB: usize = 300;
+const CTX: usize = 16;
+
+impl Step {
+    fn new(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<Step> {
+        let mut weight = |dtype, rows, cols| -> Result<DeviceWeight> {
+            let (bytes, _) = random_weight(rng, dtype, rows, cols)?;
+            DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)
+        };
+        let kvd = KV_HEADS * HEAD_DIM;
+        Ok(Step {
+            embed: weight(GgmlType::Q4_1, VOCAB, DIM)?,
+            wq: weight(GgmlType::Q8_0, DIM, DIM)?,
+            wk: weight(GgmlType::Q4_K, kvd, DIM)?,
+            wv: weight(GgmlType::F16, kvd, DIM)?,
+            wo: weight(GgmlType::Q6_K, DIM, DIM)?,
+            head: weight(GgmlType::Q4_0, VOCAB, DIM)?,
+            norm: dev.upload(s, &random(rng, DIM, 1.0))?,
+            kv: DeviceKv::new(dev, s, KV_HEADS, HEAD_DIM, CTX)?,
+            token: dev.upload(s, &[5u32])?,
+            pos: dev.alloc(s, 1)?,
+            h: dev.alloc(s, DIM)?,
+            hn: dev.alloc(s, DIM)?,
+            q: dev.alloc(s, DIM)?,
+            k: dev.alloc(s, kvd)?,
+            v: dev.alloc(s, kvd)?,
+            att: dev.alloc(s, DIM)?,
+            o: dev.alloc(s, DIM)?,
+            scores: dev.alloc(s, HEADS * CTX)?,
+            logits: dev.alloc(s, VOCAB)?,
+        })
+    }
+
+    /// Enqueues one step; everything per-step comes from `token` and `pos` on the device.
+    fn enqueue(&mut self, dev: &CudaDevice, s: &CudaStream) -> Result<()> {
+        dev.embed(s, &self.embed, &self.token, &mut self.h)?;
+        dev.rms_norm(s, &self.h, &self.norm, 1e-5, &mut self.hn)?;
+        dev.matvec(s, &self.wq, &self.hn, 8, &mut self.q)?;
+        dev.matvec(s, &self.wk, &self.hn, 1, &mut self.k)?;
+        dev.matvec(s, &self.wv, &self.hn, 2, &mut self.v)?;
+        dev.rope(
+            s,
+            &mut self.q,
+            HEAD_DIM,
+            &self.pos,
+            10000.0,
+            RopeStyle::Normal,
+        )?;
+        dev.rope(
+            s,
+            &mut self.k,
+            HEAD_DIM,
+            &self.pos,
+            10000.0,
+            RopeStyle::Neox,
+        )?;
+        dev.kv_write(s, &self.k, &self.v, &mut self.kv, &self.pos)?;
+        dev.attention(
+            s,
+            &self.q,
+            &self.kv,
+            &self.pos,
+            &mut self.scores,
+            &mut self.att,
+        )?;
+        dev.matvec(s, &self.wo, &self.att, 1, &mut self.o)?;
+        dev.add(s, &self.o, &self.h, &mut self.hn)?;
+        dev.silu_mul(s, &self.hn, &self.o, &mut self.att)?;
+        dev.matvec(s, &self.head, &self.att, 4, &mut self.logits)?;
+        dev.argmax(s, &self.logits, &mut self.token)
+    }
+
+    /// Resets token, cache and position, then runs `steps` steps with `run_step`, returning the
+    /// logits and token of every step.
+    fn trace(
+        &mut self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        steps: usize,
+        run_step: &mut dyn FnMut(&mut Step) -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        dev.write(s, &[5u32], &mut self.token)?;
+        s.memset_zeros(&mut self.kv.k)?;
+        s.memset_zeros(&mut self.kv.v)?;
+        let mut trace = Vec::new();
+        for p in 0..steps {
+            dev.write(s, &[p as u32], &mut self.pos)?;
+            run_step(self)?;
+            trace.extend(dev.download(s, &self.logits)?);
+            trace.push(dev.download(s, &self.token)?[0] as f32);
+        }
+        Ok(trace)
+    }
+}
+
+fn graph(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let mut step = Step::new(dev, s, &mut cx.rng)?;
+    s.synchronize()?;
+    let steps = 6;
+    let eager = step.trace(dev, s, steps, &mut |st: &mut Step| st.enqueue(dev, s))?;
+    let eager_again = step.trace(dev, s, steps, &mut |st: &mut Step| st.enqueue(dev, s))?;
+    cx.report.exact(
+        "graph",
+        format!("eager determinism, {steps} steps"),
+        bit_mismatches(&eager, &eager_again),
+    );
+    let captured = capture(s, || step.enqueue(dev, s));
+    match captured {
+        Ok(g) => {
+            let replayed = step.trace(dev, s, steps, &mut |_: &mut Step| Ok(g.replay()?))?;
+            cx.report.exact(
+                "graph",
+                format!("replay == eager, {steps} steps x 14 launches"),
+                bit_mismatches(&replayed, &eager),
+            );
+        }
+        Err(e) => {
+            println!("graph capture failed: {e}");
+            cx.report.exact("graph", "capture".to_string(), 1);
+        }
+    }
+    // a capture whose recording fails must leave the stream usable (the guard ends it)
+    let failed = capture(s, || anyhow::bail!("planted failure"));
+    let usable = step.trace(dev, s, 1, &mut |st: &mut Step| st.enqueue(dev, s))?;
+    let ok = failed.is_err() && bit_mismatches(&usable, &eager[..VOCAB + 1]) == 0;
+    cx.report.exact(
+        "graph",
+        "failed capture leaves the stream eager".to_string(),
+        usize::from(!ok),
+    );
+    Ok(())
+}

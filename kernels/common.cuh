@@ -1,0 +1,151 @@
+// memra kernels: shared definitions. The host prepends this header to every kernels/*.cu file
+// before NVRTC compiles it (the `#include "common.cuh"` line is replaced by this text), so the
+// files need no include path and no CUDA headers. It owns the scalar conversions, the fixed
+// warp reduction order and the per-element dequantization of every GGUF block layout that
+// memra supports; all of it must stay bit-exact with memra_gguf::dequantize.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+
+// f16 -> f32, exact.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// f32 -> f16 with round-to-nearest-even, as memra_gguf::f16::f32_to_f16.
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// bf16 -> f32, exact.
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+// Unaligned-safe little-endian reads from a byte pointer with the given alignment.
+__device__ __forceinline__ u16 ld_u16(const u8* p) {
+    return *(const u16*)p;
+}
+
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+
+// Sum over the 32 lanes by a fixed xor butterfly; every lane gets the same bits, because each
+// step adds the same two values on both partner lanes.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+// Combines per-chunk partials held by lanes 0..chunks-1 (a power of two, at most 32) in a
+// balanced binary tree ((c0 + c1) + (c2 + c3)) + ...; the result is valid in lane 0.
+__device__ __forceinline__ float chunk_tree(float v, int chunks) {
+    const int lane = threadIdx.x & 31;
+    for (int s = 1; s < chunks; s <<= 1) {
+        float other = __shfl_down_sync(FULL_MASK, v, s);
+        if ((lane & (2 * s - 1)) == 0) v = v + other;
+    }
+    return v;
+}
+
+// ---- per-element dequantization, one value `i` of a row (ggml block layouts) ----
+
+__device__ __forceinline__ float deq_f32(const u8* row, int i) {
+    return ((const float*)row)[i];
+}
+
+__device__ __forceinline__ float deq_f16(const u8* row, int i) {
+    return f16_to_f32(((const u16*)row)[i]);
+}
+
+__device__ __forceinline__ float deq_bf16(const u8* row, int i) {
+    return bf16_to_f32(((const u16*)row)[i]);
+}
+
+// q8_0: 34 bytes per 32 values: f16 d, i8 qs[32]; value = q * d.
+__device__ __forceinline__ float deq_q8_0(const u8* row, int i) {
+    const u8* b = row + (i / 32) * 34;
+    return (float)(i8)b[2 + i % 32] * f16_to_f32(ld_u16(b));
+}
+
+// q4_0: 18 bytes per 32 values: f16 d, qs[16]; low nibbles are values 0..15, high 16..31.
+__device__ __forceinline__ float deq_q4_0(const u8* row, int i) {
+    const u8* b = row + (i / 32) * 18;
+    int j = i % 32;
+    int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+    return (float)(q - 8) * f16_to_f32(ld_u16(b));
+}
+
+// q4_1: 20 bytes per 32 values: f16 d, f16 m, qs[16]; value = q * d + m.
+__device__ __forceinline__ float deq_q4_1(const u8* row, int i) {
+    const u8* b = row + (i / 32) * 20;
+    int j = i % 32;
+    int q = j < 16 ? (b[4 + j] & 15) : (b[4 + j - 16] >> 4);
+    return __fadd_rn(__fmul_rn((float)q, f16_to_f32(ld_u16(b))), f16_to_f32(ld_u16(b + 2)));
+}
+
+// q4_K sub-block scale and minimum (6 bits each) of sub-block j in 0..8.
+__device__ __forceinline__ void q4k_scale_min(int j, const u8* s, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// q4_K: 144 bytes per 256 values: f16 d, f16 dmin, scales[12], qs[128]; 32-byte groups of qs
+// hold two sub-blocks (low nibbles, then high); value = d * sc * q - dmin * m.
+__device__ __forceinline__ float deq_q4_k(const u8* row, int i) {
+    const u8* b = row + (i / 256) * 144;
+    int j = i % 256;
+    int sub = j / 32;
+    int sc, m;
+    q4k_scale_min(sub, b + 4, &sc, &m);
+    u8 byte = b[16 + (sub / 2) * 32 + j % 32];
+    int q = (sub & 1) ? (byte >> 4) : (byte & 15);
+    float dl = __fmul_rn(f16_to_f32(ld_u16(b)), (float)sc);
+    float ml = __fmul_rn(f16_to_f32(ld_u16(b + 2)), (float)m);
+    return __fsub_rn(__fmul_rn(dl, (float)q), ml);
+}
+
+// q6_K: 210 bytes per 256 values: ql[128], qh[64], i8 scales[16], f16 d;
+// value = d * scale * (q - 32).
+__device__ __forceinline__ float deq_q6_k(const u8* row, int i) {
+    const u8* b = row + (i / 256) * 210;
+    int j = i % 256;
+    int n = j / 128, e = j % 128;
+    int l = e % 32, k = e / 32;
+    const u8* ql = b + 64 * n;
+    u8 h = b[128 + 32 * n + l];
+    u8 lo = (k & 1) ? ql[l + 32] : ql[l];
+    int q = ((k & 2) ? (lo >> 4) : (lo & 15)) | (((h >> (2 * k)) & 3) << 4);
+    float sc = (float)(i8)b[192 + 8 * n + e / 16];
+    return __fmul_rn(__fmul_rn(f16_to_f32(ld_u16(b + 208)), sc), (float)(q - 32));
+}

@@ -1,0 +1,23 @@
+// memra kernels: embedding lookup: dequantizes row `*token` of a GGUF table into f32, bit-exact
+// with memra_gguf::dequantize. The token is read from device memory (written by the sampler
+// or a boundary copy), so a captured graph embeds whatever token the previous step chose. A
+// token outside the table writes NaNs rather than reading out of bounds.
+#include "common.cuh"
+
+#define EMBED(name, deq)                                                                       \
+    extern "C" __global__ void name(const u8* table, const u32* token, float* out, int cols,   \
+                                    int rows, u64 row_bytes) {                                 \
+        const int i = blockIdx.x * blockDim.x + threadIdx.x;                                   \
+        if (i >= cols) return;                                                                 \
+        const u32 t = *token;                                                                  \
+        out[i] = t < (u32)rows ? deq(table + (size_t)t * row_bytes, i) : __int_as_float(0x7fc00000); \
+    }
+
+EMBED(embed_f32, deq_f32)
+EMBED(embed_f16, deq_f16)
+EMBED(embed_bf16, deq_bf16)
+EMBED(embed_q8_0, deq_q8_0)
+EMBED(embed_q4_0, deq_q4_0)
+EMBED(embed_q4_1, deq_q4_1)
+EMBED(embed_q4_k, deq_q4_k)
+EMBED(embed_q6_k, deq_q6_k)
