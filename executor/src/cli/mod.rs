@@ -166,7 +166,9 @@ impl SamplingArgs {
             let seed = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64 & 0xffff_ffff);
-            eprintln!("seed: {seed}");
+            if self.temperature > 0.0 {
+                eprintln!("seed: {seed} (pass --seed {seed} to repeat this run)");
+            }
             seed
         });
         let config = SamplerConfig {

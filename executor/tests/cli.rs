@@ -1,0 +1,117 @@
+//! `memra-run` as a user runs it: greedy generation streams the continuation, a seed repeats
+//! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built.
+
+mod common;
+
+use std::process::Command;
+
+use common::{root, smollm2};
+
+fn memra_run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_memra-run"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn generate_streams_the_greedy_continuation() {
+    smollm2("smollm2");
+    let out = memra_run(&[
+        "generate",
+        "plans/smollm2.plan.toml",
+        "-p",
+        "The capital of France is",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+    ]);
+    assert!(stdout(&out).starts_with(" Paris."), "{}", stdout(&out));
+}
+
+#[test]
+fn a_seed_repeats_sampled_text() {
+    smollm2("smollm2");
+    let args = [
+        "generate",
+        "plans/smollm2-pp2.plan.toml",
+        "-p",
+        "Once upon a time,",
+        "-n",
+        "12",
+        "--temp",
+        "0.9",
+        "--seed",
+        "7",
+        "-t",
+        "1",
+    ];
+    let (a, b) = (memra_run(&args), memra_run(&args));
+    assert_eq!(stdout(&a), stdout(&b));
+    assert!(stdout(&a).len() > 12, "{}", stdout(&a));
+}
+
+#[test]
+fn gate_passes_a_pipeline_plan() {
+    smollm2("smollm2");
+    let out = memra_run(&[
+        "gate",
+        "plans/smollm2-pp3.plan.toml",
+        "--reference",
+        "plans/smollm2.plan.toml",
+        "-n",
+        "3",
+        "-t",
+        "1",
+    ]);
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("gate passed: plans/smollm2-pp3.plan.toml matches"),
+        "{text}"
+    );
+}
+
+#[test]
+fn gate_fails_with_exit_status_1_on_a_mismatch() {
+    smollm2("smollm2");
+    let out = memra_run(&[
+        "gate",
+        "plans/smollm2-tp3.plan.toml",
+        "--reference",
+        "plans/smollm2.plan.toml",
+        "-n",
+        "1",
+        "-t",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("gate failed") && text.contains("serial arm, step 0, logit "),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_cuda_backend_is_not_built_yet() {
+    let out = memra_run(&["bench", "plans/smollm2.plan.toml", "--backend", "cuda"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: the cuda backend is not built yet"),
+        "{err}"
+    );
+}
