@@ -5,9 +5,13 @@
 use memra_compiler::model::{read_config, read_gguf, Dtype, ModelMeta};
 use memra_gguf::{GgmlType, GgufWriter, Value};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// A fresh path per call: tests run in parallel and must not share files.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memra-readers-{}", std::process::id()));
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("memra-readers-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
