@@ -42,6 +42,17 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
     return (u32)q[0] | ((u32)q[1] << 16);
 }
 
+// The float of a small integer (q + 2^23 < 2^24 exactly, then minus the bias `off`): an integer
+// op and an add instead of the slow I2F conversion. `off` must be 2^23 + k for the value q - k;
+// the result is exact, so it equals (float)(q - k) bit for bit.
+__device__ __forceinline__ float small_to_f32(u32 q, float off) {
+    return __int_as_float(0x4B000000u | q) - off;
+}
+#define BIAS0 8388608.0f    // 2^23: q
+#define BIAS8 8388616.0f    // 2^23 + 8: q - 8
+#define BIAS32 8388640.0f   // 2^23 + 32: q - 32
+#define BIAS128 8388736.0f  // 2^23 + 128: q - 128
+
 // Sum over the 32 lanes by a fixed xor butterfly; every lane gets the same bits, because each
 // step adds the same two values on both partner lanes.
 __device__ __forceinline__ float warp_sum(float v) {

@@ -19,6 +19,9 @@ struct Args {
     /// Also time the matvec kernels on llama-8B shapes.
     #[arg(long)]
     bench: bool,
+    /// Skip the checks (with --bench: timing only, e.g. under a profiler).
+    #[arg(long)]
+    no_checks: bool,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 20261129)]
     seed: u64,
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         }),
         None => selftest::run(&selftest::Options {
             device: args.device,
+            checks: !args.no_checks,
             bench: args.bench,
             seed: args.seed,
         }),

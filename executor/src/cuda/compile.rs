@@ -151,3 +151,46 @@ pub fn compiled(arch: &str) -> Result<Arc<Vec<Ptx>>> {
     map.insert(arch.to_string(), ptx.clone());
     Ok(ptx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_is_defined_in_its_file() {
+        for file in FILES {
+            let src = full_source(file).unwrap();
+            assert!(
+                src.contains("#line 1 \"common.cuh\""),
+                "{}: header not spliced",
+                file.name
+            );
+            for entry in file.entries {
+                // entry points are written `name(` directly or through a macro `NAME(name,`
+                let direct = src.contains(&format!(" {entry}("));
+                let via_macro = src.contains(&format!("({entry}, "));
+                assert!(
+                    direct || via_macro,
+                    "kernels/{}: no entry point {entry}",
+                    file.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_driver_is_one_clear_error() {
+        // SAFETY: only probes whether the shared library can be opened
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            return; // a machine with a driver: nothing to check here (CI machines have none)
+        }
+        let e = crate::cuda::CudaDevice::open(0)
+            .err()
+            .expect("opening a device without a driver fails");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.starts_with("cuda backend: no cuda driver found (libcuda.so): searched libcuda.so"),
+            "{msg}"
+        );
+    }
+}

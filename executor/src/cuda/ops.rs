@@ -108,8 +108,10 @@ pub enum RopeStyle {
     Neox,
 }
 
-/// Rows per matvec block (one warp each); must match MATVEC_WARPS in kernels/matvec.cu.
-const MATVEC_ROWS_PER_BLOCK: usize = 4;
+/// Rows per matvec block and warps per block; must match MATVEC_ROWS and MATVEC_WARPS in
+/// kernels/matvec.cu.
+const MATVEC_ROWS: usize = 4;
+const MATVEC_WARPS: usize = 4;
 /// Largest chunk count the matvec tree (one lane per chunk) and tree_sum support.
 pub const MAX_CHUNKS: usize = 32;
 /// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
@@ -203,7 +205,11 @@ impl CudaDevice {
         );
         let (rows, cols, chunks) = (int(w.rows), int(w.cols), int(chunks));
         let name = format!("matvec_{}", w.dtype.name());
-        let cfg = grid(w.rows * 32, MATVEC_ROWS_PER_BLOCK * 32);
+        let cfg = LaunchConfig {
+            grid_dim: (w.rows.div_ceil(MATVEC_ROWS) as u32, 1, 1),
+            block_dim: (MATVEC_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         self.launch(stream, &name, cfg, |a| {
             a.arg(&wp)
                 .arg(&xp)

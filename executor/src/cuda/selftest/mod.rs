@@ -23,6 +23,8 @@ use super::{device_count, CudaDevice, CudaStream};
 pub struct Options {
     /// Device ordinal.
     pub device: usize,
+    /// Run the numerics, bit-exactness and graph checks.
+    pub checks: bool,
     /// Also time the matvec kernels on llama-8B shapes.
     pub bench: bool,
     /// Random seed for the inputs.
@@ -190,8 +192,10 @@ pub fn run(opts: &Options) -> Result<bool> {
         rng: Rng::new(opts.seed),
         report: Report::default(),
     };
-    checks::run(&mut cx)?;
-    exact::run(&mut cx)?;
+    if opts.checks {
+        checks::run(&mut cx)?;
+        exact::run(&mut cx)?;
+    }
     if opts.bench {
         bench::run(&dev, &stream, &mut cx.rng)?;
     }
