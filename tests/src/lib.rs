@@ -1,1 +1,0 @@
-//! memra end-to-end tests live in tests/.
