@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Builds the CUDA self-test here (the GPU machine has no Rust) and stages it in .dev/bin/,
-# the git-ignored folder the device runner carries (`carry: [".dev"]`). Then, on the GPU
-# machine, from the repository root: bash scripts/gpu-selftest.sh
+# Builds the CUDA self-test and the memra binaries here (the GPU machine has no Rust) and
+# stages them in .dev/bin/, the git-ignored folder the device runner carries
+# (`carry: [".dev"]`). Then, on the GPU machine, from the repository root:
+# bash scripts/gpu-selftest.sh, bash scripts/gpu-gates.sh or bash scripts/gpu-multi.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
-cargo build --release -p memra-executor --example cuda_selftest
+cargo build --release -p memra-executor --example cuda_selftest --bin memra-run
+cargo build --release -p memra-compiler --bin memra-compile
+cargo build --release -p memra-gguf --bin memra-synth
 mkdir -p .dev/bin
-cp "$CARGO_TARGET_DIR/release/examples/cuda_selftest" .dev/bin/cuda_selftest
-strip .dev/bin/cuda_selftest
-ls -l .dev/bin/cuda_selftest
+cp "$CARGO_TARGET_DIR/release/examples/cuda_selftest" .dev/bin/
+for bin in memra-run memra-compile memra-synth; do
+    cp "$CARGO_TARGET_DIR/release/$bin" .dev/bin/
+done
+strip .dev/bin/*
+ls -l .dev/bin/

@@ -6,7 +6,7 @@ use std::fmt;
 
 use anyhow::{bail, Result};
 
-use crate::cpu::{Arm, Engine, EngineOptions, StepOutput};
+use crate::engine::{open, Arm, EngineOptions, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::sample::SamplerConfig;
 use crate::session::{Flow, Session};
@@ -73,6 +73,10 @@ pub struct GateReport {
     pub vocab: usize,
     /// Candidate arms that were run.
     pub arms: Vec<Arm>,
+    /// Candidate runs per arm.
+    pub runs: usize,
+    /// Candidate runs (over all arms) that differed from the reference.
+    pub failed_runs: usize,
     /// The first mismatch, if any.
     pub mismatch: Option<Mismatch>,
 }
@@ -84,7 +88,7 @@ pub fn decode_all(
     prompt: &[u32],
     n: usize,
 ) -> Result<Vec<StepOutput>> {
-    let engine = Engine::new(loaded, options)?;
+    let engine = open(loaded, options)?;
     let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
     let mut outs = Vec::new();
     session.run(prompt, n, |out, _| {
@@ -144,6 +148,19 @@ pub fn gate(
     n: usize,
     options: EngineOptions,
 ) -> Result<GateReport> {
+    gate_repeated(reference, candidate, prompt, n, options, 1)
+}
+
+/// The gate as a soak test: the reference once, then the candidate `repeat` times in both
+/// arms, counting the runs that differ. With `repeat == 1` it stops at the first mismatch.
+pub fn gate_repeated(
+    reference: &LoadedPlan,
+    candidate: &LoadedPlan,
+    prompt: &[u32],
+    n: usize,
+    options: EngineOptions,
+    repeat: usize,
+) -> Result<GateReport> {
     if reference.plan.ranks.len() != 1 {
         bail!(
             "the reference plan {} has {} ranks; the gate compares against a 1-rank plan",
@@ -171,23 +188,29 @@ pub fn gate(
         prompt,
         n,
     )?;
-    let mut arms = Vec::new();
-    for arm in [Arm::Serial, Arm::Pipelined] {
-        arms.push(arm);
-        let got = decode_all(candidate, EngineOptions { arm, ..greedy }, prompt, n)?;
-        if let Some(m) = first_mismatch(arm, &want, &got) {
-            return Ok(GateReport {
-                steps: want.len(),
-                vocab: want.first().map_or(0, |o| o.logits.len()),
-                arms,
-                mismatch: Some(m),
-            });
-        }
-    }
-    Ok(GateReport {
+    let mut report = GateReport {
         steps: want.len(),
         vocab: want.first().map_or(0, |o| o.logits.len()),
-        arms,
+        arms: Vec::new(),
+        runs: 0,
+        failed_runs: 0,
         mismatch: None,
-    })
+    };
+    for run in 0..repeat.max(1) {
+        report.runs = run + 1;
+        for arm in [Arm::Serial, Arm::Pipelined] {
+            if run == 0 {
+                report.arms.push(arm);
+            }
+            let got = decode_all(candidate, EngineOptions { arm, ..greedy }, prompt, n)?;
+            if let Some(m) = first_mismatch(arm, &want, &got) {
+                report.failed_runs += 1;
+                report.mismatch.get_or_insert(m);
+                if repeat <= 1 {
+                    return Ok(report);
+                }
+            }
+        }
+    }
+    Ok(report)
 }

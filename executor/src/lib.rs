@@ -1,9 +1,10 @@
 //! memra executor: loads an execution plan and its model, runs the plan's ranks on a backend
-//! (the CPU reference today), and offers the host-side pieces `memra-run` is built from:
-//! sampling, decoding sessions, the bit-identity gate and perplexity.
+//! (the CPU reference or CUDA, both behind `engine::Decoder`), and offers the host-side pieces
+//! `memra-run` is built from: sampling, decoding sessions, the bit-identity gate and perplexity.
 pub mod cli;
 pub mod cpu;
 pub mod cuda;
+pub mod engine;
 pub mod gate;
 pub mod perplexity;
 pub mod plan_load;

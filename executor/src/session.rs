@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::cpu::{Engine, StepInput, StepOutput};
+use crate::engine::{Decoder, StepInput, StepOutput};
 
 /// What a step's callback tells the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,18 +15,18 @@ pub enum Flow {
     Stop,
 }
 
-/// An engine plus the token history its caches hold.
+/// An engine (of any backend) plus the token history its caches hold.
 pub struct Session {
-    engine: Engine,
+    engine: Box<dyn Decoder>,
     history: Vec<u32>,
     window: u64,
 }
 
 impl Session {
     /// A fresh session; at most `in_flight` steps are enqueued ahead of the host.
-    pub fn new(engine: Engine, in_flight: u32) -> Session {
+    pub fn new(engine: impl Decoder + 'static, in_flight: u32) -> Session {
         Session {
-            engine,
+            engine: Box::new(engine),
             history: Vec::new(),
             window: u64::from(in_flight.max(1)),
         }

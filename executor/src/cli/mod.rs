@@ -1,6 +1,6 @@
 //! The `memra-run` command line: argument definitions, shared setup (plan, model, engine,
 //! tokenizer) and dispatch to the subcommands in `text` (generate, chat) and `tools`
-//! (perplexity, gate, bench).
+//! (perplexity, gate, compare, bench).
 
 mod text;
 mod tools;
@@ -8,10 +8,11 @@ mod tools;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::cpu::{Arm, Engine, EngineOptions, ReduceOrder};
+use crate::cpu::ReduceOrder;
+use crate::engine::{open, Arm, Backend, EngineOptions};
 use crate::plan_load::{load, LoadedPlan};
 use crate::sample::SamplerConfig;
 use crate::session::Session;
@@ -92,6 +93,28 @@ enum Command {
         /// Tokens to generate after the prompt.
         #[arg(short = 'n', long, default_value_t = 16)]
         n_predict: usize,
+        /// Decode the plan this many times against the one reference run (a soak test);
+        /// every mismatch is counted and the first of each run printed.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Decode a prompt plus -n greedy tokens with the plan on --backend and on the CPU
+    /// reference; report whether the tokens agree and the largest relative logit error
+    /// (max |a - b| over max |b| of the step); fail above --tolerance.
+    Compare {
+        /// The execution plan.
+        plan: PathBuf,
+        /// Prompt text.
+        #[arg(short, long, default_value = "The capital of France is")]
+        prompt: String,
+        /// Tokens to generate after the prompt.
+        #[arg(short = 'n', long, default_value_t = 64)]
+        n_predict: usize,
+        /// Largest relative logit error accepted.
+        #[arg(long, default_value_t = 1e-3)]
+        tolerance: f64,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -112,7 +135,7 @@ enum Command {
 
 /// Which backend executes the plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Backend {
+enum BackendArg {
     /// The CPU reference backend.
     Cpu,
     /// NVIDIA GPUs.
@@ -138,8 +161,9 @@ struct RunArgs {
     threads: Option<usize>,
     /// Backend to run on.
     #[arg(long, value_enum, default_value = "cpu")]
-    backend: Backend,
-    /// Serial (one thread, ranks in plan order) or pipelined (one thread per rank).
+    backend: BackendArg,
+    /// Serial (one step at a time) or pipelined (cpu: one thread per rank; cuda: up to the
+    /// plan's runtime.in_flight steps enqueued ahead).
     #[arg(long, value_enum, default_value = "pipelined")]
     arm: ArmArg,
 }
@@ -184,15 +208,16 @@ impl SamplingArgs {
 
 impl RunArgs {
     fn load(&self, plan: &Path) -> Result<LoadedPlan> {
-        if self.backend == Backend::Cuda {
-            bail!("the cuda backend is not built yet");
-        }
         load(plan, self.model.as_deref())
     }
 
     fn options(&self, sampler: SamplerConfig) -> EngineOptions {
         let defaults = EngineOptions::default();
         EngineOptions {
+            backend: match self.backend {
+                BackendArg::Cpu => Backend::Cpu,
+                BackendArg::Cuda => Backend::Cuda,
+            },
             threads: self.threads.unwrap_or(defaults.threads).max(1),
             arm: match self.arm {
                 ArmArg::Serial => Arm::Serial,
@@ -214,7 +239,7 @@ struct Loaded {
 fn start(plan: &Path, run: &RunArgs, sampler: SamplerConfig) -> Result<Loaded> {
     let plan = run.load(plan)?;
     let tokenizer = Tokenizer::from_gguf(&plan.gguf)?;
-    let engine = Engine::new(&plan, run.options(sampler))?;
+    let engine = open(&plan, run.options(sampler))?;
     let session = Session::new(engine, plan.plan.runtime.in_flight);
     Ok(Loaded {
         plan,
@@ -265,8 +290,16 @@ pub fn main() -> ExitCode {
             reference,
             prompt,
             n_predict,
+            repeat,
             run,
-        } => tools::gate(&plan, &reference, &prompt, n_predict, &run),
+        } => tools::gate(&plan, &reference, &prompt, n_predict, repeat, &run),
+        Command::Compare {
+            plan,
+            prompt,
+            n_predict,
+            tolerance,
+            run,
+        } => tools::compare(&plan, &prompt, n_predict, tolerance, &run),
         Command::Bench {
             plan,
             n_predict,

@@ -1,4 +1,4 @@
-//! `memra-run perplexity`, `gate` and `bench`.
+//! `memra-run perplexity`, `gate`, `compare` and `bench`.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::{start, RunArgs};
-use crate::cpu::{Arm, Engine};
-use crate::gate::gate as run_gate;
+use crate::engine::{open, Arm, Backend, EngineOptions};
+use crate::gate::{decode_all, gate_repeated};
 use crate::perplexity::perplexity as run_perplexity;
 use crate::sample::SamplerConfig;
 use crate::session::{Flow, Session};
@@ -58,48 +58,61 @@ pub fn perplexity(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `gate`: exit status 1 and the first mismatch when any logit bit differs.
+/// `gate`: exit status 1 and the first mismatch when any logit bit differs; with `repeat`,
+/// the number of candidate runs that differed.
 pub fn gate(
     plan: &Path,
     reference: &Path,
     prompt: &str,
     n: usize,
+    repeat: usize,
     run: &RunArgs,
 ) -> Result<ExitCode> {
     let candidate = run.load(plan)?;
     let reference = run.load(reference)?;
     let tokenizer = Tokenizer::from_gguf(&candidate.gguf)?;
     let ids = tokenizer.encode(prompt, true)?;
-    let report = run_gate(
+    let report = gate_repeated(
         &reference,
         &candidate,
         &ids,
         n,
         run.options(SamplerConfig::GREEDY),
+        repeat,
     )?;
+    let arms: Vec<&str> = report
+        .arms
+        .iter()
+        .map(|a| match a {
+            Arm::Serial => "serial",
+            Arm::Pipelined => "pipelined",
+        })
+        .collect();
+    let runs = if report.runs > 1 {
+        format!(
+            "; {} of {} runs differed",
+            report.failed_runs,
+            report.runs * report.arms.len()
+        )
+    } else {
+        String::new()
+    };
     match report.mismatch {
         Some(m) => {
             println!(
-                "gate failed: {} differs from {}: {m}",
+                "gate failed: {} differs from {}: {m}{runs}",
                 plan.display(),
                 reference.path.display()
             );
             Ok(ExitCode::FAILURE)
         }
         None => {
-            let arms: Vec<&str> = report
-                .arms
-                .iter()
-                .map(|a| match a {
-                    Arm::Serial => "serial",
-                    Arm::Pipelined => "pipelined",
-                })
-                .collect();
             println!(
-                "gate passed: {} matches {} bit for bit ({} arms x {} steps x {} logits)",
+                "gate passed: {} matches {} bit for bit ({} arms x {} runs x {} steps x {} logits){runs}",
                 plan.display(),
                 reference.path.display(),
                 arms.join(" + "),
+                report.runs,
                 report.steps,
                 report.vocab
             );
@@ -108,11 +121,74 @@ pub fn gate(
     }
 }
 
+/// `compare`: the plan on the chosen backend against the CPU backend, greedy; fails when the
+/// tokens differ or a step's relative logit error is above `tolerance`.
+pub fn compare(
+    plan: &Path,
+    prompt: &str,
+    n: usize,
+    tolerance: f64,
+    run: &RunArgs,
+) -> Result<ExitCode> {
+    let loaded = run.load(plan)?;
+    let ids = Tokenizer::from_gguf(&loaded.gguf)?.encode(prompt, true)?;
+    let options = run.options(SamplerConfig::GREEDY);
+    let got = decode_all(&loaded, options, &ids, n)?;
+    let cpu = EngineOptions {
+        backend: Backend::Cpu,
+        ..options
+    };
+    let want = decode_all(&loaded, cpu, &ids, n)?;
+    // a step's logits are comparable while the tokens fed so far agree: up to and including
+    // the first step whose sampled token differs
+    let diverged = want.iter().zip(&got).position(|(a, b)| a.token != b.token);
+    let compared = diverged.map_or(want.len().min(got.len()), |d| d + 1);
+    let mut worst = (0.0f64, 0usize);
+    for (i, (a, b)) in want.iter().zip(&got).take(compared).enumerate() {
+        let scale = a
+            .logits
+            .iter()
+            .fold(0.0f64, |m, &x| m.max(f64::from(x).abs()));
+        let err = a.logits.iter().zip(&b.logits).fold(0.0f64, |m, (&x, &y)| {
+            m.max((f64::from(x) - f64::from(y)).abs())
+        });
+        let rel = if scale > 0.0 { err / scale } else { err };
+        if rel > worst.0 || rel.is_nan() {
+            worst = (rel, i);
+        }
+    }
+    let tokens = match diverged {
+        None => format!("same greedy tokens over {} steps", want.len()),
+        Some(d) => format!(
+            "tokens differ at step {d} (cpu {}, {} {})",
+            want[d].token,
+            options.backend.name(),
+            got[d].token
+        ),
+    };
+    let ok = diverged.is_none() && want.len() == got.len() && worst.0 <= tolerance;
+    println!(
+        "compare {}: {tokens}; max relative logit error {:.3e} at step {} (tolerance {tolerance:e}): {}",
+        plan.display(),
+        worst.0,
+        worst.1,
+        if ok { "ok" } else { "FAILED" }
+    );
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 /// `bench`: decode speed, mean ± sd over `reps` timed runs after one warm-up run.
 pub fn bench(plan: &Path, n: usize, reps: usize, run: &RunArgs) -> Result<ExitCode> {
     let loaded = run.load(plan)?;
     let options = run.options(SamplerConfig::GREEDY);
-    let engine = Engine::new(&loaded, options)?;
+    let engine = open(&loaded, options)?;
+    for line in engine.report() {
+        eprintln!("{line}");
+    }
     let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
     let n = n.max(2);
     let mut rates = Vec::new();
@@ -134,10 +210,13 @@ pub fn bench(plan: &Path, n: usize, reps: usize, run: &RunArgs) -> Result<ExitCo
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     let var =
         rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;
+    let on = match options.backend {
+        Backend::Cpu => format!("{} threads", options.threads),
+        Backend::Cuda => "cuda".to_string(),
+    };
     println!(
-        "{}: {} threads, {n} tokens x {} reps: {:.1} ± {:.1} tok/s ({:.2} ms/token)",
+        "{}: {on}, {n} tokens x {} reps: {:.1} ± {:.1} tok/s ({:.2} ms/token)",
         plan.display(),
-        options.threads,
         rates.len(),
         mean,
         var.sqrt(),

@@ -18,46 +18,11 @@ use memra_compiler::plan::Step;
 use super::compute::RankCompute;
 use super::kernels::Pool;
 use super::program::Binder;
-use super::rank::{RankRunner, StepInput, StepOutput};
-use super::reduce::ReduceOrder;
+use super::rank::RankRunner;
 use super::wire::Wire;
+use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
-use crate::sample::SamplerConfig;
 use crate::weights::RankWeights;
-
-/// How the ranks are run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Arm {
-    /// One thread, ranks in plan order.
-    #[default]
-    Serial,
-    /// One thread per rank.
-    Pipelined,
-}
-
-/// Settings of an engine.
-#[derive(Debug, Clone, Copy)]
-pub struct EngineOptions {
-    /// Kernel threads in total.
-    pub threads: usize,
-    /// Serial or pipelined.
-    pub arm: Arm,
-    /// How the sampler rank picks tokens.
-    pub sampler: SamplerConfig,
-    /// The all-reduce's combine order; only tests change it.
-    pub reduce_order: ReduceOrder,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            arm: Arm::Serial,
-            sampler: SamplerConfig::GREEDY,
-            reduce_order: ReduceOrder::Tree,
-        }
-    }
-}
 
 enum Ranks {
     Serial(Vec<RankRunner>),
@@ -130,9 +95,11 @@ impl Engine {
             failed: false,
         })
     }
+}
 
+impl Decoder for Engine {
     /// Enqueues one decode step; its result comes from `next_output`, in order.
-    pub fn submit(&mut self, input: StepInput) -> Result<()> {
+    fn submit(&mut self, input: StepInput) -> Result<()> {
         if self.failed {
             bail!("the engine stopped after an earlier error");
         }
@@ -163,7 +130,7 @@ impl Engine {
     }
 
     /// The result of the oldest submitted step not yet returned.
-    pub fn next_output(&mut self) -> Result<StepOutput> {
+    fn next_output(&mut self) -> Result<StepOutput> {
         if self.in_flight == 0 {
             bail!("no decode step is in flight");
         }
@@ -184,14 +151,8 @@ impl Engine {
         }
     }
 
-    /// Submits one step and waits for its result (nothing else may be in flight).
-    pub fn step(&mut self, input: StepInput) -> Result<StepOutput> {
-        self.submit(input)?;
-        self.next_output()
-    }
-
     /// Number of submitted steps whose results have not been taken.
-    pub fn in_flight(&self) -> u64 {
+    fn in_flight(&self) -> u64 {
         self.in_flight
     }
 }

@@ -13,6 +13,6 @@ mod rank;
 pub mod reduce;
 mod wire;
 
-pub use engine::{Arm, Engine, EngineOptions};
-pub use rank::{StepInput, StepOutput};
+pub use crate::engine::{Arm, EngineOptions, StepInput, StepOutput};
+pub use engine::Engine;
 pub use reduce::ReduceOrder;

@@ -13,29 +13,7 @@ use super::compute::RankCompute;
 use super::program::{actions, Action, Binder, Work};
 use super::reduce::{ReduceOrder, Tree};
 use super::wire::{Payload, Wire};
-
-/// What the host feeds one decode step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepInput {
-    /// Position of the token in the sequence (its KV-cache row).
-    pub pos: u32,
-    /// The token to embed (a prompt token), or `None` to embed the token sampled at the
-    /// previous step.
-    pub token: Option<u32>,
-}
-
-/// What one decode step gives back to the host.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepOutput {
-    /// Decode step number, counting from 0.
-    pub step: u64,
-    /// Position the step decoded.
-    pub pos: u32,
-    /// The token sampled from the logits.
-    pub token: u32,
-    /// Logits over the whole vocabulary.
-    pub logits: Vec<f32>,
-}
+use crate::engine::{StepInput, StepOutput};
 
 /// A rank's tensor-parallel group, as the rank sees it.
 #[derive(Debug)]

@@ -66,6 +66,7 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!("sample.cu", ["argmax_f32"]),
     kernel_file!("reduce.cu", ["tree_sum_f32"]),
+    kernel_file!("collective.cu", ["all_reduce_f32", "gather_f32"]),
 ];
 
 /// Fails with a clear message when the NVRTC library cannot be loaded.

@@ -1,17 +1,24 @@
-//! The CUDA backend's device layer: a small safe layer over cudarc (driver API + NVRTC).
+//! The CUDA backend: `engine` runs a plan's ranks (`rank`) on their devices, joined by
+//! boundary copies, events and the tensor-parallel `collective` kernels. Below it, the device
+//! layer: a small safe layer over cudarc (driver API + NVRTC).
 //! `CudaDevice` owns a context and the memra kernels (kernels/*.cu, embedded in the binary and
 //! compiled by NVRTC for the device's architecture at first open); `ops` has one typed launch
 //! helper per kernel family, `graph` the capture guard, `selftest` the on-device checks and
 //! bandwidth measurements. The driver is loaded at run time, so the crate builds and tests on
 //! machines without CUDA; opening a device there fails with one clear error.
 
+mod collective;
 pub mod compile;
 pub mod device;
+pub mod engine;
 pub mod graph;
 pub mod ops;
+mod rank;
 pub mod selftest;
+mod span;
 
 pub use device::{check_driver, device_count, CudaDevice, DeviceBuffer};
+pub use engine::Engine;
 pub use graph::{capture, CaptureError, CaptureStep, Graph};
 pub use ops::{DeviceKv, DeviceWeight, RopeStyle, MAX_CHUNKS, MAX_HEAD_DIM};
 

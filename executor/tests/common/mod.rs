@@ -63,6 +63,7 @@ pub fn tiny_tp(name: &str) -> LoadedPlan {
 /// cores, and spinning pools would fight over them.
 pub fn options(arm: Arm) -> EngineOptions {
     EngineOptions {
+        backend: memra_executor::engine::Backend::Cpu,
         threads: 1,
         arm,
         sampler: SamplerConfig::GREEDY,

@@ -1,0 +1,224 @@
+//! Tensor-parallel collectives on CUDA (kernels/collective.cu): each rank of a group owns an
+//! `Exchange` in its device memory; once every rank of the plan exists, `Collective::connect`
+//! gives each member a device table of all members' exchange addresses (peer memory across
+//! devices) and the group's combine tree in postfix. The launches are plain kernels that read
+//! everything per step from device memory, so they sit inside captured graphs.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig, PushKernelArg};
+
+use super::device::{CudaDevice, DeviceBuffer};
+use super::span::Span;
+use crate::cpu::reduce::Tree;
+
+/// Values per block of a collective (COLL_SLICE in kernels/collective.cu).
+const SLICE: usize = 1024;
+/// Members per group the kernels address (COLL_MAX_MEMBERS in kernels/collective.cu).
+pub const MAX_MEMBERS: usize = 8;
+/// How long a member waits for its peers before the kernel traps: far beyond any decode step,
+/// so only a peer that never comes (a broken plan or a dead rank) hits it.
+const TIMEOUT_NS: u64 = 30_000_000_000;
+
+/// One rank's exchange area: double-buffered data, per-block flags and sequence words.
+pub struct Exchange {
+    data: DeviceBuffer<f32>,
+    flags: DeviceBuffer<u64>,
+    seq: DeviceBuffer<u64>,
+    cap: usize,
+    blocks: usize,
+}
+
+impl Exchange {
+    /// An exchange for vectors of up to `cap` values, zeroed (sequence 0, no flag raised).
+    pub fn new(dev: &CudaDevice, stream: &Arc<CudaStream>, cap: usize) -> Result<Exchange> {
+        let cap = cap.div_ceil(SLICE) * SLICE;
+        let blocks = cap / SLICE;
+        Ok(Exchange {
+            data: dev.alloc(stream, 2 * cap)?,
+            flags: dev.alloc(stream, 2 * blocks)?,
+            seq: dev.alloc(stream, blocks)?,
+            cap,
+            blocks,
+        })
+    }
+}
+
+/// A member's view of its group: its exchange, the peers' addresses and the combine tree.
+pub struct Collective {
+    exchange: Exchange,
+    peers: DeviceBuffer<u64>,
+    tree: DeviceBuffer<i32>,
+    tree_len: usize,
+    members: usize,
+    me: usize,
+}
+
+/// The tree in postfix: a member index pushes, -1 adds the top two (left + right).
+fn postfix(tree: &Tree, out: &mut Vec<i32>) {
+    match tree {
+        Tree::Leaf(i) => out.push(*i as i32),
+        Tree::Node(a, b) => {
+            postfix(a, out);
+            postfix(b, out);
+            out.push(-1);
+        }
+    }
+}
+
+impl Collective {
+    /// Connects member `me` of a group whose members' exchanges are `all` (in member order),
+    /// combining in `tree`; the tables live on `dev`.
+    pub fn connect(
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        exchange: Exchange,
+        all: &[(u64, u64)],
+        me: usize,
+        tree: &Tree,
+    ) -> Result<Collective> {
+        if all.len() > MAX_MEMBERS {
+            bail!(
+                "a tensor-parallel group of {} ranks is above the {MAX_MEMBERS} the cuda collectives support",
+                all.len()
+            );
+        }
+        let mut table = vec![0u64; 2 * MAX_MEMBERS];
+        for (m, &(data, flags)) in all.iter().enumerate() {
+            table[m] = data;
+            table[MAX_MEMBERS + m] = flags;
+        }
+        let mut ops = Vec::new();
+        postfix(tree, &mut ops);
+        Ok(Collective {
+            peers: dev.upload(stream, &table)?,
+            tree: dev.upload(stream, &ops)?,
+            tree_len: ops.len(),
+            members: all.len(),
+            me,
+            exchange,
+        })
+    }
+
+    /// The (data, flags) addresses of an exchange, for the peers' tables.
+    pub fn addresses(exchange: &Exchange) -> (u64, u64) {
+        (
+            Span::of(&exchange.data).addr(),
+            Span::of(&exchange.flags).addr(),
+        )
+    }
+
+    fn check(&self, n: usize, what: &str) {
+        assert!(
+            n <= self.exchange.cap,
+            "invariant: {what} of {n} values fits the exchange of {}",
+            self.exchange.cap
+        );
+    }
+
+    fn config(n: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (n.div_ceil(SLICE).max(1) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// `x += ` the group's sum of every member's `part`, in the tree order.
+    pub fn all_reduce(
+        &self,
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        part: &Span<f32>,
+        x: &Span<f32>,
+    ) -> Result<()> {
+        let n = part.len();
+        assert_eq!(n, x.len(), "invariant: all_reduce part and x lengths");
+        self.check(n, "an all-reduce");
+        let (peers, tree, seq) = (
+            Span::of(&self.peers).addr(),
+            Span::of(&self.tree).addr(),
+            Span::of(&self.exchange.seq).addr(),
+        );
+        let (ntree, members, me, n_i, cap, blocks) = (
+            self.tree_len as i32,
+            self.members as i32,
+            self.me as i32,
+            n as i32,
+            self.exchange.cap as i32,
+            self.exchange.blocks as i32,
+        );
+        let (pp, xp) = (part.addr(), x.addr());
+        let mut args = stream.launch_builder(dev.function("all_reduce_f32"));
+        args.arg(&peers)
+            .arg(&tree)
+            .arg(&ntree)
+            .arg(&members)
+            .arg(&me)
+            .arg(&n_i)
+            .arg(&cap)
+            .arg(&blocks)
+            .arg(&pp)
+            .arg(&xp)
+            .arg(&seq)
+            .arg(&TIMEOUT_NS);
+        // SAFETY: the arguments match all_reduce_f32's signature in order and type; the tables
+        // hold live exchange addresses of every member (peer access is enabled between them)
+        unsafe { args.launch(Self::config(n)) }.with_context(|| {
+            format!(
+                "cuda backend: launching all_reduce_f32 on device {}",
+                dev.ordinal()
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Concatenates every member's `part` (in member order) into `full` on member 0.
+    pub fn gather(
+        &self,
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        part: &Span<f32>,
+        full: &Span<f32>,
+    ) -> Result<()> {
+        let n = part.len();
+        self.check(n, "a logits gather");
+        assert!(
+            self.me != 0 || full.len() == n * self.members,
+            "invariant: the gathered logits hold every member's slice"
+        );
+        let (peers, seq) = (
+            Span::of(&self.peers).addr(),
+            Span::of(&self.exchange.seq).addr(),
+        );
+        let (members, me, n_i, cap, blocks) = (
+            self.members as i32,
+            self.me as i32,
+            n as i32,
+            self.exchange.cap as i32,
+            self.exchange.blocks as i32,
+        );
+        let (pp, fp) = (part.addr(), full.addr());
+        let mut args = stream.launch_builder(dev.function("gather_f32"));
+        args.arg(&peers)
+            .arg(&members)
+            .arg(&me)
+            .arg(&n_i)
+            .arg(&cap)
+            .arg(&blocks)
+            .arg(&pp)
+            .arg(&fp)
+            .arg(&seq)
+            .arg(&TIMEOUT_NS);
+        // SAFETY: as in all_reduce; `full` is only written on member 0, where it holds
+        // members * n values
+        unsafe { args.launch(Self::config(n)) }.with_context(|| {
+            format!(
+                "cuda backend: launching gather_f32 on device {}",
+                dev.ordinal()
+            )
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,623 @@
+//! The CUDA engine: every rank of a plan on its device, driven by one host thread that
+//! enqueues each decode step's rank programs in plan order, exactly the order the compiler's
+//! verify pass replays, so every event wait binds to the record verify proved it binds to.
+//!
+//! - `run`: a CUDA graph per phase (phase = step % phases): the first time a phase comes up
+//!   its ops run eagerly (warm-up), the second time they are captured on the rank's stream,
+//!   from then on replayed. A capture or instantiate failure latches that run to eager with
+//!   one message; the launches are the same, so the logits are too.
+//! - `island`: eager launches. `copy`: a device copy, or a peer copy between devices, on the
+//!   receiver's stream. `wait`/`record`: one CUDA event per (event, slot) with the plan's slot
+//!   rules. `readback`: logits and token into a pinned host ring of `runtime.in_flight` slots.
+//! - Inputs: each rank's position, and a prompt step's token on the ranks that embed, go up
+//!   through small pinned rings in stream order; a generated step's token never leaves the
+//!   device (the sampler writes it, token boundaries carry it back to the embedding ranks).
+//!
+//! The host only waits on the readback ring: serially after every step, pipelined once the
+//! plan's `in_flight` steps are enqueued.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::result as cu;
+use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
+use memra_compiler::plan::{Boundary, Op, Plan, Step};
+
+use super::device::CudaDevice;
+use super::graph::{capture, Graph};
+use super::rank::{copy, RankDevice};
+use super::span::Span;
+use crate::cpu::reduce::{ReduceOrder, Tree};
+use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
+use crate::plan_load::LoadedPlan;
+use crate::weights::RankWeights;
+
+/// Graph state of one `run` step.
+struct RunGraphs {
+    phases: u64,
+    warmed: Vec<bool>,
+    graphs: Vec<Option<Graph>>,
+    latched: bool,
+}
+
+/// Pinned host memory a rank's step inputs go up from; a slot is reused only after the copy
+/// that read it finished (the pinned slice's own event orders that).
+struct InputRing {
+    pos: Vec<PinnedHostSlice<u32>>,
+    token: Vec<PinnedHostSlice<u32>>,
+}
+
+/// The readback ring on the sampler rank's device.
+struct Readback {
+    rank: usize,
+    logits: Vec<PinnedHostSlice<f32>>,
+    token: Vec<PinnedHostSlice<u32>>,
+    /// Submitted steps not yet returned: (step, position).
+    pending: VecDeque<(u64, u32)>,
+}
+
+/// A plan loaded onto CUDA devices, ready to decode.
+pub struct Engine {
+    // graphs go before the buffers they reference (fields drop in order)
+    runs: Vec<Vec<Option<RunGraphs>>>,
+    ranks: Vec<RankDevice>,
+    programs: Vec<Vec<Step>>,
+    boundaries: Vec<Boundary>,
+    events: BTreeMap<String, Vec<CudaEvent>>,
+    inputs: Vec<InputRing>,
+    readback: Readback,
+    arm: Arm,
+    next_step: u64,
+    max_context: u32,
+    failed: bool,
+    report: Vec<String>,
+}
+
+fn pinned<T: cudarc::driver::DeviceRepr>(
+    dev: &CudaDevice,
+    len: usize,
+) -> Result<PinnedHostSlice<T>> {
+    // SAFETY: the memory is written (by the host or a copy) before anything reads it
+    unsafe { dev.context().alloc_pinned_with_flags::<T>(len, 0) }
+        .map_err(|e| anyhow!("cuda backend: allocating pinned host memory: {e:?}"))
+}
+
+impl Engine {
+    /// Uploads every rank's shards to its device and prepares streams, events and rings.
+    pub fn new(loaded: &LoadedPlan, options: EngineOptions) -> Result<Engine> {
+        let plan = &loaded.plan;
+        let s = options.sampler;
+        if !(s.temperature == 0.0 || s.top_k == 1) {
+            bail!("the cuda backend samples greedily only (on the device); pass --temp 0 or use --backend cpu for temperature, top-k and top-p sampling");
+        }
+        if options.reduce_order != ReduceOrder::Tree {
+            bail!("the cuda backend combines all-reduce partials in the plan's tree only");
+        }
+        let readers: Vec<usize> = plan
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.program.iter().any(|s| matches!(s, Step::Readback { .. })))
+            .map(|(i, _)| i)
+            .collect();
+        if readers.len() != 1 {
+            bail!(
+                "the plan reads back from {} ranks; the cuda engine needs exactly one",
+                readers.len()
+            );
+        }
+        check_phases(plan)?;
+        let devices = open_devices(plan)?;
+        let free_before: BTreeMap<u32, usize> = devices
+            .iter()
+            .map(|(&d, dev)| Ok((d, dev.memory()?.0)))
+            .collect::<Result<_>>()?;
+        let mut ranks = Vec::new();
+        for r in &plan.ranks {
+            let weights = RankWeights::load(&loaded.gguf, r)?;
+            let dev = devices[&r.device].clone();
+            ranks.push(
+                RankDevice::new(plan, r.rank, dev, weights)
+                    .map_err(|e| anyhow!("rank {} on device {}: {e:#}", r.rank, r.device))?,
+            );
+        }
+        connect_groups(plan, &mut ranks)?;
+        let events = make_events(plan, &ranks)?;
+        let ring = plan.runtime.in_flight.max(1) as usize;
+        let mut inputs = Vec::new();
+        for rank in &ranks {
+            let n = ring + 2;
+            inputs.push(InputRing {
+                pos: (0..n)
+                    .map(|_| pinned(&rank.dev, 1))
+                    .collect::<Result<_>>()?,
+                token: (0..n)
+                    .map(|_| pinned(&rank.dev, 1))
+                    .collect::<Result<_>>()?,
+            });
+        }
+        let reader = &ranks[readers[0]];
+        let vocab = reader.logits().len();
+        let readback = Readback {
+            rank: readers[0],
+            logits: (0..ring)
+                .map(|_| pinned(&reader.dev, vocab))
+                .collect::<Result<_>>()?,
+            token: (0..ring)
+                .map(|_| pinned(&reader.dev, 1))
+                .collect::<Result<_>>()?,
+            pending: VecDeque::new(),
+        };
+        let runs = plan
+            .ranks
+            .iter()
+            .map(|r| {
+                r.program
+                    .iter()
+                    .map(|step| match step {
+                        Step::Run { phases, .. } => {
+                            let p = (*phases).max(1) as usize;
+                            Some(RunGraphs {
+                                phases: p as u64,
+                                warmed: vec![false; p],
+                                graphs: (0..p).map(|_| None).collect(),
+                                latched: false,
+                            })
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .collect();
+        for rank in &ranks {
+            for s in rank.streams.values() {
+                s.synchronize()
+                    .map_err(|e| anyhow!("cuda backend: rank {} setup: {e:?}", rank.rank))?;
+            }
+        }
+        let report = memory_report(plan, &devices, &free_before)?;
+        Ok(Engine {
+            runs,
+            programs: plan.ranks.iter().map(|r| r.program.clone()).collect(),
+            boundaries: plan.boundaries.clone(),
+            ranks,
+            events,
+            inputs,
+            readback,
+            arm: options.arm,
+            next_step: 0,
+            max_context: plan.runtime.max_context,
+            failed: false,
+            report,
+        })
+    }
+
+    /// The slot an access of `event` by `rank` at step `t` concerns: the receiver's slot on the
+    /// receiving side of a boundary, the sender's otherwise; 0 for events of no boundary.
+    fn slot(&self, event: &str, rank: u32, t: u64) -> u32 {
+        for b in &self.boundaries {
+            if event == b.ready() || event == b.consumed() {
+                return if b.to_rank == rank {
+                    b.recv_slot(t)
+                } else {
+                    b.send_slot(t)
+                };
+            }
+        }
+        0
+    }
+
+    fn event(&self, event: &str, rank: u32, t: u64) -> Result<&CudaEvent> {
+        let slot = self.slot(event, rank, t) as usize;
+        self.events
+            .get(event)
+            .and_then(|e| e.get(slot))
+            .ok_or_else(|| anyhow!("event `{event}` slot {slot} is never recorded"))
+    }
+
+    fn enqueue_rank(&mut self, ri: usize, t: u64, input: StepInput) -> Result<()> {
+        let rank_id = self.ranks[ri].rank;
+        let mut pos_sent = false;
+        for i in 0..self.programs[ri].len() {
+            let step = &self.programs[ri][i];
+            let stream = self.ranks[ri].stream(step.stream())?.clone();
+            match step {
+                Step::Wait { event, .. } => stream
+                    .wait(self.event(event, rank_id, t)?)
+                    .map_err(|e| anyhow!("waiting for `{event}`: {e:?}"))?,
+                Step::Record { event, .. } => self
+                    .event(event, rank_id, t)?
+                    .record(&stream)
+                    .map_err(|e| anyhow!("recording `{event}`: {e:?}"))?,
+                Step::Copy { boundary, .. } => self.copy_boundary(ri, *boundary, t, &stream)?,
+                Step::Readback { .. } => self.enqueue_readback(ri, t, &stream)?,
+                Step::Run { ops, .. } | Step::Island { ops, .. } => {
+                    let embeds = ops.contains(&Op::Embed);
+                    if !pos_sent {
+                        self.send_inputs(ri, t, input, embeds, &stream)?;
+                        pos_sent = true;
+                    } else if embeds {
+                        bail!("embed after the rank's first run or island is not supported");
+                    }
+                    self.execute(ri, i, t, &stream)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the step's position, and the token when the first run embeds, in stream order.
+    fn send_inputs(
+        &mut self,
+        ri: usize,
+        t: u64,
+        input: StepInput,
+        embeds: bool,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = &self.ranks[ri];
+        let ring = &mut self.inputs[ri];
+        let slot = (t % ring.pos.len() as u64) as usize;
+        let up = |host: &mut PinnedHostSlice<u32>, value: u32, dst: Span<u32>| -> Result<()> {
+            host.as_mut_slice()
+                .map_err(|e| anyhow!("cuda backend: input ring: {e:?}"))?[0] = value;
+            s.memcpy_htod(host, &mut dst.clone())
+                .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
+        };
+        up(&mut ring.pos[slot], input.pos, rank.pos())?;
+        if embeds {
+            match (input.token, rank.token_input()) {
+                (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
+                (None, Some(b)) => copy(s, &rank.rx_slot(b, b.recv_slot(t)), &rank.token().cast())?,
+                // the rank samples the token it embeds next: it is already in place
+                (None, None) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, ri: usize, i: usize, t: u64, s: &Arc<CudaStream>) -> Result<()> {
+        let ops = self.programs[ri][i].ops();
+        let rank = &mut self.ranks[ri];
+        let Some(run) = self.runs[ri][i].as_mut() else {
+            return rank.enqueue(ops, t, s);
+        };
+        let p = (t % run.phases) as usize;
+        if run.latched || !run.warmed[p] {
+            run.warmed[p] = true;
+            return rank.enqueue(ops, t, s);
+        }
+        if run.graphs[p].is_none() {
+            match capture(s, || rank.enqueue(ops, t, s)) {
+                Ok(g) => run.graphs[p] = Some(g),
+                Err(e) => {
+                    let id = match &self.programs[ri][i] {
+                        Step::Run { id, .. } => id.as_str(),
+                        _ => "?",
+                    };
+                    eprintln!("cuda backend: rank {} run {id}: {e}; running it eagerly from now on (logits are unchanged)", rank.rank);
+                    run.latched = true;
+                    return rank.enqueue(ops, t, s);
+                }
+            }
+        }
+        run.graphs[p]
+            .as_ref()
+            .expect("invariant: captured above")
+            .replay()
+            .map_err(|e| anyhow!("rank {}: {e}", rank.rank))
+    }
+
+    fn copy_boundary(&self, ri: usize, id: u32, t: u64, s: &Arc<CudaStream>) -> Result<()> {
+        let b = self
+            .boundaries
+            .iter()
+            .find(|b| b.boundary == id)
+            .ok_or_else(|| anyhow!("copy of boundary {id}, which is not declared"))?;
+        let to = &self.ranks[ri];
+        let from = self
+            .ranks
+            .iter()
+            .find(|r| r.rank == b.from_rank)
+            .ok_or_else(|| {
+                anyhow!(
+                    "boundary {id} comes from rank {}, which is not declared",
+                    b.from_rank
+                )
+            })?;
+        let slot = b.recv_slot(t);
+        let (src, dst) = (from.tx_slot(b, slot), to.rx_slot(b, slot));
+        if from.dev.ordinal() == to.dev.ordinal() {
+            return copy(s, &src, &dst);
+        }
+        s.context().bind_to_thread()?;
+        // SAFETY: both spans are live slot buffers of `len` bytes; peer access between the two
+        // devices was enabled when the engine was built
+        unsafe {
+            cu::memcpy_peer_async(
+                to.dev.context().cu_ctx(),
+                dst.addr(),
+                from.dev.context().cu_ctx(),
+                src.addr(),
+                src.len(),
+                s.cu_stream(),
+            )
+        }
+        .map_err(|e| anyhow!("cuda backend: peer copy of boundary {id}: {e:?}"))
+    }
+
+    fn enqueue_readback(&mut self, ri: usize, t: u64, s: &Arc<CudaStream>) -> Result<()> {
+        if ri != self.readback.rank {
+            bail!("invariant: readback on the reading rank");
+        }
+        let rank = &self.ranks[ri];
+        let rb = &mut self.readback;
+        let slot = (t % rb.logits.len() as u64) as usize;
+        s.memcpy_dtoh(&rank.logits(), &mut rb.logits[slot])
+            .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))
+            .map_err(|e| anyhow!("cuda backend: readback: {e:?}"))
+    }
+
+    fn take(&mut self) -> Result<StepOutput> {
+        let (step, pos) = self
+            .readback
+            .pending
+            .pop_front()
+            .ok_or_else(|| anyhow!("no decode step is in flight"))?;
+        let slot = (step % self.readback.logits.len() as u64) as usize;
+        let wait = |e| {
+            anyhow!("cuda backend: step {step}: the device failed before its readback: {e:?} (a collective traps after 30 s without its peers)")
+        };
+        let logits = self.readback.logits[slot]
+            .as_slice()
+            .map_err(wait)?
+            .to_vec();
+        let token = self.readback.token[slot].as_slice().map_err(wait)?[0];
+        Ok(StepOutput {
+            step,
+            pos,
+            token,
+            logits,
+        })
+    }
+}
+
+impl Decoder for Engine {
+    fn submit(&mut self, input: StepInput) -> Result<()> {
+        if self.failed {
+            bail!("the engine stopped after an earlier error");
+        }
+        if input.pos >= self.max_context {
+            bail!(
+                "position {} is beyond the plan's runtime.max_context {}",
+                input.pos,
+                self.max_context
+            );
+        }
+        if self.next_step == 0 && input.token.is_none() {
+            bail!("the first decode step needs a prompt token");
+        }
+        if self.readback.pending.len() >= self.readback.logits.len() {
+            bail!(
+                "{} steps are in flight, the plan's runtime.in_flight; take an output first",
+                self.readback.pending.len()
+            );
+        }
+        let t = self.next_step;
+        self.next_step += 1;
+        let mut result = Ok(());
+        for ri in 0..self.ranks.len() {
+            result = self
+                .enqueue_rank(ri, t, input)
+                .map_err(|e| anyhow!("rank {} step {t}: {e:#}", self.ranks[ri].rank));
+            if result.is_err() {
+                break;
+            }
+        }
+        self.readback.pending.push_back((t, input.pos));
+        if result.is_ok() && self.arm == Arm::Serial {
+            let slot = (t % self.readback.logits.len() as u64) as usize;
+            result = self.readback.token[slot]
+                .as_slice()
+                .map(drop)
+                .map_err(|e| anyhow!("cuda backend: step {t}: {e:?}"));
+        }
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    fn next_output(&mut self) -> Result<StepOutput> {
+        let out = self.take();
+        if out.is_err() {
+            self.failed = true;
+        }
+        out
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.readback.pending.len() as u64
+    }
+
+    fn report(&self) -> Vec<String> {
+        self.report.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for rank in &self.ranks {
+            for s in rank.streams.values() {
+                // a failed device reports its error where the step was taken; nothing to add
+                let _ = s.synchronize();
+            }
+        }
+    }
+}
+
+/// Every run that touches a boundary slot must have a phase per slot pattern: the slots a
+/// step uses repeat with the boundary's slot count, the graphs with the run's phases.
+fn check_phases(plan: &Plan) -> Result<()> {
+    for r in &plan.ranks {
+        for step in &r.program {
+            let Step::Run {
+                id, phases, ops, ..
+            } = step
+            else {
+                continue;
+            };
+            for b in &plan.boundaries {
+                let touches = ops.iter().any(|op| match op {
+                    Op::LoadHidden => b.to_rank == r.rank && b.carries.name() == "hidden",
+                    Op::StoreHidden => b.from_rank == r.rank && b.carries.name() == "hidden",
+                    Op::StoreToken => b.from_rank == r.rank && b.carries.name() == "token",
+                    _ => false,
+                });
+                if touches && !phases.is_multiple_of(b.slots) {
+                    bail!(
+                        "run {id} touches boundary {} of {} slots but has {phases} phases; the cuda engine needs a multiple",
+                        b.boundary,
+                        b.slots
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens every device the plan uses and enables peer access between each pair that a
+/// boundary or a tensor-parallel group connects; a pair without P2P is refused by name.
+fn open_devices(plan: &Plan) -> Result<BTreeMap<u32, CudaDevice>> {
+    let mut devices = BTreeMap::new();
+    for r in &plan.ranks {
+        if let std::collections::btree_map::Entry::Vacant(e) = devices.entry(r.device) {
+            e.insert(CudaDevice::open(r.device as usize)?);
+        }
+    }
+    let device_of = |rank: u32| plan.rank(rank).map(|r| r.device);
+    let mut pairs = BTreeSet::new();
+    for b in &plan.boundaries {
+        if let (Some(a), Some(c)) = (device_of(b.from_rank), device_of(b.to_rank)) {
+            pairs.insert((a.min(c), a.max(c)));
+        }
+    }
+    for g in &plan.groups {
+        for &x in &g.ranks {
+            for &y in &g.ranks {
+                if let (Some(a), Some(c)) = (device_of(x), device_of(y)) {
+                    pairs.insert((a.min(c), a.max(c)));
+                }
+            }
+        }
+    }
+    for (a, c) in pairs.into_iter().filter(|(a, c)| a != c) {
+        let (da, dc) = (&devices[&a], &devices[&c]);
+        if !da.can_access_peer(dc)? || !dc.can_access_peer(da)? {
+            bail!("cuda backend: devices {a} and {c} have no peer-to-peer access, which the plan needs between them (a boundary or a tensor-parallel group spans them); place those ranks on devices with p2p");
+        }
+        da.enable_peer_access(dc)?;
+        dc.enable_peer_access(da)?;
+    }
+    Ok(devices)
+}
+
+/// Gives every member of every group the exchange addresses of all members.
+fn connect_groups(plan: &Plan, ranks: &mut [RankDevice]) -> Result<()> {
+    for g in &plan.groups {
+        let tree = Tree::parse(&g.tree, &g.ranks)
+            .map_err(|e| anyhow!("group {}: tree `{}`: {e}", g.group, g.tree))?;
+        let members = g
+            .ranks
+            .iter()
+            .map(|&m| {
+                ranks.iter().position(|r| r.rank == m).ok_or_else(|| {
+                    anyhow!("group {} names rank {m}, which is not declared", g.group)
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let mut all = Vec::new();
+        for (&i, &m) in members.iter().zip(&g.ranks) {
+            all.push(ranks[i].exchange_addresses().ok_or_else(|| {
+                anyhow!("rank {m} is listed by group {} but names no group", g.group)
+            })?);
+        }
+        for (me, &i) in members.iter().enumerate() {
+            ranks[i].connect(&all, me, &tree)?;
+        }
+    }
+    Ok(())
+}
+
+/// One event per (event, slot), on the device of the rank that records it.
+fn make_events(plan: &Plan, ranks: &[RankDevice]) -> Result<BTreeMap<String, Vec<CudaEvent>>> {
+    let mut events = BTreeMap::new();
+    for (r, rank) in plan.ranks.iter().zip(ranks) {
+        for step in &r.program {
+            let Step::Record { event, .. } = step else {
+                continue;
+            };
+            if events.contains_key(event) {
+                bail!(
+                    "event `{event}` is recorded at more than one place; the cuda engine needs one"
+                );
+            }
+            let slots = plan
+                .boundaries
+                .iter()
+                .find(|b| *event == b.ready() || *event == b.consumed())
+                .map_or(1, |b| b.slots);
+            let list = (0..slots)
+                .map(|_| rank.dev.new_event(false))
+                .collect::<Result<Vec<_>>>()?;
+            events.insert(event.clone(), list);
+        }
+    }
+    for r in &plan.ranks {
+        for step in &r.program {
+            if let Step::Wait { event, .. } = step {
+                if !events.contains_key(event) {
+                    bail!(
+                        "rank {} waits for event `{event}`, which no rank records",
+                        r.rank
+                    );
+                }
+            }
+        }
+    }
+    Ok(events)
+}
+
+fn memory_report(
+    plan: &Plan,
+    devices: &BTreeMap<u32, CudaDevice>,
+    free_before: &BTreeMap<u32, usize>,
+) -> Result<Vec<String>> {
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    let mut lines = Vec::new();
+    for (&d, dev) in devices {
+        let taken = free_before[&d].saturating_sub(dev.memory()?.0);
+        let ranks: Vec<String> = plan
+            .ranks
+            .iter()
+            .filter(|r| r.device == d)
+            .map(|r| r.rank.to_string())
+            .collect();
+        let planned = plan
+            .devices
+            .iter()
+            .find(|u| u.device == d)
+            .map_or(0, |u| u.total_bytes);
+        lines.push(format!(
+            "device {d} ({}, {}): ranks {}: {:.1} MiB taken, plan {:.1} MiB",
+            dev.name(),
+            dev.arch(),
+            ranks.join(", "),
+            mib(taken as f64),
+            mib(planned as f64)
+        ));
+    }
+    Ok(lines)
+}

@@ -1,0 +1,565 @@
+//! One rank of a plan on a CUDA device: its weight shards (uploaded to that device only), its
+//! activations, KV cache (f16) of its layers, static IO buffers (position, token, logits), its
+//! boundary slot buffers and its collective exchange; everything mutable is its own, also when
+//! several ranks share a device. `enqueue` launches the kernels of a run's or island's ops on
+//! a stream, reading every per-step value (position, token, collective sequence) from device
+//! memory, so the same launches can be captured once and replayed. The math mirrors the CPU
+//! backend's `compute` (same segment order, same chunk counts) so plans agree bit for bit.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::result as cu;
+use cudarc::driver::{CudaStream, DeviceSlice};
+use memra_compiler::plan::{reduction_chunks, Boundary, Carries, Op, Plan, Segment};
+
+use super::collective::{Collective, Exchange};
+use super::device::{CudaDevice, DeviceBuffer};
+use super::ops::{DeviceKv, DeviceWeight, RopeStyle};
+use super::span::Span;
+use crate::weights::{Matrix, RankWeights};
+
+/// One layer's weights on the device.
+struct LayerWeights {
+    attn_norm: DeviceBuffer<f32>,
+    q: DeviceWeight,
+    k: DeviceWeight,
+    v: DeviceWeight,
+    biases: Option<[DeviceBuffer<f32>; 3]>,
+    qk_norm: Option<[DeviceBuffer<f32>; 2]>,
+    o: DeviceWeight,
+    ffn_norm: DeviceBuffer<f32>,
+    gate: DeviceWeight,
+    up: DeviceWeight,
+    down: DeviceWeight,
+}
+
+/// Where the head's vocab rows live.
+enum HeadRows {
+    /// Its own upload (`output.weight` rows, or a slice of a tied table).
+    Own(DeviceWeight),
+    /// The whole embedding table this rank already holds (tied, one rank's full vocab).
+    Embedding,
+}
+
+/// A rank's activation and IO buffers.
+struct Buffers {
+    x: DeviceBuffer<f32>,
+    xn: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    k: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+    att: DeviceBuffer<f32>,
+    partial: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    up: DeviceBuffer<f32>,
+    scores: DeviceBuffer<f32>,
+    logits: DeviceBuffer<f32>,
+    full_logits: Option<DeviceBuffer<f32>>,
+    pos: DeviceBuffer<u32>,
+    token: DeviceBuffer<u32>,
+}
+
+/// A rank's state on its device.
+pub struct RankDevice {
+    /// The rank's id.
+    pub rank: u32,
+    /// The device the plan puts it on.
+    pub dev: CudaDevice,
+    /// The rank's streams by plan name.
+    pub streams: BTreeMap<String, Arc<CudaStream>>,
+    first_layer: u32,
+    layers: Vec<LayerWeights>,
+    kv: Vec<DeviceKv>,
+    embed: Option<DeviceWeight>,
+    head: Option<(DeviceBuffer<f32>, HeadRows)>,
+    head_dim: usize,
+    eps: f32,
+    theta: f32,
+    rope: RopeStyle,
+    row_chunks: Option<(usize, usize)>,
+    tp_degree: u32,
+    buf: Buffers,
+    tx: BTreeMap<u32, DeviceBuffer<u8>>,
+    rx: BTreeMap<u32, DeviceBuffer<u8>>,
+    outgoing: Vec<Boundary>,
+    incoming: Vec<Boundary>,
+    exchange: Option<Exchange>,
+    collective: Option<Collective>,
+}
+
+fn upload_matrix(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<DeviceWeight> {
+    DeviceWeight::upload(dev, s, m.dtype, &m.data, m.rows, m.cols)
+}
+
+impl RankDevice {
+    /// Uploads rank `rank`'s shards to `dev` and allocates its buffers; the allocation stream
+    /// is the rank's first stream.
+    pub fn new(plan: &Plan, rank: u32, dev: CudaDevice, mut w: RankWeights) -> Result<RankDevice> {
+        let r = plan.rank(rank).expect("invariant: a rank of the plan");
+        let m = &plan.model;
+        let mut streams = BTreeMap::new();
+        for name in &r.streams {
+            streams.insert(name.clone(), dev.new_stream()?);
+        }
+        let s = streams
+            .values()
+            .next()
+            .cloned()
+            .ok_or_else(|| anyhow!("rank {rank} has no stream"))?;
+        let hd = m.head_dim as usize;
+        let vec = |w: &mut RankWeights, name: &str| -> Result<DeviceBuffer<f32>> {
+            dev.upload(&s, &w.take_vector(name)?)
+        };
+        let mat = |w: &mut RankWeights, name: &str| -> Result<DeviceWeight> {
+            upload_matrix(&dev, &s, w.take_matrix(name)?)
+        };
+        let mut layers = Vec::new();
+        for l in r.layers.start..r.layers.end {
+            let n = |x: &str| format!("blk.{l}.{x}");
+            layers.push(LayerWeights {
+                attn_norm: vec(&mut w, &n("attn_norm.weight"))?,
+                q: mat(&mut w, &n("attn_q.weight"))?,
+                k: mat(&mut w, &n("attn_k.weight"))?,
+                v: mat(&mut w, &n("attn_v.weight"))?,
+                biases: if m.qkv_bias {
+                    Some([
+                        vec(&mut w, &n("attn_q.bias"))?,
+                        vec(&mut w, &n("attn_k.bias"))?,
+                        vec(&mut w, &n("attn_v.bias"))?,
+                    ])
+                } else {
+                    None
+                },
+                qk_norm: if m.qk_norm {
+                    Some([
+                        vec(&mut w, &n("attn_q_norm.weight"))?,
+                        vec(&mut w, &n("attn_k_norm.weight"))?,
+                    ])
+                } else {
+                    None
+                },
+                o: mat(&mut w, &n("attn_output.weight"))?,
+                ffn_norm: vec(&mut w, &n("ffn_norm.weight"))?,
+                gate: mat(&mut w, &n("ffn_gate.weight"))?,
+                up: mat(&mut w, &n("ffn_up.weight"))?,
+                down: mat(&mut w, &n("ffn_down.weight"))?,
+            });
+        }
+        let table = if r.embed || (r.head && m.tied_embeddings) {
+            Some(w.take_matrix("token_embd.weight")?)
+        } else {
+            None
+        };
+        let mut head = None;
+        let mut embed = None;
+        if r.head {
+            let norm = vec(&mut w, "output_norm.weight")?;
+            let rows = if m.tied_embeddings {
+                let table = table.as_ref().expect("invariant: taken above");
+                let per = (m.vocab / r.tp_degree) as usize;
+                let start = r.tp_index as usize * per;
+                if r.embed && per == table.rows {
+                    HeadRows::Embedding
+                } else {
+                    let bytes = table.rows_bytes(start, start + per);
+                    HeadRows::Own(DeviceWeight::upload(
+                        &dev,
+                        &s,
+                        table.dtype,
+                        bytes,
+                        per,
+                        table.cols,
+                    )?)
+                }
+            } else {
+                HeadRows::Own(mat(&mut w, "output.weight")?)
+            };
+            head = Some((norm, rows));
+        }
+        if r.embed {
+            let t = table.expect("invariant: taken above");
+            embed = Some(upload_matrix(&dev, &s, t)?);
+        }
+        let left = w.remaining();
+        if !left.is_empty() {
+            bail!(
+                "rank {rank} holds shards it never uses: {}",
+                left.join(", ")
+            );
+        }
+        let exact = match r.group {
+            Some(g) => plan.groups.iter().any(|x| x.group == g && x.exact),
+            None => true,
+        };
+        let c = m.reduction_chunks;
+        let row_chunks = exact.then(|| {
+            (
+                (c.attn_out / r.tp_degree) as usize,
+                (c.ffn_down / r.tp_degree) as usize,
+            )
+        });
+        if plan.runtime.kv_dtype != "f16" {
+            bail!(
+                "runtime.kv_dtype `{}` is not supported by the cuda backend; supported: f16",
+                plan.runtime.kv_dtype
+            );
+        }
+        let ctx = plan.runtime.max_context as usize;
+        let mut kv = Vec::new();
+        for lw in &layers {
+            if lw.q.rows % hd != 0 || lw.k.rows % hd != 0 {
+                bail!("q/k shards are not whole heads of {hd} values");
+            }
+            kv.push(DeviceKv::new(&dev, &s, lw.k.rows / hd, hd, ctx)?);
+        }
+        let d = m.embedding as usize;
+        let first = layers.first();
+        let size = |f: fn(&LayerWeights) -> usize| first.map_or(1, f).max(1);
+        let (nq, nk) = (size(|l| l.q.rows), size(|l| l.k.rows));
+        let logits_len = match &head {
+            Some((_, HeadRows::Own(h))) => h.rows,
+            Some((_, HeadRows::Embedding)) => m.vocab as usize,
+            None => 1,
+        };
+        let group_len = r
+            .group
+            .and_then(|g| plan.groups.iter().find(|x| x.group == g))
+            .map_or(1, |g| g.ranks.len());
+        let buf = Buffers {
+            x: dev.alloc(&s, d)?,
+            xn: dev.alloc(&s, d)?,
+            q: dev.alloc(&s, nq)?,
+            k: dev.alloc(&s, nk)?,
+            v: dev.alloc(&s, nk)?,
+            att: dev.alloc(&s, nq)?,
+            partial: dev.alloc(&s, d)?,
+            gate: dev.alloc(&s, size(|l| l.gate.rows))?,
+            up: dev.alloc(&s, size(|l| l.up.rows))?,
+            scores: dev.alloc(&s, (nq / hd).max(1) * ctx)?,
+            logits: dev.alloc(&s, logits_len)?,
+            full_logits: if r.head && group_len > 1 && r.tp_index == 0 {
+                Some(dev.alloc(&s, logits_len * group_len)?)
+            } else {
+                None
+            },
+            pos: dev.alloc(&s, 1)?,
+            token: dev.alloc(&s, 1)?,
+        };
+        let (mut tx, mut rx) = (BTreeMap::new(), BTreeMap::new());
+        let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
+        for b in &plan.boundaries {
+            let bytes = (b.bytes * u64::from(b.slots)) as usize;
+            if b.from_rank == rank {
+                tx.insert(b.boundary, dev.alloc(&s, bytes)?);
+                outgoing.push(b.clone());
+            }
+            if b.to_rank == rank {
+                rx.insert(b.boundary, dev.alloc(&s, bytes)?);
+                incoming.push(b.clone());
+            }
+        }
+        let exchange = match r.group {
+            Some(_) => Some(Exchange::new(&dev, &s, d.max(logits_len))?),
+            None => None,
+        };
+        Ok(RankDevice {
+            rank,
+            dev,
+            streams,
+            first_layer: r.layers.start,
+            layers,
+            kv,
+            embed,
+            head,
+            head_dim: hd,
+            eps: m.rms_eps as f32,
+            theta: m.rope_theta as f32,
+            rope: if m.architecture == "llama" {
+                RopeStyle::Normal
+            } else {
+                RopeStyle::Neox
+            },
+            row_chunks,
+            tp_degree: r.tp_degree,
+            buf,
+            tx,
+            rx,
+            outgoing,
+            incoming,
+            exchange,
+            collective: None,
+        })
+    }
+
+    /// The (data, flags) addresses of this rank's exchange, if it is in a group.
+    pub fn exchange_addresses(&self) -> Option<(u64, u64)> {
+        self.exchange.as_ref().map(Collective::addresses)
+    }
+
+    /// Joins the group: `all` are the members' exchange addresses in member order.
+    pub fn connect(
+        &mut self,
+        all: &[(u64, u64)],
+        me: usize,
+        tree: &crate::cpu::reduce::Tree,
+    ) -> Result<()> {
+        let exchange = self
+            .exchange
+            .take()
+            .ok_or_else(|| anyhow!("rank {} is in no tensor-parallel group", self.rank))?;
+        let s = self.alloc_stream();
+        self.collective = Some(Collective::connect(&self.dev, &s, exchange, all, me, tree)?);
+        Ok(())
+    }
+
+    fn alloc_stream(&self) -> Arc<CudaStream> {
+        self.streams
+            .values()
+            .next()
+            .cloned()
+            .expect("invariant: checked in new")
+    }
+
+    /// The stream named `name` in the plan.
+    pub fn stream(&self, name: &str) -> Result<&Arc<CudaStream>> {
+        self.streams
+            .get(name)
+            .ok_or_else(|| anyhow!("rank {} has no stream `{name}`", self.rank))
+    }
+
+    /// The position input (one value).
+    pub fn pos(&self) -> Span<u32> {
+        Span::of(&self.buf.pos)
+    }
+
+    /// The token input/output (one value): embed reads it, sample writes it.
+    pub fn token(&self) -> Span<u32> {
+        Span::of(&self.buf.token)
+    }
+
+    /// The logits the host reads back: the gathered vocabulary on a group's first rank.
+    pub fn logits(&self) -> Span<f32> {
+        Span::of(self.buf.full_logits.as_ref().unwrap_or(&self.buf.logits))
+    }
+
+    /// Slot `slot` of boundary `boundary`'s send buffer on this rank.
+    pub fn tx_slot(&self, b: &Boundary, slot: u32) -> Span<u8> {
+        slot_span(&self.tx[&b.boundary], b, slot)
+    }
+
+    /// Slot `slot` of boundary `boundary`'s receive buffer on this rank.
+    pub fn rx_slot(&self, b: &Boundary, slot: u32) -> Span<u8> {
+        slot_span(&self.rx[&b.boundary], b, slot)
+    }
+
+    /// The incoming token boundary, if the rank embeds tokens fed back from a later stage.
+    pub fn token_input(&self) -> Option<&Boundary> {
+        self.incoming.iter().find(|b| b.carries == Carries::Token)
+    }
+
+    /// Enqueues the kernels of `ops` for decode step `t` on `stream`.
+    pub fn enqueue(&mut self, ops: &[Op], t: u64, stream: &Arc<CudaStream>) -> Result<()> {
+        for op in ops {
+            self.op(op, t, stream)
+                .map_err(|e| anyhow!("rank {} op `{op}`: {e:#}", self.rank))?;
+        }
+        Ok(())
+    }
+
+    fn op(&mut self, op: &Op, t: u64, s: &Arc<CudaStream>) -> Result<()> {
+        let b = &self.buf;
+        let dev = &self.dev;
+        match op {
+            Op::Embed => {
+                let table = self
+                    .embed
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("embed on a rank without token_embd"))?;
+                dev.embed(s, table, &self.token(), &mut Span::of(&b.x))
+            }
+            Op::Layers { layers, segments } => {
+                for layer in layers.start..layers.end {
+                    for &seg in segments {
+                        self.segment(layer, seg, s)?;
+                    }
+                }
+                Ok(())
+            }
+            Op::Head => {
+                let (norm, rows) = self
+                    .head
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("head on a rank without the head"))?;
+                dev.rms_norm(s, &Span::of(&b.x), norm, self.eps, &mut Span::of(&b.xn))?;
+                let w = match rows {
+                    HeadRows::Own(w) => w,
+                    HeadRows::Embedding => {
+                        self.embed.as_ref().expect("invariant: kept for the head")
+                    }
+                };
+                let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64);
+                dev.matvec(
+                    s,
+                    w,
+                    &Span::of(&b.xn),
+                    chunks as usize,
+                    &mut Span::of(&b.logits),
+                )
+            }
+            Op::GatherLogits => {
+                let c = self.collective()?;
+                c.gather(dev, s, &Span::of(&b.logits), &self.logits())
+            }
+            Op::Sample => dev.argmax(s, &self.logits(), &mut self.token()),
+            Op::LoadHidden => {
+                let bd = self.incoming_of(Carries::Hidden)?;
+                copy(
+                    s,
+                    &self.rx_slot(bd, bd.recv_slot(t)),
+                    &Span::of(&b.x).cast(),
+                )
+            }
+            Op::StoreHidden | Op::StoreToken => {
+                let (carries, src) = if *op == Op::StoreHidden {
+                    (Carries::Hidden, Span::of(&b.x).cast())
+                } else {
+                    (Carries::Token, self.token().cast())
+                };
+                let mut sent = false;
+                for bd in self.outgoing.iter().filter(|x| x.carries == carries) {
+                    copy(s, &src, &self.tx_slot(bd, bd.send_slot(t)))?;
+                    sent = true;
+                }
+                if !sent {
+                    bail!("store without an outgoing boundary");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn collective(&self) -> Result<&Collective> {
+        self.collective
+            .as_ref()
+            .ok_or_else(|| anyhow!("a collective on a rank of no tensor-parallel group"))
+    }
+
+    fn incoming_of(&self, carries: Carries) -> Result<&Boundary> {
+        self.incoming
+            .iter()
+            .find(|b| b.carries == carries)
+            .ok_or_else(|| anyhow!("no incoming {} boundary", carries.name()))
+    }
+
+    fn segment(&mut self, layer: u32, seg: Segment, s: &Arc<CudaStream>) -> Result<()> {
+        let li = layer
+            .checked_sub(self.first_layer)
+            .map(|i| i as usize)
+            .filter(|&i| i < self.layers.len())
+            .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
+        let lw = &self.layers[li];
+        let b = &self.buf;
+        let dev = &self.dev;
+        let (x, xn, q, k, v) = (
+            Span::of(&b.x),
+            Span::of(&b.xn),
+            Span::of(&b.q).sub(0, lw.q.rows),
+            Span::of(&b.k).sub(0, lw.k.rows),
+            Span::of(&b.v).sub(0, lw.v.rows),
+        );
+        let col = |w: &DeviceWeight, input: &Span<f32>, out: &Span<f32>| {
+            let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize;
+            dev.matvec(s, w, input, chunks, &mut out.clone())
+        };
+        let row = |w: &DeviceWeight, input: &Span<f32>, chunks: Option<usize>| -> Result<()> {
+            let chunks = chunks.unwrap_or_else(|| {
+                reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
+            });
+            let partial = Span::of(&b.partial);
+            dev.matvec(s, w, input, chunks.max(1), &mut partial.clone())?;
+            if self.tp_degree == 1 {
+                dev.add(s, &x, &partial, &mut x.clone())?;
+            }
+            Ok(())
+        };
+        match seg {
+            Segment::AttnPre => {
+                dev.rms_norm(s, &x, &lw.attn_norm, self.eps, &mut xn.clone())?;
+                col(&lw.q, &xn, &q)?;
+                col(&lw.k, &xn, &k)?;
+                col(&lw.v, &xn, &v)?;
+                if let Some([bq, bk, bv]) = &lw.biases {
+                    for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
+                        dev.add(s, y, bias, &mut y.clone())?;
+                    }
+                }
+                if let Some([nq, nk]) = &lw.qk_norm {
+                    dev.rms_norm(s, &q, nq, self.eps, &mut q.clone())?;
+                    dev.rms_norm(s, &k, nk, self.eps, &mut k.clone())?;
+                }
+                let pos = Span::of(&b.pos);
+                dev.rope(
+                    s,
+                    &mut q.clone(),
+                    self.head_dim,
+                    &pos,
+                    self.theta,
+                    self.rope,
+                )?;
+                dev.rope(
+                    s,
+                    &mut k.clone(),
+                    self.head_dim,
+                    &pos,
+                    self.theta,
+                    self.rope,
+                )
+            }
+            Segment::AttnCore => {
+                let pos = Span::of(&b.pos);
+                let kv = &mut self.kv[li];
+                dev.kv_write(s, &k, &v, kv, &pos)?;
+                let att = Span::of(&b.att).sub(0, lw.q.rows);
+                dev.attention(s, &q, kv, &pos, &mut Span::of(&b.scores), &mut att.clone())
+            }
+            Segment::AttnOut => {
+                let att = Span::of(&b.att).sub(0, lw.q.rows);
+                row(&lw.o, &att, self.row_chunks.map(|c| c.0))
+            }
+            Segment::AllReduce => {
+                let c = self.collective()?;
+                c.all_reduce(dev, s, &Span::of(&b.partial), &x)
+            }
+            Segment::Ffn => {
+                dev.rms_norm(s, &x, &lw.ffn_norm, self.eps, &mut xn.clone())?;
+                let (g, u) = (
+                    Span::of(&b.gate).sub(0, lw.gate.rows),
+                    Span::of(&b.up).sub(0, lw.up.rows),
+                );
+                col(&lw.gate, &xn, &g)?;
+                col(&lw.up, &xn, &u)?;
+                dev.silu_mul(s, &g, &u, &mut g.clone())?;
+                row(&lw.down, &g, self.row_chunks.map(|c| c.1))
+            }
+            other => bail!(
+                "segment `{}` is not supported by the cuda backend",
+                other.name()
+            ),
+        }
+    }
+}
+
+fn slot_span(buf: &DeviceBuffer<u8>, b: &Boundary, slot: u32) -> Span<u8> {
+    Span::of(buf).sub(slot as usize * b.bytes as usize, b.bytes as usize)
+}
+
+/// A device-to-device copy of `src` into `dst` (both on `s`'s device) in `s`'s order.
+pub fn copy(s: &CudaStream, src: &Span<u8>, dst: &Span<u8>) -> Result<()> {
+    assert_eq!(src.len(), dst.len(), "invariant: copy lengths");
+    s.context().bind_to_thread()?;
+    // SAFETY: both spans are live buffers of `len` bytes owned by ranks of this engine
+    unsafe { cu::memcpy_dtod_async(dst.addr(), src.addr(), src.len(), s.cu_stream()) }
+        .map_err(|e| anyhow!("cuda backend: device copy of {} bytes: {e:?}", src.len()))
+}

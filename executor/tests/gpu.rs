@@ -1,0 +1,85 @@
+//! End-to-end tests of the CUDA backend on device 0 (feature `gpu-tests`; plain `cargo test`
+//! builds nothing here): tiny-tp placements written to a scratch directory and compiled, each
+//! gated bit for bit against the 1-rank eager CUDA run, and the CUDA run against the CPU
+//! backend within a relative logit tolerance. Run with
+//! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
+#![cfg(feature = "gpu-tests")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{options, tiny_tp_model};
+use memra_executor::cpu::Arm;
+use memra_executor::engine::{Backend, EngineOptions};
+use memra_executor::gate::{decode_all, gate};
+use memra_executor::plan_load::{load, LoadedPlan};
+
+const PROMPT: [u32; 5] = [1, 17, 200, 33, 401];
+const GENERATED: usize = 12;
+
+fn cuda() -> EngineOptions {
+    EngineOptions {
+        backend: Backend::Cuda,
+        ..options(Arm::Serial)
+    }
+}
+
+/// Compiles a tiny-tp placement with `pipeline` (and `extra` tables) on device 0.
+fn plan(dir: &Path, name: &str, pipeline: &str, extra: &str) -> LoadedPlan {
+    let model = tiny_tp_model();
+    let placement = dir.join(format!("{name}.toml"));
+    let text = format!(
+        "[model]\ngguf = \"{}\"\n\n[[devices]]\nids = [0]\nmemory_gib = 141\n\n[runtime]\nmax_context = 256\nin_flight = 3\n{extra}\n[pipeline]\n{pipeline}\n",
+        model.display()
+    );
+    std::fs::write(&placement, text).unwrap();
+    let compiled = memra_compiler::passes::compile(&placement)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let out = dir.join(format!("{name}.plan.toml"));
+    std::fs::write(&out, compiled.plan.to_toml()).unwrap();
+    load(&out, Some(&model)).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memra-gpu-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn every_plan_on_one_device_matches_the_eager_run_bit_for_bit() {
+    let dir = scratch("gates");
+    let reference = plan(&dir, "eager", "devices = [[0]]", "\n[capture]\nmode = \"eager\"\n");
+    for (name, pipeline) in [
+        ("graphs", "devices = [[0]]"),
+        ("pp2", "devices = [[0], [0]]"),
+        ("tp2", "devices = [[0, 0]]"),
+        ("tp4", "devices = [[0, 0, 0, 0]]"),
+        ("pp2-tp2", "devices = [[0, 0], [0, 0]]"),
+    ] {
+        let candidate = plan(&dir, name, pipeline, "");
+        let report = gate(&reference, &candidate, &PROMPT, GENERATED, cuda()).unwrap();
+        assert_eq!(report.arms, vec![Arm::Serial, Arm::Pipelined], "{name}");
+        assert!(report.mismatch.is_none(), "{name}: {}", report.mismatch.unwrap());
+    }
+}
+
+#[test]
+fn cuda_agrees_with_the_cpu_backend() {
+    let dir = scratch("cpu");
+    let loaded = plan(&dir, "graphs", "devices = [[0]]", "");
+    let want = decode_all(&loaded, options(Arm::Serial), &PROMPT, GENERATED).unwrap();
+    let got = decode_all(&loaded, cuda(), &PROMPT, GENERATED).unwrap();
+    assert_eq!(want.len(), got.len());
+    for (a, b) in want.iter().zip(&got) {
+        assert_eq!(a.token, b.token, "step {}", a.step);
+        let scale = a.logits.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = a
+            .logits
+            .iter()
+            .zip(&b.logits)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(err <= 1e-3 * scale, "step {}: error {err} of scale {scale}", a.step);
+    }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after scripts/gpu-build.sh staged the
+# binaries in .dev/bin here: writes synthetic models to /tmp, compiles the placements of
+# plans/synthetic/ for them, then proves the CUDA backend:
+#   - gates: every plan bit-identical to the 1-rank eager CUDA run (serial and pipelined arms,
+#     16 generated tokens), llama1b-shaped q8_0 and q4_1: graphs, PP-2, PP-3 uneven, PP-5,
+#     TP-2, TP-4, PP-2 x TP-2, all ranks on device 0;
+#   - soak: the pipelined PP-4 gate 100 times in one process, counting mismatching runs;
+#   - CUDA against the CPU backend on a smol135m-shaped model, 64 greedy steps;
+#   - compute-sanitizer memcheck and racecheck on a short PP-4 decode with graphs;
+#   - decode speed of the llama1b-shaped q4_1 plans.
+# Logs go to /tmp/memra-gpu (and, packed, to $OUT/gates-logs.tar.gz); the last lines printed
+# are the result table. Every command has a time limit. Exits non-zero if any row failed.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BIN="${BIN:-.dev/bin}"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+LOG=/tmp/memra-gpu
+M=/tmp/memra-models
+P=/tmp/memra-plans
+mkdir -p "$LOG" "$M" models
+date -u +%Y-%m-%dT%H:%MZ | tee "$LOG/date.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/gpu.txt"
+
+rows=()
+failed=0
+row() { # name, status, detail
+    rows+=("$(printf '%-32s %-4s %s' "$1" "$2" "$3")")
+    [ "$2" = ok ] || failed=1
+}
+limit() { timeout --kill-after=5 "$@"; }
+# compile PLACEMENT... for the model DTYPE of SHAPE into $P/DTYPE/
+compile() {
+    local shape=$1 dtype=$2
+    shift 2
+    ln -sf "$M/$shape-$dtype.gguf" "models/$shape.gguf"
+    mkdir -p "$P/$dtype"
+    for name in "$@"; do
+        "$BIN/memra-compile" -o "$P/$dtype/$name.plan.toml" "plans/synthetic/$name.toml" >/dev/null ||
+            row "compile $name $dtype" FAIL "see $LOG"
+    done
+}
+
+t0=$(date +%s)
+"$BIN/memra-synth" --shape smol135m --dtype q8_0 -o "$M/smol135m-q8_0.gguf" 2>"$LOG/synth-smol.log" &
+"$BIN/memra-synth" --shape llama1b --dtype q8_0 -o "$M/llama1b-q8_0.gguf" 2>"$LOG/synth-l1-q8.log" &
+"$BIN/memra-synth" --shape llama1b --dtype q4_1 -o "$M/llama1b-q4_1.gguf" 2>"$LOG/synth-l1-q41.log" &
+wait
+echo "models written in $(($(date +%s) - t0)) s"
+
+LLAMA=(llama1b-eager llama1b llama1b-pp2 llama1b-pp3 llama1b-pp5 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2)
+for dtype in q8_0 q4_1; do
+    compile llama1b "$dtype" "${LLAMA[@]}"
+    for cand in "${LLAMA[@]:1}"; do
+        t=$(date +%s%N)
+        out=$(limit 150 "$BIN/memra-run" gate --backend cuda --model "$M/llama1b-$dtype.gguf" \
+            --reference "$P/$dtype/llama1b-eager.plan.toml" "$P/$dtype/$cand.plan.toml" 2>&1)
+        rc=$?
+        echo "$out" >>"$LOG/gates.log"
+        dt=$((($(date +%s%N) - t) / 100000000))
+        dt="$((dt / 10)).$((dt % 10))"
+        summary=$(echo "$out" | grep -oE "\(serial.*logits\)|differs.*" | head -1)
+        if [ $rc -eq 0 ]; then
+            row "gate $cand $dtype" ok "$summary ${dt}s"
+        else
+            row "gate $cand $dtype" FAIL "exit $rc ${dt}s: $(echo "$out" | tail -1 | cut -c1-300)"
+        fi
+    done
+done
+
+compile smol135m q8_0 smol135m smol135m-eager smol135m-pp4
+out=$(limit 200 "$BIN/memra-run" gate --backend cuda --repeat 100 --model "$M/smol135m-q8_0.gguf" \
+    --reference "$P/q8_0/smol135m-eager.plan.toml" "$P/q8_0/smol135m-pp4.plan.toml" 2>&1)
+rc=$?
+echo "$out" >"$LOG/soak.log"
+[ $rc -eq 0 ] && row "soak smol135m-pp4 x100" ok "$(echo "$out" | grep -oE '[0-9]+ of [0-9]+ runs differed')" ||
+    row "soak smol135m-pp4 x100" FAIL "$(echo "$out" | tail -1)"
+
+out=$(limit 150 "$BIN/memra-run" compare --backend cuda -n 64 --tolerance 1e-3 --model "$M/smol135m-q8_0.gguf" \
+    "$P/q8_0/smol135m.plan.toml" 2>&1)
+rc=$?
+echo "$out" >"$LOG/compare.log"
+[ $rc -eq 0 ] && row "cuda vs cpu smol135m q8_0" ok "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //')" ||
+    row "cuda vs cpu smol135m q8_0" FAIL "$(echo "$out" | tail -1)"
+
+for tool in memcheck racecheck; do
+    limit 200 compute-sanitizer --tool $tool --error-exitcode 3 "$BIN/memra-run" generate --backend cuda --temp 0 \
+        -n 8 -p "hello" --model "$M/smol135m-q8_0.gguf" "$P/q8_0/smol135m-pp4.plan.toml" >"$LOG/$tool.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && row "sanitizer $tool smol135m-pp4" ok "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/$tool.log" | head -1)" ||
+        row "sanitizer $tool smol135m-pp4" FAIL "exit $rc: $(grep -E 'SUMMARY|error' "$LOG/$tool.log" | head -2 | tr '\n' ' ')"
+done
+
+for cand in llama1b-eager llama1b llama1b-pp2 llama1b-tp2; do
+    out=$(limit 100 "$BIN/memra-run" bench --backend cuda -n 128 --reps 3 --model "$M/llama1b-q4_1.gguf" "$P/q4_1/$cand.plan.toml" 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG/bench.log"
+    [ $rc -eq 0 ] && row "bench $cand q4_1" ok "$(echo "$out" | tail -1 | sed 's/^[^:]*: cuda, //')" ||
+        row "bench $cand q4_1" FAIL "$(echo "$out" | tail -1)"
+done
+
+[ -n "${OUT:-}" ] && tar -czf "$OUT/gates-logs.tar.gz" -C "$LOG" .
+echo
+echo "total $(($(date +%s) - t0)) s"
+printf '%s\n' "${rows[@]}"
+exit $failed
