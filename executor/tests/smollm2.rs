@@ -34,9 +34,10 @@ fn the_capital_of_france_is_paris() {
 /// a near-tie between the two picks: the backends round activations differently (llama.cpp
 /// stores q8 activation scales as f16), so only such ties may flip.
 const NEAR_TIE: f32 = 0.25;
-/// Largest |logit| difference allowed on llama.cpp's top-5 tokens while both agree (0.65
-/// measured; the same 8-bit activation rounding amplifies the backends' small differences).
-const LOGIT_TOLERANCE: f32 = 1.0;
+/// Largest |logit| difference allowed on llama.cpp's top-5 tokens while both agree (1.32
+/// measured over 167 agreeing steps; the 8-bit activation rounding amplifies the backends'
+/// small differences as sequences grow).
+const LOGIT_TOLERANCE: f32 = 1.5;
 
 #[test]
 fn greedy_tokens_match_llama_cpp() {
@@ -103,7 +104,7 @@ fn greedy_tokens_match_llama_cpp() {
         "logits differ from llama.cpp by {max_diff}"
     );
     assert!(
-        exact >= 2,
+        exact >= 4,
         "only {exact}/{} cases match llama.cpp exactly",
         cases.len()
     );

@@ -130,6 +130,13 @@ pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out
     );
     let group = n_heads / kv.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    // The products run in the cache's dtype: q and the probabilities are narrowed to it.
+    let narrow = |x: f32| match kv.dtype {
+        KvDtype::F32 => x,
+        KvDtype::F16 => f16_to_f32(f32_to_f16(x)),
+        KvDtype::BF16 => bf16_to_f32(f32_to_bf16(x)),
+    };
+    let q: Vec<f32> = q.iter().map(|&x| narrow(x)).collect();
     let mut row = vec![0f32; hd];
     let mut scores = vec![0f32; group * n_ctx_used];
     for kvh in 0..kv.n_kv_heads {
@@ -147,7 +154,7 @@ pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out
         for pos in 0..n_ctx_used {
             kv.read(&kv.v, pos, kvh, &mut row);
             for (g, h) in heads.clone().enumerate() {
-                let p = scores[g * n_ctx_used + pos];
+                let p = narrow(scores[g * n_ctx_used + pos]);
                 for (o, &v) in out[h * hd..(h + 1) * hd].iter_mut().zip(&row) {
                     *o += p * v;
                 }

@@ -54,6 +54,20 @@ fn effective_x(dtype: GgmlType, x: &[f32]) -> Vec<f32> {
     }
 }
 
+/// For q4_1 the kernel takes a block's minimum times the activations' stored `s` (f16 of
+/// `d * sum`, as in the q8_1 format) where the dequantized reference has `d * sum`: the
+/// difference, summed over one row's blocks.
+fn q4_1_min_term_correction(row_bytes: &[u8], x: &[f32]) -> f64 {
+    row_bytes
+        .chunks_exact(20)
+        .zip(quantize_q8(x, false))
+        .map(|(block, xb)| {
+            let m = memra_gguf::f16::f16_to_f32(u16::from_le_bytes([block[2], block[3]]));
+            f64::from(m) * (f64::from(xb.s) - f64::from(xb.d) * f64::from(xb.sum))
+        })
+        .sum()
+}
+
 /// Column counts that give every dtype 1, 2, 4 and 8 whole-block chunks; the float ones
 /// leave a tail of fewer than 32 elements in each chunk.
 fn cols_for(dtype: GgmlType) -> usize {
@@ -88,11 +102,15 @@ fn matvec_matches_f64_reference() {
             let y = run(2, &w, &x, chunks, simd_available());
             for (r, &got) in y.iter().enumerate() {
                 let row = &wf[r * cols..(r + 1) * cols];
-                let exact: f64 = row
+                let mut exact: f64 = row
                     .iter()
                     .zip(&xe)
                     .map(|(&a, &b)| f64::from(a) * f64::from(b))
                     .sum();
+                if dtype == GgmlType::Q4_1 {
+                    let row_bytes = &bytes[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+                    exact += q4_1_min_term_correction(row_bytes, &x);
+                }
                 let abs: f64 = row
                     .iter()
                     .zip(&xe)
