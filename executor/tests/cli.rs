@@ -100,7 +100,9 @@ fn gate_fails_with_exit_status_1_on_a_mismatch() {
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("gate failed") && text.contains("serial arm, step ") && text.contains(", logit "),
+        text.contains("gate failed")
+            && text.contains("serial arm, step ")
+            && text.contains(", logit "),
         "{text}"
     );
 }

@@ -34,8 +34,8 @@ fn plan(dir: &Path, name: &str, pipeline: &str, extra: &str) -> LoadedPlan {
         model.display()
     );
     std::fs::write(&placement, text).unwrap();
-    let compiled = memra_compiler::passes::compile(&placement)
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let compiled =
+        memra_compiler::passes::compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
     let out = dir.join(format!("{name}.plan.toml"));
     std::fs::write(&out, compiled.plan.to_toml()).unwrap();
     load(&out, Some(&model)).unwrap()
@@ -50,7 +50,12 @@ fn scratch(name: &str) -> PathBuf {
 #[test]
 fn every_plan_on_one_device_matches_the_eager_run_bit_for_bit() {
     let dir = scratch("gates");
-    let reference = plan(&dir, "eager", "devices = [[0]]", "\n[capture]\nmode = \"eager\"\n");
+    let reference = plan(
+        &dir,
+        "eager",
+        "devices = [[0]]",
+        "\n[capture]\nmode = \"eager\"\n",
+    );
     for (name, pipeline) in [
         ("graphs", "devices = [[0]]"),
         ("pp2", "devices = [[0], [0]]"),
@@ -61,7 +66,11 @@ fn every_plan_on_one_device_matches_the_eager_run_bit_for_bit() {
         let candidate = plan(&dir, name, pipeline, "");
         let report = gate(&reference, &candidate, &PROMPT, GENERATED, cuda()).unwrap();
         assert_eq!(report.arms, vec![Arm::Serial, Arm::Pipelined], "{name}");
-        assert!(report.mismatch.is_none(), "{name}: {}", report.mismatch.unwrap());
+        assert!(
+            report.mismatch.is_none(),
+            "{name}: {}",
+            report.mismatch.unwrap()
+        );
     }
 }
 
@@ -80,6 +89,10 @@ fn cuda_agrees_with_the_cpu_backend() {
             .iter()
             .zip(&b.logits)
             .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        assert!(err <= 1e-3 * scale, "step {}: error {err} of scale {scale}", a.step);
+        assert!(
+            err <= 1e-3 * scale,
+            "step {}: error {err} of scale {scale}",
+            a.step
+        );
     }
 }

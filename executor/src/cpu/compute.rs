@@ -140,7 +140,13 @@ impl RankCompute {
             let norm = w.take_vector("output_norm.weight")?;
             let rows = if m.tied_embeddings {
                 let per = (m.vocab / r.tp_degree) as usize;
-                let start = r.tp_index as usize * per;
+                // a head-only rank of a tensor-parallel group holds just its vocab rows
+                let held = embed.as_ref().map_or(0, |e| e.rows);
+                let start = if held == per {
+                    0
+                } else {
+                    r.tp_index as usize * per
+                };
                 HeadRows::Tied {
                     start,
                     end: start + per,

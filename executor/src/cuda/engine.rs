@@ -41,18 +41,22 @@ struct RunGraphs {
     latched: bool,
 }
 
-/// Pinned host memory a rank's step inputs go up from; a slot is reused only after the copy
-/// that read it finished (the pinned slice's own event orders that).
+/// Pinned host memory a rank's step inputs go up from; a slot is rewritten only after the
+/// copies that read it finished (its event is recorded after them). The pinned slices' own
+/// events are not recorded with cudarc's event tracking off, so the ring keeps its own.
 struct InputRing {
     pos: Vec<PinnedHostSlice<u32>>,
     token: Vec<PinnedHostSlice<u32>>,
+    done: Vec<CudaEvent>,
 }
 
-/// The readback ring on the sampler rank's device.
+/// The readback ring on the sampler rank's device; `done[slot]` is recorded after a step's
+/// copies into the slot, and the host waits on it before reading.
 struct Readback {
     rank: usize,
     logits: Vec<PinnedHostSlice<f32>>,
     token: Vec<PinnedHostSlice<u32>>,
+    done: Vec<CudaEvent>,
     /// Submitted steps not yet returned: (step, position).
     pending: VecDeque<(u64, u32)>,
 }
@@ -135,6 +139,9 @@ impl Engine {
                 token: (0..n)
                     .map(|_| pinned(&rank.dev, 1))
                     .collect::<Result<_>>()?,
+                done: (0..n)
+                    .map(|_| rank.dev.new_event(false))
+                    .collect::<Result<_>>()?,
             });
         }
         let reader = &ranks[readers[0]];
@@ -146,6 +153,9 @@ impl Engine {
                 .collect::<Result<_>>()?,
             token: (0..ring)
                 .map(|_| pinned(&reader.dev, 1))
+                .collect::<Result<_>>()?,
+            done: (0..ring)
+                .map(|_| reader.dev.new_event(false))
                 .collect::<Result<_>>()?,
             pending: VecDeque::new(),
         };
@@ -259,10 +269,11 @@ impl Engine {
         let rank = &self.ranks[ri];
         let ring = &mut self.inputs[ri];
         let slot = (t % ring.pos.len() as u64) as usize;
-        let up = |host: &mut PinnedHostSlice<u32>, value: u32, dst: Span<u32>| -> Result<()> {
-            host.as_mut_slice()
-                .map_err(|e| anyhow!("cuda backend: input ring: {e:?}"))?[0] = value;
-            s.memcpy_htod(host, &mut dst.clone())
+        let host = |e| anyhow!("cuda backend: input ring: {e:?}");
+        ring.done[slot].synchronize().map_err(host)?;
+        let up = |h: &mut PinnedHostSlice<u32>, value: u32, dst: Span<u32>| -> Result<()> {
+            h.as_mut_slice().map_err(host)?[0] = value;
+            s.memcpy_htod(h, &mut dst.clone())
                 .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
         };
         up(&mut ring.pos[slot], input.pos, rank.pos())?;
@@ -274,7 +285,7 @@ impl Engine {
                 (None, None) => {}
             }
         }
-        Ok(())
+        ring.done[slot].record(s).map_err(host)
     }
 
     fn execute(&mut self, ri: usize, i: usize, t: u64, s: &Arc<CudaStream>) -> Result<()> {
@@ -356,6 +367,7 @@ impl Engine {
         let slot = (t % rb.logits.len() as u64) as usize;
         s.memcpy_dtoh(&rank.logits(), &mut rb.logits[slot])
             .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))
+            .and_then(|_| rb.done[slot].record(s))
             .map_err(|e| anyhow!("cuda backend: readback: {e:?}"))
     }
 
@@ -418,9 +430,8 @@ impl Decoder for Engine {
         self.readback.pending.push_back((t, input.pos));
         if result.is_ok() && self.arm == Arm::Serial {
             let slot = (t % self.readback.logits.len() as u64) as usize;
-            result = self.readback.token[slot]
-                .as_slice()
-                .map(drop)
+            result = self.readback.done[slot]
+                .synchronize()
                 .map_err(|e| anyhow!("cuda backend: step {t}: {e:?}"));
         }
         if result.is_err() {

@@ -159,7 +159,13 @@ impl RankDevice {
             let rows = if m.tied_embeddings {
                 let table = table.as_ref().expect("invariant: taken above");
                 let per = (m.vocab / r.tp_degree) as usize;
-                let start = r.tp_index as usize * per;
+                // a rank that also embeds holds the whole table; a head-only rank of a
+                // tensor-parallel group holds just its vocab rows
+                let start = if table.rows == per {
+                    0
+                } else {
+                    r.tp_index as usize * per
+                };
                 if r.embed && per == table.rows {
                     HeadRows::Embedding
                 } else {
