@@ -1,24 +1,32 @@
-// memra kernels: y = W x for batch-1 decode, every weight dtype. A block of 4 warps owns 4 rows;
-// its warps split the K chunks between them and every warp computes its chunks for all 4 rows,
-// so each activation value read serves 4 rows and a row's bytes are fetched by 4 warps at once.
+// memra kernels: y = W x for batch-1 decode, every weight dtype. A persistent grid (a few
+// blocks per SM) splits the rows into contiguous runs of 4-row quads; each block walks its run
+// in rounds of MATVEC_ROUND quads, and its warps take the (quad, chunk) items of a round in
+// turn, so every warp streams 4 rows of one chunk at a time whatever the chunk count.
+//
+// Quantized weights multiply an 8-bit copy of x, made once per block in shared memory before
+// the rows start: per 32 values (q8_0, q4_0, q4_1) or 256 values (q4_k, q6_k) a scale
+// d = amax / 127 and quants round(x * 127 / amax), half to even, exactly as the CPU backend
+// (executor/src/cpu/kernels/act.rs) quantizes, so both see the same activations. Weight quants
+// then meet activation quants in __dp4a integer dots, exact, and only the scales are float.
+// Float weights (f32, f16, bf16) multiply x itself, read through L1.
 //
 // Numerics contract (DESIGN.md "Numerics"): K is cut into `chunks` equal, block-aligned chunks
 // (a power of two, at most 32). Inside a chunk every lane accumulates a fixed, chunk-relative
 // set of elements in a fixed order, then the warp sums the lanes with a fixed xor butterfly; the
-// chunk values are then combined in a balanced binary tree. The bits of one chunk depend only
-// on that chunk's bytes and its length (not on which warp computes it or on the row grouping),
-// so a tensor-parallel rank with K/d columns and chunks/d chunks computes exactly one subtree of
+// chunk values are then combined in a balanced binary tree. The activation quantization of a
+// block depends on that block's values alone. So the bits of one chunk depend only on the
+// chunk's weight bytes, its x values and its length (not on which warp or block computes it),
+// a tensor-parallel rank with K/d columns and chunks/d chunks computes exactly one subtree of
 // the 1-rank result, and tree_sum (reduce.cu) completes it bit for bit.
-//
-// Each policy reads its quant blocks with coalesced loads: 4 lanes per 32-value block (q8_0,
-// q4_0, q4_1), 16 lanes per 256-value super-block (q4_k, q6_k), 8 consecutive values per lane
-// for the float types when the chunk length allows it. Quants become floats through
-// small_to_f32 (common.cuh), which avoids the slow integer-to-float conversion.
 #include "common.cuh"
 
-#define MATVEC_WARPS 4
+#define MATVEC_THREADS 512
+#define MATVEC_WARPS (MATVEC_THREADS / WARP)
 #define MATVEC_ROWS 4
+#define MATVEC_ROUND 8
 #define MATVEC_MAX_CHUNKS 32
+// weight bytes of its first round a block asks L2 for while it quantizes x
+#define MATVEC_PREFETCH 16384
 
 __device__ __forceinline__ void load8(const float* x, float* v) {
     float4 a = *(const float4*)x;
@@ -27,10 +35,68 @@ __device__ __forceinline__ void load8(const float* x, float* v) {
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
-__device__ __forceinline__ void load4(const float* x, float* v) {
-    float4 a = *(const float4*)x;
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+// An exact i32 -> f32 for |v| < 2^22 without the slow I2F: 1.5 * 2^23 + v has the integer in
+// its mantissa, and subtracting 1.5 * 2^23 leaves v exactly.
+__device__ __forceinline__ float int_to_f32(int v) {
+    return __int_as_float(0x4B400000 + v) - 12582912.0f;
 }
+
+#define ONES 0x01010101
+#define NIB 0x0f0f0f0f
+
+// ---- activation quantization (shared memory): quants `q[K]`, then per block `scales` ----
+
+// Quantizes x[0..K) into blocks of `B` values (32 or 256): q = round_half_even(x * id) with
+// d = amax / 127 and id = 127 / amax (0 for an all-zero block). For B = 32, scale b is the pair
+// (d, d * sum of the quants); for B = 256 it is d. Warp w takes blocks w, w + warps, ...; each
+// lane 4 values per 32-block (8 lanes a block, 4 blocks per warp pass), or 8 per 256-block.
+template <int B>
+__device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (B == 32) {
+        const int nb = cols / 32, sub = lane >> 3, l = lane & 7;
+        for (int b0 = 4 * warp; b0 < nb; b0 += 4 * MATVEC_WARPS) {
+            const int b = b0 + sub;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (b < nb) v = *(const float4*)(x + 32 * b + 4 * l);
+            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+            for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+            const float d = __fdiv_rn(amax, 127.f);
+            const float id = amax != 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+            const int q0 = __float2int_rn(__fmul_rn(v.x, id)), q1 = __float2int_rn(__fmul_rn(v.y, id));
+            const int q2 = __float2int_rn(__fmul_rn(v.z, id)), q3 = __float2int_rn(__fmul_rn(v.w, id));
+            int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+            for (int off = 4; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+            if (b < nb) {
+                ((u32*)q)[8 * b + l] = (u32)(q0 & 255) | (u32)(q1 & 255) << 8 | (u32)(q2 & 255) << 16 | (u32)q3 << 24;
+                if (l == 0) ((float2*)scales)[b] = make_float2(d, __fmul_rn(d, (float)sum));
+            }
+        }
+    } else {
+        for (int b = warp; b < cols / 256; b += MATVEC_WARPS) {
+            float v[8];
+            load8(x + 256 * b + 8 * lane, v);
+            float amax = 0.f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
+            amax = warp_max(amax);
+            const float id = amax != 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+            u32 w[2] = {0, 0};
+#pragma unroll
+            for (int k = 0; k < 8; ++k) w[k / 4] |= (u32)(__float2int_rn(__fmul_rn(v[k], id)) & 255) << (8 * (k % 4));
+            *(uint2*)(q + 256 * b + 8 * lane) = make_uint2(w[0], w[1]);
+            if (lane == 0) scales[b] = __fdiv_rn(amax, 127.f);
+        }
+    }
+}
+
+// The activations a quantized policy reads: quants and per-block scales in shared memory.
+struct Act {
+    const i8* q;
+    const float* s;
+};
 
 // ---- float weights: lane l takes 8-value groups l, l + 32, ... (or single values when the
 // chunk length is not a multiple of 8); the choice depends on the chunk length alone ----
@@ -73,121 +139,88 @@ struct BF16 {
 
 template <class T>
 struct FloatPolicy {
+    static constexpr int ACT_BLOCK = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return T::row_bytes(cols); }
-    static __device__ __forceinline__ void lane_chunk(const u8* w0, size_t rb, int nr, const float* x, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float* x, Act, int c0, int len, int lane, float* acc) {
         const int esize = (int)T::row_bytes(1);
         if (len % 8 == 0) {
-#pragma unroll 2
+            // one pass keeps 4 rows x 16 bytes in flight per lane within 64 registers
+#pragma unroll 1
             for (int g = lane; g < len / 8; g += WARP) {
                 const int e = c0 + 8 * g;
                 float v[8];
                 load8(x + e, v);
 #pragma unroll
                 for (int r = 0; r < MATVEC_ROWS; ++r) {
-                    if (r < nr) {
-                        float w[8];
-                        T::widen8(w0 + r * rb + (size_t)e * esize, w);
+                    float w[8];
+                    T::widen8(row[r] + (size_t)e * esize, w);
 #pragma unroll
-                        for (int k = 0; k < 8; ++k) acc[r] = fmaf(w[k], v[k], acc[r]);
-                    }
+                    for (int k = 0; k < 8; ++k) acc[r] = fmaf(w[k], v[k], acc[r]);
                 }
             }
         } else {
             for (int e = lane; e < len; e += WARP) {
                 const float v = x[c0 + e];
 #pragma unroll
-                for (int r = 0; r < MATVEC_ROWS; ++r)
-                    if (r < nr) acc[r] = fmaf(T::one(w0 + r * rb, c0 + e), v, acc[r]);
+                for (int r = 0; r < MATVEC_ROWS; ++r) acc[r] = fmaf(T::one(row[r], c0 + e), v, acc[r]);
             }
         }
     }
 };
 
-// ---- 32-value blocks: block b of the chunk goes to lanes 4(b % 8) .. 4(b % 8) + 3 ----
+// ---- 32-value blocks: block b of the chunk goes to lanes 4(b % 8) .. 4(b % 8) + 3, lane p
+// of the four takes quants 8p .. 8p + 7 (q8_0), or quant bytes 4p .. 4p + 3, that is values
+// 4p .. 4p + 3 and 16 + 4p .. 16 + 4p + 3 (q4_0, q4_1). A lane adds (d_w * d_x) * its dot; for
+// q4_1 lane 0 of the four also adds m_w * (d_x * sum of the block's activation quants). ----
 
 struct Q8_0 {
+    static constexpr int ACT_BLOCK = 32;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * 34; }
-    static __device__ __forceinline__ void lane_chunk(const u8* w0, size_t rb, int nr, const float* x, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
         const int p = lane & 3;
 #pragma unroll 2
-        for (int b = lane >> 2; b < len / 32; b += 8) {
-            const int e = c0 + 32 * b;
-            float v[8];
-            load8(x + e + 8 * p, v);
+        for (int b = (c0 >> 5) + (lane >> 2); b < (c0 + len) >> 5; b += 8) {
+            const uint2 xq = *(const uint2*)(a.q + 32 * b + 8 * p);
+            const float dx = a.s[2 * b];
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
-                if (r >= nr) continue;
-                const u8* blk = w0 + r * rb + (size_t)(e / 32) * 34;
+                const u8* blk = row[r] + (size_t)b * 34;
                 const u16* qs = (const u16*)(blk + 2 + 8 * p);
-                const u16 q[4] = {qs[0], qs[1], qs[2], qs[3]};
-                const float d = f16_to_f32(ld_u16(blk));
-                float s = 0.f;
+                const u32 q0 = __byte_perm(qs[0], qs[1], 0x5410), q1 = __byte_perm(qs[2], qs[3], 0x5410);
+                const int dot = __dp4a((int)q1, (int)xq.y, __dp4a((int)q0, (int)xq.x, 0));
+                acc[r] = fmaf(f16_to_f32(ld_u16(blk)) * dx, int_to_f32(dot), acc[r]);
+            }
+        }
+    }
+};
+
+template <bool MIN>
+struct Q4 {
+    static constexpr int ACT_BLOCK = 32;
+    static constexpr int BYTES = MIN ? 20 : 18;
+    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * BYTES; }
+    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
+        const int p = lane & 3;
+#pragma unroll 2
+        for (int b = (c0 >> 5) + (lane >> 2); b < (c0 + len) >> 5; b += 8) {
+            const int xlo = *(const int*)(a.q + 32 * b + 4 * p), xhi = *(const int*)(a.q + 32 * b + 16 + 4 * p);
+            const float2 ds = *(const float2*)(a.s + 2 * b);
+            // q4_0 quants carry an offset of 8: subtract it through the activation sum, exactly
+            const int off = MIN ? 0 : 8 * __dp4a(ONES, xhi, __dp4a(ONES, xlo, 0));
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    s = fmaf(small_to_f32((q[k] & 0xff) ^ 0x80, BIAS128), v[2 * k], s);
-                    s = fmaf(small_to_f32((q[k] >> 8) ^ 0x80, BIAS128), v[2 * k + 1], s);
+            for (int r = 0; r < MATVEC_ROWS; ++r) {
+                const u8* blk = row[r] + (size_t)b * BYTES;
+                if (MIN) {
+                    const u32 q = *(const u32*)(blk + 4 + 4 * p);
+                    const u32 dm = *(const u32*)blk;
+                    const int dot = __dp4a((int)((q >> 4) & NIB), xhi, __dp4a((int)(q & NIB), xlo, 0));
+                    acc[r] = fmaf(f16_to_f32((u16)(dm & 0xffff)) * ds.x, int_to_f32(dot), acc[r]);
+                    acc[r] = fmaf(p == 0 ? f16_to_f32((u16)(dm >> 16)) : 0.f, ds.y, acc[r]);
+                } else {
+                    const u32 q = ld_u32_a2(blk + 2 + 4 * p);
+                    const int dot = __dp4a((int)((q >> 4) & NIB), xhi, __dp4a((int)(q & NIB), xlo, 0));
+                    acc[r] = fmaf(f16_to_f32(ld_u16(blk)) * ds.x, int_to_f32(dot - off), acc[r]);
                 }
-                acc[r] = fmaf(d, s, acc[r]);
-            }
-        }
-    }
-};
-
-struct Q4_0 {
-    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * 18; }
-    static __device__ __forceinline__ void lane_chunk(const u8* w0, size_t rb, int nr, const float* x, int c0, int len, int lane, float* acc) {
-        const int p = lane & 3;
-#pragma unroll 2
-        for (int b = lane >> 2; b < len / 32; b += 8) {
-            const int e = c0 + 32 * b;
-            float lo[4], hi[4];
-            load4(x + e + 4 * p, lo);
-            load4(x + e + 16 + 4 * p, hi);
-#pragma unroll
-            for (int r = 0; r < MATVEC_ROWS; ++r) {
-                if (r >= nr) continue;
-                const u8* blk = w0 + r * rb + (size_t)(e / 32) * 18;
-                const u32 q = ld_u32_a2(blk + 2 + 4 * p);
-                const float d = f16_to_f32(ld_u16(blk));
-                float s = 0.f;
-#pragma unroll
-                for (int k = 0; k < 4; ++k) s = fmaf(small_to_f32((q >> (8 * k)) & 15, BIAS8), lo[k], s);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) s = fmaf(small_to_f32((q >> (8 * k + 4)) & 15, BIAS8), hi[k], s);
-                acc[r] = fmaf(d, s, acc[r]);
-            }
-        }
-    }
-};
-
-struct Q4_1 {
-    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * 20; }
-    static __device__ __forceinline__ void lane_chunk(const u8* w0, size_t rb, int nr, const float* x, int c0, int len, int lane, float* acc) {
-        const int p = lane & 3;
-#pragma unroll 2
-        for (int b = lane >> 2; b < len / 32; b += 8) {
-            const int e = c0 + 32 * b;
-            float lo[4], hi[4];
-            load4(x + e + 4 * p, lo);
-            load4(x + e + 16 + 4 * p, hi);
-            float sx = 0.f;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) sx += lo[k];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) sx += hi[k];
-#pragma unroll
-            for (int r = 0; r < MATVEC_ROWS; ++r) {
-                if (r >= nr) continue;
-                const u8* blk = w0 + r * rb + (size_t)(e / 32) * 20;
-                const u32 q = *(const u32*)(blk + 4 + 4 * p);
-                const u32 dm = *(const u32*)blk;
-                float s = 0.f;
-#pragma unroll
-                for (int k = 0; k < 4; ++k) s = fmaf(small_to_f32((q >> (8 * k)) & 15, BIAS0), lo[k], s);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) s = fmaf(small_to_f32((q >> (8 * k + 4)) & 15, BIAS0), hi[k], s);
-                acc[r] = fmaf(f16_to_f32((u16)(dm & 0xffff)), s, acc[r]);
-                acc[r] = fmaf(f16_to_f32((u16)(dm >> 16)), sx, acc[r]);
             }
         }
     }
@@ -195,133 +228,163 @@ struct Q4_1 {
 
 // ---- 256-value super-blocks: super-block b of the chunk goes to lanes 16(b % 2) .. +15 ----
 
+// The 6-bit scales and minimums of q4_k sub-blocks 2j and 2j + 1 (as q4k_scale_min in
+// common.cuh), byte 0 the first and byte 1 the second, from the 12 scale bytes as three words,
+// without a branch: sub-blocks 0..3 keep their bytes whole, 4..7 gather nibbles and top bits.
+__device__ __forceinline__ void q4k_scale_min_pair(int j, uint3 s, u32* sc, u32* m) {
+    const int sh = 16 * (j & 1);
+    const u32 a = (s.x >> sh) & 0xffff, b = (s.y >> sh) & 0xffff, c = (s.z >> sh) & 0xffff;
+    if (j < 2) {
+        *sc = a & 0x3f3f;
+        *m = b & 0x3f3f;
+    } else {
+        *sc = (c & 0x0f0f) | ((a >> 2) & 0x3030);
+        *m = ((c >> 4) & 0x0f0f) | ((b >> 2) & 0x3030);
+    }
+}
+
 struct Q4_K {
+    static constexpr int ACT_BLOCK = 256;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 256) * 144; }
     // lane t of 16 takes qs bytes 32j + 8q .. +8 (j = t / 4, q = t % 4): 8 values of
-    // sub-block 2j (low nibbles) and 8 of sub-block 2j + 1 (high nibbles)
-    static __device__ __forceinline__ void lane_chunk(const u8* w0, size_t rb, int nr, const float* x, int c0, int len, int lane, float* acc) {
+    // sub-block 2j (low nibbles) and 8 of sub-block 2j + 1 (high nibbles); it adds
+    // (d * d_x) * (sc0 * dot0 + sc1 * dot1) - (dmin * d_x) * (m0 * sum0 + m1 * sum1)
+    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
         const int t = lane & 15, j = t >> 2, qq = t & 3;
-        for (int b = lane >> 4; b < len / 256; b += 2) {
-            const int e = c0 + 256 * b;
-            float lo[8], hi[8];
-            load8(x + e + 64 * j + 8 * qq, lo);
-            load8(x + e + 64 * j + 32 + 8 * qq, hi);
-            float x0 = 0.f, x1 = 0.f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                x0 += lo[k];
-                x1 += hi[k];
-            }
+        for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
+            const uint2 xlo = *(const uint2*)(a.q + 256 * b + 64 * j + 8 * qq);
+            const uint2 xhi = *(const uint2*)(a.q + 256 * b + 64 * j + 32 + 8 * qq);
+            const float dx = a.s[b];
+            const int s0 = __dp4a(ONES, (int)xlo.y, __dp4a(ONES, (int)xlo.x, 0));
+            const int s1 = __dp4a(ONES, (int)xhi.y, __dp4a(ONES, (int)xhi.x, 0));
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
-                if (r >= nr) continue;
-                const u8* blk = w0 + r * rb + (size_t)(e / 256) * 144;
+                const u8* blk = row[r] + (size_t)b * 144;
                 const uint2 qv = *(const uint2*)(blk + 16 + 32 * j + 8 * qq);
                 const u32 dm = *(const u32*)blk;
-                int sc0, m0, sc1, m1;
-                q4k_scale_min(2 * j, blk + 4, &sc0, &m0);
-                q4k_scale_min(2 * j + 1, blk + 4, &sc1, &m1);
-                const u32 q[2] = {qv.x, qv.y};
-                float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const u32 byte = (q[k / 4] >> (8 * (k % 4))) & 0xff;
-                    s0 = fmaf(small_to_f32(byte & 15, BIAS0), lo[k], s0);
-                    s1 = fmaf(small_to_f32(byte >> 4, BIAS0), hi[k], s1);
-                }
-                const float a = fmaf((float)sc1, s1, (float)sc0 * s0);
-                const float mm = fmaf((float)m1, x1, (float)m0 * x0);
-                acc[r] = fmaf(f16_to_f32((u16)(dm & 0xffff)), a, acc[r]);
-                acc[r] = fmaf(-f16_to_f32((u16)(dm >> 16)), mm, acc[r]);
+                const uint3 sw = *(const uint3*)(blk + 4);
+                u32 sc, m;
+                q4k_scale_min_pair(j, sw, &sc, &m);
+                const int sc0 = sc & 0xff, sc1 = sc >> 8, m0 = m & 0xff, m1 = m >> 8;
+                const int d0 = __dp4a((int)(qv.y & NIB), (int)xlo.y, __dp4a((int)(qv.x & NIB), (int)xlo.x, 0));
+                const int d1 = __dp4a((int)((qv.y >> 4) & NIB), (int)xhi.y, __dp4a((int)((qv.x >> 4) & NIB), (int)xhi.x, 0));
+                acc[r] = fmaf(f16_to_f32((u16)(dm & 0xffff)) * dx, int_to_f32(sc0 * d0 + sc1 * d1), acc[r]);
+                acc[r] = fmaf(-f16_to_f32((u16)(dm >> 16)) * dx, int_to_f32(m0 * s0 + m1 * s1), acc[r]);
             }
         }
     }
 };
 
 struct Q6_K {
+    static constexpr int ACT_BLOCK = 256;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 256) * 210; }
     // lane t of 16 takes half n = t / 8 and positions l0 .. l0 + 3 (l0 = 4 (t % 8)) of it:
-    // values 128n + 32k + l for k = 0..3, each group of four under one scale
-    static __device__ __forceinline__ void lane_chunk(const u8* w0, size_t rb, int nr, const float* x, int c0, int len, int lane, float* acc) {
+    // values 128n + 32k + l for k = 0..3, each group of four under one scale; the offset 32
+    // of the 6-bit quants comes off through the activation sums, exactly
+    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
         const int t = lane & 15, n = t >> 3, l0 = 4 * (t & 7);
-        for (int b = lane >> 4; b < len / 256; b += 2) {
-            const int e = c0 + 256 * b;
-            float v[4][4];
+        for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
+            int xk[4], off[4];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) load4(x + e + 128 * n + 32 * k + l0, v[k]);
+            for (int k = 0; k < 4; ++k) {
+                xk[k] = *(const int*)(a.q + 256 * b + 128 * n + 32 * k + l0);
+                off[k] = 32 * __dp4a(ONES, xk[k], 0);
+            }
+            const float dx = a.s[b];
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
-                if (r >= nr) continue;
-                const u8* blk = w0 + r * rb + (size_t)(e / 256) * 210;
+                const u8* blk = row[r] + (size_t)b * 210;
                 const u32 qa = ld_u32_a2(blk + 64 * n + l0);
                 const u32 qb = ld_u32_a2(blk + 64 * n + 32 + l0);
                 const u32 qh = ld_u32_a2(blk + 128 + 32 * n + l0);
                 const i8* sc = (const i8*)(blk + 192 + 8 * n + l0 / 16);
-                float s[4] = {0.f, 0.f, 0.f, 0.f};
+                const u32 q[4] = {
+                    (qa & NIB) | ((qh << 4) & 0x30303030u),
+                    (qb & NIB) | ((qh << 2) & 0x30303030u),
+                    ((qa >> 4) & NIB) | (qh & 0x30303030u),
+                    ((qb >> 4) & NIB) | ((qh >> 2) & 0x30303030u),
+                };
+                int isum = 0;
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const u32 lo = (k & 1) ? qb : qa;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const u32 byte = (lo >> (8 * i)) & 0xff;
-                        const u32 ql = (k & 2) ? (byte >> 4) : (byte & 15);
-                        const u32 qhi = (qh >> (8 * i + 2 * k)) & 3;
-                        s[k] = fmaf(small_to_f32(ql | (qhi << 4), BIAS32), v[k][i], s[k]);
-                    }
-                }
-                float a = (float)sc[0] * s[0];
-                a = fmaf((float)sc[2], s[1], a);
-                a = fmaf((float)sc[4], s[2], a);
-                a = fmaf((float)sc[6], s[3], a);
-                acc[r] = fmaf(f16_to_f32(ld_u16(blk + 208)), a, acc[r]);
+                for (int k = 0; k < 4; ++k) isum += (int)sc[2 * k] * (__dp4a((int)q[k], xk[k], 0) - off[k]);
+                // |isum| can reach 2^23 here: the exact conversion, not int_to_f32
+                acc[r] = fmaf(f16_to_f32(ld_u16(blk + 208)) * dx, __int2float_rn(isum), acc[r]);
             }
         }
     }
 };
 
-// One block: rows row0 .. row0 + 3; warp w computes chunks w, w + 4, ... for all of them, the
-// chunk values meet in shared memory and warp 0 combines them in the tree.
+// One block: quantize x (quantized policies), then the quads of its row run, a round at a
+// time: warps take the round's (quad, chunk) items in turn and leave each chunk value in
+// shared memory; after a barrier, warp q combines quad q's chunks in the tree. Two buffers of
+// chunk values let the next round's items start while the tree reads the last round's: a
+// buffer is written again only after the barrier that follows every warp's tree over it.
 template <class P>
-__device__ __forceinline__ void matvec_rows(const u8* w, const float* x, float* y, int rows, int cols, int chunks) {
-    __shared__ float part[MATVEC_ROWS][MATVEC_MAX_CHUNKS];
+__device__ __forceinline__ void matvec_run(const u8* w, const float* x, float* y, int rows, int cols, int chunks) {
+    extern __shared__ uint4 act_smem[];
+    __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS][MATVEC_MAX_CHUNKS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = blockIdx.x * MATVEC_ROWS;
-    const int nr = min(MATVEC_ROWS, rows - row0);
     const size_t rb = P::row_bytes(cols);
-    const u8* w0 = w + (size_t)row0 * rb;
-    const int len = cols / chunks;
-    for (int c = warp; c < chunks; c += MATVEC_WARPS) {
-        float acc[MATVEC_ROWS];
-#pragma unroll
-        for (int r = 0; r < MATVEC_ROWS; ++r) acc[r] = 0.f;
-        P::lane_chunk(w0, rb, nr, x, c * len, len, lane, acc);
-#pragma unroll
-        for (int r = 0; r < MATVEC_ROWS; ++r) {
-            const float s = warp_sum(acc[r]);
-            if (lane == 0) part[r][c] = s;
-        }
+    const int quads = (rows + MATVEC_ROWS - 1) / MATVEC_ROWS;
+    const int q0 = (int)((long long)quads * blockIdx.x / gridDim.x);
+    const int q1 = (int)((long long)quads * (blockIdx.x + 1) / gridDim.x);
+    Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
+    if (P::ACT_BLOCK != 0) {
+        // start the first round's weight bytes towards L2 while x is quantized
+        const u8* first = w + (size_t)q0 * MATVEC_ROWS * rb;
+        const int first_rows = min(min(q1 - q0, MATVEC_ROUND) * MATVEC_ROWS, rows - q0 * MATVEC_ROWS);
+        const size_t bytes = min((size_t)max(first_rows, 0) * rb, (size_t)MATVEC_PREFETCH);
+        for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)MATVEC_THREADS * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(first + o));
+        quantize_x<P::ACT_BLOCK>(x, cols, (i8*)act.q, (float*)act.s);
+        __syncthreads();
     }
-    __syncthreads();
-    if (warp == 0) {
+    const int len = cols / chunks;
+    int buf = 0;
+    for (int round = q0; round < q1; round += MATVEC_ROUND, buf ^= 1) {
+        const int nq = min(MATVEC_ROUND, q1 - round);
+        for (int item = warp; item < nq * chunks; item += MATVEC_WARPS) {
+            const int quad = item / chunks, c = item - quad * chunks;
+            const int row0 = (round + quad) * MATVEC_ROWS;
+            const int nr = min(MATVEC_ROWS, rows - row0);
+            // rows past the end read the last row again, so that no load waits on a branch
+            const u8* row[MATVEC_ROWS];
+            float acc[MATVEC_ROWS];
 #pragma unroll
-        for (int r = 0; r < MATVEC_ROWS; ++r) {
-            const float total = chunk_tree(lane < chunks ? part[r][lane] : 0.f, chunks);
-            if (lane == 0 && r < nr) y[row0 + r] = total;
+            for (int r = 0; r < MATVEC_ROWS; ++r) {
+                row[r] = w + (size_t)(row0 + min(r, nr - 1)) * rb;
+                acc[r] = 0.f;
+            }
+            P::lane_chunk(row, x, act, c * len, len, lane, acc);
+#pragma unroll
+            for (int r = 0; r < MATVEC_ROWS; ++r) {
+                const float s = warp_sum(acc[r]);
+                if (lane == 0) part[buf][quad * MATVEC_ROWS + r][c] = s;
+            }
+        }
+        __syncthreads();
+        for (int quad = warp; quad < nq; quad += MATVEC_WARPS) {
+            const int row0 = (round + quad) * MATVEC_ROWS;
+#pragma unroll
+            for (int r = 0; r < MATVEC_ROWS; ++r) {
+                const float total = chunk_tree(lane < chunks ? part[buf][quad * MATVEC_ROWS + r][lane] : 0.f, chunks);
+                if (lane == 0 && row0 + r < rows) y[row0 + r] = total;
+            }
         }
     }
 }
 
 #define MATVEC(name, P)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MATVEC_WARPS * WARP)                          \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2)                            \
         name(const u8* w, const float* x, float* y, int rows, int cols, int chunks) {          \
-        matvec_rows<P>(w, x, y, rows, cols, chunks);                                           \
+        matvec_run<P>(w, x, y, rows, cols, chunks);                                            \
     }
 
 MATVEC(matvec_f32, FloatPolicy<F32>)
 MATVEC(matvec_f16, FloatPolicy<F16>)
 MATVEC(matvec_bf16, FloatPolicy<BF16>)
 MATVEC(matvec_q8_0, Q8_0)
-MATVEC(matvec_q4_0, Q4_0)
-MATVEC(matvec_q4_1, Q4_1)
+MATVEC(matvec_q4_0, Q4<false>)
+MATVEC(matvec_q4_1, Q4<true>)
 MATVEC(matvec_q4_k, Q4_K)
 MATVEC(matvec_q6_k, Q6_K)

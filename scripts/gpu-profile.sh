@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: the matvec benchmark alone while sampling the SM clock, then Nsight
-# Compute on one launch of selected matvec kernels (14336x4096, the second benchmark shape) to
+# Compute on one launch of selected matvec kernels (14336x4096, the third benchmark shape) to
 # show what bounds them. Logs go to $OUT (or /tmp/memra-gpu). Usage: gpu-profile.sh [KERNEL...]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,8 +18,8 @@ bench=$?
 kill "$smi"
 
 for k in "${kernels[@]}"; do
-    # the benchmark launches each kernel 160 times per shape: launch 200 is in the second shape
-    ncu --clock-control none --kernel-name "$k" --launch-skip 200 --launch-count 1 \
+    # the benchmark launches each kernel 160 times per shape: launch 330 is in the third shape
+    ncu --clock-control none --kernel-name "$k" --launch-skip 330 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
         --section MemoryWorkloadAnalysis "$BIN" --bench --no-checks >"$LOG/ncu-$k.txt" 2>&1
     echo "== $k"

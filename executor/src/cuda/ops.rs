@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
     CudaStream, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
 };
@@ -108,14 +109,30 @@ pub enum RopeStyle {
     Neox,
 }
 
-/// Rows per matvec block and warps per block; must match MATVEC_ROWS and MATVEC_WARPS in
-/// kernels/matvec.cu.
+/// Rows per matvec work item and threads per block; must match MATVEC_ROWS and
+/// MATVEC_THREADS in kernels/matvec.cu.
 const MATVEC_ROWS: usize = 4;
-const MATVEC_WARPS: usize = 4;
+const MATVEC_THREADS: usize = 512;
+/// Matvec blocks per SM (the kernels' `__launch_bounds__` minimum).
+const MATVEC_BLOCKS_PER_SM: usize = 2;
+/// Shared memory a block may take without raising the kernel's dynamic limit, less the
+/// 8 KiB of chunk values every matvec block holds statically.
+const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - (8 << 10);
 /// Largest chunk count the matvec tree (one lane per chunk) and tree_sum support.
 pub const MAX_CHUNKS: usize = 32;
 /// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// Shared bytes of a matvec block's 8-bit copy of x: K quants plus, per 32 values, the scale
+/// and scaled sum (q8_0, q4_0, q4_1) or, per 256 values, the scale (q4_k, q6_k); float weights
+/// read x itself.
+fn matvec_act_bytes(dtype: GgmlType, cols: usize) -> usize {
+    match dtype {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => cols + cols / 32 * 8,
+        GgmlType::Q4_K | GgmlType::Q6_K => cols + cols / 256 * 4,
+        _ => 0,
+    }
+}
 
 fn grid(n: usize, threads: usize) -> LaunchConfig {
     LaunchConfig {
@@ -161,7 +178,8 @@ impl CudaDevice {
     }
 
     /// `y = W x` with K reduced in `chunks` chunks combined in a balanced tree (the numerics
-    /// contract of kernels/matvec.cu, identical in structure to the CPU backend's).
+    /// contract of kernels/matvec.cu, identical in structure to the CPU backend's). Quantized
+    /// weights multiply x quantized to 8 bits per block exactly as the CPU backend does it.
     ///
     /// Panics unless `x` has `w.cols` values, `y` has `w.rows`, `chunks` is a power of two of
     /// at most `MAX_CHUNKS` and each chunk is a whole number of blocks; `x` must be 16-byte
@@ -205,10 +223,27 @@ impl CudaDevice {
         );
         let (rows, cols, chunks) = (int(w.rows), int(w.cols), int(chunks));
         let name = format!("matvec_{}", w.dtype.name());
+        let act = matvec_act_bytes(w.dtype, w.cols);
+        if act > MATVEC_PLAIN_DYNAMIC {
+            self.function(&name)
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    int(act),
+                )
+                .with_context(|| {
+                    format!(
+                        "cuda backend: allowing {name} {act} bytes of shared memory for K = {cols}"
+                    )
+                })?;
+        }
+        let blocks = w
+            .rows
+            .div_ceil(MATVEC_ROWS)
+            .min(MATVEC_BLOCKS_PER_SM * self.sm_count()?);
         let cfg = LaunchConfig {
-            grid_dim: (w.rows.div_ceil(MATVEC_ROWS) as u32, 1, 1),
-            block_dim: (MATVEC_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (MATVEC_THREADS as u32, 1, 1),
+            shared_mem_bytes: act as u32,
         };
         self.launch(stream, &name, cfg, |a| {
             a.arg(&wp)

@@ -15,7 +15,7 @@
 //! bf16) multiply `x` itself with a fixed lane order. Integer sums make the AVX2 and the
 //! scalar code agree bit for bit, whatever the SIMD lane order.
 
-mod act;
+pub(crate) mod act;
 mod attention;
 mod elementwise;
 mod float;

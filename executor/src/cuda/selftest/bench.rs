@@ -1,7 +1,10 @@
 //! Matvec bandwidth on llama-8B shapes: for each dtype and shape, enough copies of the weight
 //! to exceed the L2 cache several times are cycled through, each launch timed with CUDA events
 //! over a batch, and the median batch gives GB/s as weight bytes read per second. A large
-//! device-to-device copy (bytes read + written) gives the ceiling to compare with.
+//! device-to-device copy (bytes read + written) gives the ceiling to compare with. Per dtype,
+//! the shapes weighted by how often one decode token runs them give the token's matvec time:
+//! its weight bytes over that time, against the copy, is the decode bandwidth the kernels
+//! reach, and its inverse the tok/s they allow (attention and small ops excluded).
 
 use std::sync::Arc;
 
@@ -12,8 +15,15 @@ use memra_gguf::GgmlType;
 use super::random;
 use crate::cuda::{CudaDevice, CudaStream, DeviceWeight};
 
-/// (rows, cols) of llama-3-8B's matrices: attention (q/o), FFN gate/up, FFN down.
-const SHAPES: [(usize, usize); 3] = [(4096, 4096), (14336, 4096), (4096, 14336)];
+/// (rows, cols, launches per decode token) of llama-3-8B's matrices over its 32 layers: q and
+/// o, k and v, FFN gate and up, FFN down, and the output head.
+const SHAPES: [(usize, usize, usize); 5] = [
+    (4096, 4096, 64),
+    (1024, 4096, 64),
+    (14336, 4096, 64),
+    (4096, 14336, 32),
+    (128256, 4096, 1),
+];
 const DTYPES: [GgmlType; 8] = [
     GgmlType::F16,
     GgmlType::Q8_0,
@@ -36,8 +46,10 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
         "{:<6} {:>12} {:>10} {:>9} {:>8} {:>8}",
         "dtype", "shape", "MB", "us", "GB/s", "of copy"
     );
+    let mut tokens = Vec::new();
     for dtype in DTYPES {
-        for (rows, cols) in SHAPES {
+        let (mut token_us, mut token_mb) = (0.0, 0.0);
+        for (rows, cols, per_token) in SHAPES {
             let (us, gbs) = matvec_bandwidth(dev, s, rng, dtype, rows, cols)?;
             let mb = dtype
                 .bytes_for((rows * cols) as u64)
@@ -49,9 +61,28 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
                 format!("{rows}x{cols}"),
                 100.0 * gbs / copy
             );
+            token_us += per_token as f64 * us;
+            token_mb += per_token as f64 * mb;
         }
+        tokens.push((dtype, token_mb, token_us));
     }
     println!("device-to-device copy: {copy:.0} GB/s (bytes read + written)\n");
+    println!("llama-3-8B decode token, matvecs only (weights of 32 layers + head)");
+    println!(
+        "{:<6} {:>8} {:>9} {:>8} {:>8} {:>9} {:>9}",
+        "dtype", "MB", "us", "GB/s", "of copy", "tok/s", "ceiling"
+    );
+    for (dtype, mb, us) in tokens {
+        let gbs = mb * 1e6 / (us * 1e-6) / 1e9;
+        println!(
+            "{:<6} {mb:>8.0} {us:>9.0} {gbs:>8.0} {:>7.1}% {:>9.1} {:>9.1}",
+            dtype.name(),
+            100.0 * gbs / copy,
+            1e6 / us,
+            copy * 1e3 / mb
+        );
+    }
+    println!();
     Ok(())
 }
 

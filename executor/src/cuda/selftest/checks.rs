@@ -1,12 +1,15 @@
 //! Per-op numerics: each kernel against a CPU reference at awkward sizes. Matvec errors are
-//! relative to the row's sum of |w * x| (the scale of f32 rounding in a dot product), elsewhere
-//! to the largest reference magnitude; embed and kv_write must match the CPU bits exactly.
+//! relative to the row's sum of |w * x| (the scale of f32 rounding in a dot product), against
+//! an f64 dot with the activations the kernel multiplies (x quantized as the CPU backend does
+//! for quantized weights), elsewhere to the largest reference magnitude; embed and kv_write
+//! must match the CPU bits exactly.
 
 use anyhow::Result;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use crate::cpu::kernels::act::{quantize_q8, quantize_q8k};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -58,6 +61,7 @@ fn matvec(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize, chunks: usize
     let x = random(&mut cx.rng, cols, 1.0);
     let w = DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?;
     let xd = dev.upload(s, &x)?;
+    let x = activations(dtype, x);
     let mut yd = dev.upload(s, &vec![f32::NAN; rows])?;
     dev.matvec(s, &w, &xd, chunks, &mut yd)?;
     let y = dev.download(s, &yd)?;
@@ -89,6 +93,23 @@ fn matvec(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize, chunks: usize
         "rel|wx|",
     );
     Ok(())
+}
+
+/// The activations a matvec of `dtype` multiplies: x itself for float weights, else x through
+/// the CPU backend's 8-bit quantization (32-value blocks, or 256 for the k-quants), which the
+/// kernels must reproduce; a different rounding of one quant shows as an error near 1e-4.
+fn activations(dtype: GgmlType, x: Vec<f32>) -> Vec<f32> {
+    match dtype {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => quantize_q8(&x, false)
+            .iter()
+            .flat_map(|b| b.qs.map(|q| b.d * f32::from(q)))
+            .collect(),
+        GgmlType::Q4_K | GgmlType::Q6_K => quantize_q8k(&x, false)
+            .iter()
+            .flat_map(|b| b.qs.map(|q| b.d * f32::from(q)))
+            .collect(),
+        _ => x,
+    }
 }
 
 fn embed(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
