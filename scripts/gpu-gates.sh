@@ -132,12 +132,12 @@ gates q8_0
 compile smol135m q8_0 smol135m smol135m-eager smol135m-pp4
 late "soak smol135m-pp4 x100" || soak
 late "cuda vs cpu smol135m q8_0" || against_cpu
-late "sanitizer memcheck" || sanitize memcheck
 gates q4_1
-late "sanitizer racecheck" || sanitize racecheck
 for cand in llama1b-eager llama1b llama1b-pp2 llama1b-tp2; do
     late "bench $cand q4_1" || speed "$cand"
 done
+late "sanitizer memcheck" || sanitize memcheck
+late "sanitizer racecheck" || sanitize racecheck
 
 [ -n "${OUT:-}" ] && tar -czf "$OUT/gates-logs.tar.gz" -C "$LOG" .
 echo

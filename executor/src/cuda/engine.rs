@@ -381,6 +381,7 @@ impl Engine {
         let wait = |e| {
             anyhow!("cuda backend: step {step}: the device failed before its readback: {e:?} (a collective traps after 30 s without its peers)")
         };
+        self.readback.done[slot].synchronize().map_err(wait)?;
         let logits = self.readback.logits[slot]
             .as_slice()
             .map_err(wait)?
