@@ -43,7 +43,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     const size_t row = (size_t)n_kv_heads * head_dim;
     float* sc = scores + (size_t)h * capacity;
 
-    for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) qh[d] = q[(size_t)h * head_dim + d];
+    // q and the probabilities are narrowed to the f16 cache's dtype, as the CPU backend does
+    for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) qh[d] = round_f16(q[(size_t)h * head_dim + d]);
     __syncthreads();
 
     // scores: one warp per position, lanes over the head dimension
@@ -85,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     if (g < groups) {
         for (int p = g; p < n_ctx; p += groups) {
             const u16* vr = v_cache + p * row + (size_t)kvh * head_dim;
-            acc = fmaf(sc[p] * inv, f16_to_f32(vr[d]), acc);
+            acc = fmaf(round_f16(sc[p] * inv), f16_to_f32(vr[d]), acc);
         }
     }
     red[threadIdx.x] = acc;

@@ -27,6 +27,9 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     return h;
 }
 
+// f32 rounded to the nearest f16 value (round to nearest even), kept as f32.
+__device__ __forceinline__ float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
 // bf16 -> f32, exact.
 __device__ __forceinline__ float bf16_to_f32(u16 h) {
     return __uint_as_float(((u32)h) << 16);

@@ -71,7 +71,8 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
             for (int off = 4; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
             if (b < nb) {
                 ((u32*)q)[8 * b + l] = (u32)(q0 & 255) | (u32)(q1 & 255) << 8 | (u32)(q2 & 255) << 16 | (u32)q3 << 24;
-                if (l == 0) ((float2*)scales)[b] = make_float2(d, __fmul_rn(d, (float)sum));
+                // d and d * sum as the f16 values the q8_1 block format stores (as the CPU does)
+                if (l == 0) ((float2*)scales)[b] = make_float2(round_f16(d), round_f16(__fmul_rn(d, (float)sum)));
             }
         }
     } else {

@@ -654,6 +654,25 @@ impl Plan {
         out
     }
 
+    /// Weight bytes one decode step reads over all ranks: every shard, except that a rank
+    /// which only embeds reads one row of the embedding table.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let vocab = u64::from(self.model.vocab);
+        self.ranks
+            .iter()
+            .flat_map(|r| r.weights.iter().map(move |w| (r, w)))
+            .map(|(r, w)| {
+                let lookup_only =
+                    w.tensor == "token_embd.weight" && !(r.head && self.model.tied_embeddings);
+                if lookup_only {
+                    w.bytes / vocab
+                } else {
+                    w.bytes
+                }
+            })
+            .sum()
+    }
+
     /// The rank with this id.
     pub fn rank(&self, rank: u32) -> Option<&Rank> {
         self.ranks.iter().find(|r| r.rank == rank)

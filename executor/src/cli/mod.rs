@@ -128,6 +128,9 @@ enum Command {
         /// Timed repetitions.
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Print one JSON object instead of the line.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -304,8 +307,9 @@ pub fn main() -> ExitCode {
             plan,
             n_predict,
             reps,
+            json,
             run,
-        } => tools::bench(&plan, n_predict, reps, &run),
+        } => tools::bench(&plan, n_predict, reps, json, &run),
     };
     match result {
         Ok(code) => code,

@@ -181,8 +181,18 @@ pub fn compare(
     })
 }
 
-/// `bench`: decode speed, mean ± sd over `reps` timed runs after one warm-up run.
-pub fn bench(plan: &Path, n: usize, reps: usize, run: &RunArgs) -> Result<ExitCode> {
+/// The copy bandwidth of the device of the plan's first rank.
+fn cuda_copy_bandwidth(plan: &memra_compiler::plan::Plan) -> Result<f64> {
+    let ordinal = plan.ranks.first().map_or(0, |r| r.device) as usize;
+    let dev = crate::cuda::CudaDevice::open(ordinal)?;
+    let stream = dev.new_stream()?;
+    dev.copy_bandwidth(&stream)
+}
+
+/// `bench`: decode speed, mean ± sd over `reps` timed runs after one warm-up run; the weight
+/// bytes a token reads give the achieved bandwidth, on CUDA next to the device's measured
+/// copy bandwidth.
+pub fn bench(plan: &Path, n: usize, reps: usize, json: bool, run: &RunArgs) -> Result<ExitCode> {
     let loaded = run.load(plan)?;
     let options = run.options(SamplerConfig::GREEDY);
     let engine = open(&loaded, options)?;
@@ -210,17 +220,43 @@ pub fn bench(plan: &Path, n: usize, reps: usize, run: &RunArgs) -> Result<ExitCo
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     let var =
         rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;
+    let sd = var.sqrt();
     let on = match options.backend {
-        Backend::Cpu => format!("{} threads", options.threads),
+        Backend::Cpu => format!("cpu {} threads", options.threads),
         Backend::Cuda => "cuda".to_string(),
     };
-    println!(
-        "{}: {on}, {n} tokens x {} reps: {:.1} ± {:.1} tok/s ({:.2} ms/token)",
-        plan.display(),
-        rates.len(),
-        mean,
-        var.sqrt(),
-        1000.0 / mean
-    );
+    let p = &loaded.plan;
+    let bytes = p.weight_bytes_per_token();
+    let gbs = bytes as f64 * mean / 1e9;
+    let copy = match options.backend {
+        Backend::Cpu => None,
+        Backend::Cuda => Some(cuda_copy_bandwidth(p)?),
+    };
+    let capture = format!("{:?}", p.runtime.capture).to_lowercase();
+    if json {
+        println!(
+            "{{\"plan\": {:?}, \"placement_hash\": {:?}, \"backend\": {:?}, \"capture\": {:?}, \"tokens\": {n}, \"reps\": {}, \"tok_s\": {mean:.2}, \"tok_s_sd\": {sd:.2}, \"ms_per_token\": {:.4}, \"weight_bytes_per_token\": {bytes}, \"gb_s\": {gbs:.1}, \"copy_gb_s\": {}, \"share_of_copy\": {}}}",
+            plan.display().to_string(),
+            p.placement_hash,
+            on,
+            capture,
+            rates.len(),
+            1000.0 / mean,
+            copy.map_or("null".into(), |c| format!("{c:.1}")),
+            copy.map_or("null".into(), |c| format!("{:.4}", gbs / c)),
+        );
+    } else {
+        let share = copy.map_or(String::new(), |c| {
+            format!(" = {:.1}% of the {c:.0} GB/s device copy", 100.0 * gbs / c)
+        });
+        println!(
+            "{}: {on}, capture {capture}, placement {}, {n} tokens x {} reps: {mean:.1} ± {sd:.1} tok/s ({:.3} ms/token), {:.1} MB/token, {gbs:.1} GB/s{share}",
+            plan.display(),
+            p.placement_hash,
+            rates.len(),
+            1000.0 / mean,
+            bytes as f64 / 1e6,
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

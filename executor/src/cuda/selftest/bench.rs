@@ -40,7 +40,7 @@ const BATCH: usize = 20;
 const TRIALS: usize = 7;
 
 pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
-    let copy = copy_bandwidth(dev, s)?;
+    let copy = dev.copy_bandwidth(s)?;
     println!("matvec bandwidth (weights read once per launch, chunks = 8, median of {TRIALS} batches of {BATCH})");
     println!(
         "{:<6} {:>12} {:>10} {:>9} {:>8} {:>8}",
@@ -108,14 +108,6 @@ fn time(
     }
     trials.sort_by(f64::total_cmp);
     Ok(trials[TRIALS / 2])
-}
-
-fn copy_bandwidth(dev: &CudaDevice, s: &Arc<CudaStream>) -> Result<f64> {
-    let n = 1usize << 28; // 1 GiB of f32
-    let src = dev.alloc::<f32>(s, n)?;
-    let mut dst = dev.alloc::<f32>(s, n)?;
-    let secs = time(dev, s, |_| dev.copy(s, &src, &mut dst))?;
-    Ok(2.0 * (n * 4) as f64 / secs / 1e9)
 }
 
 /// Random bytes (any bit pattern: speed does not depend on the values, and quantizing 8B-size

@@ -61,6 +61,7 @@ fn matvec(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize, chunks: usize
     let x = random(&mut cx.rng, cols, 1.0);
     let w = DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?;
     let xd = dev.upload(s, &x)?;
+    let blocks = quantize_q8(&x, false);
     let x = activations(dtype, x);
     let mut yd = dev.upload(s, &vec![f32::NAN; rows])?;
     dev.matvec(s, &w, &xd, chunks, &mut yd)?;
@@ -68,11 +69,23 @@ fn matvec(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize, chunks: usize
     let mut err = 0f64;
     for (r, &got) in y.iter().enumerate() {
         let row = &deq[r * cols..(r + 1) * cols];
-        let exact: f64 = row
+        let mut exact: f64 = row
             .iter()
             .zip(&x)
             .map(|(&a, &b)| f64::from(a) * f64::from(b))
             .sum();
+        if dtype == GgmlType::Q4_1 {
+            // A block's minimum multiplies the stored f16 `s`, not `d * sum`.
+            let row_bytes = &bytes[r * cols / 32 * 20..(r + 1) * cols / 32 * 20];
+            exact += row_bytes
+                .chunks_exact(20)
+                .zip(&blocks)
+                .map(|(b, xb)| {
+                    let m = f16_to_f32(u16::from_le_bytes([b[2], b[3]]));
+                    f64::from(m) * (f64::from(xb.s) - f64::from(xb.d) * f64::from(xb.sum))
+                })
+                .sum::<f64>();
+        }
         let scale: f64 = row
             .iter()
             .zip(&x)
@@ -249,6 +262,8 @@ fn attention(
     let got = dev.download(s, &out)?;
     let scale = 1.0 / (hd as f64).sqrt();
     let group = n_heads / n_kv;
+    // The kernel narrows q and the probabilities to the cache's f16, as the CPU backend does.
+    let half = |x: f32| f64::from(f16_to_f32(f32_to_f16(x)));
     let mut err = 0f64;
     for h in 0..n_heads {
         let kvh = h / group;
@@ -256,7 +271,7 @@ fn attention(
         let sc: Vec<f64> = (0..=pos)
             .map(|p| {
                 (0..hd)
-                    .map(|d| f64::from(q[h * hd + d]) * at(&ks, p, d))
+                    .map(|d| half(q[h * hd + d]) * at(&ks, p, d))
                     .sum::<f64>()
                     * scale
             })
@@ -265,7 +280,9 @@ fn attention(
         let e: Vec<f64> = sc.iter().map(|v| (v - max).exp()).collect();
         let sum: f64 = e.iter().sum();
         for d in 0..hd {
-            let want: f64 = (0..=pos).map(|p| e[p] / sum * at(&vs, p, d)).sum();
+            let want: f64 = (0..=pos)
+                .map(|p| half((e[p] / sum) as f32) * at(&vs, p, d))
+                .sum();
             err = err.max((f64::from(got[h * hd + d]) - want).abs());
         }
     }
