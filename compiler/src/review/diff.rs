@@ -227,8 +227,13 @@ fn boundary_line(b: &Boundary) -> String {
 }
 
 fn boundaries(old: &Plan, new: &Plan) -> Vec<String> {
-    let a: Vec<String> = old.boundaries.iter().map(boundary_line).collect();
-    let b: Vec<String> = new.boundaries.iter().map(boundary_line).collect();
+    removed_and_added(&old.boundaries, &new.boundaries, boundary_line)
+}
+
+/// `- line` for each entry only in `old`, then `+ line` for each only in `new`.
+fn removed_and_added<T>(old: &[T], new: &[T], line: fn(&T) -> String) -> Vec<String> {
+    let a: Vec<String> = old.iter().map(line).collect();
+    let b: Vec<String> = new.iter().map(line).collect();
     let mut out: Vec<String> = a
         .iter()
         .filter(|l| !b.contains(l))
@@ -258,19 +263,7 @@ fn group_line(g: &TpGroup) -> String {
 }
 
 fn groups(old: &Plan, new: &Plan) -> Vec<String> {
-    let a: Vec<String> = old.groups.iter().map(group_line).collect();
-    let b: Vec<String> = new.groups.iter().map(group_line).collect();
-    let mut out: Vec<String> = a
-        .iter()
-        .filter(|l| !b.contains(l))
-        .map(|l| format!("- {l}"))
-        .collect();
-    out.extend(
-        b.iter()
-            .filter(|l| !a.contains(l))
-            .map(|l| format!("+ {l}")),
-    );
-    out
+    removed_and_added(&old.groups, &new.groups, group_line)
 }
 
 fn size(bytes: u64) -> String {

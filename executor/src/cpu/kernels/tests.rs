@@ -9,17 +9,6 @@ use memra_gguf::GgmlType;
 use super::act::{quantize_q8, quantize_q8k};
 use super::*;
 
-const ALL: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-];
-
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut r = Rng::new(seed);
     (0..n).map(|_| r.uniform()).collect()
@@ -90,7 +79,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn matvec_matches_f64_reference() {
-    for (t, &dtype) in ALL.iter().enumerate() {
+    for (t, &dtype) in memra_gguf::SUPPORTED.iter().enumerate() {
         let (rows, cols) = (37, cols_for(dtype));
         let bytes = random_weight(dtype, rows, cols, 100 + t as u64);
         let w = Weight::new(dtype, &bytes, rows, cols).unwrap();
@@ -141,7 +130,7 @@ fn matvec_matches_f64_reference() {
 
 #[test]
 fn matvec_bits_independent_of_threads_rows_and_simd() {
-    for (t, &dtype) in ALL.iter().enumerate() {
+    for (t, &dtype) in memra_gguf::SUPPORTED.iter().enumerate() {
         let (rows, cols) = (13, cols_for(dtype));
         let bytes = random_weight(dtype, rows, cols, 300 + t as u64);
         let w = Weight::new(dtype, &bytes, rows, cols).unwrap();
@@ -184,7 +173,7 @@ fn tree_combine(parts: &[Vec<f32>]) -> Vec<f32> {
 
 #[test]
 fn tensor_parallel_shards_reproduce_the_full_result() {
-    for (t, &dtype) in ALL.iter().enumerate() {
+    for (t, &dtype) in memra_gguf::SUPPORTED.iter().enumerate() {
         let (rows, cols) = (11, cols_for(dtype));
         let bytes = random_weight(dtype, rows, cols, 500 + t as u64);
         let w = Weight::new(dtype, &bytes, rows, cols).unwrap();
@@ -249,7 +238,7 @@ fn weight_new_rejects_bad_shapes() {
 
 #[test]
 fn embed_row_is_the_dequantized_row() {
-    for (t, &dtype) in ALL.iter().enumerate() {
+    for (t, &dtype) in memra_gguf::SUPPORTED.iter().enumerate() {
         let (rows, cols) = (5, cols_for(dtype));
         let bytes = random_weight(dtype, rows, cols, 700 + t as u64);
         let w = Weight::new(dtype, &bytes, rows, cols).unwrap();

@@ -13,7 +13,7 @@ use crate::cpu::kernels::act::{quantize_q8, quantize_q8k};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
-    for dtype in DTYPES {
+    for &dtype in DTYPES {
         for (rows, cols, chunks) in matvec_cases(dtype) {
             matvec(cx, dtype, rows, cols, chunks)?;
         }

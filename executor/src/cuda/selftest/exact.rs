@@ -16,7 +16,7 @@ use crate::cuda::{
 };
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
-    for dtype in DTYPES {
+    for &dtype in DTYPES {
         let unit = dtype.block_size().max(8);
         tensor_parallel(cx, dtype, 67, 8 * unit * 3, 8)?;
         if dtype.block_size() == 1 {

@@ -122,17 +122,8 @@ impl Report {
     }
 }
 
-/// The dtypes every matvec and embed check covers.
-pub(crate) const DTYPES: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-];
+/// The dtypes every matvec and embed check covers: all that memra loads.
+pub(crate) const DTYPES: &[GgmlType] = memra_gguf::SUPPORTED;
 
 /// `n` values uniform in [-scale, scale).
 pub(crate) fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
