@@ -1,6 +1,9 @@
-// memra kernels: greedy sampling on the device. argmax_f32 writes the index of the largest
-// logit into a device token buffer (the next step's embed reads it there), choosing the first
-// index on ties and never a NaN, as the CPU backend's argmax does (0 if no value beats -inf).
+// memra kernels: sampling on the device; both kernels write the next token into a device
+// token buffer (the next step's embed reads it there). argmax_f32 picks the first index of the
+// largest logit and never a NaN, as the CPU backend's argmax does (0 if no value beats -inf).
+// sample_f32 mirrors executor/src/sample.rs operation by operation (temperature, top-k, top-p,
+// the draw for (seed, step)) and must pick the same token: every f32 operation of the final
+// selection is an explicit round-to-nearest intrinsic, so nothing is fused or reordered.
 #include "common.cuh"
 
 #define ARGMAX_THREADS 1024
@@ -45,4 +48,141 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const fl
         }
         *token = idx < n ? (u32)idx : 0u;
     }
+}
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_WARPS (SAMPLE_THREADS / WARP)
+// The most candidates sample_f32 keeps (top-k); the host refuses larger k.
+#define SAMPLE_MAX_K 256
+
+// The candidate order as one integer, larger first: the logit by total order in the high half,
+// then the lower id (its complement in the low half); unique per id, as sample.rs rank_key.
+__device__ __forceinline__ u64 rank_key(float logit, u32 id) {
+    u32 b = __float_as_uint(logit);
+    u32 ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)ordered << 32) | (u64)(~id);
+}
+
+// The uniform draw in [0, 1) for sampled token number `step`, as sample.rs draw.
+__device__ __forceinline__ float sample_draw(u64 seed, u64 step) {
+    u64 z = seed + (step + 1ull) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return __fmul_rn((float)(u32)(z >> 40), __uint_as_float(0x33800000u));
+}
+
+// e^x for x <= 0, as sample.rs exp_nonpositive.
+__device__ __forceinline__ float exp_nonpositive(float x) {
+    if (!(x >= -87.0f)) return 0.0f; // also NaN
+    float k = floorf(__fadd_rn(__fmul_rn(x, __uint_as_float(0x3fb8aa3bu)), 0.5f));
+    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(k, __uint_as_float(0x3f317200u))),
+                        __fmul_rn(k, __uint_as_float(0x35bfbe8eu)));
+    const u32 c[6] = {0x3c088889u, 0x3d2aaaabu, 0x3e2aaaabu, 0x3f000000u, 0x3f800000u, 0x3f800000u};
+    float p = __uint_as_float(0x3ab60b61u);
+#pragma unroll
+    for (int j = 0; j < 6; ++j) p = __fadd_rn(__fmul_rn(p, r), __uint_as_float(c[j]));
+    return __fmul_rn(p, __uint_as_float((u32)((int)k + 127) << 23));
+}
+
+// Temperature sampling among the top-k logits of x[0..n) with a top-p cut; k in
+// [1, SAMPLE_MAX_K]. The step counter lives in device memory and the kernel advances it, so a
+// captured launch replays correctly. One block: an exact radix select of the k largest rank
+// keys (order-independent, as keys are unique), a bitonic sort of the candidates, then thread
+// 0 does the softmax, the cut and the pick in the fixed order of sample.rs.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
+    const float* x, int n, int k, float temp, float top_p, u64 seed, u64* step, u32* token) {
+    __shared__ u32 hist[SAMPLE_WARPS][256];
+    __shared__ u32 total[256];
+    __shared__ u64 cand[SAMPLE_MAX_K];
+    __shared__ float wts[SAMPLE_MAX_K];
+    __shared__ u64 s_prefix;
+    __shared__ u32 s_count;
+    __shared__ int s_done;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    if (k > n) k = n;
+    u64 prefix = 0, mask = 0;
+    u32 need = (u32)k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int j = tid; j < SAMPLE_WARPS * 256; j += SAMPLE_THREADS) (&hist[0][0])[j] = 0;
+        __syncthreads();
+        for (int i = tid; i < n; i += SAMPLE_THREADS) {
+            u64 key = rank_key(x[i], (u32)i);
+            if ((key & mask) == prefix) atomicAdd(&hist[warp][(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (tid < 256) {
+            u32 sum = 0;
+            for (int w = 0; w < SAMPLE_WARPS; ++w) sum += hist[w][tid];
+            total[tid] = sum;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int b = 255;
+            while (total[b] < need) need -= total[b--];
+            s_prefix = prefix | ((u64)b << shift);
+            // the whole bucket is taken: every key from the prefix up is a candidate
+            s_done = total[b] == need;
+            s_count = 0;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        mask |= 255ull << shift;
+        if (s_done) break;
+    }
+    // exactly k keys are >= prefix
+    for (int i = tid; i < n; i += SAMPLE_THREADS) {
+        u64 key = rank_key(x[i], (u32)i);
+        if (key >= prefix) cand[atomicAdd(&s_count, 1u)] = key;
+    }
+    __syncthreads();
+    for (int j = k + tid; j < SAMPLE_MAX_K; j += SAMPLE_THREADS) cand[j] = 0;
+    __syncthreads();
+    for (int size = 2; size <= SAMPLE_MAX_K; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            int o = tid ^ stride;
+            if (tid < SAMPLE_MAX_K && o > tid) {
+                u64 a = cand[tid], b = cand[o];
+                bool descending = (tid & size) == 0;
+                if (descending ? a < b : a > b) {
+                    cand[tid] = b;
+                    cand[o] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    // each weight depends on its own logit and the top one only, so threads may share them out
+    if (tid < k)
+        wts[tid] = exp_nonpositive(__fdiv_rn(__fsub_rn(x[~(u32)cand[tid]], x[~(u32)cand[0]]), temp));
+    __syncthreads();
+    if (tid != 0) return;
+    const float* w = wts;
+    int keep = k;
+    if (top_p < 1.0f) {
+        float sum = 0.0f;
+        for (int i = 0; i < k; ++i) sum = __fadd_rn(sum, w[i]);
+        float cut = __fmul_rn(top_p, sum), acc = 0.0f;
+        for (int i = 0; i < k; ++i) {
+            acc = __fadd_rn(acc, w[i]);
+            if (acc >= cut) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    u64 s = *step;
+    *step = s + 1;
+    float mass = 0.0f;
+    for (int i = 0; i < keep; ++i) mass = __fadd_rn(mass, w[i]);
+    float target = __fmul_rn(sample_draw(seed, s), mass), acc = 0.0f;
+    int pick = keep - 1;
+    for (int i = 0; i < keep; ++i) {
+        acc = __fadd_rn(acc, w[i]);
+        if (target < acc) {
+            pick = i;
+            break;
+        }
+    }
+    *token = ~(u32)cand[pick];
 }

@@ -1,8 +1,10 @@
-//! Token sampling: greedy argmax, or temperature with optional top-k and top-p truncation,
-//! drawn from a seeded generator so the same seed always gives the same text.
+//! Token sampling: greedy argmax, or temperature with optional top-k and top-p truncation.
+//! The draw for the n-th sampled token is a pure function of (seed, n), so the same seed always
+//! gives the same text. Every step of the non-greedy path is specified down to the f32
+//! operation (no libm, no fused multiply-add, sums in a fixed order) because the CUDA sampler
+//! (kernels/sample.cu) mirrors it and must pick the same token for the same logits and seed.
 
 use anyhow::{bail, Result};
-use memra_gguf::rng::Rng;
 
 /// How the next token is picked from the logits.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,14 +42,20 @@ impl SamplerConfig {
         }
         Ok(())
     }
+
+    /// Whether the argmax decides (no random draw).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
 }
 
-/// A sampler with its random state; one per sequence.
+/// A sampler with its step counter; one per sequence.
 #[derive(Debug)]
 pub struct Sampler {
     config: SamplerConfig,
-    rng: Rng,
-    candidates: Vec<(u32, f32)>,
+    step: u64,
+    keys: Vec<u64>,
+    weights: Vec<f32>,
 }
 
 impl Sampler {
@@ -55,55 +63,48 @@ impl Sampler {
     pub fn new(config: SamplerConfig) -> Sampler {
         Sampler {
             config,
-            rng: Rng::new(config.seed),
-            candidates: Vec::new(),
+            step: 0,
+            keys: Vec::new(),
+            weights: Vec::new(),
         }
     }
 
     /// Picks the next token from `logits`.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let greedy = self.config.temperature == 0.0 || self.config.top_k == 1;
-        if greedy {
+        let step = self.step;
+        self.step += 1;
+        if self.config.is_greedy() {
             return argmax(logits);
         }
-        let c = &mut self.candidates;
-        c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        // Descending logit, then ascending id, so ties resolve the same on every run.
-        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if self.config.top_k > 0 && self.config.top_k < c.len() {
-            c.select_nth_unstable_by(self.config.top_k - 1, order);
-            c.truncate(self.config.top_k);
+        let keys = &mut self.keys;
+        keys.clear();
+        keys.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| rank_key(l, i as u32)),
+        );
+        let k = match self.config.top_k {
+            0 => keys.len(),
+            k => k.min(keys.len()),
+        };
+        // Keys are unique, so the candidates and their order do not depend on the sort.
+        if k < keys.len() {
+            keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+            keys.truncate(k);
         }
-        c.sort_unstable_by(order);
-        let t = f64::from(self.config.temperature);
-        let top = f64::from(c[0].1);
-        let mut probs: Vec<f64> = c
-            .iter()
-            .map(|&(_, l)| ((f64::from(l) - top) / t).exp())
-            .collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-        let mut keep = probs.len();
-        if self.config.top_p < 1.0 {
-            let mut sum = 0.0;
-            for (i, p) in probs.iter().enumerate() {
-                sum += p;
-                if sum >= f64::from(self.config.top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        let mass: f64 = probs[..keep].iter().sum();
-        let mut u = unit(&mut self.rng) * mass;
-        for (i, p) in probs[..keep].iter().enumerate() {
-            if u < *p {
-                return c[i].0;
-            }
-            u -= p;
-        }
-        c[keep - 1].0
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        let id = |key: u64| !(key as u32);
+        let top = logits[id(keys[0]) as usize];
+        let t = self.config.temperature;
+        let w = &mut self.weights;
+        w.clear();
+        w.extend(
+            keys.iter()
+                .map(|&key| exp_nonpositive((logits[id(key) as usize] - top) / t)),
+        );
+        let keep = top_p_prefix(w, self.config.top_p);
+        id(keys[pick(&w[..keep], draw(self.config.seed, step))])
     }
 }
 
@@ -118,9 +119,78 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// A uniform draw in [0, 1) with 53 random bits.
-fn unit(rng: &mut Rng) -> f64 {
-    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+/// The candidate order as one integer, larger first: the logit by `f32::total_cmp` in the high
+/// half, then the lower id (its complement in the low half); unique per id.
+fn rank_key(logit: f32, id: u32) -> u64 {
+    let b = logit.to_bits();
+    let ordered = if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    };
+    (u64::from(ordered) << 32) | u64::from(!id)
+}
+
+/// The uniform draw in [0, 1) for sampled token number `step`: element `step` of the
+/// splitmix64 sequence started at `seed`, top 24 bits, so the f32 is exact.
+fn draw(seed: u64, step: u64) -> f32 {
+    let mut z = seed.wrapping_add(step.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 40) as f32 * f32::from_bits(0x3380_0000)
+}
+
+/// e^x for x <= 0 from correctly rounded f32 operations only (reproducible on any IEEE
+/// device): 2^k times a degree-6 polynomial on the reduced argument; 0 below -87 or for NaN.
+fn exp_nonpositive(x: f32) -> f32 {
+    if x.is_nan() || x < -87.0 {
+        return 0.0;
+    }
+    let k = (x * f32::from_bits(0x3fb8_aa3b) + 0.5).floor();
+    let r = (x - k * f32::from_bits(0x3f31_7200)) - k * f32::from_bits(0x35bf_be8e);
+    let mut p = f32::from_bits(0x3ab6_0b61);
+    for c in [
+        0x3c08_8889,
+        0x3d2a_aaab,
+        0x3e2a_aaab,
+        0x3f00_0000,
+        0x3f80_0000,
+        0x3f80_0000,
+    ] {
+        p = p * r + f32::from_bits(c);
+    }
+    p * f32::from_bits(((k as i32 + 127) as u32) << 23)
+}
+
+/// How many leading weights (sorted, unnormalized) to keep: the shortest prefix whose running
+/// sum reaches `top_p` times the total; all when `top_p` is 1.
+fn top_p_prefix(w: &[f32], top_p: f32) -> usize {
+    if top_p >= 1.0 {
+        return w.len();
+    }
+    let cut = top_p * w.iter().fold(0.0f32, |s, &x| s + x);
+    let mut acc = 0.0f32;
+    for (i, &x) in w.iter().enumerate() {
+        acc += x;
+        if acc >= cut {
+            return i + 1;
+        }
+    }
+    w.len()
+}
+
+/// The first index whose running sum exceeds `u` times the sum of `w`; the last if none does.
+fn pick(w: &[f32], u: f32) -> usize {
+    let target = u * w.iter().fold(0.0f32, |s, &x| s + x);
+    let mut acc = 0.0f32;
+    for (i, &x) in w.iter().enumerate() {
+        acc += x;
+        if target < acc {
+            return i;
+        }
+    }
+    w.len() - 1
 }
 
 #[cfg(test)]
@@ -164,6 +234,43 @@ mod tests {
         let mut s = Sampler::new(config(1.0, 0, 0.05, 3));
         for _ in 0..200 {
             assert_eq!(s.sample(&logits), 1);
+        }
+    }
+
+    #[test]
+    fn the_exponential_is_close_to_libm() {
+        for i in 0..87_000 {
+            let x = -(i as f32) * 1e-3;
+            let (got, want) = (f64::from(exp_nonpositive(x)), f64::from(x).exp());
+            assert!((got - want).abs() <= 4e-7 * want, "e^{x}: {got} vs {want}");
+        }
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_nonpositive(f32::NAN), 0.0);
+    }
+
+    #[test]
+    fn draws_are_uniform_enough() {
+        let n = 100_000;
+        let u: Vec<f32> = (0..n).map(|s| draw(42, s)).collect();
+        assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+        let mean = u.iter().map(|&x| f64::from(x)).sum::<f64>() / n as f64;
+        assert!((mean - 0.5).abs() < 0.01, "{mean}");
+    }
+
+    #[test]
+    fn frequencies_follow_the_softmax() {
+        let logits = [0.0, 1.0, 2.0];
+        let mut s = Sampler::new(config(1.0, 0, 1.0, 11));
+        let mut counts = [0usize; 3];
+        let n = 30_000;
+        for _ in 0..n {
+            counts[s.sample(&logits) as usize] += 1;
+        }
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        for (i, &c) in counts.iter().enumerate() {
+            let want = f64::from(logits[i]).exp() / z;
+            assert!((c as f64 / n as f64 - want).abs() < 0.01, "{i}: {c}");
         }
     }
 

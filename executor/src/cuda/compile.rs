@@ -64,7 +64,7 @@ pub const FILES: &[KernelFile] = &[
             "embed_q6_k",
         ]
     ),
-    kernel_file!("sample.cu", ["argmax_f32"]),
+    kernel_file!("sample.cu", ["argmax_f32", "sample_f32"]),
     kernel_file!("reduce.cu", ["tree_sum_f32"]),
     kernel_file!("collective.cu", ["all_reduce_f32", "gather_f32"]),
 ];

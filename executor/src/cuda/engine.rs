@@ -26,6 +26,7 @@ use memra_compiler::plan::{Boundary, Op, Plan, Step};
 
 use super::device::CudaDevice;
 use super::graph::{capture, Graph};
+use super::ops::MAX_TOP_K;
 use super::rank::{copy, RankDevice};
 use super::span::Span;
 use crate::cpu::reduce::{ReduceOrder, Tree};
@@ -92,8 +93,11 @@ impl Engine {
     pub fn new(loaded: &LoadedPlan, options: EngineOptions) -> Result<Engine> {
         let plan = &loaded.plan;
         let s = options.sampler;
-        if !(s.temperature == 0.0 || s.top_k == 1) {
-            bail!("the cuda backend samples greedily only (on the device); pass --temp 0 or use --backend cpu for temperature, top-k and top-p sampling");
+        if !s.is_greedy() && !(1..=MAX_TOP_K).contains(&s.top_k) {
+            bail!(
+                "the cuda backend samples among at most {MAX_TOP_K} candidates; pass --top-k between 1 and {MAX_TOP_K} (got {}), --temp 0, or use --backend cpu",
+                s.top_k
+            );
         }
         if options.reduce_order != ReduceOrder::Tree {
             bail!("the cuda backend combines all-reduce partials in the plan's tree only");
@@ -122,7 +126,7 @@ impl Engine {
             let weights = RankWeights::load(&loaded.gguf, r)?;
             let dev = devices[&r.device].clone();
             ranks.push(
-                RankDevice::new(plan, r.rank, dev, weights)
+                RankDevice::new(plan, r.rank, dev, weights, s)
                     .map_err(|e| anyhow!("rank {} on device {}: {e:#}", r.rank, r.device))?,
             );
         }

@@ -15,6 +15,7 @@ use cudarc::driver::{
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer};
+use crate::sample::SamplerConfig;
 
 /// A weight matrix on the device in GGUF row layout: `rows` rows of `cols` values of `dtype`.
 pub struct DeviceWeight {
@@ -122,6 +123,8 @@ const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - (8 << 10);
 pub const MAX_CHUNKS: usize = 32;
 /// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
+/// The most candidates the device sampler keeps (`SAMPLE_MAX_K` in kernels/sample.cu).
+pub const MAX_TOP_K: usize = 256;
 
 /// Shared bytes of a matvec block's 8-bit copy of x: K quants plus, per 32 values, the scale
 /// and scaled sum (q8_0, q4_0, q4_1) or, per 256 values, the scale (q4_k, q6_k); float weights
@@ -495,6 +498,45 @@ impl CudaDevice {
         };
         self.launch(stream, "argmax_f32", cfg, |a| {
             a.arg(&xp).arg(&n).arg(&tp);
+        })
+    }
+
+    /// Temperature sampling with top-k and top-p (`config` not greedy, `top_k` in
+    /// 1..=`MAX_TOP_K`) into `token[0]`, the same token as `crate::sample::Sampler` for the same
+    /// logits, seed and draw number; `step[0]` holds the draw number and the kernel advances it.
+    pub fn sample(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        config: &SamplerConfig,
+        step: &mut impl DevicePtrMut<u64>,
+        token: &mut impl DevicePtrMut<u32>,
+    ) -> Result<()> {
+        assert!(
+            !token.is_empty() && !step.is_empty(),
+            "sample: empty buffer"
+        );
+        assert!(!x.is_empty(), "sample: no logits");
+        assert!(
+            (1..=MAX_TOP_K).contains(&config.top_k),
+            "sample: top-k {} outside 1..={MAX_TOP_K}",
+            config.top_k
+        );
+        let (xp, sp, tp) = (
+            ptr(stream, x),
+            ptr_mut(stream, step),
+            ptr_mut(stream, token),
+        );
+        let (n, k) = (int(x.len()), int(config.top_k));
+        let (temp, top_p, seed) = (config.temperature, config.top_p, config.seed);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "sample_f32", cfg, |a| {
+            a.arg(&xp).arg(&n).arg(&k).arg(&temp).arg(&top_p).arg(&seed);
+            a.arg(&sp).arg(&tp);
         })
     }
 

@@ -18,6 +18,7 @@ use super::collective::{Collective, Exchange};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::ops::{DeviceKv, DeviceWeight, RopeStyle};
 use super::span::Span;
+use crate::sample::SamplerConfig;
 use crate::weights::{Matrix, RankWeights};
 
 /// One layer's weights on the device.
@@ -59,6 +60,8 @@ struct Buffers {
     full_logits: Option<DeviceBuffer<f32>>,
     pos: DeviceBuffer<u32>,
     token: DeviceBuffer<u32>,
+    /// The sampler's draw counter, advanced by the sampling kernel.
+    step: DeviceBuffer<u64>,
 }
 
 /// A rank's state on its device.
@@ -80,6 +83,7 @@ pub struct RankDevice {
     rope: RopeStyle,
     row_chunks: Option<(usize, usize)>,
     tp_degree: u32,
+    sampler: SamplerConfig,
     buf: Buffers,
     tx: BTreeMap<u32, DeviceBuffer<u8>>,
     rx: BTreeMap<u32, DeviceBuffer<u8>>,
@@ -95,8 +99,14 @@ fn upload_matrix(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<Dev
 
 impl RankDevice {
     /// Uploads rank `rank`'s shards to `dev` and allocates its buffers; the allocation stream
-    /// is the rank's first stream.
-    pub fn new(plan: &Plan, rank: u32, dev: CudaDevice, mut w: RankWeights) -> Result<RankDevice> {
+    /// is the rank's first stream; a sampling rank picks tokens as `sampler` says.
+    pub fn new(
+        plan: &Plan,
+        rank: u32,
+        dev: CudaDevice,
+        mut w: RankWeights,
+        sampler: SamplerConfig,
+    ) -> Result<RankDevice> {
         let r = plan.rank(rank).expect("invariant: a rank of the plan");
         let m = &plan.model;
         let mut streams = BTreeMap::new();
@@ -252,6 +262,7 @@ impl RankDevice {
             },
             pos: dev.alloc(&s, 1)?,
             token: dev.alloc(&s, 1)?,
+            step: dev.alloc(&s, 1)?,
         };
         let (mut tx, mut rx) = (BTreeMap::new(), BTreeMap::new());
         let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
@@ -289,6 +300,7 @@ impl RankDevice {
             },
             row_chunks,
             tp_degree: r.tp_degree,
+            sampler,
             buf,
             tx,
             rx,
@@ -418,7 +430,16 @@ impl RankDevice {
                 let c = self.collective()?;
                 c.gather(dev, s, &Span::of(&b.logits), &self.logits())
             }
-            Op::Sample => dev.argmax(s, &self.logits(), &mut self.token()),
+            Op::Sample if self.sampler.is_greedy() => {
+                dev.argmax(s, &self.logits(), &mut self.token())
+            }
+            Op::Sample => dev.sample(
+                s,
+                &self.logits(),
+                &self.sampler,
+                &mut Span::of(&b.step),
+                &mut self.token(),
+            ),
             Op::LoadHidden => {
                 let bd = self.incoming_of(Carries::Hidden)?;
                 copy(

@@ -1,14 +1,15 @@
 //! The CUDA self-test: every kernel and every weight dtype against a CPU reference at awkward
 //! sizes with per-op tolerances, tensor-parallel subtree bit-exactness (the full-K matvec equals
 //! the tree-combine of d column-shard matvecs, bit for bit), determinism (the same launch twice
-//! gives the same bits), graph capture and replay against the eager result, and optionally the
-//! achieved bandwidth of the matvec kernels on llama-8B shapes next to a device copy. Run by
-//! `cargo run --release --example cuda_selftest`; it needs a GPU and is never part of
-//! `cargo test`.
+//! gives the same bits), graph capture and replay against the eager result, the device sampler
+//! token for token against the CPU one, and optionally the achieved bandwidth of the matvec
+//! kernels on llama-8B shapes next to a device copy. Run by `cargo run --release --example
+//! cuda_selftest`; it needs a GPU and is never part of `cargo test`.
 
 mod bench;
 mod checks;
 mod exact;
+mod sampling;
 
 use std::sync::Arc;
 
@@ -186,6 +187,7 @@ pub fn run(opts: &Options) -> Result<bool> {
     if opts.checks {
         checks::run(&mut cx)?;
         exact::run(&mut cx)?;
+        sampling::run(&mut cx)?;
     }
     if opts.bench {
         bench::run(&dev, &stream, &mut cx.rng)?;
