@@ -8,6 +8,7 @@ pub mod engine;
 pub mod gate;
 pub mod perplexity;
 pub mod plan_load;
+pub mod rope;
 pub mod sample;
 pub mod session;
 pub mod text;

@@ -101,14 +101,7 @@ impl DeviceKv {
     }
 }
 
-/// Which elements of a head form a rotated pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// llama: adjacent elements `(2i, 2i + 1)`.
-    Normal,
-    /// GPT-NeoX, qwen2, qwen3: elements `(i, i + head_dim / 2)`.
-    Neox,
-}
+pub use crate::rope::RopeStyle;
 
 /// Rows per matvec work item and threads per block; must match MATVEC_ROWS and
 /// MATVEC_THREADS in kernels/matvec.cu.

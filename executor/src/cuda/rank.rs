@@ -293,11 +293,7 @@ impl RankDevice {
             head_dim: hd,
             eps: m.rms_eps as f32,
             theta: m.rope_theta as f32,
-            rope: if m.architecture == "llama" {
-                RopeStyle::Normal
-            } else {
-                RopeStyle::Neox
-            },
+            rope: RopeStyle::of_architecture(&m.architecture),
             row_chunks,
             tp_degree: r.tp_degree,
             sampler,

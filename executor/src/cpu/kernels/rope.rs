@@ -2,14 +2,7 @@
 //! `pos * theta_scale^i` with `theta_scale = theta^(-2 / head_dim)`, reached by repeated f32
 //! multiplication rather than a fresh power per pair, so the angles match ggml's to the bit.
 
-/// Which elements of a head form a rotated pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// llama: adjacent elements `(2i, 2i + 1)`.
-    Normal,
-    /// GPT-NeoX, qwen2, qwen3: elements `(i, i + head_dim / 2)`.
-    Neox,
-}
+pub use crate::rope::RopeStyle;
 
 /// Rotates each of the `n_heads` heads of `q_or_k` (head-major, `head_dim` each) to `pos`.
 pub fn rope(
