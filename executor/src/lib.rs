@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod engine;
 pub mod gate;
+pub mod geometry;
 pub mod perplexity;
 pub mod plan_load;
 pub mod rope;

@@ -14,10 +14,9 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::{reduction_chunks, Plan, Segment};
 
-use super::kernels::{
-    self, attention, rms_norm, rope, silu_mul, KvCache, KvDtype, Pool, RopeStyle, Weight,
-};
+use super::kernels::{self, attention, rms_norm, rope, silu_mul, KvCache, KvDtype, Pool, Weight};
 use super::wire::Payload;
+use crate::geometry::RankGeometry;
 use crate::sample::{Sampler, SamplerConfig};
 use crate::weights::{Matrix, RankWeights};
 
@@ -63,19 +62,11 @@ struct Activations {
 /// A rank's weights and state.
 pub struct RankCompute {
     pool: Arc<Pool>,
-    first_layer: u32,
     layers: Vec<LayerWeights>,
     kv: Vec<KvCache>,
     embed: Option<Matrix>,
     head: Option<(Vec<f32>, HeadRows)>,
-    head_dim: usize,
-    eps: f32,
-    theta: f32,
-    rope: RopeStyle,
-    /// Canonical chunk counts of the row-parallel products divided over the group, or `None`
-    /// when the group does not nest in the tree (each rank then picks its own chunks).
-    row_chunks: Option<(usize, usize)>,
-    tp_degree: u32,
+    geo: RankGeometry,
     act: Activations,
     token: u32,
     sampler: Sampler,
@@ -165,17 +156,6 @@ impl RankCompute {
                 left.join(", ")
             );
         }
-        let exact = match r.group {
-            Some(g) => plan.groups.iter().any(|x| x.group == g && x.exact),
-            None => true,
-        };
-        let row_chunks = exact.then(|| {
-            let c = m.reduction_chunks;
-            (
-                (c.attn_out / r.tp_degree) as usize,
-                (c.ffn_down / r.tp_degree) as usize,
-            )
-        });
         let kv_dtype = match plan.runtime.kv_dtype.as_str() {
             "f32" => KvDtype::F32,
             "f16" => KvDtype::F16,
@@ -195,17 +175,11 @@ impl RankCompute {
             .collect();
         let mut c = RankCompute {
             pool,
-            first_layer: r.layers.start,
             layers,
             kv,
             embed,
             head,
-            head_dim: hd,
-            eps: m.rms_eps as f32,
-            theta: m.rope_theta as f32,
-            rope: RopeStyle::of_architecture(&m.architecture),
-            row_chunks,
-            tp_degree: r.tp_degree,
+            geo: RankGeometry::of(plan, rank),
             act: Activations::default(),
             token: 0,
             sampler: Sampler::new(sampler),
@@ -220,8 +194,11 @@ impl RankCompute {
             for mat in [&lw.q, &lw.k, &lw.v, &lw.o, &lw.gate, &lw.up, &lw.down] {
                 Weight::new(mat.dtype, &mat.data, mat.rows, mat.cols)?;
             }
-            if lw.q.rows % self.head_dim != 0 || lw.k.rows % self.head_dim != 0 {
-                bail!("q/k shards are not whole heads of {} values", self.head_dim);
+            if lw.q.rows % self.geo.head_dim != 0 || lw.k.rows % self.geo.head_dim != 0 {
+                bail!(
+                    "q/k shards are not whole heads of {} values",
+                    self.geo.head_dim
+                );
             }
         }
         let a = &mut self.act;
@@ -326,17 +303,17 @@ impl RankCompute {
     /// Runs one segment of layer `layer` at sequence position `pos`.
     pub fn segment(&mut self, layer: u32, segment: Segment, pos: u32) -> Result<()> {
         let li = layer
-            .checked_sub(self.first_layer)
+            .checked_sub(self.geo.first_layer)
             .map(|i| i as usize)
             .filter(|&i| i < self.layers.len())
             .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
         let lw = &self.layers[li];
         let a = &mut self.act;
         let pool = &*self.pool;
-        let hd = self.head_dim;
+        let hd = self.geo.head_dim;
         match segment {
             Segment::AttnPre => {
-                rms_norm(&a.x, &lw.attn_norm, self.eps, &mut a.xn);
+                rms_norm(&a.x, &lw.attn_norm, self.geo.eps, &mut a.xn);
                 for (m, out) in [(&lw.q, &mut a.q), (&lw.k, &mut a.k), (&lw.v, &mut a.v)] {
                     col_parallel(pool, m, &a.xn, out);
                 }
@@ -346,13 +323,13 @@ impl RankCompute {
                     kernels::add(&mut a.v, bv);
                 }
                 if let Some([nq, nk]) = &lw.qk_norm {
-                    per_head_norm(&mut a.q, nq, self.eps, hd);
-                    per_head_norm(&mut a.k, nk, self.eps, hd);
+                    per_head_norm(&mut a.q, nq, self.geo.eps, hd);
+                    per_head_norm(&mut a.k, nk, self.geo.eps, hd);
                 }
                 let pos = pos as usize;
                 let (nq, nk) = (a.q.len() / hd, a.k.len() / hd);
-                rope(&mut a.q, nq, hd, pos, self.theta, self.rope);
-                rope(&mut a.k, nk, hd, pos, self.theta, self.rope);
+                rope(&mut a.q, nq, hd, pos, self.geo.theta, self.geo.rope);
+                rope(&mut a.k, nk, hd, pos, self.geo.theta, self.geo.rope);
             }
             Segment::AttnCore => {
                 let kv = &mut self.kv[li];
@@ -366,20 +343,20 @@ impl RankCompute {
                 attention(&a.q, kv, a.q.len() / hd, pos as usize + 1, &mut a.att);
             }
             Segment::AttnOut => {
-                let chunks = self.row_chunks.map(|c| c.0);
+                let chunks = self.geo.row_chunks.map(|c| c.0);
                 row_parallel(pool, &lw.o, &a.att, chunks, &mut a.partial);
-                if self.tp_degree == 1 {
+                if self.geo.tp_degree == 1 {
                     kernels::add(&mut a.x, &a.partial);
                 }
             }
             Segment::Ffn => {
-                rms_norm(&a.x, &lw.ffn_norm, self.eps, &mut a.xn);
+                rms_norm(&a.x, &lw.ffn_norm, self.geo.eps, &mut a.xn);
                 col_parallel(pool, &lw.gate, &a.xn, &mut a.gate);
                 col_parallel(pool, &lw.up, &a.xn, &mut a.up);
                 silu_mul(&mut a.gate, &a.up);
-                let chunks = self.row_chunks.map(|c| c.1);
+                let chunks = self.geo.row_chunks.map(|c| c.1);
                 row_parallel(pool, &lw.down, &a.gate, chunks, &mut a.partial);
-                if self.tp_degree == 1 {
+                if self.geo.tp_degree == 1 {
                     kernels::add(&mut a.x, &a.partial);
                 }
             }
@@ -403,7 +380,7 @@ impl RankCompute {
             .as_ref()
             .ok_or_else(|| anyhow!("head on a rank without the head"))?;
         let a = &mut self.act;
-        rms_norm(&a.x, norm, self.eps, &mut a.xn);
+        rms_norm(&a.x, norm, self.geo.eps, &mut a.xn);
         let w = match rows {
             HeadRows::Own(m) => view(m),
             HeadRows::Tied { start, end } => {

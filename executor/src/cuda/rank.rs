@@ -16,8 +16,9 @@ use memra_compiler::plan::{reduction_chunks, Boundary, Carries, Op, Plan, Segmen
 
 use super::collective::{Collective, Exchange};
 use super::device::{CudaDevice, DeviceBuffer};
-use super::ops::{DeviceKv, DeviceWeight, RopeStyle};
+use super::ops::{DeviceKv, DeviceWeight};
 use super::span::Span;
+use crate::geometry::RankGeometry;
 use crate::sample::SamplerConfig;
 use crate::weights::{Matrix, RankWeights};
 
@@ -72,17 +73,11 @@ pub struct RankDevice {
     pub dev: CudaDevice,
     /// The rank's streams by plan name.
     pub streams: BTreeMap<String, Arc<CudaStream>>,
-    first_layer: u32,
     layers: Vec<LayerWeights>,
     kv: Vec<DeviceKv>,
     embed: Option<DeviceWeight>,
     head: Option<(DeviceBuffer<f32>, HeadRows)>,
-    head_dim: usize,
-    eps: f32,
-    theta: f32,
-    rope: RopeStyle,
-    row_chunks: Option<(usize, usize)>,
-    tp_degree: u32,
+    geo: RankGeometry,
     sampler: SamplerConfig,
     buf: Buffers,
     tx: BTreeMap<u32, DeviceBuffer<u8>>,
@@ -205,17 +200,6 @@ impl RankDevice {
                 left.join(", ")
             );
         }
-        let exact = match r.group {
-            Some(g) => plan.groups.iter().any(|x| x.group == g && x.exact),
-            None => true,
-        };
-        let c = m.reduction_chunks;
-        let row_chunks = exact.then(|| {
-            (
-                (c.attn_out / r.tp_degree) as usize,
-                (c.ffn_down / r.tp_degree) as usize,
-            )
-        });
         if plan.runtime.kv_dtype != "f16" {
             bail!(
                 "runtime.kv_dtype `{}` is not supported by the cuda backend; supported: f16",
@@ -285,17 +269,11 @@ impl RankDevice {
             rank,
             dev,
             streams,
-            first_layer: r.layers.start,
             layers,
             kv,
             embed,
             head,
-            head_dim: hd,
-            eps: m.rms_eps as f32,
-            theta: m.rope_theta as f32,
-            rope: RopeStyle::of_architecture(&m.architecture),
-            row_chunks,
-            tp_degree: r.tp_degree,
+            geo: RankGeometry::of(plan, rank),
             sampler,
             buf,
             tx,
@@ -406,7 +384,7 @@ impl RankDevice {
                     .head
                     .as_ref()
                     .ok_or_else(|| anyhow!("head on a rank without the head"))?;
-                dev.rms_norm(s, &Span::of(&b.x), norm, self.eps, &mut Span::of(&b.xn))?;
+                dev.rms_norm(s, &Span::of(&b.x), norm, self.geo.eps, &mut Span::of(&b.xn))?;
                 let w = match rows {
                     HeadRows::Own(w) => w,
                     HeadRows::Embedding => {
@@ -478,7 +456,7 @@ impl RankDevice {
 
     fn segment(&mut self, layer: u32, seg: Segment, s: &Arc<CudaStream>) -> Result<()> {
         let li = layer
-            .checked_sub(self.first_layer)
+            .checked_sub(self.geo.first_layer)
             .map(|i| i as usize)
             .filter(|&i| i < self.layers.len())
             .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
@@ -502,14 +480,14 @@ impl RankDevice {
             });
             let partial = Span::of(&b.partial);
             dev.matvec(s, w, input, chunks.max(1), &mut partial.clone())?;
-            if self.tp_degree == 1 {
+            if self.geo.tp_degree == 1 {
                 dev.add(s, &x, &partial, &mut x.clone())?;
             }
             Ok(())
         };
         match seg {
             Segment::AttnPre => {
-                dev.rms_norm(s, &x, &lw.attn_norm, self.eps, &mut xn.clone())?;
+                dev.rms_norm(s, &x, &lw.attn_norm, self.geo.eps, &mut xn.clone())?;
                 col(&lw.q, &xn, &q)?;
                 col(&lw.k, &xn, &k)?;
                 col(&lw.v, &xn, &v)?;
@@ -519,25 +497,25 @@ impl RankDevice {
                     }
                 }
                 if let Some([nq, nk]) = &lw.qk_norm {
-                    dev.rms_norm(s, &q, nq, self.eps, &mut q.clone())?;
-                    dev.rms_norm(s, &k, nk, self.eps, &mut k.clone())?;
+                    dev.rms_norm(s, &q, nq, self.geo.eps, &mut q.clone())?;
+                    dev.rms_norm(s, &k, nk, self.geo.eps, &mut k.clone())?;
                 }
                 let pos = Span::of(&b.pos);
                 dev.rope(
                     s,
                     &mut q.clone(),
-                    self.head_dim,
+                    self.geo.head_dim,
                     &pos,
-                    self.theta,
-                    self.rope,
+                    self.geo.theta,
+                    self.geo.rope,
                 )?;
                 dev.rope(
                     s,
                     &mut k.clone(),
-                    self.head_dim,
+                    self.geo.head_dim,
                     &pos,
-                    self.theta,
-                    self.rope,
+                    self.geo.theta,
+                    self.geo.rope,
                 )
             }
             Segment::AttnCore => {
@@ -549,14 +527,14 @@ impl RankDevice {
             }
             Segment::AttnOut => {
                 let att = Span::of(&b.att).sub(0, lw.q.rows);
-                row(&lw.o, &att, self.row_chunks.map(|c| c.0))
+                row(&lw.o, &att, self.geo.row_chunks.map(|c| c.0))
             }
             Segment::AllReduce => {
                 let c = self.collective()?;
                 c.all_reduce(dev, s, &Span::of(&b.partial), &x)
             }
             Segment::Ffn => {
-                dev.rms_norm(s, &x, &lw.ffn_norm, self.eps, &mut xn.clone())?;
+                dev.rms_norm(s, &x, &lw.ffn_norm, self.geo.eps, &mut xn.clone())?;
                 let (g, u) = (
                     Span::of(&b.gate).sub(0, lw.gate.rows),
                     Span::of(&b.up).sub(0, lw.up.rows),
@@ -564,7 +542,7 @@ impl RankDevice {
                 col(&lw.gate, &xn, &g)?;
                 col(&lw.up, &xn, &u)?;
                 dev.silu_mul(s, &g, &u, &mut g.clone())?;
-                row(&lw.down, &g, self.row_chunks.map(|c| c.1))
+                row(&lw.down, &g, self.geo.row_chunks.map(|c| c.1))
             }
             other => bail!(
                 "segment `{}` is not supported by the cuda backend",
