@@ -18,7 +18,13 @@ const GENERATED: usize = 10;
 #[test]
 fn synthetic_plans_are_up_to_date() {
     tiny_tp_model();
-    for name in ["tiny-tp", "tiny-tp-tp2", "tiny-tp-tp4", "tiny-tp-pp2-tp2"] {
+    for name in [
+        "tiny-tp",
+        "tiny-tp-tp2",
+        "tiny-tp-tp4",
+        "tiny-tp-tp8",
+        "tiny-tp-pp2-tp2",
+    ] {
         let placement = root().join(format!("plans/synthetic/{name}.toml"));
         let compiled = compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
         let committed = std::fs::read_to_string(placement.with_extension("plan.toml")).unwrap();
@@ -54,6 +60,11 @@ fn tp2_is_bit_identical() {
 #[test]
 fn tp4_is_bit_identical() {
     assert_gate_passes("tiny-tp-tp4");
+}
+
+#[test]
+fn tp8_is_bit_identical() {
+    assert_gate_passes("tiny-tp-tp8");
 }
 
 #[test]
