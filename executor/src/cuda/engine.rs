@@ -303,25 +303,71 @@ impl Engine {
             run.warmed[p] = true;
             return rank.enqueue(ops, t, s);
         }
-        if run.graphs[p].is_none() {
-            match capture(s, || rank.enqueue(ops, t, s)) {
+        run.graphs[p]
+            .as_ref()
+            .ok_or_else(|| {
+                anyhow!(
+                    "invariant: rank {} run {i} phase {p} captured before its step",
+                    rank.rank
+                )
+            })?
+            .replay()
+            .map_err(|e| anyhow!("rank {}: {e}", rank.rank))
+    }
+
+    /// Captures every run whose phase comes up warmed but not yet captured at step `t`, for
+    /// all ranks, before any rank enqueues the step, and uploads the graphs with the device
+    /// idle. Capturing inline would end a capture and instantiate while earlier ranks' replayed
+    /// collectives spin for a member that the host has not enqueued yet; the driver may
+    /// synchronize the device there, and the collectives would wait on the host forever.
+    fn capture_due(&mut self, t: u64) -> Result<()> {
+        let due: Vec<(usize, usize)> = (0..self.ranks.len())
+            .flat_map(|ri| (0..self.programs[ri].len()).map(move |i| (ri, i)))
+            .filter(|&(ri, i)| {
+                self.runs[ri][i].as_ref().is_some_and(|run| {
+                    let p = (t % run.phases) as usize;
+                    !run.latched && run.warmed[p] && run.graphs[p].is_none()
+                })
+            })
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.synchronize_all()?;
+        for &(ri, i) in &due {
+            let step = &self.programs[ri][i];
+            let stream = self.ranks[ri].stream(step.stream())?.clone();
+            let ops = step.ops();
+            let rank = &mut self.ranks[ri];
+            let run = self.runs[ri][i]
+                .as_mut()
+                .expect("invariant: filtered above");
+            let p = (t % run.phases) as usize;
+            match capture(&stream, || rank.enqueue(ops, t, &stream))
+                .and_then(|g| g.upload().map(|()| g))
+            {
                 Ok(g) => run.graphs[p] = Some(g),
                 Err(e) => {
-                    let id = match &self.programs[ri][i] {
+                    let id = match step {
                         Step::Run { id, .. } => id.as_str(),
                         _ => "?",
                     };
                     eprintln!("cuda backend: rank {} run {id}: {e}; running it eagerly from now on (logits are unchanged)", rank.rank);
                     run.latched = true;
-                    return rank.enqueue(ops, t, s);
                 }
             }
         }
-        run.graphs[p]
-            .as_ref()
-            .expect("invariant: captured above")
-            .replay()
-            .map_err(|e| anyhow!("rank {}: {e}", rank.rank))
+        self.synchronize_all()
+    }
+
+    fn synchronize_all(&self) -> Result<()> {
+        for rank in &self.ranks {
+            for s in rank.streams.values() {
+                s.synchronize()
+                    .map_err(|e| anyhow!("cuda backend: rank {}: {e:?}", rank.rank))?;
+            }
+        }
+        Ok(())
     }
 
     fn copy_boundary(&self, ri: usize, id: u32, t: u64, s: &Arc<CudaStream>) -> Result<()> {
@@ -423,8 +469,11 @@ impl Decoder for Engine {
         }
         let t = self.next_step;
         self.next_step += 1;
-        let mut result = Ok(());
+        let mut result = self.capture_due(t);
         for ri in 0..self.ranks.len() {
+            if result.is_err() {
+                break;
+            }
             result = self
                 .enqueue_rank(ri, t, input)
                 .map_err(|e| anyhow!("rank {} step {t}: {e:#}", self.ranks[ri].rank));

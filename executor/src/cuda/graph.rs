@@ -19,6 +19,8 @@ pub enum CaptureStep {
     Record,
     /// Ending the capture and instantiating the graph (an invalidated capture fails here).
     Instantiate,
+    /// Uploading the instantiated graph to the device.
+    Upload,
     /// Launching the instantiated graph.
     Replay,
 }
@@ -29,6 +31,7 @@ impl fmt::Display for CaptureStep {
             CaptureStep::Begin => "begin capture",
             CaptureStep::Record => "record",
             CaptureStep::Instantiate => "end capture and instantiate",
+            CaptureStep::Upload => "upload",
             CaptureStep::Replay => "replay",
         })
     }
@@ -69,6 +72,13 @@ impl Graph {
         self.inner
             .launch()
             .map_err(|e| driver(CaptureStep::Replay, e))
+    }
+
+    /// Uploads the graph's work to the device ahead of its first replay.
+    pub fn upload(&self) -> Result<(), CaptureError> {
+        self.inner
+            .upload()
+            .map_err(|e| driver(CaptureStep::Upload, e))
     }
 }
 
