@@ -1,6 +1,6 @@
-// memra kernels: single-token attention over an f16 KV cache, and the cache write. Both read
-// the position from device memory, so captured graphs replay at every step: kv_write_f16
-// stores row `*pos`, attention_f16 attends over positions 0..=*pos (clamped to the capacity).
+// memra kernels: single-token attention over an f16 KV cache (rope_kv_f16 in rope.cu writes
+// it). The position comes from device memory, so captured graphs replay at every step:
+// attention_f16 attends over positions 0..=*pos (clamped to the capacity).
 //
 // Cache layout: `capacity` positions of `n_kv_heads * head_dim` halves (K and V separately).
 // Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads). Scores are
@@ -12,16 +12,6 @@
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / WARP)
 #define ATTN_MAX_HEAD_DIM 256
-
-// Narrows the key and value rows of one token to f16 (round to nearest even) into slot *pos.
-extern "C" __global__ void kv_write_f16(const float* k, const float* v, u16* k_cache, u16* v_cache,
-                                        const u32* pos, int row, int capacity) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const u32 p = *pos;
-    if (i >= row || p >= (u32)capacity) return;
-    k_cache[(size_t)p * row + i] = f32_to_f16(k[i]);
-    v_cache[(size_t)p * row + i] = f32_to_f16(v[i]);
-}
 
 // Fixed-order block reduction of one value per warp (lane 0 of each warp wrote red[w]).
 __device__ __forceinline__ float block_combine(const float* red, bool is_max) {

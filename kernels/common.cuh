@@ -76,6 +76,11 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The SiLU-gated product of the FFN: silu(g) * u with silu(g) = g / (1 + exp(-g)).
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 // Combines per-chunk partials held by lanes 0..chunks-1 (a power of two, at most 32) in a
 // balanced binary tree ((c0 + c1) + (c2 + c3)) + ...; the result is valid in lane 0.
 __device__ __forceinline__ float chunk_tree(float v, int chunks) {

@@ -25,6 +25,7 @@
 #define MATVEC_ROWS 4
 #define MATVEC_ROUND 8
 #define MATVEC_MAX_CHUNKS 32
+#define MATVEC_MAX_SEGS 3  // the fields of MatvecJob; must match MATVEC_MAX_SEGS in ops.rs
 // weight bytes of its first round a block asks L2 for while it quantizes x
 #define MATVEC_PREFETCH 16384
 
@@ -315,39 +316,90 @@ struct Q6_K {
     }
 };
 
-// One block: quantize x (quantized policies), then the quads of its row run, a round at a
-// time: warps take the round's (quad, chunk) items in turn and leave each chunk value in
+// What one launch computes. `segs` weights (1..3) of the same dtype and K share x: segment s
+// has rows[s] rows and writes y[s]; together they are one matrix whose quads the persistent
+// grid splits (q/k/v in one launch). With `residual` set (one segment), y[0][r] = residual[r] +
+// (W x)[r], the add after a row-parallel matvec (y may alias residual). With `swiglu` (two
+// segments of equal rows, gate and up), a work item takes a quad of both and the launch
+// writes y[0][r] = silu_mul(gate[r], up[r]). Every row's value is the same chunk tree as a
+// launch of its weight alone, so fusing changes no bits.
+struct MatvecJob {
+    // segment fields one by one, not arrays: an array indexed by the segment at run time would
+    // copy the whole job to local memory
+    const u8 *w0, *w1, *w2;
+    float *y0, *y1, *y2;
+    int rows0, rows1, rows2;
+    int segs;
+    int cols;
+    int chunks;
+    int swiglu;
+    const float* x;
+    const float* residual;
+};
+
+// Segment s's fields.
+__device__ __forceinline__ const u8* job_w(const MatvecJob j, int s) { return s == 0 ? j.w0 : s == 1 ? j.w1 : j.w2; }
+__device__ __forceinline__ float* job_y(const MatvecJob j, int s) { return s == 0 ? j.y0 : s == 1 ? j.y1 : j.y2; }
+__device__ __forceinline__ int job_rows(const MatvecJob j, int s) { return s == 0 ? j.rows0 : s == 1 ? j.rows1 : j.rows2; }
+
+// The quads of the job's combined matrix: a swiglu quad covers gate and up rows together.
+__device__ __forceinline__ int job_quads(const MatvecJob j) {
+    int n = 0;
+    for (int s = 0; s < (j.swiglu ? 1 : j.segs); ++s) n += (job_rows(j, s) + MATVEC_ROWS - 1) / MATVEC_ROWS;
+    return n;
+}
+
+// Segment and first row of global quad `g` (plain jobs; a swiglu job has segment 0 only).
+__device__ __forceinline__ int job_seg(const MatvecJob j, int g, int* row0) {
+    int s = 0;
+    for (; s + 1 < j.segs && !j.swiglu; ++s) {
+        const int q = (job_rows(j, s) + MATVEC_ROWS - 1) / MATVEC_ROWS;
+        if (g < q) break;
+        g -= q;
+    }
+    *row0 = g * MATVEC_ROWS;
+    return s;
+}
+
+// One block: quantize x (quantized policies), then the quads of its run, a round at a time:
+// warps take the round's (quad, half, chunk) items in turn and leave each chunk value in
 // shared memory; after a barrier, warp q combines quad q's chunks in the tree. Two buffers of
 // chunk values let the next round's items start while the tree reads the last round's: a
 // buffer is written again only after the barrier that follows every warp's tree over it.
 template <class P>
-__device__ __forceinline__ void matvec_run(const u8* w, const float* x, float* y, int rows, int cols, int chunks) {
+__device__ __forceinline__ void matvec_run(const MatvecJob j) {
     extern __shared__ uint4 act_smem[];
-    __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS][MATVEC_MAX_CHUNKS];
+    __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS * 2][MATVEC_MAX_CHUNKS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int cols = j.cols, chunks = j.chunks, halves = j.swiglu ? 2 : 1;
     const size_t rb = P::row_bytes(cols);
-    const int quads = (rows + MATVEC_ROWS - 1) / MATVEC_ROWS;
+    const int quads = job_quads(j);
     const int q0 = (int)((long long)quads * blockIdx.x / gridDim.x);
     const int q1 = (int)((long long)quads * (blockIdx.x + 1) / gridDim.x);
     Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
     if (P::ACT_BLOCK != 0) {
         // start the first round's weight bytes towards L2 while x is quantized
-        const u8* first = w + (size_t)q0 * MATVEC_ROWS * rb;
-        const int first_rows = min(min(q1 - q0, MATVEC_ROUND) * MATVEC_ROWS, rows - q0 * MATVEC_ROWS);
+        int row0;
+        const int s = job_seg(j, q0, &row0);
+        const u8* first = job_w(j, s) + (size_t)row0 * rb;
+        const int first_rows = min(min(q1 - q0, MATVEC_ROUND) * MATVEC_ROWS, job_rows(j, s) - row0);
         const size_t bytes = min((size_t)max(first_rows, 0) * rb, (size_t)MATVEC_PREFETCH);
         for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)MATVEC_THREADS * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(first + o));
-        quantize_x<P::ACT_BLOCK>(x, cols, (i8*)act.q, (float*)act.s);
+        quantize_x<P::ACT_BLOCK>(j.x, cols, (i8*)act.q, (float*)act.s);
         __syncthreads();
     }
     const int len = cols / chunks;
     int buf = 0;
     for (int round = q0; round < q1; round += MATVEC_ROUND, buf ^= 1) {
         const int nq = min(MATVEC_ROUND, q1 - round);
-        for (int item = warp; item < nq * chunks; item += MATVEC_WARPS) {
-            const int quad = item / chunks, c = item - quad * chunks;
-            const int row0 = (round + quad) * MATVEC_ROWS;
-            const int nr = min(MATVEC_ROWS, rows - row0);
+        for (int item = warp; item < nq * halves * chunks; item += MATVEC_WARPS) {
+            const int qh = item / chunks, c = item - qh * chunks;
+            const int quad = qh / halves, h = qh - quad * halves;
+            int row0;
+            const int s = job_seg(j, round + quad, &row0) + h;
+            const int nr = min(MATVEC_ROWS, job_rows(j, s) - row0);
+            const u8* w = job_w(j, s);
             // rows past the end read the last row again, so that no load waits on a branch
             const u8* row[MATVEC_ROWS];
             float acc[MATVEC_ROWS];
@@ -356,29 +408,39 @@ __device__ __forceinline__ void matvec_run(const u8* w, const float* x, float* y
                 row[r] = w + (size_t)(row0 + min(r, nr - 1)) * rb;
                 acc[r] = 0.f;
             }
-            P::lane_chunk(row, x, act, c * len, len, lane, acc);
+            P::lane_chunk(row, j.x, act, c * len, len, lane, acc);
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
-                const float s = warp_sum(acc[r]);
-                if (lane == 0) part[buf][quad * MATVEC_ROWS + r][c] = s;
+                const float v = warp_sum(acc[r]);
+                if (lane == 0) part[buf][qh * MATVEC_ROWS + r][c] = v;
             }
         }
         __syncthreads();
         for (int quad = warp; quad < nq; quad += MATVEC_WARPS) {
-            const int row0 = (round + quad) * MATVEC_ROWS;
+            int row0;
+            const int s = job_seg(j, round + quad, &row0);
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
-                const float total = chunk_tree(lane < chunks ? part[buf][quad * MATVEC_ROWS + r][lane] : 0.f, chunks);
-                if (lane == 0 && row0 + r < rows) y[row0 + r] = total;
+                const int at = quad * halves * MATVEC_ROWS + r;
+                const float total = chunk_tree(lane < chunks ? part[buf][at][lane] : 0.f, chunks);
+                float out = total;
+                if (j.swiglu) {
+                    const float up = chunk_tree(lane < chunks ? part[buf][at + MATVEC_ROWS][lane] : 0.f, chunks);
+                    out = silu_mul(total, up);
+                }
+                const int row = row0 + r;
+                if (lane == 0 && row < job_rows(j, s)) {
+                    if (j.residual) out = j.residual[row] + total;
+                    job_y(j, s)[row] = out;
+                }
             }
         }
     }
 }
 
 #define MATVEC(name, P)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2)                            \
-        name(const u8* w, const float* x, float* y, int rows, int cols, int chunks) {          \
-        matvec_run<P>(w, x, y, rows, cols, chunks);                                            \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2) name(const MatvecJob job) { \
+        matvec_run<P>(job);                                                                    \
     }
 
 MATVEC(matvec_f32, FloatPolicy<F32>)

@@ -4,7 +4,7 @@
 # plans/synthetic/ for them, then proves the CUDA backend:
 #   - gates: every plan bit-identical to the 1-rank eager CUDA run (serial and pipelined arms,
 #     16 generated tokens), llama1b-shaped q8_0 and q4_1: graphs, PP-2, PP-3 uneven, PP-5,
-#     TP-2, TP-4, PP-2 x TP-2, all ranks on device 0;
+#     TP-2, TP-4, PP-2 x TP-2, all ranks on device 0; llama8b-shaped q4_1: TP-2, TP-4, PP-2;
 #   - soak: the pipelined PP-4 gate 100 times in one process, counting mismatching runs;
 #   - CUDA against the CPU backend on a smol135m-shaped model, 64 greedy steps;
 #   - compute-sanitizer memcheck and racecheck on a short PP-4 decode with graphs;
@@ -56,17 +56,22 @@ t0=$(date +%s)
 "$BIN/memra-synth" --shape llama1b --dtype q8_0 -o "$M/llama1b-q8_0.gguf" 2>"$LOG/synth-l1-q8.log" &
 "$BIN/memra-synth" --shape llama1b --dtype q4_1 -o "$M/llama1b-q4_1.gguf" 2>"$LOG/synth-l1-q41.log" &
 wait
+# the 8B shape is written while the first gates run
+"$BIN/memra-synth" --shape llama8b --dtype q4_1 -o "$M/llama8b-q4_1.gguf" 2>"$LOG/synth-l8-q41.log" &
+synth8b=$!
 echo "models written in $(($(date +%s) - t0)) s"
 
 LLAMA=(llama1b-eager llama1b llama1b-pp2 llama1b-pp3 llama1b-pp5 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2)
-gates() { # dtype
-    local dtype=$1
-    compile llama1b "$dtype" "${LLAMA[@]}"
-    for cand in "${LLAMA[@]:1}"; do
+gates() { # shape dtype placement... (the first is the reference)
+    local shape=$1 dtype=$2
+    shift 2
+    local names=("$@")
+    compile "$shape" "$dtype" "${names[@]}"
+    for cand in "${names[@]:1}"; do
         late "gate $cand $dtype" && continue
         t=$(date +%s%N)
-        out=$(limit 150 "$BIN/memra-run" gate --backend cuda --model "$M/llama1b-$dtype.gguf" \
-            --reference "$P/$dtype/llama1b-eager.plan.toml" "$P/$dtype/$cand.plan.toml" 2>&1)
+        out=$(limit 150 "$BIN/memra-run" gate --backend cuda --model "$M/$shape-$dtype.gguf" \
+            --reference "$P/$dtype/${names[0]}.plan.toml" "$P/$dtype/$cand.plan.toml" 2>&1)
         rc=$?
         echo "$out" >>"$LOG/gates.log"
         dt=$((($(date +%s%N) - t) / 100000000))
@@ -128,11 +133,13 @@ speed() { # plan
 }
 
 # most important first: what is skipped when the budget runs out comes last
-gates q8_0
+gates llama1b q8_0 "${LLAMA[@]}"
 compile smol135m q8_0 smol135m smol135m-eager smol135m-pp4
 late "soak smol135m-pp4 x100" || soak
 late "cuda vs cpu smol135m q8_0" || against_cpu
-gates q4_1
+gates llama1b q4_1 "${LLAMA[@]}"
+wait $synth8b
+gates llama8b q4_1 llama8b-eager llama8b-tp2 llama8b-tp4 llama8b-pp2
 for cand in llama1b-eager llama1b llama1b-pp2 llama1b-tp2; do
     late "bench $cand q4_1" || speed "$cand"
 done

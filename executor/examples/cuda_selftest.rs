@@ -28,13 +28,21 @@ struct Args {
     /// Only compile every kernel file for this architecture (e.g. sm_90) and exit.
     #[arg(long, value_name = "ARCH")]
     compile_only: Option<String>,
+    /// With --compile-only: also write each file's PTX here (for `ptxas -v`, `cuobjdump`).
+    #[arg(long, value_name = "DIR", requires = "compile_only")]
+    ptx_dir: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match &args.compile_only {
-        Some(arch) => compile::compiled(arch).map(|ptx| {
+        Some(arch) => compile::compiled(arch).and_then(|ptx| {
             for (file, ptx) in compile::FILES.iter().zip(ptx.iter()) {
+                if let Some(dir) = &args.ptx_dir {
+                    let path = dir.join(file.name.replace(".cu", ".ptx"));
+                    std::fs::write(&path, ptx.to_src())
+                        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+                }
                 println!(
                     "kernels/{}: {} entry points, {} bytes of ptx",
                     file.name,
@@ -42,7 +50,7 @@ fn main() -> ExitCode {
                     ptx.to_src().len()
                 );
             }
-            true
+            Ok(true)
         }),
         None => selftest::run(&selftest::Options {
             device: args.device,

@@ -48,9 +48,9 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("norm.cu", ["rms_norm_f32"]),
-    kernel_file!("rope.cu", ["rope_f32", "rope_neox_f32"]),
-    kernel_file!("attention.cu", ["attention_f16", "kv_write_f16"]),
-    kernel_file!("elementwise.cu", ["silu_mul_f32", "add_f32"]),
+    kernel_file!("rope.cu", ["rope_kv_f16"]),
+    kernel_file!("attention.cu", ["attention_f16"]),
+    kernel_file!("elementwise.cu", ["add_f32"]),
     kernel_file!(
         "embed.cu",
         [

@@ -15,11 +15,12 @@ pub mod graph;
 pub mod ops;
 mod rank;
 pub mod selftest;
-mod span;
+pub mod span;
 
 pub use device::{check_driver, device_count, CudaDevice, DeviceBuffer};
 pub use engine::Engine;
 pub use graph::{capture, CaptureError, CaptureStep, Graph};
 pub use ops::{DeviceKv, DeviceWeight, RopeStyle, MAX_CHUNKS, MAX_HEAD_DIM};
+pub use span::Span;
 
 pub use cudarc::driver::{CudaEvent, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};

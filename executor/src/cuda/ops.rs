@@ -10,11 +10,13 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
-    CudaStream, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchArgs, LaunchConfig,
+    PushKernelArg,
 };
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer};
+use super::span::Span;
 use crate::sample::SamplerConfig;
 
 /// A weight matrix on the device in GGUF row layout: `rows` rows of `cols` values of `dtype`.
@@ -110,8 +112,39 @@ const MATVEC_THREADS: usize = 512;
 /// Matvec blocks per SM (the kernels' `__launch_bounds__` minimum).
 const MATVEC_BLOCKS_PER_SM: usize = 2;
 /// Shared memory a block may take without raising the kernel's dynamic limit, less the
-/// 8 KiB of chunk values every matvec block holds statically.
-const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - (8 << 10);
+/// 16 KiB of chunk values every matvec block holds statically.
+const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - (16 << 10);
+/// Most weights one matvec launch takes (MATVEC_MAX_SEGS in kernels/matvec.cu).
+pub const MATVEC_MAX_SEGS: usize = 3;
+
+/// What a matvec launch does with each row's value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    /// Store it.
+    Plain,
+    /// Store residual + value (the address of the residual).
+    Residual(u64),
+    /// Two weights (gate, up): store silu(gate) * up.
+    SwiGlu,
+}
+
+/// The kernel parameter of a matvec launch (`MatvecJob` in kernels/matvec.cu, C layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MatvecJob {
+    w: [u64; MATVEC_MAX_SEGS],
+    y: [u64; MATVEC_MAX_SEGS],
+    rows: [i32; MATVEC_MAX_SEGS],
+    segs: i32,
+    cols: i32,
+    chunks: i32,
+    swiglu: i32,
+    x: u64,
+    residual: u64,
+}
+
+// SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
+unsafe impl DeviceRepr for MatvecJob {}
 /// Largest chunk count the matvec tree (one lane per chunk) and tree_sum support.
 pub const MAX_CHUNKS: usize = 32;
 /// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
@@ -188,38 +221,140 @@ impl CudaDevice {
         chunks: usize,
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        let out = (ptr_mut(stream, y), y.len());
+        self.matvec_job(stream, &[w], x, chunks, &[out], Epilogue::Plain)
+    }
+
+    /// `y[i] = W[i] x` for up to `MATVEC_MAX_SEGS` weights of one dtype and K in one launch
+    /// (q, k and v): each row's bits are those of `matvec` with its weight alone.
+    pub fn matvec_many(
+        &self,
+        stream: &CudaStream,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        chunks: usize,
+        ys: &[Span<f32>],
+    ) -> Result<()> {
+        let outs: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
+        self.matvec_job(stream, ws, x, chunks, &outs, Epilogue::Plain)
+    }
+
+    /// `y = residual + W x` in one launch (`y` may be `residual`): the add after a
+    /// row-parallel matvec, with the bits of `matvec` followed by `add`.
+    pub fn matvec_residual(
+        &self,
+        stream: &CudaStream,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        chunks: usize,
+        residual: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         assert_eq!(
-            x.len(),
-            w.cols,
-            "matvec: x has {} values for {} columns",
-            x.len(),
-            w.cols
-        );
-        assert_eq!(
-            y.len(),
+            residual.len(),
             w.rows,
-            "matvec: y has {} values for {} rows",
-            y.len(),
+            "matvec: residual has {} values for {} rows",
+            residual.len(),
             w.rows
         );
+        let r = ptr(stream, residual);
+        let out = (ptr_mut(stream, y), y.len());
+        self.matvec_job(stream, &[w], x, chunks, &[out], Epilogue::Residual(r))
+    }
+
+    /// `y = silu(gate x) * (up x)` in one launch, with the bits of the two matvecs followed by
+    /// the CPU backend's `silu_mul` expression.
+    pub fn matvec_swiglu(
+        &self,
+        stream: &CudaStream,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        chunks: usize,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert_eq!(gate.rows, up.rows, "matvec: gate and up rows differ");
+        let out = (ptr_mut(stream, y), y.len());
+        self.matvec_job(
+            stream,
+            &[gate, up],
+            x,
+            chunks,
+            &[out, out],
+            Epilogue::SwiGlu,
+        )
+    }
+
+    fn matvec_job(
+        &self,
+        stream: &CudaStream,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        chunks: usize,
+        ys: &[(u64, usize)],
+        epilogue: Epilogue,
+    ) -> Result<()> {
+        assert!(
+            (1..=MATVEC_MAX_SEGS).contains(&ws.len()) && ys.len() == ws.len(),
+            "matvec: 1 to {MATVEC_MAX_SEGS} weights, one output each"
+        );
+        let w0 = ws[0];
+        assert!(
+            ws.iter().all(|w| w.dtype == w0.dtype && w.cols == w0.cols),
+            "matvec: fused weights must share dtype and columns"
+        );
+        assert_eq!(
+            x.len(),
+            w0.cols,
+            "matvec: x has {} values for {} columns",
+            x.len(),
+            w0.cols
+        );
+        for (w, &(_, len)) in ws.iter().zip(ys) {
+            let rows = if epilogue == Epilogue::SwiGlu {
+                w0.rows
+            } else {
+                w.rows
+            };
+            assert_eq!(len, rows, "matvec: y has {len} values for {rows} rows");
+        }
         assert!(
             chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
             "matvec: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
         );
         assert!(
-            w.cols.is_multiple_of(chunks * w.dtype.block_size()),
+            w0.cols.is_multiple_of(chunks * w0.dtype.block_size()),
             "matvec: {} columns do not split into {chunks} chunks of whole {} blocks",
-            w.cols,
-            w.dtype
+            w0.cols,
+            w0.dtype
         );
-        let (wp, xp, yp) = (ptr(stream, &w.data), ptr(stream, x), ptr_mut(stream, y));
-        assert!(
-            xp.is_multiple_of(16) && wp.is_multiple_of(16),
-            "matvec: x and w must be 16-byte aligned"
-        );
-        let (rows, cols, chunks) = (int(w.rows), int(w.cols), int(chunks));
-        let name = format!("matvec_{}", w.dtype.name());
-        let act = matvec_act_bytes(w.dtype, w.cols);
+        let xp = ptr(stream, x);
+        let mut job = MatvecJob {
+            w: [0; MATVEC_MAX_SEGS],
+            y: [0; MATVEC_MAX_SEGS],
+            rows: [0; MATVEC_MAX_SEGS],
+            segs: int(ws.len()),
+            cols: int(w0.cols),
+            chunks: int(chunks),
+            swiglu: i32::from(epilogue == Epilogue::SwiGlu),
+            x: xp,
+            residual: match epilogue {
+                Epilogue::Residual(r) => r,
+                _ => 0,
+            },
+        };
+        for (i, (w, &(y, _))) in ws.iter().zip(ys).enumerate() {
+            job.w[i] = ptr(stream, &w.data);
+            job.y[i] = y;
+            job.rows[i] = int(w.rows);
+            assert!(
+                job.w[i].is_multiple_of(16),
+                "matvec: w must be 16-byte aligned"
+            );
+        }
+        assert!(xp.is_multiple_of(16), "matvec: x must be 16-byte aligned");
+        let name = format!("matvec_{}", w0.dtype.name());
+        let act = matvec_act_bytes(w0.dtype, w0.cols);
         if act > MATVEC_PLAIN_DYNAMIC {
             self.function(&name)
                 .set_attribute(
@@ -228,26 +363,23 @@ impl CudaDevice {
                 )
                 .with_context(|| {
                     format!(
-                        "cuda backend: allowing {name} {act} bytes of shared memory for K = {cols}"
+                        "cuda backend: allowing {name} {act} bytes of shared memory for K = {}",
+                        w0.cols
                     )
                 })?;
         }
-        let blocks = w
-            .rows
-            .div_ceil(MATVEC_ROWS)
-            .min(MATVEC_BLOCKS_PER_SM * self.sm_count()?);
+        let quads: usize = match epilogue {
+            Epilogue::SwiGlu => w0.rows.div_ceil(MATVEC_ROWS),
+            _ => ws.iter().map(|w| w.rows.div_ceil(MATVEC_ROWS)).sum(),
+        };
+        let blocks = quads.min(MATVEC_BLOCKS_PER_SM * self.sm_count()?);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (MATVEC_THREADS as u32, 1, 1),
             shared_mem_bytes: act as u32,
         };
         self.launch(stream, &name, cfg, |a| {
-            a.arg(&wp)
-                .arg(&xp)
-                .arg(&yp)
-                .arg(&rows)
-                .arg(&cols)
-                .arg(&chunks);
+            a.arg(&job);
         })
     }
 
@@ -282,62 +414,55 @@ impl CudaDevice {
         })
     }
 
-    /// Rotates each head of `x` (heads of `head_dim`, in place) to the position in `pos[0]`.
-    pub fn rope(
+    /// Rotates each head of `q` and `k` (heads of `kv.head_dim`, in place) to the position in
+    /// `pos[0]` and stores the rotated `k` and `v` as f16 at that position of `kv` (nothing
+    /// is stored at a position past the capacity).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv(
         &self,
         stream: &CudaStream,
-        x: &mut impl DevicePtrMut<f32>,
-        head_dim: usize,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &mut impl DevicePtrMut<f32>,
+        v: &impl DevicePtr<f32>,
+        kv: &mut DeviceKv,
         pos: &impl DevicePtr<u32>,
         theta: f32,
         style: RopeStyle,
     ) -> Result<()> {
+        let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
         assert!(
-            head_dim.is_multiple_of(2) && x.len().is_multiple_of(head_dim) && !pos.is_empty(),
-            "rope: odd head_dim, partial head or empty pos"
+            hd.is_multiple_of(2) && q.len().is_multiple_of(hd) && !pos.is_empty(),
+            "rope_kv: odd head_dim, partial q head or empty pos"
         );
-        let n_heads = x.len() / head_dim;
-        // computed on the host exactly as the CPU backend does, so the angles match bit for bit
-        let theta_scale = theta.powf(-2.0 / head_dim as f32);
-        let name = match style {
-            RopeStyle::Normal => "rope_f32",
-            RopeStyle::Neox => "rope_neox_f32",
-        };
-        let (xp, pp, nh, hd) = (
-            ptr_mut(stream, x),
-            ptr(stream, pos),
-            int(n_heads),
-            int(head_dim),
-        );
-        self.launch(stream, name, grid(n_heads * head_dim / 2, 128), |a| {
-            a.arg(&xp).arg(&nh).arg(&hd).arg(&pp).arg(&theta_scale);
-        })
-    }
-
-    /// Stores `k` and `v` (`n_kv_heads * head_dim` each) as f16 at position `pos[0]`.
-    pub fn kv_write(
-        &self,
-        stream: &CudaStream,
-        k: &impl DevicePtr<f32>,
-        v: &impl DevicePtr<f32>,
-        kv: &mut DeviceKv,
-        pos: &impl DevicePtr<u32>,
-    ) -> Result<()> {
-        let row = kv.n_kv_heads * kv.head_dim;
         assert!(
             k.len() == row && v.len() == row,
-            "kv_write: rows must have {row} values"
+            "rope_kv: k and v rows must have {row} values"
         );
-        let (kp, vp, pp) = (ptr(stream, k), ptr(stream, v), ptr(stream, pos));
+        let n_q = q.len() / hd;
+        // computed on the host exactly as the CPU backend does, so the angles match bit for bit
+        let theta_scale = theta.powf(-2.0 / hd as f32);
+        let neox = i32::from(style == RopeStyle::Neox);
+        let (qp, kp, vp, pp) = (
+            ptr_mut(stream, q),
+            ptr_mut(stream, k),
+            ptr(stream, v),
+            ptr(stream, pos),
+        );
         let (kc, vc) = (ptr_mut(stream, &mut kv.k), ptr_mut(stream, &mut kv.v));
-        let (r, cap) = (int(row), int(kv.capacity));
-        self.launch(stream, "kv_write_f16", grid(row, 256), |a| {
-            a.arg(&kp)
+        let (nq, nkv, hd_i, cap) = (int(n_q), int(kv.n_kv_heads), int(hd), int(kv.capacity));
+        let threads = (n_q + kv.n_kv_heads) * hd / 2 + row;
+        self.launch(stream, "rope_kv_f16", grid(threads, 128), |a| {
+            a.arg(&qp)
+                .arg(&kp)
                 .arg(&vp)
                 .arg(&kc)
                 .arg(&vc)
                 .arg(&pp)
-                .arg(&r)
+                .arg(&nq)
+                .arg(&nkv)
+                .arg(&hd_i)
+                .arg(&theta_scale)
+                .arg(&neox)
                 .arg(&cap);
         })
     }
@@ -401,17 +526,6 @@ impl CudaDevice {
                 .arg(&cap)
                 .arg(&scale);
         })
-    }
-
-    /// `out = silu(gate) * up`.
-    pub fn silu_mul(
-        &self,
-        stream: &CudaStream,
-        gate: &impl DevicePtr<f32>,
-        up: &impl DevicePtr<f32>,
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<()> {
-        self.binary(stream, "silu_mul_f32", gate, up, out)
     }
 
     /// `out = a + b`.

@@ -55,7 +55,6 @@ struct Buffers {
     att: DeviceBuffer<f32>,
     partial: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
-    up: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
     logits: DeviceBuffer<f32>,
     full_logits: Option<DeviceBuffer<f32>>,
@@ -236,7 +235,6 @@ impl RankDevice {
             att: dev.alloc(&s, nq)?,
             partial: dev.alloc(&s, d)?,
             gate: dev.alloc(&s, size(|l| l.gate.rows))?,
-            up: dev.alloc(&s, size(|l| l.up.rows))?,
             scores: dev.alloc(&s, (nq / hd).max(1) * ctx)?,
             logits: dev.alloc(&s, logits_len)?,
             full_logits: if r.head && group_len > 1 && r.tp_index == 0 {
@@ -470,27 +468,33 @@ impl RankDevice {
             Span::of(&b.k).sub(0, lw.k.rows),
             Span::of(&b.v).sub(0, lw.v.rows),
         );
-        let col = |w: &DeviceWeight, input: &Span<f32>, out: &Span<f32>| {
-            let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize;
-            dev.matvec(s, w, input, chunks, &mut out.clone())
+        let chunks_of = |w: &DeviceWeight| {
+            reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
         };
+        // the row-parallel product: added to x in the same launch on a lone rank, left in
+        // `partial` for the group's all-reduce otherwise
         let row = |w: &DeviceWeight, input: &Span<f32>, chunks: Option<usize>| -> Result<()> {
-            let chunks = chunks.unwrap_or_else(|| {
-                reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
-            });
-            let partial = Span::of(&b.partial);
-            dev.matvec(s, w, input, chunks.max(1), &mut partial.clone())?;
+            let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
             if self.geo.tp_degree == 1 {
-                dev.add(s, &x, &partial, &mut x.clone())?;
+                dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone())
+            } else {
+                dev.matvec(s, w, input, chunks, &mut Span::of(&b.partial))
             }
-            Ok(())
         };
         match seg {
             Segment::AttnPre => {
                 dev.rms_norm(s, &x, &lw.attn_norm, self.geo.eps, &mut xn.clone())?;
-                col(&lw.q, &xn, &q)?;
-                col(&lw.k, &xn, &k)?;
-                col(&lw.v, &xn, &v)?;
+                let (ws, ys) = ([&lw.q, &lw.k, &lw.v], [q.clone(), k.clone(), v.clone()]);
+                if ws
+                    .iter()
+                    .all(|w| w.dtype == lw.q.dtype && chunks_of(w) == chunks_of(&lw.q))
+                {
+                    dev.matvec_many(s, &ws, &xn, chunks_of(&lw.q), &ys)?;
+                } else {
+                    for (w, y) in ws.iter().zip(ys) {
+                        dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
+                    }
+                }
                 if let Some([bq, bk, bv]) = &lw.biases {
                     for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
                         dev.add(s, y, bias, &mut y.clone())?;
@@ -500,28 +504,24 @@ impl RankDevice {
                     dev.rms_norm(s, &q, nq, self.geo.eps, &mut q.clone())?;
                     dev.rms_norm(s, &k, nk, self.geo.eps, &mut k.clone())?;
                 }
-                let pos = Span::of(&b.pos);
-                dev.rope(
-                    s,
-                    &mut q.clone(),
-                    self.geo.head_dim,
-                    &pos,
-                    self.geo.theta,
-                    self.geo.rope,
-                )?;
-                dev.rope(
-                    s,
-                    &mut k.clone(),
-                    self.geo.head_dim,
-                    &pos,
-                    self.geo.theta,
-                    self.geo.rope,
-                )
+                Ok(())
             }
             Segment::AttnCore => {
+                // rope here rather than in AttnPre: it is fused with the cache write, and q and
+                // k are read by nothing else
                 let pos = Span::of(&b.pos);
                 let kv = &mut self.kv[li];
-                dev.kv_write(s, &k, &v, kv, &pos)?;
+                let geo = &self.geo;
+                dev.rope_kv(
+                    s,
+                    &mut q.clone(),
+                    &mut k.clone(),
+                    &v,
+                    kv,
+                    &pos,
+                    geo.theta,
+                    geo.rope,
+                )?;
                 let att = Span::of(&b.att).sub(0, lw.q.rows);
                 dev.attention(s, &q, kv, &pos, &mut Span::of(&b.scores), &mut att.clone())
             }
@@ -535,13 +535,13 @@ impl RankDevice {
             }
             Segment::Ffn => {
                 dev.rms_norm(s, &x, &lw.ffn_norm, self.geo.eps, &mut xn.clone())?;
-                let (g, u) = (
-                    Span::of(&b.gate).sub(0, lw.gate.rows),
-                    Span::of(&b.up).sub(0, lw.up.rows),
-                );
-                col(&lw.gate, &xn, &g)?;
-                col(&lw.up, &xn, &u)?;
-                dev.silu_mul(s, &g, &u, &mut g.clone())?;
+                let g = Span::of(&b.gate).sub(0, lw.gate.rows);
+                let (gw, uw) = (&lw.gate, &lw.up);
+                if gw.dtype == uw.dtype && gw.cols == uw.cols && gw.rows == uw.rows {
+                    dev.matvec_swiglu(s, gw, uw, &xn, chunks_of(gw), &mut g.clone())?;
+                } else {
+                    bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
+                }
                 row(&lw.down, &g, self.geo.row_chunks.map(|c| c.1))
             }
             other => bail!(

@@ -1,8 +1,8 @@
 //! Per-op numerics: each kernel against a CPU reference at awkward sizes. Matvec errors are
 //! relative to the row's sum of |w * x| (the scale of f32 rounding in a dot product), against
 //! an f64 dot with the activations the kernel multiplies (x quantized as the CPU backend does
-//! for quantized weights), elsewhere to the largest reference magnitude; embed and kv_write
-//! must match the CPU bits exactly.
+//! for quantized weights), elsewhere to the largest reference magnitude; embed and the cache
+//! row rope_kv writes must match the CPU bits exactly.
 
 use anyhow::Result;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
@@ -183,12 +183,17 @@ fn rms_norm(cx: &mut Ctx) -> Result<()> {
 
 fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let (n_heads, hd, theta) = (5, 64, 10000f32);
-    let x = random(&mut cx.rng, n_heads * hd, 2.0);
-    let mut xd = dev.upload(s, &x)?;
+    let (n_heads, n_kv, hd, theta) = (5, 2, 64, 10000f32);
+    let (n, row) = (n_heads * hd, n_kv * hd);
+    let x = random(&mut cx.rng, n + row, 2.0);
+    let v = random(&mut cx.rng, row, 2.0);
+    let (mut qd, mut kd) = (dev.upload(s, &x[..n])?, dev.upload(s, &x[n..])?);
+    let vd = dev.upload(s, &v)?;
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, pos as usize + 1)?;
     let pd = dev.upload(s, &[pos])?;
-    dev.rope(s, &mut xd, hd, &pd, theta, style)?;
-    let got = dev.download(s, &xd)?;
+    dev.rope_kv(s, &mut qd, &mut kd, &vd, &mut kv, &pd, theta, style)?;
+    let mut got = dev.download(s, &qd)?;
+    got.extend(dev.download(s, &kd)?);
     let half = hd / 2;
     let theta_scale = theta.powf(-2.0 / hd as f32);
     let mut want = x.clone();
@@ -200,7 +205,7 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
         } else {
             (i, i + half)
         };
-        for h in 0..n_heads {
+        for h in 0..n_heads + n_kv {
             let (x0, x1) = (f64::from(x[h * hd + a]), f64::from(x[h * hd + b]));
             want[h * hd + a] = (x0 * c - x1 * sn) as f32;
             want[h * hd + b] = (x0 * sn + x1 * c) as f32;
@@ -212,13 +217,29 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
         .zip(&want)
         .map(|(&g, &w)| f64::from((g - w).abs()))
         .fold(0f64, f64::max);
-    let name = if style == RopeStyle::Normal {
-        "rope_f32"
+    let style_name = if style == RopeStyle::Normal {
+        "normal"
     } else {
-        "rope_neox_f32"
+        "neox"
     };
-    cx.report
-        .tol(name, format!("{n_heads}x{hd} pos={pos}"), err, 2e-5, "abs");
+    cx.report.tol(
+        "rope_kv_f16",
+        format!("{style_name} q {n_heads}x{hd} k {n_kv}x{hd} pos={pos}"),
+        err,
+        2e-5,
+        "abs",
+    );
+    // the cache row holds the rotated k and v, narrowed to f16
+    let at = pos as usize * row..(pos as usize + 1) * row;
+    let narrow = |x: &[f32]| -> Vec<f32> { x.iter().map(|&x| f16_to_f32(f32_to_f16(x))).collect() };
+    let cached = |c: &[u16]| -> Vec<f32> { c[at.clone()].iter().map(|&h| f16_to_f32(h)).collect() };
+    let mismatches = bit_mismatches(&cached(&dev.download(s, &kv.k)?), &narrow(&got[n..]))
+        + bit_mismatches(&cached(&dev.download(s, &kv.v)?), &narrow(&v));
+    cx.report.exact(
+        "rope_kv_f16",
+        format!("{style_name} cache row {pos} == f16(rotated k), f16(v)"),
+        mismatches,
+    );
     Ok(())
 }
 
@@ -235,24 +256,30 @@ fn attention(
     let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap)?;
     let (mut ks, mut vs) = (Vec::new(), Vec::new());
     let mut pd = dev.alloc::<u32>(s, 1)?;
+    // the cache is written as decode writes it: rotated k and v, one position per launch (the
+    // rotated k comes back from the device; rope_kv_f16 is checked on its own)
+    let mut scratch_q = dev.alloc::<f32>(s, hd)?;
     for p in 0..=pos {
         let (k, v) = (random(&mut cx.rng, row, 2.0), random(&mut cx.rng, row, 1.0));
         dev.write(s, &[p as u32], &mut pd)?;
-        let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
-        dev.kv_write(s, &kd, &vd, &mut kv, &pd)?;
-        s.synchronize()?;
-        ks.extend(k.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+        let (mut kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
+        dev.rope_kv(
+            s,
+            &mut scratch_q,
+            &mut kd,
+            &vd,
+            &mut kv,
+            &pd,
+            10000.0,
+            RopeStyle::Normal,
+        )?;
+        ks.extend(
+            dev.download(s, &kd)?
+                .iter()
+                .map(|&x| f16_to_f32(f32_to_f16(x))),
+        );
         vs.extend(v.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
     }
-    let cached: Vec<f32> = dev.download(s, &kv.k)?[..(pos + 1) * row]
-        .iter()
-        .map(|&h| f16_to_f32(h))
-        .collect();
-    cx.report.exact(
-        "kv_write_f16",
-        format!("{} rows of {row}", pos + 1),
-        bit_mismatches(&cached, &ks),
-    );
 
     let q = random(&mut cx.rng, n_heads * hd, 1.0);
     let qd = dev.upload(s, &q)?;
@@ -302,17 +329,6 @@ fn elementwise(cx: &mut Ctx) -> Result<()> {
     let (a, b) = (random(&mut cx.rng, n, 6.0), random(&mut cx.rng, n, 2.0));
     let (ad, bd) = (dev.upload(s, &a)?, dev.upload(s, &b)?);
     let mut od = dev.alloc::<f32>(s, n)?;
-    dev.silu_mul(s, &ad, &bd, &mut od)?;
-    let got = dev.download(s, &od)?;
-    let rel = |g: f32, w: f64| (f64::from(g) - w).abs() / w.abs().max(1e-3);
-    let err = (0..n)
-        .map(|i| {
-            let g = f64::from(a[i]);
-            rel(got[i], g / (1.0 + (-g).exp()) * f64::from(b[i]))
-        })
-        .fold(0f64, f64::max);
-    cx.report
-        .tol("silu_mul_f32", format!("n={n}"), err, 2e-6, "rel");
     dev.add(s, &ad, &bd, &mut od)?;
     let got = dev.download(s, &od)?;
     let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();

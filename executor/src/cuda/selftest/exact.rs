@@ -2,7 +2,8 @@
 //! result equals tree_sum over the d column-shard results, d = 2 and 4, for every dtype),
 //! tree_sum against the host tree, determinism (a repeated launch gives the same bits), and a
 //! captured CUDA graph of a decode-like sequence replayed at several positions against the
-//! eager run of the same launches.
+//! eager run of the same launches, and the fused matvec launches (q/k/v in one, the residual
+//! add, the SiLU gate) against the separate launches they replace.
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cuda::{
-    capture, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle,
+    capture, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle, Span,
 };
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -22,6 +23,9 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         if dtype.block_size() == 1 {
             tensor_parallel(cx, dtype, 9, 8 * 13, 8)?;
         }
+    }
+    for &dtype in DTYPES {
+        fusion(cx, dtype, 8 * dtype.block_size().max(8) * 3)?;
     }
     tree_sum(cx)?;
     graph(cx)?;
@@ -131,15 +135,81 @@ fn tree_sum(cx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Buffers of a small decode-like step: embed -> rms_norm -> q/k/v matvecs -> rope ->
-/// kv_write -> attention -> output matvec -> add -> silu_mul -> head matvec -> argmax, which
-/// writes the token the next step embeds.
+/// The fused matvec launches against one launch per weight: `matvec_many` over three weights
+/// whose rows are not whole quads and `matvec_residual` bit for bit; `matvec_swiglu` against
+/// the host's silu over the two launches' outputs (f32 `exp` may differ by an ulp).
+fn fusion(cx: &mut Ctx, dtype: GgmlType, cols: usize) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let chunks = 8;
+    let x = random(&mut cx.rng, cols, 1.0);
+    let xd = dev.upload(s, &x)?;
+    let mut ws = Vec::new();
+    for rows in [67, 22, 22] {
+        let (bytes, _) = random_weight(&mut cx.rng, dtype, rows, cols)?;
+        ws.push(DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?);
+    }
+    let mut alone = Vec::new();
+    for w in &ws {
+        let mut y = dev.alloc::<f32>(s, w.rows)?;
+        dev.matvec(s, w, &xd, chunks, &mut y)?;
+        alone.push(dev.download(s, &y)?);
+    }
+    let ys: Vec<DeviceBuffer<f32>> = ws
+        .iter()
+        .map(|w| dev.alloc::<f32>(s, w.rows))
+        .collect::<Result<_>>()?;
+    let spans: Vec<Span<f32>> = ys.iter().map(Span::of).collect();
+    dev.matvec_many(s, &[&ws[0], &ws[1], &ws[2]], &xd, chunks, &spans)?;
+    let mut mismatches = 0;
+    for (y, want) in ys.iter().zip(&alone) {
+        mismatches += bit_mismatches(&dev.download(s, y)?, want);
+    }
+    cx.report.exact(
+        &format!("matvec_{dtype}"),
+        format!("fused 67+22+22 rows x {cols} == three launches"),
+        mismatches,
+    );
+
+    let residual = random(&mut cx.rng, ws[0].rows, 4.0);
+    let mut y = dev.upload(s, &residual)?;
+    dev.matvec_residual(s, &ws[0], &xd, chunks, &y.clone(), &mut y)?;
+    let want: Vec<f32> = residual.iter().zip(&alone[0]).map(|(r, v)| r + v).collect();
+    cx.report.exact(
+        &format!("matvec_{dtype}"),
+        format!("residual in place, 67x{cols} == matvec + add"),
+        bit_mismatches(&dev.download(s, &y)?, &want),
+    );
+
+    let mut h = dev.alloc::<f32>(s, ws[1].rows)?;
+    dev.matvec_swiglu(s, &ws[1], &ws[2], &xd, chunks, &mut h)?;
+    let got = dev.download(s, &h)?;
+    let err = (0..ws[1].rows)
+        .map(|i| {
+            let (g, u) = (f64::from(alone[1][i]), f64::from(alone[2][i]));
+            let want = g / (1.0 + (-g).exp()) * u;
+            (f64::from(got[i]) - want).abs() / want.abs().max(1e-3)
+        })
+        .fold(0f64, f64::max);
+    cx.report.tol(
+        &format!("matvec_{dtype}"),
+        format!("swiglu 22x{cols} vs silu(gate) * up of two launches"),
+        err,
+        2e-6,
+        "rel",
+    );
+    Ok(())
+}
+
+/// Buffers of a small decode-like step: embed -> rms_norm -> q/k/v matvecs -> rope and cache
+/// write -> attention -> output matvec with the residual add -> rms_norm -> gate/up matvec
+/// with silu -> head matvec -> argmax, which writes the token the next step embeds.
 struct Step {
     embed: DeviceWeight,
     wq: DeviceWeight,
     wk: DeviceWeight,
     wv: DeviceWeight,
     wo: DeviceWeight,
+    wu: DeviceWeight,
     head: DeviceWeight,
     norm: DeviceBuffer<f32>,
     kv: DeviceKv,
@@ -176,6 +246,7 @@ impl Step {
             wk: weight(GgmlType::Q4_K, kvd, DIM)?,
             wv: weight(GgmlType::F16, kvd, DIM)?,
             wo: weight(GgmlType::Q6_K, DIM, DIM)?,
+            wu: weight(GgmlType::Q8_0, DIM, DIM)?,
             head: weight(GgmlType::Q4_0, VOCAB, DIM)?,
             norm: dev.upload(s, &random(rng, DIM, 1.0))?,
             kv: DeviceKv::new(dev, s, KV_HEADS, HEAD_DIM, CTX)?,
@@ -200,23 +271,16 @@ impl Step {
         dev.matvec(s, &self.wq, &self.hn, 8, &mut self.q)?;
         dev.matvec(s, &self.wk, &self.hn, 1, &mut self.k)?;
         dev.matvec(s, &self.wv, &self.hn, 2, &mut self.v)?;
-        dev.rope(
+        dev.rope_kv(
             s,
             &mut self.q,
-            HEAD_DIM,
+            &mut self.k,
+            &self.v,
+            &mut self.kv,
             &self.pos,
             10000.0,
             RopeStyle::Normal,
         )?;
-        dev.rope(
-            s,
-            &mut self.k,
-            HEAD_DIM,
-            &self.pos,
-            10000.0,
-            RopeStyle::Neox,
-        )?;
-        dev.kv_write(s, &self.k, &self.v, &mut self.kv, &self.pos)?;
         dev.attention(
             s,
             &self.q,
@@ -225,9 +289,9 @@ impl Step {
             &mut self.scores,
             &mut self.att,
         )?;
-        dev.matvec(s, &self.wo, &self.att, 1, &mut self.o)?;
-        dev.add(s, &self.o, &self.h, &mut self.hn)?;
-        dev.silu_mul(s, &self.hn, &self.o, &mut self.att)?;
+        dev.matvec_residual(s, &self.wo, &self.att, 1, &self.h, &mut self.o)?;
+        dev.rms_norm(s, &self.o, &self.norm, 1e-5, &mut self.hn)?;
+        dev.matvec_swiglu(s, &self.wq, &self.wu, &self.hn, 8, &mut self.att)?;
         dev.matvec(s, &self.head, &self.att, 4, &mut self.logits)?;
         dev.argmax(s, &self.logits, &mut self.token)
     }
@@ -273,7 +337,7 @@ fn graph(cx: &mut Ctx) -> Result<()> {
             let replayed = step.trace(dev, s, steps, &mut |_: &mut Step| Ok(g.replay()?))?;
             cx.report.exact(
                 "graph",
-                format!("replay == eager, {steps} steps x 14 launches"),
+                format!("replay == eager, {steps} steps x 12 launches"),
                 bit_mismatches(&replayed, &eager),
             );
         }
