@@ -12,6 +12,7 @@
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / WARP)
 #define ATTN_MAX_HEAD_DIM 256
+#define ATTN_UNROLL 8
 
 // Fixed-order block reduction of one value per warp (lane 0 of each warp wrote red[w]).
 __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
@@ -23,6 +24,7 @@ __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attention_f16(const float* q, const u16* k_cache, const u16* v_cache, float* out, float* scores,
                   const u32* pos, int n_heads, int n_kv_heads, int head_dim, int capacity, float scale) {
+    overlap_with_neighbours();
     __shared__ float qh[ATTN_MAX_HEAD_DIM];
     __shared__ float red[ATTN_THREADS];
     __shared__ float stat;
@@ -37,15 +39,31 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) qh[d] = round_f16(q[(size_t)h * head_dim + d]);
     __syncthreads();
 
-    // scores: one warp per position, lanes over the head dimension
+    // scores: one warp per position, lanes over the head dimension; a warp takes ATTN_UNROLL of
+    // its positions at once so their loads are in flight together (each position's sum keeps
+    // its order; positions past the end read the last one and are dropped)
     float mx = -__int_as_float(0x7f800000);
-    for (int p = warp; p < n_ctx; p += ATTN_WARPS) {
-        const u16* kr = k_cache + p * row + (size_t)kvh * head_dim;
-        float s = 0.f;
-        for (int d = lane; d < head_dim; d += WARP) s = fmaf(qh[d], f16_to_f32(kr[d]), s);
-        s = warp_sum(s) * scale;
-        if (lane == 0) sc[p] = s;
-        mx = fmaxf(mx, s);
+    for (int p0 = warp; p0 < n_ctx; p0 += ATTN_WARPS * ATTN_UNROLL) {
+        float s[ATTN_UNROLL];
+        const u16* kr[ATTN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; ++u) {
+            s[u] = 0.f;
+            kr[u] = k_cache + (size_t)min(p0 + u * ATTN_WARPS, n_ctx - 1) * row + (size_t)kvh * head_dim;
+        }
+        for (int d = lane; d < head_dim; d += WARP) {
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; ++u) s[u] = fmaf(qh[d], f16_to_f32(kr[u][d]), s[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; ++u) {
+            const int p = p0 + u * ATTN_WARPS;
+            const float v = warp_sum(s[u]) * scale;
+            if (p < n_ctx) {
+                if (lane == 0) sc[p] = v;
+                mx = fmaxf(mx, v);
+            }
+        }
     }
     if (lane == 0) red[warp] = mx;
     __syncthreads();
@@ -74,9 +92,18 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     const int d = threadIdx.x % head_dim, g = threadIdx.x / head_dim;
     float acc = 0.f;
     if (g < groups) {
-        for (int p = g; p < n_ctx; p += groups) {
-            const u16* vr = v_cache + p * row + (size_t)kvh * head_dim;
-            acc = fmaf(round_f16(sc[p] * inv), f16_to_f32(vr[d]), acc);
+        // ATTN_UNROLL positions' loads at once, then their products added in position order
+        for (int p0 = g; p0 < n_ctx; p0 += groups * ATTN_UNROLL) {
+            float w[ATTN_UNROLL], v[ATTN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; ++u) {
+                const int p = min(p0 + u * groups, n_ctx - 1);
+                w[u] = sc[p];
+                v[u] = f16_to_f32(v_cache[(size_t)p * row + (size_t)kvh * head_dim + d]);
+            }
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; ++u)
+                if (p0 + u * groups < n_ctx) acc = fmaf(round_f16(w[u] * inv), v[u], acc);
         }
     }
     red[threadIdx.x] = acc;

@@ -66,6 +66,7 @@ __device__ __forceinline__ u64 exchange(const u64* peers, int members, int me, i
 extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     all_reduce_f32(const u64* peers, const int* tree, int ntree, int members, int me, int n,
                    int cap, int blocks, const float* part, float* x, u64* seq, u64 timeout_ns) {
+    wait_for_predecessor();
     const int lo = blockIdx.x * COLL_SLICE;
     const int hi = min(n, lo + COLL_SLICE);
     const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, seq, timeout_ns);
@@ -93,6 +94,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
 extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     gather_f32(const u64* peers, int members, int me, int n, int cap, int blocks,
                const float* part, float* full, u64* seq, u64 timeout_ns) {
+    wait_for_predecessor();
     const int lo = blockIdx.x * COLL_SLICE;
     const int hi = min(n, lo + COLL_SLICE);
     const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, seq, timeout_ns);

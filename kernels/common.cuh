@@ -76,6 +76,70 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// ---- programmatic dependent launch (sm_90 and up; a no-op elsewhere, and when the kernel
+// was not launched as a programmatic dependent). The host launches every kernel so that it
+// may start while the previous kernel on its stream drains; each kernel calls one of these
+// before its first read or write of memory another kernel touches, and before any early
+// return (so no grid completes before its predecessor did, and completion stays ordered). ----
+
+// Waits until the previous kernel on the stream has completed and its writes are visible.
+__device__ __forceinline__ void wait_for_predecessor() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel on the stream begin launching (its blocks then wait in
+// wait_for_predecessor), then waits for the previous kernel. Kernels that spin on other
+// grids (the collectives) only wait: a dependent launched early could hold the SMs that the
+// grids they wait for need.
+__device__ __forceinline__ void overlap_with_neighbours() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+    wait_for_predecessor();
+}
+
+// ---- RMS norm scale: shared by rms_norm_f32 (norm.cu) and the matvecs that normalize x
+// themselves (matvec.cu), so both give the same bits ----
+
+#define NORM_THREADS 256
+#define NORM_UNROLL 8
+
+// 1 / sqrt(mean(x[0..n)^2) + eps) for every thread of a block of at least NORM_THREADS
+// threads (all must call it). Thread t < NORM_THREADS adds x[t]^2, x[t + T]^2, ... in f64 (as
+// ggml and the CPU backend do), issuing NORM_UNROLL loads before the first add; the warps'
+// sums are then added in warp order, so the result is deterministic.
+__device__ float block_rms_scale(const float* x, int n, float eps) {
+    __shared__ double partial[NORM_THREADS / WARP];
+    __shared__ float scale;
+    if (threadIdx.x < NORM_THREADS) {
+        double sum = 0.0;
+        for (int i0 = threadIdx.x; i0 < n; i0 += NORM_UNROLL * NORM_THREADS) {
+            float v[NORM_UNROLL];
+#pragma unroll
+            for (int k = 0; k < NORM_UNROLL; ++k) {
+                const int i = i0 + k * NORM_THREADS;
+                v[k] = i < n ? x[i] : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < NORM_UNROLL; ++k)
+                if (i0 + k * NORM_THREADS < n) sum += (double)__fmul_rn(v[k], v[k]);
+        }
+        sum = warp_sum_f64(sum);
+        if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int w = 0; w < NORM_THREADS / WARP; ++w) total += partial[w];
+        float mean = (float)(total / (double)n);
+        scale = 1.0f / sqrtf(mean + eps);
+    }
+    __syncthreads();
+    return scale;
+}
+
 // The SiLU-gated product of the FFN: silu(g) * u with silu(g) = g / (1 + exp(-g)).
 __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;

@@ -7,6 +7,7 @@
 #define EMBED(name, deq)                                                                       \
     extern "C" __global__ void name(const u8* table, const u32* token, float* out, int cols,   \
                                     int rows, u64 row_bytes) {                                 \
+        overlap_with_neighbours();                                                             \
         const int i = blockIdx.x * blockDim.x + threadIdx.x;                                   \
         if (i >= cols) return;                                                                 \
         const u32 t = *token;                                                                  \

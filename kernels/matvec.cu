@@ -322,7 +322,7 @@ struct Q6_K {
 // (W x)[r], the add after a row-parallel matvec (y may alias residual). With `swiglu` (two
 // segments of equal rows, gate and up), a work item takes a quad of both and the launch
 // writes y[0][r] = silu_mul(gate[r], up[r]). Every row's value is the same chunk tree as a
-// launch of its weight alone, so fusing changes no bits.
+// launch of its weight alone, so fusing changes no bits; so does a norm folded into the launch.
 struct MatvecJob {
     // segment fields one by one, not arrays: an array indexed by the segment at run time would
     // copy the whole job to local memory
@@ -335,6 +335,11 @@ struct MatvecJob {
     int swiglu;
     const float* x;
     const float* residual;
+    // with `norm` set, the launch multiplies rms_norm(x) * norm (block_rms_scale, the bits of
+    // rms_norm_f32), which every block computes into shared memory at byte `xn_offset`
+    const float* norm;
+    float eps;
+    int xn_offset;
 };
 
 // Segment s's fields.
@@ -386,7 +391,20 @@ __device__ __forceinline__ void matvec_run(const MatvecJob j) {
         const size_t bytes = min((size_t)max(first_rows, 0) * rb, (size_t)MATVEC_PREFETCH);
         for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)MATVEC_THREADS * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(first + o));
-        quantize_x<P::ACT_BLOCK>(j.x, cols, (i8*)act.q, (float*)act.s);
+    }
+    // the weights are constant: only now does the block need the previous kernel's output
+    overlap_with_neighbours();
+    const float* x = j.x;
+    if (j.norm) {
+        float* xn = (float*)((u8*)act_smem + j.xn_offset);
+        const float scale = block_rms_scale(j.x, cols, j.eps);
+#pragma unroll 8
+        for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) xn[i] = __fmul_rn(__fmul_rn(j.x[i], scale), j.norm[i]);
+        __syncthreads();
+        x = xn;
+    }
+    if (P::ACT_BLOCK != 0) {
+        quantize_x<P::ACT_BLOCK>(x, cols, (i8*)act.q, (float*)act.s);
         __syncthreads();
     }
     const int len = cols / chunks;
@@ -408,7 +426,7 @@ __device__ __forceinline__ void matvec_run(const MatvecJob j) {
                 row[r] = w + (size_t)(row0 + min(r, nr - 1)) * rb;
                 acc[r] = 0.f;
             }
-            P::lane_chunk(row, j.x, act, c * len, len, lane, acc);
+            P::lane_chunk(row, x, act, c * len, len, lane, acc);
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
                 const float v = warp_sum(acc[r]);

@@ -7,6 +7,7 @@
 #define TREE_MAX 32
 
 extern "C" __global__ void tree_sum_f32(const float* parts, int d, int n, float* out) {
+    overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v[TREE_MAX];

@@ -29,6 +29,7 @@ __device__ __forceinline__ float2 rope_pair(float* head, int half, int i, float 
 extern "C" __global__ void rope_kv_f16(float* q, float* k, const float* v, u16* k_cache, u16* v_cache,
                                        const u32* pos, int n_q, int n_kv, int head_dim,
                                        float theta_scale, int neox, int capacity) {
+    overlap_with_neighbours();
     const int half = head_dim / 2, row = n_kv * head_dim;
     const int qp = n_q * half, kp = n_kv * half;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;

@@ -14,6 +14,7 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
 }
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const float* x, int n, u32* token) {
+    overlap_with_neighbours();
     __shared__ float sv[ARGMAX_THREADS / WARP];
     __shared__ int si[ARGMAX_THREADS / WARP];
     float best = -__int_as_float(0x7f800000);
@@ -92,6 +93,7 @@ __device__ __forceinline__ float exp_nonpositive(float x) {
 // 0 does the softmax, the cut and the pick in the fixed order of sample.rs.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float* x, int n, int k, float temp, float top_p, u64 seed, u64* step, u32* token) {
+    overlap_with_neighbours();
     __shared__ u32 hist[SAMPLE_WARPS][256];
     __shared__ u32 total[256];
     __shared__ u64 cand[SAMPLE_MAX_K];

@@ -11,7 +11,8 @@ cargo build --release -p memra-compiler --bin memra-compile
 cargo build --release -p memra-gguf --bin memra-synth
 # the gpu-tests end-to-end tests, as one binary (run it with gpu-tests.sh)
 gpu_tests=$(cargo test --release -p memra-executor --features gpu-tests --test gpu --no-run \
-    --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+    --message-format=json | grep '"kind":\["test"\]' | grep '"name":"gpu"' |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
 mkdir -p .dev/bin
 cp "$gpu_tests" .dev/bin/gpu-tests
 cp "$CARGO_TARGET_DIR/release/examples/cuda_selftest" .dev/bin/

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig, PushKernelArg};
+use anyhow::{bail, Result};
+use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::span::Span;
@@ -150,28 +150,24 @@ impl Collective {
             self.exchange.blocks as i32,
         );
         let (pp, xp) = (part.addr(), x.addr());
-        let mut args = stream.launch_builder(dev.function("all_reduce_f32"));
-        args.arg(&peers)
-            .arg(&tree)
-            .arg(&ntree)
-            .arg(&members)
-            .arg(&me)
-            .arg(&n_i)
-            .arg(&cap)
-            .arg(&blocks)
-            .arg(&pp)
-            .arg(&xp)
-            .arg(&seq)
-            .arg(&TIMEOUT_NS);
         // SAFETY: the arguments match all_reduce_f32's signature in order and type; the tables
         // hold live exchange addresses of every member (peer access is enabled between them)
-        unsafe { args.launch(Self::config(n)) }.with_context(|| {
-            format!(
-                "cuda backend: launching all_reduce_f32 on device {}",
-                dev.ordinal()
-            )
-        })?;
-        Ok(())
+        unsafe {
+            dev.launch_kernel(stream, "all_reduce_f32", Self::config(n), |a| {
+                a.arg(&peers)
+                    .arg(&tree)
+                    .arg(&ntree)
+                    .arg(&members)
+                    .arg(&me)
+                    .arg(&n_i)
+                    .arg(&cap)
+                    .arg(&blocks)
+                    .arg(&pp)
+                    .arg(&xp)
+                    .arg(&seq)
+                    .arg(&TIMEOUT_NS);
+            })
+        }
     }
 
     /// Concatenates every member's `part` (in member order) into `full` on member 0.
@@ -200,25 +196,21 @@ impl Collective {
             self.exchange.blocks as i32,
         );
         let (pp, fp) = (part.addr(), full.addr());
-        let mut args = stream.launch_builder(dev.function("gather_f32"));
-        args.arg(&peers)
-            .arg(&members)
-            .arg(&me)
-            .arg(&n_i)
-            .arg(&cap)
-            .arg(&blocks)
-            .arg(&pp)
-            .arg(&fp)
-            .arg(&seq)
-            .arg(&TIMEOUT_NS);
         // SAFETY: as in all_reduce; `full` is only written on member 0, where it holds
         // members * n values
-        unsafe { args.launch(Self::config(n)) }.with_context(|| {
-            format!(
-                "cuda backend: launching gather_f32 on device {}",
-                dev.ordinal()
-            )
-        })?;
-        Ok(())
+        unsafe {
+            dev.launch_kernel(stream, "gather_f32", Self::config(n), |a| {
+                a.arg(&peers)
+                    .arg(&members)
+                    .arg(&me)
+                    .arg(&n_i)
+                    .arg(&cap)
+                    .arg(&blocks)
+                    .arg(&pp)
+                    .arg(&fp)
+                    .arg(&seq)
+                    .arg(&TIMEOUT_NS);
+            })
+        }
     }
 }

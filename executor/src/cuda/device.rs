@@ -6,13 +6,15 @@
 //! graph capture.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUresult};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUevent_flags, CUresult};
 use cudarc::driver::{
     self, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    DeviceRepr, ValidAsZeroBits,
+    DeviceRepr, LaunchConfig, ValidAsZeroBits,
 };
 
 use super::compile;
@@ -27,6 +29,24 @@ pub struct CudaDevice {
     functions: Arc<HashMap<&'static str, CudaFunction>>,
     arch: String,
     name: String,
+    /// Kernels launch with programmatic stream serialization (compute capability 9.0 and up):
+    /// a kernel's grid may start while the previous kernel on the stream drains, and waits
+    /// (griddepcontrol.wait, kernels/common.cuh) before it touches memory that kernel wrote.
+    dependent_launch: bool,
+}
+
+/// Kernel parameters in signature order, each borrowed until the launch returns.
+pub(crate) struct KernelArgs<'a> {
+    ptrs: Vec<*mut c_void>,
+    borrow: PhantomData<&'a ()>,
+}
+
+impl<'a> KernelArgs<'a> {
+    /// Appends the next parameter.
+    pub fn arg<T: DeviceRepr>(&mut self, value: &'a T) -> &mut Self {
+        self.ptrs.push(value as *const T as *mut c_void);
+        self
+    }
 }
 
 /// Fails with a clear message when the CUDA driver library cannot be loaded.
@@ -103,6 +123,70 @@ impl CudaDevice {
             functions: Arc::new(functions),
             arch,
             name,
+            dependent_launch: major >= 9,
+        })
+    }
+
+    /// Whether kernels launch as programmatic dependents of the previous kernel on the stream.
+    pub fn dependent_launch(&self) -> bool {
+        self.dependent_launch
+    }
+
+    /// Launches kernel `name` on `stream` with the parameters `push` lists, in the kernel
+    /// signature's order; with `dependent_launch`, as a programmatic dependent of the kernel
+    /// before it on the stream (every memra kernel waits for its predecessor before it reads
+    /// or writes activations, so this only overlaps one grid's launch with the last one's end).
+    ///
+    /// # Safety
+    /// The pushed values must match the kernel's parameters in order and type, and every device
+    /// address among them must stay valid until the stream has run the kernel.
+    pub(crate) unsafe fn launch_kernel<'a>(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut KernelArgs<'a>),
+    ) -> Result<()> {
+        let mut args = KernelArgs {
+            ptrs: Vec::new(),
+            borrow: PhantomData,
+        };
+        push(&mut args);
+        self.ctx.bind_to_thread()?;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: Default::default(),
+            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.dependent_launch),
+        };
+        // SAFETY: the caller vouches for the parameters; `attr` and the pushed values outlive
+        // the call, which copies them
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.function(name).cu_function(),
+                args.ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .with_context(|| {
+            format!(
+                "cuda backend: launching {name} on device {}",
+                self.ordinal()
+            )
         })
     }
 
@@ -132,6 +216,15 @@ impl CudaDevice {
             .ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .context("cuda backend: reading the multiprocessor count")?;
+        Ok(n as usize)
+    }
+
+    /// The most shared memory one block may opt in to, in bytes.
+    pub fn max_shared_per_block(&self) -> Result<usize> {
+        let n = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .context("cuda backend: reading the shared memory limit")?;
         Ok(n as usize)
     }
 

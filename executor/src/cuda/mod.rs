@@ -20,7 +20,7 @@ pub mod span;
 pub use device::{check_driver, device_count, CudaDevice, DeviceBuffer};
 pub use engine::Engine;
 pub use graph::{capture, CaptureError, CaptureStep, Graph};
-pub use ops::{DeviceKv, DeviceWeight, RopeStyle, MAX_CHUNKS, MAX_HEAD_DIM};
+pub use ops::{DeviceKv, DeviceWeight, Norm, RopeStyle, MAX_CHUNKS, MAX_HEAD_DIM};
 pub use span::Span;
 
 pub use cudarc::driver::{CudaEvent, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};

@@ -9,13 +9,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{
-    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchArgs, LaunchConfig,
-    PushKernelArg,
-};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
-use super::device::{CudaDevice, DeviceBuffer};
+use super::device::{CudaDevice, DeviceBuffer, KernelArgs};
 use super::span::Span;
 use crate::sample::SamplerConfig;
 
@@ -111,9 +108,11 @@ const MATVEC_ROWS: usize = 4;
 const MATVEC_THREADS: usize = 512;
 /// Matvec blocks per SM (the kernels' `__launch_bounds__` minimum).
 const MATVEC_BLOCKS_PER_SM: usize = 2;
-/// Shared memory a block may take without raising the kernel's dynamic limit, less the
-/// 16 KiB of chunk values every matvec block holds statically.
-const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - (16 << 10);
+/// Shared memory every matvec block holds statically: the chunk values (kernels/matvec.cu)
+/// and block_rms_scale's partial sums (kernels/common.cuh), rounded up.
+const MATVEC_STATIC_SHARED: usize = (16 << 10) + 128;
+/// Shared memory a block may take without raising the kernel's dynamic limit.
+const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - MATVEC_STATIC_SHARED;
 /// Most weights one matvec launch takes (MATVEC_MAX_SEGS in kernels/matvec.cu).
 pub const MATVEC_MAX_SEGS: usize = 3;
 
@@ -126,6 +125,17 @@ enum Epilogue {
     Residual(u64),
     /// Two weights (gate, up): store silu(gate) * up.
     SwiGlu,
+}
+
+/// An RMS norm a matvec launch applies to x first (`x / sqrt(mean(x^2) + eps) * weight`, the
+/// bits of `rms_norm`): every block normalizes x into its shared memory, so the normalized
+/// vector never goes through device memory and the norm costs no launch of its own.
+#[derive(Clone, Copy)]
+pub struct Norm<'a> {
+    /// The norm's weight, one value per column.
+    pub weight: &'a DeviceBuffer<f32>,
+    /// The epsilon under the square root.
+    pub eps: f32,
 }
 
 /// The kernel parameter of a matvec launch (`MatvecJob` in kernels/matvec.cu, C layout).
@@ -141,6 +151,9 @@ struct MatvecJob {
     swiglu: i32,
     x: u64,
     residual: u64,
+    norm: u64,
+    eps: f32,
+    xn_offset: i32,
 }
 
 // SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
@@ -186,24 +199,16 @@ fn int(n: usize) -> i32 {
 
 impl CudaDevice {
     fn launch<'a>(
-        &'a self,
-        stream: &'a CudaStream,
+        &self,
+        stream: &CudaStream,
         name: &str,
         cfg: LaunchConfig,
-        push: impl FnOnce(&mut LaunchArgs<'a>),
+        push: impl FnOnce(&mut KernelArgs<'a>),
     ) -> Result<()> {
-        let mut args = stream.launch_builder(self.function(name));
-        push(&mut args);
         // SAFETY: each helper below pushes exactly the parameters of its kernel's signature, in
         // order and with matching types; the pointers are live device buffers of the sizes the
         // helper checked
-        unsafe { args.launch(cfg) }.with_context(|| {
-            format!(
-                "cuda backend: launching {name} on device {}",
-                self.ordinal()
-            )
-        })?;
-        Ok(())
+        unsafe { self.launch_kernel(stream, name, cfg, push) }
     }
 
     /// `y = W x` with K reduced in `chunks` chunks combined in a balanced tree (the numerics
@@ -222,21 +227,23 @@ impl CudaDevice {
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let out = (ptr_mut(stream, y), y.len());
-        self.matvec_job(stream, &[w], x, chunks, &[out], Epilogue::Plain)
+        self.matvec_job(stream, &[w], x, None, chunks, &[out], Epilogue::Plain)
     }
 
     /// `y[i] = W[i] x` for up to `MATVEC_MAX_SEGS` weights of one dtype and K in one launch
-    /// (q, k and v): each row's bits are those of `matvec` with its weight alone.
+    /// (q, k and v), x normalized first when `norm` is given: each row's bits are those of
+    /// `rms_norm` then `matvec` with its weight alone.
     pub fn matvec_many(
         &self,
         stream: &CudaStream,
         ws: &[&DeviceWeight],
         x: &impl DevicePtr<f32>,
+        norm: Option<Norm>,
         chunks: usize,
         ys: &[Span<f32>],
     ) -> Result<()> {
         let outs: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
-        self.matvec_job(stream, ws, x, chunks, &outs, Epilogue::Plain)
+        self.matvec_job(stream, ws, x, norm, chunks, &outs, Epilogue::Plain)
     }
 
     /// `y = residual + W x` in one launch (`y` may be `residual`): the add after a
@@ -259,17 +266,19 @@ impl CudaDevice {
         );
         let r = ptr(stream, residual);
         let out = (ptr_mut(stream, y), y.len());
-        self.matvec_job(stream, &[w], x, chunks, &[out], Epilogue::Residual(r))
+        self.matvec_job(stream, &[w], x, None, chunks, &[out], Epilogue::Residual(r))
     }
 
-    /// `y = silu(gate x) * (up x)` in one launch, with the bits of the two matvecs followed by
-    /// the CPU backend's `silu_mul` expression.
+    /// `y = silu(gate x) * (up x)` in one launch (x normalized first when `norm` is given),
+    /// with the bits of the two matvecs followed by the CPU backend's `silu_mul` expression.
+    #[allow(clippy::too_many_arguments)]
     pub fn matvec_swiglu(
         &self,
         stream: &CudaStream,
         gate: &DeviceWeight,
         up: &DeviceWeight,
         x: &impl DevicePtr<f32>,
+        norm: Option<Norm>,
         chunks: usize,
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
@@ -279,17 +288,20 @@ impl CudaDevice {
             stream,
             &[gate, up],
             x,
+            norm,
             chunks,
             &[out, out],
             Epilogue::SwiGlu,
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn matvec_job(
         &self,
         stream: &CudaStream,
         ws: &[&DeviceWeight],
         x: &impl DevicePtr<f32>,
+        norm: Option<Norm>,
         chunks: usize,
         ys: &[(u64, usize)],
         epilogue: Epilogue,
@@ -329,6 +341,23 @@ impl CudaDevice {
             w0.dtype
         );
         let xp = ptr(stream, x);
+        if let Some(n) = &norm {
+            assert_eq!(
+                n.weight.len(),
+                w0.cols,
+                "matvec: the norm has {} values for {} columns",
+                n.weight.len(),
+                w0.cols
+            );
+        }
+        // the normalized x sits after the 8-bit copy of x, 16-byte aligned
+        let act = matvec_act_bytes(w0.dtype, w0.cols);
+        let xn_offset = act.next_multiple_of(16);
+        let smem = if norm.is_some() {
+            xn_offset + w0.cols * 4
+        } else {
+            act
+        };
         let mut job = MatvecJob {
             w: [0; MATVEC_MAX_SEGS],
             y: [0; MATVEC_MAX_SEGS],
@@ -342,6 +371,9 @@ impl CudaDevice {
                 Epilogue::Residual(r) => r,
                 _ => 0,
             },
+            norm: norm.map_or(0, |n| ptr(stream, n.weight)),
+            eps: norm.map_or(0.0, |n| n.eps),
+            xn_offset: int(xn_offset),
         };
         for (i, (w, &(y, _))) in ws.iter().zip(ys).enumerate() {
             job.w[i] = ptr(stream, &w.data);
@@ -354,18 +386,23 @@ impl CudaDevice {
         }
         assert!(xp.is_multiple_of(16), "matvec: x must be 16-byte aligned");
         let name = format!("matvec_{}", w0.dtype.name());
-        let act = matvec_act_bytes(w0.dtype, w0.cols);
-        if act > MATVEC_PLAIN_DYNAMIC {
+        if smem > MATVEC_PLAIN_DYNAMIC {
+            // raised to the device's limit, not to this launch's need: a lower limit set by a
+            // later launch would make an earlier, larger one fail
+            let limit = self.max_shared_per_block()? - MATVEC_STATIC_SHARED;
+            if smem > limit {
+                anyhow::bail!(
+                    "cuda backend: {name} with K = {} needs {smem} bytes of shared memory; this device allows {limit}",
+                    w0.cols
+                );
+            }
             self.function(&name)
                 .set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    int(act),
+                    int(limit),
                 )
                 .with_context(|| {
-                    format!(
-                        "cuda backend: allowing {name} {act} bytes of shared memory for K = {}",
-                        w0.cols
-                    )
+                    format!("cuda backend: allowing {name} {limit} bytes of shared memory")
                 })?;
         }
         let quads: usize = match epilogue {
@@ -376,7 +413,7 @@ impl CudaDevice {
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (MATVEC_THREADS as u32, 1, 1),
-            shared_mem_bytes: act as u32,
+            shared_mem_bytes: smem as u32,
         };
         self.launch(stream, &name, cfg, |a| {
             a.arg(&job);

@@ -16,7 +16,7 @@ use memra_compiler::plan::{reduction_chunks, Boundary, Carries, Op, Plan, Segmen
 
 use super::collective::{Collective, Exchange};
 use super::device::{CudaDevice, DeviceBuffer};
-use super::ops::{DeviceKv, DeviceWeight};
+use super::ops::{DeviceKv, DeviceWeight, Norm};
 use super::span::Span;
 use crate::geometry::RankGeometry;
 use crate::sample::SamplerConfig;
@@ -382,7 +382,6 @@ impl RankDevice {
                     .head
                     .as_ref()
                     .ok_or_else(|| anyhow!("head on a rank without the head"))?;
-                dev.rms_norm(s, &Span::of(&b.x), norm, self.geo.eps, &mut Span::of(&b.xn))?;
                 let w = match rows {
                     HeadRows::Own(w) => w,
                     HeadRows::Embedding => {
@@ -390,12 +389,17 @@ impl RankDevice {
                     }
                 };
                 let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64);
-                dev.matvec(
+                let norm = Norm {
+                    weight: norm,
+                    eps: self.geo.eps,
+                };
+                dev.matvec_many(
                     s,
-                    w,
-                    &Span::of(&b.xn),
+                    &[w],
+                    &Span::of(&b.x),
+                    Some(norm),
                     chunks as usize,
-                    &mut Span::of(&b.logits),
+                    &[Span::of(&b.logits)],
                 )
             }
             Op::GatherLogits => {
@@ -483,14 +487,18 @@ impl RankDevice {
         };
         match seg {
             Segment::AttnPre => {
-                dev.rms_norm(s, &x, &lw.attn_norm, self.geo.eps, &mut xn.clone())?;
                 let (ws, ys) = ([&lw.q, &lw.k, &lw.v], [q.clone(), k.clone(), v.clone()]);
                 if ws
                     .iter()
                     .all(|w| w.dtype == lw.q.dtype && chunks_of(w) == chunks_of(&lw.q))
                 {
-                    dev.matvec_many(s, &ws, &xn, chunks_of(&lw.q), &ys)?;
+                    let norm = Norm {
+                        weight: &lw.attn_norm,
+                        eps: self.geo.eps,
+                    };
+                    dev.matvec_many(s, &ws, &x, Some(norm), chunks_of(&lw.q), &ys)?;
                 } else {
+                    dev.rms_norm(s, &x, &lw.attn_norm, self.geo.eps, &mut xn.clone())?;
                     for (w, y) in ws.iter().zip(ys) {
                         dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
                     }
@@ -534,11 +542,14 @@ impl RankDevice {
                 c.all_reduce(dev, s, &Span::of(&b.partial), &x)
             }
             Segment::Ffn => {
-                dev.rms_norm(s, &x, &lw.ffn_norm, self.geo.eps, &mut xn.clone())?;
                 let g = Span::of(&b.gate).sub(0, lw.gate.rows);
                 let (gw, uw) = (&lw.gate, &lw.up);
                 if gw.dtype == uw.dtype && gw.cols == uw.cols && gw.rows == uw.rows {
-                    dev.matvec_swiglu(s, gw, uw, &xn, chunks_of(gw), &mut g.clone())?;
+                    let norm = Norm {
+                        weight: &lw.ffn_norm,
+                        eps: self.geo.eps,
+                    };
+                    dev.matvec_swiglu(s, gw, uw, &x, Some(norm), chunks_of(gw), &mut g.clone())?;
                 } else {
                     bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
                 }
