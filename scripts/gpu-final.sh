@@ -1,21 +1,18 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after the real model's parts arrived (see gpu-real.sh): the CUDA
-# self-test (sampling included), sampled text on CUDA against the CPU backend with the same
-# seed on the real SmolLM2, and the llama8b-shaped q4_1 gates (TP-2, TP-4 and PP-2 with every
-# rank on device 0) against the 1-rank eager CUDA run. The last lines printed are the table.
+# self-test (sampling included) and sampled text on CUDA against the CPU backend with the same
+# seed on the real SmolLM2 (the llama8b gates are in gpu-gates.sh). The last lines printed
+# are the table.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
 B=.dev/bin
-M=/tmp/memra-models
-P=/tmp/memra-plans
-mkdir -p models "$M" "$P"
+mkdir -p models
 rows=()
 row() { rows+=("$(printf '%-34s %-4s %s' "$1" "$2" "$3")"); }
 t() { timeout --kill-after=5 "$@"; }
 date -u +%Y-%m-%dT%H:%MZ
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-"$B/memra-synth" --shape llama8b --dtype q4_1 -o "$M/llama8b-q4_1.gguf" 2>/dev/null &
 cat /tmp/smol/p1 /tmp/smol/p2 .m3/p >models/SmolLM2-135M-Instruct.Q4_1.gguf
 t 120 "$B/cuda_selftest" >/tmp/selftest.log 2>&1
 row selftest "$([ $? -eq 0 ] && echo ok || echo FAIL)" "$(tail -1 /tmp/selftest.log)"
@@ -26,15 +23,5 @@ for seed in 7 11; do
     echo "seed $seed cpu: $cpu"
     echo "seed $seed cuda: $gpu"
     row "sampled text seed $seed cpu vs cuda" "$([ "$cpu" = "$gpu" ] && echo same || echo diff)" "$(echo "$gpu" | head -c 80 | tr '\n' ' ')"
-done
-wait
-ln -sfn "$M/llama8b-q4_1.gguf" models/llama8b.gguf
-for name in llama8b-eager llama8b-tp2 llama8b-tp4 llama8b-pp2; do
-    "$B/memra-compile" -q -o "$P/$name.plan.toml" "plans/synthetic/$name.toml"
-done
-for cand in llama8b-tp2 llama8b-tp4 llama8b-pp2; do
-    out=$(t 150 "$B/memra-run" gate --backend cuda -n 16 --model "$M/llama8b-q4_1.gguf" --reference "$P/llama8b-eager.plan.toml" "$P/$cand.plan.toml" 2>&1)
-    rc=$?
-    row "gate $cand q4_1" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(echo "$out" | tail -1 | cut -c1-170)"
 done
 printf '%s\n' "${rows[@]}"
