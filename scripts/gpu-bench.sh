@@ -7,7 +7,8 @@
 #   - CUDA against the CPU backend on the smol135m-shaped q4_1 model, 64 greedy steps;
 #   - `memra-run bench` (128 tokens after a one-token prompt, 3 reps after a warm-up) for the
 #     smol135m, llama1b and llama8b shapes in q4_1, q8_0 and f16 (token embedding q8_0 for the
-#     quantized ones): 1 rank with graphs, 1 rank eager, PP-2 on one device.
+#     quantized ones): 1 rank with graphs, 1 rank eager, PP-2 on one device;
+#   - the per-kernel time of one llama8b q4_1 token (gpu-ncu-token.sh, Nsight Compute).
 # Usage: gpu-bench.sh [SECONDS]: a row that would start after SECONDS (default 480) is
 # skipped and says so. The last lines printed are the result table.
 set -uo pipefail
@@ -85,8 +86,15 @@ for dtype in q4_1 q8_0 f16; do bench llama8b $dtype llama8b; done
 for name in llama8b-eager llama8b-pp2; do bench llama8b q4_1 $name; done
 for dtype in q8_0 f16; do bench llama1b $dtype llama1b; bench smol135m $dtype smol135m; done
 
+if ! late "per-kernel llama8b q4_1"; then
+    limit 120 bash scripts/gpu-ncu-token.sh llama8b q4_1 64 >"$LOG/ncu-token.txt" 2>&1
+    rc=$?
+    row "per-kernel llama8b q4_1" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$LOG/ncu-token.txt (its table is printed above this one)"
+fi
+
 [ -n "${OUT:-}" ] && tar -czf "$OUT/bench-logs.tar.gz" -C "$LOG" .
 echo
 echo "total $(($(date +%s) - t0)) s"
+[ -f "$LOG/ncu-token.txt" ] && tail -12 "$LOG/ncu-token.txt"
 printf '%s\n' "${rows[@]}"
 exit $failed
