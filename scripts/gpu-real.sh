@@ -25,7 +25,9 @@ echo "== generate (cuda, greedy)"
 t "$R" generate --backend cuda --temp 0 -n 32 --prompt "The capital of France is" plans/smollm2.plan.toml
 echo
 echo "== cuda vs cpu, 64 greedy steps"
-t "$R" compare --backend cuda -n 64 --tolerance 1e-2 plans/smollm2.plan.toml 2>&1 | tail -3
+# the stated bound (bench/cuda-gates.md): CPU and CUDA reduce in different orders, and the f16
+# KV cache and 8-bit activations round last-bit differences up to ~6.5e-2 relative
+t "$R" compare --backend cuda -n 64 --tolerance 1e-1 plans/smollm2.plan.toml 2>&1 | tail -3
 for p in smollm2 smollm2-pp2 smollm2-pp3 smollm2-pp2-eager-island; do
     echo "== gate $p vs 1-rank eager (cuda)"
     t "$R" gate --backend cuda -n 32 --reference plans/smollm2-eager.plan.toml "plans/$p.plan.toml" 2>&1 | tail -1

@@ -4,7 +4,12 @@
 //! several ranks share a device. `enqueue` launches the kernels of a run's or island's ops on
 //! a stream, reading every per-step value (position, token, collective sequence) from device
 //! memory, so the same launches can be captured once and replayed. The math mirrors the CPU
-//! backend's `compute` (same segment order, same chunk counts) so plans agree bit for bit.
+//! backend's `compute` (same chunk counts, same operations per value) so plans agree bit for
+//! bit; launches are fused where that keeps every bit (norms folded into the matvecs that read
+//! them, the residual add and the SiLU gate into matvec epilogues, rope into the cache write,
+//! which moves rope from the attention-input segment to the attention-core one). q/k/v of mixed
+//! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
+//! shape (an error names them otherwise).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
