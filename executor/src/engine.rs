@@ -2,7 +2,7 @@
 //! results in order. Sessions, the gate, perplexity and bench drive a `Decoder` and never know
 //! which backend runs the plan; `open` picks the backend from the options.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use crate::cpu::ReduceOrder;
 use crate::plan_load::LoadedPlan;
@@ -75,6 +75,26 @@ pub struct StepInput {
     /// The token to embed (a prompt token), or `None` to embed the token sampled at the
     /// previous step.
     pub token: Option<u32>,
+}
+
+impl StepInput {
+    /// Refuses a step an engine cannot take: after an earlier failure, at a position past the
+    /// plan's `max_context`, or a first step without a prompt token.
+    pub fn check(&self, failed: bool, next_step: u64, max_context: u32) -> Result<()> {
+        if failed {
+            bail!("the engine stopped after an earlier error");
+        }
+        if self.pos >= max_context {
+            bail!(
+                "position {} is beyond the plan's runtime.max_context {max_context}",
+                self.pos
+            );
+        }
+        if next_step == 0 && self.token.is_none() {
+            bail!("the first decode step needs a prompt token");
+        }
+        Ok(())
+    }
 }
 
 /// What one decode step gives back to the host.

@@ -14,7 +14,7 @@
 use super::build::layer_segments;
 use crate::graph::{DecodeGraph, NodeKind};
 use crate::model::ModelMeta;
-use crate::plan::{BufferKind, Carries, Op, Plan, Segment, Step};
+use crate::plan::{event_slot, BufferKind, Carries, Op, Plan, Segment, Step};
 use petgraph::algo::is_cyclic_directed;
 use std::collections::BTreeMap;
 
@@ -316,25 +316,6 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
     let mut events: BTreeMap<(String, u32), Vec<u64>> = BTreeMap::new();
     // Per (buffer, slot): earlier accesses as (stream, its clock tick, write, label).
     let mut history: BTreeMap<(String, u32), Vec<PastAccess>> = BTreeMap::new();
-    let event_slot = |event: &str, t: u64, receiver_side: bool| -> u32 {
-        for b in &plan.boundaries {
-            if event == b.ready() {
-                return if receiver_side {
-                    b.recv_slot(t)
-                } else {
-                    b.send_slot(t)
-                };
-            }
-            if event == b.consumed() {
-                return if receiver_side {
-                    b.recv_slot(t)
-                } else {
-                    b.send_slot(t)
-                };
-            }
-        }
-        0
-    };
     // Enough decode steps for every slot and every sequence's turn to come round twice.
     let replay_steps = 2 * u64::from(plan.runtime.max_sequences + 2);
     for t in 0..replay_steps {
@@ -351,21 +332,18 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
                 clocks[s][s] += 1;
                 match step {
                     Step::Record { event, .. } => {
-                        let receiver = plan
-                            .boundaries
-                            .iter()
-                            .any(|b| b.to_rank == r.rank && *event == b.consumed());
-                        let key = (event.clone(), event_slot(event, t, receiver));
+                        let key = (
+                            event.clone(),
+                            event_slot(&plan.boundaries, event, r.rank, t),
+                        );
                         events.insert(key, clocks[s].clone());
                     }
                     Step::Wait { event, .. } => {
-                        let receiver = plan
-                            .boundaries
-                            .iter()
-                            .any(|b| b.to_rank == r.rank && *event == b.ready());
-                        if let Some(c) =
-                            events.get(&(event.clone(), event_slot(event, t, receiver)))
-                        {
+                        let key = (
+                            event.clone(),
+                            event_slot(&plan.boundaries, event, r.rank, t),
+                        );
+                        if let Some(c) = events.get(&key) {
                             for (mine, theirs) in clocks[s].iter_mut().zip(c) {
                                 *mine = (*mine).max(*theirs);
                             }

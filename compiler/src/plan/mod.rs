@@ -224,6 +224,23 @@ impl Boundary {
     }
 }
 
+/// The slot an access of `event` by `rank` at decode step `t` concerns: the receiver's slot on
+/// the receiving side of a boundary (its `ready` waits, its `consumed` records), the sender's
+/// slot otherwise; 0 for an event of no boundary. Verify replays with this rule and both
+/// executors bind events with it, so what verify proves is what they run.
+pub fn event_slot(boundaries: &[Boundary], event: &str, rank: u32, t: u64) -> u32 {
+    boundaries
+        .iter()
+        .find(|b| event == b.ready() || event == b.consumed())
+        .map_or(0, |b| {
+            if b.to_rank == rank {
+                b.recv_slot(t)
+            } else {
+                b.send_slot(t)
+            }
+        })
+}
+
 /// One rank: a device, its streams, its weights, its buffers and its program.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -100,19 +100,7 @@ impl Engine {
 impl Decoder for Engine {
     /// Enqueues one decode step; its result comes from `next_output`, in order.
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        if self.failed {
-            bail!("the engine stopped after an earlier error");
-        }
-        if input.pos >= self.max_context {
-            bail!(
-                "position {} is beyond the plan's runtime.max_context {}",
-                input.pos,
-                self.max_context
-            );
-        }
-        if self.next_step == 0 && input.token.is_none() {
-            bail!("the first decode step needs a prompt token");
-        }
+        input.check(self.failed, self.next_step, self.max_context)?;
         let t = self.next_step;
         self.next_step += 1;
         self.in_flight += 1;

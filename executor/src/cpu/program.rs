@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use memra_compiler::plan::{Boundary, Op, Plan, Segment, Step};
+use memra_compiler::plan::{event_slot, Boundary, Op, Plan, Segment, Step};
 
 /// How far back a wait's record is searched, in decode steps: more than any slot count.
 const MAX_LOOKBACK: u64 = 64;
@@ -166,32 +166,16 @@ impl Binder {
         })
     }
 
-    /// The slot an event access of `rank` at decode step `t` concerns: the receiver's slot for
-    /// the receiver's side of a boundary (its `ready` waits, its `consumed` records), the
-    /// sender's slot otherwise; 0 for events of no boundary.
-    fn slot(&self, event: &str, rank: u32, t: u64) -> u32 {
-        for b in &self.boundaries {
-            if event == b.ready() || event == b.consumed() {
-                return if b.to_rank == rank {
-                    b.recv_slot(t)
-                } else {
-                    b.send_slot(t)
-                };
-            }
-        }
-        0
-    }
-
     /// The decode step whose record of `event` a wait of `rank` at program index `at` in
     /// decode step `t` binds to; `None` when nothing was recorded before it (a no-op wait).
     pub fn bound_step(&self, event: &str, rank: u32, at: usize, t: u64) -> Option<u64> {
         let site = self.records.get(event)?;
         let me = (self.rank_pos[&rank], at);
-        let want = self.slot(event, rank, t);
+        let want = event_slot(&self.boundaries, event, rank, t);
         let first = t.saturating_sub(MAX_LOOKBACK);
         (first..=t).rev().find(|&tr| {
             let before = tr < t || (site.rank_pos, site.at) < me;
-            before && self.slot(event, site.rank, tr) == want
+            before && event_slot(&self.boundaries, event, site.rank, tr) == want
         })
     }
 }

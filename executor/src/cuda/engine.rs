@@ -22,7 +22,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
-use memra_compiler::plan::{Boundary, Op, Plan, Step};
+use memra_compiler::plan::{event_slot, Boundary, Op, Plan, Step};
 
 use super::device::CudaDevice;
 use super::graph::{capture, Graph};
@@ -207,23 +207,8 @@ impl Engine {
         })
     }
 
-    /// The slot an access of `event` by `rank` at step `t` concerns: the receiver's slot on the
-    /// receiving side of a boundary, the sender's otherwise; 0 for events of no boundary.
-    fn slot(&self, event: &str, rank: u32, t: u64) -> u32 {
-        for b in &self.boundaries {
-            if event == b.ready() || event == b.consumed() {
-                return if b.to_rank == rank {
-                    b.recv_slot(t)
-                } else {
-                    b.send_slot(t)
-                };
-            }
-        }
-        0
-    }
-
     fn event(&self, event: &str, rank: u32, t: u64) -> Result<&CudaEvent> {
-        let slot = self.slot(event, rank, t) as usize;
+        let slot = event_slot(&self.boundaries, event, rank, t) as usize;
         self.events
             .get(event)
             .and_then(|e| e.get(slot))
@@ -448,19 +433,7 @@ impl Engine {
 
 impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        if self.failed {
-            bail!("the engine stopped after an earlier error");
-        }
-        if input.pos >= self.max_context {
-            bail!(
-                "position {} is beyond the plan's runtime.max_context {}",
-                input.pos,
-                self.max_context
-            );
-        }
-        if self.next_step == 0 && input.token.is_none() {
-            bail!("the first decode step needs a prompt token");
-        }
+        input.check(self.failed, self.next_step, self.max_context)?;
         if self.readback.pending.len() >= self.readback.logits.len() {
             bail!(
                 "{} steps are in flight, the plan's runtime.in_flight; take an output first",
