@@ -64,6 +64,13 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The same over each half-warp (lanes 0..15 and 16..31 separately).
+__device__ __forceinline__ float half_warp_sum(float v) {
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
 __device__ __forceinline__ double warp_sum_f64(double v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
@@ -156,40 +163,59 @@ __device__ __forceinline__ float chunk_tree(float v, int chunks) {
     return v;
 }
 
-// ---- per-element dequantization, one value `i` of a row (ggml block layouts) ----
+// ---- per-element dequantization, one value `i` of a row, in the device layout of
+// DeviceWeight::upload (executor/src/cuda/ops.rs): ggml's block layout, except that q8_0,
+// q4_0 and q4_1 matrices are stored in two planes, every block's quant bytes first (row-major
+// over blocks), then every block's scale bytes in the same order ----
 
-__device__ __forceinline__ float deq_f32(const u8* row, int i) {
-    return ((const float*)row)[i];
+// One row of a weight: its quant bytes (the whole row for unsplit layouts) and, for planar
+// layouts, its scale bytes.
+struct WeightRow {
+    const u8* q;
+    const u8* s;
+};
+
+// Row `r` of a `rows` x `cols` weight of BLOCK-value blocks with QS quant bytes and S scale
+// bytes each (S = 0: an unsplit layout, QS the whole block).
+template <int BLOCK, int QS, int S>
+__device__ __forceinline__ WeightRow weight_row(const u8* w, int rows, int cols, int r) {
+    const size_t nb = (size_t)(cols / BLOCK);
+    return {w + (size_t)r * nb * QS, S == 0 ? nullptr : w + (size_t)rows * nb * QS + (size_t)r * nb * S};
 }
 
-__device__ __forceinline__ float deq_f16(const u8* row, int i) {
-    return f16_to_f32(((const u16*)row)[i]);
+__device__ __forceinline__ float deq_f32(WeightRow row, int i) {
+    return ((const float*)row.q)[i];
 }
 
-__device__ __forceinline__ float deq_bf16(const u8* row, int i) {
-    return bf16_to_f32(((const u16*)row)[i]);
+__device__ __forceinline__ float deq_f16(WeightRow row, int i) {
+    return f16_to_f32(((const u16*)row.q)[i]);
 }
 
-// q8_0: 34 bytes per 32 values: f16 d, i8 qs[32]; value = q * d.
-__device__ __forceinline__ float deq_q8_0(const u8* row, int i) {
-    const u8* b = row + (i / 32) * 34;
-    return (float)(i8)b[2 + i % 32] * f16_to_f32(ld_u16(b));
+__device__ __forceinline__ float deq_bf16(WeightRow row, int i) {
+    return bf16_to_f32(((const u16*)row.q)[i]);
 }
 
-// q4_0: 18 bytes per 32 values: f16 d, qs[16]; low nibbles are values 0..15, high 16..31.
-__device__ __forceinline__ float deq_q4_0(const u8* row, int i) {
-    const u8* b = row + (i / 32) * 18;
-    int j = i % 32;
-    int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
-    return (float)(q - 8) * f16_to_f32(ld_u16(b));
+// q8_0: per 32 values i8 qs[32] and f16 d; value = q * d.
+__device__ __forceinline__ float deq_q8_0(WeightRow row, int i) {
+    return (float)(i8)row.q[i] * f16_to_f32(ld_u16(row.s + 2 * (i / 32)));
 }
 
-// q4_1: 20 bytes per 32 values: f16 d, f16 m, qs[16]; value = q * d + m.
-__device__ __forceinline__ float deq_q4_1(const u8* row, int i) {
-    const u8* b = row + (i / 32) * 20;
-    int j = i % 32;
-    int q = j < 16 ? (b[4 + j] & 15) : (b[4 + j - 16] >> 4);
-    return __fadd_rn(__fmul_rn((float)q, f16_to_f32(ld_u16(b))), f16_to_f32(ld_u16(b + 2)));
+// q4_0: per 32 values qs[16] (low nibbles are values 0..15, high 16..31) and f16 d;
+// value = (q - 8) * d.
+__device__ __forceinline__ float deq_q4_0(WeightRow row, int i) {
+    const int j = i % 32;
+    const u8 byte = row.q[16 * (i / 32) + j % 16];
+    const int q = j < 16 ? (byte & 15) : (byte >> 4);
+    return (float)(q - 8) * f16_to_f32(ld_u16(row.s + 2 * (i / 32)));
+}
+
+// q4_1: per 32 values qs[16] and f16 d, f16 m; value = q * d + m.
+__device__ __forceinline__ float deq_q4_1(WeightRow row, int i) {
+    const int j = i % 32;
+    const u8 byte = row.q[16 * (i / 32) + j % 16];
+    const int q = j < 16 ? (byte & 15) : (byte >> 4);
+    const u8* dm = row.s + 4 * (i / 32);
+    return __fadd_rn(__fmul_rn((float)q, f16_to_f32(ld_u16(dm))), f16_to_f32(ld_u16(dm + 2)));
 }
 
 // q4_K sub-block scale and minimum (6 bits each) of sub-block j in 0..8.
@@ -205,8 +231,8 @@ __device__ __forceinline__ void q4k_scale_min(int j, const u8* s, int* sc, int* 
 
 // q4_K: 144 bytes per 256 values: f16 d, f16 dmin, scales[12], qs[128]; 32-byte groups of qs
 // hold two sub-blocks (low nibbles, then high); value = d * sc * q - dmin * m.
-__device__ __forceinline__ float deq_q4_k(const u8* row, int i) {
-    const u8* b = row + (i / 256) * 144;
+__device__ __forceinline__ float deq_q4_k(WeightRow row, int i) {
+    const u8* b = row.q + (i / 256) * 144;
     int j = i % 256;
     int sub = j / 32;
     int sc, m;
@@ -220,8 +246,8 @@ __device__ __forceinline__ float deq_q4_k(const u8* row, int i) {
 
 // q6_K: 210 bytes per 256 values: ql[128], qh[64], i8 scales[16], f16 d;
 // value = d * scale * (q - 32).
-__device__ __forceinline__ float deq_q6_k(const u8* row, int i) {
-    const u8* b = row + (i / 256) * 210;
+__device__ __forceinline__ float deq_q6_k(WeightRow row, int i) {
+    const u8* b = row.q + (i / 256) * 210;
     int j = i % 256;
     int n = j / 128, e = j % 128;
     int l = e % 32, k = e / 32;

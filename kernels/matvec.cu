@@ -1,7 +1,8 @@
 // memra kernels: y = W x for batch-1 decode, every weight dtype. A persistent grid (a few
-// blocks per SM) splits the rows into contiguous runs of 4-row quads; each block walks its run
-// in rounds of MATVEC_ROUND quads, and its warps take the (quad, chunk) items of a round in
-// turn, so every warp streams 4 rows of one chunk at a time whatever the chunk count.
+// blocks per SM) splits the rows into contiguous runs of work items (4 rows, or 8 for the
+// planar 32-value block layouts); each block walks its run in rounds of 32 rows, and its warps
+// take the (item, chunk) pieces of work of a round in turn, so every warp streams the rows of
+// one item over one chunk at a time whatever the chunk count.
 //
 // Quantized weights multiply an 8-bit copy of x, made once per block in shared memory before
 // the rows start: per 32 values (q8_0, q4_0, q4_1) or 256 values (q4_k, q6_k) a scale
@@ -12,9 +13,9 @@
 //
 // Numerics contract (DESIGN.md "Numerics"): K is cut into `chunks` equal, block-aligned chunks
 // (a power of two, at most 32). Inside a chunk every lane accumulates a fixed, chunk-relative
-// set of elements in a fixed order, then the warp sums the lanes with a fixed xor butterfly; the
-// chunk values are then combined in a balanced binary tree. The activation quantization of a
-// block depends on that block's values alone. So the bits of one chunk depend only on the
+// set of elements in a fixed order, then the warp (or half-warp) sums the lanes with a fixed
+// xor butterfly; the chunk values are then combined in a balanced binary tree. The activation
+// quantization of a block depends on that block's values alone. So the bits of one chunk depend only on the
 // chunk's weight bytes, its x values and its length (not on which warp or block computes it),
 // a tensor-parallel rank with K/d columns and chunks/d chunks computes exactly one subtree of
 // the 1-rank result, and tree_sum (reduce.cu) completes it bit for bit.
@@ -26,7 +27,7 @@
 #define MATVEC_ROUND 8
 #define MATVEC_MAX_CHUNKS 32
 #define MATVEC_MAX_SEGS 3  // the fields of MatvecJob; must match MATVEC_MAX_SEGS in ops.rs
-// weight bytes of its first round a block asks L2 for while it quantizes x
+// quant bytes of each weight of its run a block asks L2 for before it starts
 #define MATVEC_PREFETCH 16384
 
 __device__ __forceinline__ void load8(const float* x, float* v) {
@@ -100,6 +101,18 @@ struct Act {
     const float* s;
 };
 
+// The weight rows of one work item: quant rows (the whole row, except in planar layouts), and
+// for planar layouts the scale rows. Rows past the segment's end repeat its last row, so that
+// no load waits on a branch.
+struct Rows {
+    const u8* w;     // the item's first row
+    const u8* s;     // its first scale row (planar layouts)
+    size_t rb, sb;   // bytes per row in each plane
+    int last;        // the item's last row that exists, 0-based
+    __device__ __forceinline__ const u8* quants(int r) const { return w + (size_t)min(r, last) * rb; }
+    __device__ __forceinline__ const u8* scales(int r) const { return s + (size_t)min(r, last) * sb; }
+};
+
 // ---- float weights: lane l takes 8-value groups l, l + 32, ... (or single values when the
 // chunk length is not a multiple of 8); the choice depends on the chunk length alone ----
 
@@ -108,7 +121,7 @@ struct F32 {
     static __device__ __forceinline__ void widen8(const u8* p, float* w) {
         load8((const float*)p, w);
     }
-    static __device__ __forceinline__ float one(const u8* row, int i) { return deq_f32(row, i); }
+    static __device__ __forceinline__ float one(const u8* row, int i) { return deq_f32({row, nullptr}, i); }
 };
 
 struct F16 {
@@ -122,7 +135,7 @@ struct F16 {
             w[2 * k + 1] = f16_to_f32((u16)(u[k] >> 16));
         }
     }
-    static __device__ __forceinline__ float one(const u8* row, int i) { return deq_f16(row, i); }
+    static __device__ __forceinline__ float one(const u8* row, int i) { return deq_f16({row, nullptr}, i); }
 };
 
 struct BF16 {
@@ -136,14 +149,21 @@ struct BF16 {
             w[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
         }
     }
-    static __device__ __forceinline__ float one(const u8* row, int i) { return deq_bf16(row, i); }
+    static __device__ __forceinline__ float one(const u8* row, int i) { return deq_bf16({row, nullptr}, i); }
 };
+
+// Whole-row layouts (float, k-quants): every lane takes all four rows of a work item.
+#define WHOLE_ROW_POINTERS(rw, row)                                                            \
+    const u8* row[MATVEC_ROWS];                                                                \
+    _Pragma("unroll") for (int r = 0; r < MATVEC_ROWS; ++r) row[r] = rw.quants(r)
 
 template <class T>
 struct FloatPolicy {
-    static constexpr int ACT_BLOCK = 0;
+    static constexpr int ACT_BLOCK = 0, SPLIT = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return T::row_bytes(cols); }
-    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float* x, Act, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ size_t scale_row_bytes(int) { return 0; }
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* x, Act, int c0, int len, int lane, float* acc) {
+        WHOLE_ROW_POINTERS(rw, row);
         const int esize = (int)T::row_bytes(1);
         if (len % 8 == 0) {
             // one pass keeps 4 rows x 16 bytes in flight per lane within 64 registers
@@ -170,64 +190,103 @@ struct FloatPolicy {
     }
 };
 
-// ---- 32-value blocks: block b of the chunk goes to lanes 4(b % 8) .. 4(b % 8) + 3, lane p
-// of the four takes quants 8p .. 8p + 7 (q8_0), or quant bytes 4p .. 4p + 3, that is values
-// 4p .. 4p + 3 and 16 + 4p .. 16 + 4p + 3 (q4_0, q4_1). A lane adds (d_w * d_x) * its dot; for
-// q4_1 lane 0 of the four also adds m_w * (d_x * sum of the block's activation quants). ----
+// ---- 32-value blocks, stored in planes (DeviceWeight::upload, executor/src/cuda/ops.rs): all
+// of a matrix's quant bytes, QS per block, in (row, block) order, then all its scale bytes, S
+// per block, in the same order. A row's quants are 16-byte aligned and contiguous, so a lane
+// loads 16 quant bytes (a "piece": one q4 block, half a q8_0 block) at once. Half-warp h takes
+// rows h and h + 2 of a work item, and lane t of the half takes pieces t, t + 16, ... of the
+// chunk in each, adding (d_w * d_x) * its dot per piece; q4_1 also adds m_w * (d_x * sum of
+// the block's activation quants) per block. ----
 
-struct Q8_0 {
-    static constexpr int ACT_BLOCK = 32;
-    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * 34; }
-    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
-        const int p = lane & 3;
-#pragma unroll 2
-        for (int b = (c0 >> 5) + (lane >> 2); b < (c0 + len) >> 5; b += 8) {
-            const uint2 xq = *(const uint2*)(a.q + 32 * b + 8 * p);
-            const float dx = a.s[2 * b];
-#pragma unroll
-            for (int r = 0; r < MATVEC_ROWS; ++r) {
-                const u8* blk = row[r] + (size_t)b * 34;
-                const u16* qs = (const u16*)(blk + 2 + 8 * p);
-                const u32 q0 = __byte_perm(qs[0], qs[1], 0x5410), q1 = __byte_perm(qs[2], qs[3], 0x5410);
-                const int dot = __dp4a((int)q1, (int)xq.y, __dp4a((int)q0, (int)xq.x, 0));
-                acc[r] = fmaf(f16_to_f32(ld_u16(blk)) * dx, int_to_f32(dot), acc[r]);
-            }
-        }
+// 16 quant bytes = 32 values: low nibbles x[0..16), high nibbles x[16..32).
+__device__ __forceinline__ int dot_nibbles(uint4 q, uint4 lo, uint4 hi) {
+    int d = __dp4a((int)(q.x & NIB), (int)lo.x, 0);
+    d = __dp4a((int)(q.y & NIB), (int)lo.y, d);
+    d = __dp4a((int)(q.z & NIB), (int)lo.z, d);
+    d = __dp4a((int)(q.w & NIB), (int)lo.w, d);
+    d = __dp4a((int)((q.x >> 4) & NIB), (int)hi.x, d);
+    d = __dp4a((int)((q.y >> 4) & NIB), (int)hi.y, d);
+    d = __dp4a((int)((q.z >> 4) & NIB), (int)hi.z, d);
+    return __dp4a((int)((q.w >> 4) & NIB), (int)hi.w, d);
+}
+
+__device__ __forceinline__ int dot_bytes(uint4 q, uint4 x) {
+    int d = __dp4a((int)q.x, (int)x.x, 0);
+    d = __dp4a((int)q.y, (int)x.y, d);
+    d = __dp4a((int)q.z, (int)x.z, d);
+    return __dp4a((int)q.w, (int)x.w, d);
+}
+
+__device__ __forceinline__ int sum_bytes(uint4 x) { return dot_bytes(make_uint4(ONES, ONES, ONES, ONES), x); }
+
+// The block kinds: quant bytes and scale bytes per block, and a piece's contribution.
+struct PQ8_0 {
+    static constexpr int QS = 32, S = 2;
+    // piece p is half h = p % 2 of block p / 2: its quants meet activation quants 16p ..
+    static __device__ __forceinline__ float piece(uint4 q, u32 sc, Act a, int p, float acc) {
+        const uint4 x = *(const uint4*)(a.q + 16 * p);
+        return fmaf(f16_to_f32((u16)sc) * a.s[2 * (p >> 1)], int_to_f32(dot_bytes(q, x)), acc);
     }
 };
 
 template <bool MIN>
-struct Q4 {
-    static constexpr int ACT_BLOCK = 32;
-    static constexpr int BYTES = MIN ? 20 : 18;
-    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * BYTES; }
-    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
-        const int p = lane & 3;
-#pragma unroll 2
-        for (int b = (c0 >> 5) + (lane >> 2); b < (c0 + len) >> 5; b += 8) {
-            const int xlo = *(const int*)(a.q + 32 * b + 4 * p), xhi = *(const int*)(a.q + 32 * b + 16 + 4 * p);
-            const float2 ds = *(const float2*)(a.s + 2 * b);
-            // q4_0 quants carry an offset of 8: subtract it through the activation sum, exactly
-            const int off = MIN ? 0 : 8 * __dp4a(ONES, xhi, __dp4a(ONES, xlo, 0));
-#pragma unroll
-            for (int r = 0; r < MATVEC_ROWS; ++r) {
-                const u8* blk = row[r] + (size_t)b * BYTES;
-                if (MIN) {
-                    const u32 q = *(const u32*)(blk + 4 + 4 * p);
-                    const u32 dm = *(const u32*)blk;
-                    const int dot = __dp4a((int)((q >> 4) & NIB), xhi, __dp4a((int)(q & NIB), xlo, 0));
-                    acc[r] = fmaf(f16_to_f32((u16)(dm & 0xffff)) * ds.x, int_to_f32(dot), acc[r]);
-                    acc[r] = fmaf(p == 0 ? f16_to_f32((u16)(dm >> 16)) : 0.f, ds.y, acc[r]);
-                } else {
-                    const u32 q = ld_u32_a2(blk + 2 + 4 * p);
-                    const int dot = __dp4a((int)((q >> 4) & NIB), xhi, __dp4a((int)(q & NIB), xlo, 0));
-                    acc[r] = fmaf(f16_to_f32(ld_u16(blk)) * ds.x, int_to_f32(dot - off), acc[r]);
-                }
-            }
+struct PQ4 {
+    static constexpr int QS = 16, S = MIN ? 4 : 2;
+    // piece b is block b
+    static __device__ __forceinline__ float piece(uint4 q, u32 sc, Act a, int b, float acc) {
+        const uint4 lo = *(const uint4*)(a.q + 32 * b), hi = *(const uint4*)(a.q + 32 * b + 16);
+        const float2 ds = *(const float2*)(a.s + 2 * b);
+        if (MIN) {
+            acc = fmaf(f16_to_f32((u16)(sc & 0xffff)) * ds.x, int_to_f32(dot_nibbles(q, lo, hi)), acc);
+            return fmaf(f16_to_f32((u16)(sc >> 16)), ds.y, acc);
         }
+        // q4_0 quants carry an offset of 8: subtract it through the activation sum, exactly
+        const int off = 8 * (sum_bytes(lo) + sum_bytes(hi));
+        return fmaf(f16_to_f32((u16)sc) * ds.x, int_to_f32(dot_nibbles(q, lo, hi) - off), acc);
     }
 };
 
+template <class B>
+struct Planar {
+    static constexpr int ACT_BLOCK = 32, SPLIT = 1;
+    static constexpr int PIECES = B::QS / 16;
+    // pieces one lane loads before it multiplies, per row
+    static constexpr int DEPTH = 2;
+    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * B::QS; }
+    static __device__ __forceinline__ size_t scale_row_bytes(int cols) { return (size_t)(cols / 32) * B::S; }
+    static __device__ __forceinline__ u32 scale(const u8* srow, int b) {
+        return B::S == 4 ? *(const u32*)(srow + 4 * b) : (u32)ld_u16(srow + 2 * b);
+    }
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, Act a, int c0, int len, int lane, float* acc) {
+        const int h = lane >> 4, t = lane & 15;
+        const int p0 = (c0 >> 5) * PIECES, np = (len >> 5) * PIECES;
+        const u8* q[MATVEC_ROWS / 2];
+        const u8* s[MATVEC_ROWS / 2];
+#pragma unroll
+        for (int i = 0; i < MATVEC_ROWS / 2; ++i) {
+            q[i] = rw.quants(2 * i + h) + (size_t)p0 * 16;
+            s[i] = rw.scales(2 * i + h);
+        }
+        for (int p = t; p < np; p += 16 * DEPTH) {
+            uint4 w[DEPTH][MATVEC_ROWS / 2];
+            u32 sc[DEPTH][MATVEC_ROWS / 2];
+#pragma unroll
+            for (int u = 0; u < DEPTH; ++u)
+#pragma unroll
+                for (int i = 0; i < MATVEC_ROWS / 2; ++i)
+                    if (p + 16 * u < np) {
+                        w[u][i] = *(const uint4*)(q[i] + (size_t)(p + 16 * u) * 16);
+                        sc[u][i] = scale(s[i], (p0 + p + 16 * u) / PIECES);
+                    }
+#pragma unroll
+            for (int u = 0; u < DEPTH; ++u)
+                if (p + 16 * u < np) {
+#pragma unroll
+                    for (int i = 0; i < MATVEC_ROWS / 2; ++i) acc[i] = B::piece(w[u][i], sc[u][i], a, p0 + p + 16 * u, acc[i]);
+                }
+        }
+    }
+};
 // ---- 256-value super-blocks: super-block b of the chunk goes to lanes 16(b % 2) .. +15 ----
 
 // The 6-bit scales and minimums of q4_k sub-blocks 2j and 2j + 1 (as q4k_scale_min in
@@ -246,12 +305,14 @@ __device__ __forceinline__ void q4k_scale_min_pair(int j, uint3 s, u32* sc, u32*
 }
 
 struct Q4_K {
-    static constexpr int ACT_BLOCK = 256;
+    static constexpr int ACT_BLOCK = 256, SPLIT = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 256) * 144; }
+    static __device__ __forceinline__ size_t scale_row_bytes(int) { return 0; }
     // lane t of 16 takes qs bytes 32j + 8q .. +8 (j = t / 4, q = t % 4): 8 values of
     // sub-block 2j (low nibbles) and 8 of sub-block 2j + 1 (high nibbles); it adds
     // (d * d_x) * (sc0 * dot0 + sc1 * dot1) - (dmin * d_x) * (m0 * sum0 + m1 * sum1)
-    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, Act a, int c0, int len, int lane, float* acc) {
+        WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, j = t >> 2, qq = t & 3;
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
             const uint2 xlo = *(const uint2*)(a.q + 256 * b + 64 * j + 8 * qq);
@@ -278,12 +339,14 @@ struct Q4_K {
 };
 
 struct Q6_K {
-    static constexpr int ACT_BLOCK = 256;
+    static constexpr int ACT_BLOCK = 256, SPLIT = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 256) * 210; }
+    static __device__ __forceinline__ size_t scale_row_bytes(int) { return 0; }
     // lane t of 16 takes half n = t / 8 and positions l0 .. l0 + 3 (l0 = 4 (t % 8)) of it:
     // values 128n + 32k + l for k = 0..3, each group of four under one scale; the offset 32
     // of the 6-bit quants comes off through the activation sums, exactly
-    static __device__ __forceinline__ void lane_chunk(const u8* const* row, const float*, Act a, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, Act a, int c0, int len, int lane, float* acc) {
+        WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, n = t >> 3, l0 = 4 * (t & 7);
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
             int xk[4], off[4];
@@ -347,51 +410,72 @@ __device__ __forceinline__ const u8* job_w(const MatvecJob j, int s) { return s 
 __device__ __forceinline__ float* job_y(const MatvecJob j, int s) { return s == 0 ? j.y0 : s == 1 ? j.y1 : j.y2; }
 __device__ __forceinline__ int job_rows(const MatvecJob j, int s) { return s == 0 ? j.rows0 : s == 1 ? j.rows1 : j.rows2; }
 
-// The quads of the job's combined matrix: a swiglu quad covers gate and up rows together.
-__device__ __forceinline__ int job_quads(const MatvecJob j) {
+// The work items of the job's combined matrix: a swiglu item covers gate and up rows together.
+__device__ __forceinline__ int job_items(const MatvecJob j) {
     int n = 0;
     for (int s = 0; s < (j.swiglu ? 1 : j.segs); ++s) n += (job_rows(j, s) + MATVEC_ROWS - 1) / MATVEC_ROWS;
     return n;
 }
 
-// Segment and first row of global quad `g` (plain jobs; a swiglu job has segment 0 only).
+// Segment and first row of global item `g` (plain jobs; a swiglu job has segment 0 only).
 __device__ __forceinline__ int job_seg(const MatvecJob j, int g, int* row0) {
     int s = 0;
     for (; s + 1 < j.segs && !j.swiglu; ++s) {
-        const int q = (job_rows(j, s) + MATVEC_ROWS - 1) / MATVEC_ROWS;
-        if (g < q) break;
-        g -= q;
+        const int n = (job_rows(j, s) + MATVEC_ROWS - 1) / MATVEC_ROWS;
+        if (g < n) break;
+        g -= n;
     }
     *row0 = g * MATVEC_ROWS;
     return s;
 }
 
-// One block: quantize x (quantized policies), then the quads of its run, a round at a time:
-// warps take the round's (quad, half, chunk) items in turn and leave each chunk value in
-// shared memory; after a barrier, warp q combines quad q's chunks in the tree. Two buffers of
-// chunk values let the next round's items start while the tree reads the last round's: a
-// buffer is written again only after the barrier that follows every warp's tree over it.
+// Asks L2 for up to `bytes` bytes at `from` in one bulk prefetch, its ends rounded down to the
+// instruction's 16-byte unit (so it never reaches past the end of a weight).
+__device__ __forceinline__ void prefetch_l2(const u8* from, size_t bytes) {
+#if __CUDA_ARCH__ >= 900
+    const u64 a = (u64)from & ~15ull, e = ((u64)from + bytes) & ~15ull;
+    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((u32)(e - a)) : "memory");
+#endif
+}
+
+// Prefetches the weight rows of items [i0, i1) to L2, up to MATVEC_PREFETCH quant bytes per
+// weight, with their scale rows (planar layouts).
+__device__ __noinline__ void prefetch_run(const MatvecJob j, int i0, int i1, size_t rb, size_t sb) {
+    for (int g = i0; g < i1;) {
+        int row0;
+        const int s = job_seg(j, g, &row0);
+        const int seg_rows = job_rows(j, s);
+        const int n = min(i1 - g, (seg_rows - row0 + MATVEC_ROWS - 1) / MATVEC_ROWS);
+        const int rows = min((int)(MATVEC_PREFETCH / rb) + 1, min(seg_rows, row0 + n * MATVEC_ROWS) - row0);
+        for (int h = 0; h < (j.swiglu ? 2 : 1); ++h) {
+            const u8* w = job_w(j, s + h);
+            prefetch_l2(w + (size_t)row0 * rb, (size_t)rows * rb);
+            if (sb) prefetch_l2(w + (size_t)seg_rows * rb + (size_t)row0 * sb, (size_t)rows * sb);
+        }
+        g += n;
+    }
+}
+
+// One block: quantize x (quantized policies), then the items of its run, a round at a time:
+// warps take the round's (item, half, chunk) pieces of work in turn and leave each chunk value
+// in shared memory; after a barrier, warp i combines item i's chunks in the tree.
+// Two buffers of chunk values let the next round's work start while the tree reads the last
+// round's: a buffer is written again only after the barrier that follows every warp's tree
+// over it.
 template <class P>
 __device__ __forceinline__ void matvec_run(const MatvecJob j) {
     extern __shared__ uint4 act_smem[];
     __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS * 2][MATVEC_MAX_CHUNKS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int cols = j.cols, chunks = j.chunks, halves = j.swiglu ? 2 : 1;
-    const size_t rb = P::row_bytes(cols);
-    const int quads = job_quads(j);
-    const int q0 = (int)((long long)quads * blockIdx.x / gridDim.x);
-    const int q1 = (int)((long long)quads * (blockIdx.x + 1) / gridDim.x);
+    const size_t rb = P::row_bytes(cols), sb = P::scale_row_bytes(cols);
+    const int items = job_items(j);
+    const int i0 = (int)((long long)items * blockIdx.x / gridDim.x);
+    const int i1 = (int)((long long)items * (blockIdx.x + 1) / gridDim.x);
     Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
-    if (P::ACT_BLOCK != 0) {
-        // start the first round's weight bytes towards L2 while x is quantized
-        int row0;
-        const int s = job_seg(j, q0, &row0);
-        const u8* first = job_w(j, s) + (size_t)row0 * rb;
-        const int first_rows = min(min(q1 - q0, MATVEC_ROUND) * MATVEC_ROWS, job_rows(j, s) - row0);
-        const size_t bytes = min((size_t)max(first_rows, 0) * rb, (size_t)MATVEC_PREFETCH);
-        for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)MATVEC_THREADS * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(first + o));
-    }
+    // the weights are constant: ask L2 for the run's first bytes while the previous kernel
+    // finishes and x is quantized
+    if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
     // the weights are constant: only now does the block need the previous kernel's output
     overlap_with_neighbours();
     const float* x = j.x;
@@ -409,37 +493,41 @@ __device__ __forceinline__ void matvec_run(const MatvecJob j) {
     }
     const int len = cols / chunks;
     int buf = 0;
-    for (int round = q0; round < q1; round += MATVEC_ROUND, buf ^= 1) {
-        const int nq = min(MATVEC_ROUND, q1 - round);
-        for (int item = warp; item < nq * halves * chunks; item += MATVEC_WARPS) {
-            const int qh = item / chunks, c = item - qh * chunks;
-            const int quad = qh / halves, h = qh - quad * halves;
+    for (int round = i0; round < i1; round += MATVEC_ROUND, buf ^= 1) {
+        const int ni = min(MATVEC_ROUND, i1 - round);
+        for (int work = warp; work < ni * halves * chunks; work += MATVEC_WARPS) {
+            const int ih = work / chunks, c = work - ih * chunks;
+            const int item = ih / halves, h = ih - item * halves;
             int row0;
-            const int s = job_seg(j, round + quad, &row0) + h;
-            const int nr = min(MATVEC_ROWS, job_rows(j, s) - row0);
+            const int s = job_seg(j, round + item, &row0) + h;
+            const int seg_rows = job_rows(j, s);
             const u8* w = job_w(j, s);
-            // rows past the end read the last row again, so that no load waits on a branch
-            const u8* row[MATVEC_ROWS];
-            float acc[MATVEC_ROWS];
+            const Rows rw = {w + (size_t)row0 * rb, w + (size_t)seg_rows * rb + (size_t)row0 * sb, rb, sb,
+                             min(MATVEC_ROWS, seg_rows - row0) - 1};
+            // SPLIT policies: a lane's value i belongs to row 2i + (lane / 16), summed over its half
+            constexpr int VALUES = P::SPLIT ? MATVEC_ROWS / 2 : MATVEC_ROWS;
+            float acc[VALUES];
 #pragma unroll
-            for (int r = 0; r < MATVEC_ROWS; ++r) {
-                row[r] = w + (size_t)(row0 + min(r, nr - 1)) * rb;
-                acc[r] = 0.f;
-            }
-            P::lane_chunk(row, x, act, c * len, len, lane, acc);
+            for (int r = 0; r < VALUES; ++r) acc[r] = 0.f;
+            P::lane_chunk(rw, x, act, c * len, len, lane, acc);
 #pragma unroll
-            for (int r = 0; r < MATVEC_ROWS; ++r) {
-                const float v = warp_sum(acc[r]);
-                if (lane == 0) part[buf][qh * MATVEC_ROWS + r][c] = v;
+            for (int r = 0; r < VALUES; ++r) {
+                if (P::SPLIT) {
+                    const float v = half_warp_sum(acc[r]);
+                    if ((lane & 15) == 0) part[buf][ih * MATVEC_ROWS + 2 * r + (lane >> 4)][c] = v;
+                } else {
+                    const float v = warp_sum(acc[r]);
+                    if (lane == 0) part[buf][ih * MATVEC_ROWS + r][c] = v;
+                }
             }
         }
         __syncthreads();
-        for (int quad = warp; quad < nq; quad += MATVEC_WARPS) {
+        for (int item = warp; item < ni; item += MATVEC_WARPS) {
             int row0;
-            const int s = job_seg(j, round + quad, &row0);
+            const int s = job_seg(j, round + item, &row0);
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
-                const int at = quad * halves * MATVEC_ROWS + r;
+                const int at = item * halves * MATVEC_ROWS + r;
                 const float total = chunk_tree(lane < chunks ? part[buf][at][lane] : 0.f, chunks);
                 float out = total;
                 if (j.swiglu) {
@@ -464,8 +552,8 @@ __device__ __forceinline__ void matvec_run(const MatvecJob j) {
 MATVEC(matvec_f32, FloatPolicy<F32>)
 MATVEC(matvec_f16, FloatPolicy<F16>)
 MATVEC(matvec_bf16, FloatPolicy<BF16>)
-MATVEC(matvec_q8_0, Q8_0)
-MATVEC(matvec_q4_0, Q4<false>)
-MATVEC(matvec_q4_1, Q4<true>)
+MATVEC(matvec_q8_0, Planar<PQ8_0>)
+MATVEC(matvec_q4_0, Planar<PQ4<false>>)
+MATVEC(matvec_q4_1, Planar<PQ4<true>>)
 MATVEC(matvec_q4_k, Q4_K)
 MATVEC(matvec_q6_k, Q6_K)

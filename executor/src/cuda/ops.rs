@@ -16,11 +16,12 @@ use super::device::{CudaDevice, DeviceBuffer, KernelArgs};
 use super::span::Span;
 use crate::sample::SamplerConfig;
 
-/// A weight matrix on the device in GGUF row layout: `rows` rows of `cols` values of `dtype`.
+/// A weight matrix on the device: `rows` rows of `cols` values of `dtype`, in GGUF's row
+/// layout except for the 32-value block types of [`Planes`], which are split in two planes.
 pub struct DeviceWeight {
     /// Element type; one of `memra_gguf::SUPPORTED`.
     pub dtype: GgmlType,
-    /// The tensor bytes.
+    /// The tensor bytes in the device layout.
     pub data: DeviceBuffer<u8>,
     /// Output dimension.
     pub rows: usize,
@@ -52,17 +53,58 @@ impl DeviceWeight {
                 bytes.len()
             );
         }
+        let data = match Planes::of(dtype) {
+            Some(planes) => dev.upload(stream, &planes.split(bytes))?,
+            None => dev.upload(stream, bytes)?,
+        };
         Ok(DeviceWeight {
             dtype,
-            data: dev.upload(stream, bytes)?,
+            data,
             rows,
             cols,
         })
     }
+}
 
-    /// Bytes per row.
-    pub fn row_bytes(&self) -> usize {
-        self.cols / self.dtype.block_size() * self.dtype.block_bytes()
+/// The planar device layout of the 32-value block types (q8_0, q4_0, q4_1): every block's quant
+/// bytes first, in GGUF's (row, block) order, then every block's scale bytes in the same order.
+/// A row's quants are then contiguous and 16-byte aligned, so the matvec kernels load 16 quant
+/// bytes at once instead of gathering them around each block's scales (kernels/matvec.cu);
+/// the size is unchanged and the values are the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planes {
+    /// Scale bytes at the start of each GGUF block (f16 d, or f16 d and m).
+    pub scale_bytes: usize,
+    /// Quant bytes after them.
+    pub quant_bytes: usize,
+}
+
+impl Planes {
+    /// The planes of `dtype`, if it is stored planar.
+    pub fn of(dtype: GgmlType) -> Option<Planes> {
+        let scale_bytes = match dtype {
+            GgmlType::Q8_0 | GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 4,
+            _ => return None,
+        };
+        Some(Planes {
+            scale_bytes,
+            quant_bytes: dtype.block_bytes() - scale_bytes,
+        })
+    }
+
+    /// GGUF blocks (a whole number of them) in the planar layout.
+    pub fn split(self, blocks: &[u8]) -> Vec<u8> {
+        let block = self.scale_bytes + self.quant_bytes;
+        let n = blocks.len() / block;
+        let mut out = vec![0u8; blocks.len()];
+        let (quants, scales) = out.split_at_mut(n * self.quant_bytes);
+        for (i, b) in blocks.chunks_exact(block).enumerate() {
+            let (s, q) = b.split_at(self.scale_bytes);
+            scales[i * self.scale_bytes..(i + 1) * self.scale_bytes].copy_from_slice(s);
+            quants[i * self.quant_bytes..(i + 1) * self.quant_bytes].copy_from_slice(q);
+        }
+        out
     }
 }
 
@@ -405,11 +447,11 @@ impl CudaDevice {
                     format!("cuda backend: allowing {name} {limit} bytes of shared memory")
                 })?;
         }
-        let quads: usize = match epilogue {
+        let items: usize = match epilogue {
             Epilogue::SwiGlu => w0.rows.div_ceil(MATVEC_ROWS),
             _ => ws.iter().map(|w| w.rows.div_ceil(MATVEC_ROWS)).sum(),
         };
-        let blocks = quads.min(MATVEC_BLOCKS_PER_SM * self.sm_count()?);
+        let blocks = items.min(MATVEC_BLOCKS_PER_SM * self.sm_count()?);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (MATVEC_THREADS as u32, 1, 1),
@@ -620,9 +662,9 @@ impl CudaDevice {
             ptr(stream, token),
             ptr_mut(stream, out),
         );
-        let (cols, rows, rb) = (int(table.cols), int(table.rows), table.row_bytes() as u64);
+        let (cols, rows) = (int(table.cols), int(table.rows));
         self.launch(stream, &name, grid(table.cols, 256), |a| {
-            a.arg(&tp).arg(&kp).arg(&op).arg(&cols).arg(&rows).arg(&rb);
+            a.arg(&tp).arg(&kp).arg(&op).arg(&cols).arg(&rows);
         })
     }
 
@@ -703,5 +745,30 @@ impl CudaDevice {
         self.launch(stream, "tree_sum_f32", grid(n, 256), |a| {
             a.arg(&pp).arg(&di).arg(&ni).arg(&op);
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn planes_put_every_quant_before_every_scale_in_block_order() {
+        // three q4_1 blocks, each byte its block number * 20 + offset
+        let blocks: Vec<u8> = (0..60).collect();
+        let planes = Planes::of(GgmlType::Q4_1).unwrap();
+        let split = planes.split(&blocks);
+        let mut want: Vec<u8> = Vec::new();
+        for b in 0..3u8 {
+            want.extend(20 * b + 4..20 * b + 20);
+        }
+        for b in 0..3u8 {
+            want.extend(20 * b..20 * b + 4);
+        }
+        assert_eq!(split, want);
+        assert_eq!(Planes::of(GgmlType::Q8_0).unwrap().quant_bytes, 32);
+        assert_eq!(Planes::of(GgmlType::Q4_0).unwrap().scale_bytes, 2);
+        assert_eq!(Planes::of(GgmlType::Q4_K), None);
+        assert_eq!(Planes::of(GgmlType::F16), None);
     }
 }
