@@ -48,7 +48,6 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("norm.cu", ["rms_norm_f32"]),
-    kernel_file!("rope.cu", ["rope_kv_f16"]),
     kernel_file!("attention.cu", ["attention_f16"]),
     kernel_file!("elementwise.cu", ["add_f32"]),
     kernel_file!(

@@ -204,6 +204,9 @@ unsafe impl DeviceRepr for MatvecJob {}
 pub const MAX_CHUNKS: usize = 32;
 /// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
+/// Cache capacities (positions) up to which attention keeps its scores in shared memory
+/// (32 KiB, within the default dynamic limit).
+const ATTN_SMEM_POSITIONS: usize = 8192;
 /// The most candidates the device sampler keeps (`SAMPLE_MAX_K` in kernels/sample.cu).
 pub const MAX_TOP_K: usize = 256;
 
@@ -493,107 +496,74 @@ impl CudaDevice {
         })
     }
 
-    /// Rotates each head of `q` and `k` (heads of `kv.head_dim`, in place) to the position in
-    /// `pos[0]` and stores the rotated `k` and `v` as f16 at that position of `kv` (nothing
-    /// is stored at a position past the capacity).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope_kv(
-        &self,
-        stream: &CudaStream,
-        q: &mut impl DevicePtrMut<f32>,
-        k: &mut impl DevicePtrMut<f32>,
-        v: &impl DevicePtr<f32>,
-        kv: &mut DeviceKv,
-        pos: &impl DevicePtr<u32>,
-        theta: f32,
-        style: RopeStyle,
-    ) -> Result<()> {
-        let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
-        assert!(
-            hd.is_multiple_of(2) && q.len().is_multiple_of(hd) && !pos.is_empty(),
-            "rope_kv: odd head_dim, partial q head or empty pos"
-        );
-        assert!(
-            k.len() == row && v.len() == row,
-            "rope_kv: k and v rows must have {row} values"
-        );
-        let n_q = q.len() / hd;
-        // computed on the host exactly as the CPU backend does, so the angles match bit for bit
-        let theta_scale = theta.powf(-2.0 / hd as f32);
-        let neox = i32::from(style == RopeStyle::Neox);
-        let (qp, kp, vp, pp) = (
-            ptr_mut(stream, q),
-            ptr_mut(stream, k),
-            ptr(stream, v),
-            ptr(stream, pos),
-        );
-        let (kc, vc) = (ptr_mut(stream, &mut kv.k), ptr_mut(stream, &mut kv.v));
-        let (nq, nkv, hd_i, cap) = (int(n_q), int(kv.n_kv_heads), int(hd), int(kv.capacity));
-        let threads = (n_q + kv.n_kv_heads) * hd / 2 + row;
-        self.launch(stream, "rope_kv_f16", grid(threads, 128), |a| {
-            a.arg(&qp)
-                .arg(&kp)
-                .arg(&vp)
-                .arg(&kc)
-                .arg(&vc)
-                .arg(&pp)
-                .arg(&nq)
-                .arg(&nkv)
-                .arg(&hd_i)
-                .arg(&theta_scale)
-                .arg(&neox)
-                .arg(&cap);
-        })
-    }
-
     /// Attention of the query heads in `q` (heads of `kv.head_dim`) over positions `0..=pos[0]`
-    /// of `kv`, scale `1 / sqrt(head_dim)`, into `out`; `scores` is scratch of
-    /// `n_heads * kv.capacity` values.
+    /// of `kv`, scale `1 / sqrt(head_dim)`, into `out`, with the rotary embedding and the cache
+    /// write in the same launch: q and k are rotated to position `pos[0]` (q in place; k is
+    /// left as it is), and the rotated k and v are stored as f16 at that position of `kv`
+    /// (nothing is stored at a position past the capacity). The scores stay in shared memory
+    /// up to `ATTN_SMEM_POSITIONS` positions of capacity; past it `scores` is their scratch
+    /// (`n_heads * kv.capacity` values).
+    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         stream: &CudaStream,
-        q: &impl DevicePtr<f32>,
-        kv: &DeviceKv,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &impl DevicePtr<f32>,
+        v: &impl DevicePtr<f32>,
+        kv: &mut DeviceKv,
         pos: &impl DevicePtr<u32>,
+        rope: (f32, RopeStyle),
         scores: &mut impl DevicePtrMut<f32>,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let hd = kv.head_dim;
+        let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
         assert!(
-            hd <= MAX_HEAD_DIM,
-            "attention: head_dim {hd} is above {MAX_HEAD_DIM}"
+            hd <= MAX_HEAD_DIM && hd.is_multiple_of(2),
+            "attention: head_dim {hd} is odd or above {MAX_HEAD_DIM}"
         );
         let n_heads = q.len() / hd;
         assert!(
-            q.len() == n_heads * hd && out.len() == q.len(),
-            "attention: q and out must hold whole heads of {hd}"
+            q.len() == n_heads * hd && out.len() == q.len() && !pos.is_empty(),
+            "attention: q and out must hold whole heads of {hd}; pos must hold a position"
+        );
+        assert!(
+            k.len() == row && v.len() == row,
+            "attention: k and v must have {row} values"
         );
         assert!(
             n_heads.is_multiple_of(kv.n_kv_heads),
             "attention: {n_heads} heads do not group over {} kv heads",
             kv.n_kv_heads
         );
+        let in_smem = kv.capacity <= ATTN_SMEM_POSITIONS;
         assert!(
-            scores.len() >= n_heads * kv.capacity,
+            in_smem || scores.len() >= n_heads * kv.capacity,
             "attention: scores needs n_heads * capacity values"
         );
         let scale = 1.0 / (hd as f32).sqrt();
-        let (qp, kc, vc, op, sp, pp) = (
-            ptr(stream, q),
-            ptr(stream, &kv.k),
-            ptr(stream, &kv.v),
-            ptr_mut(stream, out),
-            ptr_mut(stream, scores),
+        let (theta, style) = rope;
+        // computed on the host exactly as the CPU backend does, so the angles match bit for bit
+        let theta_scale = theta.powf(-2.0 / hd as f32);
+        let neox = i32::from(style == RopeStyle::Neox);
+        let (qp, kp, vp, pp) = (
+            ptr_mut(stream, q),
+            ptr(stream, k),
+            ptr(stream, v),
             ptr(stream, pos),
         );
+        let (kc, vc) = (ptr_mut(stream, &mut kv.k), ptr_mut(stream, &mut kv.v));
+        let sp = if in_smem { 0 } else { ptr_mut(stream, scores) };
+        let op = ptr_mut(stream, out);
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
         let cfg = LaunchConfig {
             grid_dim: (n_heads as u32, 1, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: if in_smem { 4 * cap as u32 } else { 0 },
         };
         self.launch(stream, "attention_f16", cfg, |a| {
             a.arg(&qp)
+                .arg(&kp)
+                .arg(&vp)
                 .arg(&kc)
                 .arg(&vc)
                 .arg(&op)
@@ -603,7 +573,9 @@ impl CudaDevice {
                 .arg(&nkv)
                 .arg(&hd)
                 .arg(&cap)
-                .arg(&scale);
+                .arg(&scale)
+                .arg(&theta_scale)
+                .arg(&neox);
         })
     }
 

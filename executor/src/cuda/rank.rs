@@ -6,8 +6,9 @@
 //! memory, so the same launches can be captured once and replayed. The math mirrors the CPU
 //! backend's `compute` (same chunk counts, same operations per value) so plans agree bit for
 //! bit; launches are fused where that keeps every bit (norms folded into the matvecs that read
-//! them, the residual add and the SiLU gate into matvec epilogues, rope into the cache write,
-//! which moves rope from the attention-input segment to the attention-core one). q/k/v of mixed
+//! them, the residual add and the SiLU gate into matvec epilogues, rope and the cache write
+//! into attention, which moves rope from the attention-input segment to the attention-core
+//! one). q/k/v of mixed
 //! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
 //! shape (an error names them otherwise).
 
@@ -520,23 +521,22 @@ impl RankDevice {
                 Ok(())
             }
             Segment::AttnCore => {
-                // rope here rather than in AttnPre: it is fused with the cache write, and q and
-                // k are read by nothing else
+                // rope here rather than in AttnPre: it is fused with the cache write and the
+                // attention that reads it, and q and k are read by nothing else
                 let pos = Span::of(&b.pos);
                 let kv = &mut self.kv[li];
-                let geo = &self.geo;
-                dev.rope_kv(
+                let att = Span::of(&b.att).sub(0, lw.q.rows);
+                dev.attention(
                     s,
                     &mut q.clone(),
-                    &mut k.clone(),
+                    &k,
                     &v,
                     kv,
                     &pos,
-                    geo.theta,
-                    geo.rope,
-                )?;
-                let att = Span::of(&b.att).sub(0, lw.q.rows);
-                dev.attention(s, &q, kv, &pos, &mut Span::of(&b.scores), &mut att.clone())
+                    (self.geo.theta, self.geo.rope),
+                    &mut Span::of(&b.scores),
+                    &mut att.clone(),
+                )
             }
             Segment::AttnOut => {
                 let att = Span::of(&b.att).sub(0, lw.q.rows);

@@ -300,21 +300,14 @@ impl Step {
         dev.matvec(s, &self.wq, &self.hn, 8, &mut self.q)?;
         dev.matvec(s, &self.wk, &self.hn, 1, &mut self.k)?;
         dev.matvec(s, &self.wv, &self.hn, 2, &mut self.v)?;
-        dev.rope_kv(
+        dev.attention(
             s,
             &mut self.q,
-            &mut self.k,
+            &self.k,
             &self.v,
             &mut self.kv,
             &self.pos,
-            10000.0,
-            RopeStyle::Normal,
-        )?;
-        dev.attention(
-            s,
-            &self.q,
-            &self.kv,
-            &self.pos,
+            (10000.0, RopeStyle::Normal),
             &mut self.scores,
             &mut self.att,
         )?;
