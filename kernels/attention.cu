@@ -23,6 +23,8 @@
 #define ATTN_WARPS (ATTN_THREADS / WARP)
 #define ATTN_MAX_HEAD_DIM 256
 #define ATTN_UNROLL 8
+// 128-value slices of the largest head (a lane takes 4 values of each)
+#define ATTN_SLICES (ATTN_MAX_HEAD_DIM / 128)
 
 // Fixed-order block reduction of one value per warp (lane 0 of each warp wrote red[w]).
 __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
@@ -47,8 +49,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     overlap_with_neighbours();
     extern __shared__ float smem_scores[];
     __shared__ float qh[ATTN_MAX_HEAD_DIM];
-    __shared__ u16 k_now[ATTN_MAX_HEAD_DIM], v_now[ATTN_MAX_HEAD_DIM];
-    __shared__ float red[ATTN_THREADS];
+    __shared__ __align__(16) u16 k_now[ATTN_MAX_HEAD_DIM];
+    __shared__ __align__(16) u16 v_now[ATTN_MAX_HEAD_DIM];
+    __shared__ float red[ATTN_WARPS];
+    __shared__ float part[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
     __shared__ float stat;
     const int h = blockIdx.x, group = n_heads / n_kv_heads;
     const int kvh = h / group;
@@ -60,6 +64,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     const bool writer = h % group == 0 && now >= 0;
     const size_t row = (size_t)n_kv_heads * head_dim;
     float* sc = scores ? scores + (size_t)h * capacity : smem_scores;
+    // position p's k or v row of this block's KV head: shared memory for the current position
+    const auto cache_row = [&](const u16* cache, const u16* now_row, int p) -> const u16* {
+        return p == now ? now_row : cache + (size_t)p * row + (size_t)kvh * head_dim;
+    };
 
     // rotate q and k; q and the probabilities are narrowed to the f16 cache's dtype, as the CPU
     // backend does. The block owns its q head and writes it back rotated; k stays as it is
@@ -89,23 +97,26 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     }
     __syncthreads();
 
-    // scores: one warp per position, lanes over the head dimension; a warp takes ATTN_UNROLL of
-    // its positions at once so their loads are in flight together (each position's sum keeps
-    // its order; positions past the end read the last one and are dropped; the current
-    // position's k comes from shared memory)
+    // scores: warp w takes positions w, w + ATTN_WARPS, ..., ATTN_UNROLL of them at once so
+    // their loads are in flight together; lane l takes values 4l .. 4l + 3 of each 128-value
+    // slice of the head, in order, then the warp adds its lanes (positions past the end read
+    // the last one and are dropped; the current position's k comes from shared memory)
     float mx = -__int_as_float(0x7f800000);
     for (int p0 = warp; p0 < n_ctx; p0 += ATTN_WARPS * ATTN_UNROLL) {
         float s[ATTN_UNROLL];
-        const u16* kr[ATTN_UNROLL];
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            s[u] = 0.f;
-            const int p = min(p0 + u * ATTN_WARPS, n_ctx - 1);
-            kr[u] = p == now ? k_now : k_cache + (size_t)p * row + (size_t)kvh * head_dim;
-        }
-        for (int d = lane; d < head_dim; d += WARP) {
+        for (int u = 0; u < ATTN_UNROLL; ++u) s[u] = 0.f;
+        for (int d = 4 * lane; d < head_dim; d += 4 * WARP) {
+            uint2 kw[ATTN_UNROLL];
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u) s[u] = fmaf(qh[d], f16_to_f32(kr[u][d]), s[u]);
+            for (int u = 0; u < ATTN_UNROLL; ++u) kw[u] = *(const uint2*)(cache_row(k_cache, k_now, min(p0 + u * ATTN_WARPS, n_ctx - 1)) + d);
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; ++u) {
+                s[u] = fmaf(qh[d], f16_to_f32((u16)(kw[u].x & 0xffff)), s[u]);
+                s[u] = fmaf(qh[d + 1], f16_to_f32((u16)(kw[u].x >> 16)), s[u]);
+                s[u] = fmaf(qh[d + 2], f16_to_f32((u16)(kw[u].y & 0xffff)), s[u]);
+                s[u] = fmaf(qh[d + 3], f16_to_f32((u16)(kw[u].y >> 16)), s[u]);
+            }
         }
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
@@ -138,31 +149,53 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     __syncthreads();
     const float inv = stat;
 
-    // weighted sum of values: thread t takes dimension t % head_dim of positions g, g + G, ...
-    // (g = t / head_dim, G = ATTN_THREADS / head_dim), then the G groups add in order
-    const int groups = ATTN_THREADS / head_dim;
-    const int d = threadIdx.x % head_dim, g = threadIdx.x / head_dim;
-    float acc = 0.f;
-    if (g < groups) {
-        // ATTN_UNROLL positions' loads at once, then their products added in position order
-        for (int p0 = g; p0 < n_ctx; p0 += groups * ATTN_UNROLL) {
-            float w[ATTN_UNROLL], v[ATTN_UNROLL];
+    // weighted sum of values: warp w takes the positions it scored, ATTN_UNROLL at once, lane l
+    // values 4l .. 4l + 3 of each 128-value slice; each value adds its positions in order, then
+    // the warps' sums add in warp order
+    float acc[ATTN_SLICES][4];
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u) {
-                const int p = min(p0 + u * groups, n_ctx - 1);
-                w[u] = sc[p];
-                v[u] = f16_to_f32(p == now ? v_now[d] : v_cache[(size_t)p * row + (size_t)kvh * head_dim + d]);
+    for (int j = 0; j < ATTN_SLICES; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[j][k] = 0.f;
+    for (int p0 = warp; p0 < n_ctx; p0 += ATTN_WARPS * ATTN_UNROLL) {
+        float w[ATTN_UNROLL];
+        uint2 vw[ATTN_UNROLL][ATTN_SLICES];
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; ++u) {
+            const int p = min(p0 + u * ATTN_WARPS, n_ctx - 1);
+            w[u] = sc[p];
+            const u16* vr = cache_row(v_cache, v_now, p);
+#pragma unroll
+            for (int j = 0; j < ATTN_SLICES; ++j) {
+                const int d = 128 * j + 4 * lane;
+                if (d < head_dim) vw[u][j] = *(const uint2*)(vr + d);
             }
+        }
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u)
-                if (p0 + u * groups < n_ctx) acc = fmaf(round_f16(w[u] * inv), v[u], acc);
+        for (int u = 0; u < ATTN_UNROLL; ++u) {
+            if (p0 + u * ATTN_WARPS >= n_ctx) break;
+            const float pr = round_f16(w[u] * inv);
+#pragma unroll
+            for (int j = 0; j < ATTN_SLICES; ++j) {
+                if (128 * j + 4 * lane >= head_dim) break;
+                acc[j][0] = fmaf(pr, f16_to_f32((u16)(vw[u][j].x & 0xffff)), acc[j][0]);
+                acc[j][1] = fmaf(pr, f16_to_f32((u16)(vw[u][j].x >> 16)), acc[j][1]);
+                acc[j][2] = fmaf(pr, f16_to_f32((u16)(vw[u][j].y & 0xffff)), acc[j][2]);
+                acc[j][3] = fmaf(pr, f16_to_f32((u16)(vw[u][j].y >> 16)), acc[j][3]);
+            }
         }
     }
-    red[threadIdx.x] = acc;
+#pragma unroll
+    for (int j = 0; j < ATTN_SLICES; ++j) {
+        const int d = 128 * j + 4 * lane;
+        if (d < head_dim)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) part[warp][d + k] = acc[j][k];
+    }
     __syncthreads();
-    if (threadIdx.x < head_dim) {
-        float o = red[threadIdx.x];
-        for (int k = 1; k < groups; ++k) o += red[k * head_dim + threadIdx.x];
-        out[(size_t)h * head_dim + threadIdx.x] = o;
+    for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) {
+        float o = part[0][d];
+        for (int w = 1; w < ATTN_WARPS; ++w) o += part[w][d];
+        out[(size_t)h * head_dim + d] = o;
     }
 }

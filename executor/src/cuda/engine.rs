@@ -26,7 +26,7 @@ use memra_compiler::plan::{event_slot, Boundary, Op, Plan, Step};
 
 use super::device::CudaDevice;
 use super::graph::{capture, Graph};
-use super::ops::MAX_TOP_K;
+use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::rank::{copy, RankDevice};
 use super::span::Span;
 use crate::cpu::reduce::{ReduceOrder, Tree};
@@ -97,6 +97,12 @@ impl Engine {
             bail!(
                 "the cuda backend samples among at most {MAX_TOP_K} candidates; pass --top-k between 1 and {MAX_TOP_K} (got {}), --temp 0, or use --backend cpu",
                 s.top_k
+            );
+        }
+        let hd = plan.model.head_dim as usize;
+        if hd > MAX_HEAD_DIM || !hd.is_multiple_of(4) {
+            bail!(
+                "the cuda backend's attention takes heads of a multiple of 4 values up to {MAX_HEAD_DIM}; this model's head_dim is {hd} (use --backend cpu)"
             );
         }
         if options.reduce_order != ReduceOrder::Tree {

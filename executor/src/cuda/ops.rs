@@ -518,8 +518,8 @@ impl CudaDevice {
     ) -> Result<()> {
         let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
         assert!(
-            hd <= MAX_HEAD_DIM && hd.is_multiple_of(2),
-            "attention: head_dim {hd} is odd or above {MAX_HEAD_DIM}"
+            hd <= MAX_HEAD_DIM && hd.is_multiple_of(4),
+            "attention: head_dim {hd} is not a multiple of 4 up to {MAX_HEAD_DIM}"
         );
         let n_heads = q.len() / hd;
         assert!(
