@@ -396,15 +396,37 @@ impl CudaDevice {
             .context("cuda backend: binding a context")?;
         // SAFETY: this context is current on the thread; the peer context is alive
         let r = unsafe { driver::sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
+        let what = || {
+            format!(
+                "cuda backend: enabling peer access from device {} to device {}",
+                self.ordinal(),
+                peer.ordinal()
+            )
+        };
         match r {
-            CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-            e => Err(driver::DriverError(e)).with_context(|| {
-                format!(
-                    "cuda backend: enabling peer access from device {} to device {}",
-                    self.ordinal(),
-                    peer.ordinal()
-                )
-            }),
+            CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+            e => return Err(driver::DriverError(e)).with_context(what),
         }
+        if !peer.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        // buffers come from the peer's stream-ordered memory pool (cuMemAllocAsync), which
+        // context peer access does not open: the pool must grant this device access itself
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: `pool` outlives the call; the peer's device handle is live
+        unsafe { sys::cuDeviceGetMemPool(&mut pool, peer.ctx.cu_device()) }
+            .result()
+            .with_context(what)?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.ordinal() as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `pool` is the peer device's live pool; `access` is one valid descriptor
+        unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+            .result()
+            .with_context(what)
     }
 }
