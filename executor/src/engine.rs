@@ -4,8 +4,8 @@
 
 use anyhow::{bail, Result};
 
-use crate::cpu::ReduceOrder;
 use crate::plan_load::LoadedPlan;
+use crate::reduce::ReduceOrder;
 use crate::sample::SamplerConfig;
 
 /// Which backend executes a plan.

@@ -9,6 +9,8 @@ pub mod gate;
 pub mod geometry;
 pub mod perplexity;
 pub mod plan_load;
+pub mod program;
+pub mod reduce;
 pub mod rope;
 pub mod sample;
 pub mod session;

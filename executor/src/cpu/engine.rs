@@ -17,11 +17,11 @@ use memra_compiler::plan::Step;
 
 use super::compute::RankCompute;
 use super::kernels::Pool;
-use super::program::Binder;
 use super::rank::RankRunner;
 use super::wire::Wire;
 use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
+use crate::program::Binder;
 use crate::weights::RankWeights;
 
 enum Ranks {

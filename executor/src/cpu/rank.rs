@@ -1,7 +1,8 @@
-//! One rank of a plan on the CPU: its flattened program, a program counter, its own compute
-//! state, and its end of the wire. `advance` runs actions until the step is done or the next
-//! action would wait; the serial arm calls it without blocking and moves to the next rank,
-//! the pipelined arm calls it on the rank's own thread and lets it block.
+//! One rank of a plan on the CPU: its program with a cursor, its own compute state, and its
+//! end of the wire. `advance` walks the program (the shared walk of `crate::program`) until
+//! the step is done or the next entry would wait; the serial arm calls it without blocking
+//! and moves to the next rank, the pipelined arm calls it on the rank's own thread and lets
+//! it block. `CpuOps` is what each entry does on the CPU.
 
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -10,10 +11,10 @@ use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::{Boundary, Carries, Plan};
 
 use super::compute::RankCompute;
-use super::program::{actions, Action, Binder, Work};
-use super::reduce::{ReduceOrder, Tree};
 use super::wire::{Payload, Wire};
 use crate::engine::{StepInput, StepOutput};
+use crate::program::{walk, Binder, Block, Cursor, Entered, Program, RankOps, Work};
+use crate::reduce::{ReduceOrder, Tree};
 
 /// A rank's tensor-parallel group, as the rank sees it.
 #[derive(Debug)]
@@ -26,10 +27,15 @@ struct Group {
 
 /// A rank with its program and state.
 pub struct RankRunner {
-    rank: u32,
-    actions: Vec<Action>,
-    pc: usize,
+    program: Program,
+    cursor: Cursor,
     step: Option<(u64, StepInput)>,
+    ops: CpuOps,
+}
+
+/// What each program entry does on the CPU.
+struct CpuOps {
+    rank: u32,
     compute: RankCompute,
     binder: Arc<Binder>,
     wire: Arc<Wire>,
@@ -87,33 +93,35 @@ impl RankRunner {
             .cloned()
             .collect();
         Ok(RankRunner {
-            rank,
-            actions: actions(plan, rank)?,
-            pc: 0,
+            program: Program::of(plan, rank),
+            cursor: Cursor::default(),
             step: None,
-            compute,
-            binder,
-            wire,
-            group,
-            order,
-            collective_seq: 0,
-            contributed: false,
-            outgoing,
-            incoming,
-            readback,
+            ops: CpuOps {
+                rank,
+                compute,
+                binder,
+                wire,
+                group,
+                order,
+                collective_seq: 0,
+                contributed: false,
+                outgoing,
+                incoming,
+                readback,
+            },
         })
     }
 
     /// The rank's id.
     pub fn rank(&self) -> u32 {
-        self.rank
+        self.program.rank
     }
 
     /// Starts decode step `t`.
     pub fn begin(&mut self, t: u64, input: StepInput) {
         debug_assert!(self.step.is_none(), "invariant: the previous step finished");
         self.step = Some((t, input));
-        self.pc = 0;
+        self.cursor = Cursor::default();
     }
 
     /// Whether the rank has a step in progress.
@@ -127,51 +135,69 @@ impl RankRunner {
         let Some((t, input)) = self.step else {
             return Ok(true);
         };
-        while self.pc < self.actions.len() {
-            let done = self
-                .act(t, input, block)
-                .map_err(|e| anyhow!("rank {} step {t}: {e:#}", self.rank))?;
-            if !done {
-                return Ok(false);
-            }
-            *progressed = true;
-            self.pc += 1;
+        let done = walk(
+            &self.program,
+            &mut self.ops,
+            &mut self.cursor,
+            t,
+            input,
+            block,
+            progressed,
+        )
+        .map_err(|e| anyhow!("rank {} step {t}: {e:#}", self.program.rank))?;
+        if done {
+            self.step = None;
         }
-        self.step = None;
-        Ok(true)
+        Ok(done)
     }
+}
 
-    fn act(&mut self, t: u64, input: StepInput, block: bool) -> Result<bool> {
-        match &self.actions[self.pc] {
-            Action::Wait { event, at } => match self.binder.bound_step(event, self.rank, *at, t) {
-                Some(bound) => self.wire.wait(event, bound, block),
-                None => Ok(true),
-            },
-            Action::Record { event } => self.wire.record(event, t).map(|_| true),
-            Action::Copy { boundary } => {
-                let b = self.incoming_boundary(*boundary)?;
-                let slot = b.recv_slot(t);
-                let payload = self.wire.read_slot(b.boundary, slot)?;
-                self.compute.receive(b.boundary, slot, payload);
-                Ok(true)
-            }
-            Action::Readback => {
-                let out = StepOutput {
-                    step: t,
-                    pos: input.pos,
-                    token: self.compute.token(),
-                    logits: self.compute.logits().to_vec(),
-                };
-                // A closed channel means the host stopped listening; nothing is left to do.
-                let _ = self.readback.send(Ok(out));
-                Ok(true)
-            }
-            Action::Work(work) => self.work(*work, t, input).map(|_| true),
-            Action::AllReduce => self.all_reduce(block),
-            Action::GatherLogits => self.gather(block),
+impl RankOps for CpuOps {
+    fn wait(&mut self, _: &str, event: &str, at: usize, t: u64, block: bool) -> Result<bool> {
+        match self.binder.bound_step(event, self.rank, at, t) {
+            Some(bound) => self.wire.wait(event, bound, block),
+            None => Ok(true),
         }
     }
 
+    fn record(&mut self, _: &str, event: &str, t: u64) -> Result<()> {
+        self.wire.record(event, t)
+    }
+
+    fn copy(&mut self, _: &str, boundary: u32, t: u64) -> Result<()> {
+        let b = self.incoming_boundary(boundary)?;
+        let slot = b.recv_slot(t);
+        let payload = self.wire.read_slot(b.boundary, slot)?;
+        self.compute.receive(b.boundary, slot, payload);
+        Ok(())
+    }
+
+    fn readback(&mut self, _: &str, t: u64, input: StepInput) -> Result<()> {
+        let out = StepOutput {
+            step: t,
+            pos: input.pos,
+            token: self.compute.token(),
+            logits: self.compute.logits().to_vec(),
+        };
+        // A closed channel means the host stopped listening; nothing is left to do.
+        let _ = self.readback.send(Ok(out));
+        Ok(())
+    }
+
+    fn enter(&mut self, _: &str, _: usize, _: &Block, _: u64, _: StepInput) -> Result<Entered> {
+        Ok(Entered::Walk)
+    }
+
+    fn work(&mut self, _: &str, work: Work, t: u64, input: StepInput, block: bool) -> Result<bool> {
+        match work {
+            Work::AllReduce => self.all_reduce(block),
+            Work::GatherLogits => self.gather(block),
+            work => self.compute_work(work, t, input).map(|()| true),
+        }
+    }
+}
+
+impl CpuOps {
     fn incoming_boundary(&self, id: u32) -> Result<&Boundary> {
         self.incoming
             .iter()
@@ -179,7 +205,7 @@ impl RankRunner {
             .ok_or_else(|| anyhow!("copy of boundary {id}, which does not end at this rank"))
     }
 
-    fn work(&mut self, work: Work, t: u64, input: StepInput) -> Result<()> {
+    fn compute_work(&mut self, work: Work, t: u64, input: StepInput) -> Result<()> {
         match work {
             Work::Embed => {
                 let token = match input.token {
@@ -221,6 +247,9 @@ impl RankRunner {
                     bail!("store without an outgoing boundary");
                 }
                 Ok(())
+            }
+            Work::AllReduce | Work::GatherLogits => {
+                unreachable!("invariant: collectives are dispatched by `work`")
             }
         }
     }

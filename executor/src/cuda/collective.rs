@@ -11,7 +11,7 @@ use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::span::Span;
-use crate::cpu::reduce::Tree;
+use crate::reduce::Tree;
 
 /// Values per block of a collective (COLL_SLICE in kernels/collective.cu).
 const SLICE: usize = 1024;

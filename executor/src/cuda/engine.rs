@@ -29,9 +29,10 @@ use super::graph::{capture, Graph};
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::rank::{copy, RankDevice};
 use super::span::Span;
-use crate::cpu::reduce::{ReduceOrder, Tree};
 use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
+use crate::program::{run_block, walk, Block, Cursor, Entered, Entry, Program, RankOps, Work};
+use crate::reduce::{ReduceOrder, Tree};
 use crate::weights::RankWeights;
 
 /// Graph state of one `run` step.
@@ -67,7 +68,7 @@ pub struct Engine {
     // graphs go before the buffers they reference (fields drop in order)
     runs: Vec<Vec<Option<RunGraphs>>>,
     ranks: Vec<RankDevice>,
-    programs: Vec<Vec<Step>>,
+    programs: Vec<Program>,
     boundaries: Vec<Boundary>,
     events: BTreeMap<String, Vec<CudaEvent>>,
     inputs: Vec<InputRing>,
@@ -199,7 +200,11 @@ impl Engine {
         let report = memory_report(plan, &devices, &free_before)?;
         Ok(Engine {
             runs,
-            programs: plan.ranks.iter().map(|r| r.program.clone()).collect(),
+            programs: plan
+                .ranks
+                .iter()
+                .map(|r| Program::of(plan, r.rank))
+                .collect(),
             boundaries: plan.boundaries.clone(),
             ranks,
             events,
@@ -213,97 +218,18 @@ impl Engine {
         })
     }
 
-    fn event(&self, event: &str, rank: u32, t: u64) -> Result<&CudaEvent> {
-        let slot = event_slot(&self.boundaries, event, rank, t) as usize;
-        self.events
-            .get(event)
-            .and_then(|e| e.get(slot))
-            .ok_or_else(|| anyhow!("event `{event}` slot {slot} is never recorded"))
-    }
-
-    fn enqueue_rank(&mut self, ri: usize, t: u64, input: StepInput) -> Result<()> {
-        let rank_id = self.ranks[ri].rank;
-        let mut pos_sent = false;
-        for i in 0..self.programs[ri].len() {
-            let step = &self.programs[ri][i];
-            let stream = self.ranks[ri].stream(step.stream())?.clone();
-            match step {
-                Step::Wait { event, .. } => stream
-                    .wait(self.event(event, rank_id, t)?)
-                    .map_err(|e| anyhow!("waiting for `{event}`: {e:?}"))?,
-                Step::Record { event, .. } => self
-                    .event(event, rank_id, t)?
-                    .record(&stream)
-                    .map_err(|e| anyhow!("recording `{event}`: {e:?}"))?,
-                Step::Copy { boundary, .. } => self.copy_boundary(ri, *boundary, t, &stream)?,
-                Step::Readback { .. } => self.enqueue_readback(ri, t, &stream)?,
-                Step::Run { ops, .. } | Step::Island { ops, .. } => {
-                    let embeds = ops.contains(&Op::Embed);
-                    if !pos_sent {
-                        self.send_inputs(ri, t, input, embeds, &stream)?;
-                        pos_sent = true;
-                    } else if embeds {
-                        bail!("embed after the rank's first run or island is not supported");
-                    }
-                    self.execute(ri, i, t, &stream)?;
-                }
-            }
+    /// The walk's view of rank `ri` for one step.
+    fn ops(&mut self, ri: usize) -> CudaOps<'_> {
+        CudaOps {
+            ri,
+            ranks: &mut self.ranks,
+            runs: &mut self.runs[ri],
+            events: &self.events,
+            boundaries: &self.boundaries,
+            inputs: &mut self.inputs[ri],
+            readback: &mut self.readback,
+            inputs_sent: false,
         }
-        Ok(())
-    }
-
-    /// Writes the step's position, and the token when the first run embeds, in stream order.
-    fn send_inputs(
-        &mut self,
-        ri: usize,
-        t: u64,
-        input: StepInput,
-        embeds: bool,
-        s: &Arc<CudaStream>,
-    ) -> Result<()> {
-        let rank = &self.ranks[ri];
-        let ring = &mut self.inputs[ri];
-        let slot = (t % ring.pos.len() as u64) as usize;
-        let host = |e| anyhow!("cuda backend: input ring: {e:?}");
-        ring.done[slot].synchronize().map_err(host)?;
-        let up = |h: &mut PinnedHostSlice<u32>, value: u32, dst: Span<u32>| -> Result<()> {
-            h.as_mut_slice().map_err(host)?[0] = value;
-            s.memcpy_htod(h, &mut dst.clone())
-                .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
-        };
-        up(&mut ring.pos[slot], input.pos, rank.pos())?;
-        if embeds {
-            match (input.token, rank.token_input()) {
-                (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
-                (None, Some(b)) => copy(s, &rank.rx_slot(b, b.recv_slot(t)), &rank.token().cast())?,
-                // the rank samples the token it embeds next: it is already in place
-                (None, None) => {}
-            }
-        }
-        ring.done[slot].record(s).map_err(host)
-    }
-
-    fn execute(&mut self, ri: usize, i: usize, t: u64, s: &Arc<CudaStream>) -> Result<()> {
-        let ops = self.programs[ri][i].ops();
-        let rank = &mut self.ranks[ri];
-        let Some(run) = self.runs[ri][i].as_mut() else {
-            return rank.enqueue(ops, t, s);
-        };
-        let p = (t % run.phases) as usize;
-        if run.latched || !run.warmed[p] {
-            run.warmed[p] = true;
-            return rank.enqueue(ops, t, s);
-        }
-        run.graphs[p]
-            .as_ref()
-            .ok_or_else(|| {
-                anyhow!(
-                    "invariant: rank {} run {i} phase {p} captured before its step",
-                    rank.rank
-                )
-            })?
-            .replay()
-            .map_err(|e| anyhow!("rank {}: {e}", rank.rank))
     }
 
     /// Captures every run whose phase comes up warmed but not yet captured at step `t`, for
@@ -311,9 +237,9 @@ impl Engine {
     /// idle. Capturing inline would end a capture and instantiate while earlier ranks' replayed
     /// collectives spin for a member that the host has not enqueued yet; the driver may
     /// synchronize the device there, and the collectives would wait on the host forever.
-    fn capture_due(&mut self, t: u64) -> Result<()> {
+    fn capture_due(&mut self, t: u64, input: StepInput) -> Result<()> {
         let due: Vec<(usize, usize)> = (0..self.ranks.len())
-            .flat_map(|ri| (0..self.programs[ri].len()).map(move |i| (ri, i)))
+            .flat_map(|ri| (0..self.programs[ri].entries.len()).map(move |i| (ri, i)))
             .filter(|&(ri, i)| {
                 self.runs[ri][i].as_ref().is_some_and(|run| {
                     let p = (t % run.phases) as usize;
@@ -325,29 +251,31 @@ impl Engine {
             return Ok(());
         }
         self.synchronize_all()?;
+        let programs = std::mem::take(&mut self.programs);
         for &(ri, i) in &due {
-            let step = &self.programs[ri][i];
-            let stream = self.ranks[ri].stream(step.stream())?.clone();
-            let ops = step.ops();
-            let rank = &mut self.ranks[ri];
+            let (stream_name, Entry::Block(block)) = &programs[ri].entries[i] else {
+                unreachable!("invariant: only blocks have graphs");
+            };
+            let stream = self.ranks[ri].stream(stream_name)?.clone();
+            let rank = self.ranks[ri].rank;
+            let mut ops = self.ops(ri);
+            let graph = capture(&stream, || {
+                run_block(&mut ops, stream_name, block, t, input)
+            })
+            .and_then(|g| g.upload().map(|()| g));
             let run = self.runs[ri][i]
                 .as_mut()
                 .expect("invariant: filtered above");
             let p = (t % run.phases) as usize;
-            match capture(&stream, || rank.enqueue(ops, t, &stream))
-                .and_then(|g| g.upload().map(|()| g))
-            {
+            match graph {
                 Ok(g) => run.graphs[p] = Some(g),
                 Err(e) => {
-                    let id = match step {
-                        Step::Run { id, .. } => id.as_str(),
-                        _ => "?",
-                    };
-                    eprintln!("cuda backend: rank {} run {id}: {e}; running it eagerly from now on (logits are unchanged)", rank.rank);
+                    eprintln!("cuda backend: rank {rank} run {}: {e}; running it eagerly from now on (logits are unchanged)", block.id);
                     run.latched = true;
                 }
             }
         }
+        self.programs = programs;
         self.synchronize_all()
     }
 
@@ -359,57 +287,6 @@ impl Engine {
             }
         }
         Ok(())
-    }
-
-    fn copy_boundary(&self, ri: usize, id: u32, t: u64, s: &Arc<CudaStream>) -> Result<()> {
-        let b = self
-            .boundaries
-            .iter()
-            .find(|b| b.boundary == id)
-            .ok_or_else(|| anyhow!("copy of boundary {id}, which is not declared"))?;
-        let to = &self.ranks[ri];
-        let from = self
-            .ranks
-            .iter()
-            .find(|r| r.rank == b.from_rank)
-            .ok_or_else(|| {
-                anyhow!(
-                    "boundary {id} comes from rank {}, which is not declared",
-                    b.from_rank
-                )
-            })?;
-        let slot = b.recv_slot(t);
-        let (src, dst) = (from.tx_slot(b, slot), to.rx_slot(b, slot));
-        if from.dev.ordinal() == to.dev.ordinal() {
-            return copy(s, &src, &dst);
-        }
-        s.context().bind_to_thread()?;
-        // SAFETY: both spans are live slot buffers of `len` bytes; peer access between the two
-        // devices was enabled when the engine was built
-        unsafe {
-            cu::memcpy_peer_async(
-                to.dev.context().cu_ctx(),
-                dst.addr(),
-                from.dev.context().cu_ctx(),
-                src.addr(),
-                src.len(),
-                s.cu_stream(),
-            )
-        }
-        .map_err(|e| anyhow!("cuda backend: peer copy of boundary {id}: {e:?}"))
-    }
-
-    fn enqueue_readback(&mut self, ri: usize, t: u64, s: &Arc<CudaStream>) -> Result<()> {
-        if ri != self.readback.rank {
-            bail!("invariant: readback on the reading rank");
-        }
-        let rank = &self.ranks[ri];
-        let rb = &mut self.readback;
-        let slot = (t % rb.logits.len() as u64) as usize;
-        s.memcpy_dtoh(&rank.logits(), &mut rb.logits[slot])
-            .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))
-            .and_then(|_| rb.done[slot].record(s))
-            .map_err(|e| anyhow!("cuda backend: readback: {e:?}"))
     }
 
     fn take(&mut self) -> Result<StepOutput> {
@@ -448,18 +325,26 @@ impl Decoder for Engine {
         }
         let t = self.next_step;
         self.next_step += 1;
-        let mut result = self.capture_due(t);
-        for ri in 0..self.ranks.len() {
+        let mut result = self.capture_due(t, input);
+        let programs = std::mem::take(&mut self.programs);
+        for (ri, program) in programs.iter().enumerate() {
             if result.is_err() {
                 break;
             }
-            result = self
-                .enqueue_rank(ri, t, input)
-                .map_err(|e| anyhow!("rank {} step {t}: {e:#}", self.ranks[ri].rank));
-            if result.is_err() {
-                break;
-            }
+            let mut cursor = Cursor::default();
+            result = walk(
+                program,
+                &mut self.ops(ri),
+                &mut cursor,
+                t,
+                input,
+                true,
+                &mut false,
+            )
+            .map(|_| ())
+            .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
         }
+        self.programs = programs;
         self.readback.pending.push_back((t, input.pos));
         if result.is_ok() && self.arm == Arm::Serial {
             let slot = (t % self.readback.logits.len() as u64) as usize;
@@ -498,6 +383,175 @@ impl Drop for Engine {
                 let _ = s.synchronize();
             }
         }
+    }
+}
+
+/// What each program entry does on CUDA for one rank at one step: enqueue it on its stream.
+struct CudaOps<'a> {
+    ri: usize,
+    ranks: &'a mut [RankDevice],
+    runs: &'a mut [Option<RunGraphs>],
+    events: &'a BTreeMap<String, Vec<CudaEvent>>,
+    boundaries: &'a [Boundary],
+    inputs: &'a mut InputRing,
+    readback: &'a mut Readback,
+    inputs_sent: bool,
+}
+
+impl CudaOps<'_> {
+    fn stream(&self, name: &str) -> Result<Arc<CudaStream>> {
+        self.ranks[self.ri].stream(name).cloned()
+    }
+
+    fn event(&self, event: &str, t: u64) -> Result<&CudaEvent> {
+        let slot = event_slot(self.boundaries, event, self.ranks[self.ri].rank, t) as usize;
+        self.events
+            .get(event)
+            .and_then(|e| e.get(slot))
+            .ok_or_else(|| anyhow!("event `{event}` slot {slot} is never recorded"))
+    }
+
+    /// Writes the step's position, and the token when the block embeds, in stream order.
+    fn send_inputs(
+        &mut self,
+        t: u64,
+        input: StepInput,
+        embeds: bool,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = &self.ranks[self.ri];
+        let ring = &mut *self.inputs;
+        let slot = (t % ring.pos.len() as u64) as usize;
+        let host = |e| anyhow!("cuda backend: input ring: {e:?}");
+        ring.done[slot].synchronize().map_err(host)?;
+        let up = |h: &mut PinnedHostSlice<u32>, value: u32, dst: Span<u32>| -> Result<()> {
+            h.as_mut_slice().map_err(host)?[0] = value;
+            s.memcpy_htod(h, &mut dst.clone())
+                .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
+        };
+        up(&mut ring.pos[slot], input.pos, rank.pos())?;
+        if embeds {
+            match (input.token, rank.token_input()) {
+                (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
+                (None, Some(b)) => copy(s, &rank.rx_slot(b, b.recv_slot(t)), &rank.token().cast())?,
+                // the rank samples the token it embeds next: it is already in place
+                (None, None) => {}
+            }
+        }
+        ring.done[slot].record(s).map_err(host)
+    }
+}
+
+impl RankOps for CudaOps<'_> {
+    fn wait(&mut self, stream: &str, event: &str, _: usize, t: u64, _: bool) -> Result<bool> {
+        self.stream(stream)?
+            .wait(self.event(event, t)?)
+            .map_err(|e| anyhow!("waiting for `{event}`: {e:?}"))?;
+        Ok(true)
+    }
+
+    fn record(&mut self, stream: &str, event: &str, t: u64) -> Result<()> {
+        self.event(event, t)?
+            .record(&*self.stream(stream)?)
+            .map_err(|e| anyhow!("recording `{event}`: {e:?}"))
+    }
+
+    fn copy(&mut self, stream: &str, id: u32, t: u64) -> Result<()> {
+        let s = self.stream(stream)?;
+        let b = self
+            .boundaries
+            .iter()
+            .find(|b| b.boundary == id)
+            .ok_or_else(|| anyhow!("copy of boundary {id}, which is not declared"))?;
+        let to = &self.ranks[self.ri];
+        let from = self
+            .ranks
+            .iter()
+            .find(|r| r.rank == b.from_rank)
+            .ok_or_else(|| {
+                anyhow!(
+                    "boundary {id} comes from rank {}, which is not declared",
+                    b.from_rank
+                )
+            })?;
+        let slot = b.recv_slot(t);
+        let (src, dst) = (from.tx_slot(b, slot), to.rx_slot(b, slot));
+        if from.dev.ordinal() == to.dev.ordinal() {
+            return copy(&s, &src, &dst);
+        }
+        s.context().bind_to_thread()?;
+        // SAFETY: both spans are live slot buffers of `len` bytes; peer access between the two
+        // devices was enabled when the engine was built
+        unsafe {
+            cu::memcpy_peer_async(
+                to.dev.context().cu_ctx(),
+                dst.addr(),
+                from.dev.context().cu_ctx(),
+                src.addr(),
+                src.len(),
+                s.cu_stream(),
+            )
+        }
+        .map_err(|e| anyhow!("cuda backend: peer copy of boundary {id}: {e:?}"))
+    }
+
+    fn readback(&mut self, stream: &str, t: u64, _: StepInput) -> Result<()> {
+        if self.ri != self.readback.rank {
+            bail!("invariant: readback on the reading rank");
+        }
+        let s = self.stream(stream)?;
+        let rank = &self.ranks[self.ri];
+        let rb = &mut *self.readback;
+        let slot = (t % rb.logits.len() as u64) as usize;
+        s.memcpy_dtoh(&rank.logits(), &mut rb.logits[slot])
+            .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))
+            .and_then(|_| rb.done[slot].record(&s))
+            .map_err(|e| anyhow!("cuda backend: readback: {e:?}"))
+    }
+
+    /// The rank's first block takes the step's inputs; a run replays its graph once captured.
+    fn enter(
+        &mut self,
+        stream: &str,
+        at: usize,
+        b: &Block,
+        t: u64,
+        input: StepInput,
+    ) -> Result<Entered> {
+        let embeds = b.work.contains(&Work::Embed);
+        if !self.inputs_sent {
+            let s = self.stream(stream)?;
+            self.send_inputs(t, input, embeds, &s)?;
+            self.inputs_sent = true;
+        } else if embeds {
+            bail!("embed after the rank's first run or island is not supported");
+        }
+        let Some(run) = self.runs[at].as_mut() else {
+            return Ok(Entered::Walk);
+        };
+        let p = (t % run.phases) as usize;
+        if run.latched || !run.warmed[p] {
+            run.warmed[p] = true;
+            return Ok(Entered::Walk);
+        }
+        let rank = self.ranks[self.ri].rank;
+        run.graphs[p]
+            .as_ref()
+            .ok_or_else(|| {
+                anyhow!(
+                    "invariant: rank {rank} run {} phase {p} captured before its step",
+                    b.id
+                )
+            })?
+            .replay()
+            .map_err(|e| anyhow!("rank {rank}: {e}"))?;
+        Ok(Entered::Done)
+    }
+
+    fn work(&mut self, stream: &str, work: Work, t: u64, _: StepInput, _: bool) -> Result<bool> {
+        let s = self.stream(stream)?;
+        self.ranks[self.ri].work(work, t, &s)?;
+        Ok(true)
     }
 }
 

@@ -18,13 +18,14 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{reduction_chunks, Boundary, Carries, Op, Plan, Segment};
+use memra_compiler::plan::{reduction_chunks, Boundary, Carries, Plan, Segment};
 
 use super::collective::{Collective, Exchange};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::ops::{DeviceKv, DeviceWeight, Norm};
 use super::span::Span;
 use crate::geometry::RankGeometry;
+use crate::program::Work;
 use crate::sample::SamplerConfig;
 use crate::weights::{Matrix, RankWeights};
 
@@ -299,7 +300,7 @@ impl RankDevice {
         &mut self,
         all: &[(u64, u64)],
         me: usize,
-        tree: &crate::cpu::reduce::Tree,
+        tree: &crate::reduce::Tree,
     ) -> Result<()> {
         let exchange = self
             .exchange
@@ -355,35 +356,29 @@ impl RankDevice {
         self.incoming.iter().find(|b| b.carries == Carries::Token)
     }
 
-    /// Enqueues the kernels of `ops` for decode step `t` on `stream`.
-    pub fn enqueue(&mut self, ops: &[Op], t: u64, stream: &Arc<CudaStream>) -> Result<()> {
-        for op in ops {
-            self.op(op, t, stream)
-                .map_err(|e| anyhow!("rank {} op `{op}`: {e:#}", self.rank))?;
-        }
-        Ok(())
+    /// Enqueues the kernels of one work item for decode step `t` on `s`.
+    pub fn work(&mut self, work: Work, t: u64, s: &Arc<CudaStream>) -> Result<()> {
+        self.launch(work, t, s)
+            .map_err(|e| anyhow!("rank {} {work}: {e:#}", self.rank))
     }
 
-    fn op(&mut self, op: &Op, t: u64, s: &Arc<CudaStream>) -> Result<()> {
+    fn launch(&mut self, work: Work, t: u64, s: &Arc<CudaStream>) -> Result<()> {
         let b = &self.buf;
         let dev = &self.dev;
-        match op {
-            Op::Embed => {
+        match work {
+            Work::Embed => {
                 let table = self
                     .embed
                     .as_ref()
                     .ok_or_else(|| anyhow!("embed on a rank without token_embd"))?;
                 dev.embed(s, table, &self.token(), &mut Span::of(&b.x))
             }
-            Op::Layers { layers, segments } => {
-                for layer in layers.start..layers.end {
-                    for &seg in segments {
-                        self.segment(layer, seg, s)?;
-                    }
-                }
-                Ok(())
+            Work::Segment { layer, segment } => self.segment(layer, segment, s),
+            Work::AllReduce => {
+                let c = self.collective()?;
+                c.all_reduce(dev, s, &Span::of(&b.partial), &Span::of(&b.x))
             }
-            Op::Head => {
+            Work::Head => {
                 let (norm, rows) = self
                     .head
                     .as_ref()
@@ -408,21 +403,21 @@ impl RankDevice {
                     &[Span::of(&b.logits)],
                 )
             }
-            Op::GatherLogits => {
+            Work::GatherLogits => {
                 let c = self.collective()?;
                 c.gather(dev, s, &Span::of(&b.logits), &self.logits())
             }
-            Op::Sample if self.sampler.is_greedy() => {
+            Work::Sample if self.sampler.is_greedy() => {
                 dev.argmax(s, &self.logits(), &mut self.token())
             }
-            Op::Sample => dev.sample(
+            Work::Sample => dev.sample(
                 s,
                 &self.logits(),
                 &self.sampler,
                 &mut Span::of(&b.step),
                 &mut self.token(),
             ),
-            Op::LoadHidden => {
+            Work::LoadHidden => {
                 let bd = self.incoming_of(Carries::Hidden)?;
                 copy(
                     s,
@@ -430,8 +425,8 @@ impl RankDevice {
                     &Span::of(&b.x).cast(),
                 )
             }
-            Op::StoreHidden | Op::StoreToken => {
-                let (carries, src) = if *op == Op::StoreHidden {
+            Work::StoreHidden | Work::StoreToken => {
+                let (carries, src) = if work == Work::StoreHidden {
                     (Carries::Hidden, Span::of(&b.x).cast())
                 } else {
                     (Carries::Token, self.token().cast())
@@ -541,10 +536,6 @@ impl RankDevice {
             Segment::AttnOut => {
                 let att = Span::of(&b.att).sub(0, lw.q.rows);
                 row(&lw.o, &att, self.geo.row_chunks.map(|c| c.0))
-            }
-            Segment::AllReduce => {
-                let c = self.collective()?;
-                c.all_reduce(dev, s, &Span::of(&b.partial), &x)
             }
             Segment::Ffn => {
                 let g = Span::of(&b.gate).sub(0, lw.gate.rows);
