@@ -1,13 +1,17 @@
 // memra kernels: the tensor-parallel collectives, one-shot and capturable. Every member of a
-// group owns an exchange area in its own device memory: data[2][cap] floats, flags[2][blocks]
-// and seq[blocks] (u64). A collective's block b publishes the member's slice b into
-// data[parity], raises flags[parity][b] to the collective's sequence number, waits until every
-// member's flag for slice b shows that number, then reads the members' slices (peer memory when
-// they live on other devices). The sequence number lives on the device (seq[b] + 1, stored back
-// at the end), so a replayed graph keeps counting. Two buffers by sequence parity: a member can
-// only publish collective s + 2 after every member joined s + 1, which each does only once it
-// finished reading s, so no member overwrites a slice a slower member still reads. A wait that
-// outlasts `timeout_ns` traps (a launch failure the host reports) instead of hanging the GPU.
+// group owns an exchange area in its own device memory with one inbox per member:
+// data[2][members][cap] floats, flags[2][members][blocks] and seq[blocks] (u64). A
+// collective's block b PUSHES the member's slice b into every recipient's inbox for it
+// (remote stores over NVLink when the recipient lives on another device), raises the
+// recipient's flag for (parity, sender, b) to the collective's sequence number, then waits on
+// its OWN flags, in local memory, until every member's slice b has arrived, and reads the
+// slices locally. One one-way trip over the link per collective, no remote read on the
+// critical path. The sequence number lives on the device (seq[b] + 1, stored back at the
+// end), so a replayed graph keeps counting. Two buffers by sequence parity: a member can only
+// push collective s + 2 after every member's flag for s + 1 reached it, and each member raises
+// s + 1 only once it has finished reading s, so nobody overwrites an inbox still being read.
+// A wait that outlasts `timeout_ns` traps (a launch failure the host reports) instead of
+// hanging the GPU.
 #include "common.cuh"
 
 #define COLL_THREADS 256
@@ -31,29 +35,35 @@ __device__ __forceinline__ void store_release(u64* p, u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// Publishes `part[lo..hi)` of this member and waits for every member's slice of this block.
+// Pushes `part[lo..hi)` of this member into the inbox of every member `m` with
+// `to_all || m == 0`, raises every member's flag (so each collective is a barrier for all),
+// and waits until every member's flag for this block shows this collective in local memory.
 // `peers[m]` is member m's data area, `peers[COLL_MAX_MEMBERS + m]` its flags. Returns the
-// sequence number; the parity selects the buffer.
+// sequence number; the parity selects the inbox set.
 __device__ __forceinline__ u64 exchange(const u64* peers, int members, int me, int cap,
                                         int blocks, const float* part, int lo, int hi,
-                                        const u64* seq, u64 timeout_ns) {
+                                        bool to_all, const u64* seq, u64 timeout_ns) {
     __shared__ u64 s_seq;
     const int b = blockIdx.x;
     if (threadIdx.x == 0) s_seq = seq[b] + 1;
     __syncthreads();
     const u64 s = s_seq;
     const int par = (int)(s & 1);
-    float* mine = (float*)peers[me] + (size_t)par * cap;
-    for (int i = lo + threadIdx.x; i < hi; i += COLL_THREADS) mine[i] = part[i];
+    const size_t inbox = ((size_t)par * members + me) * cap;
+    for (int m = 0; m < (to_all ? members : 1); ++m) {
+        float* dst = (float*)peers[m] + inbox;
+        for (int i = lo + threadIdx.x; i < hi; i += COLL_THREADS) dst[i] = part[i];
+    }
     __threadfence_system();
     __syncthreads();
-    if (threadIdx.x == 0) store_release((u64*)peers[COLL_MAX_MEMBERS + me] + par * blocks + b, s);
     if (threadIdx.x < members) {
-        const u64* flag = (const u64*)peers[COLL_MAX_MEMBERS + threadIdx.x] + par * blocks + b;
+        u64* theirs = (u64*)peers[COLL_MAX_MEMBERS + threadIdx.x];
+        store_release(theirs + ((size_t)par * members + me) * blocks + b, s);
+        const u64* mine = (const u64*)peers[COLL_MAX_MEMBERS + me] +
+                          ((size_t)par * members + threadIdx.x) * blocks + b;
         const u64 start = globaltimer();
-        while (load_acquire(flag) != s) {
+        while (load_acquire(mine) != s) {
             if (globaltimer() - start > timeout_ns) __trap();
-            __nanosleep(64);
         }
     }
     __syncthreads();
@@ -69,15 +79,15 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     wait_for_predecessor();
     const int lo = blockIdx.x * COLL_SLICE;
     const int hi = min(n, lo + COLL_SLICE);
-    const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, seq, timeout_ns);
-    const size_t off = (size_t)(s & 1) * cap;
+    const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, true, seq, timeout_ns);
+    const float* inbox = (const float*)peers[me] + (size_t)(s & 1) * members * cap;
     for (int i = lo + threadIdx.x; i < hi; i += COLL_THREADS) {
         float stack[COLL_MAX_MEMBERS];
         int sp = 0;
         for (int k = 0; k < ntree; ++k) {
             const int op = tree[k];
             if (op >= 0) {
-                stack[sp++] = __ldcv((const float*)peers[op] + off + i);
+                stack[sp++] = __ldcv(inbox + (size_t)op * cap + i);
             } else {
                 --sp;
                 stack[sp - 1] = stack[sp - 1] + stack[sp];
@@ -90,18 +100,19 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
 }
 
 // The vocab-parallel logits of every member, concatenated in member order into `full` on
-// member 0; the other members only publish (and wait, so that every collective is a barrier).
+// member 0; the members push their slice to member 0 only (and wait, so that every collective
+// is a barrier).
 extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     gather_f32(const u64* peers, int members, int me, int n, int cap, int blocks,
                const float* part, float* full, u64* seq, u64 timeout_ns) {
     wait_for_predecessor();
     const int lo = blockIdx.x * COLL_SLICE;
     const int hi = min(n, lo + COLL_SLICE);
-    const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, seq, timeout_ns);
+    const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, false, seq, timeout_ns);
     if (me == 0) {
-        const size_t off = (size_t)(s & 1) * cap;
+        const float* inbox = (const float*)peers[me] + (size_t)(s & 1) * members * cap;
         for (int m = 0; m < members; ++m) {
-            const float* src = (const float*)peers[m] + off;
+            const float* src = inbox + (size_t)m * cap;
             for (int i = lo + threadIdx.x; i < hi; i += COLL_THREADS)
                 full[(size_t)m * n + i] = __ldcv(src + i);
         }

@@ -25,6 +25,9 @@ struct Args {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 20261129)]
     seed: u64,
+    /// Only time the all-reduce between two members on these devices (e.g. 0,1 or 0,0).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    collective: Option<Vec<usize>>,
     /// Only compile every kernel file for this architecture (e.g. sm_90) and exit.
     #[arg(long, value_name = "ARCH")]
     compile_only: Option<String>,
@@ -35,6 +38,16 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(devices) = &args.collective {
+        return match selftest::collective::run(devices, args.seed) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let result = match &args.compile_only {
         Some(arch) => compile::compiled(arch).and_then(|ptx| {
             for (file, ptx) in compile::FILES.iter().zip(ptx.iter()) {

@@ -1,5 +1,5 @@
 //! Tensor-parallel collectives on CUDA (kernels/collective.cu): each rank of a group owns an
-//! `Exchange` in its device memory; once every rank of the plan exists, `Collective::connect`
+//! `Exchange` in its device memory, an inbox per member that the members push into; once every rank of the plan exists, `Collective::connect`
 //! gives each member a device table of all members' exchange addresses (peer memory across
 //! devices) and the group's combine tree in postfix. The launches are plain kernels that read
 //! everything per step from device memory, so they sit inside captured graphs.
@@ -21,7 +21,8 @@ pub const MAX_MEMBERS: usize = 8;
 /// so only a peer that never comes (a broken plan or a dead rank) hits it.
 const TIMEOUT_NS: u64 = 30_000_000_000;
 
-/// One rank's exchange area: double-buffered data, per-block flags and sequence words.
+/// One rank's exchange area: an inbox per member, double-buffered (data and per-block flags),
+/// and the sequence words.
 pub struct Exchange {
     data: DeviceBuffer<f32>,
     flags: DeviceBuffer<u64>,
@@ -31,13 +32,19 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// An exchange for vectors of up to `cap` values, zeroed (sequence 0, no flag raised).
-    pub fn new(dev: &CudaDevice, stream: &Arc<CudaStream>, cap: usize) -> Result<Exchange> {
+    /// An exchange for vectors of up to `cap` values from each of `members` members, zeroed
+    /// (sequence 0, no flag raised).
+    pub fn new(
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        cap: usize,
+        members: usize,
+    ) -> Result<Exchange> {
         let cap = cap.div_ceil(SLICE) * SLICE;
         let blocks = cap / SLICE;
         Ok(Exchange {
-            data: dev.alloc(stream, 2 * cap)?,
-            flags: dev.alloc(stream, 2 * blocks)?,
+            data: dev.alloc(stream, 2 * members * cap)?,
+            flags: dev.alloc(stream, 2 * members * blocks)?,
             seq: dev.alloc(stream, blocks)?,
             cap,
             blocks,

@@ -267,7 +267,7 @@ impl RankDevice {
             }
         }
         let exchange = match r.group {
-            Some(_) => Some(Exchange::new(&dev, &s, d.max(logits_len))?),
+            Some(_) => Some(Exchange::new(&dev, &s, d.max(logits_len), group_len)?),
             None => None,
         };
         Ok(RankDevice {
