@@ -1,21 +1,24 @@
 // memra kernels: the tensor-parallel collectives, one-shot and capturable. Every member of a
-// group owns an exchange area in its own device memory with one inbox per member:
-// data[2][members][cap] floats, flags[2][members][blocks] and seq[blocks] (u64). A
-// collective's block b PUSHES the member's slice b into every recipient's inbox for it
-// (remote stores over NVLink when the recipient lives on another device), raises the
-// recipient's flag for (parity, sender, b) to the collective's sequence number, then waits on
-// its OWN flags, in local memory, until every member's slice b has arrived, and reads the
-// slices locally. One one-way trip over the link per collective, no remote read on the
-// critical path. The sequence number lives on the device (seq[b] + 1, stored back at the
-// end), so a replayed graph keeps counting. Two buffers by sequence parity: a member can only
-// push collective s + 2 after every member's flag for s + 1 reached it, and each member raises
-// s + 1 only once it has finished reading s, so nobody overwrites an inbox still being read.
+// group owns an inbox area in its own device memory: one inbox per sending member, two sets by
+// the parity of the collective's sequence number, u64 words data[2][members][cap], and the
+// sequence words seq[blocks]. A collective PUSHES each value of the member's vector into every
+// member's inbox for it (remote stores over NVLink when the recipient lives on another
+// device) as one 8-byte word: the value's bits in the low half, the collective's sequence
+// number in the high half. A recipient polls each word of its OWN inboxes, in local memory,
+// until the high half shows this collective: the data carries its own flag, so there is no
+// fence and no flag store, one one-way trip over the link, no remote read. An aligned 8-byte
+// store is seen whole or not at all, so a word that shows the sequence number holds its value.
+// The sequence number lives on the device (seq[b] + 1, stored back at the end), so a replayed
+// graph keeps counting. Two inbox sets by parity: a member pushes collective s + 2 only after
+// its collective s + 1 saw every member's s + 1 words, and each member pushes s + 1 only after
+// its collective s finished reading (stream order; every kernel waits for its predecessor
+// before it ends, so completion is ordered), so nobody overwrites an inbox still being read.
 // A wait that outlasts `timeout_ns` traps (a launch failure the host reports) instead of
 // hanging the GPU.
 #include "common.cuh"
 
 #define COLL_THREADS 256
-#define COLL_SLICE 1024      // values per block; must match COLLECTIVE_SLICE in collective.rs
+#define COLL_SLICE 256       // values per block; must match SLICE in collective.rs
 #define COLL_MAX_MEMBERS 8   // must match MAX_MEMBERS in collective.rs
 #define COLL_MAX_TREE 16
 
@@ -25,49 +28,53 @@ __device__ __forceinline__ u64 globaltimer() {
     return t;
 }
 
-__device__ __forceinline__ u64 load_acquire(const u64* p) {
+__device__ __forceinline__ u64 load_relaxed(const u64* p) {
     u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
-__device__ __forceinline__ void store_release(u64* p, u64 v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+__device__ __forceinline__ void store_relaxed(u64* p, u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// Pushes `part[lo..hi)` of this member into the inbox of every member `m` with
-// `to_all || m == 0`, raises every member's flag (so each collective is a barrier for all),
-// and waits until every member's flag for this block shows this collective in local memory.
-// `peers[m]` is member m's data area, `peers[COLL_MAX_MEMBERS + m]` its flags. Returns the
-// sequence number; the parity selects the inbox set.
-__device__ __forceinline__ u64 exchange(const u64* peers, int members, int me, int cap,
-                                        int blocks, const float* part, int lo, int hi,
-                                        bool to_all, const u64* seq, u64 timeout_ns) {
-    __shared__ u64 s_seq;
-    const int b = blockIdx.x;
-    if (threadIdx.x == 0) s_seq = seq[b] + 1;
-    __syncthreads();
-    const u64 s = s_seq;
-    const int par = (int)(s & 1);
-    const size_t inbox = ((size_t)par * members + me) * cap;
-    for (int m = 0; m < (to_all ? members : 1); ++m) {
-        float* dst = (float*)peers[m] + inbox;
-        for (int i = lo + threadIdx.x; i < hi; i += COLL_THREADS) dst[i] = part[i];
+// The collective's sequence number for this block, and the start of its kernel: with `early`
+// (every member on its own device), the next kernel on the stream may launch now and wait
+// for this one; members sharing a device only wait, since a dependent launched early could
+// hold the SMs that a co-resident member's grids need.
+__device__ __forceinline__ u64 begin(const u64* seq, int early) {
+#if __CUDA_ARCH__ >= 900
+    if (early) asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+    wait_for_predecessor();
+    return seq[blockIdx.x] + 1;
+}
+
+// Pushes value i of `part` (i = this thread's value of this block) into every member's inbox
+// for this member, tagged with `s`.
+__device__ __forceinline__ void push(const u64* peers, int members, int me, int cap,
+                                     const float* part, int i, u64 s) {
+    const u64 word = (s << 32) | (u64)__float_as_uint(part[i]);
+    const size_t at = ((size_t)(s & 1) * members + me) * cap + i;
+    for (int m = 0; m < members; ++m) store_relaxed((u64*)peers[m] + at, word);
+}
+
+// Member m's value i of collective `s`, from this member's inbox, once it has arrived.
+__device__ __forceinline__ float arrived(const u64* inbox, int members, int m, int cap, int i,
+                                         u64 s, u64 start, u64 timeout_ns) {
+    const u64* p = inbox + ((size_t)(s & 1) * members + m) * cap + i;
+    const u32 tag = (u32)s;
+    u64 w = load_relaxed(p);
+    while ((u32)(w >> 32) != tag) {
+        if (globaltimer() - start > timeout_ns) __trap();
+        w = load_relaxed(p);
     }
-    __threadfence_system();
+    return __uint_as_float((u32)w);
+}
+
+__device__ __forceinline__ void end(u64* seq, u64 s) {
     __syncthreads();
-    if (threadIdx.x < members) {
-        u64* theirs = (u64*)peers[COLL_MAX_MEMBERS + threadIdx.x];
-        store_release(theirs + ((size_t)par * members + me) * blocks + b, s);
-        const u64* mine = (const u64*)peers[COLL_MAX_MEMBERS + me] +
-                          ((size_t)par * members + threadIdx.x) * blocks + b;
-        const u64 start = globaltimer();
-        while (load_acquire(mine) != s) {
-            if (globaltimer() - start > timeout_ns) __trap();
-        }
-    }
-    __syncthreads();
-    return s;
+    if (threadIdx.x == 0) seq[blockIdx.x] = s;
 }
 
 // x += the members' partials combined in the group's tree. `tree` is the tree in postfix: a
@@ -75,19 +82,19 @@ __device__ __forceinline__ u64 exchange(const u64* peers, int members, int me, i
 // is {0, 1, -1} and `((r0 r1) (r2 r3))` is {0, 1, -1, 2, 3, -1, -1}.
 extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     all_reduce_f32(const u64* peers, const int* tree, int ntree, int members, int me, int n,
-                   int cap, int blocks, const float* part, float* x, u64* seq, u64 timeout_ns) {
-    wait_for_predecessor();
-    const int lo = blockIdx.x * COLL_SLICE;
-    const int hi = min(n, lo + COLL_SLICE);
-    const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, true, seq, timeout_ns);
-    const float* inbox = (const float*)peers[me] + (size_t)(s & 1) * members * cap;
-    for (int i = lo + threadIdx.x; i < hi; i += COLL_THREADS) {
+                   int cap, const float* part, float* x, u64* seq, int early, u64 timeout_ns) {
+    const u64 s = begin(seq, early);
+    const int i = blockIdx.x * COLL_SLICE + threadIdx.x;
+    if (i < n) push(peers, members, me, cap, part, i, s);
+    if (i < n) {
+        const u64* inbox = (const u64*)peers[me];
+        const u64 start = globaltimer();
         float stack[COLL_MAX_MEMBERS];
         int sp = 0;
         for (int k = 0; k < ntree; ++k) {
             const int op = tree[k];
             if (op >= 0) {
-                stack[sp++] = __ldcv(inbox + (size_t)op * cap + i);
+                stack[sp++] = arrived(inbox, members, op, cap, i, s, start, timeout_ns);
             } else {
                 --sp;
                 stack[sp - 1] = stack[sp - 1] + stack[sp];
@@ -95,28 +102,25 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
         }
         x[i] = x[i] + stack[0];
     }
-    __syncthreads();
-    if (threadIdx.x == 0) seq[blockIdx.x] = s;
+    end(seq, s);
 }
 
 // The vocab-parallel logits of every member, concatenated in member order into `full` on
-// member 0; the members push their slice to member 0 only (and wait, so that every collective
-// is a barrier).
+// member 0. Every member pushes to every member and waits for all, so that each collective is
+// a barrier and the parity rule above holds for the gather too.
 extern "C" __global__ void __launch_bounds__(COLL_THREADS)
-    gather_f32(const u64* peers, int members, int me, int n, int cap, int blocks,
-               const float* part, float* full, u64* seq, u64 timeout_ns) {
-    wait_for_predecessor();
-    const int lo = blockIdx.x * COLL_SLICE;
-    const int hi = min(n, lo + COLL_SLICE);
-    const u64 s = exchange(peers, members, me, cap, blocks, part, lo, hi, false, seq, timeout_ns);
-    if (me == 0) {
-        const float* inbox = (const float*)peers[me] + (size_t)(s & 1) * members * cap;
+    gather_f32(const u64* peers, int members, int me, int n, int cap, const float* part,
+               float* full, u64* seq, int early, u64 timeout_ns) {
+    const u64 s = begin(seq, early);
+    const int i = blockIdx.x * COLL_SLICE + threadIdx.x;
+    if (i < n) {
+        push(peers, members, me, cap, part, i, s);
+        const u64* inbox = (const u64*)peers[me];
+        const u64 start = globaltimer();
         for (int m = 0; m < members; ++m) {
-            const float* src = inbox + (size_t)m * cap;
-            for (int i = lo + threadIdx.x; i < hi; i += COLL_THREADS)
-                full[(size_t)m * n + i] = __ldcv(src + i);
+            const float v = arrived(inbox, members, m, cap, i, s, start, timeout_ns);
+            if (me == 0) full[(size_t)m * n + i] = v;
         }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) seq[blockIdx.x] = s;
+    end(seq, s);
 }

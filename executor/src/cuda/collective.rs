@@ -1,8 +1,9 @@
 //! Tensor-parallel collectives on CUDA (kernels/collective.cu): each rank of a group owns an
-//! `Exchange` in its device memory, an inbox per member that the members push into; once every rank of the plan exists, `Collective::connect`
-//! gives each member a device table of all members' exchange addresses (peer memory across
-//! devices) and the group's combine tree in postfix. The launches are plain kernels that read
-//! everything per step from device memory, so they sit inside captured graphs.
+//! `Exchange` in its device memory, an inbox per member that the members push tagged words
+//! into; once every rank of the plan exists, `Collective::connect` gives each member a device
+//! table of all members' exchange addresses (peer memory across devices) and the group's
+//! combine tree in postfix. The launches are plain kernels that read everything per step from
+//! device memory, so they sit inside captured graphs.
 
 use std::sync::Arc;
 
@@ -14,26 +15,24 @@ use super::span::Span;
 use crate::reduce::Tree;
 
 /// Values per block of a collective (COLL_SLICE in kernels/collective.cu).
-const SLICE: usize = 1024;
+const SLICE: usize = 256;
 /// Members per group the kernels address (COLL_MAX_MEMBERS in kernels/collective.cu).
 pub const MAX_MEMBERS: usize = 8;
 /// How long a member waits for its peers before the kernel traps: far beyond any decode step,
 /// so only a peer that never comes (a broken plan or a dead rank) hits it.
 const TIMEOUT_NS: u64 = 30_000_000_000;
 
-/// One rank's exchange area: an inbox per member, double-buffered (data and per-block flags),
-/// and the sequence words.
+/// One rank's exchange area: an inbox per member, two sets by parity, of 8-byte words (a
+/// value and the sequence number of the collective that wrote it), and the sequence words.
 pub struct Exchange {
-    data: DeviceBuffer<f32>,
-    flags: DeviceBuffer<u64>,
+    data: DeviceBuffer<u64>,
     seq: DeviceBuffer<u64>,
     cap: usize,
-    blocks: usize,
 }
 
 impl Exchange {
     /// An exchange for vectors of up to `cap` values from each of `members` members, zeroed
-    /// (sequence 0, no flag raised).
+    /// (sequence 0; no word carries a sequence number of a collective yet).
     pub fn new(
         dev: &CudaDevice,
         stream: &Arc<CudaStream>,
@@ -41,14 +40,16 @@ impl Exchange {
         members: usize,
     ) -> Result<Exchange> {
         let cap = cap.div_ceil(SLICE) * SLICE;
-        let blocks = cap / SLICE;
         Ok(Exchange {
             data: dev.alloc(stream, 2 * members * cap)?,
-            flags: dev.alloc(stream, 2 * members * blocks)?,
-            seq: dev.alloc(stream, blocks)?,
+            seq: dev.alloc(stream, cap / SLICE)?,
             cap,
-            blocks,
         })
+    }
+
+    /// The inboxes' address, for the peers' tables.
+    pub fn address(&self) -> u64 {
+        Span::of(&self.data).addr()
     }
 }
 
@@ -60,6 +61,8 @@ pub struct Collective {
     tree_len: usize,
     members: usize,
     me: usize,
+    /// Every member on its own device: the next kernel may launch while this one waits.
+    early: i32,
 }
 
 /// The tree in postfix: a member index pushes, -1 adds the top two (left + right).
@@ -75,15 +78,17 @@ fn postfix(tree: &Tree, out: &mut Vec<i32>) {
 }
 
 impl Collective {
-    /// Connects member `me` of a group whose members' exchanges are `all` (in member order),
-    /// combining in `tree`; the tables live on `dev`.
+    /// Connects member `me` of a group whose members' exchanges are at `all` (in member
+    /// order), combining in `tree`; the tables live on `dev`. `own_devices` says that no two
+    /// members share a device.
     pub fn connect(
         dev: &CudaDevice,
         stream: &Arc<CudaStream>,
         exchange: Exchange,
-        all: &[(u64, u64)],
+        all: &[u64],
         me: usize,
         tree: &Tree,
+        own_devices: bool,
     ) -> Result<Collective> {
         if all.len() > MAX_MEMBERS {
             bail!(
@@ -91,11 +96,8 @@ impl Collective {
                 all.len()
             );
         }
-        let mut table = vec![0u64; 2 * MAX_MEMBERS];
-        for (m, &(data, flags)) in all.iter().enumerate() {
-            table[m] = data;
-            table[MAX_MEMBERS + m] = flags;
-        }
+        let mut table = vec![0u64; MAX_MEMBERS];
+        table[..all.len()].copy_from_slice(all);
         let mut ops = Vec::new();
         postfix(tree, &mut ops);
         Ok(Collective {
@@ -105,15 +107,8 @@ impl Collective {
             members: all.len(),
             me,
             exchange,
+            early: i32::from(own_devices),
         })
-    }
-
-    /// The (data, flags) addresses of an exchange, for the peers' tables.
-    pub fn addresses(exchange: &Exchange) -> (u64, u64) {
-        (
-            Span::of(&exchange.data).addr(),
-            Span::of(&exchange.flags).addr(),
-        )
     }
 
     fn check(&self, n: usize, what: &str) {
@@ -127,7 +122,7 @@ impl Collective {
     fn config(n: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (n.div_ceil(SLICE).max(1) as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (SLICE as u32, 1, 1),
             shared_mem_bytes: 0,
         }
     }
@@ -148,13 +143,12 @@ impl Collective {
             Span::of(&self.tree).addr(),
             Span::of(&self.exchange.seq).addr(),
         );
-        let (ntree, members, me, n_i, cap, blocks) = (
+        let (ntree, members, me, n_i, cap) = (
             self.tree_len as i32,
             self.members as i32,
             self.me as i32,
             n as i32,
             self.exchange.cap as i32,
-            self.exchange.blocks as i32,
         );
         let (pp, xp) = (part.addr(), x.addr());
         // SAFETY: the arguments match all_reduce_f32's signature in order and type; the tables
@@ -168,10 +162,10 @@ impl Collective {
                     .arg(&me)
                     .arg(&n_i)
                     .arg(&cap)
-                    .arg(&blocks)
                     .arg(&pp)
                     .arg(&xp)
                     .arg(&seq)
+                    .arg(&self.early)
                     .arg(&TIMEOUT_NS);
             })
         }
@@ -195,12 +189,11 @@ impl Collective {
             Span::of(&self.peers).addr(),
             Span::of(&self.exchange.seq).addr(),
         );
-        let (members, me, n_i, cap, blocks) = (
+        let (members, me, n_i, cap) = (
             self.members as i32,
             self.me as i32,
             n as i32,
             self.exchange.cap as i32,
-            self.exchange.blocks as i32,
         );
         let (pp, fp) = (part.addr(), full.addr());
         // SAFETY: as in all_reduce; `full` is only written on member 0, where it holds
@@ -212,10 +205,10 @@ impl Collective {
                     .arg(&me)
                     .arg(&n_i)
                     .arg(&cap)
-                    .arg(&blocks)
                     .arg(&pp)
                     .arg(&fp)
                     .arg(&seq)
+                    .arg(&self.early)
                     .arg(&TIMEOUT_NS);
             })
         }

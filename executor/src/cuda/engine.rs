@@ -638,12 +638,14 @@ fn connect_groups(plan: &Plan, ranks: &mut [RankDevice]) -> Result<()> {
             .collect::<Result<Vec<usize>>>()?;
         let mut all = Vec::new();
         for (&i, &m) in members.iter().zip(&g.ranks) {
-            all.push(ranks[i].exchange_addresses().ok_or_else(|| {
+            all.push(ranks[i].exchange_address().ok_or_else(|| {
                 anyhow!("rank {m} is listed by group {} but names no group", g.group)
             })?);
         }
+        let devices: BTreeSet<usize> = members.iter().map(|&i| ranks[i].dev.ordinal()).collect();
+        let own_devices = devices.len() == members.len();
         for (me, &i) in members.iter().enumerate() {
-            ranks[i].connect(&all, me, &tree)?;
+            ranks[i].connect(&all, me, &tree, own_devices)?;
         }
     }
     Ok(())

@@ -290,24 +290,34 @@ impl RankDevice {
         })
     }
 
-    /// The (data, flags) addresses of this rank's exchange, if it is in a group.
-    pub fn exchange_addresses(&self) -> Option<(u64, u64)> {
-        self.exchange.as_ref().map(Collective::addresses)
+    /// The address of this rank's exchange, if it is in a group.
+    pub fn exchange_address(&self) -> Option<u64> {
+        self.exchange.as_ref().map(Exchange::address)
     }
 
-    /// Joins the group: `all` are the members' exchange addresses in member order.
+    /// Joins the group: `all` are the members' exchange addresses in member order;
+    /// `own_devices` says that no two members share a device.
     pub fn connect(
         &mut self,
-        all: &[(u64, u64)],
+        all: &[u64],
         me: usize,
         tree: &crate::reduce::Tree,
+        own_devices: bool,
     ) -> Result<()> {
         let exchange = self
             .exchange
             .take()
             .ok_or_else(|| anyhow!("rank {} is in no tensor-parallel group", self.rank))?;
         let s = self.alloc_stream();
-        self.collective = Some(Collective::connect(&self.dev, &s, exchange, all, me, tree)?);
+        self.collective = Some(Collective::connect(
+            &self.dev,
+            &s,
+            exchange,
+            all,
+            me,
+            tree,
+            own_devices,
+        )?);
         Ok(())
     }
 

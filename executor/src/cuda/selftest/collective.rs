@@ -61,14 +61,15 @@ pub fn run(devices: &[usize], seed: u64) -> Result<bool> {
         exchanges.push(Exchange::new(dev, &s, max, 2)?);
         streams.push(s);
     }
-    let all: Vec<(u64, u64)> = exchanges.iter().map(Collective::addresses).collect();
+    let all: Vec<u64> = exchanges.iter().map(Exchange::address).collect();
+    let own_devices = devices[0] != devices[1];
     let mut rng = Rng::new(seed);
     let mut members = Vec::new();
     for (me, (exchange, s)) in exchanges.into_iter().zip(streams).enumerate() {
         let dev = devs[me].clone();
         let part: Vec<f32> = (0..max).map(|_| rng.uniform() * 2.0 - 1.0).collect();
         members.push(Member {
-            coll: Collective::connect(&dev, &s, exchange, &all, me, &tree)?,
+            coll: Collective::connect(&dev, &s, exchange, &all, me, &tree, own_devices)?,
             part: dev.upload(&s, &part)?,
             x: dev.alloc(&s, max)?,
             dev,
