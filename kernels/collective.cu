@@ -124,3 +124,27 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     }
     end(seq, s);
 }
+
+#define COMBINE_THREADS 256  // must match COMBINE_THREADS in nccl.rs
+
+// x += the members' partials, gathered member after member into `gathered` ([members][n], by
+// NCCL), combined in the group's tree (postfix, as for all_reduce_f32): the same operations on
+// the same values as all_reduce_f32, so the same bits.
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+    combine_f32(const float* gathered, const int* tree, int ntree, int n, float* x) {
+    overlap_with_neighbours();
+    const int i = blockIdx.x * COMBINE_THREADS + threadIdx.x;
+    if (i >= n) return;
+    float stack[COLL_MAX_MEMBERS];
+    int sp = 0;
+    for (int k = 0; k < ntree; ++k) {
+        const int op = tree[k];
+        if (op >= 0) {
+            stack[sp++] = gathered[(size_t)op * n + i];
+        } else {
+            --sp;
+            stack[sp - 1] = stack[sp - 1] + stack[sp];
+        }
+    }
+    x[i] = x[i] + stack[0];
+}

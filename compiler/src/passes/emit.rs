@@ -49,6 +49,7 @@ pub fn emit(
                     && chunks.ffn_down.is_multiple_of(degree),
                 tree: tree(&ranks),
                 ranks,
+                collective: placement.collective,
             });
         }
     }

@@ -77,7 +77,8 @@ struct RawEager {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTransport {
-    boundary: Spanned<String>,
+    boundary: Option<Spanned<String>>,
+    collective: Option<Spanned<String>>,
 }
 
 /// How boundaries move bytes.
@@ -88,6 +89,8 @@ pub enum TransportChoice {
     DeviceCopy,
     PeerCopy,
 }
+
+pub use crate::plan::Collective;
 
 /// One pipeline stage: its layers and its devices (several = a tensor-parallel group).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +122,7 @@ pub struct Placement {
     pub capture: CaptureMode,
     pub forced_eager: Vec<ForcedEager>,
     pub transport: TransportChoice,
+    pub collective: Collective,
 }
 
 impl Placement {
@@ -134,6 +138,10 @@ impl Placement {
             self.capture,
             self.transport
         );
+        // only a non-default collective enters the text, so older placements keep their hash
+        if self.collective != Collective::Oneshot {
+            s += &format!("collective={}\n", self.collective.name());
+        }
         for (id, bytes) in &self.devices {
             s += &format!("device {id} {bytes}\n");
         }

@@ -2,7 +2,7 @@
 //! recorded with its span, the field and what is allowed.
 
 use super::{
-    ForcedEager, Placement, RawCapture, RawPipeline, RawPlacement, RawTransport, Stage,
+    Collective, ForcedEager, Placement, RawCapture, RawPipeline, RawPlacement, RawTransport, Stage,
     TransportChoice,
 };
 use crate::diag::Collector;
@@ -79,6 +79,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
     let stages = validate_stages(raw.pipeline.get_ref(), model, &devices, c);
     let (capture, forced_eager) = validate_capture(raw.capture.as_ref(), model, c);
     let transport = validate_transport(raw.transport.as_ref(), &stages, c);
+    let collective = validate_collective(raw.transport.as_ref(), &stages, c);
     Placement {
         model_source,
         devices,
@@ -91,6 +92,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
         capture,
         forced_eager,
         transport,
+        collective,
     }
 }
 
@@ -429,16 +431,16 @@ fn validate_transport(
     stages: &[Stage],
     c: &mut Collector,
 ) -> TransportChoice {
-    let Some(raw) = raw else {
+    let Some(boundary) = raw.and_then(|r| r.boundary.as_ref()) else {
         return TransportChoice::Auto;
     };
-    let choice = match raw.boundary.get_ref().as_str() {
+    let choice = match boundary.get_ref().as_str() {
         "auto" => TransportChoice::Auto,
         "device_copy" => TransportChoice::DeviceCopy,
         "peer_copy" => TransportChoice::PeerCopy,
         other => {
             c.error(
-                raw.boundary.span(),
+                boundary.span(),
                 "transport.boundary",
                 format!("unknown transport `{other}`; allowed: auto, device_copy, peer_copy"),
             );
@@ -454,17 +456,55 @@ fn validate_transport(
             .all(|d| Some(d) == pair[0].devices.first());
         if choice == TransportChoice::DeviceCopy && !all_same {
             c.error(
-                raw.boundary.span(),
+                boundary.span(),
                 "transport.boundary",
                 format!("device_copy needs stages {i} and {} on one device; they use {:?} and {:?}; use auto or peer_copy", i + 1, pair[0].devices, pair[1].devices),
             );
         }
         if choice == TransportChoice::PeerCopy && same && all_same {
             c.error(
-                raw.boundary.span(),
+                boundary.span(),
                 "transport.boundary",
                 format!("peer_copy needs two devices, but stages {i} and {} share device {}; use auto or device_copy", i + 1, pair[0].devices[0]),
             );
+        }
+    }
+    choice
+}
+
+/// `transport.collective`: the tensor-parallel groups' transport. NCCL puts one communicator
+/// rank on each device of a group, so a group whose stage lists a device twice cannot use it.
+fn validate_collective(
+    raw: Option<&RawTransport>,
+    stages: &[Stage],
+    c: &mut Collector,
+) -> Collective {
+    let Some(field) = raw.and_then(|r| r.collective.as_ref()) else {
+        return Collective::Oneshot;
+    };
+    let choice = match field.get_ref().as_str() {
+        "oneshot" => Collective::Oneshot,
+        "nccl" => Collective::Nccl,
+        other => {
+            c.error(
+                field.span(),
+                "transport.collective",
+                format!("unknown collective `{other}`; allowed: oneshot, nccl"),
+            );
+            return Collective::Oneshot;
+        }
+    };
+    if choice == Collective::Nccl {
+        for (i, st) in stages.iter().enumerate() {
+            let mut seen = st.devices.clone();
+            seen.sort_unstable();
+            if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+                c.error(
+                    field.span(),
+                    "transport.collective",
+                    format!("nccl needs every rank of a tensor-parallel group on its own device, but stage {i} puts two ranks on device {}; use oneshot or one device per rank", w[0]),
+                );
+            }
         }
     }
     choice

@@ -139,6 +139,35 @@ pub struct TpGroup {
     pub exact: bool,
     /// The all-reduce's combine order, e.g. `(r0 r1)` or `((r0 r1) (r2 r3))`.
     pub tree: String,
+    /// How partials travel between the members; written only when not `oneshot`.
+    #[serde(default, skip_serializing_if = "Collective::is_oneshot")]
+    pub collective: Collective,
+}
+
+/// The transport of a tensor-parallel group's collectives. Either way the partials are
+/// combined in the group's tree on every member, so the bits do not depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    /// The capturable one-shot kernels: members push into each other's memory (peer memory
+    /// across devices).
+    #[default]
+    Oneshot,
+    /// NCCL all-gathers the partials (one communicator rank per device).
+    Nccl,
+}
+
+impl Collective {
+    /// The name in placement and plan text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::Oneshot => "oneshot",
+            Collective::Nccl => "nccl",
+        }
+    }
+    fn is_oneshot(&self) -> bool {
+        *self == Collective::Oneshot
+    }
 }
 
 /// What a boundary carries.

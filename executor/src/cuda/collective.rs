@@ -1,9 +1,11 @@
-//! Tensor-parallel collectives on CUDA (kernels/collective.cu): each rank of a group owns an
-//! `Exchange` in its device memory, an inbox per member that the members push tagged words
-//! into; once every rank of the plan exists, `Collective::connect` gives each member a device
-//! table of all members' exchange addresses (peer memory across devices) and the group's
-//! combine tree in postfix. The launches are plain kernels that read everything per step from
-//! device memory, so they sit inside captured graphs.
+//! Tensor-parallel collectives on CUDA (kernels/collective.cu), over one of two transports the
+//! plan's group names. `Oneshot`: each rank of a group owns an `Exchange` in its device memory,
+//! an inbox per member that the members push tagged words into; once every rank of the plan
+//! exists, `Oneshot::connect` gives each member a device table of all members' exchange
+//! addresses (peer memory across devices). `Nccl` (`super::nccl`): NCCL all-gathers the
+//! partials. Both combine in the group's tree (uploaded in postfix) on every member, so the
+//! bits are the transport's choice never. The launches read everything per step from device
+//! memory (NCCL's are capturable too), so they sit inside captured graphs.
 
 use std::sync::Arc;
 
@@ -53,8 +55,47 @@ impl Exchange {
     }
 }
 
-/// A member's view of its group: its exchange, the peers' addresses and the combine tree.
-pub struct Collective {
+/// A member's collectives, over the transport its group names.
+pub enum Collective {
+    /// The one-shot push kernels.
+    Oneshot(Oneshot),
+    /// NCCL all-gathers and a local combine.
+    Nccl(super::nccl::NcclMember),
+}
+
+impl Collective {
+    /// `x += ` the group's sum of every member's `part`, in the tree order.
+    pub fn all_reduce(
+        &self,
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        part: &Span<f32>,
+        x: &Span<f32>,
+    ) -> Result<()> {
+        match self {
+            Collective::Oneshot(c) => c.all_reduce(dev, stream, part, x),
+            Collective::Nccl(c) => c.all_reduce(dev, stream, part, x),
+        }
+    }
+
+    /// Concatenates every member's `part` (in member order) into `full` on member 0.
+    pub fn gather(
+        &self,
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        part: &Span<f32>,
+        full: &Span<f32>,
+    ) -> Result<()> {
+        match self {
+            Collective::Oneshot(c) => c.gather(dev, stream, part, full),
+            Collective::Nccl(c) => c.gather(stream, part, full),
+        }
+    }
+}
+
+/// A member's view of its one-shot group: its exchange, the peers' addresses and the combine
+/// tree.
+pub struct Oneshot {
     exchange: Exchange,
     peers: DeviceBuffer<u64>,
     tree: DeviceBuffer<i32>,
@@ -66,7 +107,7 @@ pub struct Collective {
 }
 
 /// The tree in postfix: a member index pushes, -1 adds the top two (left + right).
-fn postfix(tree: &Tree, out: &mut Vec<i32>) {
+pub(super) fn postfix(tree: &Tree, out: &mut Vec<i32>) {
     match tree {
         Tree::Leaf(i) => out.push(*i as i32),
         Tree::Node(a, b) => {
@@ -77,7 +118,7 @@ fn postfix(tree: &Tree, out: &mut Vec<i32>) {
     }
 }
 
-impl Collective {
+impl Oneshot {
     /// Connects member `me` of a group whose members' exchanges are at `all` (in member
     /// order), combining in `tree`; the tables live on `dev`. `own_devices` says that no two
     /// members share a device.
@@ -89,7 +130,7 @@ impl Collective {
         me: usize,
         tree: &Tree,
         own_devices: bool,
-    ) -> Result<Collective> {
+    ) -> Result<Oneshot> {
         if all.len() > MAX_MEMBERS {
             bail!(
                 "a tensor-parallel group of {} ranks is above the {MAX_MEMBERS} the cuda collectives support",
@@ -100,7 +141,7 @@ impl Collective {
         table[..all.len()].copy_from_slice(all);
         let mut ops = Vec::new();
         postfix(tree, &mut ops);
-        Ok(Collective {
+        Ok(Oneshot {
             peers: dev.upload(stream, &table)?,
             tree: dev.upload(stream, &ops)?,
             tree_len: ops.len(),

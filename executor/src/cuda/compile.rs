@@ -65,7 +65,10 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!("sample.cu", ["argmax_f32", "sample_f32"]),
     kernel_file!("reduce.cu", ["tree_sum_f32"]),
-    kernel_file!("collective.cu", ["all_reduce_f32", "gather_f32"]),
+    kernel_file!(
+        "collective.cu",
+        ["all_reduce_f32", "gather_f32", "combine_f32"]
+    ),
 ];
 
 /// Fails with a clear message when the NVRTC library cannot be loaded.

@@ -22,10 +22,11 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
-use memra_compiler::plan::{event_slot, Boundary, Op, Plan, Step};
+use memra_compiler::plan::{event_slot, Boundary, Collective, Op, Plan, Step};
 
 use super::device::CudaDevice;
 use super::graph::{capture, Graph};
+use super::nccl;
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::rank::{copy, RankDevice};
 use super::span::Span;
@@ -622,7 +623,8 @@ fn open_devices(plan: &Plan) -> Result<BTreeMap<u32, CudaDevice>> {
     Ok(devices)
 }
 
-/// Gives every member of every group the exchange addresses of all members.
+/// Connects every group over its transport: the one-shot exchange addresses of all members to
+/// each member, or one NCCL communicator for the group.
 fn connect_groups(plan: &Plan, ranks: &mut [RankDevice]) -> Result<()> {
     for g in &plan.groups {
         let tree = Tree::parse(&g.tree, &g.ranks)
@@ -636,14 +638,36 @@ fn connect_groups(plan: &Plan, ranks: &mut [RankDevice]) -> Result<()> {
                 })
             })
             .collect::<Result<Vec<usize>>>()?;
+        let devices: BTreeSet<usize> = members.iter().map(|&i| ranks[i].dev.ordinal()).collect();
+        let own_devices = devices.len() == members.len();
+        if g.collective == Collective::Nccl {
+            if !own_devices {
+                bail!(
+                    "group {}: collective = \"nccl\" needs one device per rank",
+                    g.group
+                );
+            }
+            let devs: Vec<CudaDevice> = members.iter().map(|&i| ranks[i].dev.clone()).collect();
+            let streams: Vec<Arc<CudaStream>> =
+                members.iter().map(|&i| ranks[i].work_stream()).collect();
+            let cap = members
+                .iter()
+                .map(|&i| ranks[i].collective_len())
+                .max()
+                .unwrap_or(1);
+            let joined = nccl::connect(&devs, &streams, &tree, cap)
+                .map_err(|e| anyhow!("group {}: {e:#}", g.group))?;
+            for (member, &i) in joined.into_iter().zip(&members) {
+                ranks[i].join_nccl(member);
+            }
+            continue;
+        }
         let mut all = Vec::new();
         for (&i, &m) in members.iter().zip(&g.ranks) {
             all.push(ranks[i].exchange_address().ok_or_else(|| {
                 anyhow!("rank {m} is listed by group {} but names no group", g.group)
             })?);
         }
-        let devices: BTreeSet<usize> = members.iter().map(|&i| ranks[i].dev.ordinal()).collect();
-        let own_devices = devices.len() == members.len();
         for (me, &i) in members.iter().enumerate() {
             ranks[i].connect(&all, me, &tree, own_devices)?;
         }

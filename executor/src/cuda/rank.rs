@@ -18,9 +18,11 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{reduction_chunks, Boundary, Carries, Plan, Segment};
+use memra_compiler::plan::{
+    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Plan, Segment,
+};
 
-use super::collective::{Collective, Exchange};
+use super::collective::{Collective, Exchange, Oneshot};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::ops::{DeviceKv, DeviceWeight, Norm};
 use super::span::Span;
@@ -229,10 +231,10 @@ impl RankDevice {
             Some((_, HeadRows::Embedding)) => m.vocab as usize,
             None => 1,
         };
-        let group_len = r
+        let group = r
             .group
-            .and_then(|g| plan.groups.iter().find(|x| x.group == g))
-            .map_or(1, |g| g.ranks.len());
+            .and_then(|g| plan.groups.iter().find(|x| x.group == g));
+        let group_len = group.map_or(1, |g| g.ranks.len());
         let buf = Buffers {
             x: dev.alloc(&s, d)?,
             xn: dev.alloc(&s, d)?,
@@ -266,9 +268,11 @@ impl RankDevice {
                 incoming.push(b.clone());
             }
         }
-        let exchange = match r.group {
-            Some(_) => Some(Exchange::new(&dev, &s, d.max(logits_len), group_len)?),
-            None => None,
+        let exchange = match group {
+            Some(g) if g.collective == PlanCollective::Oneshot => {
+                Some(Exchange::new(&dev, &s, d.max(logits_len), group_len)?)
+            }
+            _ => None,
         };
         Ok(RankDevice {
             rank,
@@ -308,20 +312,25 @@ impl RankDevice {
             .exchange
             .take()
             .ok_or_else(|| anyhow!("rank {} is in no tensor-parallel group", self.rank))?;
-        let s = self.alloc_stream();
-        self.collective = Some(Collective::connect(
-            &self.dev,
-            &s,
-            exchange,
-            all,
-            me,
-            tree,
-            own_devices,
-        )?);
+        let s = self.work_stream();
+        let oneshot = Oneshot::connect(&self.dev, &s, exchange, all, me, tree, own_devices)?;
+        self.collective = Some(Collective::Oneshot(oneshot));
         Ok(())
     }
 
-    fn alloc_stream(&self) -> Arc<CudaStream> {
+    /// Joins an NCCL group as the member NCCL set up for it.
+    pub fn join_nccl(&mut self, member: super::nccl::NcclMember) {
+        self.collective = Some(Collective::Nccl(member));
+    }
+
+    /// The longest vector this rank's collectives carry (hidden state or logits slice).
+    pub fn collective_len(&self) -> usize {
+        self.buf.x.len().max(self.buf.logits.len())
+    }
+
+    /// The rank's first stream: buffers are allocated on it and its work runs on it (the
+    /// plan's compute stream; a readback stream comes after it).
+    pub fn work_stream(&self) -> Arc<CudaStream> {
         self.streams
             .values()
             .next()

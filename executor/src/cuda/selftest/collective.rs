@@ -1,6 +1,7 @@
-//! The all-reduce alone: latency of one two-member all-reduce (the one-shot push kernel of
-//! kernels/collective.cu) per vector size, each member on its own stream of the device the
-//! caller names (two devices over NVLink, or both on one device). Each member's stream replays
+//! The all-reduce alone: latency of one two-member all-reduce per vector size and transport
+//! (the one-shot push kernel of kernels/collective.cu, and NCCL's all-gather with the tree
+//! combine when the members own their devices and NCCL loads), each member on its own stream
+//! of the device the caller names (two devices over NVLink, or both on one device). Each member's stream replays
 //! a captured graph of `BATCH` back-to-back all-reduces; the time per all-reduce is the
 //! median over `TRIALS` replays of the slower member's elapsed time over `BATCH`. Before
 //! timing, one all-reduce of random partials is checked bit for bit against the host's sum.
@@ -10,8 +11,9 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use memra_gguf::rng::Rng;
 
-use super::super::collective::{Collective, Exchange};
+use super::super::collective::{Collective, Exchange, Oneshot};
 use super::super::graph::capture;
+use super::super::nccl;
 use super::super::span::Span;
 use super::super::{CudaDevice, CudaStream, DeviceBuffer};
 use crate::reduce::Tree;
@@ -54,44 +56,87 @@ pub fn run(devices: &[usize], seed: u64) -> Result<bool> {
     }
     let max = *SIZES.iter().max().expect("invariant: sizes listed");
     let tree = Tree::parse("(r0 r1)", &[0, 1])?;
-    let mut exchanges = Vec::new();
-    let mut streams = Vec::new();
-    for dev in &devs {
-        let s = dev.new_stream()?;
-        exchanges.push(Exchange::new(dev, &s, max, 2)?);
-        streams.push(s);
-    }
-    let all: Vec<u64> = exchanges.iter().map(Exchange::address).collect();
-    let own_devices = devices[0] != devices[1];
+    let streams: Vec<Arc<CudaStream>> =
+        devs.iter().map(|d| d.new_stream()).collect::<Result<_>>()?;
     let mut rng = Rng::new(seed);
-    let mut members = Vec::new();
-    for (me, (exchange, s)) in exchanges.into_iter().zip(streams).enumerate() {
-        let dev = devs[me].clone();
-        let part: Vec<f32> = (0..max).map(|_| rng.uniform() * 2.0 - 1.0).collect();
-        members.push(Member {
-            coll: Collective::connect(&dev, &s, exchange, &all, me, &tree, own_devices)?,
-            part: dev.upload(&s, &part)?,
-            x: dev.alloc(&s, max)?,
-            dev,
-            s,
-        });
+    let parts: Vec<Vec<f32>> = (0..2)
+        .map(|_| (0..max).map(|_| rng.uniform() * 2.0 - 1.0).collect())
+        .collect();
+    let own_devices = devices[0] != devices[1];
+    let mut transports = vec![(
+        "oneshot",
+        oneshot(&devs, &streams, &tree, max, own_devices)?,
+    )];
+    if own_devices && nccl::check_library().is_ok() {
+        let joined = nccl::connect(&devs, &streams, &tree, max)?;
+        transports.push(("nccl", joined.into_iter().map(Collective::Nccl).collect()));
     }
-    let ok = check(&members, max)?;
-    println!(
-        "all-reduce, 2 members on devices {} and {}: bit check {}",
-        devices[0],
-        devices[1],
-        if ok { "ok" } else { "FAILED" }
-    );
-    for n in SIZES {
-        let us = latency(&members, n)?;
+    let mut ok = true;
+    for (name, colls) in transports {
+        let members = colls
+            .into_iter()
+            .zip(&devs)
+            .zip(&streams)
+            .zip(&parts)
+            .map(|(((coll, dev), s), part)| {
+                Ok(Member {
+                    part: dev.upload(s, part)?,
+                    x: dev.alloc(s, max)?,
+                    dev: dev.clone(),
+                    s: s.clone(),
+                    coll,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let exact = check(&members, max)?;
+        ok &= exact;
         println!(
-            "  {:>6} f32 ({:>4} KiB): {us:7.2} us per all-reduce",
-            n,
-            n * 4 / 1024
+            "all-reduce {name}, 2 members on devices {} and {}: bit check {}",
+            devices[0],
+            devices[1],
+            if exact { "ok" } else { "FAILED" }
         );
+        for n in SIZES {
+            let us = latency(&members, n)?;
+            println!(
+                "  {:>6} f32 ({:>4} KiB): {us:7.2} us per all-reduce",
+                n,
+                n * 4 / 1024
+            );
+        }
     }
     Ok(ok)
+}
+
+fn oneshot(
+    devs: &[CudaDevice],
+    streams: &[Arc<CudaStream>],
+    tree: &Tree,
+    max: usize,
+    own_devices: bool,
+) -> Result<Vec<Collective>> {
+    let exchanges = devs
+        .iter()
+        .zip(streams)
+        .map(|(dev, s)| Exchange::new(dev, s, max, 2))
+        .collect::<Result<Vec<_>>>()?;
+    let all: Vec<u64> = exchanges.iter().map(Exchange::address).collect();
+    exchanges
+        .into_iter()
+        .enumerate()
+        .map(|(me, exchange)| {
+            let c = Oneshot::connect(
+                &devs[me],
+                &streams[me],
+                exchange,
+                &all,
+                me,
+                tree,
+                own_devices,
+            )?;
+            Ok(Collective::Oneshot(c))
+        })
+        .collect()
 }
 
 fn launch(m: &Member, n: usize) -> Result<()> {

@@ -1,0 +1,145 @@
+//! NCCL as the transport of a tensor-parallel group's collectives (`collective = "nccl"` in
+//! the plan): NCCL all-gathers every member's partial into a `[members, n]` buffer on every
+//! member, and `combine_f32` (kernels/collective.cu) adds them into x in the group's tree, so
+//! the logits are bit for bit those of the one-shot kernels and of one rank. NCCL is loaded at
+//! run time like the driver (libnccl.so on the library path); NCCL's launches are capturable,
+//! so the collectives stay inside the rank's graphs. A group is one NCCL communicator with
+//! one rank per device (`ncclCommInitAll` in one process); the placement validation refuses
+//! NCCL for a group with two ranks on one device.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
+use cudarc::nccl::{group_end, group_start, Comm};
+
+use super::collective::postfix;
+use super::device::{CudaDevice, DeviceBuffer};
+use super::span::Span;
+use crate::reduce::Tree;
+
+/// Threads per block of the combine kernel (COMBINE_THREADS in kernels/collective.cu).
+const COMBINE_THREADS: usize = 256;
+
+/// One member of an NCCL group: its communicator rank and its gather buffer.
+pub struct NcclMember {
+    comm: Comm,
+    gathered: DeviceBuffer<f32>,
+    tree: DeviceBuffer<i32>,
+    tree_len: usize,
+    members: usize,
+    me: usize,
+}
+
+/// Whether the NCCL library can be loaded, with the error a plan that needs it reports.
+pub fn check_library() -> Result<()> {
+    // SAFETY: only probes for the library file; no NCCL function is called
+    if unsafe { cudarc::nccl::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        bail!("the plan's tensor-parallel groups use collective = \"nccl\", but no nccl library was found (libnccl.so); put the directory holding it on LD_LIBRARY_PATH (pip's nvidia-nccl-cu13 ships it), or compile the placement with collective = \"oneshot\"")
+    }
+}
+
+/// Creates one communicator for a group whose members run on `streams` (member order, one
+/// device each) and warms every connection with one grouped all-gather, so later calls from
+/// one host thread never wait for a member the thread has not reached yet. `cap` is the
+/// longest vector a collective carries.
+pub fn connect(
+    devices: &[CudaDevice],
+    streams: &[Arc<CudaStream>],
+    tree: &Tree,
+    cap: usize,
+) -> Result<Vec<NcclMember>> {
+    check_library()?;
+    let comms = Comm::from_devices(streams.to_vec())
+        .map_err(|e| anyhow!("cuda backend: nccl communicator setup: {e:?}"))?;
+    let members = comms.len();
+    let mut ops = Vec::new();
+    postfix(tree, &mut ops);
+    let mut out = Vec::new();
+    for (me, (comm, dev)) in comms.into_iter().zip(devices).enumerate() {
+        let s = &streams[me];
+        out.push(NcclMember {
+            gathered: dev.alloc(s, members * cap)?,
+            tree: dev.upload(s, &ops)?,
+            tree_len: ops.len(),
+            members,
+            me,
+            comm,
+        });
+    }
+    group_start().map_err(|e| anyhow!("cuda backend: nccl group start: {e:?}"))?;
+    for m in &out {
+        let part = Span::of(&m.gathered).sub(m.me * cap, cap);
+        m.comm
+            .all_gather(&part, &mut Span::of(&m.gathered))
+            .map_err(|e| anyhow!("cuda backend: nccl warm-up all-gather: {e:?}"))?;
+    }
+    group_end().map_err(|e| anyhow!("cuda backend: nccl group end: {e:?}"))?;
+    for s in streams {
+        s.synchronize()
+            .map_err(|e| anyhow!("cuda backend: nccl warm-up: {e:?}"))?;
+    }
+    Ok(out)
+}
+
+impl NcclMember {
+    fn on_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        if self.comm.stream().cu_stream() != stream.cu_stream() {
+            bail!("invariant: nccl collectives run on the stream the communicator was made for");
+        }
+        Ok(())
+    }
+
+    /// `x += ` the group's sum of every member's `part`, in the tree order.
+    pub fn all_reduce(
+        &self,
+        dev: &CudaDevice,
+        stream: &Arc<CudaStream>,
+        part: &Span<f32>,
+        x: &Span<f32>,
+    ) -> Result<()> {
+        self.on_stream(stream)?;
+        let n = part.len();
+        let mut gathered = Span::of(&self.gathered).sub(0, self.members * n);
+        self.comm
+            .all_gather(part, &mut gathered)
+            .map_err(|e| anyhow!("cuda backend: nccl all-gather of {n} values: {e:?}"))?;
+        let (g, tree, xp) = (gathered.addr(), Span::of(&self.tree).addr(), x.addr());
+        let (ntree, n_i) = (self.tree_len as i32, n as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(COMBINE_THREADS).max(1) as u32, 1, 1),
+            block_dim: (COMBINE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match combine_f32's signature in order and type; `gathered`
+        // holds members * n values, x holds n
+        unsafe {
+            dev.launch_kernel(stream, "combine_f32", cfg, |a| {
+                a.arg(&g).arg(&tree).arg(&ntree).arg(&n_i).arg(&xp);
+            })
+        }
+    }
+
+    /// Concatenates every member's `part` (in member order) into `full` on member 0 (the
+    /// other members gather into their own buffer).
+    pub fn gather(
+        &self,
+        stream: &Arc<CudaStream>,
+        part: &Span<f32>,
+        full: &Span<f32>,
+    ) -> Result<()> {
+        self.on_stream(stream)?;
+        let n = part.len();
+        let mut dst = if self.me == 0 {
+            full.sub(0, self.members * n)
+        } else {
+            Span::of(&self.gathered).sub(0, self.members * n)
+        };
+        self.comm
+            .all_gather(part, &mut dst)
+            .map_err(|e| anyhow!("cuda backend: nccl gather of {n} logits: {e:?}"))?;
+        Ok(())
+    }
+}
