@@ -70,7 +70,11 @@ mod tests {
     fn bf16_widening_is_ggmls_shift() {
         // ggml_compute_bf16_to_fp32 is `bits << 16` for every input, signaling NaNs included
         for h in [0x7f81, 0xff81, 0x7fbf, 0x0001, 0x7f80] {
-            assert_eq!(bf16_to_f32(h).to_bits(), u32::from(h) << 16, "bf16 {h:#06x}");
+            assert_eq!(
+                bf16_to_f32(h).to_bits(),
+                u32::from(h) << 16,
+                "bf16 {h:#06x}"
+            );
         }
         assert_ne!(bf16::from_bits(0x7f81).to_f32().to_bits(), 0x7f81_0000);
     }
