@@ -125,8 +125,8 @@ join_smollm2() { # the real model from its three carried parts (see suite_real)
 suite_build() {
     set -e
     local target gpu_tests
-    target=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps |
-        sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
+    # cargo's own answer: ./target, or CARGO_TARGET_DIR or a config's build.target-dir
+    target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
     cargo build --release -p memra-executor --example cuda_selftest --bin memra-run
     cargo build --release -p memra-compiler --bin memra-compile
     cargo build --release -p memra-gguf --bin memra-synth
