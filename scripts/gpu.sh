@@ -93,7 +93,7 @@ gate() { # row seconds model reference candidate [memra-run gate options]
     rc=$?
     echo "$out" >>"$LOG/gates.log"
     dt=$((($(date +%s%N) - t) / 100000000))
-    result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)|[0-9]+ of [0-9]+ runs differed' | head -1) $((dt / 10)).$((dt % 10))s"
+    result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)|[0-9]+ of [0-9]+ runs differed' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
 }
 bench() { # row seconds model plan [memra-run bench options]
     local name=$1 secs=$2 model=$3 plan=$4 out rc
