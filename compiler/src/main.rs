@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use memra_compiler::passes::compile;
 use memra_compiler::plan::{Plan, Step};
-use memra_compiler::review::{semantic_diff, to_dot};
+use memra_compiler::review::{load_plan_or_placement, semantic_diff, to_dot};
 use memra_compiler::textdiff::unified;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -36,13 +36,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Semantic diff of two plans; each side is a plan (`*.plan.toml`) or a placement, which is
-    /// compiled first. With one plan, compares it with what its placement compiles to now.
+    /// Semantic diff of two plans; each side is a plan (a file with `format_version`) or a
+    /// placement, which is compiled first. With one `NAME.plan.toml`, compares it with what
+    /// its placement `NAME.toml` compiles to now.
     /// Exits 1 when they differ.
     Diff { old: PathBuf, new: Option<PathBuf> },
     /// Draw a plan: DOT always; SVG or PNG through graphviz's `dot` when it is installed.
     Render {
-        /// A plan (`*.plan.toml`) or a placement.
+        /// A plan (a file with `format_version`) or a placement.
         plan: PathBuf,
         /// Output file (default: the plan's name with the format's extension).
         #[arg(short, long)]
@@ -114,25 +115,10 @@ fn placement_of(plan: &Path) -> Option<PathBuf> {
     Some(plan.with_file_name(format!("{}.toml", name.strip_suffix(".plan.toml")?)))
 }
 
-fn compile_plan(placement: &Path) -> Result<Plan> {
-    Ok(compile(placement).map_err(|d| anyhow!("{d}"))?.plan)
-}
-
-/// A plan file is read; anything else is compiled as a placement.
-fn load_either(path: &Path) -> Result<Plan> {
-    if path.to_string_lossy().ends_with(".plan.toml") {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read", path.display()))?;
-        Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
-    } else {
-        compile_plan(path)
-    }
-}
-
 fn diff(old: &Path, new: Option<&Path>) -> Result<bool> {
-    let old_plan = load_either(old)?;
+    let old_plan = load_plan_or_placement(old)?;
     let new_plan = match new {
-        Some(new) => load_either(new)?,
+        Some(new) => load_plan_or_placement(new)?,
         None => {
             let placement = placement_of(old).ok_or_else(|| {
                 anyhow!(
@@ -140,7 +126,7 @@ fn diff(old: &Path, new: Option<&Path>) -> Result<bool> {
                     old.display()
                 )
             })?;
-            compile_plan(&placement)?
+            load_plan_or_placement(&placement)?
         }
     };
     let text = semantic_diff(&old_plan, &new_plan);
@@ -153,7 +139,7 @@ fn diff(old: &Path, new: Option<&Path>) -> Result<bool> {
 }
 
 fn render(path: &Path, output: Option<&Path>, format: Format) -> Result<bool> {
-    let plan = load_either(path)?;
+    let plan = load_plan_or_placement(path)?;
     let dot = to_dot(&plan);
     let ext = match format {
         Format::Dot => "dot",

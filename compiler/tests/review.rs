@@ -1,11 +1,12 @@
 //! Plan review: the semantic diff of a one-layer cut move reads without opening the plans, and
 //! the rendered picture shows ranks, runs, islands with their reasons, boundaries and
-//! all-reduces.
+//! all-reduces. `render` and `diff` know a plan by its content, whatever its file name.
 
 use memra_compiler::passes::compile;
 use memra_compiler::plan::Plan;
 use memra_compiler::review::{semantic_diff, to_dot};
 use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static SCRATCH: AtomicUsize = AtomicUsize::new(0);
@@ -82,4 +83,38 @@ fn the_picture_shows_clusters_islands_boundaries_and_all_reduces() {
     ] {
         assert!(dot.contains(needle), "missing `{needle}` in:\n{dot}");
     }
+}
+
+#[test]
+fn a_plan_under_another_name_renders_and_diffs_as_a_plan() {
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans/llama3-8b-pp4.plan.toml");
+    let dir = std::env::temp_dir().join(format!("memra-review-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let renamed = dir.join("a.plan");
+    std::fs::copy(&committed, &renamed).unwrap();
+    let compile = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_memra-compile"))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        (out.status.code(), text, err)
+    };
+    let dot = dir.join("a.dot");
+    let (code, _, err) = compile(&[
+        "render".as_ref(),
+        renamed.as_os_str(),
+        "--format".as_ref(),
+        "dot".as_ref(),
+        "-o".as_ref(),
+        dot.as_os_str(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let picture = std::fs::read_to_string(&dot).unwrap();
+    assert!(picture.contains("subgraph cluster_r3"), "{picture}");
+    let (code, text, err) = compile(&["diff".as_ref(), renamed.as_os_str(), committed.as_os_str()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(text, "plans are identical\n");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,11 +3,13 @@
 //! refuse a model whose header fingerprint differs from the one the plan was compiled for.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 use memra_compiler::model::fnv1a;
 use memra_compiler::passes::verify::verify_plan;
 use memra_compiler::plan::Plan;
+use memra_gguf::progress::{Progress, Unit};
 use memra_gguf::GgufFile;
 
 /// Architectures whose decode the CPU executor implements.
@@ -22,6 +24,29 @@ pub struct LoadedPlan {
     pub path: PathBuf,
     /// The opened model (weights are mapped, not read).
     pub gguf: GgufFile,
+    /// The report of the weight load under way, shared by the ranks of one engine.
+    weights_progress: Mutex<Option<Progress>>,
+}
+
+impl LoadedPlan {
+    /// The progress of loading every rank's weights for one engine. Engines load ranks in
+    /// plan order, so the plan's first rank starts a new report: each engine opened on this
+    /// plan (gate opens several) reports its own load.
+    pub(crate) fn weights_progress(&self, rank: u32) -> Progress {
+        let mut current = self
+            .weights_progress
+            .lock()
+            .expect("invariant: no rank panics while holding the progress");
+        if current.is_none() || self.plan.ranks.first().is_some_and(|r| r.rank == rank) {
+            let bytes = self.plan.ranks.iter().flat_map(|r| &r.weights);
+            *current = Some(Progress::new(
+                "loading weights",
+                bytes.map(|w| w.bytes).sum(),
+                Unit::Bytes,
+            ));
+        }
+        current.clone().expect("invariant: set above")
+    }
 }
 
 /// The model file a plan names: its `model.source`, relative to the plan's directory.
@@ -70,6 +95,7 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
         plan,
         path: plan_path.to_path_buf(),
         gguf,
+        weights_progress: Mutex::new(None),
     })
 }
 

@@ -1,12 +1,19 @@
 //! A rank's weights: exactly the shards its plan lists, copied out of the mapped GGUF into
 //! buffers the rank owns. Matrices keep their stored (quantized) bytes; a column split copies
 //! each row's block-aligned column range. Vectors (norms, biases) are dequantized to f32.
+//!
+//! Progress: a matrix counts half its bytes when read out of the file and half when taken by
+//! the backend, which for CUDA uploads it right then; so one report covers reading and
+//! uploading without the backends reporting anything. Vectors are small and count when read.
 
 use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::{Rank, Split, WeightShard};
+use memra_gguf::progress::Progress;
 use memra_gguf::{GgmlType, GgufFile, TensorInfo};
+
+use crate::plan_load::LoadedPlan;
 
 /// A matrix shard in its stored type: `rows` outputs of `cols` inputs, row-major.
 #[derive(Debug)]
@@ -34,18 +41,23 @@ impl Matrix {
 }
 
 /// The shards one rank holds, by tensor name.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RankWeights {
     matrices: BTreeMap<String, Matrix>,
     vectors: BTreeMap<String, Vec<f32>>,
+    progress: Progress,
 }
 
 impl RankWeights {
-    /// Loads every shard `rank` lists from `gguf`.
-    pub fn load(gguf: &GgufFile, rank: &Rank) -> Result<RankWeights> {
-        let mut out = RankWeights::default();
+    /// Loads every shard `rank` lists from the model of `loaded`.
+    pub fn load(loaded: &LoadedPlan, rank: &Rank) -> Result<RankWeights> {
+        let mut out = RankWeights {
+            matrices: BTreeMap::new(),
+            vectors: BTreeMap::new(),
+            progress: loaded.weights_progress(rank.rank),
+        };
         for shard in &rank.weights {
-            out.load_shard(gguf, shard)
+            out.load_shard(&loaded.gguf, shard)
                 .map_err(|e| anyhow!("rank {}: tensor `{}`: {e}", rank.rank, shard.tensor))?;
         }
         Ok(out)
@@ -81,6 +93,7 @@ impl RankWeights {
                 other => bail!("split `{other}` does not apply to a vector"),
             };
             self.vectors.insert(shard.tensor.clone(), values);
+            self.progress.inc(shard.bytes);
             return Ok(());
         }
         if shard.shape.len() != 2 {
@@ -102,15 +115,21 @@ impl RankWeights {
                 shard.bytes
             );
         }
+        self.progress.inc(shard.bytes / 2);
         self.matrices.insert(shard.tensor.clone(), matrix);
         Ok(())
     }
 
     /// Takes the matrix shard `name` out; an error names the missing tensor.
     pub fn take_matrix(&mut self, name: &str) -> Result<Matrix> {
-        self.matrices
+        let matrix = self
+            .matrices
             .remove(name)
-            .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))
+            .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))?;
+        let bytes = matrix.data.len() as u64;
+        self.progress.inc(bytes - bytes / 2);
+        self.progress.finish_when_complete();
+        Ok(matrix)
     }
 
     /// Takes the vector `name` out.

@@ -1,13 +1,15 @@
 //! GGUF container support for memra: a memory-mapped reader that parses the header, metadata
 //! and tensor infos without touching weights and hands out validated byte ranges; a v3
-//! writer; bit-exact dequantization (and quantization) of the types memra runs; and the
-//! synthetic llama model generator behind `memra-synth`.
+//! writer; bit-exact dequantization (and quantization) of the types memra runs; the
+//! synthetic llama model generator behind `memra-synth`; and the progress reports of the
+//! project's long work.
 
 mod dequant;
 pub mod f16;
 mod ggml_type;
 pub mod layout;
 mod metadata;
+pub mod progress;
 mod quant;
 mod reader;
 pub mod rng;

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 
+use crate::progress::{Progress, Unit};
 use crate::rng::Rng;
 use crate::{quantize, GgmlType, GgufWriter, Value};
 
@@ -295,8 +296,8 @@ fn chunk_bytes(p: &Planned, seed: u64, ti: usize, chunk: u64, rows: u64) -> Resu
     Ok(out)
 }
 
-/// Writes the model for `shape` with matrices in `dtype` to `path`; progress goes to stderr
-/// when `progress` is set.
+/// Writes the model for `shape` with matrices in `dtype` to `path`; notes and progress (see
+/// `progress`) go to stderr when `progress` is set.
 pub fn write_model(
     s: &Shape,
     dtype: GgmlType,
@@ -326,6 +327,12 @@ pub fn write_model(
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut stream = w.start(BufWriter::with_capacity(1 << 22, file))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let report = if progress {
+        let bytes = w.tensors().iter().map(|t| t.n_bytes()).sum();
+        Progress::new(&format!("writing {}", path.display()), bytes, Unit::Bytes)
+    } else {
+        Progress::silent()
+    };
     for (ti, p) in planned.iter().enumerate() {
         let rows_per_chunk = (CHUNK_VALUES / p.dims[0]).max(1);
         let n_chunks = p.dims[1].div_ceil(rows_per_chunk);
@@ -347,24 +354,17 @@ pub fn write_model(
                     .collect()
             });
             for r in results {
+                let bytes = r?;
                 stream
-                    .write(&r?)
+                    .write(&bytes)
                     .with_context(|| format!("writing {}", path.display()))?;
+                report.inc(bytes.len() as u64);
             }
-        }
-        if progress {
-            eprintln!(
-                "[{}/{}] {} {} {}",
-                ti + 1,
-                planned.len(),
-                p.name,
-                p.dtype,
-                w.tensors()[ti].dims_string()
-            );
         }
     }
     let mut file = stream.finish()?;
     file.flush()
         .with_context(|| format!("cannot flush {}", path.display()))?;
+    report.finish();
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use memra_gguf::progress::{Progress, Unit};
 
 use super::{start, RunArgs};
 use crate::engine::{open, Arm, Backend, EngineOptions};
@@ -38,11 +39,16 @@ pub fn perplexity(
         tokens.len(),
         ctx - 1 - ctx / 2
     );
-    let started = Instant::now();
+    let progress = Progress::new_beside_stdout(
+        "perplexity",
+        (n_chunks * ctx) as u64,
+        Unit::Items("tokens decoded"),
+    );
     let total = run_perplexity(&mut loaded.session, &tokens, ctx, bos, chunks, |c, p| {
         print!("[{}]{:.4},", c + 1, p.ppl());
         use std::io::Write;
         let _ = std::io::stdout().flush();
+        progress.inc(ctx as u64);
     })?;
     println!();
     println!(
@@ -50,11 +56,8 @@ pub fn perplexity(
         total.ppl(),
         total.uncertainty()
     );
-    eprintln!(
-        "{} tokens scored in {:.1} s",
-        total.count,
-        started.elapsed().as_secs_f64()
-    );
+    // After the last stdout line, so a log that merges both streams keeps it on its own line.
+    progress.finish();
     Ok(ExitCode::SUCCESS)
 }
 

@@ -68,7 +68,7 @@ impl Engine {
                 Arm::Serial => shared_pool.clone(),
                 Arm::Pipelined => Arc::new(Pool::new((options.threads / n).max(1))),
             };
-            let weights = RankWeights::load(&loaded.gguf, r)?;
+            let weights = RankWeights::load(loaded, r)?;
             let compute = RankCompute::new(plan, r.rank, weights, pool, options.sampler)
                 .map_err(|e| anyhow!("rank {}: {e:#}", r.rank))?;
             runners.push(RankRunner::new(

@@ -131,7 +131,7 @@ impl Engine {
             .collect::<Result<_>>()?;
         let mut ranks = Vec::new();
         for r in &plan.ranks {
-            let weights = RankWeights::load(&loaded.gguf, r)?;
+            let weights = RankWeights::load(loaded, r)?;
             let dev = devices[&r.device].clone();
             ranks.push(
                 RankDevice::new(plan, r.rank, dev, weights, s)

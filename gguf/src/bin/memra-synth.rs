@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Result};
 use clap::Parser;
-use memra_gguf::{synth, GgmlType};
+use memra_gguf::{progress, synth, GgmlType};
 
 /// Write a synthetic llama GGUF with seeded random weights.
 #[derive(Parser)]
@@ -27,6 +27,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    progress::report_to_stderr();
     let shape = synth::shape(&args.shape)?;
     let dtype = GgmlType::from_name(&args.dtype)
         .filter(|t| t.supported())
@@ -37,7 +38,5 @@ fn main() -> Result<()> {
                 memra_gguf::supported_names()
             )
         })?;
-    synth::write_model(&shape, dtype, args.seed, &args.output, true)?;
-    eprintln!("wrote {}", args.output.display());
-    Ok(())
+    synth::write_model(&shape, dtype, args.seed, &args.output, true)
 }

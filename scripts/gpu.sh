@@ -1,0 +1,589 @@
+#!/usr/bin/env bash
+# The GPU suites, from one entry: bash scripts/gpu.sh SUITE [ARGS], from anywhere in the
+# repository. `build` runs here, where Rust is, and stages the binaries in .dev/bin/, the
+# git-ignored folder the device runner carries (`carry: [".dev"]`); every other suite runs on
+# the GPU machine (which has no Rust) from that checkout.
+#
+#   build                     memra-run, memra-compile, memra-synth, cuda_selftest and the
+#                             gpu-tests test binary into .dev/bin (cargo's own target folder,
+#                             or CARGO_TARGET_DIR when set)
+#   selftest                  every kernel against the CPU reference with the matvec bandwidth
+#                             benchmark, then the self-test under compute-sanitizer memcheck
+#   tests [TEST ARGS]         the gpu-tests feature's end-to-end tests (executor/tests/gpu.rs)
+#   gates [SECONDS]           llama1b/llama8b gates, soak, CUDA vs CPU, sanitizers, speed
+#   bench [SECONDS]           decode speed of smol135m/llama1b/llama8b x q4_1/q8_0/f16
+#   speed                     matvec bandwidth of a baseline build against the one under test
+#   real                      the real SmolLM2 (carried in three parts, see suite_real)
+#   multi                     on 2-4 GPUs: peer matrix, cross-device gates, llama8b TP/PP speed
+#   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
+#   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
+#   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
+#
+# Suites with a result table print it last, one row per check (`name status detail`), and
+# exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
+# so a lease short of device time still gets its table. Logs go to $OUT (or /tmp/memra-gpu),
+# or, for the suites that write many, to /tmp/memra-SUITE, packed as $OUT/SUITE-logs.tar.gz.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BIN="${BIN:-.dev/bin}"
+M=/tmp/memra-models
+P=/tmp/memra-plans
+LOG="${OUT:-/tmp/memra-gpu}"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+t0=$(date +%s)
+BUDGET=
+rows=()
+failed=0
+
+# ---- helpers shared by the suites
+
+logs_in() { # DIR: where this suite's logs go
+    LOG=$1
+    mkdir -p "$LOG" "$M" "$P" models
+}
+stamp() { # nvidia-smi FIELDS: the date and the GPUs, also into $LOG/gpu.txt
+    { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu="$1" --format=csv,noheader; } | tee "$LOG/gpu.txt"
+}
+limit() { timeout --kill-after=5 "$@"; }
+row() { # name status detail; only FAIL fails the suite (ok, skip, same and diff do not)
+    rows+=("$(printf '%-34s %-4s %s' "$1" "$2" "$3")")
+    [ "$2" != FAIL ] || failed=1
+}
+ok_or_fail() { if [ "$1" -eq 0 ]; then echo ok; else echo FAIL; fi; }
+result() { # name exit-status output detail-when-ok
+    if [ "$2" -eq 0 ]; then
+        row "$1" ok "$4"
+    else
+        row "$1" FAIL "exit $2: $(echo "$3" | tail -1 | cut -c1-300)"
+    fi
+}
+late() { # row name: true, with a skip row, once the suite's SECONDS budget is spent
+    [ -n "$BUDGET" ] && [ $(($(date +%s) - t0)) -ge "$BUDGET" ] || return 1
+    row "$1" skip "device-time budget of ${BUDGET}s spent"
+}
+table() { # packs the logs, prints the rows last, exits 1 when a row failed
+    if [ -n "${OUT:-}" ] && [ "$LOG" != "$OUT" ]; then
+        tar -czf "$OUT/$SUITE-logs.tar.gz" -C "$LOG" .
+    fi
+    echo
+    echo "total $(($(date +%s) - t0)) s"
+    printf '%s\n' "${rows[@]}"
+    exit $failed
+}
+synth() { # shape dtype: writes the synthetic model $M/SHAPE-DTYPE.gguf
+    "$BIN/memra-synth" --shape "$1" --dtype "$2" -o "$M/$1-$2.gguf" 2>"$LOG/synth-$1-$2.log"
+}
+plan() { # shape dtype placement (under plans/synthetic): compiles it for $M/SHAPE-DTYPE.gguf
+    # into $P/DTYPE/ and prints the plan's path; a failure is logged, and the run of the plan
+    # then fails its row
+    local out
+    out="$P/$2/$(basename "$3").plan.toml"
+    mkdir -p "$P/$2"
+    ln -sfn "$M/$1-$2.gguf" "models/$1.gguf"
+    "$BIN/memra-compile" -q -o "$out" "plans/synthetic/$3.toml" >>"$LOG/compile.log" 2>&1 ||
+        echo "compile $3 $2 failed" >>"$LOG/compile.log"
+    echo "$out"
+}
+gate() { # row seconds model reference candidate [memra-run gate options]
+    local name=$1 secs=$2 model=$3 ref=$4 cand=$5 t out rc dt
+    shift 5
+    t=$(date +%s%N)
+    out=$(limit "$secs" "$BIN/memra-run" gate --backend cuda "$@" --model "$model" --reference "$ref" "$cand" 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG/gates.log"
+    dt=$((($(date +%s%N) - t) / 100000000))
+    result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)|[0-9]+ of [0-9]+ runs differed' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
+}
+bench() { # row seconds model plan [memra-run bench options]
+    local name=$1 secs=$2 model=$3 plan=$4 out rc
+    shift 4
+    out=$(limit "$secs" "$BIN/memra-run" bench --backend cuda "$@" --model "$model" "$plan" 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG/bench.log"
+    result "$name" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
+}
+against_cpu() { # row tolerance model plan: 64 greedy steps of CUDA against the CPU backend
+    local out rc
+    out=$(limit 150 "$BIN/memra-run" compare --backend cuda -n 64 --tolerance "$2" --model "$3" "$4" 2>&1)
+    rc=$?
+    echo "$out" >"$LOG/compare.log"
+    result "$1" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //' | cut -c1-200)"
+}
+memcheck() { # self-test binary: it under compute-sanitizer memcheck; the exit status is its
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$1" >"$LOG/memcheck.log" 2>&1
+}
+memcheck_line() { echo "memcheck: $(grep -E "ERROR SUMMARY|passed, " "$LOG/memcheck.log" | tr '\n' ' ')"; }
+join_smollm2() { # the real model from its three carried parts (see suite_real)
+    local model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    cat /tmp/smol/p1 /tmp/smol/p2 .m3/p >"$model"
+    echo "$(sha256sum "$model" | cut -c1-64)  (expected b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53)"
+}
+
+# ---- the suites
+
+suite_build() {
+    set -e
+    local target gpu_tests
+    # cargo's own answer: ./target, or CARGO_TARGET_DIR or a config's build.target-dir
+    target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    cargo build --release -p memra-executor --example cuda_selftest --bin memra-run
+    cargo build --release -p memra-compiler --bin memra-compile
+    cargo build --release -p memra-gguf --bin memra-synth
+    # the gpu-tests end-to-end tests, as one binary (run it with the tests suite)
+    gpu_tests=$(cargo test --release -p memra-executor --features gpu-tests --test gpu --no-run \
+        --message-format=json | grep '"kind":\["test"\]' | grep '"name":"gpu"' |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+    mkdir -p .dev/bin
+    cp "$gpu_tests" .dev/bin/gpu-tests
+    cp "$target/release/examples/cuda_selftest" .dev/bin/
+    for bin in memra-run memra-compile memra-synth; do
+        cp "$target/release/$bin" .dev/bin/
+    done
+    strip .dev/bin/*
+    # the test binary finds the repository at the path it was built in (see suite_tests)
+    pwd >.dev/built-in
+    ls -l .dev/bin/
+}
+
+# The self-test with the matvec bandwidth benchmark, then a short self-test under memcheck;
+# the last lines are a summary. Exits non-zero if either run fails.
+suite_selftest() {
+    local selftest=${SELFTEST:-$BIN/cuda_selftest} rc memcheck_rc
+    logs_in "$LOG"
+    stamp name,driver_version,memory.total,clocks.sm,clocks.mem
+    "$selftest" --bench >"$LOG/selftest.log" 2>&1
+    rc=$?
+    memcheck "$selftest"
+    memcheck_rc=$?
+    grep -E "^(device|kernel|matvec_|rms_|rope|attention|add_|embed_|argmax|tree_sum|graph|  )" "$LOG/selftest.log" | grep -vE " PASS$" | head -80
+    grep -E "bandwidth|^(dtype|f16|q8_0|q4_1|f32|bf16|q4_0|q4_k|q6_k) |device-to-device" "$LOG/selftest.log"
+    grep -E "FAIL|error" "$LOG/selftest.log" | head -20
+    memcheck_line
+    tail -1 "$LOG/selftest.log"
+    printf '%-22s %s\n' "selftest --bench" "exit $rc" "memcheck selftest" "exit $memcheck_rc"
+    [ "$rc" -eq 0 ] && [ "$memcheck_rc" -eq 0 ]
+}
+
+# The gpu-tests feature's end-to-end tests, the same as `cargo test --release -p
+# memra-executor --features gpu-tests --test gpu` where Rust and a GPU meet. The test binary
+# finds the repository at the path it was built in (.dev/built-in, written by the build suite),
+# so that path is linked to this checkout first.
+suite_tests() {
+    set -e
+    local built_in=${MEMRA_BUILT_IN:-}
+    if [ -z "$built_in" ]; then
+        if [ ! -f .dev/built-in ]; then
+            echo "scripts/gpu.sh tests: .dev/built-in is missing; stage the binaries with scripts/gpu.sh build" >&2
+            exit 1
+        fi
+        built_in=$(cat .dev/built-in)
+    fi
+    if [ ! -e "$built_in" ]; then
+        mkdir -p "$(dirname "$built_in")"
+        ln -s "$PWD" "$built_in"
+    fi
+    "$BIN/gpu-tests" --test-threads 1 "$@"
+}
+
+# Writes synthetic models, compiles the placements of plans/synthetic/ for them, then proves
+# the CUDA backend, most important first (what the budget skips comes last):
+#   - gates: every plan bit-identical to the 1-rank eager CUDA run (serial and pipelined arms,
+#     16 generated tokens), llama1b-shaped q8_0 and q4_1: graphs, PP-2, PP-3 uneven, PP-5,
+#     TP-2, TP-4, PP-2 x TP-2, all ranks on device 0; llama8b-shaped q4_1: TP-2, TP-4, PP-2;
+#   - soak: the pipelined PP-4 gate 100 times in one process, counting mismatching runs;
+#   - CUDA against the CPU backend on a smol135m-shaped model, 64 greedy steps;
+#   - compute-sanitizer memcheck (PP-4, 8 tokens) and racecheck (PP-2, 3 tokens), graphs;
+#   - decode speed of the llama1b-shaped q4_1 plans.
+# SECONDS defaults to 540.
+suite_gates() {
+    BUDGET=${1:-540}
+    logs_in /tmp/memra-gates
+    stamp name,driver_version,memory.total
+    synth smol135m q8_0 &
+    synth llama1b q8_0 &
+    synth llama1b q4_1 &
+    wait
+    # the 8B shape is written while the first gates run
+    synth llama8b q4_1 &
+    local synth8b=$! cand
+    echo "models written in $(($(date +%s) - t0)) s"
+    local llama=(llama1b-eager llama1b llama1b-pp2 llama1b-pp3 llama1b-pp5 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2)
+    gates_of llama1b q8_0 "${llama[@]}"
+    local smol=$P/q8_0/smol135m
+    for name in smol135m smol135m-eager smol135m-pp2 smol135m-pp4; do plan smol135m q8_0 $name >/dev/null; done
+    late "soak smol135m-pp4 x100" ||
+        gate "soak smol135m-pp4 x100" 200 "$M/smol135m-q8_0.gguf" "$smol-eager.plan.toml" "$smol-pp4.plan.toml" --repeat 100
+    late "cuda vs cpu smol135m q8_0" ||
+        against_cpu "cuda vs cpu smol135m q8_0" 1e-3 "$M/smol135m-q8_0.gguf" "$smol.plan.toml"
+    gates_of llama1b q4_1 "${llama[@]}"
+    wait $synth8b
+    gates_of llama8b q4_1 llama8b-eager llama8b-tp2 llama8b-tp4 llama8b-pp2
+    for cand in llama1b-eager llama1b llama1b-pp2 llama1b-tp2; do
+        late "bench $cand q4_1" ||
+            bench "bench $cand q4_1" 100 "$M/llama1b-q4_1.gguf" "$P/q4_1/$cand.plan.toml" -n 128 --reps 3
+    done
+    # under racecheck a PP-4 decode of 8 tokens had its target killed by signal 9 twice, cause
+    # not found, with 0 hazards reported; a PP-2 decode of 3 completes
+    late "sanitizer memcheck" || sanitize memcheck smol135m-pp4 8
+    late "sanitizer racecheck" || sanitize racecheck smol135m-pp2 3
+    table
+}
+gates_of() { # shape dtype placement... (the first is the reference)
+    local shape=$1 dtype=$2 ref cand
+    shift 2
+    ref=$(plan "$shape" "$dtype" "$1")
+    for cand in "${@:2}"; do
+        late "gate $cand $dtype" && continue
+        gate "gate $cand $dtype" 150 "$M/$shape-$dtype.gguf" "$ref" "$(plan "$shape" "$dtype" "$cand")"
+    done
+}
+sanitize() { # tool plan tokens
+    limit 240 compute-sanitizer --tool "$1" --error-exitcode 3 "$BIN/memra-run" generate --backend cuda \
+        --temp 0 -n "$3" -p "hello" --model "$M/smol135m-q8_0.gguf" "$P/q8_0/$2.plan.toml" \
+        >"$LOG/$1.log" 2>&1
+    local rc=$?
+    if [ $rc -eq 0 ]; then
+        row "sanitizer $1 $2 -n $3" ok "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/$1.log" | head -1)"
+    else
+        row "sanitizer $1 $2 -n $3" FAIL "exit $rc: $(grep -E 'SUMMARY|rror' "$LOG/$1.log" | head -2 | tr '\n' ' ')"
+    fi
+}
+
+# The decode-speed record of the performance issue, plus a short re-check that speed work
+# kept the numerics:
+#   - the CUDA self-test (every kernel against the CPU reference, TP subtrees bit-exact);
+#   - gates on llama1b-shaped q4_1 (graphs, PP-3 uneven, TP-4, PP-2 x TP-2 against 1-rank eager);
+#   - CUDA against the CPU backend on the smol135m-shaped q4_1 model, 64 greedy steps;
+#   - `memra-run bench` (128 tokens after a one-token prompt, 3 reps after a warm-up) for the
+#     smol135m, llama1b and llama8b shapes in q4_1, q8_0 and f16 (token embedding q8_0 for the
+#     quantized ones): 1 rank with graphs, 1 rank eager, PP-2 on one device;
+#   - the per-kernel time of one llama8b q4_1 token (the ncu-token suite, Nsight Compute).
+# SECONDS defaults to 480.
+suite_bench() {
+    BUDGET=${1:-480}
+    logs_in /tmp/memra-bench
+    stamp name,driver_version,memory.total,clocks.max.sm,clocks.max.mem
+    local shape dtype name cand ref rc
+    # small models first, so the checks can start while the 8B files are written
+    for shape in smol135m llama1b; do
+        for dtype in q4_1 q8_0 f16; do synth $shape $dtype & done
+    done
+    wait
+    for dtype in q4_1 q8_0 f16; do synth llama8b $dtype & done
+    echo "small models written in $(($(date +%s) - t0)) s"
+
+    limit 120 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    ref=$(plan llama1b q4_1 llama1b-eager)
+    for cand in llama1b llama1b-pp3 llama1b-tp4 llama1b-pp2-tp2; do
+        late "gate $cand q4_1" && continue
+        gate "gate $cand q4_1" 120 "$M/llama1b-q4_1.gguf" "$ref" "$(plan llama1b q4_1 $cand)"
+    done
+    late "cuda vs cpu smol135m q4_1" ||
+        against_cpu "cuda vs cpu smol135m q4_1" 1e-2 "$M/smol135m-q4_1.gguf" "$(plan smol135m q4_1 smol135m)"
+
+    for name in smol135m smol135m-eager smol135m-pp2; do bench_shape smol135m q4_1 $name; done
+    for name in llama1b llama1b-eager llama1b-pp2; do bench_shape llama1b q4_1 $name; done
+    wait
+    echo "8B models written by $(($(date +%s) - t0)) s"
+    for dtype in q4_1 q8_0 f16; do bench_shape llama8b $dtype llama8b; done
+    for name in llama8b-eager llama8b-pp2; do bench_shape llama8b q4_1 $name; done
+    for dtype in q8_0 f16; do
+        bench_shape llama1b $dtype llama1b
+        bench_shape smol135m $dtype smol135m
+    done
+
+    if ! late "per-kernel llama8b q4_1"; then
+        limit 120 bash scripts/gpu.sh ncu-token llama8b q4_1 64 >"$LOG/ncu-token.txt" 2>&1
+        rc=$?
+        row "per-kernel llama8b q4_1" "$(ok_or_fail $rc)" "$LOG/ncu-token.txt (its table is printed above this one)"
+        tail -12 "$LOG/ncu-token.txt"
+    fi
+    table
+}
+bench_shape() { # shape dtype placement
+    late "bench $3 $2" && return
+    bench "bench $3 $2" 150 "$M/$1-$2.gguf" "$(plan "$1" "$2" "$3")" -n 128 --reps 3
+}
+
+# The matvec speed record of bench/cuda-speed.md: times the matvec benchmark of a baseline
+# build (BEFORE, if staged), then runs the self-test with the benchmark on the build under
+# test (AFTER) and the self-test under memcheck. Stage both with the build suite (copy the
+# binary to the names below). Exits non-zero if a run fails.
+suite_speed() {
+    local before_bin=${BEFORE:-$BIN/speed_before} after_bin=${AFTER:-$BIN/speed_after}
+    local before=0 after memcheck_rc
+    logs_in "$LOG"
+    stamp name,driver_version,clocks.sm,clocks.mem
+    tables() { sed -n '/^matvec bandwidth/,/^per-op/p' "$1" | grep -v '^per-op'; }
+    if [ -x "$before_bin" ]; then
+        "$before_bin" --bench --no-checks >"$LOG/before.log" 2>&1
+        before=$?
+        echo "== before ($before_bin)"
+        tables "$LOG/before.log"
+    fi
+    "$after_bin" --bench >"$LOG/after.log" 2>&1
+    after=$?
+    memcheck "$after_bin"
+    memcheck_rc=$?
+    echo "== after ($after_bin)"
+    grep -E "^matvec_" "$LOG/after.log" | head -8
+    grep -E "^  matvec_" "$LOG/after.log"
+    grep -E "FAIL|rror" "$LOG/after.log" | head -20
+    tables "$LOG/after.log"
+    memcheck_line
+    tail -1 "$LOG/after.log"
+    printf '%-18s exit %s\n' "before --bench" "$before" "after --bench" "$after" "memcheck" "$memcheck_rc"
+    [ "$before" -eq 0 ] && [ "$after" -eq 0 ] && [ "$memcheck_rc" -eq 0 ]
+}
+
+# The real SmolLM2-135M-Instruct Q4_1 on the CUDA backend. The model (98 MB) is larger than
+# what one device call carries (64 MiB), so it travels in three parts
+# (`split -n 3 -d models/SmolLM2-135M-Instruct.Q4_1.gguf`) in git-ignored folders .m1, .m2,
+# .m3, carried by three consecutive calls while the machine stays warm; the first two run
+#   mkdir -p /tmp/smol && cp .mN/p /tmp/smol/pN
+# and the third carries .dev and .m3 and runs this suite, which joins the parts, checks the
+# hash, and records: greedy text on CUDA, CUDA against the CPU backend (64 greedy steps),
+# gates of the shipped SmolLM2 plans against the 1-rank eager CUDA run, perplexity and speed.
+suite_real() {
+    logs_in "$LOG"
+    local r=$BIN/memra-run p
+    join_smollm2
+    stamp name,driver_version
+    sed 's/^\[pipeline\]/[capture]\nmode = "eager"\n\n[pipeline]/' plans/smollm2.toml >plans/smollm2-eager.toml
+    "$BIN/memra-compile" -q plans/smollm2-eager.toml
+    echo "== generate (cuda, greedy)"
+    limit 120 "$r" generate --backend cuda --temp 0 -n 32 --prompt "The capital of France is" plans/smollm2.plan.toml
+    echo
+    echo "== cuda vs cpu, 64 greedy steps"
+    # the stated bound (bench/cuda-gates.md): CPU and CUDA reduce in different orders, and the
+    # f16 KV cache and 8-bit activations round last-bit differences up to ~6.5e-2 relative
+    limit 120 "$r" compare --backend cuda -n 64 --tolerance 1e-1 plans/smollm2.plan.toml 2>&1 | tail -3
+    for p in smollm2 smollm2-pp2 smollm2-pp3 smollm2-pp2-eager-island; do
+        echo "== gate $p vs 1-rank eager (cuda)"
+        limit 120 "$r" gate --backend cuda -n 32 --reference plans/smollm2-eager.plan.toml "plans/$p.plan.toml" 2>&1 | tail -1
+    done
+    echo "== gate smollm2-tp3 vs 1-rank eager (cuda; TP-3 does not nest: a mismatch is expected)"
+    limit 120 "$r" gate --backend cuda -n 8 --reference plans/smollm2-eager.plan.toml plans/smollm2-tp3.plan.toml 2>&1 | tail -1
+    echo "== perplexity (cuda)"
+    limit 120 "$r" perplexity --backend cuda plans/smollm2.plan.toml testdata/perplexity.txt --ctx 512 2>&1 | tail -2
+    echo "== bench (cuda)"
+    for p in smollm2 smollm2-eager smollm2-pp2; do
+        limit 120 "$r" bench --backend cuda -n 128 --reps 3 "plans/$p.plan.toml" 2>&1 | tail -1
+    done
+}
+
+# On a machine with 4 (or more) GPUs: the CUDA backend across devices. On 2 or 3 GPUs it runs
+# the rows that fit (PP-2 and TP-2 on devices 0,1).
+#   - the peer-access matrix (nvidia-smi) and device-to-device copy bandwidth per pair;
+#   - gates against the 1-rank eager run on device 0, llama1b-shaped q8_0: PP-2 on devices
+#     0,1; PP-4 uneven on 0..3; TP-2 on 0,1; TP-4 on 0..3; PP-2 x TP-2 on 0..3; each plan's
+#     memory per device (as the engine measured it) checked against the plan's bytes;
+#   - llama8b-shaped q4_1 and f16: decode latency of TP-2 and TP-4 and tokens/s of PP-2 and
+#     PP-4 against one GPU (one sequence; the executor decodes one sequence at a time);
+#   - a pair of devices without P2P refused by name, when the machine has one.
+suite_multi() {
+    P=/tmp/memra-plans-multi
+    logs_in /tmp/memra-multi
+    stamp index,name,driver_version,memory.total
+    local gpus cand dtype pairs out bad pair ref
+    gpus=$(nvidia-smi -L | wc -l)
+    if [ "$gpus" -lt 2 ]; then
+        echo "the multi suite needs 2 GPUs (4 for every row); the machine has $gpus"
+        exit 1
+    fi
+    # on 2 or 3 GPUs, only the placements that fit: PP-2 and TP-2 on devices 0,1
+    fits() { [ "$gpus" -ge 4 ] || [[ "$1" != *4 && "$1" != *pp2-tp2 ]]; }
+
+    # 1. peer access and copy bandwidth per pair
+    nvidia-smi topo -p2p r | tee "$LOG/p2p.txt"
+    nvidia-smi topo -m >"$LOG/topo.txt"
+    python3 - <<'PY' 2>&1 | tee "$LOG/bandwidth.txt"
+import torch
+n = torch.cuda.device_count()
+size = 1 << 30
+for a in range(n):
+    for b in range(n):
+        if a == b:
+            continue
+        src = torch.empty(size, dtype=torch.uint8, device=f"cuda:{a}")
+        dst = torch.empty(size, dtype=torch.uint8, device=f"cuda:{b}")
+        dst.copy_(src)
+        torch.cuda.synchronize(a); torch.cuda.synchronize(b)
+        start = torch.cuda.Event(enable_timing=True); end = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.device(b):
+            start.record()
+            for _ in range(5):
+                dst.copy_(src, non_blocking=True)
+            end.record()
+        end.synchronize()
+        print(f"copy {a} -> {b}: {5 * size / start.elapsed_time(end) / 1e6:.1f} GB/s, peer {torch.cuda.can_device_access_peer(b, a)}")
+PY
+    pairs=$(grep -c ' GB/s' "$LOG/bandwidth.txt")
+    if [ "$pairs" -gt 0 ]; then
+        row "peer matrix + bandwidth" ok "$pairs pairs measured (bandwidth.txt)"
+    else
+        row "peer matrix + bandwidth" FAIL "no pair measured (the copy test needs python3 with torch): $(tail -1 "$LOG/bandwidth.txt")"
+    fi
+
+    # 2. gates across devices, with memory per device against the plan
+    synth llama1b q8_0
+    ref=$(plan llama1b q8_0 llama1b-eager)
+    for cand in llama1b-pp2 llama1b-pp4 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2; do
+        fits "$cand" || continue
+        gate "gate $cand q8_0" 200 "$M/llama1b-q8_0.gguf" "$ref" "$(plan llama1b q8_0 "multi/$cand")"
+        # bench prints "device D (...): ranks ...: X MiB taken, plan Y MiB" per device; taken
+        # may exceed the plan by the context, streams and pinned rings, not by more than 10% +
+        # 256 MiB
+        out=$(limit 100 "$BIN/memra-run" bench --backend cuda -n 32 --reps 1 --model "$M/llama1b-q8_0.gguf" \
+            "$P/q8_0/$cand.plan.toml" 2>&1)
+        echo "$out" >>"$LOG/memory.log"
+        bad=$(echo "$out" | awk '/MiB taken, plan/ { t = $(NF-4); p = $(NF-1); if (t > p * 1.1 + 256 || t < p * 0.9) print }')
+        if [ -z "$bad" ] && echo "$out" | grep -q "MiB taken"; then
+            row "memory $cand" ok "$(echo "$out" | grep -c 'MiB taken') devices within 10% + 256 MiB of the plan"
+        else
+            row "memory $cand" FAIL "$(echo "${bad:-no memory report}" | head -1)"
+        fi
+    done
+
+    # 3. llama8b speed: TP latency and PP throughput against one GPU
+    for dtype in q4_1 f16; do
+        synth llama8b "$dtype"
+        for cand in llama8b llama8b-tp2 llama8b-tp4 llama8b-pp2 llama8b-pp4; do
+            fits "$cand" || continue
+            bench "bench $cand $dtype" 200 "$M/llama8b-$dtype.gguf" "$(plan llama8b "$dtype" "multi/$cand")" -n 128 --reps 3
+        done
+        rm -f "$M/llama8b-$dtype.gguf"
+    done
+
+    # 4. a pair without P2P must be refused by name (only when the machine has one)
+    pair=$(awk 'NR > 1 { for (j = 2; j <= NF; j++) if ($j != "OK" && $j != "X") { print NR - 2, j - 2; exit } }' "$LOG/p2p.txt")
+    if [ -n "$pair" ]; then
+        read -r a b <<<"$pair"
+        sed "s/ids = \[0, 1\]/ids = [$a, $b]/; s/devices = \[\[0\], \[1\]\]/devices = [[$a], [$b]]/" \
+            plans/synthetic/multi/llama1b-pp2.toml >"$P/no-p2p.toml"
+        sed -i 's#\.\./\.\./\.\./models#'"$PWD"'/models#' "$P/no-p2p.toml"
+        ln -sf "$M/llama1b-q8_0.gguf" models/llama1b.gguf
+        "$BIN/memra-compile" -o "$P/no-p2p.plan.toml" "$P/no-p2p.toml" >/dev/null
+        out=$(limit 100 "$BIN/memra-run" bench --backend cuda -n 4 --reps 1 --model "$M/llama1b-q8_0.gguf" \
+            "$P/no-p2p.plan.toml" 2>&1)
+        if echo "$out" | grep -q "devices $a and $b have no peer-to-peer access"; then
+            row "no-p2p pair $a,$b refused" ok "$(echo "$out" | tail -1 | cut -c1-200)"
+        else
+            row "no-p2p pair $a,$b refused" FAIL "$(echo "$out" | tail -1 | cut -c1-300)"
+        fi
+    else
+        row "no-p2p pair refused" skip "every pair of this machine has p2p"
+    fi
+    table
+}
+
+# The matvec benchmark alone while sampling the SM clock, then Nsight Compute on one launch of
+# each KERNEL (default matvec_q4_1 matvec_f16) at 14336x4096, the third benchmark shape, to
+# show what bounds them.
+suite_profile() {
+    local selftest=${SELFTEST:-$BIN/cuda_selftest} kernels=("$@") smi bench_rc k
+    logs_in "$LOG"
+    [ ${#kernels[@]} -eq 0 ] && kernels=(matvec_q4_1 matvec_f16)
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 100 >"$LOG/clocks.csv" &
+    smi=$!
+    "$selftest" --bench --no-checks >"$LOG/bench.log" 2>&1
+    bench_rc=$?
+    kill "$smi"
+    for k in "${kernels[@]}"; do
+        # the benchmark launches each kernel 160 times per shape: launch 330 is in the third shape
+        ncu --clock-control none --kernel-name "$k" --launch-skip 330 --launch-count 1 \
+            --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+            --section MemoryWorkloadAnalysis "$selftest" --bench --no-checks >"$LOG/ncu-$k.txt" 2>&1
+        echo "== $k"
+        grep -E "SM Frequency|DRAM Throughput|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Executed Ipc|L1/TEX Hit|Mem Busy|Max Bandwidth|Block Limit" "$LOG/ncu-$k.txt" | sed 's/  */ /g'
+        grep -E "^ *(WRN|INF|OPT) " "$LOG/ncu-$k.txt" | cut -c1-300 | head -6
+    done
+    echo "== sm clock (MHz) during the benchmark: $(cut -d, -f2 "$LOG/clocks.csv" | tr -dc '0-9\n' | sort -n | uniq -c | sort -rn | head -4 | tr '\n' ' ')"
+    grep -E "^(f16|q8_0|q4_1|q4_k) |device-to-device" "$LOG/bench.log"
+    echo "bench exit $bench_rc"
+}
+
+# Writes a synthetic model, then measures every kernel of one eager decode step, the last of
+# STEPS (default 64, so attention reads STEPS positions), under Nsight Compute (duration only,
+# caches and clocks left alone; this machine has Nsight Compute, not Nsight Systems) and prints
+# that token's kernel time by kernel. Launch gaps are not in these numbers: compare their sum
+# with `memra-run bench`.
+suite_ncu_token() {
+    if [ $# -lt 2 ]; then
+        echo "usage: scripts/gpu.sh ncu-token SHAPE DTYPE [STEPS]" >&2
+        exit 2
+    fi
+    local shape=$1 dtype=$2 steps=${3:-64} model plan_path csv per_step
+    logs_in "$LOG"
+    model="$M/$shape-$dtype.gguf"
+    [ -f "$model" ] || synth "$shape" "$dtype"
+    plan_path=$(plan "$shape" "$dtype" "$shape-eager")
+    csv="$LOG/ncu-$shape-$dtype.csv"
+    per_step=$(ncu_run "$model" "$plan_path" 1 2>/dev/null | grep -c '"gpu__time_duration.sum"')
+    ncu_run "$model" "$plan_path" "$steps" --launch-skip $(((steps - 1) * per_step)) --launch-count "$per_step" \
+        >"$csv" 2>"$LOG/ncu-$shape-$dtype.err"
+    python3 - "$csv" 1 "$shape $dtype, decode step $steps" <<'PY'
+import csv, sys, collections
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+rows = list(csv.DictReader(lines))
+steps = int(sys.argv[2])
+t = collections.defaultdict(float); n = collections.Counter()
+for r in rows:
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    v = float(r["Metric Value"].replace(",", ""))
+    v *= {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
+    name = r["Kernel Name"].split("(")[0]
+    t[name] += v; n[name] += 1
+total = sum(t.values())
+print(f"== {sys.argv[3]}: kernel time of one eager decode step (Nsight Compute)")
+print(f"{'kernel':<22} {'us/token':>9} {'launches':>9} {'avg us':>7} {'share':>6}")
+for k in sorted(t, key=t.get, reverse=True):
+    print(f"{k:<22} {t[k] / steps:9.1f} {n[k] / steps:9.1f} {t[k] / n[k]:7.2f} {100 * t[k] / total:5.1f}%")
+print(f"{'all kernels':<22} {total / steps:9.1f} {sum(n.values()) / steps:9.1f}")
+PY
+}
+ncu_run() { # model plan steps [ncu options]: a one-token prompt, so STEPS decode steps of
+    # equal launches
+    local model=$1 plan_path=$2 n=$3
+    shift 3
+    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv "$@" \
+        "$BIN/memra-run" generate --backend cuda --temp 0 -n "$n" -p "a" --model "$model" "$plan_path"
+}
+
+# After the real model's parts arrived (see suite_real): the CUDA self-test (sampling
+# included) and sampled text on CUDA against the CPU backend with the same seed on the real
+# SmolLM2 (the llama8b gates are in the gates suite).
+suite_final() {
+    logs_in "$LOG"
+    stamp name,driver_version
+    join_smollm2
+    local rc cpu gpu seed
+    limit 120 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    row selftest "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log")"
+    grep -iE "sampl" "$LOG/selftest.log" | head -8
+    for seed in 7 11; do
+        cpu=$(limit 120 "$BIN/memra-run" generate --seed $seed -n 48 -p "Once upon a time," plans/smollm2.plan.toml 2>/dev/null)
+        gpu=$(limit 120 "$BIN/memra-run" generate --backend cuda --seed $seed -n 48 -p "Once upon a time," plans/smollm2.plan.toml 2>/dev/null)
+        echo "seed $seed cpu: $cpu"
+        echo "seed $seed cuda: $gpu"
+        row "sampled text seed $seed cpu vs cuda" "$([ "$cpu" = "$gpu" ] && echo same || echo diff)" "$(echo "$gpu" | head -c 80 | tr '\n' ' ')"
+    done
+    table
+}
+
+SUITE=${1:-}
+case "$SUITE" in
+build | selftest | tests | gates | bench | speed | real | multi | profile | ncu-token | final)
+    shift
+    "suite_${SUITE//-/_}" "$@"
+    ;;
+*)
+    sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
