@@ -15,6 +15,9 @@
 #   speed                     matvec bandwidth of a baseline build against the one under test
 #   real                      the real SmolLM2 (carried in three parts, see suite_real)
 #   multi                     on 2-4 GPUs: peer matrix, cross-device gates, llama8b TP/PP speed
+#   tp [DTYPES]               on 2 GPUs: the all-reduce alone (one-shot and NCCL), TP-2/PP-2
+#                             gates over both transports, llama8b speed of one GPU, TP-2 (both
+#                             transports) and PP-2 for DTYPES (default "q4_1 q8_0 f16")
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
 #   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
@@ -31,6 +34,8 @@ M=/tmp/memra-models
 P=/tmp/memra-plans
 LOG="${OUT:-/tmp/memra-gpu}"
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+# NVLink multicast stays off on the shared GPU machines, in every process started from here
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 t0=$(date +%s)
 BUDGET=
 rows=()
@@ -114,6 +119,13 @@ memcheck() { # self-test binary: it under compute-sanitizer memcheck; the exit s
     compute-sanitizer --tool memcheck --error-exitcode 3 "$1" >"$LOG/memcheck.log" 2>&1
 }
 memcheck_line() { echo "memcheck: $(grep -E "ERROR SUMMARY|passed, " "$LOG/memcheck.log" | tr '\n' ' ')"; }
+nccl_on_path() { # puts pip's libnccl (nvidia-nccl-cu13) on the library path as libnccl.so
+    local dir
+    dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null) || return 1
+    mkdir -p /tmp/nccl-lib
+    ln -sf "$dir/libnccl.so.2" /tmp/nccl-lib/libnccl.so
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/tmp/nccl-lib:$dir"
+}
 join_smollm2() { # the real model from its three carried parts (see suite_real)
     local model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     cat /tmp/smol/p1 /tmp/smol/p2 .m3/p >"$model"
@@ -480,6 +492,37 @@ PY
     table
 }
 
+# Tensor parallelism across two devices: the all-reduce alone over both transports, gates of
+# TP-2 (one device; two devices, one-shot and NCCL) and PP-2 against the 1-rank eager run, and
+# llama8b decode speed of one GPU, TP-2 (one-shot, NCCL) and PP-2 on devices 0,1.
+suite_tp() {
+    P=/tmp/memra-plans-tp
+    logs_in /tmp/memra-tp
+    stamp index,name,driver_version
+    local dtypes=${1:-q4_1 q8_0 f16} pair out rc ref cand dtype
+    nvidia-smi topo -m >"$LOG/topo.txt" 2>&1
+    nccl_on_path || row "nccl library" FAIL "python3 has no nvidia.nccl"
+    for pair in 0,1 0,0; do
+        out=$(limit 120 "$BIN/cuda_selftest" --collective "$pair" 2>&1)
+        rc=$?
+        echo "$out" | tee -a "$LOG/collective.log"
+        result "all-reduce $pair" $rc "$out" "$(echo "$out" | grep -E '^all-reduce|16 KiB' | paste -sd' ' | tr -s ' ' | cut -c1-220)"
+    done
+    synth llama1b q8_0
+    ref=$(plan llama1b q8_0 llama1b-eager)
+    for cand in llama1b-tp2 multi/llama1b-tp2 multi/llama1b-tp2-nccl multi/llama1b-pp2; do
+        gate "gate $cand q8_0" 200 "$M/llama1b-q8_0.gguf" "$ref" "$(plan llama1b q8_0 "$cand")"
+    done
+    for dtype in $dtypes; do
+        synth llama8b "$dtype"
+        for cand in llama8b llama8b-tp2 llama8b-tp2-nccl llama8b-pp2; do
+            bench "bench $cand $dtype" 200 "$M/llama8b-$dtype.gguf" "$(plan llama8b "$dtype" "multi/$cand")" -n 128 --reps 3
+        done
+        rm -f "$M/llama8b-$dtype.gguf"
+    done
+    table
+}
+
 # The matvec benchmark alone while sampling the SM clock, then Nsight Compute on one launch of
 # each KERNEL (default matvec_q4_1 matvec_f16) at 14336x4096, the third benchmark shape, to
 # show what bounds them.
@@ -578,7 +621,7 @@ suite_final() {
 
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;
