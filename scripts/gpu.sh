@@ -17,7 +17,8 @@
 #   multi                     on 2-4 GPUs: peer matrix, cross-device gates, llama8b TP/PP speed
 #   tp [DTYPES]               on 2 GPUs: the all-reduce alone (one-shot and NCCL), TP-2/PP-2
 #                             gates over both transports, llama8b speed of one GPU, TP-2 (both
-#                             transports) and PP-2 for DTYPES (default "q4_1 q8_0 f16")
+#                             transports), PP-2 and one TP-2 rank's compute alone for DTYPES
+#                             (default "q4_1 q8_0 f16")
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
 #   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
@@ -519,6 +520,12 @@ suite_tp() {
             bench "bench $cand $dtype" 200 "$M/llama8b-$dtype.gguf" "$(plan llama8b "$dtype" "multi/$cand")" -n 128 --reps 3
         done
         rm -f "$M/llama8b-$dtype.gguf"
+        # one TP-2 rank's compute alone, as a model of its own: TP-2 minus this is what the
+        # collectives and the second device cost
+        synth llama8b-tp2-rank "$dtype"
+        bench "bench llama8b-tp2-rank $dtype" 200 "$M/llama8b-tp2-rank-$dtype.gguf" \
+            "$(plan llama8b-tp2-rank "$dtype" llama8b-tp2-rank)" -n 128 --reps 3
+        rm -f "$M/llama8b-tp2-rank-$dtype.gguf"
     done
     table
 }

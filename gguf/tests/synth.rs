@@ -88,7 +88,7 @@ fn unknown_shape_lists_known_ones() {
     let e = synth::shape("huge").unwrap_err().to_string();
     assert_eq!(
         e,
-        "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b"
+        "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, llama8b-tp2-rank"
     );
     let s = synth::shape("llama8b").unwrap();
     assert_eq!(

@@ -96,6 +96,20 @@ pub const SHAPES: &[Shape] = &[
         context: 131072,
         rope_base: 500000.0,
     },
+    // one rank of llama8b under TP-2 as a model of its own (half the heads, the FFN width and
+    // the vocabulary): its 1-rank profile is the compute of a TP-2 token without collectives
+    Shape {
+        name: "llama8b-tp2-rank",
+        dim: 4096,
+        ffn: 7168,
+        layers: 32,
+        heads: 16,
+        kv_heads: 4,
+        vocab: 64128,
+        tied: false,
+        context: 131072,
+        rope_base: 500000.0,
+    },
 ];
 
 /// The shape called `name`; the error lists the known names.
