@@ -107,10 +107,11 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
 
 // The vocab-parallel logits of every member, concatenated in member order into `full` on
 // member 0. Every member pushes to every member and waits for all, so that each collective is
-// a barrier and the parity rule above holds for the gather too.
+// a barrier and the parity rule above holds for the gather too. Its parameters are
+// all_reduce_f32's (the tree is not used), so one launch helper serves both.
 extern "C" __global__ void __launch_bounds__(COLL_THREADS)
-    gather_f32(const u64* peers, int members, int me, int n, int cap, const float* part,
-               float* full, u64* seq, int early, u64 timeout_ns) {
+    gather_f32(const u64* peers, const int* tree, int ntree, int members, int me, int n,
+               int cap, const float* part, float* full, u64* seq, int early, u64 timeout_ns) {
     const u64 s = begin(seq, early);
     const int i = blockIdx.x * COLL_SLICE + threadIdx.x;
     if (i < n) {

@@ -288,7 +288,7 @@ fn model_lookup_covers_every_architecture() {
     assert_eq!(
         e,
         "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
-         tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
+         llama8b-tp2-rank, tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
          deepseek-v3"
     );
     let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();

@@ -63,32 +63,24 @@ pub enum Collective {
     Nccl(super::nccl::NcclMember),
 }
 
-impl Collective {
-    /// `x += ` the group's sum of every member's `part`, in the tree order.
-    pub fn all_reduce(
-        &self,
-        dev: &CudaDevice,
-        stream: &Arc<CudaStream>,
-        part: &Span<f32>,
-        x: &Span<f32>,
-    ) -> Result<()> {
-        match self {
-            Collective::Oneshot(c) => c.all_reduce(dev, stream, part, x),
-            Collective::Nccl(c) => c.all_reduce(dev, stream, part, x),
-        }
-    }
+/// What a collective makes of the members' vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// `out += ` the sum of every member's part, in the group's tree order (the residual add
+    /// of a row-parallel projection).
+    Sum,
+    /// `out` on member 0 = every member's part, concatenated in member order (vocab-parallel
+    /// logits); the other members' `out` is not written.
+    Gather,
+}
 
-    /// Concatenates every member's `part` (in member order) into `full` on member 0.
-    pub fn gather(
-        &self,
-        dev: &CudaDevice,
-        stream: &Arc<CudaStream>,
-        part: &Span<f32>,
-        full: &Span<f32>,
-    ) -> Result<()> {
+impl Collective {
+    /// Enqueues the collective `what` of this member's `part` into `out` on the member's
+    /// stream.
+    pub fn run(&self, what: Reduce, part: &Span<f32>, out: &Span<f32>) -> Result<()> {
         match self {
-            Collective::Oneshot(c) => c.gather(dev, stream, part, full),
-            Collective::Nccl(c) => c.gather(stream, part, full),
+            Collective::Oneshot(c) => c.run(what, part, out),
+            Collective::Nccl(c) => c.run(what, part, out),
         }
     }
 }
@@ -96,6 +88,8 @@ impl Collective {
 /// A member's view of its one-shot group: its exchange, the peers' addresses and the combine
 /// tree.
 pub struct Oneshot {
+    dev: CudaDevice,
+    stream: Arc<CudaStream>,
     exchange: Exchange,
     peers: DeviceBuffer<u64>,
     tree: DeviceBuffer<i32>,
@@ -120,7 +114,7 @@ pub(super) fn postfix(tree: &Tree, out: &mut Vec<i32>) {
 
 impl Oneshot {
     /// Connects member `me` of a group whose members' exchanges are at `all` (in member
-    /// order), combining in `tree`; the tables live on `dev`. `own_devices` says that no two
+    /// order), combining in `tree`; the tables live on `dev`, the collectives run on `stream`. `own_devices` says that no two
     /// members share a device.
     pub fn connect(
         dev: &CudaDevice,
@@ -142,6 +136,8 @@ impl Oneshot {
         let mut ops = Vec::new();
         postfix(tree, &mut ops);
         Ok(Oneshot {
+            dev: dev.clone(),
+            stream: stream.clone(),
             peers: dev.upload(stream, &table)?,
             tree: dev.upload(stream, &ops)?,
             tree_len: ops.len(),
@@ -152,33 +148,27 @@ impl Oneshot {
         })
     }
 
-    fn check(&self, n: usize, what: &str) {
+    /// Enqueues the collective `what` of this member's `part` into `out`.
+    fn run(&self, what: Reduce, part: &Span<f32>, out: &Span<f32>) -> Result<()> {
+        let n = part.len();
         assert!(
             n <= self.exchange.cap,
-            "invariant: {what} of {n} values fits the exchange of {}",
+            "invariant: a collective of {n} values fits the exchange of {}",
             self.exchange.cap
         );
-    }
-
-    fn config(n: usize) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (n.div_ceil(SLICE).max(1) as u32, 1, 1),
-            block_dim: (SLICE as u32, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// `x += ` the group's sum of every member's `part`, in the tree order.
-    pub fn all_reduce(
-        &self,
-        dev: &CudaDevice,
-        stream: &Arc<CudaStream>,
-        part: &Span<f32>,
-        x: &Span<f32>,
-    ) -> Result<()> {
-        let n = part.len();
-        assert_eq!(n, x.len(), "invariant: all_reduce part and x lengths");
-        self.check(n, "an all-reduce");
+        let kernel = match what {
+            Reduce::Sum => {
+                assert_eq!(n, out.len(), "invariant: all-reduce part and x lengths");
+                "all_reduce_f32"
+            }
+            Reduce::Gather => {
+                assert!(
+                    self.me != 0 || out.len() == n * self.members,
+                    "invariant: the gathered logits hold every member's slice"
+                );
+                "gather_f32"
+            }
+        };
         let (peers, tree, seq) = (
             Span::of(&self.peers).addr(),
             Span::of(&self.tree).addr(),
@@ -191,11 +181,17 @@ impl Oneshot {
             n as i32,
             self.exchange.cap as i32,
         );
-        let (pp, xp) = (part.addr(), x.addr());
-        // SAFETY: the arguments match all_reduce_f32's signature in order and type; the tables
-        // hold live exchange addresses of every member (peer access is enabled between them)
+        let (pp, op) = (part.addr(), out.addr());
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(SLICE).max(1) as u32, 1, 1),
+            block_dim: (SLICE as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match both kernels' signature in order and type; the tables
+        // hold live exchange addresses of every member (peer access is enabled between them);
+        // `out` holds what `what` writes (checked above)
         unsafe {
-            dev.launch_kernel(stream, "all_reduce_f32", Self::config(n), |a| {
+            self.dev.launch_kernel(&self.stream, kernel, cfg, |a| {
                 a.arg(&peers)
                     .arg(&tree)
                     .arg(&ntree)
@@ -204,50 +200,7 @@ impl Oneshot {
                     .arg(&n_i)
                     .arg(&cap)
                     .arg(&pp)
-                    .arg(&xp)
-                    .arg(&seq)
-                    .arg(&self.early)
-                    .arg(&TIMEOUT_NS);
-            })
-        }
-    }
-
-    /// Concatenates every member's `part` (in member order) into `full` on member 0.
-    pub fn gather(
-        &self,
-        dev: &CudaDevice,
-        stream: &Arc<CudaStream>,
-        part: &Span<f32>,
-        full: &Span<f32>,
-    ) -> Result<()> {
-        let n = part.len();
-        self.check(n, "a logits gather");
-        assert!(
-            self.me != 0 || full.len() == n * self.members,
-            "invariant: the gathered logits hold every member's slice"
-        );
-        let (peers, seq) = (
-            Span::of(&self.peers).addr(),
-            Span::of(&self.exchange.seq).addr(),
-        );
-        let (members, me, n_i, cap) = (
-            self.members as i32,
-            self.me as i32,
-            n as i32,
-            self.exchange.cap as i32,
-        );
-        let (pp, fp) = (part.addr(), full.addr());
-        // SAFETY: as in all_reduce; `full` is only written on member 0, where it holds
-        // members * n values
-        unsafe {
-            dev.launch_kernel(stream, "gather_f32", Self::config(n), |a| {
-                a.arg(&peers)
-                    .arg(&members)
-                    .arg(&me)
-                    .arg(&n_i)
-                    .arg(&cap)
-                    .arg(&pp)
-                    .arg(&fp)
+                    .arg(&op)
                     .arg(&seq)
                     .arg(&self.early)
                     .arg(&TIMEOUT_NS);

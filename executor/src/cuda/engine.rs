@@ -32,7 +32,9 @@ use super::rank::{copy, RankDevice};
 use super::span::Span;
 use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
-use crate::program::{run_block, walk, Block, Cursor, Entered, Entry, Program, RankOps, Work};
+use crate::program::{
+    run_block, walk, Binder, Block, Cursor, Entered, Entry, Program, RankOps, Work,
+};
 use crate::reduce::{ReduceOrder, Tree};
 use crate::weights::RankWeights;
 
@@ -675,19 +677,16 @@ fn connect_groups(plan: &Plan, ranks: &mut [RankDevice]) -> Result<()> {
     Ok(())
 }
 
-/// One event per (event, slot), on the device of the rank that records it.
+/// One event per (event, slot), on the device of the rank that records it; the plan's events
+/// are checked first (one record each, every wait bound to one) as both engines check them.
 fn make_events(plan: &Plan, ranks: &[RankDevice]) -> Result<BTreeMap<String, Vec<CudaEvent>>> {
+    Binder::new(plan)?;
     let mut events = BTreeMap::new();
     for (r, rank) in plan.ranks.iter().zip(ranks) {
         for step in &r.program {
             let Step::Record { event, .. } = step else {
                 continue;
             };
-            if events.contains_key(event) {
-                bail!(
-                    "event `{event}` is recorded at more than one place; the cuda engine needs one"
-                );
-            }
             let slots = plan
                 .boundaries
                 .iter()
@@ -697,18 +696,6 @@ fn make_events(plan: &Plan, ranks: &[RankDevice]) -> Result<BTreeMap<String, Vec
                 .map(|_| rank.dev.new_event(false))
                 .collect::<Result<Vec<_>>>()?;
             events.insert(event.clone(), list);
-        }
-    }
-    for r in &plan.ranks {
-        for step in &r.program {
-            if let Step::Wait { event, .. } = step {
-                if !events.contains_key(event) {
-                    bail!(
-                        "rank {} waits for event `{event}`, which no rank records",
-                        r.rank
-                    );
-                }
-            }
         }
     }
     Ok(events)

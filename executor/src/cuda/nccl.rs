@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use cudarc::nccl::{group_end, group_start, Comm};
 
-use super::collective::postfix;
+use super::collective::{postfix, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::span::Span;
 use crate::reduce::Tree;
@@ -23,6 +23,7 @@ const COMBINE_THREADS: usize = 256;
 
 /// One member of an NCCL group: its communicator rank and its gather buffer.
 pub struct NcclMember {
+    dev: CudaDevice,
     comm: Comm,
     gathered: DeviceBuffer<f32>,
     tree: DeviceBuffer<i32>,
@@ -67,6 +68,7 @@ pub fn connect(
             members,
             me,
             comm,
+            dev: dev.clone(),
         });
     }
     group_start().map_err(|e| anyhow!("cuda backend: nccl group start: {e:?}"))?;
@@ -85,28 +87,22 @@ pub fn connect(
 }
 
 impl NcclMember {
-    fn on_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        if self.comm.stream().cu_stream() != stream.cu_stream() {
-            bail!("invariant: nccl collectives run on the stream the communicator was made for");
-        }
-        Ok(())
-    }
-
-    /// `x += ` the group's sum of every member's `part`, in the tree order.
-    pub fn all_reduce(
-        &self,
-        dev: &CudaDevice,
-        stream: &Arc<CudaStream>,
-        part: &Span<f32>,
-        x: &Span<f32>,
-    ) -> Result<()> {
-        self.on_stream(stream)?;
+    /// Enqueues the collective `what` of this member's `part` into `out`: NCCL gathers every
+    /// member's part (into `out` itself for member 0's gather), then a sum combines them in
+    /// the tree.
+    pub fn run(&self, what: Reduce, part: &Span<f32>, out: &Span<f32>) -> Result<()> {
         let n = part.len();
-        let mut gathered = Span::of(&self.gathered).sub(0, self.members * n);
+        let mut gathered = match what {
+            Reduce::Gather if self.me == 0 => out.sub(0, self.members * n),
+            _ => Span::of(&self.gathered).sub(0, self.members * n),
+        };
         self.comm
             .all_gather(part, &mut gathered)
             .map_err(|e| anyhow!("cuda backend: nccl all-gather of {n} values: {e:?}"))?;
-        let (g, tree, xp) = (gathered.addr(), Span::of(&self.tree).addr(), x.addr());
+        if what == Reduce::Gather {
+            return Ok(());
+        }
+        let (g, tree, xp) = (gathered.addr(), Span::of(&self.tree).addr(), out.addr());
         let (ntree, n_i) = (self.tree_len as i32, n as i32);
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(COMBINE_THREADS).max(1) as u32, 1, 1),
@@ -114,32 +110,12 @@ impl NcclMember {
             shared_mem_bytes: 0,
         };
         // SAFETY: the arguments match combine_f32's signature in order and type; `gathered`
-        // holds members * n values, x holds n
+        // holds members * n values, `out` (x) holds n
         unsafe {
-            dev.launch_kernel(stream, "combine_f32", cfg, |a| {
-                a.arg(&g).arg(&tree).arg(&ntree).arg(&n_i).arg(&xp);
-            })
+            self.dev
+                .launch_kernel(&self.comm.stream(), "combine_f32", cfg, |a| {
+                    a.arg(&g).arg(&tree).arg(&ntree).arg(&n_i).arg(&xp);
+                })
         }
-    }
-
-    /// Concatenates every member's `part` (in member order) into `full` on member 0 (the
-    /// other members gather into their own buffer).
-    pub fn gather(
-        &self,
-        stream: &Arc<CudaStream>,
-        part: &Span<f32>,
-        full: &Span<f32>,
-    ) -> Result<()> {
-        self.on_stream(stream)?;
-        let n = part.len();
-        let mut dst = if self.me == 0 {
-            full.sub(0, self.members * n)
-        } else {
-            Span::of(&self.gathered).sub(0, self.members * n)
-        };
-        self.comm
-            .all_gather(part, &mut dst)
-            .map_err(|e| anyhow!("cuda backend: nccl gather of {n} logits: {e:?}"))?;
-        Ok(())
     }
 }

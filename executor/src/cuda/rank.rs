@@ -22,7 +22,7 @@ use memra_compiler::plan::{
     reduction_chunks, Boundary, Carries, Collective as PlanCollective, Plan, Segment,
 };
 
-use super::collective::{Collective, Exchange, Oneshot};
+use super::collective::{Collective, Exchange, Oneshot, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::ops::{DeviceKv, DeviceWeight, Norm};
 use super::span::Span;
@@ -394,8 +394,8 @@ impl RankDevice {
             }
             Work::Segment { layer, segment } => self.segment(layer, segment, s),
             Work::AllReduce => {
-                let c = self.collective()?;
-                c.all_reduce(dev, s, &Span::of(&b.partial), &Span::of(&b.x))
+                let c = self.collective(s)?;
+                c.run(Reduce::Sum, &Span::of(&b.partial), &Span::of(&b.x))
             }
             Work::Head => {
                 let (norm, rows) = self
@@ -423,8 +423,8 @@ impl RankDevice {
                 )
             }
             Work::GatherLogits => {
-                let c = self.collective()?;
-                c.gather(dev, s, &Span::of(&b.logits), &self.logits())
+                let c = self.collective(s)?;
+                c.run(Reduce::Gather, &Span::of(&b.logits), &self.logits())
             }
             Work::Sample if self.sampler.is_greedy() => {
                 dev.argmax(s, &self.logits(), &mut self.token())
@@ -463,7 +463,11 @@ impl RankDevice {
         }
     }
 
-    fn collective(&self) -> Result<&Collective> {
+    /// The rank's collectives, which were set up on its work stream: `s` must be that one.
+    fn collective(&self, s: &Arc<CudaStream>) -> Result<&Collective> {
+        if s.cu_stream() != self.work_stream().cu_stream() {
+            bail!("a collective on a stream other than the rank's first; the cuda backend runs collectives on the compute stream");
+        }
         self.collective
             .as_ref()
             .ok_or_else(|| anyhow!("a collective on a rank of no tensor-parallel group"))

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 
 use super::emit::{keyed, Spec};
 use super::ffn::{gated, routed, Routed};
-use super::plan::{matrix, norm, residual, token_embd, Planned};
+use super::plan::{matrix, norm, output_head, residual, token_embd, Planned};
 use crate::{GgmlType, Value};
 
 /// How router logits become expert probabilities (`expert_gating_func`).
@@ -328,13 +328,7 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
             p.extend(gated(&b, "_shexp", s.dim, shared, res, dtype));
         }
     }
-    p.push(norm("output_norm.weight".into(), s.dim));
-    p.push(matrix(
-        "output.weight".into(),
-        &[s.dim, s.vocab],
-        1.0,
-        dtype,
-    ));
+    p.extend(output_head(s.dim, s.vocab, false, dtype));
     p
 }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 
 use super::emit::Spec;
-use super::plan::{matrix, norm, residual, token_embd, Planned};
+use super::plan::{matrix, norm, output_head, residual, token_embd, Planned};
 use crate::{GgmlType, Value};
 
 /// A model shape.
@@ -177,15 +177,7 @@ fn plan(s: &Shape, dtype: GgmlType) -> Vec<Planned> {
             dtype,
         ));
     }
-    p.push(norm("output_norm.weight".into(), s.dim));
-    if !s.tied {
-        p.push(matrix(
-            "output.weight".into(),
-            &[s.dim, s.vocab],
-            1.0,
-            dtype,
-        ));
-    }
+    p.extend(output_head(s.dim, s.vocab, s.tied, dtype));
     p
 }
 

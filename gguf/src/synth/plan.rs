@@ -96,3 +96,12 @@ pub(crate) fn fallback(dtype: GgmlType, row: u64) -> GgmlType {
 pub(crate) fn residual(layers: u32) -> f32 {
     (2.0 * layers as f32).sqrt()
 }
+
+/// The model's tail: the final norm, then the output projection unless the embedding is tied.
+pub(crate) fn output_head(dim: u64, vocab: u64, tied: bool, dtype: GgmlType) -> Vec<Planned> {
+    let mut p = vec![norm("output_norm.weight".into(), dim)];
+    if !tied {
+        p.push(matrix("output.weight".into(), &[dim, vocab], 1.0, dtype));
+    }
+    p
+}

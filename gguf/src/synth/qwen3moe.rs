@@ -4,7 +4,7 @@
 
 use super::emit::{keyed, Spec};
 use super::ffn::{routed, Routed};
-use super::plan::{matrix, norm, residual, token_embd, Planned};
+use super::plan::{matrix, norm, output_head, residual, token_embd, Planned};
 use crate::{GgmlType, Value};
 
 /// A Qwen3-MoE shape.
@@ -121,13 +121,7 @@ fn plan(s: &Qwen3MoeShape, dtype: GgmlType) -> Vec<Planned> {
         p.push(norm(format!("{b}.ffn_norm.weight"), s.dim));
         p.extend(routed(&b, s.dim, &experts, res, dtype));
     }
-    p.push(norm("output_norm.weight".into(), s.dim));
-    p.push(matrix(
-        "output.weight".into(),
-        &[s.dim, s.vocab],
-        1.0,
-        dtype,
-    ));
+    p.extend(output_head(s.dim, s.vocab, false, dtype));
     p
 }
 

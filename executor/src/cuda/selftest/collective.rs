@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use memra_gguf::rng::Rng;
 
-use super::super::collective::{Collective, Exchange, Oneshot};
+use super::super::collective::{Collective, Exchange, Oneshot, Reduce};
 use super::super::graph::capture;
 use super::super::nccl;
 use super::super::span::Span;
@@ -142,7 +142,7 @@ fn oneshot(
 fn launch(m: &Member, n: usize) -> Result<()> {
     let part = Span::of(&m.part).sub(0, n);
     let x = Span::of(&m.x).sub(0, n);
-    m.coll.all_reduce(&m.dev, &m.s, &part, &x)
+    m.coll.run(Reduce::Sum, &part, &x)
 }
 
 /// One all-reduce from x = 0: every member must hold part0 + part1, bit for bit.
