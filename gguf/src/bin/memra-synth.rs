@@ -1,5 +1,5 @@
-//! `memra-synth`: writes a llama-architecture GGUF with seeded random weights, so tests and
-//! benchmarks run at real model shapes without downloading a model.
+//! `memra-synth`: writes a GGUF with seeded random weights (llama, qwen3moe or deepseek2
+//! architecture), so tests and benchmarks run at real model shapes without downloading a model.
 
 use std::path::PathBuf;
 
@@ -7,11 +7,13 @@ use anyhow::{anyhow, Result};
 use clap::Parser;
 use memra_gguf::{synth, GgmlType};
 
-/// Write a synthetic llama GGUF with seeded random weights.
+/// Write a synthetic GGUF with seeded random weights.
 #[derive(Parser)]
 #[command(name = "memra-synth")]
 struct Args {
-    /// Model shape: tiny, tiny-tp, smol135m, llama1b, llama8b.
+    /// Model shape: tiny, tiny-tp, smol135m, llama1b, llama8b (llama); tiny-qwen3moe,
+    /// qwen3-30b-a3b (qwen3moe); tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite,
+    /// deepseek-v3 (deepseek2).
     #[arg(long, default_value = "tiny")]
     shape: String,
     /// Matrix type: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k.
@@ -20,6 +22,9 @@ struct Args {
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Keep only the first N transformer blocks (a depth cut of a real-width shape).
+    #[arg(long)]
+    layers: Option<u32>,
     /// Output path.
     #[arg(short = 'o', long = "output")]
     output: PathBuf,
@@ -27,7 +32,10 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let shape = synth::shape(&args.shape)?;
+    let mut model = synth::model(&args.shape)?;
+    if let Some(n) = args.layers {
+        model = model.with_layers(n)?;
+    }
     let dtype = GgmlType::from_name(&args.dtype)
         .filter(|t| t.supported())
         .ok_or_else(|| {
@@ -37,7 +45,7 @@ fn main() -> Result<()> {
                 memra_gguf::supported_names()
             )
         })?;
-    synth::write_model(&shape, dtype, args.seed, &args.output, true)?;
+    model.write(dtype, args.seed, &args.output, true)?;
     eprintln!("wrote {}", args.output.display());
     Ok(())
 }

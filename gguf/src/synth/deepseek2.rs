@@ -1,0 +1,408 @@
+//! Synthetic `deepseek2` shapes: multi-head latent attention (with or without the q low-rank
+//! path, with the k/v up-projection stored split as `attn_k_b`/`attn_v_b` for absorbed
+//! decode, YaRN rope metadata), leading dense layers, then MoE layers with shared experts and
+//! DeepSeek-V2 (softmax) or DeepSeek-V3 (sigmoid, selection bias, expert groups) routing. Keys
+//! and tensors are the ones llama.cpp's converter writes for DeepSeek checkpoints.
+
+use anyhow::{bail, Result};
+
+use super::emit::{keyed, Spec};
+use super::ffn::{gated, routed, Routed};
+use super::plan::{matrix, norm, residual, token_embd, Planned};
+use crate::{GgmlType, Value};
+
+/// How router logits become expert probabilities (`expert_gating_func`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Gating {
+    /// Softmax over all experts (DeepSeek-V2); id 1.
+    Softmax,
+    /// Sigmoid of each logit (DeepSeek-V3); id 2.
+    Sigmoid,
+}
+
+impl Gating {
+    /// The value llama.cpp stores in `expert_gating_func`.
+    pub fn id(self) -> u32 {
+        match self {
+            Gating::Softmax => 1,
+            Gating::Sigmoid => 2,
+        }
+    }
+}
+
+/// YaRN context extension as DeepSeek checkpoints configure it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// `rope.scaling.factor`.
+    pub factor: f32,
+    /// `rope.scaling.original_context_length`.
+    pub original_context: u32,
+    /// The checkpoint's `mscale_all_dim`; stored as `rope.scaling.yarn_log_multiplier`, 0.1
+    /// times it rounded once to f32 as the converter computes it.
+    pub mscale_all_dim: f64,
+}
+
+/// A DeepSeek-V2/V3 shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Deepseek2Shape {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// Embedding width.
+    pub dim: u64,
+    /// Number of transformer blocks.
+    pub layers: u32,
+    /// Attention heads.
+    pub heads: u32,
+    /// Rank of the q low-rank path; 0 projects q directly with `attn_q` (V2-Lite).
+    pub q_lora_rank: u64,
+    /// Width of the compressed kv latent.
+    pub kv_lora_rank: u64,
+    /// Per-head q/k width without rope.
+    pub qk_nope: u64,
+    /// Per-head q/k width with rope (shared by all heads on the k side).
+    pub qk_rope: u64,
+    /// Per-head v width.
+    pub v_head: u64,
+    /// Hidden width of the leading dense layers.
+    pub ffn: u64,
+    /// Leading layers with a dense FFN instead of MoE.
+    pub dense_layers: u32,
+    /// Routed experts per MoE layer.
+    pub experts: u32,
+    /// Experts used per token.
+    pub experts_used: u32,
+    /// Hidden width of one expert (and of each shared expert).
+    pub expert_ffn: u64,
+    /// Shared experts, fused into one FFN `expert_ffn * shared_experts` wide.
+    pub shared_experts: u32,
+    /// Expert groups (1: no group selection).
+    pub groups: u32,
+    /// Groups kept before the top-k.
+    pub groups_used: u32,
+    /// Router probability function.
+    pub gating: Gating,
+    /// Whether MoE layers carry the `exp_probs_b` selection bias.
+    pub probs_bias: bool,
+    /// Whether the selected weights are normalized to sum 1 (`expert_weights_norm`).
+    pub norm_weights: bool,
+    /// `expert_weights_scale` (DeepSeek's routed_scaling_factor).
+    pub weights_scale: f32,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// `context_length`.
+    pub context: u32,
+    /// `rope.freq_base`.
+    pub rope_base: f32,
+    /// YaRN scaling.
+    pub yarn: Yarn,
+}
+
+/// The deepseek2 shapes. The tiny ones keep every row that k-quants could take a multiple of
+/// 256; their per-head widths (64) fall back to Q8_0 under a k-quant, as llama.cpp's quantizer
+/// does.
+pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
+    Deepseek2Shape {
+        name: "tiny-deepseek2",
+        dim: 256,
+        layers: 3,
+        heads: 4,
+        q_lora_rank: 256,
+        kv_lora_rank: 256,
+        qk_nope: 64,
+        qk_rope: 32,
+        v_head: 64,
+        ffn: 512,
+        dense_layers: 1,
+        experts: 16,
+        experts_used: 4,
+        expert_ffn: 256,
+        shared_experts: 1,
+        groups: 4,
+        groups_used: 2,
+        gating: Gating::Sigmoid,
+        probs_bias: true,
+        norm_weights: true,
+        weights_scale: 2.5,
+        vocab: 256,
+        context: 16384,
+        rope_base: 10000.0,
+        yarn: Yarn {
+            factor: 4.0,
+            original_context: 4096,
+            mscale_all_dim: 1.0,
+        },
+    },
+    Deepseek2Shape {
+        name: "tiny-deepseek2-lite",
+        dim: 256,
+        layers: 3,
+        heads: 4,
+        q_lora_rank: 0,
+        kv_lora_rank: 256,
+        qk_nope: 64,
+        qk_rope: 32,
+        v_head: 64,
+        ffn: 512,
+        dense_layers: 1,
+        experts: 8,
+        experts_used: 2,
+        expert_ffn: 256,
+        shared_experts: 2,
+        groups: 1,
+        groups_used: 1,
+        gating: Gating::Softmax,
+        probs_bias: false,
+        norm_weights: false,
+        weights_scale: 1.0,
+        vocab: 256,
+        context: 16384,
+        rope_base: 10000.0,
+        yarn: Yarn {
+            factor: 4.0,
+            original_context: 4096,
+            mscale_all_dim: 0.707,
+        },
+    },
+    Deepseek2Shape {
+        name: "deepseek-v2-lite",
+        dim: 2048,
+        layers: 27,
+        heads: 16,
+        q_lora_rank: 0,
+        kv_lora_rank: 512,
+        qk_nope: 128,
+        qk_rope: 64,
+        v_head: 128,
+        ffn: 10944,
+        dense_layers: 1,
+        experts: 64,
+        experts_used: 6,
+        expert_ffn: 1408,
+        shared_experts: 2,
+        groups: 1,
+        groups_used: 1,
+        gating: Gating::Softmax,
+        probs_bias: false,
+        norm_weights: false,
+        weights_scale: 1.0,
+        vocab: 102_400,
+        context: 163_840,
+        rope_base: 10000.0,
+        yarn: Yarn {
+            factor: 40.0,
+            original_context: 4096,
+            mscale_all_dim: 0.707,
+        },
+    },
+    Deepseek2Shape {
+        name: "deepseek-v3",
+        dim: 7168,
+        layers: 61,
+        heads: 128,
+        q_lora_rank: 1536,
+        kv_lora_rank: 512,
+        qk_nope: 128,
+        qk_rope: 64,
+        v_head: 128,
+        ffn: 18432,
+        dense_layers: 3,
+        experts: 256,
+        experts_used: 8,
+        expert_ffn: 2048,
+        shared_experts: 1,
+        groups: 8,
+        groups_used: 4,
+        gating: Gating::Sigmoid,
+        probs_bias: true,
+        norm_weights: true,
+        weights_scale: 2.5,
+        vocab: 129_280,
+        context: 163_840,
+        rope_base: 10000.0,
+        yarn: Yarn {
+            factor: 40.0,
+            original_context: 4096,
+            mscale_all_dim: 1.0,
+        },
+    },
+];
+
+/// RMS-norm epsilon of DeepSeek checkpoints.
+const RMS_EPS: f32 = 1e-6;
+
+impl Deepseek2Shape {
+    /// This shape cut to its first `layers` blocks (leading dense layers included as far as
+    /// they reach). llama.cpp takes a deepseek2 file of 26 or
+    /// 27 blocks for a model without q-lora whatever its keys say, so a q-lora shape refuses
+    /// those depths.
+    pub fn with_layers(mut self, layers: u32) -> Result<Deepseek2Shape> {
+        if self.q_lora_rank > 0 && (layers == 26 || layers == 27) {
+            bail!(
+                "layers: shape `{}` has q-lora, and llama.cpp loads a deepseek2 model of 26 or \
+                 27 layers as one without q-lora; use another depth",
+                self.name
+            );
+        }
+        self.layers = layers;
+        self.dense_layers = self.dense_layers.min(layers);
+        Ok(self)
+    }
+
+    /// Per-head q/k width (`attention.key_length_mla`).
+    pub fn qk_head(&self) -> u64 {
+        self.qk_nope + self.qk_rope
+    }
+}
+
+/// The attention tensors of block `b`.
+fn attention(s: &Deepseek2Shape, b: &str, res: f32, dtype: GgmlType) -> Vec<Planned> {
+    let h = u64::from(s.heads);
+    let q = h * s.qk_head();
+    let mut p = vec![norm(format!("{b}.attn_norm.weight"), s.dim)];
+    if s.q_lora_rank > 0 {
+        let r = s.q_lora_rank;
+        p.push(matrix(
+            format!("{b}.attn_q_a.weight"),
+            &[s.dim, r],
+            1.0,
+            dtype,
+        ));
+        p.push(norm(format!("{b}.attn_q_a_norm.weight"), r));
+        p.push(matrix(format!("{b}.attn_q_b.weight"), &[r, q], 1.0, dtype));
+    } else {
+        p.push(matrix(
+            format!("{b}.attn_q.weight"),
+            &[s.dim, q],
+            1.0,
+            dtype,
+        ));
+    }
+    let kv = s.kv_lora_rank;
+    p.push(matrix(
+        format!("{b}.attn_kv_a_mqa.weight"),
+        &[s.dim, kv + s.qk_rope],
+        1.0,
+        dtype,
+    ));
+    p.push(norm(format!("{b}.attn_kv_a_norm.weight"), kv));
+    // per head: k_b maps a q_nope row into the latent, v_b maps the latent to a v row
+    p.push(matrix(
+        format!("{b}.attn_k_b.weight"),
+        &[s.qk_nope, kv, h],
+        1.0,
+        dtype,
+    ));
+    p.push(matrix(
+        format!("{b}.attn_v_b.weight"),
+        &[kv, s.v_head, h],
+        1.0,
+        dtype,
+    ));
+    p.push(matrix(
+        format!("{b}.attn_output.weight"),
+        &[h * s.v_head, s.dim],
+        res,
+        dtype,
+    ));
+    p
+}
+
+/// The tensors of `s` with matrices in `dtype`, in file order.
+fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
+    let res = residual(s.layers);
+    let experts = Routed {
+        experts: u64::from(s.experts),
+        ffn: s.expert_ffn,
+        probs_bias: s.probs_bias,
+    };
+    let shared = s.expert_ffn * u64::from(s.shared_experts);
+    let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
+    for l in 0..s.layers {
+        let b = format!("blk.{l}");
+        p.extend(attention(s, &b, res, dtype));
+        p.push(norm(format!("{b}.ffn_norm.weight"), s.dim));
+        if l < s.dense_layers {
+            p.extend(gated(&b, "", s.dim, s.ffn, res, dtype));
+        } else {
+            p.extend(routed(&b, s.dim, &experts, res, dtype));
+            p.extend(gated(&b, "_shexp", s.dim, shared, res, dtype));
+        }
+    }
+    p.push(norm("output_norm.weight".into(), s.dim));
+    p.push(matrix(
+        "output.weight".into(),
+        &[s.dim, s.vocab],
+        1.0,
+        dtype,
+    ));
+    p
+}
+
+/// The deepseek2 metadata keys of `s`, in the converter's order. `attention.key_length` and
+/// `value_length` describe the absorbed (MQA over the latent) form; the `_mla` keys give the
+/// real per-head widths. A shape without q-lora writes `q_lora_rank` 0, which llama.cpp reads
+/// as "no q-lora" at any depth (the converter omits the key and llama.cpp then relies on the
+/// layer count).
+fn metadata(s: &Deepseek2Shape) -> Vec<(String, Value)> {
+    let mut kv = vec![
+        ("general.architecture", Value::Str("deepseek2".into())),
+        (
+            "general.name",
+            Value::Str(format!("memra-synth {}", s.name)),
+        ),
+        ("block_count", Value::U32(s.layers)),
+        ("context_length", Value::U32(s.context)),
+        ("embedding_length", Value::U32(s.dim as u32)),
+        ("feed_forward_length", Value::U32(s.ffn as u32)),
+        ("attention.head_count", Value::U32(s.heads)),
+        ("attention.head_count_kv", Value::U32(1)),
+        ("rope.freq_base", Value::F32(s.rope_base)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
+        ("expert_count", Value::U32(s.experts)),
+        ("expert_used_count", Value::U32(s.experts_used)),
+        ("expert_group_count", Value::U32(s.groups)),
+        ("expert_group_used_count", Value::U32(s.groups_used)),
+        ("expert_gating_func", Value::U32(s.gating.id())),
+        ("rope.scaling.type", Value::Str("yarn".into())),
+        ("rope.scaling.factor", Value::F32(s.yarn.factor)),
+        (
+            "rope.scaling.original_context_length",
+            Value::U32(s.yarn.original_context),
+        ),
+        ("leading_dense_block_count", Value::U32(s.dense_layers)),
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        ("attention.q_lora_rank", Value::U32(s.q_lora_rank as u32)),
+        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
+        (
+            "attention.key_length",
+            Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
+        ),
+        ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
+        ("attention.key_length_mla", Value::U32(s.qk_head() as u32)),
+        ("attention.value_length_mla", Value::U32(s.v_head as u32)),
+        (
+            "expert_feed_forward_length",
+            Value::U32(s.expert_ffn as u32),
+        ),
+        ("expert_shared_count", Value::U32(s.shared_experts)),
+        ("expert_weights_scale", Value::F32(s.weights_scale)),
+    ];
+    if s.norm_weights {
+        kv.push(("expert_weights_norm", Value::Bool(true)));
+    }
+    kv.push(("rope.dimension_count", Value::U32(s.qk_rope as u32)));
+    kv.push((
+        "rope.scaling.yarn_log_multiplier",
+        Value::F32((0.1 * s.yarn.mscale_all_dim) as f32),
+    ));
+    keyed("deepseek2", kv)
+}
+
+/// The planned model of `s` with matrices in `dtype`.
+pub(crate) fn spec(s: &Deepseek2Shape, dtype: GgmlType) -> Spec {
+    Spec {
+        metadata: metadata(s),
+        vocab: s.vocab,
+        tensors: plan(s, dtype),
+    }
+}

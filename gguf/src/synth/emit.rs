@@ -1,0 +1,173 @@
+//! Turning a planned model into a GGUF file: the architecture's metadata, a byte-level gpt2
+//! tokenizer sized to the vocabulary (llama.cpp loads it for every architecture), then the
+//! tensors streamed in file order. Tensors are generated in fixed-size row chunks, each from
+//! its own seeded stream, so the bytes depend only on the seed, never on the thread count.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::plan::{Init, Planned};
+use crate::rng::Rng;
+use crate::{quantize, GgmlType, GgufWriter, Value};
+
+/// Rows per generation chunk are chosen so a chunk holds about this many values.
+const CHUNK_VALUES: u64 = 1 << 20;
+
+/// GPT-2's byte-to-printable-character map, so every byte is a visible token.
+fn byte_tokens() -> Vec<String> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            let c = if printable(b) {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            char::from_u32(c)
+                .expect("invariant: below the surrogates")
+                .to_string()
+        })
+        .collect()
+}
+
+/// Adds a byte-level gpt2 tokenizer of `vocab` tokens: bytes first, reserved tokens to fill,
+/// then begin-of-text and end-of-text as the last two ids.
+fn add_tokenizer(w: &mut GgufWriter, vocab: u64) -> Result<()> {
+    let n = vocab as usize;
+    let (bos, eos) = (n - 2, n - 1);
+    let mut tokens: Vec<String> = byte_tokens().into_iter().take(n - 2).collect();
+    let mut types = vec![1i32; tokens.len()];
+    while tokens.len() < bos {
+        tokens.push(format!("<|reserved_{}|>", tokens.len()));
+        types.push(3);
+    }
+    tokens.push("<|begin_of_text|>".into());
+    tokens.push("<|end_of_text|>".into());
+    types.extend([3, 3]);
+    w.add("tokenizer.ggml.model", Value::Str("gpt2".into()))?;
+    w.add("tokenizer.ggml.pre", Value::Str("default".into()))?;
+    w.add(
+        "tokenizer.ggml.tokens",
+        Value::Array(tokens.into_iter().map(Value::Str).collect()),
+    )?;
+    w.add(
+        "tokenizer.ggml.token_type",
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    )?;
+    w.add("tokenizer.ggml.merges", Value::Array(Vec::new()))?;
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(bos as u32))?;
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(eos as u32))?;
+    Ok(())
+}
+
+/// Generates one chunk of rows of tensor `ti` and returns its stored bytes.
+fn chunk_bytes(p: &Planned, seed: u64, ti: usize, chunk: u64, rows: u64) -> Result<Vec<u8>> {
+    let mut rng = Rng::stream(seed, ti as u64, chunk);
+    let n = (rows * p.dims[0]) as usize;
+    let values: Vec<f32> = match p.init {
+        Init::Uniform(a) => (0..n).map(|_| a * rng.uniform()).collect(),
+        Init::Norm => (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect(),
+    };
+    let mut out = vec![
+        0u8;
+        p.dtype
+            .bytes_for(n as u64)
+            .expect("invariant: planned shapes fit") as usize
+    ];
+    quantize(p.dtype, &values, &mut out)?;
+    Ok(out)
+}
+
+/// Metadata entries in the given order, `general.*` keys as given and the others as
+/// `arch.key`.
+pub(crate) fn keyed(arch: &str, kv: Vec<(&str, Value)>) -> Vec<(String, Value)> {
+    kv.into_iter()
+        .map(|(k, v)| match k.starts_with("general.") {
+            true => (k.to_string(), v),
+            false => (format!("{arch}.{k}"), v),
+        })
+        .collect()
+}
+
+/// A model ready to be written: metadata keys in file order, vocabulary size and tensors.
+pub(crate) struct Spec {
+    pub metadata: Vec<(String, Value)>,
+    pub vocab: u64,
+    pub tensors: Vec<Planned>,
+}
+
+/// Writes `spec` to `path`, drawing values from `seed`; progress goes to stderr when
+/// `progress` is set, naming every tensor whose type fell back from `dtype`.
+pub(crate) fn write_spec(
+    spec: &Spec,
+    dtype: GgmlType,
+    seed: u64,
+    path: &Path,
+    progress: bool,
+) -> Result<()> {
+    let mut w = GgufWriter::new();
+    for (k, v) in &spec.metadata {
+        w.add(k, v.clone())?;
+    }
+    add_tokenizer(&mut w, spec.vocab)?;
+    for p in &spec.tensors {
+        if progress && p.fell_back {
+            eprintln!(
+                "note: {} uses {} (row length {} is not a multiple of the {dtype} block)",
+                p.name, p.dtype, p.dims[0]
+            );
+        }
+        w.declare_tensor(&p.name, &p.dims, p.dtype)?;
+    }
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut stream = w.start(BufWriter::with_capacity(1 << 22, file))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let planned = &spec.tensors;
+    for (ti, p) in planned.iter().enumerate() {
+        let rows_per_chunk = (CHUNK_VALUES / p.dims[0]).max(1);
+        let n_chunks = p.rows().div_ceil(rows_per_chunk);
+        let mut next = 0;
+        while next < n_chunks {
+            let batch: Vec<u64> = (next..n_chunks.min(next + 2 * threads as u64)).collect();
+            next += batch.len() as u64;
+            let results: Vec<Result<Vec<u8>>> = std::thread::scope(|sc| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|&c| {
+                        let rows = rows_per_chunk.min(p.rows() - c * rows_per_chunk);
+                        sc.spawn(move || chunk_bytes(p, seed, ti, c, rows))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("invariant: generation does not panic"))
+                    .collect()
+            });
+            for r in results {
+                stream
+                    .write(&r?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        if progress {
+            eprintln!(
+                "[{}/{}] {} {} {}",
+                ti + 1,
+                planned.len(),
+                p.name,
+                p.dtype,
+                w.tensors()[ti].dims_string()
+            );
+        }
+    }
+    let mut file = stream.finish()?;
+    file.flush()
+        .with_context(|| format!("cannot flush {}", path.display()))?;
+    Ok(())
+}
