@@ -10,7 +10,7 @@ mod tensors;
 pub use config::read_config;
 pub use gguf::read_gguf;
 
-use crate::plan::{MlaSummary, MoeSummary};
+use crate::plan::{MlaSummary, MoeSummary, YarnSummary};
 
 /// Architectures the compiler can plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -141,6 +141,8 @@ pub enum ShardRule {
     Cols,
     /// Stacked experts are split by expert.
     Experts,
+    /// A per-head stack of matrices is split by head (MLA's k/v up-projections).
+    Heads,
 }
 
 /// Where a tensor lives in the model.
@@ -193,15 +195,57 @@ pub struct ModelMeta {
     pub qkv_bias: bool,
     pub moe: Option<MoeSummary>,
     pub mla: Option<MlaSummary>,
+    pub rope_yarn: Option<YarnSummary>,
     /// Sorted by site, then name.
     pub tensors: Vec<TensorMeta>,
     pub fingerprint: u64,
+}
+
+/// The token mixer of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// Grouped-query attention over a K/V cache.
+    Gqa,
+    /// Multi-head latent attention over a compressed latent cache.
+    Mla,
+}
+
+/// The feed-forward block of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnKind {
+    /// One gated FFN.
+    Dense,
+    /// Routed experts, with or without always-on shared experts.
+    Moe { shared: bool },
+}
+
+/// One entry of the layer schema: what a layer is made of. `build` turns it into segments,
+/// `tensors` into the tensors the layer must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKind {
+    pub mixer: Mixer,
+    pub ffn: FfnKind,
 }
 
 impl ModelMeta {
     /// Whether `layer` has routed experts.
     pub fn is_moe_layer(&self, layer: u32) -> bool {
         self.moe.as_ref().is_some_and(|m| layer >= m.dense_layers)
+    }
+
+    /// The layer schema's entry for `layer`.
+    pub fn layer_kind(&self, layer: u32) -> LayerKind {
+        let mixer = match self.mla {
+            Some(_) => Mixer::Mla,
+            None => Mixer::Gqa,
+        };
+        let ffn = match &self.moe {
+            Some(m) if self.is_moe_layer(layer) => FfnKind::Moe {
+                shared: m.shared_expert_ffn > 0,
+            },
+            _ => FfnKind::Dense,
+        };
+        LayerKind { mixer, ffn }
     }
 
     /// Width of the attention output (heads times the value head size).
@@ -221,6 +265,13 @@ impl ModelMeta {
         };
         elems * kv.block_bytes() / kv.block_elems()
     }
+}
+
+/// The shortest decimal that reads back as the same f32, as the plan's f64.
+pub fn exact(x: f32) -> f64 {
+    x.to_string()
+        .parse()
+        .expect("invariant: a float prints as a float")
 }
 
 /// FNV-1a 64: a stable hash for fingerprints (no randomized hasher may reach plan text).

@@ -63,6 +63,8 @@ pub struct ModelSummary {
     pub moe: Option<MoeSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<MlaSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_yarn: Option<YarnSummary>,
 }
 
 /// Chunk counts of the canonical reduction order (see `reduction_chunks`).
@@ -73,27 +75,66 @@ pub struct ReductionChunks {
     pub ffn_down: u32,
 }
 
-/// Mixture-of-experts facts.
+/// Mixture-of-experts facts: the experts and how the router picks and weighs them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MoeSummary {
     pub experts: u32,
     pub top_k: u32,
     pub expert_ffn: u32,
+    /// Width of the always-on shared experts, fused into one FFN (0: none).
     pub shared_expert_ffn: u32,
     /// Leading layers that keep a dense FFN.
     pub dense_layers: u32,
+    /// How router logits become expert probabilities.
+    pub gating: Gating,
+    /// Whether the selection (not the weights) adds the per-expert bias `exp_probs_b`.
+    pub probs_bias: bool,
+    /// Expert groups; above 1, only the experts of the best `groups_used` groups (scored by
+    /// the sum of their two best probabilities) are candidates for the top-k.
+    pub groups: u32,
+    pub groups_used: u32,
+    /// Whether the selected weights are divided by their sum.
+    pub norm_weights: bool,
+    /// Factor on the selected weights (1: none).
+    pub weights_scale: f64,
 }
 
-/// Multi-head latent attention facts.
+/// The router's probability function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gating {
+    /// Softmax over all experts (Qwen3-MoE, DeepSeek-V2).
+    Softmax,
+    /// Sigmoid of each logit (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// Multi-head latent attention facts. Keys are the compressed latent (`kv_lora_rank`) plus
+/// one rope key shared by all heads; the k and v up-projections are stored per head
+/// (`attn_k_b`, `attn_v_b`) and absorbed into the query and the attention output at decode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MlaSummary {
+    /// Rank of the query's low-rank path; 0 projects the query directly (`attn_q`).
     pub q_lora_rank: u32,
     pub kv_lora_rank: u32,
     pub qk_nope_head_dim: u32,
+    /// The rotated part of each query and key head (its last dims), and the rope dims.
     pub qk_rope_head_dim: u32,
     pub v_head_dim: u32,
+}
+
+/// YaRN rope scaling, as llama.cpp applies it (`rope.scaling.*` keys).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct YarnSummary {
+    /// Context extension factor (the inverse of rope's frequency scale).
+    pub factor: f64,
+    /// Context length the model was trained at before the extension.
+    pub original_context: u32,
+    /// DeepSeek's `mscale_all_dim` (0: the key is absent).
+    pub mscale_all_dim: f64,
 }
 
 /// Decode-time settings from the placement.
@@ -135,10 +176,32 @@ pub struct TpGroup {
     pub group: u32,
     pub stage: u32,
     pub ranks: Vec<u32>,
+    /// How the group runs attention: heads split over the ranks (the default) or every rank
+    /// running all heads (expert parallelism: only FFNs and experts are split).
+    #[serde(default, skip_serializing_if = "AttentionSplit::is_heads")]
+    pub attention: AttentionSplit,
     /// True when the degree nests in the reduction tree, so logits are bit-identical to 1 rank.
     pub exact: bool,
     /// The all-reduce's combine order, e.g. `(r0 r1)` or `((r0 r1) (r2 r3))`.
     pub tree: String,
+}
+
+/// How a tensor-parallel group runs attention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionSplit {
+    /// Heads split over the ranks; the output projection is all-reduced.
+    #[default]
+    Heads,
+    /// Every rank runs every head; nothing to reduce.
+    Replicated,
+}
+
+impl AttentionSplit {
+    /// True for the default (serde skips writing it).
+    pub fn is_heads(&self) -> bool {
+        *self == AttentionSplit::Heads
+    }
 }
 
 /// What a boundary carries.
@@ -339,6 +402,11 @@ pub enum Split {
         start: u64,
         end: u64,
     },
+    /// Heads `start..end` of a per-head stack of matrices (MLA's `attn_k_b`, `attn_v_b`).
+    Heads {
+        start: u64,
+        end: u64,
+    },
 }
 
 /// Why a stretch of a rank's program is not captured into a graph.
@@ -348,8 +416,6 @@ pub enum IslandReason {
     CaptureDisabled,
     /// The placement forces these layers eager; the text is the placement's reason.
     Forced(String),
-    /// Expert dispatch sizes depend on the router's output, read on the host.
-    ExpertDispatch,
 }
 
 /// One step of a rank's per-token program.
@@ -405,7 +471,7 @@ impl Step {
 /// A per-layer piece of work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Segment {
-    /// Residual add, RMS norm, QKV projection (+bias, q/k norm), RoPE.
+    /// RMS norm, QKV projection (+bias, q/k norm), RoPE.
     AttnPre,
     /// KV-cache write and attention over the cache.
     AttnCore,
@@ -413,14 +479,20 @@ pub enum Segment {
     AttnOut,
     /// Sum of the group's partials in the canonical tree.
     AllReduce,
-    /// Residual add, RMS norm, gate/up, activation, down projection.
+    /// RMS norm, gate/up, activation, down projection.
     Ffn,
-    /// Residual add, RMS norm, expert router (top-k).
+    /// RMS norm, expert router, device-side top-k and weights.
     MoeRouter,
-    /// The routed experts.
+    /// The routed experts this rank holds, each weighted, one row per selected expert.
     MoeExperts,
-    /// The always-on shared expert.
+    /// The always-on shared experts (a dense FFN, split like one).
     MoeShared,
+    /// MLA: RMS norm, query (low-rank or direct), latent and rope key, rope, and the query's
+    /// no-rope part absorbed into the latent space (`attn_k_b`).
+    MlaPre,
+    /// MLA: latent-cache write, attention over the latent cache, and the per-head value
+    /// up-projection (`attn_v_b`).
+    MlaCore,
 }
 
 /// One entry of a run or island: model-level ops, or a layer range with its segments.
@@ -470,9 +542,11 @@ impl Segment {
             Segment::MoeRouter => "moe_router",
             Segment::MoeExperts => "moe_experts",
             Segment::MoeShared => "moe_shared",
+            Segment::MlaPre => "mla_pre",
+            Segment::MlaCore => "mla_core",
         }
     }
-    pub(super) const ALL: [Segment; 8] = [
+    pub(super) const ALL: [Segment; 10] = [
         Segment::AttnPre,
         Segment::AttnCore,
         Segment::AttnOut,
@@ -481,6 +555,8 @@ impl Segment {
         Segment::MoeRouter,
         Segment::MoeExperts,
         Segment::MoeShared,
+        Segment::MlaPre,
+        Segment::MlaCore,
     ];
 }
 
@@ -564,7 +640,13 @@ mod tests {
 
     #[test]
     fn split_and_reason_round_trip() {
-        for text in ["full", "rows 0..288", "cols 288..576", "experts 0..64"] {
+        for text in [
+            "full",
+            "rows 0..288",
+            "cols 288..576",
+            "experts 0..64",
+            "heads 2..4",
+        ] {
             assert_eq!(text.parse::<Split>().unwrap().to_string(), text);
         }
         let reason: IslandReason = "forced: nan hunt in layer 7".parse().unwrap();
