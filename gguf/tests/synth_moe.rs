@@ -1,0 +1,301 @@
+//! The qwen3moe and deepseek2 synthetic shapes: each tiny shape writes a file whose metadata
+//! and tensor list (names, GGUF dims, storage types, in file order) are the ones llama.cpp
+//! reads, written out here independently of the generator; depth cuts keep the leading dense
+//! layers; and shape lookup lists every architecture's names.
+
+use std::path::PathBuf;
+
+use memra_gguf::{synth, GgmlType, GgufFile};
+
+fn temp_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("memra-synth-moe-{}-{tag}.gguf", std::process::id()))
+}
+
+/// One expected tensor: name, GGUF dims (innermost first), storage type.
+type Want = (String, Vec<u64>, GgmlType);
+
+/// Writes `shape` in `dtype` and returns the opened file.
+fn write(shape: &str, dtype: GgmlType, layers: Option<u32>) -> (GgufFile, PathBuf) {
+    let mut m = synth::model(shape).unwrap();
+    if let Some(n) = layers {
+        m = m.with_layers(n).unwrap();
+    }
+    let p = temp_path(&format!("{shape}-{}-{layers:?}", dtype.name()));
+    m.write(dtype, 7, &p, false).unwrap();
+    (GgufFile::open(&p).unwrap(), p)
+}
+
+/// The token embedding's type: Q8_0 under a block-quantized model dtype, the dtype otherwise.
+fn embd(m: GgmlType) -> GgmlType {
+    if m.block_size() > 1 {
+        GgmlType::Q8_0
+    } else {
+        m
+    }
+}
+
+fn assert_tensors(f: &GgufFile, want: &[Want]) {
+    let got: Vec<Want> = f
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.dims.clone(), t.dtype))
+        .collect();
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g, w, "tensor {i}");
+    }
+    assert_eq!(got.len(), want.len());
+    for t in &f.tensors {
+        let v = f.dequantize_tensor(t).unwrap();
+        assert!(v.iter().all(|x| x.is_finite()), "{}", t.name);
+    }
+}
+
+/// The tensors of tiny-qwen3moe (dim 256, 8 heads of 64, 2 kv heads, 8 experts of 256).
+fn qwen3moe_tensors(m: GgmlType) -> Vec<Want> {
+    let f32 = GgmlType::F32;
+    let mut w = vec![("token_embd.weight".to_string(), vec![256, 256], embd(m))];
+    for l in 0..2 {
+        let t = |s: &str, d: &[u64], ty| (format!("blk.{l}.{s}.weight"), d.to_vec(), ty);
+        w.extend([
+            t("attn_norm", &[256], f32),
+            t("attn_q", &[256, 512], m),
+            t("attn_q_norm", &[64], f32),
+            t("attn_k", &[256, 128], m),
+            t("attn_k_norm", &[64], f32),
+            t("attn_v", &[256, 128], m),
+            t("attn_output", &[512, 256], m),
+            t("ffn_norm", &[256], f32),
+            t("ffn_gate_inp", &[256, 8], f32),
+            t("ffn_gate_exps", &[256, 256, 8], m),
+            t("ffn_up_exps", &[256, 256, 8], m),
+            t("ffn_down_exps", &[256, 256, 8], m),
+        ]);
+    }
+    w.push(("output_norm.weight".into(), vec![256], f32));
+    w.push(("output.weight".into(), vec![256, 256], m));
+    w
+}
+
+/// The tensors of a tiny deepseek2 shape (dim 256, 4 heads, kv latent 256, nope 64, rope 32,
+/// v 64, one leading dense layer of 512, experts of 256) with `layers` blocks.
+fn deepseek2_tensors(
+    m: GgmlType,
+    q_lora: bool,
+    experts: u64,
+    shared: u64,
+    bias: bool,
+    layers: u32,
+) -> Vec<Want> {
+    let f32 = GgmlType::F32;
+    let mut w = vec![("token_embd.weight".to_string(), vec![256, 256], embd(m))];
+    for l in 0..layers {
+        let t = |s: &str, d: &[u64], ty| (format!("blk.{l}.{s}.weight"), d.to_vec(), ty);
+        w.push(t("attn_norm", &[256], f32));
+        if q_lora {
+            w.push(t("attn_q_a", &[256, 256], m));
+            w.push(t("attn_q_a_norm", &[256], f32));
+            w.push(t("attn_q_b", &[256, 4 * 96], m));
+        } else {
+            w.push(t("attn_q", &[256, 4 * 96], m));
+        }
+        w.extend([
+            t("attn_kv_a_mqa", &[256, 256 + 32], m),
+            t("attn_kv_a_norm", &[256], f32),
+            t("attn_k_b", &[64, 256, 4], m),
+            t("attn_v_b", &[256, 64, 4], m),
+            t("attn_output", &[256, 256], m),
+            t("ffn_norm", &[256], f32),
+        ]);
+        if l == 0 {
+            w.extend([
+                t("ffn_gate", &[256, 512], m),
+                t("ffn_up", &[256, 512], m),
+                t("ffn_down", &[512, 256], m),
+            ]);
+            continue;
+        }
+        w.push(t("ffn_gate_inp", &[256, experts], f32));
+        if bias {
+            w.push((format!("blk.{l}.exp_probs_b.bias"), vec![experts], f32));
+        }
+        let s = 256 * shared;
+        w.extend([
+            t("ffn_gate_exps", &[256, 256, experts], m),
+            t("ffn_up_exps", &[256, 256, experts], m),
+            t("ffn_down_exps", &[256, 256, experts], m),
+            t("ffn_gate_shexp", &[256, s], m),
+            t("ffn_up_shexp", &[256, s], m),
+            t("ffn_down_shexp", &[s, 256], m),
+        ]);
+    }
+    w.push(("output_norm.weight".into(), vec![256], f32));
+    w.push(("output.weight".into(), vec![256, 256], m));
+    w
+}
+
+#[test]
+fn tiny_qwen3moe_has_llama_cpp_tensors_and_keys() {
+    let (f, p) = write("tiny-qwen3moe", GgmlType::Q8_0, None);
+    assert_eq!(f.architecture().unwrap(), "qwen3moe");
+    let u = |k: &str| f.get_u32(&format!("qwen3moe.{k}")).unwrap();
+    assert_eq!(
+        [
+            u("block_count"),
+            u("embedding_length"),
+            u("attention.head_count")
+        ],
+        [2, 256, 8]
+    );
+    assert_eq!(
+        [u("attention.head_count_kv"), u("attention.key_length")],
+        [2, 64]
+    );
+    assert_eq!(
+        [
+            u("expert_count"),
+            u("expert_used_count"),
+            u("expert_feed_forward_length")
+        ],
+        [8, 4, 256]
+    );
+    assert!(!f.metadata.contains_key("qwen3moe.rope.dimension_count"));
+    assert_eq!(f.get_str_array("tokenizer.ggml.tokens").unwrap().len(), 256);
+    assert_tensors(&f, &qwen3moe_tensors(GgmlType::Q8_0));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn tiny_deepseek2_has_llama_cpp_tensors_and_keys() {
+    let (f, p) = write("tiny-deepseek2", GgmlType::F16, None);
+    assert_eq!(f.architecture().unwrap(), "deepseek2");
+    let u = |k: &str| f.get_u32(&format!("deepseek2.{k}")).unwrap();
+    let fl = |k: &str| f.get_f32(&format!("deepseek2.{k}")).unwrap();
+    assert_eq!(
+        [u("attention.q_lora_rank"), u("attention.kv_lora_rank")],
+        [256, 256]
+    );
+    // the absorbed form: one kv head of latent + rope; the real head widths in the _mla keys
+    assert_eq!(
+        [
+            u("attention.head_count_kv"),
+            u("attention.key_length"),
+            u("attention.value_length")
+        ],
+        [1, 288, 256]
+    );
+    assert_eq!(
+        [
+            u("attention.key_length_mla"),
+            u("attention.value_length_mla")
+        ],
+        [96, 64]
+    );
+    assert_eq!(u("rope.dimension_count"), 32);
+    assert_eq!(
+        [u("expert_group_count"), u("expert_group_used_count")],
+        [4, 2]
+    );
+    assert_eq!(
+        [u("expert_gating_func"), u("leading_dense_block_count")],
+        [2, 1]
+    );
+    assert_eq!(
+        [
+            u("expert_count"),
+            u("expert_used_count"),
+            u("expert_shared_count")
+        ],
+        [16, 4, 1]
+    );
+    assert_eq!(fl("expert_weights_scale"), 2.5);
+    assert_eq!(f.get_str("deepseek2.rope.scaling.type").unwrap(), "yarn");
+    assert_eq!(fl("rope.scaling.factor"), 4.0);
+    assert_eq!(u("rope.scaling.original_context_length"), 4096);
+    assert_eq!(fl("rope.scaling.yarn_log_multiplier"), 0.1);
+    assert!(f.metadata.contains_key("deepseek2.expert_weights_norm"));
+    assert_tensors(&f, &deepseek2_tensors(GgmlType::F16, true, 16, 1, true, 3));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn tiny_deepseek2_lite_has_no_q_lora_and_v2_routing() {
+    let (f, p) = write("tiny-deepseek2-lite", GgmlType::Q8_0, None);
+    let u = |k: &str| f.get_u32(&format!("deepseek2.{k}")).unwrap();
+    assert_eq!(u("attention.q_lora_rank"), 0);
+    assert_eq!([u("expert_gating_func"), u("expert_group_count")], [1, 1]);
+    assert!(!f.metadata.contains_key("deepseek2.expert_weights_norm"));
+    let log_mul = f
+        .get_f32("deepseek2.rope.scaling.yarn_log_multiplier")
+        .unwrap();
+    assert_eq!(log_mul, (0.1f64 * 0.707) as f32);
+    assert_tensors(
+        &f,
+        &deepseek2_tensors(GgmlType::Q8_0, false, 8, 2, false, 3),
+    );
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn k_quants_fall_back_for_per_head_rows() {
+    // k_b rows are qk_nope = 64 wide: too short for a 256-block, so Q8_0 as llama.cpp's quantizer
+    let (f, p) = write("tiny-deepseek2", GgmlType::Q4_K, Some(2));
+    assert_eq!(
+        f.tensor("blk.1.attn_k_b.weight").unwrap().dtype,
+        GgmlType::Q8_0
+    );
+    assert_eq!(
+        f.tensor("blk.1.attn_v_b.weight").unwrap().dtype,
+        GgmlType::Q4_K
+    );
+    assert_eq!(
+        f.tensor("blk.1.ffn_down_exps.weight").unwrap().dtype,
+        GgmlType::Q4_K
+    );
+    assert_eq!(
+        f.tensor("blk.1.ffn_gate_inp.weight").unwrap().dtype,
+        GgmlType::F32
+    );
+    assert_eq!(f.get_u32("deepseek2.block_count").unwrap(), 2);
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn depth_cuts_keep_leading_dense_layers_and_refuse_lite_depths() {
+    let (f, p) = write("tiny-deepseek2", GgmlType::F32, Some(1));
+    assert_eq!(f.get_u32("deepseek2.leading_dense_block_count").unwrap(), 1);
+    assert_tensors(&f, &deepseek2_tensors(GgmlType::F32, true, 16, 1, true, 1));
+    let _ = std::fs::remove_file(p);
+
+    let v3 = synth::model("deepseek-v3").unwrap();
+    assert_eq!(v3.with_layers(4).unwrap().layers(), 4);
+    let e = v3.with_layers(27).unwrap_err().to_string();
+    assert!(
+        e.starts_with("layers: shape `deepseek-v3` has q-lora"),
+        "{e}"
+    );
+    let lite = synth::model("deepseek-v2-lite").unwrap();
+    assert_eq!(lite.with_layers(27).unwrap().layers(), 27);
+    let e = lite.with_layers(28).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "layers: 28 is out of range for shape `deepseek-v2-lite`; allowed: 1 to 27"
+    );
+}
+
+#[test]
+fn model_lookup_covers_every_architecture() {
+    let e = synth::model("huge").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
+         tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
+         deepseek-v3"
+    );
+    let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();
+    assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
+    assert_eq!(archs.iter().filter(|a| **a == "deepseek2").count(), 4);
+    assert_eq!(
+        synth::model("tiny").unwrap(),
+        synth::Model::Llama(synth::shape("tiny").unwrap())
+    );
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Regenerates testdata/oracle/<shape>-<dtype>.json: memra-synth writes each tiny MoE/MLA model,
+# llama.cpp (CPU build, commit 0c1e570) decodes it through scripts/oracle/logits.cpp, and the
+# JSON records the prompt, greedy tokens, every step's logits and the experts llama.cpp chose.
+#   LLAMA_SRC, LLAMA_BUILD: as for scripts/oracle/build.sh
+#   WORK: scratch directory for the GGUF files (default: a temporary directory)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+: "${LLAMA_SRC:?set LLAMA_SRC to the llama.cpp source tree}"
+: "${LLAMA_BUILD:?set LLAMA_BUILD to the llama.cpp build directory}"
+WORK=${WORK:-$(mktemp -d)}
+PROMPT=254,72,101,108,108,111   # <|begin_of_text|> "Hello"
+GENERATE=48
+
+cargo build --release -q -p memra-gguf --bin memra-synth
+SYNTH=${CARGO_TARGET_DIR:-target}/release/memra-synth
+ORACLE=$(OUT="$WORK/memra-oracle-logits" scripts/oracle/build.sh)
+mkdir -p testdata/oracle
+# seeds picked (from 1..12) for the widest top-1/top-2 logit margin over the greedy steps in
+# all three dtypes (at least 0.0117 logits), so a reference that stays that close to
+# llama.cpp keeps its tokens
+for entry in tiny-qwen3moe:9 tiny-deepseek2:9 tiny-deepseek2-lite:8; do
+    shape=${entry%:*}
+    SEED=${entry#*:}
+    for dtype in f32 f16 q8_0; do
+        gguf="$WORK/$shape-$dtype.gguf"
+        "$SYNTH" --shape "$shape" --dtype "$dtype" --seed "$SEED" -o "$gguf" 2>/dev/null
+        "$ORACLE" --model "$gguf" --prompt "$PROMPT" --generate "$GENERATE" \
+            --shape "$shape" --dtype "$dtype" --seed "$SEED" \
+            --sha256 "$(sha256sum "$gguf" | cut -d' ' -f1)" \
+            --out "testdata/oracle/$shape-$dtype.json"
+        echo "testdata/oracle/$shape-$dtype.json"
+    done
+done
