@@ -10,7 +10,8 @@ mod tensors;
 pub use config::read_config;
 pub use gguf::read_gguf;
 
-use crate::plan::{MlaSummary, MoeSummary, YarnSummary};
+use crate::plan::{layer_kind, MlaSummary, MoeSummary, YarnSummary};
+pub use crate::plan::{FfnKind, LayerKind, Mixer};
 
 /// Architectures the compiler can plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -201,32 +202,6 @@ pub struct ModelMeta {
     pub fingerprint: u64,
 }
 
-/// The token mixer of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mixer {
-    /// Grouped-query attention over a K/V cache.
-    Gqa,
-    /// Multi-head latent attention over a compressed latent cache.
-    Mla,
-}
-
-/// The feed-forward block of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FfnKind {
-    /// One gated FFN.
-    Dense,
-    /// Routed experts, with or without always-on shared experts.
-    Moe { shared: bool },
-}
-
-/// One entry of the layer schema: what a layer is made of. `build` turns it into segments,
-/// `tensors` into the tensors the layer must have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerKind {
-    pub mixer: Mixer,
-    pub ffn: FfnKind,
-}
-
 impl ModelMeta {
     /// Whether `layer` has routed experts.
     pub fn is_moe_layer(&self, layer: u32) -> bool {
@@ -235,17 +210,7 @@ impl ModelMeta {
 
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
-        let mixer = match self.mla {
-            Some(_) => Mixer::Mla,
-            None => Mixer::Gqa,
-        };
-        let ffn = match &self.moe {
-            Some(m) if self.is_moe_layer(layer) => FfnKind::Moe {
-                shared: m.shared_expert_ffn > 0,
-            },
-            _ => FfnKind::Dense,
-        };
-        LayerKind { mixer, ffn }
+        layer_kind(self.mla.is_some(), self.moe.as_ref(), layer)
     }
 
     /// Width of the attention output (heads times the value head size).

@@ -100,6 +100,52 @@ pub struct MoeSummary {
     pub weights_scale: f64,
 }
 
+/// The token mixer of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// Grouped-query attention over a K/V cache.
+    Gqa,
+    /// Multi-head latent attention over a compressed latent cache.
+    Mla,
+}
+
+/// The feed-forward block of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnKind {
+    /// One gated FFN.
+    Dense,
+    /// Routed experts, with or without always-on shared experts.
+    Moe { shared: bool },
+}
+
+/// One entry of the layer schema: what a layer is made of. The compiler turns it into
+/// segments and expected tensors; an executor into the layer's weights and state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKind {
+    pub mixer: Mixer,
+    pub ffn: FfnKind,
+}
+
+/// The schema rule: MLA everywhere when the model has MLA facts; routed experts from layer
+/// `dense_layers` on when it has MoE facts, shared experts with them when their width is set.
+pub fn layer_kind(mla: bool, moe: Option<&MoeSummary>, layer: u32) -> LayerKind {
+    let mixer = if mla { Mixer::Mla } else { Mixer::Gqa };
+    let ffn = match moe {
+        Some(m) if layer >= m.dense_layers => FfnKind::Moe {
+            shared: m.shared_expert_ffn > 0,
+        },
+        _ => FfnKind::Dense,
+    };
+    LayerKind { mixer, ffn }
+}
+
+impl ModelSummary {
+    /// The layer schema's entry for `layer`.
+    pub fn layer_kind(&self, layer: u32) -> LayerKind {
+        layer_kind(self.mla.is_some(), self.moe.as_ref(), layer)
+    }
+}
+
 /// The router's probability function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
