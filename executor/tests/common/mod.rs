@@ -77,3 +77,17 @@ pub fn options(arm: Arm) -> EngineOptions {
         reduce_order: ReduceOrder::Tree,
     }
 }
+
+/// Compiles the placement `text` (its model path absolute) in a scratch directory and loads
+/// the plan: for tests whose model is generated, so no committed plan can name it.
+pub fn compile_scratch(name: &str, text: &str) -> LoadedPlan {
+    let dir = std::env::temp_dir().join(format!("memra-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let placement = dir.join("placement.toml");
+    std::fs::write(&placement, text).unwrap();
+    let compiled =
+        memra_compiler::passes::compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let plan = dir.join("placement.plan.toml");
+    std::fs::write(&plan, compiled.plan.to_toml()).unwrap();
+    load(&plan, None).unwrap_or_else(|e| panic!("{name}: {e:#}"))
+}
