@@ -33,8 +33,18 @@ fn config(model_type: &str, extra: &str) -> ModelMeta {
 
 /// A GGUF header for `meta` in llama.cpp's spelling, with zeroed f32 tensors.
 fn gguf_for(meta: &ModelMeta, arch: &str) -> PathBuf {
+    gguf_without(meta, arch, "")
+}
+
+/// `gguf_for` without the key `{arch}.{dropped}`.
+fn gguf_without(meta: &ModelMeta, arch: &str, dropped: &str) -> PathBuf {
     let mut w = GgufWriter::new();
-    let mut put = |k: &str, v: Value| w.add(k, v).unwrap();
+    let dropped = format!("{arch}.{dropped}");
+    let mut put = |k: &str, v: Value| {
+        if k != dropped {
+            w.add(k, v).unwrap();
+        }
+    };
     put("general.architecture", Value::Str(arch.into()));
     put("general.name", Value::Str(meta.name.clone()));
     let key = |k: &str| format!("{arch}.{k}");
@@ -225,6 +235,74 @@ fn unknown_architectures_and_missing_keys_are_named() {
     let err = format!("{:#}", read_gguf(&path).unwrap_err());
     assert!(
         err.contains("llama.feed_forward_length") || err.contains("llama.block_count"),
+        "{err}"
+    );
+}
+
+fn deepseek_v3() -> ModelMeta {
+    config(
+        "deepseek_v3",
+        ", \"n_routed_experts\": 4, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"first_k_dense_replace\": 1, \"q_lora_rank\": 32, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\"",
+    )
+}
+
+#[test]
+fn missing_and_misshapen_expert_and_mla_tensors_are_named() {
+    let mut meta = deepseek_v3();
+    let up = meta
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.1.ffn_up_exps.weight")
+        .unwrap();
+    up.shape = vec![4, 32, 48];
+    let err = format!(
+        "{:#}",
+        read_gguf(&gguf_for(&meta, "deepseek2")).unwrap_err()
+    );
+    assert!(
+        err.ends_with(
+            "tensor `blk.1.ffn_up_exps.weight` has shape [4, 32, 48], expected [4, 32, 64]"
+        ),
+        "{err}"
+    );
+
+    let mut meta = deepseek_v3();
+    meta.tensors.retain(|t| t.name != "blk.1.attn_k_b.weight");
+    let err = format!(
+        "{:#}",
+        read_gguf(&gguf_for(&meta, "deepseek2")).unwrap_err()
+    );
+    assert!(
+        err.ends_with("missing tensor `blk.1.attn_k_b.weight`"),
+        "{err}"
+    );
+
+    let mut meta = deepseek_v3();
+    meta.tensors.retain(|t| t.name != "blk.2.exp_probs_b.bias");
+    let err = format!(
+        "{:#}",
+        read_gguf(&gguf_for(&meta, "deepseek2")).unwrap_err()
+    );
+    assert!(
+        err.ends_with("missing tensor `blk.2.exp_probs_b.bias`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_legacy_unsplit_kv_up_projection_is_refused_by_name() {
+    let mut meta = deepseek_v3();
+    let k_b = meta
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.attn_k_b.weight")
+        .unwrap();
+    k_b.name = "blk.0.attn_kv_b.weight".into();
+    k_b.shape = vec![4 * (16 + 16), 32];
+    let path = gguf_without(&meta, "deepseek2", "attention.key_length_mla");
+    let err = format!("{:#}", read_gguf(&path).unwrap_err());
+    assert!(
+        err.contains("tensor `blk.0.attn_kv_b.weight` is the legacy unsplit k/v up-projection"),
         "{err}"
     );
 }
