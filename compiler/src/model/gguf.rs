@@ -77,11 +77,6 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             keys.key("attention.head_count")
         );
     }
-    let mla = match architecture {
-        Architecture::Deepseek2 => Some(read_mla(&keys, path)?),
-        _ => None,
-    };
-    let moe = read_moe(&keys, architecture, ffn, path)?;
     let has_output = file.tensor("output.weight").is_some();
     let vocab = match keys.opt_u32("vocab_size")? {
         Some(v) => v,
@@ -91,6 +86,11 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             .and_then(|v| u32::try_from(v).ok())
             .ok_or_else(|| anyhow!("{}: missing tensor `token_embd.weight`", path.display()))?,
     };
+    let mla = match architecture {
+        Architecture::Deepseek2 => Some(read_mla(&keys, lite(layers, vocab), path)?),
+        _ => None,
+    };
+    let moe = read_moe(&keys, architecture, (layers, vocab, ffn), path)?;
     let mut meta = ModelMeta {
         name: file
             .get_str("general.name")
@@ -125,10 +125,16 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     Ok(meta)
 }
 
+/// llama.cpp's "lite" deepseek2 models (DeepSeek-V2-Lite and kin), whose `q_lora_rank` it does
+/// not read: 26 or 27 layers, or 48 with a vocabulary of 128256.
+fn lite(layers: u32, vocab: u32) -> bool {
+    matches!(layers, 26 | 27) || (layers == 48 && vocab == 128_256)
+}
+
 /// MLA's dimensions. Files of this llama.cpp version store the k/v up-projection split per
 /// head (`attn_k_b`, `attn_v_b`, announced by the `*_length_mla` keys); the older unsplit
-/// `attn_kv_b` is refused by name.
-fn read_mla(keys: &Keys, path: &Path) -> Result<MlaSummary> {
+/// `attn_kv_b` is refused by name. A lite model has no q-LoRA whatever its key says.
+fn read_mla(keys: &Keys, lite: bool, path: &Path) -> Result<MlaSummary> {
     let rope = keys.u32("rope.dimension_count")?;
     let Some(key_len) = keys.opt_u32("attention.key_length_mla")? else {
         let legacy = keys.file.tensor("blk.0.attn_kv_b.weight").is_some();
@@ -152,7 +158,10 @@ fn read_mla(keys: &Keys, path: &Path) -> Result<MlaSummary> {
         );
     }
     Ok(MlaSummary {
-        q_lora_rank: keys.opt_u32("attention.q_lora_rank")?.unwrap_or(0),
+        q_lora_rank: match lite {
+            true => 0,
+            false => keys.opt_u32("attention.q_lora_rank")?.unwrap_or(0),
+        },
         kv_lora_rank: keys.u32("attention.kv_lora_rank")?,
         qk_nope_head_dim: key_len - rope,
         qk_rope_head_dim: rope,
@@ -162,8 +171,15 @@ fn read_mla(keys: &Keys, path: &Path) -> Result<MlaSummary> {
 
 /// The experts and their routing, as llama.cpp's graph for the architecture uses them:
 /// qwen3moe always normalizes softmax weights; deepseek2 reads gating, normalization and scale
-/// from its keys (softmax when the gating key is absent, as for DeepSeek-V2 files).
-fn read_moe(keys: &Keys, arch: Architecture, ffn: u32, path: &Path) -> Result<Option<MoeSummary>> {
+/// from its keys (without a gating key: softmax as for DeepSeek-V2 files, sigmoid for GLM-4.7
+/// Lite's 47 or 48 layers and 154880 tokens). `dims` is (layers, vocab, ffn).
+fn read_moe(
+    keys: &Keys,
+    arch: Architecture,
+    dims: (u32, u32, u32),
+    path: &Path,
+) -> Result<Option<MoeSummary>> {
+    let (layers, vocab, ffn) = dims;
     let experts = match keys.opt_u32("expert_count")? {
         Some(e) if e > 0 => e,
         _ => return Ok(None),
@@ -182,7 +198,9 @@ fn read_moe(keys: &Keys, arch: Architecture, ffn: u32, path: &Path) -> Result<Op
         .unwrap_or(ffn / top_k);
     let dense_layers = keys.opt_u32("leading_dense_block_count")?.unwrap_or(0);
     let deepseek = arch == Architecture::Deepseek2;
+    let glm_lite = matches!(layers, 47 | 48) && vocab == 154_880;
     let gating = match (deepseek, keys.opt_u32("expert_gating_func")?) {
+        (true, None | Some(0)) if glm_lite => Gating::Sigmoid,
         (false, _) | (true, None | Some(0 | 1)) => Gating::Softmax,
         (true, Some(2)) => Gating::Sigmoid,
         (true, Some(other)) => bail!(
