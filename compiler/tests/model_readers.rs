@@ -3,6 +3,7 @@
 //! Unknown architectures and missing keys are clear errors.
 
 use memra_compiler::model::{read_config, read_gguf, Dtype, ModelMeta};
+use memra_compiler::plan::Gating;
 use memra_gguf::{GgmlType, GgufWriter, Value};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,8 +33,18 @@ fn config(model_type: &str, extra: &str) -> ModelMeta {
 
 /// A GGUF header for `meta` in llama.cpp's spelling, with zeroed f32 tensors.
 fn gguf_for(meta: &ModelMeta, arch: &str) -> PathBuf {
+    gguf_without(meta, arch, "")
+}
+
+/// `gguf_for` without the key `{arch}.{dropped}`.
+fn gguf_without(meta: &ModelMeta, arch: &str, dropped: &str) -> PathBuf {
     let mut w = GgufWriter::new();
-    let mut put = |k: &str, v: Value| w.add(k, v).unwrap();
+    let dropped = format!("{arch}.{dropped}");
+    let mut put = |k: &str, v: Value| {
+        if k != dropped {
+            w.add(k, v).unwrap();
+        }
+    };
     put("general.architecture", Value::Str(arch.into()));
     put("general.name", Value::Str(meta.name.clone()));
     let key = |k: &str| format!("{arch}.{k}");
@@ -43,7 +54,9 @@ fn gguf_for(meta: &ModelMeta, arch: &str) -> PathBuf {
     put(&key("feed_forward_length"), Value::U32(meta.ffn));
     put(&key("attention.head_count"), Value::U32(meta.heads));
     put(&key("attention.head_count_kv"), Value::U32(meta.kv_heads));
-    put(&key("attention.key_length"), Value::U32(meta.head_dim));
+    if meta.mla.is_none() {
+        put(&key("attention.key_length"), Value::U32(meta.head_dim));
+    }
     put(&key("rope.freq_base"), Value::F32(meta.rope_theta));
     put(
         &key("attention.layer_norm_rms_epsilon"),
@@ -65,14 +78,48 @@ fn gguf_for(meta: &ModelMeta, arch: &str) -> PathBuf {
             &key("leading_dense_block_count"),
             Value::U32(moe.dense_layers),
         );
+        if arch == "deepseek2" {
+            let gating = match moe.gating {
+                Gating::Softmax => 1,
+                Gating::Sigmoid => 2,
+            };
+            put(&key("expert_gating_func"), Value::U32(gating));
+            put(&key("expert_weights_norm"), Value::Bool(moe.norm_weights));
+            put(
+                &key("expert_weights_scale"),
+                Value::F32(moe.weights_scale as f32),
+            );
+            put(&key("expert_group_count"), Value::U32(moe.groups));
+            put(&key("expert_group_used_count"), Value::U32(moe.groups_used));
+        }
     }
     if let Some(mla) = &meta.mla {
+        // the converter's absorbed (MQA over the latent) lengths, and the real ones
+        let (rope, kvl) = (mla.qk_rope_head_dim, mla.kv_lora_rank);
         put(&key("attention.q_lora_rank"), Value::U32(mla.q_lora_rank));
-        put(&key("attention.kv_lora_rank"), Value::U32(mla.kv_lora_rank));
-        put(&key("attention.value_length"), Value::U32(mla.v_head_dim));
+        put(&key("attention.kv_lora_rank"), Value::U32(kvl));
+        put(&key("attention.key_length"), Value::U32(kvl + rope));
+        put(&key("attention.value_length"), Value::U32(kvl));
         put(
-            &key("rope.dimension_count"),
-            Value::U32(mla.qk_rope_head_dim),
+            &key("attention.key_length_mla"),
+            Value::U32(mla.qk_nope_head_dim + rope),
+        );
+        put(
+            &key("attention.value_length_mla"),
+            Value::U32(mla.v_head_dim),
+        );
+        put(&key("rope.dimension_count"), Value::U32(rope));
+    }
+    if let Some(yarn) = &meta.rope_yarn {
+        put(&key("rope.scaling.type"), Value::Str("yarn".into()));
+        put(&key("rope.scaling.factor"), Value::F32(yarn.factor as f32));
+        put(
+            &key("rope.scaling.original_context_length"),
+            Value::U32(yarn.original_context),
+        );
+        put(
+            &key("rope.scaling.yarn_log_multiplier"),
+            Value::F32(0.1 * yarn.mscale_all_dim as f32),
         );
     }
     for t in &meta.tensors {
@@ -122,6 +169,7 @@ fn assert_same(cfg: &ModelMeta, gguf: &ModelMeta) {
     );
     assert_eq!(cfg.moe, gguf.moe);
     assert_eq!(cfg.mla, gguf.mla);
+    assert_eq!(cfg.rope_yarn, gguf.rope_yarn);
     let shapes = |m: &ModelMeta| {
         m.tensors
             .iter()
@@ -141,8 +189,15 @@ fn config_and_gguf_agree_for_every_architecture() {
         (config("qwen3_moe", ", \"head_dim\": 16, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32"), "qwen3moe"),
         (
             config(
+                "deepseek_v2",
+                ", \"n_routed_experts\": 4, \"n_shared_experts\": 2, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"first_k_dense_replace\": 1, \"q_lora_rank\": null, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16",
+            ),
+            "deepseek2",
+        ),
+        (
+            config(
                 "deepseek_v3",
-                ", \"n_routed_experts\": 4, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"first_k_dense_replace\": 1, \"q_lora_rank\": 32, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16",
+                ", \"n_routed_experts\": 4, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"first_k_dense_replace\": 1, \"q_lora_rank\": 32, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.5, \"n_group\": 2, \"topk_group\": 1, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, \"original_max_position_embeddings\": 128, \"mscale_all_dim\": 0.707}",
             ),
             "deepseek2",
         ),
@@ -180,6 +235,63 @@ fn unknown_architectures_and_missing_keys_are_named() {
     let err = format!("{:#}", read_gguf(&path).unwrap_err());
     assert!(
         err.contains("llama.feed_forward_length") || err.contains("llama.block_count"),
+        "{err}"
+    );
+}
+
+fn deepseek_v3() -> ModelMeta {
+    config(
+        "deepseek_v3",
+        ", \"n_routed_experts\": 4, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"first_k_dense_replace\": 1, \"q_lora_rank\": 32, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\"",
+    )
+}
+
+#[test]
+fn missing_and_misshapen_expert_and_mla_tensors_are_named() {
+    let mut meta = deepseek_v3();
+    let up = meta
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.1.ffn_up_exps.weight")
+        .unwrap();
+    up.shape = vec![4, 32, 48];
+    let err = format!(
+        "{:#}",
+        read_gguf(&gguf_for(&meta, "deepseek2")).unwrap_err()
+    );
+    assert!(
+        err.ends_with(
+            "tensor `blk.1.ffn_up_exps.weight` has shape [4, 32, 48], expected [4, 32, 64]"
+        ),
+        "{err}"
+    );
+
+    let mut meta = deepseek_v3();
+    meta.tensors.retain(|t| t.name != "blk.1.attn_k_b.weight");
+    let err = format!(
+        "{:#}",
+        read_gguf(&gguf_for(&meta, "deepseek2")).unwrap_err()
+    );
+    assert!(
+        err.ends_with("missing tensor `blk.1.attn_k_b.weight`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_legacy_unsplit_kv_up_projection_is_refused_by_name() {
+    let mut meta = deepseek_v3();
+    let k_b = meta
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.attn_k_b.weight")
+        .unwrap();
+    k_b.name = "blk.0.attn_kv_b.weight".into();
+    k_b.shape = vec![4 * (16 + 16), 32];
+    let path = gguf_without(&meta, "deepseek2", "attention.key_length_mla");
+    let err = format!("{:#}", read_gguf(&path).unwrap_err());
+    assert!(
+        err.contains("tensor `blk.0.attn_kv_b.weight` is the legacy unsplit k/v up-projection"),
         "{err}"
     );
 }

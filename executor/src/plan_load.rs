@@ -13,7 +13,7 @@ use memra_gguf::progress::{Progress, Unit};
 use memra_gguf::GgufFile;
 
 /// Architectures whose decode the CPU executor implements.
-const RUNNABLE_ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+const RUNNABLE_ARCHITECTURES: [&str; 5] = ["llama", "qwen2", "qwen3", "qwen3moe", "deepseek2"];
 
 /// A verified plan and the model file it was compiled for.
 #[derive(Debug)]
@@ -108,20 +108,16 @@ fn check_runnable(plan: &Plan) -> Result<()> {
             RUNNABLE_ARCHITECTURES.join(", ")
         );
     }
-    if plan.model.moe.is_some() || plan.model.mla.is_some() {
-        bail!(
-            "mixture-of-experts and latent-attention models are not supported by the executor yet"
-        );
-    }
     if plan.runtime.max_sequences != 1 {
         bail!(
             "runtime.max_sequences is {}; the executor runs one sequence",
             plan.runtime.max_sequences
         );
     }
-    if plan.model.heads == 0
-        || plan.model.kv_heads == 0
-        || !plan.model.heads.is_multiple_of(plan.model.kv_heads)
+    if plan.model.mla.is_none()
+        && (plan.model.heads == 0
+            || plan.model.kv_heads == 0
+            || !plan.model.heads.is_multiple_of(plan.model.kv_heads))
     {
         bail!(
             "model.heads {} is not a multiple of model.kv_heads {}",

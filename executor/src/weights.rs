@@ -1,6 +1,8 @@
 //! A rank's weights: exactly the shards its plan lists, copied out of the mapped GGUF into
 //! buffers the rank owns. Matrices keep their stored (quantized) bytes; a column split copies
 //! each row's block-aligned column range. Vectors (norms, biases) are dequantized to f32.
+//! Three-dimensional tensors (stacked experts, MLA's per-head matrices) are stacks of
+//! matrices; an `experts a..b` or `heads a..b` split keeps matrices `a..b`.
 //!
 //! Progress: a matrix counts half its bytes when read out of the file and half when taken by
 //! the backend, which for CUDA uploads it right then; so one report covers reading and
@@ -40,12 +42,45 @@ impl Matrix {
     }
 }
 
+/// Matrices `first..first + count` of a stack of equally shaped matrices, in their stored
+/// type, back to back: the experts of an expert tensor, or the heads of a per-head tensor.
+#[derive(Debug)]
+pub struct Stack {
+    /// Stored element type.
+    pub dtype: GgmlType,
+    /// The matrices' stored bytes, back to back.
+    pub data: Vec<u8>,
+    /// Index of the first matrix held in the whole tensor.
+    pub first: usize,
+    /// Matrices held.
+    pub count: usize,
+    /// Output rows of each matrix.
+    pub rows: usize,
+    /// Inputs per row.
+    pub cols: usize,
+}
+
+impl Stack {
+    /// Stored bytes of one matrix.
+    pub fn matrix_bytes(&self) -> usize {
+        self.rows * (self.cols / self.dtype.block_size() * self.dtype.block_bytes())
+    }
+
+    /// The stored bytes of matrix `index` of the whole tensor, if this stack holds it.
+    pub fn matrix(&self, index: usize) -> Option<&[u8]> {
+        let i = index.checked_sub(self.first).filter(|&i| i < self.count)?;
+        let n = self.matrix_bytes();
+        Some(&self.data[i * n..(i + 1) * n])
+    }
+}
+
 /// The shards one rank holds, by tensor name.
 #[derive(Debug)]
 pub struct RankWeights {
     matrices: BTreeMap<String, Matrix>,
     vectors: BTreeMap<String, Vec<f32>>,
     progress: Progress,
+    stacks: BTreeMap<String, Stack>,
 }
 
 impl RankWeights {
@@ -55,6 +90,7 @@ impl RankWeights {
             matrices: BTreeMap::new(),
             vectors: BTreeMap::new(),
             progress: loaded.weights_progress(rank.rank),
+            stacks: BTreeMap::new(),
         };
         for shard in &rank.weights {
             out.load_shard(&loaded.gguf, shard)
@@ -96,17 +132,33 @@ impl RankWeights {
             self.progress.inc(shard.bytes);
             return Ok(());
         }
+        if shard.shape.len() == 3 {
+            let stack = stack(gguf, info, &shard.shape, shard.split)?;
+            if stack.data.len() as u64 != shard.bytes {
+                bail!(
+                    "the shard holds {} bytes but the plan says {}",
+                    stack.data.len(),
+                    shard.bytes
+                );
+            }
+            self.stacks.insert(shard.tensor.clone(), stack);
+            // no backend uploads a stack as it takes it yet: it counts whole when read
+            self.progress.inc(shard.bytes);
+            return Ok(());
+        }
         if shard.shape.len() != 2 {
             bail!(
-                "only vectors and matrices are supported, found shape {:?}",
-                shard.shape
+                "only vectors, matrices and stacks of matrices are supported, found {} dimensions",
+                shard.shape.len()
             );
         }
         let matrix = match shard.split {
             Split::Full => matrix_rows(gguf, info, 0, info.rows())?,
             Split::Rows { start, end } => matrix_rows(gguf, info, start, end)?,
             Split::Cols { start, end } => matrix_cols(gguf, info, start, end)?,
-            Split::Experts { .. } => bail!("expert splits are not supported by the executor yet"),
+            other @ (Split::Experts { .. } | Split::Heads { .. }) => {
+                bail!("split `{other}` applies to stacks of matrices, not to a matrix")
+            }
         };
         if matrix.data.len() as u64 != shard.bytes {
             bail!(
@@ -132,6 +184,13 @@ impl RankWeights {
         Ok(matrix)
     }
 
+    /// Takes the stack of matrices `name` out.
+    pub fn take_stack(&mut self, name: &str) -> Result<Stack> {
+        self.stacks
+            .remove(name)
+            .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))
+    }
+
     /// Takes the vector `name` out.
     pub fn take_vector(&mut self, name: &str) -> Result<Vec<f32>> {
         self.vectors
@@ -149,6 +208,7 @@ impl RankWeights {
         self.matrices
             .keys()
             .chain(self.vectors.keys())
+            .chain(self.stacks.keys())
             .map(String::as_str)
             .collect()
     }
@@ -160,6 +220,29 @@ fn matrix_rows(gguf: &GgufFile, info: &TensorInfo, start: u64, end: u64) -> Resu
         dtype: info.dtype,
         data: bytes.to_vec(),
         rows: (end - start) as usize,
+        cols: info.row_len() as usize,
+    })
+}
+
+/// Matrices `a..b` of a `[count, rows, cols]` tensor: `full`, `experts a..b` or `heads a..b`.
+fn stack(gguf: &GgufFile, info: &TensorInfo, shape: &[u64], split: Split) -> Result<Stack> {
+    let (count, rows) = (shape[0], shape[1]);
+    let (start, end) = match split {
+        Split::Full => (0, count),
+        Split::Experts { start, end } | Split::Heads { start, end }
+            if start < end && end <= count =>
+        {
+            (start, end)
+        }
+        other => bail!("split `{other}` does not apply to a stack of {count} matrices"),
+    };
+    let bytes = gguf.tensor_rows(info, start * rows..end * rows)?;
+    Ok(Stack {
+        dtype: info.dtype,
+        data: bytes.to_vec(),
+        first: start as usize,
+        count: (end - start) as usize,
+        rows: rows as usize,
         cols: info.row_len() as usize,
     })
 }

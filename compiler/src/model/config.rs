@@ -2,8 +2,8 @@
 //! never sees, with tensors synthesized in the placement's chosen dtype.
 
 use super::tensors::synthesize;
-use super::{fnv1a, Architecture, Dtype, ModelMeta};
-use crate::plan::{MlaSummary, MoeSummary};
+use super::{exact, fnv1a, Architecture, Dtype, ModelMeta};
+use crate::plan::{Gating, MlaSummary, MoeSummary, YarnSummary};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -39,7 +39,11 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     let obj = json
         .as_object()
         .ok_or_else(|| anyhow!("{}: expected a json object at the top", path.display()))?;
-    let keys = Keys { obj, path };
+    let keys = Keys {
+        obj,
+        path,
+        prefix: String::new(),
+    };
     let model_type = keys.str("model_type")?;
     let architecture = MODEL_TYPES
         .iter()
@@ -61,7 +65,7 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     }
     let mla = match architecture {
         Architecture::Deepseek2 => Some(MlaSummary {
-            q_lora_rank: keys.u32("q_lora_rank")?,
+            q_lora_rank: keys.opt_u32("q_lora_rank")?.unwrap_or(0),
             kv_lora_rank: keys.u32("kv_lora_rank")?,
             qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
             qk_rope_head_dim: keys.u32("qk_rope_head_dim")?,
@@ -73,33 +77,7 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         Some(mla) => mla.qk_nope_head_dim + mla.qk_rope_head_dim,
         None => keys.opt_u32("head_dim")?.unwrap_or(embedding / heads),
     };
-    let moe = match architecture {
-        Architecture::Mixtral => Some(MoeSummary {
-            experts: keys.u32("num_local_experts")?,
-            top_k: keys.u32("num_experts_per_tok")?,
-            expert_ffn: keys.u32("intermediate_size")?,
-            shared_expert_ffn: 0,
-            dense_layers: 0,
-        }),
-        Architecture::Qwen3Moe => Some(MoeSummary {
-            experts: keys.u32("num_experts")?,
-            top_k: keys.u32("num_experts_per_tok")?,
-            expert_ffn: keys.u32("moe_intermediate_size")?,
-            shared_expert_ffn: 0,
-            dense_layers: 0,
-        }),
-        Architecture::Deepseek2 => {
-            let expert_ffn = keys.u32("moe_intermediate_size")?;
-            Some(MoeSummary {
-                experts: keys.u32("n_routed_experts")?,
-                top_k: keys.u32("num_experts_per_tok")?,
-                expert_ffn,
-                shared_expert_ffn: keys.opt_u32("n_shared_experts")?.unwrap_or(0) * expert_ffn,
-                dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
-            })
-        }
-        _ => None,
-    };
+    let moe = read_moe(&keys, architecture)?;
     let name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -122,6 +100,7 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         qkv_bias: architecture == Architecture::Qwen2,
         moe,
         mla,
+        rope_yarn: read_yarn(&keys)?,
         tensors: Vec::new(),
         fingerprint: fnv1a(&text, 0),
     };
@@ -129,24 +108,141 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     Ok(meta)
 }
 
+/// The experts and their routing in Hugging Face's spelling: Mixtral and Qwen3-MoE normalize
+/// softmax weights; DeepSeek reads `scoring_func`, `topk_method` (`noaux_tc` adds the
+/// selection bias), `norm_topk_prob`, `routed_scaling_factor`, `n_group` and `topk_group`.
+fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary>> {
+    let plain = |experts, top_k, expert_ffn| MoeSummary {
+        experts,
+        top_k,
+        expert_ffn,
+        shared_expert_ffn: 0,
+        dense_layers: 0,
+        gating: Gating::Softmax,
+        probs_bias: false,
+        groups: 1,
+        groups_used: 1,
+        norm_weights: true,
+        weights_scale: 1.0,
+    };
+    let moe = match architecture {
+        Architecture::Mixtral => plain(
+            keys.u32("num_local_experts")?,
+            keys.u32("num_experts_per_tok")?,
+            keys.u32("intermediate_size")?,
+        ),
+        Architecture::Qwen3Moe => MoeSummary {
+            norm_weights: keys.opt_bool("norm_topk_prob")?.unwrap_or(true),
+            ..plain(
+                keys.u32("num_experts")?,
+                keys.u32("num_experts_per_tok")?,
+                keys.u32("moe_intermediate_size")?,
+            )
+        },
+        Architecture::Deepseek2 => {
+            let expert_ffn = keys.u32("moe_intermediate_size")?;
+            let gating = match keys.opt_str("scoring_func")? {
+                None | Some("softmax") => Gating::Softmax,
+                Some("sigmoid") => Gating::Sigmoid,
+                Some(_) => return Err(keys.wrong("scoring_func", "\"softmax\" or \"sigmoid\"")),
+            };
+            let groups = keys.opt_u32("n_group")?.unwrap_or(1).max(1);
+            MoeSummary {
+                shared_expert_ffn: keys.opt_u32("n_shared_experts")?.unwrap_or(0) * expert_ffn,
+                dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
+                gating,
+                probs_bias: keys.opt_str("topk_method")? == Some("noaux_tc"),
+                groups,
+                groups_used: match groups {
+                    1 => 1,
+                    _ => keys.u32("topk_group")?,
+                },
+                norm_weights: keys.opt_bool("norm_topk_prob")?.unwrap_or(false),
+                weights_scale: exact(keys.opt_f32("routed_scaling_factor")?.unwrap_or(1.0)),
+                ..plain(
+                    keys.u32("n_routed_experts")?,
+                    keys.u32("num_experts_per_tok")?,
+                    expert_ffn,
+                )
+            }
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(moe))
+}
+
+/// YaRN rope scaling from `rope_scaling` (`type` or `rope_type` `yarn`).
+fn read_yarn(keys: &Keys) -> Result<Option<YarnSummary>> {
+    let Some(scaling) = keys.opt_object("rope_scaling")? else {
+        return Ok(None);
+    };
+    let kind = match scaling.opt_str("type")? {
+        Some(kind) => Some(kind),
+        None => scaling.opt_str("rope_type")?,
+    };
+    if kind != Some("yarn") {
+        return Ok(None);
+    }
+    Ok(Some(YarnSummary {
+        factor: exact(scaling.f32("factor")?),
+        original_context: scaling.u32("original_max_position_embeddings")?,
+        mscale_all_dim: exact(scaling.opt_f32("mscale_all_dim")?.unwrap_or(0.0)),
+    }))
+}
+
 /// Typed access to the keys of a config.json, with errors that name the file and key.
 struct Keys<'a> {
     obj: &'a Map<String, Value>,
     path: &'a Path,
+    /// `outer.` for the keys of a nested object.
+    prefix: String,
 }
 
 impl Keys<'_> {
     fn missing(&self, key: &str) -> anyhow::Error {
-        anyhow!("{}: missing key `{key}`", self.path.display())
+        anyhow!(
+            "{}: missing key `{}{key}`",
+            self.path.display(),
+            self.prefix
+        )
     }
 
     fn wrong(&self, key: &str, allowed: &str) -> anyhow::Error {
-        anyhow!("{}: key `{key}` must be {allowed}", self.path.display())
+        anyhow!(
+            "{}: key `{}{key}` must be {allowed}",
+            self.path.display(),
+            self.prefix
+        )
     }
 
     fn str(&self, key: &str) -> Result<&str> {
-        let v = self.obj.get(key).ok_or_else(|| self.missing(key))?;
-        v.as_str().ok_or_else(|| self.wrong(key, "a string"))
+        self.opt_str(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a string")),
+        }
+    }
+
+    fn opt_object(&self, key: &str) -> Result<Option<Keys<'_>>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_object()
+                .map(|obj| {
+                    Some(Keys {
+                        obj,
+                        path: self.path,
+                        prefix: format!("{}{key}.", self.prefix),
+                    })
+                })
+                .ok_or_else(|| self.wrong(key, "an object")),
+        }
     }
 
     fn opt_u32(&self, key: &str) -> Result<Option<u32>> {

@@ -1,13 +1,50 @@
-//! GGUF reader: hyperparameters from the header's metadata and tensors from its tensor infos.
-//! Weight bytes are never read.
+//! GGUF reader: hyperparameters from the header's metadata (with the keys and defaults
+//! llama.cpp's loader uses for each architecture) and tensors from its tensor infos. Weight
+//! bytes are never read.
 
 use super::tensors::{classify, expected, sort_tensors, tensor_meta};
-use super::{Architecture, Dtype, ModelMeta};
-use crate::plan::{MlaSummary, MoeSummary};
+use super::{exact, Architecture, Dtype, ModelMeta};
+use crate::plan::{Gating, MlaSummary, MoeSummary, YarnSummary};
 use anyhow::{anyhow, bail, Result};
 use memra_gguf::GgufFile;
 use std::collections::BTreeMap;
 use std::path::Path;
+
+/// Typed access to the architecture's keys of one GGUF header, with errors naming the key.
+struct Keys<'a> {
+    file: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+    fn has(&self, k: &str) -> bool {
+        self.file.metadata.contains_key(&self.key(k))
+    }
+    fn opt_u32(&self, k: &str) -> Result<Option<u32>> {
+        match self.has(k) {
+            true => self.file.get_u32(&self.key(k)).map(Some),
+            false => Ok(None),
+        }
+    }
+    fn u32(&self, k: &str) -> Result<u32> {
+        self.file.get_u32(&self.key(k))
+    }
+    fn opt_f32(&self, k: &str) -> Result<Option<f32>> {
+        match self.has(k) {
+            true => self.file.get_f32(&self.key(k)).map(Some),
+            false => Ok(None),
+        }
+    }
+    fn opt_bool(&self, k: &str) -> Result<Option<bool>> {
+        match self.has(k) {
+            true => self.file.get_bool(&self.key(k)).map(Some),
+            false => Ok(None),
+        }
+    }
+}
 
 /// Read a GGUF file's header into model metadata.
 pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
@@ -23,55 +60,25 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
                 Architecture::supported_list()
             )
         })?;
-    let key = |k: &str| format!("{arch_name}.{k}");
-    let opt_u32 = |k: &str| -> Result<Option<u32>> {
-        let full = key(k);
-        match file.metadata.contains_key(&full) {
-            true => file.get_u32(&full).map(Some),
-            false => Ok(None),
-        }
+    let keys = Keys {
+        file: &file,
+        arch: arch_name,
     };
-    let req_u32 = |k: &str| file.get_u32(&key(k));
-    let embedding = req_u32("embedding_length")?;
-    let layers = req_u32("block_count")?;
-    let ffn = req_u32("feed_forward_length")?;
-    let context_length = req_u32("context_length")?;
-    let rms_eps = file.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
-    let heads = req_u32("attention.head_count")?;
+    let embedding = keys.u32("embedding_length")?;
+    let layers = keys.u32("block_count")?;
+    let ffn = keys.u32("feed_forward_length")?;
+    let context_length = keys.u32("context_length")?;
+    let rms_eps = file.get_f32(&keys.key("attention.layer_norm_rms_epsilon"))?;
+    let heads = keys.u32("attention.head_count")?;
     if heads == 0 {
         bail!(
             "{}: {} must be at least 1",
             path.display(),
-            key("attention.head_count")
+            keys.key("attention.head_count")
         );
     }
-    let mla = match architecture {
-        Architecture::Deepseek2 => {
-            let rope = req_u32("rope.dimension_count")?;
-            let key_len = req_u32("attention.key_length")?;
-            Some(MlaSummary {
-                q_lora_rank: opt_u32("attention.q_lora_rank")?.unwrap_or(0),
-                kv_lora_rank: req_u32("attention.kv_lora_rank")?,
-                qk_nope_head_dim: key_len.saturating_sub(rope),
-                qk_rope_head_dim: rope,
-                v_head_dim: req_u32("attention.value_length")?,
-            })
-        }
-        _ => None,
-    };
-    let moe = match opt_u32("expert_count")? {
-        Some(experts) if experts > 0 => Some(MoeSummary {
-            experts,
-            top_k: req_u32("expert_used_count")?,
-            expert_ffn: opt_u32("expert_feed_forward_length")?.unwrap_or(ffn),
-            shared_expert_ffn: opt_u32("expert_shared_count")?.unwrap_or(0)
-                * opt_u32("expert_feed_forward_length")?.unwrap_or(0),
-            dense_layers: opt_u32("leading_dense_block_count")?.unwrap_or(0),
-        }),
-        _ => None,
-    };
     let has_output = file.tensor("output.weight").is_some();
-    let vocab = match opt_u32("vocab_size")? {
+    let vocab = match keys.opt_u32("vocab_size")? {
         Some(v) => v,
         None => file
             .tensor("token_embd.weight")
@@ -79,10 +86,11 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             .and_then(|v| u32::try_from(v).ok())
             .ok_or_else(|| anyhow!("{}: missing tensor `token_embd.weight`", path.display()))?,
     };
-    let rope_theta = match file.metadata.contains_key(&key("rope.freq_base")) {
-        true => file.get_f32(&key("rope.freq_base"))?,
-        false => 10_000.0,
+    let mla = match architecture {
+        Architecture::Deepseek2 => Some(read_mla(&keys, lite(layers, vocab), path)?),
+        _ => None,
     };
+    let moe = read_moe(&keys, architecture, (layers, vocab, ffn), path)?;
     let mut meta = ModelMeta {
         name: file
             .get_str("general.name")
@@ -92,26 +100,176 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         layers,
         embedding,
         heads,
-        kv_heads: opt_u32("attention.head_count_kv")?.unwrap_or(heads),
+        kv_heads: keys.opt_u32("attention.head_count_kv")?.unwrap_or(heads),
         head_dim: match &mla {
             Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
-            None => opt_u32("attention.key_length")?.unwrap_or(embedding / heads),
+            None => keys
+                .opt_u32("attention.key_length")?
+                .unwrap_or(embedding / heads),
         },
         ffn,
         vocab,
         context_length,
-        rope_theta,
+        rope_theta: keys.opt_f32("rope.freq_base")?.unwrap_or(10_000.0),
         rms_eps,
         tied_embeddings: !has_output,
         qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
         moe,
         mla,
+        rope_yarn: read_yarn(&keys, architecture, context_length)?,
         tensors: Vec::new(),
         fingerprint: crate::model::fnv1a(file.header_bytes(), 0),
     };
     meta.tensors = read_tensors(&file, &meta, path)?;
     Ok(meta)
+}
+
+/// llama.cpp's "lite" deepseek2 models (DeepSeek-V2-Lite and kin), whose `q_lora_rank` it does
+/// not read: 26 or 27 layers, or 48 with a vocabulary of 128256.
+fn lite(layers: u32, vocab: u32) -> bool {
+    matches!(layers, 26 | 27) || (layers == 48 && vocab == 128_256)
+}
+
+/// MLA's dimensions. Files of this llama.cpp version store the k/v up-projection split per
+/// head (`attn_k_b`, `attn_v_b`, announced by the `*_length_mla` keys); the older unsplit
+/// `attn_kv_b` is refused by name. A lite model has no q-LoRA whatever its key says.
+fn read_mla(keys: &Keys, lite: bool, path: &Path) -> Result<MlaSummary> {
+    let rope = keys.u32("rope.dimension_count")?;
+    let Some(key_len) = keys.opt_u32("attention.key_length_mla")? else {
+        let legacy = keys.file.tensor("blk.0.attn_kv_b.weight").is_some();
+        bail!(
+            "{}: {}; memra reads the per-head `attn_k_b`/`attn_v_b` form that llama.cpp's converter writes (with `{}`): convert the model again",
+            path.display(),
+            if legacy {
+                "tensor `blk.0.attn_kv_b.weight` is the legacy unsplit k/v up-projection"
+            } else {
+                "the MLA head sizes are missing"
+            },
+            keys.key("attention.key_length_mla")
+        );
+    };
+    if key_len <= rope {
+        bail!(
+            "{}: {} ({key_len}) must exceed {} ({rope})",
+            path.display(),
+            keys.key("attention.key_length_mla"),
+            keys.key("rope.dimension_count")
+        );
+    }
+    Ok(MlaSummary {
+        q_lora_rank: match lite {
+            true => 0,
+            false => keys.opt_u32("attention.q_lora_rank")?.unwrap_or(0),
+        },
+        kv_lora_rank: keys.u32("attention.kv_lora_rank")?,
+        qk_nope_head_dim: key_len - rope,
+        qk_rope_head_dim: rope,
+        v_head_dim: keys.u32("attention.value_length_mla")?,
+    })
+}
+
+/// The experts and their routing, as llama.cpp's graph for the architecture uses them:
+/// qwen3moe always normalizes softmax weights; deepseek2 reads gating, normalization and scale
+/// from its keys (without a gating key: softmax as for DeepSeek-V2 files, sigmoid for GLM-4.7
+/// Lite's 47 or 48 layers and 154880 tokens). `dims` is (layers, vocab, ffn).
+fn read_moe(
+    keys: &Keys,
+    arch: Architecture,
+    dims: (u32, u32, u32),
+    path: &Path,
+) -> Result<Option<MoeSummary>> {
+    let (layers, vocab, ffn) = dims;
+    let experts = match keys.opt_u32("expert_count")? {
+        Some(e) if e > 0 => e,
+        _ => return Ok(None),
+    };
+    let top_k = keys.u32("expert_used_count")?;
+    if top_k == 0 || top_k > experts {
+        bail!(
+            "{}: {} is {top_k}; allowed: 1 to {} ({experts})",
+            path.display(),
+            keys.key("expert_used_count"),
+            keys.key("expert_count")
+        );
+    }
+    let expert_ffn = keys
+        .opt_u32("expert_feed_forward_length")?
+        .unwrap_or(ffn / top_k);
+    let dense_layers = keys.opt_u32("leading_dense_block_count")?.unwrap_or(0);
+    let deepseek = arch == Architecture::Deepseek2;
+    let glm_lite = matches!(layers, 47 | 48) && vocab == 154_880;
+    let gating = match (deepseek, keys.opt_u32("expert_gating_func")?) {
+        (true, None | Some(0)) if glm_lite => Gating::Sigmoid,
+        (false, _) | (true, None | Some(0 | 1)) => Gating::Softmax,
+        (true, Some(2)) => Gating::Sigmoid,
+        (true, Some(other)) => bail!(
+            "{}: {} is {other}; supported: 1 (softmax), 2 (sigmoid)",
+            path.display(),
+            keys.key("expert_gating_func")
+        ),
+    };
+    let (groups, groups_used) = match keys.opt_u32("expert_group_count")? {
+        Some(g) if g > 1 => {
+            let used = keys.u32("expert_group_used_count")?;
+            if !experts.is_multiple_of(g) || used == 0 || used >= g {
+                bail!(
+                    "{}: {} {g} must divide {} {experts}, and {} {used} must be in 1..{g}",
+                    path.display(),
+                    keys.key("expert_group_count"),
+                    keys.key("expert_count"),
+                    keys.key("expert_group_used_count")
+                );
+            }
+            (g, used)
+        }
+        _ => (1, 1),
+    };
+    let scale = match deepseek {
+        true => keys.opt_f32("expert_weights_scale")?.unwrap_or(0.0),
+        false => 0.0,
+    };
+    let probs_bias = format!("blk.{dense_layers}.exp_probs_b.bias");
+    Ok(Some(MoeSummary {
+        experts,
+        top_k,
+        expert_ffn,
+        shared_expert_ffn: keys.opt_u32("expert_shared_count")?.unwrap_or(0) * expert_ffn,
+        dense_layers,
+        gating,
+        probs_bias: deepseek && keys.file.tensor(&probs_bias).is_some(),
+        groups,
+        groups_used,
+        norm_weights: match deepseek {
+            true => keys.opt_bool("expert_weights_norm")?.unwrap_or(false),
+            false => true,
+        },
+        // llama.cpp scales only by a factor other than 0 and 1
+        weights_scale: if scale == 0.0 { 1.0 } else { exact(scale) },
+    }))
+}
+
+/// YaRN rope scaling when `rope.scaling.type` is `yarn`. deepseek2 stores `mscale_all_dim`
+/// times 0.1 in `yarn_log_multiplier`; llama.cpp divides it back in f32, and so do we.
+fn read_yarn(keys: &Keys, arch: Architecture, context: u32) -> Result<Option<YarnSummary>> {
+    let kind = keys.key("rope.scaling.type");
+    if !keys.file.metadata.contains_key(&kind) || keys.file.get_str(&kind)? != "yarn" {
+        return Ok(None);
+    }
+    let factor = keys.opt_f32("rope.scaling.factor")?.unwrap_or(0.0);
+    let log_mul = match arch {
+        Architecture::Deepseek2 => keys
+            .opt_f32("rope.scaling.yarn_log_multiplier")?
+            .map_or(0.0, |m| m / 0.1),
+        _ => 0.0,
+    };
+    Ok(Some(YarnSummary {
+        factor: exact(if factor == 0.0 { 1.0 } else { factor }),
+        original_context: keys
+            .opt_u32("rope.scaling.original_context_length")?
+            .unwrap_or(context),
+        mscale_all_dim: exact(log_mul),
+    }))
 }
 
 /// The file's tensors, checked against the architecture's expected names and shapes.

@@ -10,7 +10,8 @@ mod tensors;
 pub use config::read_config;
 pub use gguf::read_gguf;
 
-use crate::plan::{MlaSummary, MoeSummary};
+use crate::plan::{layer_kind, MlaSummary, MoeSummary, YarnSummary};
+pub use crate::plan::{FfnKind, LayerKind, Mixer};
 
 /// Architectures the compiler can plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -141,6 +142,8 @@ pub enum ShardRule {
     Cols,
     /// Stacked experts are split by expert.
     Experts,
+    /// A per-head stack of matrices is split by head (MLA's k/v up-projections).
+    Heads,
 }
 
 /// Where a tensor lives in the model.
@@ -193,6 +196,7 @@ pub struct ModelMeta {
     pub qkv_bias: bool,
     pub moe: Option<MoeSummary>,
     pub mla: Option<MlaSummary>,
+    pub rope_yarn: Option<YarnSummary>,
     /// Sorted by site, then name.
     pub tensors: Vec<TensorMeta>,
     pub fingerprint: u64,
@@ -202,6 +206,11 @@ impl ModelMeta {
     /// Whether `layer` has routed experts.
     pub fn is_moe_layer(&self, layer: u32) -> bool {
         self.moe.as_ref().is_some_and(|m| layer >= m.dense_layers)
+    }
+
+    /// The layer schema's entry for `layer`.
+    pub fn layer_kind(&self, layer: u32) -> LayerKind {
+        layer_kind(self.mla.is_some(), self.moe.as_ref(), layer)
     }
 
     /// Width of the attention output (heads times the value head size).
@@ -221,6 +230,13 @@ impl ModelMeta {
         };
         elems * kv.block_bytes() / kv.block_elems()
     }
+}
+
+/// The shortest decimal that reads back as the same f32, as the plan's f64.
+pub fn exact(x: f32) -> f64 {
+    x.to_string()
+        .parse()
+        .expect("invariant: a float prints as a float")
 }
 
 /// FNV-1a 64: a stable hash for fingerprints (no randomized hasher may reach plan text).

@@ -2,7 +2,7 @@
 //! has, their shapes, and how tensor parallelism cuts them. GGUF tensor infos are checked
 //! against it; config.json models are synthesized from it.
 
-use super::{Architecture, Dtype, ModelMeta, ShardRule, TensorMeta, TensorSite};
+use super::{Dtype, FfnKind, Mixer, ModelMeta, ShardRule, TensorMeta, TensorSite};
 
 /// The role of a tensor, decided by its name; gives its shard rule.
 fn rule_for(suffix: &str) -> Option<ShardRule> {
@@ -11,10 +11,11 @@ fn rule_for(suffix: &str) -> Option<ShardRule> {
         | "attn_kv_a_norm" | "attn_q_a" | "attn_kv_a_mqa" | "ffn_gate_inp" | "exp_probs_b" => {
             ShardRule::Replicated
         }
-        "attn_q" | "attn_k" | "attn_v" | "attn_q_b" | "attn_kv_b" | "ffn_gate" | "ffn_up"
-        | "ffn_gate_shexp" | "ffn_up_shexp" => ShardRule::Rows,
+        "attn_q" | "attn_k" | "attn_v" | "attn_q_b" | "ffn_gate" | "ffn_up" | "ffn_gate_shexp"
+        | "ffn_up_shexp" => ShardRule::Rows,
         "attn_output" | "ffn_down" | "ffn_down_shexp" => ShardRule::Cols,
         "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps" => ShardRule::Experts,
+        "attn_k_b" | "attn_v_b" => ShardRule::Heads,
         _ => return None,
     };
     Some(rule)
@@ -57,56 +58,63 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
         };
         t("attn_norm.weight", vec![d]);
         t("ffn_norm.weight", vec![d]);
-        match &meta.mla {
-            Some(mla) => {
+        let kind = meta.layer_kind(layer);
+        match (kind.mixer, &meta.mla) {
+            (Mixer::Mla, Some(mla)) => {
                 let (ql, kvl) = (u64::from(mla.q_lora_rank), u64::from(mla.kv_lora_rank));
                 let (nope, rope) = (
                     u64::from(mla.qk_nope_head_dim),
                     u64::from(mla.qk_rope_head_dim),
                 );
                 let v = u64::from(mla.v_head_dim);
-                t("attn_q_a.weight", vec![ql, d]);
-                t("attn_q_a_norm.weight", vec![ql]);
-                t("attn_q_b.weight", vec![h * (nope + rope), ql]);
+                if ql > 0 {
+                    t("attn_q_a.weight", vec![ql, d]);
+                    t("attn_q_a_norm.weight", vec![ql]);
+                    t("attn_q_b.weight", vec![h * (nope + rope), ql]);
+                } else {
+                    t("attn_q.weight", vec![h * (nope + rope), d]);
+                }
                 t("attn_kv_a_mqa.weight", vec![kvl + rope, d]);
                 t("attn_kv_a_norm.weight", vec![kvl]);
-                t("attn_kv_b.weight", vec![h * (nope + v), kvl]);
+                // per head: k_b maps a no-rope query into the latent, v_b the latent to a value
+                t("attn_k_b.weight", vec![h, kvl, nope]);
+                t("attn_v_b.weight", vec![h, v, kvl]);
                 t("attn_output.weight", vec![d, h * v]);
             }
-            None => {
+            _ => {
                 t("attn_q.weight", vec![h * hd, d]);
                 t("attn_k.weight", vec![kv * hd, d]);
                 t("attn_v.weight", vec![kv * hd, d]);
                 t("attn_output.weight", vec![d, h * hd]);
+                if meta.qkv_bias {
+                    t("attn_q.bias", vec![h * hd]);
+                    t("attn_k.bias", vec![kv * hd]);
+                    t("attn_v.bias", vec![kv * hd]);
+                }
+                if meta.qk_norm {
+                    t("attn_q_norm.weight", vec![hd]);
+                    t("attn_k_norm.weight", vec![hd]);
+                }
             }
         }
-        if meta.qkv_bias {
-            t("attn_q.bias", vec![h * hd]);
-            t("attn_k.bias", vec![kv * hd]);
-            t("attn_v.bias", vec![kv * hd]);
-        }
-        if meta.qk_norm {
-            t("attn_q_norm.weight", vec![hd]);
-            t("attn_k_norm.weight", vec![hd]);
-        }
-        match meta.moe.as_ref().filter(|_| meta.is_moe_layer(layer)) {
-            Some(moe) => {
+        match (kind.ffn, &meta.moe) {
+            (FfnKind::Moe { shared }, Some(moe)) => {
                 let (e, eff) = (u64::from(moe.experts), u64::from(moe.expert_ffn));
                 t("ffn_gate_inp.weight", vec![e, d]);
                 t("ffn_gate_exps.weight", vec![e, eff, d]);
                 t("ffn_up_exps.weight", vec![e, eff, d]);
                 t("ffn_down_exps.weight", vec![e, d, eff]);
-                if meta.architecture == Architecture::Deepseek2 {
+                if moe.probs_bias {
                     t("exp_probs_b.bias", vec![e]);
                 }
-                if moe.shared_expert_ffn > 0 {
+                if shared {
                     let sff = u64::from(moe.shared_expert_ffn);
                     t("ffn_gate_shexp.weight", vec![sff, d]);
                     t("ffn_up_shexp.weight", vec![sff, d]);
                     t("ffn_down_shexp.weight", vec![d, sff]);
                 }
             }
-            None => {
+            _ => {
                 let ffn = u64::from(meta.ffn);
                 t("ffn_gate.weight", vec![ffn, d]);
                 t("ffn_up.weight", vec![ffn, d]);
@@ -130,13 +138,22 @@ pub fn tensor_meta(name: &str, dtype: Dtype, shape: Vec<u64>) -> Option<TensorMe
 }
 
 /// Synthesize the tensor list of a config.json model: norms, biases and routers in f32,
-/// matrices in `dtype`.
+/// matrices in `dtype` (MLA's per-head matrices in q8_0 where their rows are shorter than a
+/// k-quant block).
 pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
     let mut tensors: Vec<TensorMeta> = expected(meta)
         .into_iter()
         .map(|(name, shape)| {
             let small = shape.len() == 1 || name.contains("ffn_gate_inp");
-            let dt = if small { Dtype::F32 } else { dtype };
+            // MLA's per-head matrices have short rows (128 for DeepSeek-V3); where they do
+            // not fill a k-quant block, llama.cpp's quantizer falls back to a 32-block type
+            let short = name.contains("attn_k_b") || name.contains("attn_v_b");
+            let fits = shape[shape.len() - 1] % dtype.block_elems() == 0;
+            let dt = match (small, short && !fits) {
+                (true, _) => Dtype::F32,
+                (false, true) => Dtype::Q8_0,
+                (false, false) => dtype,
+            };
             tensor_meta(&name, dt, shape).expect("invariant: expected() only yields known names")
         })
         .collect();

@@ -4,10 +4,10 @@
 use super::{RankInfo, Topology};
 use crate::model::{ModelMeta, ShardRule, TensorMeta, TensorSite};
 use crate::placement::Placement;
-use crate::plan::{Buffer, BufferKind, DeviceUse, Split, WeightShard};
+use crate::plan::{AttentionSplit, Buffer, BufferKind, DeviceUse, Split, WeightShard};
 
 /// The weight shards a rank holds, in the model's tensor order.
-pub fn weights(model: &ModelMeta, rank: &RankInfo) -> Vec<WeightShard> {
+pub fn weights(model: &ModelMeta, rank: &RankInfo, attention: AttentionSplit) -> Vec<WeightShard> {
     let mut out = Vec::new();
     for t in &model.tensors {
         let held_for_embed = t.site == TensorSite::Embed && rank.embed;
@@ -25,18 +25,36 @@ pub fn weights(model: &ModelMeta, rank: &RankInfo) -> Vec<WeightShard> {
             } else {
                 t.rule
             };
-            out.push(shard(t, split_for(t, rule, rank)));
+            out.push(shard(t, split_for(model, t, rule, rank, attention)));
         }
     }
     out
 }
 
-fn split_for(t: &TensorMeta, rule: ShardRule, rank: &RankInfo) -> Split {
+fn split_for(
+    model: &ModelMeta,
+    t: &TensorMeta,
+    rule: ShardRule,
+    rank: &RankInfo,
+    attention: AttentionSplit,
+) -> Split {
     let (i, n) = (u64::from(rank.tp_index), u64::from(rank.tp_degree));
-    if n == 1 {
+    let is_attention = t.name.contains(".attn_");
+    if n == 1 || (is_attention && attention == AttentionSplit::Replicated) {
         return Split::Full;
     }
     let part = |len: u64| (len / n * i, len / n * (i + 1));
+    let kv = u64::from(model.kv_heads);
+    let is_kv = t.name.contains(".attn_k.") || t.name.contains(".attn_v.");
+    if is_kv && n > kv {
+        // more ranks than kv heads: the ranks whose query heads share a kv head each hold it
+        let hd = u64::from(model.head_dim);
+        let head = i * kv / n;
+        return Split::Rows {
+            start: head * hd,
+            end: (head + 1) * hd,
+        };
+    }
     match rule {
         ShardRule::Replicated => Split::Full,
         ShardRule::Rows => {
@@ -51,15 +69,19 @@ fn split_for(t: &TensorMeta, rule: ShardRule, rank: &RankInfo) -> Split {
             let (start, end) = part(t.shape[0]);
             Split::Experts { start, end }
         }
+        ShardRule::Heads => {
+            let (start, end) = part(t.shape[0]);
+            Split::Heads { start, end }
+        }
     }
 }
 
 fn shard(t: &TensorMeta, split: Split) -> WeightShard {
     let elems = match split {
         Split::Full => t.elems(),
-        Split::Rows { start, end } | Split::Experts { start, end } => {
-            t.elems() / t.shape[0] * (end - start)
-        }
+        Split::Rows { start, end }
+        | Split::Experts { start, end }
+        | Split::Heads { start, end } => t.elems() / t.shape[0] * (end - start),
         Split::Cols { start, end } => t.elems() / t.shape[t.shape.len() - 1] * (end - start),
     };
     WeightShard {
@@ -80,23 +102,7 @@ pub fn buffers(
 ) -> Vec<Buffer> {
     let n = u64::from(rank.tp_degree);
     let r = rank.rank;
-    let d = u64::from(model.embedding);
-    let heads = u64::from(model.heads) / n;
-    let ffn_width = match &model.moe {
-        Some(m) => u64::from(
-            model
-                .ffn
-                .max(m.expert_ffn * m.top_k)
-                .max(m.shared_expert_ffn),
-        ),
-        None => u64::from(model.ffn),
-    };
-    let qkv = u64::from(model.heads + 2 * model.kv_heads) * u64::from(model.head_dim);
-    let act_elems = 3 * d
-        + qkv / n
-        + u64::from(model.attn_out_width()) / n
-        + 2 * ffn_width / n
-        + heads * u64::from(placement.max_context);
+    let act_elems = activation_elems(model, placement, rank);
     let buffer = |name: String, kind, bytes, slots| Buffer {
         name,
         kind,
@@ -109,7 +115,12 @@ pub fn buffers(
     ];
     if !rank.layers.is_empty() {
         let kv_per_token = model.kv_bytes_per_token_layer(placement.kv_dtype);
-        let kv_split = if model.mla.is_some() { 1 } else { n };
+        // the MLA latent is every head's; split kv heads are divided, copied ones are not
+        let kv_heads = u64::from(model.kv_heads);
+        let kv_split = match (&model.mla, placement.attention) {
+            (Some(_), _) | (None, AttentionSplit::Replicated) => 1,
+            (None, AttentionSplit::Heads) => n.min(kv_heads),
+        };
         let kv = u64::from(rank.layers.len())
             * u64::from(placement.max_context)
             * u64::from(placement.max_sequences)
@@ -146,6 +157,41 @@ pub fn buffers(
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// f32 activations of one rank: the residual stream and norms, the mixer's inputs, outputs
+/// and scores, the FFN's hidden widths and, for MoE, the router logits and one row per
+/// selected expert plus the shared experts' row (the all-reduce payload).
+fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64 {
+    let n = u64::from(rank.tp_degree);
+    let d = u64::from(model.embedding);
+    let all_heads = u64::from(model.heads);
+    let heads = match placement.attention {
+        AttentionSplit::Heads => all_heads / n,
+        AttentionSplit::Replicated => all_heads,
+    };
+    let attn_out = u64::from(model.attn_out_width()) * heads / all_heads;
+    let mixer = match &model.mla {
+        Some(m) => {
+            let row = u64::from(m.kv_lora_rank + m.qk_rope_head_dim);
+            let q = heads * u64::from(m.qk_nope_head_dim + m.qk_rope_head_dim);
+            u64::from(m.q_lora_rank) + q + (heads + 1) * row + heads * u64::from(m.kv_lora_rank)
+        }
+        None => {
+            let kv = (u64::from(model.kv_heads) * heads / all_heads).max(1);
+            (heads + 2 * kv) * u64::from(model.head_dim)
+        }
+    };
+    let (ffn, moe) = match &model.moe {
+        Some(m) => {
+            let dense = if m.dense_layers > 0 { model.ffn } else { 0 };
+            let widest = u64::from(dense.max(m.shared_expert_ffn)) / n;
+            let ffn = widest.max(u64::from(m.expert_ffn));
+            (ffn, u64::from(m.experts) + u64::from(m.top_k + 1) * d)
+        }
+        None => (u64::from(model.ffn) / n, 0),
+    };
+    3 * d + mixer + attn_out + 2 * ffn + moe + heads * u64::from(placement.max_context)
 }
 
 /// Bytes asked of each declared device, sorted by device.

@@ -2,40 +2,53 @@
 //! embed, each layer's segments, head, sampling.
 
 use crate::graph::{DecodeGraph, Node, NodeKind, StreamKind};
-use crate::model::ModelMeta;
+use crate::model::{FfnKind, Mixer, ModelMeta};
 use crate::plan::Segment;
 
-/// The segments of `layer`, in order, for a one-rank run (no all-reduces).
+/// The segments of `layer`, in order, for a one-rank run (no all-reduces): the layer
+/// schema's mixer, then its FFN.
 pub fn layer_segments(model: &ModelMeta, layer: u32) -> Vec<Segment> {
-    let mut segs = vec![Segment::AttnPre, Segment::AttnCore, Segment::AttnOut];
-    match &model.moe {
-        Some(moe) if model.is_moe_layer(layer) => {
+    let kind = model.layer_kind(layer);
+    let mut segs = match kind.mixer {
+        Mixer::Gqa => vec![Segment::AttnPre, Segment::AttnCore, Segment::AttnOut],
+        Mixer::Mla => vec![Segment::MlaPre, Segment::MlaCore, Segment::AttnOut],
+    };
+    match kind.ffn {
+        FfnKind::Dense => segs.push(Segment::Ffn),
+        FfnKind::Moe { shared } => {
             segs.extend([Segment::MoeRouter, Segment::MoeExperts]);
-            if moe.shared_expert_ffn > 0 {
+            if shared {
                 segs.push(Segment::MoeShared);
             }
         }
-        _ => segs.push(Segment::Ffn),
     }
     segs
 }
 
-/// Elements a segment hands to the next one on one rank of a group of `tp`.
-pub fn segment_output(model: &ModelMeta, segment: Segment, tp: u32) -> (&'static str, u64) {
+/// Elements a segment hands to the next one on one rank of a group whose attention runs
+/// `heads` of the model's heads on each rank.
+pub fn segment_output(model: &ModelMeta, segment: Segment, heads: u32) -> (&'static str, u64) {
     let d = u64::from(model.embedding);
-    let tp = u64::from(tp);
+    let heads = u64::from(heads);
     match segment {
         Segment::AttnPre => {
-            let qkv = match &model.mla {
-                Some(m) => {
-                    u64::from(model.heads) * u64::from(m.qk_nope_head_dim + m.qk_rope_head_dim)
-                        + u64::from(m.kv_lora_rank + m.qk_rope_head_dim) * tp
-                }
-                None => u64::from((model.heads + 2 * model.kv_heads) * model.head_dim),
-            };
-            ("qkv", qkv / tp)
+            // a rank whose heads share kv heads with another rank holds a copy of them
+            let kv = (u64::from(model.kv_heads) * heads / u64::from(model.heads)).max(1);
+            ("qkv", (heads + 2 * kv) * u64::from(model.head_dim))
         }
-        Segment::AttnCore => ("attn", u64::from(model.attn_out_width()) / tp),
+        Segment::MlaPre => {
+            // each head's query in latent space plus the token's latent and rope key
+            let m = model
+                .mla
+                .as_ref()
+                .expect("invariant: mla segments need mla facts");
+            let row = u64::from(m.kv_lora_rank + m.qk_rope_head_dim);
+            ("q_latent", heads * row + row)
+        }
+        Segment::AttnCore | Segment::MlaCore => (
+            "attn",
+            u64::from(model.attn_out_width()) * heads / u64::from(model.heads),
+        ),
         Segment::MoeRouter => (
             "routing",
             u64::from(model.moe.as_ref().map_or(0, |m| m.top_k)),
@@ -64,7 +77,7 @@ pub fn build(model: &ModelMeta) -> DecodeGraph {
         for segment in layer_segments(model, layer) {
             let ix = g.push(node(NodeKind::Layer { layer, segment }));
             g.connect(prev, ix, out.0, out.1);
-            out = segment_output(model, segment, 1);
+            out = segment_output(model, segment, model.heads);
             prev = ix;
         }
     }

@@ -4,11 +4,11 @@
 use super::allocate::{buffers, device_use, weights};
 use super::Topology;
 use crate::graph::StreamKind;
-use crate::model::{fnv1a, ModelMeta};
+use crate::model::{exact, fnv1a, ModelMeta};
 use crate::placement::Placement;
 use crate::plan::{
-    reduction_chunks, ModelSummary, Plan, Rank, ReductionChunks, RuntimeSettings, Step, TpGroup,
-    FORMAT_VERSION,
+    reduction_chunks, AttentionSplit, ModelSummary, Plan, Rank, ReductionChunks, RuntimeSettings,
+    Step, TpGroup, FORMAT_VERSION,
 };
 
 /// Build the plan from the passes' results.
@@ -25,7 +25,7 @@ pub fn emit(
         .map(|r| {
             (
                 r.clone(),
-                weights(model, r),
+                weights(model, r, placement.attention),
                 buffers(model, placement, topo, r),
             )
         })
@@ -41,11 +41,13 @@ pub fn emit(
             .collect();
         let degree = ranks.len() as u32;
         if degree > 1 {
+            let split_heads = placement.attention == AttentionSplit::Heads;
             groups.push(TpGroup {
                 group: groups.len() as u32,
                 stage: s as u32,
+                attention: placement.attention,
                 exact: degree.is_power_of_two()
-                    && chunks.attn_out.is_multiple_of(degree)
+                    && (!split_heads || chunks.attn_out.is_multiple_of(degree))
                     && chunks.ffn_down.is_multiple_of(degree),
                 tree: tree(&ranks),
                 ranks,
@@ -99,30 +101,30 @@ pub fn emit(
     }
 }
 
-/// Reduction-tree chunks of the model's two row-parallel products.
+/// Reduction-tree chunks of the model's row-parallel products: the attention output, and
+/// one count for every FFN down projection a group splits (dense FFNs and shared experts;
+/// routed experts are whole on one rank; a model with nothing else counts theirs). Counts are
+/// powers of two, so the smallest fits all.
 fn model_chunks(model: &ModelMeta) -> ReductionChunks {
-    let block_of = |suffix: &str| {
+    let chunks_of = |suffix: &str| {
         model
             .tensors
             .iter()
             .filter(|t| t.name.ends_with(suffix))
-            .map(|t| t.dtype.block_elems())
-            .max()
-            .unwrap_or(1)
-    };
-    let ffn_k = match &model.moe {
-        Some(m) if m.dense_layers == 0 => m.expert_ffn,
-        _ => model.ffn,
+            .map(|t| reduction_chunks(t.shape[t.shape.len() - 1], t.dtype.block_elems()))
+            .min()
     };
     ReductionChunks {
-        attn_out: reduction_chunks(
-            u64::from(model.attn_out_width()),
-            block_of("attn_output.weight"),
-        ),
-        ffn_down: reduction_chunks(
-            u64::from(ffn_k),
-            block_of("ffn_down.weight").max(block_of("ffn_down_exps.weight")),
-        ),
+        attn_out: chunks_of("attn_output.weight").unwrap_or(1),
+        ffn_down: [
+            chunks_of("ffn_down.weight"),
+            chunks_of("ffn_down_shexp.weight"),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .or_else(|| chunks_of("ffn_down_exps.weight"))
+        .unwrap_or(1),
     }
 }
 
@@ -135,13 +137,6 @@ fn tree(ranks: &[u32]) -> String {
             format!("({} {})", tree(a), tree(b))
         }
     }
-}
-
-/// Shortest text that reads back as the same f32, as an f64 for the plan.
-fn exact(x: f32) -> f64 {
-    x.to_string()
-        .parse()
-        .expect("invariant: a float prints as a float")
 }
 
 fn summary(model: &ModelMeta, placement: &Placement, chunks: ReductionChunks) -> ModelSummary {
@@ -166,6 +161,7 @@ fn summary(model: &ModelMeta, placement: &Placement, chunks: ReductionChunks) ->
         reduction_chunks: chunks,
         moe: model.moe.clone(),
         mla: model.mla.clone(),
+        rope_yarn: model.rope_yarn.clone(),
     }
 }
 

@@ -77,7 +77,7 @@ pub fn compile_placement(
     // 6. place: boundaries between stages, the token's way back, the readback.
     place::place(&mut graph, &mut topo, &model, placement);
     // 7. verify the graph's structure (the schedule is verified on the plan below).
-    let errors = verify::verify_graph(&graph, &model, &topo);
+    let errors = verify::verify_graph(&graph, &model, &topo, placement.attention);
     if !errors.is_empty() {
         return Err(internal(errors));
     }

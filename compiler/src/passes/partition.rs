@@ -21,7 +21,9 @@ pub fn readback_done(rank: u32) -> String {
     format!("r{rank}.readback_done")
 }
 
-/// Decide, for every node, whether it can be captured.
+/// Decide, for every node, whether it can be captured. Every segment can: MoE routing picks
+/// its top-k on the device and the expert products read the chosen ids from device memory,
+/// so only the placement (capture mode, forced ranges) makes work eager.
 pub fn mark_capture(g: &mut DecodeGraph, placement: &Placement) {
     for node in g.graph.node_weights_mut() {
         let is_op = !matches!(
@@ -30,12 +32,11 @@ pub fn mark_capture(g: &mut DecodeGraph, placement: &Placement) {
         );
         node.eager = match (&node.kind, placement.capture) {
             (_, CaptureMode::Eager) if is_op => Some(IslandReason::CaptureDisabled),
-            (NodeKind::Layer { layer, segment }, _) => placement
+            (NodeKind::Layer { layer, .. }, _) => placement
                 .forced_eager
                 .iter()
                 .find(|f| f.layers.contains(*layer))
-                .map(|f| IslandReason::Forced(f.reason.clone()))
-                .or((*segment == Segment::MoeExperts).then_some(IslandReason::ExpertDispatch)),
+                .map(|f| IslandReason::Forced(f.reason.clone())),
             _ => None,
         };
     }

@@ -1,24 +1,26 @@
 //! Pass 5, shard: give every stage its ranks (one per device of the stage) and copy each
 //! stage's nodes onto them. Under tensor parallelism, row-parallel partial sums are followed
 //! by an all-reduce node fed by every rank of the group, and the vocab-parallel head by a
-//! logits gather; only the group's first rank samples.
+//! logits gather; only the group's first rank samples. A placement with replicated
+//! attention (expert parallelism) has no all-reduce after the attention output.
 
+use super::build::layer_segments;
 use super::build::segment_output;
 use super::{RankInfo, Topology};
 use crate::graph::{DecodeGraph, Node, NodeKind};
 use crate::model::ModelMeta;
 use crate::placement::Placement;
-use crate::plan::Segment;
+use crate::plan::{AttentionSplit, Segment};
 use petgraph::stable_graph::NodeIndex;
 
-/// Whether a segment leaves a partial sum that the group must all-reduce.
-fn ends_partial(model: &ModelMeta, layer: u32, segment: Segment) -> bool {
+/// Whether a segment leaves a partial sum that the group must all-reduce: the row-parallel
+/// products, and the routed experts (each rank holds some; the rows of the others are zero).
+/// Experts and shared experts of one layer are reduced together, after the shared ones.
+pub fn ends_partial(segments: &[Segment], segment: Segment, attention: AttentionSplit) -> bool {
     match segment {
-        Segment::AttnOut | Segment::Ffn | Segment::MoeShared => true,
-        Segment::MoeExperts => {
-            model.is_moe_layer(layer)
-                && model.moe.as_ref().is_some_and(|m| m.shared_expert_ffn == 0)
-        }
+        Segment::AttnOut => attention == AttentionSplit::Heads,
+        Segment::Ffn | Segment::MoeShared => true,
+        Segment::MoeExperts => !segments.contains(&Segment::MoeShared),
         _ => false,
     }
 }
@@ -53,6 +55,10 @@ pub fn shard(
             let mut prev: Option<(NodeIndex, (&'static str, u64))> = None;
             let mut reduces = Vec::new();
             let d = u64::from(model.embedding);
+            let heads = match placement.attention {
+                AttentionSplit::Heads => model.heads / tp,
+                AttentionSplit::Replicated => model.heads,
+            };
             for node in logical.rank_nodes(0) {
                 let keep = match &node.kind {
                     NodeKind::Embed => info.embed,
@@ -71,7 +77,7 @@ pub fn shard(
                 link(&mut g, prev, ix);
                 let out = match &node.kind {
                     NodeKind::Embed => ("hidden", d),
-                    NodeKind::Layer { segment, .. } => segment_output(model, *segment, tp),
+                    NodeKind::Layer { segment, .. } => segment_output(model, *segment, heads),
                     NodeKind::Head => ("logits", u64::from(model.vocab / tp)),
                     _ => ("token", 1),
                 };
@@ -87,7 +93,8 @@ pub fn shard(
                     prev = Some((gather, ("logits", u64::from(model.vocab))));
                 }
                 if let NodeKind::Layer { layer, segment } = node.kind {
-                    if tp > 1 && ends_partial(model, layer, segment) {
+                    let segments = layer_segments(model, layer);
+                    if tp > 1 && ends_partial(&segments, segment, placement.attention) {
                         let kind = NodeKind::Layer {
                             layer,
                             segment: Segment::AllReduce,

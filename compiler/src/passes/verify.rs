@@ -12,14 +12,20 @@
 //!   away is the same check (write after read).
 
 use super::build::layer_segments;
+use super::shard::ends_partial;
 use crate::graph::{DecodeGraph, NodeKind};
 use crate::model::ModelMeta;
-use crate::plan::{event_slot, BufferKind, Carries, Op, Plan, Segment, Step};
+use crate::plan::{event_slot, AttentionSplit, BufferKind, Carries, Op, Plan, Segment, Step};
 use petgraph::algo::is_cyclic_directed;
 use std::collections::BTreeMap;
 
 /// Structural checks of the sharded, placed graph; each string is one violation.
-pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) -> Vec<String> {
+pub fn verify_graph(
+    g: &DecodeGraph,
+    model: &ModelMeta,
+    topo: &super::Topology,
+    attention: AttentionSplit,
+) -> Vec<String> {
     let mut errors = Vec::new();
     if is_cyclic_directed(&g.graph) {
         errors.push("the decode graph has a cycle".to_string());
@@ -44,7 +50,7 @@ pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) 
         for layer in rank.layers.start..rank.layers.end {
             let mut want = layer_segments(model, layer);
             if rank.tp_degree > 1 {
-                want = with_reduces(want);
+                want = with_reduces(want, attention);
             }
             let have: Vec<Segment> = g
                 .rank_nodes(rank.rank)
@@ -100,17 +106,11 @@ pub fn verify_graph(g: &DecodeGraph, model: &ModelMeta, topo: &super::Topology) 
 }
 
 /// Segments with an all-reduce after each partial sum.
-fn with_reduces(segments: Vec<Segment>) -> Vec<Segment> {
-    let has_shared = segments.contains(&Segment::MoeShared);
+fn with_reduces(segments: Vec<Segment>, attention: AttentionSplit) -> Vec<Segment> {
     let mut out = Vec::new();
     for &segment in &segments {
         out.push(segment);
-        let partial_end = match segment {
-            Segment::AttnOut | Segment::Ffn | Segment::MoeShared => true,
-            Segment::MoeExperts => !has_shared,
-            _ => false,
-        };
-        if partial_end {
+        if ends_partial(&segments, segment, attention) {
             out.push(Segment::AllReduce);
         }
     }

@@ -4,7 +4,7 @@
 
 use crate::diag::{Collector, Diagnostics};
 use crate::model::{read_config, read_gguf, Dtype, ModelMeta};
-use crate::plan::{CaptureMode, LayerRange};
+use crate::plan::{AttentionSplit, CaptureMode, LayerRange};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -25,6 +25,13 @@ struct RawPlacement {
     pipeline: Spanned<RawPipeline>,
     capture: Option<RawCapture>,
     transport: Option<RawTransport>,
+    parallel: Option<RawParallel>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawParallel {
+    attention: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -123,6 +130,8 @@ pub struct Placement {
     pub forced_eager: Vec<ForcedEager>,
     pub transport: TransportChoice,
     pub collective: Collective,
+    /// How tensor-parallel groups run attention.
+    pub attention: AttentionSplit,
 }
 
 impl Placement {
@@ -150,6 +159,10 @@ impl Placement {
         }
         for f in &self.forced_eager {
             s += &format!("eager {} {}\n", f.layers, f.reason);
+        }
+        // written only when set, so placements without it keep their hashes
+        if self.attention == AttentionSplit::Replicated {
+            s += "attention replicated\n";
         }
         s
     }

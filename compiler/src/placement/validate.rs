@@ -2,12 +2,12 @@
 //! recorded with its span, the field and what is allowed.
 
 use super::{
-    Collective, ForcedEager, Placement, RawCapture, RawPipeline, RawPlacement, RawTransport, Stage,
-    TransportChoice,
+    Collective, ForcedEager, Placement, RawCapture, RawParallel, RawPipeline, RawPlacement,
+    RawTransport, Stage, TransportChoice,
 };
 use crate::diag::Collector;
 use crate::model::{Dtype, ModelMeta};
-use crate::plan::{CaptureMode, LayerRange};
+use crate::plan::{AttentionSplit, CaptureMode, LayerRange};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use toml::Spanned;
@@ -76,7 +76,8 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
             }
         },
     };
-    let stages = validate_stages(raw.pipeline.get_ref(), model, &devices, c);
+    let attention = validate_parallel(raw.parallel.as_ref(), model, c);
+    let stages = validate_stages(raw.pipeline.get_ref(), model, attention, &devices, c);
     let (capture, forced_eager) = validate_capture(raw.capture.as_ref(), model, c);
     let transport = validate_transport(raw.transport.as_ref(), &stages, c);
     let collective = validate_collective(raw.transport.as_ref(), &stages, c);
@@ -93,6 +94,37 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
         forced_eager,
         transport,
         collective,
+        attention,
+    }
+}
+
+fn validate_parallel(
+    raw: Option<&RawParallel>,
+    model: &ModelMeta,
+    c: &mut Collector,
+) -> AttentionSplit {
+    let Some(v) = raw.and_then(|p| p.attention.as_ref()) else {
+        return AttentionSplit::Heads;
+    };
+    match v.get_ref().as_str() {
+        "heads" => AttentionSplit::Heads,
+        "replicated" if model.moe.is_some() => AttentionSplit::Replicated,
+        "replicated" => {
+            c.error(
+                v.span(),
+                "parallel.attention",
+                "`replicated` is expert parallelism and this model has no experts; allowed: heads",
+            );
+            AttentionSplit::Heads
+        }
+        other => {
+            c.error(
+                v.span(),
+                "parallel.attention",
+                format!("unknown attention split `{other}`; allowed: heads, replicated"),
+            );
+            AttentionSplit::Heads
+        }
     }
 }
 
@@ -159,6 +191,7 @@ fn declared_list(devices: &BTreeMap<u32, u64>) -> String {
 fn validate_stages(
     p: &RawPipeline,
     model: &ModelMeta,
+    attention: AttentionSplit,
     devices: &BTreeMap<u32, u64>,
     c: &mut Collector,
 ) -> Vec<Stage> {
@@ -217,7 +250,7 @@ fn validate_stages(
             }
             ids.push(id);
         }
-        check_tp_degree(model, ids.len() as u32, list.span(), &field, c);
+        check_tp_degree(model, ids.len() as u32, attention, list.span(), &field, c);
         stage_devices.push(ids);
     }
     let bounds = match &p.cuts {
@@ -288,13 +321,21 @@ fn validate_cuts(
     bounds
 }
 
-fn check_tp_degree(model: &ModelMeta, tp: u32, span: Range<usize>, field: &str, c: &mut Collector) {
+fn check_tp_degree(
+    model: &ModelMeta,
+    tp: u32,
+    attention: AttentionSplit,
+    span: Range<usize>,
+    field: &str,
+    c: &mut Collector,
+) {
     if tp <= 1 {
         return;
     }
-    let mut dims = vec![("attention heads", model.heads), ("vocab", model.vocab)];
-    if model.mla.is_none() {
-        dims.push(("kv heads", model.kv_heads));
+    let split_heads = attention == AttentionSplit::Heads;
+    let mut dims = vec![("vocab", model.vocab)];
+    if split_heads {
+        dims.push(("attention heads", model.heads));
     }
     if model.moe.as_ref().is_none_or(|m| m.dense_layers > 0) {
         dims.push(("ffn width", model.ffn));
@@ -314,8 +355,19 @@ fn check_tp_degree(model: &ModelMeta, tp: u32, span: Range<usize>, field: &str, 
             );
         }
     }
+    // kv heads are split when the degree divides them, copied when it is a multiple of them
+    let kv = model.kv_heads;
+    if split_heads && model.mla.is_none() && !kv.is_multiple_of(tp) && !tp.is_multiple_of(kv) {
+        c.error(
+            span.clone(),
+            field,
+            format!("tensor-parallel degree {tp} neither divides the model's kv heads ({kv}) nor is a multiple of them; allowed degrees do one or the other"),
+        );
+    }
     for t in &model.tensors {
-        if t.rule == crate::model::ShardRule::Cols {
+        let split = t.rule == crate::model::ShardRule::Cols
+            && (split_heads || !t.name.ends_with("attn_output.weight"));
+        if split {
             let cols = t.shape[t.shape.len() - 1];
             if cols % u64::from(tp) == 0 && (cols / u64::from(tp)) % t.dtype.block_elems() != 0 {
                 c.error(

@@ -34,68 +34,6 @@ pub struct Plan {
     pub ranks: Vec<Rank>,
 }
 
-/// Model facts the executor needs, and the fingerprint that ties the plan to one model file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelSummary {
-    pub name: String,
-    pub architecture: String,
-    /// The model file as the placement named it (relative to the placement file).
-    pub source: String,
-    /// FNV-1a 64 over the metadata and tensor infos (never the weight bytes).
-    pub fingerprint: String,
-    pub layers: u32,
-    pub embedding: u32,
-    pub heads: u32,
-    pub kv_heads: u32,
-    pub head_dim: u32,
-    pub ffn: u32,
-    pub vocab: u32,
-    pub context_length: u32,
-    pub rope_theta: f64,
-    pub rms_eps: f64,
-    pub tied_embeddings: bool,
-    pub qk_norm: bool,
-    pub qkv_bias: bool,
-    /// Chunks of the canonical reduction tree for each row-parallel reduction dimension.
-    pub reduction_chunks: ReductionChunks,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moe: Option<MoeSummary>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mla: Option<MlaSummary>,
-}
-
-/// Chunk counts of the canonical reduction order (see `reduction_chunks`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReductionChunks {
-    pub attn_out: u32,
-    pub ffn_down: u32,
-}
-
-/// Mixture-of-experts facts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MoeSummary {
-    pub experts: u32,
-    pub top_k: u32,
-    pub expert_ffn: u32,
-    pub shared_expert_ffn: u32,
-    /// Leading layers that keep a dense FFN.
-    pub dense_layers: u32,
-}
-
-/// Multi-head latent attention facts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MlaSummary {
-    pub q_lora_rank: u32,
-    pub kv_lora_rank: u32,
-    pub qk_nope_head_dim: u32,
-    pub qk_rope_head_dim: u32,
-    pub v_head_dim: u32,
-}
-
 /// Decode-time settings from the placement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -135,6 +73,10 @@ pub struct TpGroup {
     pub group: u32,
     pub stage: u32,
     pub ranks: Vec<u32>,
+    /// How the group runs attention: heads split over the ranks (the default) or every rank
+    /// running all heads (expert parallelism: only FFNs and experts are split).
+    #[serde(default, skip_serializing_if = "AttentionSplit::is_heads")]
+    pub attention: AttentionSplit,
     /// True when the degree nests in the reduction tree, so logits are bit-identical to 1 rank.
     pub exact: bool,
     /// The all-reduce's combine order, e.g. `(r0 r1)` or `((r0 r1) (r2 r3))`.
@@ -167,6 +109,24 @@ impl Collective {
     }
     fn is_oneshot(&self) -> bool {
         *self == Collective::Oneshot
+    }
+}
+
+/// How a tensor-parallel group runs attention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionSplit {
+    /// Heads split over the ranks; the output projection is all-reduced.
+    #[default]
+    Heads,
+    /// Every rank runs every head; nothing to reduce.
+    Replicated,
+}
+
+impl AttentionSplit {
+    /// True for the default (serde skips writing it).
+    pub fn is_heads(&self) -> bool {
+        *self == AttentionSplit::Heads
     }
 }
 
@@ -368,6 +328,11 @@ pub enum Split {
         start: u64,
         end: u64,
     },
+    /// Heads `start..end` of a per-head stack of matrices (MLA's `attn_k_b`, `attn_v_b`).
+    Heads {
+        start: u64,
+        end: u64,
+    },
 }
 
 /// Why a stretch of a rank's program is not captured into a graph.
@@ -377,8 +342,6 @@ pub enum IslandReason {
     CaptureDisabled,
     /// The placement forces these layers eager; the text is the placement's reason.
     Forced(String),
-    /// Expert dispatch sizes depend on the router's output, read on the host.
-    ExpertDispatch,
 }
 
 /// One step of a rank's per-token program.
@@ -434,7 +397,7 @@ impl Step {
 /// A per-layer piece of work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Segment {
-    /// Residual add, RMS norm, QKV projection (+bias, q/k norm), RoPE.
+    /// RMS norm, QKV projection (+bias, q/k norm), RoPE.
     AttnPre,
     /// KV-cache write and attention over the cache.
     AttnCore,
@@ -442,14 +405,20 @@ pub enum Segment {
     AttnOut,
     /// Sum of the group's partials in the canonical tree.
     AllReduce,
-    /// Residual add, RMS norm, gate/up, activation, down projection.
+    /// RMS norm, gate/up, activation, down projection.
     Ffn,
-    /// Residual add, RMS norm, expert router (top-k).
+    /// RMS norm, expert router, device-side top-k and weights.
     MoeRouter,
-    /// The routed experts.
+    /// The routed experts this rank holds, each weighted, one row per selected expert.
     MoeExperts,
-    /// The always-on shared expert.
+    /// The always-on shared experts (a dense FFN, split like one).
     MoeShared,
+    /// MLA: RMS norm, query (low-rank or direct), latent and rope key, rope, and the query's
+    /// no-rope part absorbed into the latent space (`attn_k_b`).
+    MlaPre,
+    /// MLA: latent-cache write, attention over the latent cache, and the per-head value
+    /// up-projection (`attn_v_b`).
+    MlaCore,
 }
 
 /// One entry of a run or island: model-level ops, or a layer range with its segments.
@@ -499,9 +468,11 @@ impl Segment {
             Segment::MoeRouter => "moe_router",
             Segment::MoeExperts => "moe_experts",
             Segment::MoeShared => "moe_shared",
+            Segment::MlaPre => "mla_pre",
+            Segment::MlaCore => "mla_core",
         }
     }
-    pub(super) const ALL: [Segment; 8] = [
+    pub(super) const ALL: [Segment; 10] = [
         Segment::AttnPre,
         Segment::AttnCore,
         Segment::AttnOut,
@@ -510,6 +481,8 @@ impl Segment {
         Segment::MoeRouter,
         Segment::MoeExperts,
         Segment::MoeShared,
+        Segment::MlaPre,
+        Segment::MlaCore,
     ];
 }
 
@@ -570,7 +543,13 @@ impl Plan {
     }
 }
 
+mod model;
 mod text;
+
+pub use model::{
+    layer_kind, FfnKind, Gating, LayerKind, Mixer, MlaSummary, ModelSummary, MoeSummary,
+    ReductionChunks, YarnSummary,
+};
 
 #[cfg(test)]
 mod tests {
@@ -593,7 +572,13 @@ mod tests {
 
     #[test]
     fn split_and_reason_round_trip() {
-        for text in ["full", "rows 0..288", "cols 288..576", "experts 0..64"] {
+        for text in [
+            "full",
+            "rows 0..288",
+            "cols 288..576",
+            "experts 0..64",
+            "heads 2..4",
+        ] {
             assert_eq!(text.parse::<Split>().unwrap().to_string(), text);
         }
         let reason: IslandReason = "forced: nan hunt in layer 7".parse().unwrap();

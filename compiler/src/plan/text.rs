@@ -38,6 +38,7 @@ impl fmt::Display for Split {
             Split::Rows { start, end } => write!(f, "rows {start}..{end}"),
             Split::Cols { start, end } => write!(f, "cols {start}..{end}"),
             Split::Experts { start, end } => write!(f, "experts {start}..{end}"),
+            Split::Heads { start, end } => write!(f, "heads {start}..{end}"),
         }
     }
 }
@@ -48,9 +49,9 @@ impl FromStr for Split {
         if s == "full" {
             return Ok(Split::Full);
         }
-        let (kind, range) = s
-            .split_once(' ')
-            .ok_or_else(|| format!("expected `full` or `rows|cols|experts a..b`, found `{s}`"))?;
+        let (kind, range) = s.split_once(' ').ok_or_else(|| {
+            format!("expected `full` or `rows|cols|experts|heads a..b`, found `{s}`")
+        })?;
         let (a, b) = range
             .split_once("..")
             .ok_or_else(|| format!("expected a range `a..b`, found `{range}`"))?;
@@ -63,8 +64,9 @@ impl FromStr for Split {
             "rows" => Ok(Split::Rows { start, end }),
             "cols" => Ok(Split::Cols { start, end }),
             "experts" => Ok(Split::Experts { start, end }),
+            "heads" => Ok(Split::Heads { start, end }),
             _ => Err(format!(
-                "unknown split `{kind}`; allowed: rows, cols, experts"
+                "unknown split `{kind}`; allowed: rows, cols, experts, heads"
             )),
         }
     }
@@ -75,7 +77,6 @@ impl fmt::Display for IslandReason {
         match self {
             IslandReason::CaptureDisabled => write!(f, "capture_disabled"),
             IslandReason::Forced(why) => write!(f, "forced: {why}"),
-            IslandReason::ExpertDispatch => write!(f, "expert_dispatch"),
         }
     }
 }
@@ -85,11 +86,10 @@ impl FromStr for IslandReason {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "capture_disabled" => Ok(IslandReason::CaptureDisabled),
-            "expert_dispatch" => Ok(IslandReason::ExpertDispatch),
             _ => match s.strip_prefix("forced: ") {
                 Some(why) => Ok(IslandReason::Forced(why.to_string())),
                 None => Err(format!(
-                    "unknown island reason `{s}`; allowed: capture_disabled, expert_dispatch, forced: <why>"
+                    "unknown island reason `{s}`; allowed: capture_disabled, forced: <why>"
                 )),
             },
         }

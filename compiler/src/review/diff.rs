@@ -249,7 +249,7 @@ fn removed_and_added<T>(old: &[T], new: &[T], line: fn(&T) -> String) -> Vec<Str
 
 fn group_line(g: &TpGroup) -> String {
     format!(
-        "group {} (stage {}): ranks {:?}, tree {}, {}",
+        "group {} (stage {}): ranks {:?}, tree {}, {}{}",
         g.group,
         g.stage,
         g.ranks,
@@ -258,6 +258,11 @@ fn group_line(g: &TpGroup) -> String {
             "bit-exact"
         } else {
             "within tolerance"
+        },
+        if g.attention.is_heads() {
+            ""
+        } else {
+            ", attention replicated"
         }
     )
 }

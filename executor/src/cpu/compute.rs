@@ -1,12 +1,14 @@
-//! A rank's compute state and its ops: embedding, the layer segments of llama-family blocks
-//! (llama; qwen2 with q/k/v biases and NeoX rope; qwen3 with per-head q/k norms and NeoX
-//! rope), the vocab-parallel head and sampling. Everything here belongs to one rank: its
-//! weight shards, activations, KV cache of its layers, logits, token and received slots.
+//! A rank's compute state and its ops: embedding, the layer segments of every layer kind of
+//! the schema (GQA for llama, qwen2 with q/k/v biases, qwen3 and qwen3moe with per-head q/k
+//! norms; MLA for deepseek2; dense or MoE FFNs, with shared experts), the vocab-parallel head
+//! and sampling. Everything here belongs to one rank: its weight shards, activations, caches of
+//! its layers, logits, token and received slots. The segment bodies live in `segments`.
 //!
-//! Row-parallel products (attention output, FFN down) leave a partial sum in `partial`; on a
-//! tensor-parallel rank the all-reduce adds the group's sum to the residual, on a single rank
-//! the product adds it at once. Their K is reduced in the canonical chunk count divided by the
-//! TP degree when the group is exact, so each rank computes one subtree of the 1-rank sum.
+//! Row-parallel products (attention output, FFN down) and the routed experts leave a partial
+//! sum in `partial`; on a tensor-parallel rank the all-reduce adds the group's sum to the
+//! residual, on a single rank the segment adds it at once. Row-parallel K is reduced in the
+//! canonical chunk count divided by the TP degree when the group is exact, so each rank
+//! computes one subtree of the 1-rank sum; experts are whole on one rank (`kernels::moe`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,26 +16,14 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::{reduction_chunks, Plan, Segment};
 
-use super::kernels::{self, attention, rms_norm, rope, silu_mul, KvCache, KvDtype, Pool, Weight};
+use super::kernels::{self, rms_norm, KvCache, KvDtype, LatentCache, Pool, Router, Weight};
+use super::layer::{FfnWeights, LayerWeights, MixerWeights};
+use super::segments::{self, view, Activations, Cache, Ctx};
 use super::wire::Payload;
 use crate::geometry::RankGeometry;
+use crate::rope::mla_kq_scale;
 use crate::sample::{Sampler, SamplerConfig};
 use crate::weights::{Matrix, RankWeights};
-
-/// One layer's weights on this rank.
-struct LayerWeights {
-    attn_norm: Vec<f32>,
-    q: Matrix,
-    k: Matrix,
-    v: Matrix,
-    biases: Option<[Vec<f32>; 3]>,
-    qk_norm: Option<[Vec<f32>; 2]>,
-    o: Matrix,
-    ffn_norm: Vec<f32>,
-    gate: Matrix,
-    up: Matrix,
-    down: Matrix,
-}
 
 /// Where the head's vocab rows come from.
 enum HeadRows {
@@ -43,27 +33,14 @@ enum HeadRows {
     Tied { start: usize, end: usize },
 }
 
-/// Activations of one rank.
-#[derive(Default)]
-struct Activations {
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    partial: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    logits: Vec<f32>,
-    full_logits: Option<Vec<f32>>,
-}
-
 /// A rank's weights and state.
 pub struct RankCompute {
     pool: Arc<Pool>,
     layers: Vec<LayerWeights>,
-    kv: Vec<KvCache>,
+    caches: Vec<Cache>,
+    router: Option<Router>,
+    /// MLA's attention scale (YaRN's mscale squared over the head size).
+    kq_scale: f32,
     embed: Option<Matrix>,
     head: Option<(Vec<f32>, HeadRows)>,
     geo: RankGeometry,
@@ -84,43 +61,9 @@ impl RankCompute {
     ) -> Result<RankCompute> {
         let r = plan.rank(rank).expect("invariant: a rank of the plan");
         let m = &plan.model;
-        let hd = m.head_dim as usize;
-        let (qkv_bias, qk_norm) = (m.qkv_bias, m.qk_norm);
-        let mut layers = Vec::new();
-        for l in r.layers.start..r.layers.end {
-            let name = |s: &str| format!("blk.{l}.{s}");
-            let take3 = |w: &mut RankWeights, kind: &str| -> Result<[Vec<f32>; 3]> {
-                Ok([
-                    w.take_vector(&name(&format!("attn_q.{kind}")))?,
-                    w.take_vector(&name(&format!("attn_k.{kind}")))?,
-                    w.take_vector(&name(&format!("attn_v.{kind}")))?,
-                ])
-            };
-            layers.push(LayerWeights {
-                attn_norm: w.take_vector(&name("attn_norm.weight"))?,
-                q: w.take_matrix(&name("attn_q.weight"))?,
-                k: w.take_matrix(&name("attn_k.weight"))?,
-                v: w.take_matrix(&name("attn_v.weight"))?,
-                biases: if qkv_bias {
-                    Some(take3(&mut w, "bias")?)
-                } else {
-                    None
-                },
-                qk_norm: if qk_norm {
-                    Some([
-                        w.take_vector(&name("attn_q_norm.weight"))?,
-                        w.take_vector(&name("attn_k_norm.weight"))?,
-                    ])
-                } else {
-                    None
-                },
-                o: w.take_matrix(&name("attn_output.weight"))?,
-                ffn_norm: w.take_vector(&name("ffn_norm.weight"))?,
-                gate: w.take_matrix(&name("ffn_gate.weight"))?,
-                up: w.take_matrix(&name("ffn_up.weight"))?,
-                down: w.take_matrix(&name("ffn_down.weight"))?,
-            });
-        }
+        let layers = (r.layers.start..r.layers.end)
+            .map(|l| LayerWeights::take(plan, l, &mut w))
+            .collect::<Result<Vec<_>>>()?;
         let needs_embd = r.embed || (r.head && m.tied_embeddings);
         let embed = if needs_embd {
             Some(w.take_matrix("token_embd.weight")?)
@@ -162,21 +105,46 @@ impl RankCompute {
             "bf16" => KvDtype::BF16,
             other => bail!("runtime.kv_dtype `{other}` is not supported by the cpu backend; supported: f32, f16, bf16"),
         };
-        let kv = layers
+        let capacity = plan.runtime.max_context as usize;
+        let hd = m.head_dim as usize;
+        let caches = layers
             .iter()
-            .map(|lw| {
-                KvCache::new(
-                    kv_dtype,
-                    lw.k.rows / hd,
-                    hd,
-                    plan.runtime.max_context as usize,
-                )
+            .map(|lw| match &lw.mixer {
+                MixerWeights::Gqa(g) => {
+                    if g.q.rows % hd != 0 || g.k.rows % hd != 0 {
+                        bail!("q/k shards are not whole heads of {hd} values");
+                    }
+                    Ok(Cache::Kv(KvCache::new(
+                        kv_dtype,
+                        g.k.rows / hd,
+                        hd,
+                        capacity,
+                    )))
+                }
+                MixerWeights::Mla(mla) => {
+                    let kvl = mla.k_b.rows;
+                    let rope = mla.kv_a.rows - kvl;
+                    Ok(Cache::Latent(LatentCache::new(
+                        kv_dtype, kvl, rope, capacity,
+                    )))
+                }
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
+        let router = m.moe.as_ref().map(|moe| Router {
+            gating: moe.gating,
+            top_k: moe.top_k as usize,
+            groups: moe.groups as usize,
+            groups_used: moe.groups_used as usize,
+            norm_weights: moe.norm_weights,
+            scale: moe.weights_scale as f32,
+        });
+        let d = m.embedding as usize;
         let mut c = RankCompute {
             pool,
             layers,
-            kv,
+            caches,
+            router,
+            kq_scale: mla_kq_scale(m.rope_yarn.as_ref(), hd),
             embed,
             head,
             geo: RankGeometry::of(plan, rank),
@@ -185,42 +153,17 @@ impl RankCompute {
             sampler: Sampler::new(sampler),
             rx: BTreeMap::new(),
         };
-        c.size_buffers(m.embedding as usize)?;
-        Ok(c)
-    }
-
-    fn size_buffers(&mut self, d: usize) -> Result<()> {
-        for lw in &self.layers {
-            for mat in [&lw.q, &lw.k, &lw.v, &lw.o, &lw.gate, &lw.up, &lw.down] {
-                Weight::new(mat.dtype, &mat.data, mat.rows, mat.cols)?;
-            }
-            if lw.q.rows % self.geo.head_dim != 0 || lw.k.rows % self.geo.head_dim != 0 {
-                bail!(
-                    "q/k shards are not whole heads of {} values",
-                    self.geo.head_dim
-                );
-            }
-        }
-        let a = &mut self.act;
-        a.x = vec![0.0; d];
-        a.xn = vec![0.0; d];
-        a.partial = vec![0.0; d];
-        if let Some(lw) = self.layers.first() {
-            a.q = vec![0.0; lw.q.rows];
-            a.k = vec![0.0; lw.k.rows];
-            a.v = vec![0.0; lw.v.rows];
-            a.att = vec![0.0; lw.q.rows];
-            a.gate = vec![0.0; lw.gate.rows];
-            a.up = vec![0.0; lw.up.rows];
-        }
-        if let Some((_, rows)) = &self.head {
+        c.act.x = vec![0.0; d];
+        c.act.xn = vec![0.0; d];
+        c.act.partial = vec![0.0; d];
+        if let Some((_, rows)) = &c.head {
             let n = match rows {
                 HeadRows::Own(m) => m.rows,
                 HeadRows::Tied { start, end } => end - start,
             };
-            a.logits = vec![0.0; n];
+            c.act.logits = vec![0.0; n];
         }
-        Ok(())
+        Ok(c)
     }
 
     /// The token sampled last (or embedded, on a rank that does not sample).
@@ -308,69 +251,62 @@ impl RankCompute {
             .filter(|&i| i < self.layers.len())
             .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
         let lw = &self.layers[li];
+        let cache = &mut self.caches[li];
         let a = &mut self.act;
-        let pool = &*self.pool;
-        let hd = self.geo.head_dim;
-        match segment {
-            Segment::AttnPre => {
-                rms_norm(&a.x, &lw.attn_norm, self.geo.eps, &mut a.xn);
-                for (m, out) in [(&lw.q, &mut a.q), (&lw.k, &mut a.k), (&lw.v, &mut a.v)] {
-                    col_parallel(pool, m, &a.xn, out);
-                }
-                if let Some([bq, bk, bv]) = &lw.biases {
-                    kernels::add(&mut a.q, bq);
-                    kernels::add(&mut a.k, bk);
-                    kernels::add(&mut a.v, bv);
-                }
-                if let Some([nq, nk]) = &lw.qk_norm {
-                    per_head_norm(&mut a.q, nq, self.geo.eps, hd);
-                    per_head_norm(&mut a.k, nk, self.geo.eps, hd);
-                }
-                let pos = pos as usize;
-                let (nq, nk) = (a.q.len() / hd, a.k.len() / hd);
-                rope(&mut a.q, nq, hd, pos, self.geo.theta, self.geo.rope);
-                rope(&mut a.k, nk, hd, pos, self.geo.theta, self.geo.rope);
+        if pos as usize >= cache.capacity() {
+            bail!(
+                "position {pos} is beyond runtime.max_context {}",
+                cache.capacity()
+            );
+        }
+        let c = Ctx {
+            pool: &self.pool,
+            geo: &self.geo,
+            pos: pos as usize,
+        };
+        match (segment, &lw.mixer, &lw.ffn, cache) {
+            (Segment::AttnPre, MixerWeights::Gqa(g), ..) => {
+                segments::gqa_pre(&c, &lw.attn_norm, g, a)
             }
-            Segment::AttnCore => {
-                let kv = &mut self.kv[li];
-                if pos as usize >= kv.capacity() {
-                    bail!(
-                        "position {pos} is beyond runtime.max_context {}",
-                        kv.capacity()
-                    );
-                }
-                kv.write(pos as usize, &a.k, &a.v);
-                attention(&a.q, kv, a.q.len() / hd, pos as usize + 1, &mut a.att);
+            (Segment::AttnCore, MixerWeights::Gqa(_), _, Cache::Kv(kv)) => {
+                segments::gqa_core(&c, kv, a)
             }
-            Segment::AttnOut => {
-                let chunks = self.geo.row_chunks.map(|c| c.0);
-                row_parallel(pool, &lw.o, &a.att, chunks, &mut a.partial);
-                if self.geo.tp_degree == 1 {
-                    kernels::add(&mut a.x, &a.partial);
-                }
+            (Segment::MlaPre, MixerWeights::Mla(m), ..) => {
+                segments::mla_pre(&c, &lw.attn_norm, m, a)
             }
-            Segment::Ffn => {
-                rms_norm(&a.x, &lw.ffn_norm, self.geo.eps, &mut a.xn);
-                col_parallel(pool, &lw.gate, &a.xn, &mut a.gate);
-                col_parallel(pool, &lw.up, &a.xn, &mut a.up);
-                silu_mul(&mut a.gate, &a.up);
-                let chunks = self.geo.row_chunks.map(|c| c.1);
-                row_parallel(pool, &lw.down, &a.gate, chunks, &mut a.partial);
-                if self.geo.tp_degree == 1 {
-                    kernels::add(&mut a.x, &a.partial);
-                }
+            (Segment::MlaCore, MixerWeights::Mla(m), _, Cache::Latent(lc)) => {
+                segments::mla_core(&c, m, lc, self.kq_scale, a)
             }
-            other => bail!(
-                "segment `{}` is not supported by the cpu backend",
+            (Segment::AttnOut, mixer, ..) => {
+                let o = match mixer {
+                    MixerWeights::Gqa(g) => &g.o,
+                    MixerWeights::Mla(m) => &m.o,
+                };
+                segments::attn_out(&c, o, a)
+            }
+            (Segment::Ffn, _, FfnWeights::Dense(g), _) => {
+                segments::dense_ffn(&c, &lw.ffn_norm, g, a)
+            }
+            (Segment::MoeRouter, _, FfnWeights::Moe(e), _) => {
+                let router = self
+                    .router
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("moe_router without model.moe in the plan"))?;
+                segments::moe_router(&c, &lw.ffn_norm, e, router, a)
+            }
+            (Segment::MoeExperts, _, FfnWeights::Moe(e), _) => segments::moe_experts(&c, e, a)?,
+            (Segment::MoeShared, _, FfnWeights::Moe(e), _) => segments::moe_shared(&c, e, a)?,
+            (other, ..) => bail!(
+                "segment `{}` does not fit layer {layer}'s kind in this plan's model",
                 other.name()
             ),
         }
         Ok(())
     }
 
-    /// Adds the group's reduced sum to the residual stream.
+    /// Finishes the pending partial with the group's reduced sum of it.
     pub fn add_reduced(&mut self, sum: &[f32]) {
-        kernels::add(&mut self.act.x, sum);
+        segments::finish_with(&mut self.act, sum);
     }
 
     /// Final norm and this rank's vocab rows.
@@ -415,36 +351,5 @@ impl RankCompute {
         }
         self.token = self.sampler.sample(logits);
         Ok(())
-    }
-}
-
-fn view(m: &Matrix) -> Weight<'_> {
-    Weight {
-        dtype: m.dtype,
-        data: &m.data,
-        rows: m.rows,
-        cols: m.cols,
-    }
-}
-
-/// A product whose K is the full input: every row computed as on one rank.
-fn col_parallel(pool: &Pool, m: &Matrix, x: &[f32], y: &mut [f32]) {
-    let chunks = reduction_chunks(m.cols as u64, m.dtype.block_size() as u64) as usize;
-    kernels::matvec(pool, &view(m), x, chunks, y);
-}
-
-/// A product over this rank's share of K: the canonical subtree when `chunks` is given.
-fn row_parallel(pool: &Pool, m: &Matrix, x: &[f32], chunks: Option<usize>, y: &mut [f32]) {
-    let chunks = chunks
-        .unwrap_or_else(|| reduction_chunks(m.cols as u64, m.dtype.block_size() as u64) as usize);
-    kernels::matvec(pool, &view(m), x, chunks.max(1), y);
-}
-
-/// RMS norm of each `hd`-long head of `v` with the shared weight `w` (qwen3's q/k norms).
-fn per_head_norm(v: &mut [f32], w: &[f32], eps: f32, hd: usize) {
-    let mut out = vec![0.0; hd];
-    for head in v.chunks_exact_mut(hd) {
-        rms_norm(head, w, eps, &mut out);
-        head.copy_from_slice(&out);
     }
 }

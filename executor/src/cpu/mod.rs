@@ -2,13 +2,15 @@
 //! reference every other backend is checked against.
 //!
 //! `engine` drives a plan's ranks (serially or one thread each); `rank` walks one rank's
-//! program (`crate::program`) over `compute`, its own state; `wire` is the only state ranks
-//! share.
+//! program (`crate::program`) over `compute`, its own state (weights by layer kind in
+//! `layer`, segment bodies in `segments`); `wire` is the only state ranks share.
 
 mod compute;
 pub mod engine;
 pub mod kernels;
+mod layer;
 mod rank;
+mod segments;
 mod wire;
 
 pub use crate::engine::{Arm, EngineOptions, StepInput, StepOutput};

@@ -35,15 +35,22 @@ static SYNTH: Mutex<()> = Mutex::new(());
 
 /// Path of the synthetic tiny-tp q8_0 model, written (seed 0) when absent.
 pub fn tiny_tp_model() -> PathBuf {
-    let path = root().join("models/tiny-tp-q8_0.gguf");
+    synth_model("tiny-tp", "q8_0", 0, "models/tiny-tp-q8_0.gguf")
+}
+
+/// The synthetic model of memra-synth shape `shape` in `dtype` with `seed` at `rel` (under the
+/// repository root), written when absent.
+pub fn synth_model(shape: &str, dtype: &str, seed: u64, rel: &str) -> PathBuf {
+    let path = root().join(rel);
     let _guard = SYNTH.lock().unwrap_or_else(|e| e.into_inner());
     if !path.exists() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         // Written beside and renamed, so a test binary running at the same time never reads a
         // partial file.
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let shape = memra_gguf::synth::shape("tiny-tp").unwrap();
-        memra_gguf::synth::write_model(&shape, memra_gguf::GgmlType::Q8_0, 0, &tmp, false).unwrap();
+        let dtype = memra_gguf::GgmlType::from_name(dtype).unwrap();
+        let model = memra_gguf::synth::model(shape).unwrap();
+        model.write(dtype, seed, &tmp, false).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
     }
     path
@@ -69,4 +76,18 @@ pub fn options(arm: Arm) -> EngineOptions {
         sampler: SamplerConfig::GREEDY,
         reduce_order: ReduceOrder::Tree,
     }
+}
+
+/// Compiles the placement `text` (its model path absolute) in a scratch directory and loads
+/// the plan: for tests whose model is generated, so no committed plan can name it.
+pub fn compile_scratch(name: &str, text: &str) -> LoadedPlan {
+    let dir = std::env::temp_dir().join(format!("memra-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let placement = dir.join("placement.toml");
+    std::fs::write(&placement, text).unwrap();
+    let compiled =
+        memra_compiler::passes::compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let plan = dir.join("placement.plan.toml");
+    std::fs::write(&plan, compiled.plan.to_toml()).unwrap();
+    load(&plan, None).unwrap_or_else(|e| panic!("{name}: {e:#}"))
 }

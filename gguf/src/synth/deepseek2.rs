@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 
 use super::emit::{keyed, Spec};
 use super::ffn::{gated, routed, Routed};
-use super::plan::{matrix, norm, output_head, residual, token_embd, Planned};
+use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
 
 /// How router logits become expert probabilities (`expert_gating_func`).
@@ -255,55 +255,25 @@ impl Deepseek2Shape {
 }
 
 /// The attention tensors of block `b`.
-fn attention(s: &Deepseek2Shape, b: &str, res: f32, dtype: GgmlType) -> Vec<Planned> {
+fn attention(s: &Deepseek2Shape, b: &Block, res: f32) -> Vec<Planned> {
     let h = u64::from(s.heads);
     let q = h * s.qk_head();
-    let mut p = vec![norm(format!("{b}.attn_norm.weight"), s.dim)];
+    let kv = s.kv_lora_rank;
+    let mut p = vec![b.norm("attn_norm", s.dim)];
     if s.q_lora_rank > 0 {
         let r = s.q_lora_rank;
-        p.push(matrix(
-            format!("{b}.attn_q_a.weight"),
-            &[s.dim, r],
-            1.0,
-            dtype,
-        ));
-        p.push(norm(format!("{b}.attn_q_a_norm.weight"), r));
-        p.push(matrix(format!("{b}.attn_q_b.weight"), &[r, q], 1.0, dtype));
+        p.push(b.matrix("attn_q_a", &[s.dim, r], 1.0));
+        p.push(b.norm("attn_q_a_norm", r));
+        p.push(b.matrix("attn_q_b", &[r, q], 1.0));
     } else {
-        p.push(matrix(
-            format!("{b}.attn_q.weight"),
-            &[s.dim, q],
-            1.0,
-            dtype,
-        ));
+        p.push(b.matrix("attn_q", &[s.dim, q], 1.0));
     }
-    let kv = s.kv_lora_rank;
-    p.push(matrix(
-        format!("{b}.attn_kv_a_mqa.weight"),
-        &[s.dim, kv + s.qk_rope],
-        1.0,
-        dtype,
-    ));
-    p.push(norm(format!("{b}.attn_kv_a_norm.weight"), kv));
+    p.push(b.matrix("attn_kv_a_mqa", &[s.dim, kv + s.qk_rope], 1.0));
+    p.push(b.norm("attn_kv_a_norm", kv));
     // per head: k_b maps a q_nope row into the latent, v_b maps the latent to a v row
-    p.push(matrix(
-        format!("{b}.attn_k_b.weight"),
-        &[s.qk_nope, kv, h],
-        1.0,
-        dtype,
-    ));
-    p.push(matrix(
-        format!("{b}.attn_v_b.weight"),
-        &[kv, s.v_head, h],
-        1.0,
-        dtype,
-    ));
-    p.push(matrix(
-        format!("{b}.attn_output.weight"),
-        &[h * s.v_head, s.dim],
-        res,
-        dtype,
-    ));
+    p.push(b.matrix("attn_k_b", &[s.qk_nope, kv, h], 1.0));
+    p.push(b.matrix("attn_v_b", &[kv, s.v_head, h], 1.0));
+    p.push(b.matrix("attn_output", &[h * s.v_head, s.dim], res));
     p
 }
 
@@ -318,14 +288,14 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
     let shared = s.expert_ffn * u64::from(s.shared_experts);
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
     for l in 0..s.layers {
-        let b = format!("blk.{l}");
-        p.extend(attention(s, &b, res, dtype));
-        p.push(norm(format!("{b}.ffn_norm.weight"), s.dim));
+        let b = Block::new(l, dtype);
+        p.extend(attention(s, &b, res));
+        p.push(b.norm("ffn_norm", s.dim));
         if l < s.dense_layers {
-            p.extend(gated(&b, "", s.dim, s.ffn, res, dtype));
+            p.extend(gated(&b, "", s.dim, s.ffn, res));
         } else {
-            p.extend(routed(&b, s.dim, &experts, res, dtype));
-            p.extend(gated(&b, "_shexp", s.dim, shared, res, dtype));
+            p.extend(routed(&b, s.dim, &experts, res));
+            p.extend(gated(&b, "_shexp", s.dim, shared, res));
         }
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));

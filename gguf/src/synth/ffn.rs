@@ -3,7 +3,7 @@
 //! layer, laid out as llama.cpp's converters store them: one 3-d tensor per projection with
 //! the expert index outermost, and the router kept in F32.
 
-use super::plan::{f32_uniform, matrix, Planned};
+use super::plan::{f32_uniform, matrix, Block, Planned};
 use crate::GgmlType;
 
 /// The routed experts of one MoE layer.
@@ -23,71 +23,25 @@ const PROBS_BIAS: f32 = 0.1;
 
 /// `ffn_gate{suffix}`, `ffn_up{suffix}`, `ffn_down{suffix}` of block `b` for an FFN of hidden
 /// width `ffn`; the down projection is divided by `res`.
-pub(crate) fn gated(
-    b: &str,
-    suffix: &str,
-    dim: u64,
-    ffn: u64,
-    res: f32,
-    dtype: GgmlType,
-) -> Vec<Planned> {
+pub(crate) fn gated(b: &Block, suffix: &str, dim: u64, ffn: u64, res: f32) -> Vec<Planned> {
     vec![
-        matrix(
-            format!("{b}.ffn_gate{suffix}.weight"),
-            &[dim, ffn],
-            1.0,
-            dtype,
-        ),
-        matrix(
-            format!("{b}.ffn_up{suffix}.weight"),
-            &[dim, ffn],
-            1.0,
-            dtype,
-        ),
-        matrix(
-            format!("{b}.ffn_down{suffix}.weight"),
-            &[ffn, dim],
-            res,
-            dtype,
-        ),
+        b.matrix(&format!("ffn_gate{suffix}"), &[dim, ffn], 1.0),
+        b.matrix(&format!("ffn_up{suffix}"), &[dim, ffn], 1.0),
+        b.matrix(&format!("ffn_down{suffix}"), &[ffn, dim], res),
     ]
 }
 
 /// The router (`ffn_gate_inp`, F32 as the converter forces it), the optional selection bias
 /// and the three expert tensors of block `b`.
-pub(crate) fn routed(b: &str, dim: u64, r: &Routed, res: f32, dtype: GgmlType) -> Vec<Planned> {
-    let gate_inp = matrix(
-        format!("{b}.ffn_gate_inp.weight"),
-        &[dim, r.experts],
-        1.0,
-        GgmlType::F32,
-    );
-    let mut p = vec![gate_inp];
-    if r.probs_bias {
-        p.push(f32_uniform(
-            format!("{b}.exp_probs_b.bias"),
-            &[r.experts],
-            PROBS_BIAS,
-        ));
-    }
+pub(crate) fn routed(b: &Block, dim: u64, r: &Routed, res: f32) -> Vec<Planned> {
     let (e, f) = (r.experts, r.ffn);
-    p.push(matrix(
-        format!("{b}.ffn_gate_exps.weight"),
-        &[dim, f, e],
-        1.0,
-        dtype,
-    ));
-    p.push(matrix(
-        format!("{b}.ffn_up_exps.weight"),
-        &[dim, f, e],
-        1.0,
-        dtype,
-    ));
-    p.push(matrix(
-        format!("{b}.ffn_down_exps.weight"),
-        &[f, dim, e],
-        res,
-        dtype,
-    ));
+    let router = b.name("ffn_gate_inp.weight");
+    let mut p = vec![matrix(router, &[dim, e], 1.0, GgmlType::F32)];
+    if r.probs_bias {
+        p.push(f32_uniform(b.name("exp_probs_b.bias"), &[e], PROBS_BIAS));
+    }
+    p.push(b.matrix("ffn_gate_exps", &[dim, f, e], 1.0));
+    p.push(b.matrix("ffn_up_exps", &[dim, f, e], 1.0));
+    p.push(b.matrix("ffn_down_exps", &[f, dim, e], res));
     p
 }

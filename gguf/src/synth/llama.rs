@@ -6,7 +6,8 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 
 use super::emit::Spec;
-use super::plan::{matrix, norm, output_head, residual, token_embd, Planned};
+use super::ffn::gated;
+use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
 
 /// A model shape.
@@ -131,51 +132,14 @@ fn plan(s: &Shape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
     for l in 0..s.layers {
-        let b = format!("blk.{l}");
-        p.push(norm(format!("{b}.attn_norm.weight"), s.dim));
-        p.push(matrix(
-            format!("{b}.attn_q.weight"),
-            &[s.dim, s.dim],
-            1.0,
-            dtype,
-        ));
-        p.push(matrix(
-            format!("{b}.attn_k.weight"),
-            &[s.dim, kv],
-            1.0,
-            dtype,
-        ));
-        p.push(matrix(
-            format!("{b}.attn_v.weight"),
-            &[s.dim, kv],
-            1.0,
-            dtype,
-        ));
-        p.push(matrix(
-            format!("{b}.attn_output.weight"),
-            &[s.dim, s.dim],
-            res,
-            dtype,
-        ));
-        p.push(norm(format!("{b}.ffn_norm.weight"), s.dim));
-        p.push(matrix(
-            format!("{b}.ffn_gate.weight"),
-            &[s.dim, s.ffn],
-            1.0,
-            dtype,
-        ));
-        p.push(matrix(
-            format!("{b}.ffn_up.weight"),
-            &[s.dim, s.ffn],
-            1.0,
-            dtype,
-        ));
-        p.push(matrix(
-            format!("{b}.ffn_down.weight"),
-            &[s.ffn, s.dim],
-            res,
-            dtype,
-        ));
+        let b = Block::new(l, dtype);
+        p.push(b.norm("attn_norm", s.dim));
+        p.push(b.matrix("attn_q", &[s.dim, s.dim], 1.0));
+        p.push(b.matrix("attn_k", &[s.dim, kv], 1.0));
+        p.push(b.matrix("attn_v", &[s.dim, kv], 1.0));
+        p.push(b.matrix("attn_output", &[s.dim, s.dim], res));
+        p.push(b.norm("ffn_norm", s.dim));
+        p.extend(gated(&b, "", s.dim, s.ffn, res));
     }
     p.extend(output_head(s.dim, s.vocab, s.tied, dtype));
     p

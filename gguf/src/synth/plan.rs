@@ -92,6 +92,43 @@ pub(crate) fn fallback(dtype: GgmlType, row: u64) -> GgmlType {
         .expect("invariant: f16 fits every row")
 }
 
+/// The tensors of one transformer block `blk.N`, named by their suffix, with matrices in the
+/// model's dtype.
+pub(crate) struct Block {
+    prefix: String,
+    dtype: GgmlType,
+}
+
+impl Block {
+    /// Block `layer` of a model whose matrices are in `dtype`.
+    pub fn new(layer: u32, dtype: GgmlType) -> Block {
+        Block {
+            prefix: format!("blk.{layer}"),
+            dtype,
+        }
+    }
+
+    /// The full tensor name of `suffix`, e.g. `blk.3.exp_probs_b.bias`.
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.prefix)
+    }
+
+    /// The matrix `blk.N.{name}.weight` (see [`matrix`]).
+    pub fn matrix(&self, name: &str, dims: &[u64], extra: f32) -> Planned {
+        matrix(
+            self.name(&format!("{name}.weight")),
+            dims,
+            extra,
+            self.dtype,
+        )
+    }
+
+    /// The norm vector `blk.N.{name}.weight`.
+    pub fn norm(&self, name: &str, len: u64) -> Planned {
+        norm(self.name(&format!("{name}.weight")), len)
+    }
+}
+
 /// The divisor of residual-writing projections for a model of `layers` blocks.
 pub(crate) fn residual(layers: u32) -> f32 {
     (2.0 * layers as f32).sqrt()

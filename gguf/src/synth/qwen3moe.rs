@@ -4,7 +4,7 @@
 
 use super::emit::{keyed, Spec};
 use super::ffn::{routed, Routed};
-use super::plan::{matrix, norm, output_head, residual, token_embd, Planned};
+use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
 
 /// A Qwen3-MoE shape.
@@ -90,36 +90,16 @@ fn plan(s: &Qwen3MoeShape, dtype: GgmlType) -> Vec<Planned> {
     };
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
     for l in 0..s.layers {
-        let b = format!("blk.{l}");
-        p.push(norm(format!("{b}.attn_norm.weight"), s.dim));
-        p.push(matrix(
-            format!("{b}.attn_q.weight"),
-            &[s.dim, q],
-            1.0,
-            dtype,
-        ));
-        p.push(norm(format!("{b}.attn_q_norm.weight"), s.head_dim));
-        p.push(matrix(
-            format!("{b}.attn_k.weight"),
-            &[s.dim, kv],
-            1.0,
-            dtype,
-        ));
-        p.push(norm(format!("{b}.attn_k_norm.weight"), s.head_dim));
-        p.push(matrix(
-            format!("{b}.attn_v.weight"),
-            &[s.dim, kv],
-            1.0,
-            dtype,
-        ));
-        p.push(matrix(
-            format!("{b}.attn_output.weight"),
-            &[q, s.dim],
-            res,
-            dtype,
-        ));
-        p.push(norm(format!("{b}.ffn_norm.weight"), s.dim));
-        p.extend(routed(&b, s.dim, &experts, res, dtype));
+        let b = Block::new(l, dtype);
+        p.push(b.norm("attn_norm", s.dim));
+        p.push(b.matrix("attn_q", &[s.dim, q], 1.0));
+        p.push(b.norm("attn_q_norm", s.head_dim));
+        p.push(b.matrix("attn_k", &[s.dim, kv], 1.0));
+        p.push(b.norm("attn_k_norm", s.head_dim));
+        p.push(b.matrix("attn_v", &[s.dim, kv], 1.0));
+        p.push(b.matrix("attn_output", &[q, s.dim], res));
+        p.push(b.norm("ffn_norm", s.dim));
+        p.extend(routed(&b, s.dim, &experts, res));
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));
     p

@@ -21,9 +21,76 @@ pub enum KvDtype {
     BF16,
 }
 
+/// Rows of `width` values in a cache dtype, narrowed with round-to-nearest-even on write and
+/// widened on read: the storage of the KV cache and of MLA's latent cache.
+pub(super) struct CacheRows {
+    dtype: KvDtype,
+    width: usize,
+    store: Store,
+}
+
 enum Store {
     F32(Vec<f32>),
     Half(Vec<u16>),
+}
+
+impl CacheRows {
+    /// `capacity` zero rows.
+    pub(super) fn new(dtype: KvDtype, width: usize, capacity: usize) -> CacheRows {
+        let n = width * capacity;
+        let store = match dtype {
+            KvDtype::F32 => Store::F32(vec![0.0; n]),
+            KvDtype::F16 | KvDtype::BF16 => Store::Half(vec![0; n]),
+        };
+        CacheRows {
+            dtype,
+            width,
+            store,
+        }
+    }
+
+    /// Stores row `pos`.
+    pub(super) fn write(&mut self, pos: usize, src: &[f32]) {
+        let row = &mut self.store;
+        let at = pos * self.width;
+        match row {
+            Store::F32(s) => s[at..at + self.width].copy_from_slice(src),
+            Store::Half(s) => {
+                let narrow = if self.dtype == KvDtype::F16 {
+                    f32_to_f16
+                } else {
+                    f32_to_bf16
+                };
+                for (d, &x) in s[at..at + self.width].iter_mut().zip(src) {
+                    *d = narrow(x);
+                }
+            }
+        }
+    }
+
+    /// Widens `out.len()` values of row `pos` from element `from` on.
+    pub(super) fn read(&self, pos: usize, from: usize, out: &mut [f32]) {
+        let at = pos * self.width + from;
+        let n = out.len();
+        match &self.store {
+            Store::F32(s) => out.copy_from_slice(&s[at..at + n]),
+            Store::Half(s) if self.dtype == KvDtype::BF16 => {
+                for (o, &h) in out.iter_mut().zip(&s[at..at + n]) {
+                    *o = bf16_to_f32(h);
+                }
+            }
+            Store::Half(s) => widen_f16(&s[at..at + n], out),
+        }
+    }
+
+    /// The value as the cache's dtype stores it, widened back (products run in that dtype).
+    pub(super) fn round(&self, x: f32) -> f32 {
+        match self.dtype {
+            KvDtype::F32 => x,
+            KvDtype::F16 => f16_to_f32(f32_to_f16(x)),
+            KvDtype::BF16 => bf16_to_f32(f32_to_bf16(x)),
+        }
+    }
 }
 
 /// One layer's K and V cache: `capacity` positions of `n_kv_heads * head_dim` values each.
@@ -32,25 +99,21 @@ pub struct KvCache {
     n_kv_heads: usize,
     head_dim: usize,
     capacity: usize,
-    k: Store,
-    v: Store,
+    k: CacheRows,
+    v: CacheRows,
 }
 
 impl KvCache {
     /// An empty cache (zero-filled) for `capacity` positions.
     pub fn new(dtype: KvDtype, n_kv_heads: usize, head_dim: usize, capacity: usize) -> KvCache {
-        let n = n_kv_heads * head_dim * capacity;
-        let store = || match dtype {
-            KvDtype::F32 => Store::F32(vec![0.0; n]),
-            KvDtype::F16 | KvDtype::BF16 => Store::Half(vec![0; n]),
-        };
+        let row = n_kv_heads * head_dim;
         KvCache {
             dtype,
             n_kv_heads,
             head_dim,
             capacity,
-            k: store(),
-            v: store(),
+            k: CacheRows::new(dtype, row, capacity),
+            v: CacheRows::new(dtype, row, capacity),
         }
     }
 
@@ -76,37 +139,8 @@ impl KvCache {
             k.len() == row && v.len() == row,
             "kv cache: rows must have {row} values"
         );
-        let dtype = self.dtype;
-        for (store, src) in [(&mut self.k, k), (&mut self.v, v)] {
-            match store {
-                Store::F32(s) => s[pos * row..(pos + 1) * row].copy_from_slice(src),
-                Store::Half(s) => {
-                    let narrow = if dtype == KvDtype::F16 {
-                        f32_to_f16
-                    } else {
-                        f32_to_bf16
-                    };
-                    for (d, &x) in s[pos * row..(pos + 1) * row].iter_mut().zip(src) {
-                        *d = narrow(x);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Widens the `head_dim` values of `head` at `pos` from `store` into `out`.
-    fn read(&self, store: &Store, pos: usize, head: usize, out: &mut [f32]) {
-        let at = (pos * self.n_kv_heads + head) * self.head_dim;
-        let n = self.head_dim;
-        match store {
-            Store::F32(s) => out.copy_from_slice(&s[at..at + n]),
-            Store::Half(s) if self.dtype == KvDtype::BF16 => {
-                for (o, &h) in out.iter_mut().zip(&s[at..at + n]) {
-                    *o = bf16_to_f32(h);
-                }
-            }
-            Store::Half(s) => widen_f16(&s[at..at + n], out),
-        }
+        self.k.write(pos, k);
+        self.v.write(pos, v);
     }
 }
 
@@ -131,18 +165,14 @@ pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out
     let group = n_heads / kv.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     // The products run in the cache's dtype: q and the probabilities are narrowed to it.
-    let narrow = |x: f32| match kv.dtype {
-        KvDtype::F32 => x,
-        KvDtype::F16 => f16_to_f32(f32_to_f16(x)),
-        KvDtype::BF16 => bf16_to_f32(f32_to_bf16(x)),
-    };
+    let narrow = |x: f32| kv.k.round(x);
     let q: Vec<f32> = q.iter().map(|&x| narrow(x)).collect();
     let mut row = vec![0f32; hd];
     let mut scores = vec![0f32; group * n_ctx_used];
     for kvh in 0..kv.n_kv_heads {
         let heads = kvh * group..(kvh + 1) * group;
         for pos in 0..n_ctx_used {
-            kv.read(&kv.k, pos, kvh, &mut row);
+            kv.k.read(pos, kvh * hd, &mut row);
             for (g, h) in heads.clone().enumerate() {
                 scores[g * n_ctx_used + pos] = dot(&q[h * hd..(h + 1) * hd], &row) * scale;
             }
@@ -152,7 +182,7 @@ pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out
         }
         out[heads.start * hd..heads.end * hd].fill(0.0);
         for pos in 0..n_ctx_used {
-            kv.read(&kv.v, pos, kvh, &mut row);
+            kv.v.read(pos, kvh * hd, &mut row);
             for (g, h) in heads.clone().enumerate() {
                 let p = narrow(scores[g * n_ctx_used + pos]);
                 for (o, &v) in out[h * hd..(h + 1) * hd].iter_mut().zip(&row) {
@@ -164,7 +194,7 @@ pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out
 }
 
 /// Dot product in eight interleaved f32 lanes (so the compiler can vectorize it).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let full = a.len() / 8 * 8;
     for (ca, cb) in a[..full].chunks_exact(8).zip(b[..full].chunks_exact(8)) {

@@ -1,6 +1,7 @@
 //! The CPU backend's compute kernels on f32 activations: quantized matvecs (AVX2 with a
-//! scalar fallback that computes the identical bits), norms, rope, attention over an f32,
-//! f16 or bf16 KV cache, and the element-wise helpers of a llama-style decode step.
+//! scalar fallback that computes the identical bits), norms, rope (with YaRN), attention over
+//! an f32, f16 or bf16 KV cache, MLA over a latent cache (`mla`), MoE routing and the expert
+//! combine (`moe`), and the element-wise helpers of a decode step.
 //!
 //! Numerics contract of `matvec` (DESIGN.md "Numerics"): K is cut into `chunks` equal,
 //! block-aligned chunks; each chunk is reduced by accumulating its blocks in order in f32,
@@ -20,6 +21,8 @@ mod attention;
 mod elementwise;
 mod float;
 mod kquant;
+mod mla;
+mod moe;
 mod pool;
 mod q32;
 mod rope;
@@ -34,8 +37,10 @@ use memra_gguf::GgmlType;
 
 pub use attention::{attention, KvCache, KvDtype};
 pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
+pub use mla::{latent_attention, LatentCache};
+pub use moe::{combine_into, Gating, Router};
 pub use pool::Pool;
-pub use rope::{rope, RopeStyle};
+pub use rope::{rope, rope_part, RopeStyle, Rotation, Yarn};
 
 /// A row-major weight matrix in GGUF row layout: `rows` rows of `cols` values of `dtype`.
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,154 @@
+//! The model facts of a plan (`ModelSummary`) and the layer schema they imply: per layer a
+//! mixer (GQA or MLA) and an FFN (dense, or routed experts with or without shared experts),
+//! with the routing, MLA and YaRN facts an executor needs to run them.
+
+use serde::{Deserialize, Serialize};
+
+/// Model facts the executor needs, and the fingerprint that ties the plan to one model file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSummary {
+    pub name: String,
+    pub architecture: String,
+    /// The model file as the placement named it (relative to the placement file).
+    pub source: String,
+    /// FNV-1a 64 over the metadata and tensor infos (never the weight bytes).
+    pub fingerprint: String,
+    pub layers: u32,
+    pub embedding: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub ffn: u32,
+    pub vocab: u32,
+    pub context_length: u32,
+    pub rope_theta: f64,
+    pub rms_eps: f64,
+    pub tied_embeddings: bool,
+    pub qk_norm: bool,
+    pub qkv_bias: bool,
+    /// Chunks of the canonical reduction tree for each row-parallel reduction dimension.
+    pub reduction_chunks: ReductionChunks,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_yarn: Option<YarnSummary>,
+}
+
+/// Chunk counts of the canonical reduction order (see `reduction_chunks`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReductionChunks {
+    pub attn_out: u32,
+    pub ffn_down: u32,
+}
+
+/// Mixture-of-experts facts: the experts and how the router picks and weighs them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeSummary {
+    pub experts: u32,
+    pub top_k: u32,
+    pub expert_ffn: u32,
+    /// Width of the always-on shared experts, fused into one FFN (0: none).
+    pub shared_expert_ffn: u32,
+    /// Leading layers that keep a dense FFN.
+    pub dense_layers: u32,
+    /// How router logits become expert probabilities.
+    pub gating: Gating,
+    /// Whether the selection (not the weights) adds the per-expert bias `exp_probs_b`.
+    pub probs_bias: bool,
+    /// Expert groups; above 1, only the experts of the best `groups_used` groups (scored by
+    /// the sum of their two best probabilities) are candidates for the top-k.
+    pub groups: u32,
+    pub groups_used: u32,
+    /// Whether the selected weights are divided by their sum.
+    pub norm_weights: bool,
+    /// Factor on the selected weights (1: none).
+    pub weights_scale: f64,
+}
+
+/// The token mixer of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// Grouped-query attention over a K/V cache.
+    Gqa,
+    /// Multi-head latent attention over a compressed latent cache.
+    Mla,
+}
+
+/// The feed-forward block of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnKind {
+    /// One gated FFN.
+    Dense,
+    /// Routed experts, with or without always-on shared experts.
+    Moe { shared: bool },
+}
+
+/// One entry of the layer schema: what a layer is made of. The compiler turns it into
+/// segments and expected tensors; an executor into the layer's weights and state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKind {
+    pub mixer: Mixer,
+    pub ffn: FfnKind,
+}
+
+/// The schema rule: MLA everywhere when the model has MLA facts; routed experts from layer
+/// `dense_layers` on when it has MoE facts, shared experts with them when their width is set.
+pub fn layer_kind(mla: bool, moe: Option<&MoeSummary>, layer: u32) -> LayerKind {
+    let mixer = if mla { Mixer::Mla } else { Mixer::Gqa };
+    let ffn = match moe {
+        Some(m) if layer >= m.dense_layers => FfnKind::Moe {
+            shared: m.shared_expert_ffn > 0,
+        },
+        _ => FfnKind::Dense,
+    };
+    LayerKind { mixer, ffn }
+}
+
+impl ModelSummary {
+    /// The layer schema's entry for `layer`.
+    pub fn layer_kind(&self, layer: u32) -> LayerKind {
+        layer_kind(self.mla.is_some(), self.moe.as_ref(), layer)
+    }
+}
+
+/// The router's probability function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gating {
+    /// Softmax over all experts (Qwen3-MoE, DeepSeek-V2).
+    Softmax,
+    /// Sigmoid of each logit (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// Multi-head latent attention facts. Keys are the compressed latent (`kv_lora_rank`) plus
+/// one rope key shared by all heads; the k and v up-projections are stored per head
+/// (`attn_k_b`, `attn_v_b`) and absorbed into the query and the attention output at decode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlaSummary {
+    /// Rank of the query's low-rank path; 0 projects the query directly (`attn_q`).
+    pub q_lora_rank: u32,
+    pub kv_lora_rank: u32,
+    pub qk_nope_head_dim: u32,
+    /// The rotated part of each query and key head (its last dims), and the rope dims.
+    pub qk_rope_head_dim: u32,
+    pub v_head_dim: u32,
+}
+
+/// YaRN rope scaling, as llama.cpp applies it (`rope.scaling.*` keys).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct YarnSummary {
+    /// Context extension factor (the inverse of rope's frequency scale).
+    pub factor: f64,
+    /// Context length the model was trained at before the extension.
+    pub original_context: u32,
+    /// DeepSeek's `mscale_all_dim` (0: the key is absent).
+    pub mscale_all_dim: f64,
+}

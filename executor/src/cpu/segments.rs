@@ -1,0 +1,346 @@
+//! The layer segments of the CPU backend, one function per segment kind, each over one
+//! layer's weights and the rank's activations: GQA (`attn_pre`, `attn_core`), MLA (`mla_pre`,
+//! `mla_core`), the output projection, the dense FFN and the three MoE segments. A segment
+//! that ends in a partial sum leaves it in `Activations::partial` with what it holds
+//! (`Pending`), so the group's all-reduce, or the segment itself on a lone rank, finishes it
+//! the same way everywhere (`finish`).
+
+use anyhow::{bail, Result};
+use memra_compiler::plan::reduction_chunks;
+
+use super::kernels::{
+    self, attention, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KvCache,
+    LatentCache, Pool, Rotation, Router, Weight,
+};
+use super::layer::{Gated, GqaWeights, MlaWeights, MoeWeights, QueryPath};
+use crate::geometry::RankGeometry;
+use crate::weights::{Matrix, Stack};
+
+/// What the pending partial sum holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Pending {
+    /// A partial of the residual update (attention output, dense FFN).
+    #[default]
+    Hidden,
+    /// `k` weighted expert rows, then the shared experts' partial row when `shared`.
+    Experts { k: usize, shared: bool },
+}
+
+/// Activations of one rank; vectors grow to what a segment needs on first use.
+#[derive(Default)]
+pub(super) struct Activations {
+    pub x: Vec<f32>,
+    pub xn: Vec<f32>,
+    pub q: Vec<f32>,
+    /// GQA's key and value; MLA's `attn_q_a` and `attn_kv_a_mqa` outputs.
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub att: Vec<f32>,
+    pub partial: Vec<f32>,
+    pub pending: Pending,
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// MLA: the q-LoRA rank's activations, the token's cache row, queries and outputs in
+    /// latent space.
+    pub q_a: Vec<f32>,
+    pub kv_row: Vec<f32>,
+    pub q_lat: Vec<f32>,
+    pub lat: Vec<f32>,
+    /// MoE: router logits and the selected experts with their weights.
+    pub logits_e: Vec<f32>,
+    pub route: Vec<(usize, f32)>,
+    /// This rank's vocab slice of the logits, and the gathered logits on a group's first rank.
+    pub logits: Vec<f32>,
+    pub full_logits: Option<Vec<f32>>,
+}
+
+/// A layer's state that the next token reads.
+pub(super) enum Cache {
+    Kv(KvCache),
+    Latent(LatentCache),
+}
+
+impl Cache {
+    /// Positions the cache holds.
+    pub fn capacity(&self) -> usize {
+        match self {
+            Cache::Kv(c) => c.capacity(),
+            Cache::Latent(c) => c.capacity(),
+        }
+    }
+}
+
+/// What every segment reads besides its weights.
+pub(super) struct Ctx<'a> {
+    pub pool: &'a Pool,
+    pub geo: &'a RankGeometry,
+    pub pos: usize,
+}
+
+impl Ctx<'_> {
+    fn rotation(&self) -> Rotation {
+        Rotation {
+            theta: self.geo.theta,
+            style: self.geo.rope,
+            yarn: self.geo.yarn,
+        }
+    }
+}
+
+/// `v` with length `n` (its buffer is kept between tokens).
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    v
+}
+
+pub(super) fn view(m: &Matrix) -> Weight<'_> {
+    Weight {
+        dtype: m.dtype,
+        data: &m.data,
+        rows: m.rows,
+        cols: m.cols,
+    }
+}
+
+/// Matrix `index` of the whole tensor from a stack this rank holds.
+fn stacked(s: &Stack, index: usize) -> Option<Weight<'_>> {
+    s.matrix(index).map(|data| Weight {
+        dtype: s.dtype,
+        data,
+        rows: s.rows,
+        cols: s.cols,
+    })
+}
+
+/// A product whose K is the full input: every row computed as on one rank.
+pub(super) fn full_k(pool: &Pool, w: &Weight, x: &[f32], y: &mut [f32]) {
+    let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize;
+    kernels::matvec(pool, w, x, chunks, y);
+}
+
+/// A product over this rank's share of K: the canonical subtree when `chunks` is given.
+fn row_parallel(pool: &Pool, m: &Matrix, x: &[f32], chunks: Option<usize>, y: &mut [f32]) {
+    let w = view(m);
+    let chunks = chunks
+        .unwrap_or_else(|| reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize);
+    kernels::matvec(pool, &w, x, chunks.max(1), y);
+}
+
+/// RMS norm of each `hd`-long head of `v` with the shared weight `w` (qwen3's q/k norms).
+fn per_head_norm(v: &mut [f32], w: &[f32], eps: f32, hd: usize) {
+    let mut out = vec![0.0; hd];
+    for head in v.chunks_exact_mut(hd) {
+        rms_norm(head, w, eps, &mut out);
+        head.copy_from_slice(&out);
+    }
+}
+
+/// GQA: norm, q/k/v (+biases, q/k norms), rope.
+pub(super) fn gqa_pre(c: &Ctx, norm: &[f32], g: &GqaWeights, a: &mut Activations) {
+    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    full_k(c.pool, &view(&g.q), &a.xn, sized(&mut a.q, g.q.rows));
+    full_k(c.pool, &view(&g.k), &a.xn, sized(&mut a.k, g.k.rows));
+    full_k(c.pool, &view(&g.v), &a.xn, sized(&mut a.v, g.v.rows));
+    if let Some([bq, bk, bv]) = &g.biases {
+        kernels::add(&mut a.q, bq);
+        kernels::add(&mut a.k, bk);
+        kernels::add(&mut a.v, bv);
+    }
+    let hd = c.geo.head_dim;
+    if let Some([nq, nk]) = &g.qk_norm {
+        per_head_norm(&mut a.q, nq, c.geo.eps, hd);
+        per_head_norm(&mut a.k, nk, c.geo.eps, hd);
+    }
+    let r = c.rotation();
+    rope_part(&mut a.q, hd, 0..hd, c.pos, &r);
+    rope_part(&mut a.k, hd, 0..hd, c.pos, &r);
+}
+
+/// GQA: cache write and attention over the cache.
+pub(super) fn gqa_core(c: &Ctx, kv: &mut KvCache, a: &mut Activations) {
+    kv.write(c.pos, &a.k, &a.v);
+    let heads = a.q.len() / c.geo.head_dim;
+    let att = sized(&mut a.att, a.q.len());
+    attention(&a.q, kv, heads, c.pos + 1, att);
+}
+
+/// MLA: norm, query, latent and rope key, rope on the rope parts, and each head's no-rope
+/// query absorbed into the latent space through its `attn_k_b` matrix.
+pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations) {
+    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    match &m.q {
+        QueryPath::Direct(q) => full_k(c.pool, &view(q), &a.xn, sized(&mut a.q, q.rows)),
+        QueryPath::LowRank { a: qa, norm, b } => {
+            full_k(c.pool, &view(qa), &a.xn, sized(&mut a.k, qa.rows));
+            rms_norm(&a.k, norm, c.geo.eps, sized(&mut a.q_a, qa.rows));
+            full_k(c.pool, &view(b), &a.q_a, sized(&mut a.q, b.rows));
+        }
+    }
+    let (heads, kvl, nope) = (m.k_b.count, m.k_b.rows, m.k_b.cols);
+    let width = m.kv_a.rows;
+    full_k(c.pool, &view(&m.kv_a), &a.xn, sized(&mut a.v, width));
+    let row = sized(&mut a.kv_row, width);
+    rms_norm(&a.v[..kvl], &m.kv_a_norm, c.geo.eps, &mut row[..kvl]);
+    row[kvl..].copy_from_slice(&a.v[kvl..]);
+    let r = c.rotation();
+    rope_part(row, width, kvl..width, c.pos, &r);
+    let head_q = a.q.len() / heads;
+    rope_part(&mut a.q, head_q, nope..head_q, c.pos, &r);
+    let q_lat = sized(&mut a.q_lat, heads * width);
+    for (h, (ql, q)) in q_lat
+        .chunks_exact_mut(width)
+        .zip(a.q.chunks_exact(head_q))
+        .enumerate()
+    {
+        let k_b = stacked(&m.k_b, m.k_b.first + h).expect("invariant: a held head");
+        full_k(c.pool, &k_b, &q[..nope], &mut ql[..kvl]);
+        ql[kvl..].copy_from_slice(&q[nope..]);
+    }
+}
+
+/// MLA: the token's latent row into the cache, attention over the latent cache, and each
+/// head's latent output mapped to its value through its `attn_v_b` matrix.
+pub(super) fn mla_core(
+    c: &Ctx,
+    m: &MlaWeights,
+    cache: &mut LatentCache,
+    kq_scale: f32,
+    a: &mut Activations,
+) {
+    cache.write(c.pos, &a.kv_row);
+    let (heads, kvl) = (m.v_b.count, m.v_b.cols);
+    let lat = sized(&mut a.lat, heads * kvl);
+    latent_attention(&a.q_lat, cache, heads, c.pos + 1, kq_scale, lat);
+    let v = m.v_b.rows;
+    let att = sized(&mut a.att, heads * v);
+    for (h, (o, l)) in att
+        .chunks_exact_mut(v)
+        .zip(a.lat.chunks_exact(kvl))
+        .enumerate()
+    {
+        let v_b = stacked(&m.v_b, m.v_b.first + h).expect("invariant: a held head");
+        full_k(c.pool, &v_b, l, o);
+    }
+}
+
+/// The attention output projection over this rank's heads.
+pub(super) fn attn_out(c: &Ctx, o: &Matrix, a: &mut Activations) {
+    let chunks = c.geo.row_chunks.map(|r| r.0);
+    let d = a.x.len();
+    row_parallel(c.pool, o, &a.att, chunks, sized(&mut a.partial, d));
+    a.pending = Pending::Hidden;
+    if !c.geo.attn_reduced {
+        finish(a);
+    }
+}
+
+/// `silu(gate . x) * (up . x)` into `a.gate`, then the down projection (`chunks`) into `out`.
+fn gated(c: &Ctx, g: &Gated, chunks: Option<usize>, a: &mut Activations, out: &mut [f32]) {
+    full_k(
+        c.pool,
+        &view(&g.gate),
+        &a.xn,
+        sized(&mut a.gate, g.gate.rows),
+    );
+    full_k(c.pool, &view(&g.up), &a.xn, sized(&mut a.up, g.up.rows));
+    silu_mul(&mut a.gate, &a.up);
+    row_parallel(c.pool, &g.down, &a.gate, chunks, out);
+}
+
+/// A dense FFN: norm, gated product, down projection (this rank's columns).
+pub(super) fn dense_ffn(c: &Ctx, norm: &[f32], g: &Gated, a: &mut Activations) {
+    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    let mut out = std::mem::take(&mut a.partial);
+    out.resize(a.x.len(), 0.0);
+    gated(c, g, c.geo.row_chunks.map(|r| r.1), a, &mut out);
+    a.partial = out;
+    a.pending = Pending::Hidden;
+    if c.geo.tp_degree == 1 {
+        finish(a);
+    }
+}
+
+/// MoE: norm, router logits (whole on every rank, so every rank picks the same experts).
+pub(super) fn moe_router(
+    c: &Ctx,
+    norm: &[f32],
+    e: &MoeWeights,
+    router: &Router,
+    a: &mut Activations,
+) {
+    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    full_k(
+        c.pool,
+        &view(&e.router),
+        &a.xn,
+        sized(&mut a.logits_e, e.router.rows),
+    );
+    a.route = router.route(&a.logits_e, e.bias.as_deref());
+}
+
+/// MoE: one weighted row per selected expert this rank holds, `-0.0` for the others (see
+/// `kernels::moe`); finished at once on a lone rank without shared experts.
+pub(super) fn moe_experts(c: &Ctx, e: &MoeWeights, a: &mut Activations) -> Result<()> {
+    let d = a.x.len();
+    let k = a.route.len();
+    let shared = e.shared.is_some();
+    let mut rows = std::mem::take(&mut a.partial);
+    rows.resize((k + usize::from(shared)) * d, 0.0);
+    let route = std::mem::take(&mut a.route);
+    for (row, &(expert, weight)) in rows.chunks_exact_mut(d).zip(&route) {
+        let (Some(gate), Some(up), Some(down)) = (
+            stacked(&e.gate, expert),
+            stacked(&e.up, expert),
+            stacked(&e.down, expert),
+        ) else {
+            if (e.gate.first..e.gate.first + e.gate.count).contains(&expert) {
+                bail!("expert {expert} is held for gate but not for up and down");
+            }
+            row.fill(-0.0);
+            continue;
+        };
+        full_k(c.pool, &gate, &a.xn, sized(&mut a.gate, gate.rows));
+        full_k(c.pool, &up, &a.xn, sized(&mut a.up, up.rows));
+        silu_mul(&mut a.gate, &a.up);
+        full_k(c.pool, &down, &a.gate, row);
+        row.iter_mut().for_each(|v| *v *= weight);
+    }
+    a.route = route;
+    a.partial = rows;
+    a.pending = Pending::Experts { k, shared };
+    if c.geo.tp_degree == 1 && !shared {
+        finish(a);
+    }
+    Ok(())
+}
+
+/// MoE: the shared experts, split like a dense FFN, into the last row of the expert rows.
+pub(super) fn moe_shared(c: &Ctx, e: &MoeWeights, a: &mut Activations) -> Result<()> {
+    let (Some(g), Pending::Experts { k, shared: true }) = (&e.shared, a.pending) else {
+        bail!("moe_shared without shared experts after moe_experts");
+    };
+    let d = a.x.len();
+    let mut rows = std::mem::take(&mut a.partial);
+    gated(c, g, c.geo.row_chunks.map(|r| r.1), a, &mut rows[k * d..]);
+    a.partial = rows;
+    if c.geo.tp_degree == 1 {
+        finish(a);
+    }
+    Ok(())
+}
+
+/// Adds the finished pending sum (`a.partial`, or the group's reduced copy of it) to the
+/// residual stream.
+pub(super) fn finish(a: &mut Activations) {
+    let sum = std::mem::take(&mut a.partial);
+    finish_with(a, &sum);
+    a.partial = sum;
+}
+
+/// `finish` with the group's reduced sum.
+pub(super) fn finish_with(a: &mut Activations, sum: &[f32]) {
+    match a.pending {
+        Pending::Hidden => kernels::add(&mut a.x, sum),
+        Pending::Experts { k, shared } => combine_into(sum, k, shared, &mut a.x),
+    }
+}
