@@ -15,7 +15,7 @@
 #   speed                     matvec bandwidth of a baseline build against the one under test
 #   real                      the real SmolLM2 (carried in three parts, see suite_real)
 #   multi                     on 2-4 GPUs: peer matrix, cross-device gates, llama8b TP/PP speed
-#   tp [DTYPES]               on 2 GPUs: the all-reduce alone (one-shot and NCCL), TP-2/PP-2
+#   tp [DTYPES]               on 2 GPUs ("" for no speed rows): the all-reduce alone (one-shot and NCCL), TP-2/PP-2
 #                             gates over both transports, llama8b speed of one GPU, TP-2 (both
 #                             transports), PP-2 and one TP-2 rank's compute alone for DTYPES
 #                             (default "q4_1 q8_0 f16")
@@ -494,13 +494,14 @@ PY
 }
 
 # Tensor parallelism across two devices: the all-reduce alone over both transports, gates of
-# TP-2 (one device; two devices, one-shot and NCCL) and PP-2 against the 1-rank eager run, and
+# TP-2 (one device; two devices, one-shot and NCCL), PP-2 and PP-2 x TP-2 with two ranks per
+# GPU (one-shot and NCCL) against the 1-rank eager run, and
 # llama8b decode speed of one GPU, TP-2 (one-shot, NCCL) and PP-2 on devices 0,1.
 suite_tp() {
     P=/tmp/memra-plans-tp
     logs_in /tmp/memra-tp
     stamp index,name,driver_version
-    local dtypes=${1:-q4_1 q8_0 f16} pair out rc ref cand dtype
+    local dtypes=${1-q4_1 q8_0 f16} pair out rc ref cand dtype
     nvidia-smi topo -m >"$LOG/topo.txt" 2>&1
     nccl_on_path || row "nccl library" FAIL "python3 has no nvidia.nccl"
     for pair in 0,1 0,0; do
@@ -511,7 +512,8 @@ suite_tp() {
     done
     synth llama1b q8_0
     ref=$(plan llama1b q8_0 llama1b-eager)
-    for cand in llama1b-tp2 multi/llama1b-tp2 multi/llama1b-tp2-nccl multi/llama1b-pp2; do
+    for cand in llama1b-tp2 multi/llama1b-tp2 multi/llama1b-tp2-nccl multi/llama1b-pp2 \
+        multi/llama1b-pp2-tp2-2dev multi/llama1b-pp2-tp2-2dev-nccl; do
         gate "gate $cand q8_0" 200 "$M/llama1b-q8_0.gguf" "$ref" "$(plan llama1b q8_0 "$cand")"
     done
     for dtype in $dtypes; do
