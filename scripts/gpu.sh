@@ -15,10 +15,10 @@
 #   speed                     matvec bandwidth of a baseline build against the one under test
 #   real                      the real SmolLM2 (carried in three parts, see suite_real)
 #   multi                     on 2-4 GPUs: peer matrix, cross-device gates, llama8b TP/PP speed
-#   tp [DTYPES]               on 2 GPUs ("" for no speed rows): the all-reduce alone (one-shot and NCCL), TP-2/PP-2
-#                             gates over both transports, llama8b speed of one GPU, TP-2 (both
-#                             transports), PP-2 and one TP-2 rank's compute alone for DTYPES
-#                             (default "q4_1 q8_0 f16")
+#   tp [DTYPES]               on 2 GPUs: the all-reduce alone (one-shot and NCCL), TP-2, PP-2
+#                             and PP-2 x TP-2 gates over both transports, llama8b speed of one
+#                             GPU, TP-2 (both transports), PP-2 and one TP-2 rank's compute
+#                             alone for DTYPES (default "q4_1 q8_0 f16"; "" for no speed rows)
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
 #   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
