@@ -2,10 +2,10 @@
 //! header written with llama.cpp's keys and tensor names give the same `ModelMeta` facts.
 //! Unknown architectures and missing keys are clear errors.
 
-use memra_compiler::model::{read_config, read_gguf, Dtype, ModelMeta};
+use memra_compiler::model::{read_config, read_gguf, Dtype, ModelMeta, TensorMeta};
 use memra_compiler::plan::Gating;
 use memra_gguf::{GgmlType, GgufWriter, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A fresh path per call: tests run in parallel and must not share files.
@@ -29,6 +29,16 @@ fn config(model_type: &str, extra: &str) -> ModelMeta {
     )
     .unwrap();
     read_config(&path, Dtype::F32).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The error `read_gguf` gives for the file at `path`, with its context chain.
+fn read_error(path: &Path) -> String {
+    format!("{:#}", read_gguf(path).unwrap_err())
+}
+
+/// The tensor of `meta` named `name`, to misshape.
+fn tensor_mut<'a>(meta: &'a mut ModelMeta, name: &str) -> &'a mut TensorMeta {
+    meta.tensors.iter_mut().find(|t| t.name == name).unwrap()
 }
 
 /// A GGUF header for `meta` in llama.cpp's spelling, with zeroed f32 tensors.
@@ -220,7 +230,7 @@ fn unknown_architectures_and_missing_keys_are_named() {
         .unwrap();
     let path = scratch("gpt2.gguf");
     std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
-    let err = format!("{:#}", read_gguf(&path).unwrap_err());
+    let err = read_error(&path);
     assert!(err.ends_with("architecture `gpt2` is not supported; supported: llama, qwen2, qwen3, qwen3moe, mixtral, deepseek2"), "{err}");
 
     let mut w = GgufWriter::new();
@@ -232,7 +242,7 @@ fn unknown_architectures_and_missing_keys_are_named() {
         .unwrap();
     let path = scratch("llama-missing.gguf");
     std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
-    let err = format!("{:#}", read_gguf(&path).unwrap_err());
+    let err = read_error(&path);
     assert!(
         err.contains("llama.feed_forward_length") || err.contains("llama.block_count"),
         "{err}"
@@ -249,16 +259,8 @@ fn deepseek_v3() -> ModelMeta {
 #[test]
 fn missing_and_misshapen_expert_and_mla_tensors_are_named() {
     let mut meta = deepseek_v3();
-    let up = meta
-        .tensors
-        .iter_mut()
-        .find(|t| t.name == "blk.1.ffn_up_exps.weight")
-        .unwrap();
-    up.shape = vec![4, 32, 48];
-    let err = format!(
-        "{:#}",
-        read_gguf(&gguf_for(&meta, "deepseek2")).unwrap_err()
-    );
+    tensor_mut(&mut meta, "blk.1.ffn_up_exps.weight").shape = vec![4, 32, 48];
+    let err = read_error(&gguf_for(&meta, "deepseek2"));
     assert!(
         err.ends_with(
             "tensor `blk.1.ffn_up_exps.weight` has shape [4, 32, 48], expected [4, 32, 64]"
@@ -268,10 +270,7 @@ fn missing_and_misshapen_expert_and_mla_tensors_are_named() {
 
     let mut meta = deepseek_v3();
     meta.tensors.retain(|t| t.name != "blk.1.attn_k_b.weight");
-    let err = format!(
-        "{:#}",
-        read_gguf(&gguf_for(&meta, "deepseek2")).unwrap_err()
-    );
+    let err = read_error(&gguf_for(&meta, "deepseek2"));
     assert!(
         err.ends_with("missing tensor `blk.1.attn_k_b.weight`"),
         "{err}"
@@ -281,15 +280,11 @@ fn missing_and_misshapen_expert_and_mla_tensors_are_named() {
 #[test]
 fn the_legacy_unsplit_kv_up_projection_is_refused_by_name() {
     let mut meta = deepseek_v3();
-    let k_b = meta
-        .tensors
-        .iter_mut()
-        .find(|t| t.name == "blk.0.attn_k_b.weight")
-        .unwrap();
+    let k_b = tensor_mut(&mut meta, "blk.0.attn_k_b.weight");
     k_b.name = "blk.0.attn_kv_b.weight".into();
     k_b.shape = vec![4 * (16 + 16), 32];
     let path = gguf_without(&meta, "deepseek2", "attention.key_length_mla");
-    let err = format!("{:#}", read_gguf(&path).unwrap_err());
+    let err = read_error(&path);
     assert!(
         err.contains("tensor `blk.0.attn_kv_b.weight` is the legacy unsplit k/v up-projection"),
         "{err}"

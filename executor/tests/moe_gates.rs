@@ -8,10 +8,11 @@
 
 mod common;
 
-use common::{compile_scratch, options, root, synth_model};
-use memra_compiler::passes::compile;
-use memra_executor::cpu::{Arm, ReduceOrder};
-use memra_executor::gate::{gate, Difference};
+use common::{
+    assert_bit_identical, assert_plan_up_to_date, compile_scratch, reversed_fold_mismatch, root,
+    synth_model,
+};
+use memra_executor::cpu::Arm;
 use memra_executor::plan_load::{load, LoadedPlan};
 
 /// Prompt tokens (the synthetic models have no tokenizer).
@@ -61,27 +62,19 @@ const PLANS: [&str; 13] = [
 fn synthetic_plans_are_up_to_date() {
     for name in PLANS {
         synthetic(name);
-        let placement = root().join(format!("plans/synthetic/{name}.toml"));
-        let compiled = compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let committed = std::fs::read_to_string(placement.with_extension("plan.toml")).unwrap();
-        assert!(
-            compiled.plan.to_toml() == committed,
-            "plans/synthetic/{name}.plan.toml is stale; update it with: memra-compile plans/synthetic/{name}.toml"
-        );
+        assert_plan_up_to_date(name);
     }
 }
 
 /// `name` against the 1-rank plan of its model, both arms, every logit bit.
 fn assert_gate_passes(name: &str, reference: &str) {
-    let report = gate(
+    let report = assert_bit_identical(
+        name,
         &synthetic(reference),
         &synthetic(name),
         &PROMPT,
         GENERATED,
-        options(Arm::Serial),
-    )
-    .unwrap();
-    assert_eq!(report.mismatch, None, "{name}");
+    );
     assert_eq!(report.steps, PROMPT.len() + GENERATED - 1);
     assert_eq!(report.arms, [Arm::Serial, Arm::Pipelined]);
 }
@@ -154,24 +147,8 @@ fn f32_plan(name: &str, devices: &str) -> memra_executor::plan_load::LoadedPlan 
 
 #[test]
 fn a_wrong_reduction_order_fails_the_moe_gate() {
-    let broken = memra_executor::cpu::EngineOptions {
-        reduce_order: ReduceOrder::ReversedFold,
-        ..options(Arm::Serial)
-    };
     let reference = f32_plan("ds2-f32", "[0]");
     let candidate = f32_plan("ds2-f32-tp4", "[0, 1, 2, 3]");
-    let fine = gate(
-        &reference,
-        &candidate,
-        &PROMPT,
-        GENERATED,
-        options(Arm::Serial),
-    )
-    .unwrap();
-    assert_eq!(fine.mismatch, None);
-    let report = gate(&reference, &candidate, &PROMPT, GENERATED, broken).unwrap();
-    let m = report
-        .mismatch
-        .expect("the gate must catch a wrong all-reduce order");
-    assert!(matches!(m.what, Difference::Logit { .. }), "{m}");
+    assert_bit_identical("ds2-f32-tp4", &reference, &candidate, &PROMPT, GENERATED);
+    reversed_fold_mismatch(&reference, &candidate, &PROMPT, GENERATED);
 }

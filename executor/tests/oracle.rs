@@ -28,7 +28,7 @@ mod common;
 
 use common::{compile_scratch, options, root, synth_model};
 use memra_compiler::model::fnv1a;
-use memra_compiler::plan::Gating;
+use memra_compiler::plan::{Gating, ModelSummary, MoeSummary};
 use memra_executor::cpu::Arm;
 use memra_executor::gate::decode_all;
 use memra_executor::plan_load::LoadedPlan;
@@ -199,11 +199,11 @@ fn assert_matches(name: &str) {
     );
 }
 
-/// Decodes with a deliberately broken plan and requires the oracle to notice.
-fn assert_caught(name: &str, what: &str, break_it: impl FnOnce(&mut LoadedPlan)) {
+/// Decodes with deliberately broken model facts and requires the oracle to notice.
+fn assert_caught(name: &str, what: &str, break_it: impl FnOnce(&mut ModelSummary)) {
     let rec = recording(name);
     let mut loaded = plan_for(&rec, name);
-    break_it(&mut loaded);
+    break_it(&mut loaded.plan.model);
     let (err, wrong) = summary(&compare(&rec, &loaded));
     eprintln!(
         "{name} with {what}: max relative logit error {err:.3e}, first differing token at step {wrong:?}"
@@ -260,30 +260,35 @@ fn deepseek2_lite_q8_0_matches_llama_cpp() {
     assert_matches("tiny-deepseek2-lite-q8_0");
 }
 
+/// The routing facts of an MoE model's summary.
+fn moe(model: &mut ModelSummary) -> &mut MoeSummary {
+    model.moe.as_mut().unwrap()
+}
+
 #[test]
 fn a_wrong_gating_function_is_caught() {
-    assert_caught("tiny-qwen3moe-f32", "sigmoid gating", |p| {
-        p.plan.model.moe.as_mut().unwrap().gating = Gating::Sigmoid;
+    assert_caught("tiny-qwen3moe-f32", "sigmoid gating", |m| {
+        moe(m).gating = Gating::Sigmoid
     });
 }
 
 #[test]
 fn a_wrong_yarn_attention_scale_is_caught() {
-    assert_caught("tiny-deepseek2-f32", "mscale_all_dim 0", |p| {
-        p.plan.model.rope_yarn.as_mut().unwrap().mscale_all_dim = 0.0;
+    assert_caught("tiny-deepseek2-f32", "mscale_all_dim 0", |m| {
+        m.rope_yarn.as_mut().unwrap().mscale_all_dim = 0.0;
     });
 }
 
 #[test]
 fn softmax_instead_of_sigmoid_routing_is_caught() {
-    assert_caught("tiny-deepseek2-f32", "softmax gating", |p| {
-        p.plan.model.moe.as_mut().unwrap().gating = Gating::Softmax;
+    assert_caught("tiny-deepseek2-f32", "softmax gating", |m| {
+        moe(m).gating = Gating::Softmax
     });
 }
 
 #[test]
 fn unnormalized_expert_weights_are_caught() {
-    assert_caught("tiny-qwen3moe-f32", "unnormalized weights", |p| {
-        p.plan.model.moe.as_mut().unwrap().norm_weights = false;
+    assert_caught("tiny-qwen3moe-f32", "unnormalized weights", |m| {
+        moe(m).norm_weights = false
     });
 }

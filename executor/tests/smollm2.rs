@@ -7,7 +7,15 @@ mod common;
 use common::{options, root, smollm2};
 use memra_executor::cpu::Arm;
 use memra_executor::gate::{decode_all, gate};
+use memra_executor::plan_load::LoadedPlan;
 use memra_executor::text::Tokenizer;
+
+/// The 1-rank SmolLM2 plan and its tokenizer.
+fn smollm2_with_tokenizer() -> (LoadedPlan, Tokenizer) {
+    let plan = smollm2("smollm2");
+    let tokenizer = Tokenizer::from_gguf(&plan.gguf).unwrap();
+    (plan, tokenizer)
+}
 
 /// Largest |logit| difference allowed between TP-3 and 1 rank (logits reach ~35). The other
 /// summation order first moves logits by ~2e-5 (step 0), but quantized matvecs round their
@@ -22,8 +30,7 @@ const TP3_STEPS: usize = 12;
 
 #[test]
 fn the_capital_of_france_is_paris() {
-    let plan = smollm2("smollm2");
-    let tokenizer = Tokenizer::from_gguf(&plan.gguf).unwrap();
+    let (plan, tokenizer) = smollm2_with_tokenizer();
     let prompt = tokenizer.encode("The capital of France is", true).unwrap();
     let outs = decode_all(&plan, options(Arm::Serial), &prompt, 2).unwrap();
     let first = outs[prompt.len() - 1].token;
@@ -41,8 +48,7 @@ const LOGIT_TOLERANCE: f32 = 1.5;
 
 #[test]
 fn greedy_tokens_match_llama_cpp() {
-    let plan = smollm2("smollm2");
-    let tokenizer = Tokenizer::from_gguf(&plan.gguf).unwrap();
+    let (plan, tokenizer) = smollm2_with_tokenizer();
     let text = std::fs::read_to_string(root().join("testdata/greedy.json")).unwrap();
     let reference: serde_json::Value = serde_json::from_str(&text).unwrap();
     let cases = reference["cases"].as_array().unwrap();
@@ -112,8 +118,7 @@ fn greedy_tokens_match_llama_cpp() {
 
 #[test]
 fn pipeline_plans_are_bit_identical() {
-    let reference = smollm2("smollm2");
-    let tokenizer = Tokenizer::from_gguf(&reference.gguf).unwrap();
+    let (reference, tokenizer) = smollm2_with_tokenizer();
     let prompt = tokenizer.encode("Once upon a time,", true).unwrap();
     for name in ["smollm2-pp2", "smollm2-pp3", "smollm2-pp2-eager-island"] {
         let candidate = smollm2(name);
@@ -125,9 +130,8 @@ fn pipeline_plans_are_bit_identical() {
 
 #[test]
 fn tp3_matches_within_tolerance() {
-    let reference = smollm2("smollm2");
+    let (reference, tokenizer) = smollm2_with_tokenizer();
     let candidate = smollm2("smollm2-tp3");
-    let tokenizer = Tokenizer::from_gguf(&reference.gguf).unwrap();
     let prompt = tokenizer.encode("The capital of France is", true).unwrap();
     let want = decode_all(&reference, options(Arm::Serial), &prompt, TP3_STEPS).unwrap();
     for arm in [Arm::Serial, Arm::Pipelined] {
@@ -157,8 +161,7 @@ fn tp3_matches_within_tolerance() {
 
 #[test]
 fn perplexity_of_the_first_chunk_is_close_to_llama_cpp() {
-    let plan = smollm2("smollm2");
-    let tokenizer = Tokenizer::from_gguf(&plan.gguf).unwrap();
+    let (plan, tokenizer) = smollm2_with_tokenizer();
     let meta: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root().join("testdata/perplexity.json")).unwrap(),
     )

@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{options, root, tiny_tp, tiny_tp_model};
-use memra_compiler::passes::compile;
-use memra_executor::cpu::{Arm, ReduceOrder};
-use memra_executor::gate::{gate, Difference};
+use common::{
+    assert_bit_identical, assert_plan_up_to_date, reversed_fold_mismatch, tiny_tp, tiny_tp_model,
+};
+use memra_executor::cpu::Arm;
 
 /// Prompt tokens (the synthetic model has no tokenizer).
 const PROMPT: [u32; 6] = [1, 17, 300, 5, 42, 511];
@@ -25,28 +25,14 @@ fn synthetic_plans_are_up_to_date() {
         "tiny-tp-tp8",
         "tiny-tp-pp2-tp2",
     ] {
-        let placement = root().join(format!("plans/synthetic/{name}.toml"));
-        let compiled = compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let committed = std::fs::read_to_string(placement.with_extension("plan.toml")).unwrap();
-        assert!(
-            compiled.plan.to_toml() == committed,
-            "plans/synthetic/{name}.plan.toml is stale; update it with: memra-compile plans/synthetic/{name}.toml"
-        );
+        assert_plan_up_to_date(name);
     }
 }
 
 fn assert_gate_passes(name: &str) {
     let reference = tiny_tp("tiny-tp");
     let candidate = tiny_tp(name);
-    let report = gate(
-        &reference,
-        &candidate,
-        &PROMPT,
-        GENERATED,
-        options(Arm::Serial),
-    )
-    .unwrap();
-    assert_eq!(report.mismatch, None, "{name}");
+    let report = assert_bit_identical(name, &reference, &candidate, &PROMPT, GENERATED);
     assert_eq!(report.steps, PROMPT.len() + GENERATED - 1);
     assert_eq!(report.vocab, 512);
     assert_eq!(report.arms, [Arm::Serial, Arm::Pipelined]);
@@ -76,18 +62,10 @@ fn pp2_tp2_is_bit_identical() {
 fn a_wrong_reduction_order_fails_the_gate() {
     let reference = tiny_tp("tiny-tp");
     let candidate = tiny_tp("tiny-tp-tp4");
-    let broken = memra_executor::cpu::EngineOptions {
-        reduce_order: ReduceOrder::ReversedFold,
-        ..options(Arm::Serial)
-    };
     // A reversed fold moves sums by a last bit; the 8-bit activations (with f16 scales, as the
     // q8_1 format stores them) absorb most such changes, so this gate decodes longer.
-    let report = gate(&reference, &candidate, &PROMPT, 40, broken).unwrap();
-    let m = report
-        .mismatch
-        .expect("the gate must catch a wrong all-reduce order");
+    let m = reversed_fold_mismatch(&reference, &candidate, &PROMPT, 40);
     assert_eq!(m.arm, Arm::Serial);
-    assert!(matches!(m.what, Difference::Logit { .. }), "{m}");
     let text = m.to_string();
     eprintln!("caught: {text}");
     assert!(text.starts_with("serial arm, step "), "{text}");

@@ -239,22 +239,14 @@ fn tiny_deepseek2_lite_has_no_q_lora_and_v2_routing() {
 fn k_quants_fall_back_for_per_head_rows() {
     // k_b rows are qk_nope = 64 wide: too short for a 256-block, so Q8_0 as llama.cpp's quantizer
     let (f, p) = write("tiny-deepseek2", GgmlType::Q4_K, Some(2));
-    assert_eq!(
-        f.tensor("blk.1.attn_k_b.weight").unwrap().dtype,
-        GgmlType::Q8_0
-    );
-    assert_eq!(
-        f.tensor("blk.1.attn_v_b.weight").unwrap().dtype,
-        GgmlType::Q4_K
-    );
-    assert_eq!(
-        f.tensor("blk.1.ffn_down_exps.weight").unwrap().dtype,
-        GgmlType::Q4_K
-    );
-    assert_eq!(
-        f.tensor("blk.1.ffn_gate_inp.weight").unwrap().dtype,
-        GgmlType::F32
-    );
+    for (name, dtype) in [
+        ("blk.1.attn_k_b.weight", GgmlType::Q8_0),
+        ("blk.1.attn_v_b.weight", GgmlType::Q4_K),
+        ("blk.1.ffn_down_exps.weight", GgmlType::Q4_K),
+        ("blk.1.ffn_gate_inp.weight", GgmlType::F32),
+    ] {
+        assert_eq!(f.tensor(name).unwrap().dtype, dtype, "{name}");
+    }
     assert_eq!(f.get_u32("deepseek2.block_count").unwrap(), 2);
     let _ = std::fs::remove_file(p);
 }

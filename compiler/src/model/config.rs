@@ -219,41 +219,38 @@ impl Keys<'_> {
         self.opt_str(key)?.ok_or_else(|| self.missing(key))
     }
 
-    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+    /// `key`'s value as `read` takes it; `None` when absent or null, an error naming
+    /// `expected` when `read` refuses it.
+    fn opt<'s, T>(
+        &'s self,
+        key: &str,
+        expected: &str,
+        read: impl FnOnce(&'s Value) -> Option<T>,
+    ) -> Result<Option<T>> {
         match self.obj.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a string")),
+            Some(v) => read(v).map(Some).ok_or_else(|| self.wrong(key, expected)),
         }
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        self.opt(key, "a string", Value::as_str)
     }
 
     fn opt_object(&self, key: &str) -> Result<Option<Keys<'_>>> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_object()
-                .map(|obj| {
-                    Some(Keys {
-                        obj,
-                        path: self.path,
-                        prefix: format!("{}{key}.", self.prefix),
-                    })
-                })
-                .ok_or_else(|| self.wrong(key, "an object")),
-        }
+        self.opt(key, "an object", |v| {
+            v.as_object().map(|obj| Keys {
+                obj,
+                path: self.path,
+                prefix: format!("{}{key}.", self.prefix),
+            })
+        })
     }
 
     fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "an integer in 0..=4294967295")),
-        }
+        self.opt(key, "an integer in 0..=4294967295", |v| {
+            v.as_u64().and_then(|n| u32::try_from(n).ok())
+        })
     }
 
     fn u32(&self, key: &str) -> Result<u32> {
@@ -261,14 +258,11 @@ impl Keys<'_> {
     }
 
     fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
+        self.opt(key, "a positive number", |v| {
+            v.as_f64()
                 .filter(|x| x.is_finite() && *x > 0.0)
-                .map(|x| Some(x as f32))
-                .ok_or_else(|| self.wrong(key, "a positive number")),
-        }
+                .map(|x| x as f32)
+        })
     }
 
     fn f32(&self, key: &str) -> Result<f32> {
@@ -276,12 +270,6 @@ impl Keys<'_> {
     }
 
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "true or false")),
-        }
+        self.opt(key, "true or false", Value::as_bool)
     }
 }

@@ -1,6 +1,6 @@
 //! Helpers shared by the end-to-end tests: paths in the repository, the real model (or a
-//! clear message telling how to fetch it), and the synthetic tiny-tp model, written on first
-//! use.
+//! clear message telling how to fetch it), the synthetic tiny-tp model, written on first
+//! use, and the checks the bit-identity gate tests share.
 
 #![allow(dead_code)] // each test binary uses its own subset
 
@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use memra_executor::cpu::{Arm, EngineOptions, ReduceOrder};
+use memra_executor::gate::{gate, Difference, GateReport, Mismatch};
 use memra_executor::plan_load::{load, LoadedPlan};
 use memra_executor::sample::SamplerConfig;
 
@@ -90,4 +91,58 @@ pub fn compile_scratch(name: &str, text: &str) -> LoadedPlan {
     let plan = dir.join("placement.plan.toml");
     std::fs::write(&plan, compiled.plan.to_toml()).unwrap();
     load(&plan, None).unwrap_or_else(|e| panic!("{name}: {e:#}"))
+}
+
+/// Fails unless `plans/synthetic/{name}.plan.toml` is what the compiler makes of its placement
+/// today (the compiler's golden test cannot write the synthetic models).
+pub fn assert_plan_up_to_date(name: &str) {
+    let placement = root().join(format!("plans/synthetic/{name}.toml"));
+    let compiled =
+        memra_compiler::passes::compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let committed = std::fs::read_to_string(placement.with_extension("plan.toml")).unwrap();
+    assert!(
+        compiled.plan.to_toml() == committed,
+        "plans/synthetic/{name}.plan.toml is stale; update it with: memra-compile plans/synthetic/{name}.toml"
+    );
+}
+
+/// The gate's report for `candidate` against `reference` (serial options, both arms), failing
+/// with `label` on any mismatch.
+pub fn assert_bit_identical(
+    label: &str,
+    reference: &LoadedPlan,
+    candidate: &LoadedPlan,
+    prompt: &[u32],
+    generated: usize,
+) -> GateReport {
+    let report = gate(
+        reference,
+        candidate,
+        prompt,
+        generated,
+        options(Arm::Serial),
+    )
+    .unwrap();
+    assert_eq!(report.mismatch, None, "{label}");
+    report
+}
+
+/// The mismatch the gate finds when `candidate` folds its all-reduces in reverse; fails
+/// unless there is one and it is a logit.
+pub fn reversed_fold_mismatch(
+    reference: &LoadedPlan,
+    candidate: &LoadedPlan,
+    prompt: &[u32],
+    generated: usize,
+) -> Mismatch {
+    let broken = EngineOptions {
+        reduce_order: ReduceOrder::ReversedFold,
+        ..options(Arm::Serial)
+    };
+    let report = gate(reference, candidate, prompt, generated, broken).unwrap();
+    let m = report
+        .mismatch
+        .expect("the gate must catch a wrong all-reduce order");
+    assert!(matches!(m.what, Difference::Logit { .. }), "{m}");
+    m
 }

@@ -42,6 +42,48 @@ pub struct Yarn {
     pub mscale_all_dim: f64,
 }
 
+/// How a DeepSeek router picks and weighs experts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Routing {
+    /// Expert groups (1: no group selection).
+    pub groups: u32,
+    /// Groups kept before the top-k.
+    pub groups_used: u32,
+    /// Router probability function.
+    pub gating: Gating,
+    /// Whether MoE layers carry the `exp_probs_b` selection bias.
+    pub probs_bias: bool,
+    /// Whether the selected weights are normalized to sum 1 (`expert_weights_norm`).
+    pub norm_weights: bool,
+    /// `expert_weights_scale` (DeepSeek's routed_scaling_factor).
+    pub weights_scale: f32,
+}
+
+impl Routing {
+    /// DeepSeek-V2: softmax over all experts, no groups, no bias, weights as selected.
+    pub const V2: Routing = Routing {
+        groups: 1,
+        groups_used: 1,
+        gating: Gating::Softmax,
+        probs_bias: false,
+        norm_weights: false,
+        weights_scale: 1.0,
+    };
+
+    /// DeepSeek-V3: sigmoid with a selection bias, the best `groups_used` of `groups` expert
+    /// groups, normalized weights scaled by 2.5.
+    pub const fn v3(groups: u32, groups_used: u32) -> Routing {
+        Routing {
+            groups,
+            groups_used,
+            gating: Gating::Sigmoid,
+            probs_bias: true,
+            norm_weights: true,
+            weights_scale: 2.5,
+        }
+    }
+}
+
 /// A DeepSeek-V2/V3 shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Deepseek2Shape {
@@ -75,18 +117,8 @@ pub struct Deepseek2Shape {
     pub expert_ffn: u64,
     /// Shared experts, fused into one FFN `expert_ffn * shared_experts` wide.
     pub shared_experts: u32,
-    /// Expert groups (1: no group selection).
-    pub groups: u32,
-    /// Groups kept before the top-k.
-    pub groups_used: u32,
-    /// Router probability function.
-    pub gating: Gating,
-    /// Whether MoE layers carry the `exp_probs_b` selection bias.
-    pub probs_bias: bool,
-    /// Whether the selected weights are normalized to sum 1 (`expert_weights_norm`).
-    pub norm_weights: bool,
-    /// `expert_weights_scale` (DeepSeek's routed_scaling_factor).
-    pub weights_scale: f32,
+    /// How tokens pick their experts.
+    pub routing: Routing,
     /// Vocabulary size.
     pub vocab: u64,
     /// `context_length`.
@@ -97,71 +129,52 @@ pub struct Deepseek2Shape {
     pub yarn: Yarn,
 }
 
+/// The tiny DeepSeek-V3 layout: q-lora, grouped sigmoid routing, one leading dense layer.
+const TINY: Deepseek2Shape = Deepseek2Shape {
+    name: "tiny-deepseek2",
+    dim: 256,
+    layers: 3,
+    heads: 4,
+    q_lora_rank: 256,
+    kv_lora_rank: 256,
+    qk_nope: 64,
+    qk_rope: 32,
+    v_head: 64,
+    ffn: 512,
+    dense_layers: 1,
+    experts: 16,
+    experts_used: 4,
+    expert_ffn: 256,
+    shared_experts: 1,
+    routing: Routing::v3(4, 2),
+    vocab: 256,
+    context: 16384,
+    rope_base: 10000.0,
+    yarn: Yarn {
+        factor: 4.0,
+        original_context: 4096,
+        mscale_all_dim: 1.0,
+    },
+};
+
 /// The deepseek2 shapes. The tiny ones keep every row that k-quants could take a multiple of
 /// 256; their per-head widths (64) fall back to Q8_0 under a k-quant, as llama.cpp's quantizer
 /// does.
 pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
-    Deepseek2Shape {
-        name: "tiny-deepseek2",
-        dim: 256,
-        layers: 3,
-        heads: 4,
-        q_lora_rank: 256,
-        kv_lora_rank: 256,
-        qk_nope: 64,
-        qk_rope: 32,
-        v_head: 64,
-        ffn: 512,
-        dense_layers: 1,
-        experts: 16,
-        experts_used: 4,
-        expert_ffn: 256,
-        shared_experts: 1,
-        groups: 4,
-        groups_used: 2,
-        gating: Gating::Sigmoid,
-        probs_bias: true,
-        norm_weights: true,
-        weights_scale: 2.5,
-        vocab: 256,
-        context: 16384,
-        rope_base: 10000.0,
-        yarn: Yarn {
-            factor: 4.0,
-            original_context: 4096,
-            mscale_all_dim: 1.0,
-        },
-    },
+    TINY,
+    // V2-Lite's layout at the tiny size: no q-lora, fewer experts, two shared, V2 routing.
     Deepseek2Shape {
         name: "tiny-deepseek2-lite",
-        dim: 256,
-        layers: 3,
-        heads: 4,
         q_lora_rank: 0,
-        kv_lora_rank: 256,
-        qk_nope: 64,
-        qk_rope: 32,
-        v_head: 64,
-        ffn: 512,
-        dense_layers: 1,
         experts: 8,
         experts_used: 2,
-        expert_ffn: 256,
         shared_experts: 2,
-        groups: 1,
-        groups_used: 1,
-        gating: Gating::Softmax,
-        probs_bias: false,
-        norm_weights: false,
-        weights_scale: 1.0,
-        vocab: 256,
-        context: 16384,
-        rope_base: 10000.0,
+        routing: Routing::V2,
         yarn: Yarn {
-            factor: 4.0,
-            original_context: 4096,
             mscale_all_dim: 0.707,
+            ..TINY.yarn
         },
+        ..TINY
     },
     Deepseek2Shape {
         name: "deepseek-v2-lite",
@@ -179,12 +192,7 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         experts_used: 6,
         expert_ffn: 1408,
         shared_experts: 2,
-        groups: 1,
-        groups_used: 1,
-        gating: Gating::Softmax,
-        probs_bias: false,
-        norm_weights: false,
-        weights_scale: 1.0,
+        routing: Routing::V2,
         vocab: 102_400,
         context: 163_840,
         rope_base: 10000.0,
@@ -210,12 +218,7 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         experts_used: 8,
         expert_ffn: 2048,
         shared_experts: 1,
-        groups: 8,
-        groups_used: 4,
-        gating: Gating::Sigmoid,
-        probs_bias: true,
-        norm_weights: true,
-        weights_scale: 2.5,
+        routing: Routing::v3(8, 4),
         vocab: 129_280,
         context: 163_840,
         rope_base: 10000.0,
@@ -283,7 +286,7 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
     let experts = Routed {
         experts: u64::from(s.experts),
         ffn: s.expert_ffn,
-        probs_bias: s.probs_bias,
+        probs_bias: s.routing.probs_bias,
     };
     let shared = s.expert_ffn * u64::from(s.shared_experts);
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
@@ -324,9 +327,9 @@ fn metadata(s: &Deepseek2Shape) -> Vec<(String, Value)> {
         ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
         ("expert_count", Value::U32(s.experts)),
         ("expert_used_count", Value::U32(s.experts_used)),
-        ("expert_group_count", Value::U32(s.groups)),
-        ("expert_group_used_count", Value::U32(s.groups_used)),
-        ("expert_gating_func", Value::U32(s.gating.id())),
+        ("expert_group_count", Value::U32(s.routing.groups)),
+        ("expert_group_used_count", Value::U32(s.routing.groups_used)),
+        ("expert_gating_func", Value::U32(s.routing.gating.id())),
         ("rope.scaling.type", Value::Str("yarn".into())),
         ("rope.scaling.factor", Value::F32(s.yarn.factor)),
         (
@@ -349,9 +352,9 @@ fn metadata(s: &Deepseek2Shape) -> Vec<(String, Value)> {
             Value::U32(s.expert_ffn as u32),
         ),
         ("expert_shared_count", Value::U32(s.shared_experts)),
-        ("expert_weights_scale", Value::F32(s.weights_scale)),
+        ("expert_weights_scale", Value::F32(s.routing.weights_scale)),
     ];
-    if s.norm_weights {
+    if s.routing.norm_weights {
         kv.push(("expert_weights_norm", Value::Bool(true)));
     }
     kv.push(("rope.dimension_count", Value::U32(s.qk_rope as u32)));

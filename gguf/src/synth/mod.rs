@@ -20,7 +20,7 @@ use anyhow::{anyhow, bail, Result};
 use crate::GgmlType;
 use emit::{write_spec, Spec};
 
-pub use deepseek2::{Deepseek2Shape, Gating, Yarn, DEEPSEEK2_SHAPES};
+pub use deepseek2::{Deepseek2Shape, Gating, Routing, Yarn, DEEPSEEK2_SHAPES};
 pub use llama::{shape, write_model, Shape, SHAPES};
 pub use qwen3moe::{Qwen3MoeShape, QWEN3MOE_SHAPES};
 

@@ -157,11 +157,7 @@ pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out
         q.len() == n_heads * hd && out.len() == n_heads * hd,
         "attention: q and out must have n_heads * head_dim values"
     );
-    assert!(
-        n_ctx_used > 0 && n_ctx_used <= kv.capacity,
-        "attention: {n_ctx_used} positions for a cache of {}",
-        kv.capacity
-    );
+    check_positions("attention", n_ctx_used, kv.capacity);
     let group = n_heads / kv.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     // The products run in the cache's dtype: q and the probabilities are narrowed to it.
@@ -191,6 +187,15 @@ pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out
             }
         }
     }
+}
+
+/// Fails unless `n_ctx` positions (at least one) fit a cache of `capacity`; `kernel` names the
+/// caller in the message.
+pub(super) fn check_positions(kernel: &str, n_ctx: usize, capacity: usize) {
+    assert!(
+        n_ctx > 0 && n_ctx <= capacity,
+        "{kernel}: {n_ctx} positions for a cache of {capacity}"
+    );
 }
 
 /// Dot product in eight interleaved f32 lanes (so the compiler can vectorize it).

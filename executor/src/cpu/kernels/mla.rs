@@ -9,7 +9,7 @@
 //! The products run in the cache's dtype as in `attention`: queries and probabilities are
 //! narrowed to it; scores are scaled after the dot product and softmaxed in f32.
 
-use super::attention::{dot, CacheRows};
+use super::attention::{check_positions, dot, CacheRows};
 use super::{softmax, KvDtype};
 
 /// One layer's latent cache: `capacity` rows of `kv_lora + rope` values.
@@ -65,11 +65,7 @@ pub fn latent_attention(
         q.len() == n_heads * w && out.len() == n_heads * kvl,
         "latent attention: q must hold n_heads rows of {w}, out n_heads rows of {kvl}"
     );
-    assert!(
-        n_ctx > 0 && n_ctx <= cache.capacity,
-        "latent attention: {n_ctx} positions for a cache of {}",
-        cache.capacity
-    );
+    check_positions("latent attention", n_ctx, cache.capacity);
     let q: Vec<f32> = q.iter().map(|&x| cache.rows.round(x)).collect();
     let mut row = vec![0f32; w];
     let mut scores = vec![0f32; n_heads * n_ctx];
