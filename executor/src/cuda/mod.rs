@@ -8,6 +8,7 @@
 //! machines without CUDA; opening a device there fails with one clear error.
 
 mod collective;
+mod moe;
 pub mod compile;
 pub mod device;
 pub mod engine;
