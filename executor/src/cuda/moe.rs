@@ -164,9 +164,10 @@ impl FfnWeights {
 /// A rank's MoE state: the router's settings and the buffers of its MoE layers.
 pub(super) struct MoeState {
     pub router: MoeSummary,
-    logits: DeviceBuffer<f32>,
-    ids: DeviceBuffer<i32>,
-    weights: DeviceBuffer<f32>,
+    /// Router logits, then the selected ids and their weights.
+    pub logits: DeviceBuffer<f32>,
+    pub ids: DeviceBuffer<i32>,
+    pub weights: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
     /// The selected experts' weighted rows, then the shared experts' row.
     pub rows: DeviceBuffer<f32>,
