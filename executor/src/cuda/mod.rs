@@ -8,11 +8,11 @@
 //! machines without CUDA; opening a device there fails with one clear error.
 
 mod collective;
-mod moe;
 pub mod compile;
 pub mod device;
 pub mod engine;
 pub mod graph;
+mod moe;
 mod nccl;
 pub mod ops;
 mod rank;

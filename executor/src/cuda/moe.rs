@@ -57,9 +57,7 @@ impl DeviceStack {
         let stride = n.next_multiple_of(256);
         let mut bytes = vec![0u8; stride * st.count.max(1)];
         for i in 0..st.count {
-            let m = st
-                .matrix(st.first + i)
-                .expect("invariant: a held matrix");
+            let m = st.matrix(st.first + i).expect("invariant: a held matrix");
             let out = &mut bytes[i * stride..i * stride + n];
             match Planes::of(st.dtype) {
                 Some(p) => out.copy_from_slice(&p.split(m)),
@@ -92,7 +90,7 @@ pub(super) struct MoeWeights {
 
 /// A layer's FFN weights.
 pub(super) enum FfnWeights {
-    Dense(Gated),
+    Dense(Box<Gated>),
     Moe(Box<MoeWeights>),
 }
 
@@ -119,7 +117,7 @@ impl FfnWeights {
             })
         };
         Ok(match plan.model.layer_kind(l).ffn {
-            FfnKind::Dense => FfnWeights::Dense(gated(w, "")?),
+            FfnKind::Dense => FfnWeights::Dense(Box::new(gated(w, "")?)),
             FfnKind::Moe { shared } => {
                 let shared = if shared {
                     Some(gated(w, "_shexp")?)
@@ -133,7 +131,9 @@ impl FfnWeights {
                     stack("ffn_up_exps.weight")?,
                     stack("ffn_down_exps.weight")?,
                 );
-                if (up.first, up.count, down.first, down.count) != (gate.first, gate.count, gate.first, gate.count) {
+                if (up.first, up.count, down.first, down.count)
+                    != (gate.first, gate.count, gate.first, gate.count)
+                {
                     bail!("layer {l}: the rank holds different experts of gate, up and down");
                 }
                 FfnWeights::Moe(Box::new(MoeWeights {
@@ -252,7 +252,14 @@ impl MoeState {
             ..sel(Span::of(&self.weights).addr(), ff, d)
         };
         let chunks = full_chunks(&e.down.weight);
-        dev.matvec_experts(s, &[&e.down.weight], &g, chunks, &Span::of(&self.rows), down)
+        dev.matvec_experts(
+            s,
+            &[&e.down.weight],
+            &g,
+            chunks,
+            &Span::of(&self.rows),
+            down,
+        )
     }
 
     /// The shared experts (this rank's columns, `chunks` for down) into the last row.
@@ -267,7 +274,15 @@ impl MoeState {
         let d = g.down.rows;
         let k = self.router.top_k as usize;
         let act = Span::of(&self.gate).sub(0, g.gate.rows);
-        dev.matvec_swiglu(s, &g.gate, &g.up, xn, None, full_chunks(&g.gate), &mut act.clone())?;
+        dev.matvec_swiglu(
+            s,
+            &g.gate,
+            &g.up,
+            xn,
+            None,
+            full_chunks(&g.gate),
+            &mut act.clone(),
+        )?;
         let chunks = chunks.unwrap_or_else(|| full_chunks(&g.down)).max(1);
         let out = Span::of(&self.rows).sub(k * d, d);
         dev.matvec(s, &g.down, &act, chunks, &mut out.clone())
@@ -279,7 +294,13 @@ impl MoeState {
     }
 
     /// `x += ((r0 + r1) + ...)` over `rows` (a lone rank) or the group's `sum` (zeroed again).
-    pub fn combine(&self, dev: &CudaDevice, s: &CudaStream, x: &Span<f32>, reduced: bool) -> Result<()> {
+    pub fn combine(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        x: &Span<f32>,
+        reduced: bool,
+    ) -> Result<()> {
         let rows = if reduced { &self.sum } else { &self.rows };
         dev.moe_combine(s, &Span::of(rows), self.row_count(), x, reduced)
     }
@@ -328,7 +349,12 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         self.launch(s, "moe_route_f32", cfg, |a| {
-            a.arg(&lp).arg(&bp).arg(&n).arg(&k).arg(&sigmoid).arg(&groups);
+            a.arg(&lp)
+                .arg(&bp)
+                .arg(&n)
+                .arg(&k)
+                .arg(&sigmoid)
+                .arg(&groups);
             a.arg(&used).arg(&norm).arg(&scale).arg(&ip).arg(&wp);
         })
     }

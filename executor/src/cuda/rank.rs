@@ -255,7 +255,15 @@ impl RankDevice {
             v: dev.alloc(&s, nk)?,
             att: dev.alloc(&s, nq)?,
             partial: dev.alloc(&s, d)?,
-            gate: dev.alloc(&s, layers.iter().map(|l| l.ffn.gate_rows()).max().unwrap_or(1).max(1))?,
+            gate: dev.alloc(
+                &s,
+                layers
+                    .iter()
+                    .map(|l| l.ffn.gate_rows())
+                    .max()
+                    .unwrap_or(1)
+                    .max(1),
+            )?,
             scores: dev.alloc(&s, (nq / hd).max(1) * ctx)?,
             logits: dev.alloc(&s, logits_len)?,
             full_logits: if r.head && group_len > 1 && r.tp_index == 0 {
@@ -280,9 +288,7 @@ impl RankDevice {
                 incoming.push(b.clone());
             }
         }
-        let has_moe = layers
-            .iter()
-            .any(|l| matches!(l.ffn, FfnWeights::Moe(_)));
+        let has_moe = layers.iter().any(|l| matches!(l.ffn, FfnWeights::Moe(_)));
         let moe = match &m.moe {
             Some(summary) if has_moe => Some(MoeState::new(&dev, &s, summary, d)?),
             _ => None,

@@ -30,7 +30,12 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         let moe = summary(gating, n, k, (groups, groups_used), norm, scale);
         route(cx, &moe, bias)?;
     }
-    for dtype in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
+    for dtype in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4_K,
+        GgmlType::F16,
+    ] {
         layer(cx, dtype)?;
     }
     graph(cx)?;
@@ -81,7 +86,14 @@ fn route(cx: &mut Ctx, m: &MoeSummary, with_bias: bool) -> Result<()> {
     let ids: DeviceBuffer<i32> = dev.alloc(s, k)?;
     let weights: DeviceBuffer<f32> = dev.alloc(s, k)?;
     let spans = (Span::of(&ids), Span::of(&weights));
-    dev.moe_route(s, &Span::of(&ld), bd.as_ref().map(Span::of), m, &spans.0, &spans.1)?;
+    dev.moe_route(
+        s,
+        &Span::of(&ld),
+        bd.as_ref().map(Span::of),
+        m,
+        &spans.0,
+        &spans.1,
+    )?;
     let (got_ids, got_w) = (dev.download(s, &ids)?, dev.download(s, &weights)?);
     let want = cpu_router(m).route(&logits, bias.as_deref());
     let case = format!(
@@ -120,7 +132,12 @@ struct Layer {
     xn: DeviceBuffer<f32>,
 }
 
-fn stack(rng: &mut memra_gguf::rng::Rng, dtype: GgmlType, rows: usize, cols: usize) -> Result<Stack> {
+fn stack(
+    rng: &mut memra_gguf::rng::Rng,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Result<Stack> {
     let mut data = Vec::new();
     for _ in 0..EXPERTS {
         data.extend(random_weight(rng, dtype, rows, cols)?.0);
@@ -161,7 +178,14 @@ impl Layer {
         let router = random(rng, EXPERTS * D, 0.2);
         let norm = random(rng, D, 1.0);
         let x = random(rng, D, 1.0);
-        let moe = summary(Gating::Softmax, EXPERTS as u32, TOP_K as u32, (1, 1), true, 1.0);
+        let moe = summary(
+            Gating::Softmax,
+            EXPERTS as u32,
+            TOP_K as u32,
+            (1, 1),
+            true,
+            1.0,
+        );
         let router_bytes: Vec<u8> = router.iter().flat_map(|v| v.to_le_bytes()).collect();
         Ok(Layer {
             w: MoeWeights {
@@ -183,7 +207,13 @@ impl Layer {
     }
 
     /// Keeps experts `first..first + count` only (an expert-parallel rank's share).
-    fn hold(&mut self, dev: &CudaDevice, s: &Arc<CudaStream>, first: usize, count: usize) -> Result<()> {
+    fn hold(
+        &mut self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        first: usize,
+        count: usize,
+    ) -> Result<()> {
         self.w.gate = DeviceStack::upload(dev, s, &part(&self.host[0], first, count))?;
         self.w.up = DeviceStack::upload(dev, s, &part(&self.host[1], first, count))?;
         self.w.down = DeviceStack::upload(dev, s, &part(&self.host[2], first, count))?;
@@ -260,7 +290,13 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         .zip(&want_x)
         .map(|(&a, &b)| f64::from(a - b).abs() / scale.max(1e-30))
         .fold(0f64, |m, e| if e.is_nan() { f64::NAN } else { m.max(e) });
-    cx.report.tol("moe_layer", format!("{dtype} {EXPERTS}x{FF}x{D} top-{TOP_K}"), err, 1e-4, "rel max");
+    cx.report.tol(
+        "moe_layer",
+        format!("{dtype} {EXPERTS}x{FF}x{D} top-{TOP_K}"),
+        err,
+        1e-4,
+        "rel max",
+    );
     // an expert-parallel rank holding half the experts: its rows are the full run's or -0.0
     for first in [0, EXPERTS / 2] {
         l.hold(dev, s, first, EXPERTS / 2)?;
