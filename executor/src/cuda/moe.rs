@@ -193,7 +193,10 @@ impl MoeState {
             logits: dev.alloc(s, n)?,
             ids: dev.alloc(s, k)?,
             weights: dev.alloc(s, k)?,
-            gate: dev.alloc(s, k * moe.expert_ffn as usize)?,
+            gate: dev.alloc(
+                s,
+                (k * moe.expert_ffn as usize).max(moe.shared_expert_ffn as usize),
+            )?,
             rows: dev.alloc(s, rows)?,
             sum: dev.alloc(s, rows)?,
         })

@@ -10,7 +10,9 @@
 //! into attention, which moves rope from the attention-input segment to the attention-core
 //! one). q/k/v of mixed
 //! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
-//! shape (an error names them otherwise).
+//! shape (an error names them otherwise). The FFN half of a layer, dense or MoE (device-side
+//! routing, the experts' rows and their fixed-order combine), lives in `moe`; GQA is the only
+//! mixer (an MLA layer is refused at load).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
