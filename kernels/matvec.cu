@@ -403,6 +403,18 @@ struct MatvecJob {
     const float* norm;
     float eps;
     int xn_offset;
+    // expert mode (`experts` set; moe.cu picks them): grid row y computes selected expert y,
+    // matrix experts[y] - expert_first of each weight's stack (expert_bytes apart), over
+    // x + y * x_stride into y + y * y_stride; a plain job multiplies each row by
+    // expert_weights[y] (the CPU's matvec then scale), and writes -0.0 for an expert this rank
+    // does not hold (kernels/moe.cu's combine contract)
+    const int* experts;
+    const float* expert_weights;
+    long long expert_bytes;
+    int expert_first;
+    int expert_count;
+    int x_stride;
+    int y_stride;
 };
 
 // Segment s's fields.
@@ -463,7 +475,7 @@ __device__ __noinline__ void prefetch_run(const MatvecJob j, int i0, int i1, siz
 // round's: a buffer is written again only after the barrier that follows every warp's tree
 // over it.
 template <class P>
-__device__ __forceinline__ void matvec_run(const MatvecJob j) {
+__device__ __forceinline__ void matvec_run(MatvecJob j) {
     extern __shared__ uint4 act_smem[];
     __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS * 2][MATVEC_MAX_CHUNKS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -473,11 +485,30 @@ __device__ __forceinline__ void matvec_run(const MatvecJob j) {
     const int i0 = (int)((long long)items * blockIdx.x / gridDim.x);
     const int i1 = (int)((long long)items * (blockIdx.x + 1) / gridDim.x);
     Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
-    // the weights are constant: ask L2 for the run's first bytes while the previous kernel
-    // finishes and x is quantized
-    if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
-    // the weights are constant: only now does the block need the previous kernel's output
-    overlap_with_neighbours();
+    float expert_weight = 1.f;
+    if (j.experts) {
+        // the expert ids are the previous kernel's output: wait before the weights are known
+        overlap_with_neighbours();
+        const int slot = blockIdx.y, e = j.experts[slot] - j.expert_first;
+        j.x += (size_t)slot * j.x_stride;
+        j.y0 += (size_t)slot * j.y_stride;
+        if (e < 0 || e >= j.expert_count) {
+            if (!j.swiglu)
+                for (int r = i0 * MATVEC_ROWS + threadIdx.x; r < min(i1 * MATVEC_ROWS, j.rows0); r += MATVEC_THREADS) j.y0[r] = -0.0f;
+            return;
+        }
+        const size_t off = (size_t)e * (size_t)j.expert_bytes;
+        j.w0 += off;
+        if (j.swiglu) j.w1 += off;
+        if (j.expert_weights) expert_weight = j.expert_weights[slot];
+        if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
+    } else {
+        // the weights are constant: ask L2 for the run's first bytes while the previous kernel
+        // finishes and x is quantized
+        if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
+        // the weights are constant: only now does the block need the previous kernel's output
+        overlap_with_neighbours();
+    }
     const float* x = j.x;
     if (j.norm) {
         float* xn = (float*)((u8*)act_smem + j.xn_offset);
@@ -537,6 +568,7 @@ __device__ __forceinline__ void matvec_run(const MatvecJob j) {
                 const int row = row0 + r;
                 if (lane == 0 && row < job_rows(j, s)) {
                     if (j.residual) out = j.residual[row] + total;
+                    if (j.expert_weights) out = total * expert_weight;
                     job_y(j, s)[row] = out;
                 }
             }

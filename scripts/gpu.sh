@@ -22,6 +22,9 @@
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
 #   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
+#   moe [SECONDS]             qwen3moe on CUDA: self-test, tiny-qwen3moe gates (graphs, TP-2,
+#                             TP-4, EP-4, PP-2 on device 0), CUDA vs CPU, Qwen3-30B-A3B-shaped
+#                             8-layer q4_1 decode speed
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -628,9 +631,48 @@ suite_final() {
     table
 }
 
+# qwen3moe (GQA + MoE) on the CUDA backend, on one GPU; every plan is under
+# plans/synthetic/cuda/ with device ids [0]:
+#   - the self-test (every kernel, the MoE router, expert matvecs and MoE graph replay against
+#     the CPU kernels);
+#   - gates: tiny-qwen3moe f32 and q8_0, graphs, TP-2, TP-4, EP-4 (attention replicated) and
+#     PP-2 against the 1-rank eager CUDA run, every logit bit, both arms;
+#   - CUDA against the CPU backend on tiny-qwen3moe, 64 greedy steps;
+#   - decode speed of a Qwen3-30B-A3B-shaped depth cut (8 layers, q4_1), one rank, graphs.
+# SECONDS defaults to 240.
+suite_moe() {
+    BUDGET=${1:-240}
+    logs_in /tmp/memra-moe
+    stamp name,driver_version,memory.total
+    local dtype rc big=qwen3-30b-a3b-l8
+    synth tiny-qwen3moe f32 &
+    local synth_f32=$!
+    synth tiny-qwen3moe q8_0 &
+    local synth_q8=$!
+    "$BIN/memra-synth" --shape qwen3-30b-a3b --layers 8 --dtype q4_1 -o "$M/$big-q4_1.gguf" \
+        2>"$LOG/synth-$big.log" &
+    local synth_big=$!
+    limit 150 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    grep -E "^(moe|  moe)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    wait $synth_f32 $synth_q8
+    for dtype in q8_0 f32; do
+        gates_of tiny-qwen3moe "$dtype" cuda/tiny-qwen3moe-eager cuda/tiny-qwen3moe cuda/tiny-qwen3moe-tp2 \
+            cuda/tiny-qwen3moe-tp4 cuda/tiny-qwen3moe-ep4 cuda/tiny-qwen3moe-pp2
+        late "cuda vs cpu tiny-qwen3moe $dtype" ||
+            against_cpu "cuda vs cpu tiny-qwen3moe $dtype" 1e-3 "$M/tiny-qwen3moe-$dtype.gguf" \
+                "$P/$dtype/tiny-qwen3moe.plan.toml"
+    done
+    wait $synth_big
+    late "bench $big q4_1" ||
+        bench "bench $big q4_1" 150 "$M/$big-q4_1.gguf" "$(plan $big q4_1 cuda/$big)" -n 128 --reps 3
+    table
+}
+
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | profile | ncu-token | final | moe)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

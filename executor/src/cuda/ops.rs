@@ -196,6 +196,35 @@ struct MatvecJob {
     norm: u64,
     eps: f32,
     xn_offset: i32,
+    experts: u64,
+    expert_weights: u64,
+    expert_bytes: i64,
+    expert_first: i32,
+    expert_count: i32,
+    x_stride: i32,
+    y_stride: i32,
+}
+
+/// Expert mode of a matvec launch (kernels/matvec.cu): one grid row per selected expert, the
+/// weights being stacks of `count` matrices `stride` bytes apart whose first is expert
+/// `first`; ids (and, for a weighted launch, weights) are read from device memory.
+#[derive(Clone, Copy)]
+pub(super) struct ExpertSel {
+    /// Device address of the selected expert ids (`slots` i32 values).
+    pub ids: u64,
+    /// Device address of their weights (`slots` f32 values), or 0: rows are not weighted and
+    /// experts held elsewhere leave their rows unwritten.
+    pub weights: u64,
+    /// Selected experts (the grid's rows).
+    pub slots: usize,
+    /// The first expert the stacks hold, and how many.
+    pub first: usize,
+    pub count: usize,
+    /// Bytes from one expert's matrix to the next.
+    pub stride: usize,
+    /// Values from one slot's x to the next (0: all read the same x), and from one y to the next.
+    pub x_stride: usize,
+    pub y_stride: usize,
 }
 
 // SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
@@ -243,7 +272,7 @@ fn int(n: usize) -> i32 {
 }
 
 impl CudaDevice {
-    fn launch<'a>(
+    pub(super) fn launch<'a>(
         &self,
         stream: &CudaStream,
         name: &str,
@@ -272,7 +301,7 @@ impl CudaDevice {
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let out = (ptr_mut(stream, y), y.len());
-        self.matvec_job(stream, &[w], x, None, chunks, &[out], Epilogue::Plain)
+        self.matvec_job(stream, &[w], x, None, chunks, &[out], Epilogue::Plain, None)
     }
 
     /// `y[i] = W[i] x` for up to `MATVEC_MAX_SEGS` weights of one dtype and K in one launch
@@ -288,7 +317,7 @@ impl CudaDevice {
         ys: &[Span<f32>],
     ) -> Result<()> {
         let outs: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
-        self.matvec_job(stream, ws, x, norm, chunks, &outs, Epilogue::Plain)
+        self.matvec_job(stream, ws, x, norm, chunks, &outs, Epilogue::Plain, None)
     }
 
     /// `y = residual + W x` in one launch (`y` may be `residual`): the add after a
@@ -311,7 +340,16 @@ impl CudaDevice {
         );
         let r = ptr(stream, residual);
         let out = (ptr_mut(stream, y), y.len());
-        self.matvec_job(stream, &[w], x, None, chunks, &[out], Epilogue::Residual(r))
+        self.matvec_job(
+            stream,
+            &[w],
+            x,
+            None,
+            chunks,
+            &[out],
+            Epilogue::Residual(r),
+            None,
+        )
     }
 
     /// `y = silu(gate x) * (up x)` in one launch (x normalized first when `norm` is given),
@@ -337,7 +375,38 @@ impl CudaDevice {
             chunks,
             &[out, out],
             Epilogue::SwiGlu,
+            None,
         )
+    }
+
+    /// The selected experts' products (`sel`): with two weights (gate and up stacks),
+    /// `y[slot] = silu(gate_e x) * (up_e x)`; with one (down), `y[slot] = (W_e x[slot]) *
+    /// weight[slot]`, `-0.0` where this rank does not hold expert `e`. `x` and `y` hold
+    /// `sel.slots` vectors `sel.x_stride` / `sel.y_stride` apart. Each row's bits are those of
+    /// `matvec` with expert `e`'s matrix alone (then the CPU's `silu_mul` or scale).
+    pub(super) fn matvec_experts(
+        &self,
+        stream: &CudaStream,
+        ws: &[&DeviceWeight],
+        x: &Span<f32>,
+        chunks: usize,
+        y: &Span<f32>,
+        sel: ExpertSel,
+    ) -> Result<()> {
+        let w0 = ws[0];
+        assert!(
+            x.len() >= (sel.slots - 1) * sel.x_stride + w0.cols
+                && y.len() >= (sel.slots - 1) * sel.y_stride + w0.rows,
+            "matvec_experts: x or y too short for {} slots",
+            sel.slots
+        );
+        let (epilogue, outs) = if ws.len() == 2 {
+            (Epilogue::SwiGlu, vec![(y.addr(), w0.rows); 2])
+        } else {
+            (Epilogue::Plain, vec![(y.addr(), w0.rows)])
+        };
+        let x = x.sub(0, w0.cols);
+        self.matvec_job(stream, ws, &x, None, chunks, &outs, epilogue, Some(sel))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -350,6 +419,7 @@ impl CudaDevice {
         chunks: usize,
         ys: &[(u64, usize)],
         epilogue: Epilogue,
+        sel: Option<ExpertSel>,
     ) -> Result<()> {
         assert!(
             (1..=MATVEC_MAX_SEGS).contains(&ws.len()) && ys.len() == ws.len(),
@@ -419,7 +489,20 @@ impl CudaDevice {
             norm: norm.map_or(0, |n| ptr(stream, n.weight)),
             eps: norm.map_or(0.0, |n| n.eps),
             xn_offset: int(xn_offset),
+            experts: sel.map_or(0, |e| e.ids),
+            expert_weights: sel.map_or(0, |e| e.weights),
+            expert_bytes: sel.map_or(0, |e| e.stride as i64),
+            expert_first: sel.map_or(0, |e| int(e.first)),
+            expert_count: sel.map_or(0, |e| int(e.count)),
+            x_stride: sel.map_or(0, |e| int(e.x_stride)),
+            y_stride: sel.map_or(0, |e| int(e.y_stride)),
         };
+        if let Some(e) = sel {
+            assert!(
+                e.stride.is_multiple_of(16) && e.slots > 0,
+                "matvec: expert matrices must be 16-byte aligned, one slot at least"
+            );
+        }
         for (i, (w, &(y, _))) in ws.iter().zip(ys).enumerate() {
             job.w[i] = ptr(stream, &w.data);
             job.y[i] = y;
@@ -454,9 +537,11 @@ impl CudaDevice {
             Epilogue::SwiGlu => w0.rows.div_ceil(MATVEC_ROWS),
             _ => ws.iter().map(|w| w.rows.div_ceil(MATVEC_ROWS)).sum(),
         };
-        let blocks = items.min(MATVEC_BLOCKS_PER_SM * self.sm_count()?);
+        // expert mode: the persistent grid's blocks are shared among the slots' rows
+        let slots = sel.map_or(1, |e| e.slots);
+        let blocks = items.min((MATVEC_BLOCKS_PER_SM * self.sm_count()?).div_ceil(slots));
         let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
+            grid_dim: (blocks as u32, slots as u32, 1),
             block_dim: (MATVEC_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };

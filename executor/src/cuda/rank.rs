@@ -10,7 +10,9 @@
 //! into attention, which moves rope from the attention-input segment to the attention-core
 //! one). q/k/v of mixed
 //! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
-//! shape (an error names them otherwise).
+//! shape (an error names them otherwise). The FFN half of a layer, dense or MoE (device-side
+//! routing, the experts' rows and their fixed-order combine), lives in `moe`; GQA is the only
+//! mixer (an MLA layer is refused at load).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,11 +21,12 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{
-    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Plan, Segment,
+    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Mixer, Plan, Segment,
 };
 
 use super::collective::{Collective, Exchange, Oneshot, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
+use super::moe::{FfnWeights, MoeState};
 use super::ops::{DeviceKv, DeviceWeight, Norm};
 use super::span::Span;
 use crate::geometry::RankGeometry;
@@ -41,9 +44,16 @@ struct LayerWeights {
     qk_norm: Option<[DeviceBuffer<f32>; 2]>,
     o: DeviceWeight,
     ffn_norm: DeviceBuffer<f32>,
-    gate: DeviceWeight,
-    up: DeviceWeight,
-    down: DeviceWeight,
+    ffn: FfnWeights,
+}
+
+/// What the pending partial sum holds (the CPU backend's `segments::Pending`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// A partial of the residual update in `partial`.
+    Hidden,
+    /// The MoE rows in `MoeState::rows`.
+    Experts,
 }
 
 /// Where the head's vocab rows live.
@@ -94,6 +104,9 @@ pub struct RankDevice {
     incoming: Vec<Boundary>,
     exchange: Option<Exchange>,
     collective: Option<Collective>,
+    moe: Option<MoeState>,
+    /// Set as segments are enqueued, read by the all-reduce that follows them.
+    pending: Pending,
 }
 
 fn upload_matrix(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<DeviceWeight> {
@@ -130,6 +143,9 @@ impl RankDevice {
         };
         let mut layers = Vec::new();
         for l in r.layers.start..r.layers.end {
+            if m.layer_kind(l).mixer != Mixer::Gqa {
+                bail!("layer {l} is an MLA layer; the cuda backend runs GQA attention only");
+            }
             let n = |x: &str| format!("blk.{l}.{x}");
             layers.push(LayerWeights {
                 attn_norm: vec(&mut w, &n("attn_norm.weight"))?,
@@ -155,9 +171,7 @@ impl RankDevice {
                 },
                 o: mat(&mut w, &n("attn_output.weight"))?,
                 ffn_norm: vec(&mut w, &n("ffn_norm.weight"))?,
-                gate: mat(&mut w, &n("ffn_gate.weight"))?,
-                up: mat(&mut w, &n("ffn_up.weight"))?,
-                down: mat(&mut w, &n("ffn_down.weight"))?,
+                ffn: FfnWeights::take(plan, l, &mut w, &dev, &s)?,
             });
         }
         let table = if r.embed || (r.head && m.tied_embeddings) {
@@ -243,7 +257,15 @@ impl RankDevice {
             v: dev.alloc(&s, nk)?,
             att: dev.alloc(&s, nq)?,
             partial: dev.alloc(&s, d)?,
-            gate: dev.alloc(&s, size(|l| l.gate.rows))?,
+            gate: dev.alloc(
+                &s,
+                layers
+                    .iter()
+                    .map(|l| l.ffn.gate_rows())
+                    .max()
+                    .unwrap_or(1)
+                    .max(1),
+            )?,
             scores: dev.alloc(&s, (nq / hd).max(1) * ctx)?,
             logits: dev.alloc(&s, logits_len)?,
             full_logits: if r.head && group_len > 1 && r.tp_index == 0 {
@@ -268,10 +290,19 @@ impl RankDevice {
                 incoming.push(b.clone());
             }
         }
+        let has_moe = layers.iter().any(|l| matches!(l.ffn, FfnWeights::Moe(_)));
+        let moe = match &m.moe {
+            Some(summary) if has_moe => Some(MoeState::new(&dev, &s, summary, d)?),
+            _ => None,
+        };
+        let moe_len = moe.as_ref().map_or(0, |e| e.rows.len());
         let exchange = match group {
-            Some(g) if g.collective == PlanCollective::Oneshot => {
-                Some(Exchange::new(&dev, &s, d.max(logits_len), group_len)?)
-            }
+            Some(g) if g.collective == PlanCollective::Oneshot => Some(Exchange::new(
+                &dev,
+                &s,
+                d.max(logits_len).max(moe_len),
+                group_len,
+            )?),
             _ => None,
         };
         Ok(RankDevice {
@@ -291,6 +322,8 @@ impl RankDevice {
             incoming,
             exchange,
             collective: None,
+            moe,
+            pending: Pending::Hidden,
         })
     }
 
@@ -325,7 +358,8 @@ impl RankDevice {
 
     /// The longest vector this rank's collectives carry (hidden state or logits slice).
     pub fn collective_len(&self) -> usize {
-        self.buf.x.len().max(self.buf.logits.len())
+        let moe = self.moe.as_ref().map_or(0, |e| e.rows.len());
+        self.buf.x.len().max(self.buf.logits.len()).max(moe)
     }
 
     /// The rank's first stream: buffers are allocated on it and its work runs on it (the
@@ -395,7 +429,16 @@ impl RankDevice {
             Work::Segment { layer, segment } => self.segment(layer, segment, s),
             Work::AllReduce => {
                 let c = self.collective(s)?;
-                c.run(Reduce::Sum, &Span::of(&b.partial), &Span::of(&b.x))
+                match (self.pending, &self.moe) {
+                    (Pending::Experts, Some(e)) => {
+                        // over the zeroed sum: each expert row is its holder's value plus -0.0s
+                        let n = e.row_count() * b.x.len();
+                        let sum = Span::of(&e.sum).sub(0, n);
+                        c.run(Reduce::Sum, &Span::of(&e.rows).sub(0, n), &sum)?;
+                        e.combine(dev, s, &Span::of(&b.x), true)
+                    }
+                    _ => c.run(Reduce::Sum, &Span::of(&b.partial), &Span::of(&b.x)),
+                }
             }
             Work::Head => {
                 let (norm, rows) = self
@@ -501,9 +544,13 @@ impl RankDevice {
         };
         // the row-parallel product: added to x in the same launch on a lone rank, left in
         // `partial` for the group's all-reduce otherwise
-        let row = |w: &DeviceWeight, input: &Span<f32>, chunks: Option<usize>| -> Result<()> {
+        let row = |w: &DeviceWeight,
+                   input: &Span<f32>,
+                   chunks: Option<usize>,
+                   reduced: bool|
+         -> Result<()> {
             let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
-            if self.geo.tp_degree == 1 {
+            if !reduced {
                 dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone())
             } else {
                 dev.matvec(s, w, input, chunks, &mut Span::of(&b.partial))
@@ -558,11 +605,20 @@ impl RankDevice {
             }
             Segment::AttnOut => {
                 let att = Span::of(&b.att).sub(0, lw.q.rows);
-                row(&lw.o, &att, self.geo.row_chunks.map(|c| c.0))
+                self.pending = Pending::Hidden;
+                row(
+                    &lw.o,
+                    &att,
+                    self.geo.row_chunks.map(|c| c.0),
+                    self.geo.attn_reduced,
+                )
             }
             Segment::Ffn => {
-                let g = Span::of(&b.gate).sub(0, lw.gate.rows);
-                let (gw, uw) = (&lw.gate, &lw.up);
+                let FfnWeights::Dense(ffn) = &lw.ffn else {
+                    bail!("ffn on layer {layer}, an MoE layer");
+                };
+                let g = Span::of(&b.gate).sub(0, ffn.gate.rows);
+                let (gw, uw) = (&ffn.gate, &ffn.up);
                 if gw.dtype == uw.dtype && gw.cols == uw.cols && gw.rows == uw.rows {
                     let norm = Norm {
                         weight: &lw.ffn_norm,
@@ -572,7 +628,46 @@ impl RankDevice {
                 } else {
                     bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
                 }
-                row(&lw.down, &g, self.geo.row_chunks.map(|c| c.1))
+                self.pending = Pending::Hidden;
+                row(
+                    &ffn.down,
+                    &g,
+                    self.geo.row_chunks.map(|c| c.1),
+                    self.geo.tp_degree > 1,
+                )
+            }
+            Segment::MoeRouter | Segment::MoeExperts | Segment::MoeShared => {
+                let (FfnWeights::Moe(e), Some(state)) = (&lw.ffn, &self.moe) else {
+                    bail!("segment `{}` on layer {layer}, a dense layer", seg.name());
+                };
+                let lone = self.geo.tp_degree == 1;
+                match seg {
+                    Segment::MoeRouter => {
+                        let norm = Norm {
+                            weight: &lw.ffn_norm,
+                            eps: self.geo.eps,
+                        };
+                        state.route(dev, s, e, norm, &x, &xn)
+                    }
+                    Segment::MoeExperts => {
+                        self.pending = Pending::Experts;
+                        state.experts(dev, s, e, &xn)?;
+                        if lone && e.shared.is_none() {
+                            state.combine(dev, s, &x, false)?;
+                        }
+                        Ok(())
+                    }
+                    _ => {
+                        let (Some(g), Pending::Experts) = (&e.shared, self.pending) else {
+                            bail!("moe_shared without shared experts after moe_experts");
+                        };
+                        state.shared(dev, s, g, &xn, self.geo.row_chunks.map(|c| c.1))?;
+                        if lone {
+                            state.combine(dev, s, &x, false)?;
+                        }
+                        Ok(())
+                    }
+                }
             }
             other => bail!(
                 "segment `{}` is not supported by the cuda backend",

@@ -2,14 +2,17 @@
 //! sizes with per-op tolerances, tensor-parallel subtree bit-exactness (the full-K matvec equals
 //! the tree-combine of d column-shard matvecs, bit for bit), determinism (the same launch twice
 //! gives the same bits), graph capture and replay against the eager result, the device sampler
-//! token for token against the CPU one, and optionally the achieved bandwidth of the matvec
-//! kernels on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by `cargo run --release --example
-//! cuda_selftest`; it needs a GPU and is never part of `cargo test`.
+//! token for token against the CPU one, MoE routing and experts against the CPU kernels (and
+//! an MoE layer's graph replay), and optionally the achieved bandwidth of the matvec kernels
+//! on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by
+//! `cargo run --release --example cuda_selftest`; it needs a GPU and is never part of
+//! `cargo test`.
 
 mod bench;
 mod checks;
 pub mod collective;
 mod exact;
+mod moe;
 mod sampling;
 
 use std::sync::Arc;
@@ -188,6 +191,7 @@ pub fn run(opts: &Options) -> Result<bool> {
     if opts.checks {
         checks::run(&mut cx)?;
         exact::run(&mut cx)?;
+        moe::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }
     if opts.bench {

@@ -1,0 +1,388 @@
+//! The FFN half of a layer on a CUDA rank: a dense gated FFN, or a mixture of experts (router,
+//! this rank's experts, optional shared experts), with their weights, buffers and segments.
+//! The router picks the top-k on the device (kernels/moe.cu) and the expert matvecs read the
+//! chosen ids and weights from device memory (matvec.cu's expert mode), so an MoE layer has
+//! no host round trip and is captured like any other. The combine keeps the CPU backend's
+//! contract (`cpu::kernels::moe`): the selected experts' weighted rows (`-0.0` for experts
+//! held elsewhere), then the shared experts' row, are summed by the group's all-reduce over a
+//! zeroed buffer, and every rank adds the rows in one fixed order.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
+use memra_compiler::plan::{reduction_chunks, FfnKind, Gating, MoeSummary, Plan};
+
+use super::device::{CudaDevice, DeviceBuffer};
+use super::ops::{DeviceWeight, ExpertSel, Norm, Planes};
+use super::span::Span;
+use crate::weights::{Matrix, RankWeights, Stack};
+
+/// Most experts the device router takes (MOE_MAX_EXPERTS in kernels/moe.cu).
+pub const MAX_EXPERTS: usize = 512;
+/// Most selected experts and expert groups (one warp lane each in kernels/moe.cu).
+pub const MAX_SELECTED: usize = 32;
+
+/// A gated SiLU FFN: a dense layer's, or the shared experts'.
+pub(super) struct Gated {
+    pub gate: DeviceWeight,
+    pub up: DeviceWeight,
+    pub down: DeviceWeight,
+}
+
+/// The experts `first..first + count` of a 3-D expert tensor on the device: one matrix of
+/// `rows x cols` each, each in the device layout of its own (planar for the 32-value block
+/// types), `stride` bytes apart (16-byte aligned).
+pub(super) struct DeviceStack {
+    /// Shape and dtype of one matrix; `data` holds all of them.
+    pub weight: DeviceWeight,
+    pub first: usize,
+    pub count: usize,
+    pub stride: usize,
+}
+
+impl DeviceStack {
+    /// Uploads a stack this rank holds.
+    pub fn upload(dev: &CudaDevice, s: &Arc<CudaStream>, st: &Stack) -> Result<DeviceStack> {
+        st.dtype.check_supported()?;
+        if !st.cols.is_multiple_of(st.dtype.block_size()) {
+            bail!(
+                "{} columns is not a multiple of the {} block size {}",
+                st.cols,
+                st.dtype,
+                st.dtype.block_size()
+            );
+        }
+        let n = st.matrix_bytes();
+        let stride = n.next_multiple_of(256);
+        let mut bytes = vec![0u8; stride * st.count.max(1)];
+        for i in 0..st.count {
+            let m = st.matrix(st.first + i).expect("invariant: a held matrix");
+            let out = &mut bytes[i * stride..i * stride + n];
+            match Planes::of(st.dtype) {
+                Some(p) => out.copy_from_slice(&p.split(m)),
+                None => out.copy_from_slice(m),
+            }
+        }
+        Ok(DeviceStack {
+            weight: DeviceWeight {
+                dtype: st.dtype,
+                data: dev.upload(s, &bytes)?,
+                rows: st.rows,
+                cols: st.cols,
+            },
+            first: st.first,
+            count: st.count,
+            stride,
+        })
+    }
+}
+
+/// Routed experts: the router (whole on every rank) and this rank's experts.
+pub(super) struct MoeWeights {
+    pub router: DeviceWeight,
+    pub bias: Option<DeviceBuffer<f32>>,
+    pub gate: DeviceStack,
+    pub up: DeviceStack,
+    pub down: DeviceStack,
+    pub shared: Option<Gated>,
+}
+
+/// A layer's FFN weights.
+pub(super) enum FfnWeights {
+    Dense(Box<Gated>),
+    Moe(Box<MoeWeights>),
+}
+
+fn upload(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<DeviceWeight> {
+    DeviceWeight::upload(dev, s, m.dtype, &m.data, m.rows, m.cols)
+}
+
+impl FfnWeights {
+    /// Takes layer `l`'s FFN shards out of `w`, as the plan's layer schema says it is made.
+    pub fn take(
+        plan: &Plan,
+        l: u32,
+        w: &mut RankWeights,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+    ) -> Result<FfnWeights> {
+        let name = |x: &str| format!("blk.{l}.{x}");
+        let gated = |w: &mut RankWeights, suffix: &str| -> Result<Gated> {
+            let mut m = |x: &str| upload(dev, s, w.take_matrix(&name(x))?);
+            Ok(Gated {
+                gate: m(&format!("ffn_gate{suffix}.weight"))?,
+                up: m(&format!("ffn_up{suffix}.weight"))?,
+                down: m(&format!("ffn_down{suffix}.weight"))?,
+            })
+        };
+        Ok(match plan.model.layer_kind(l).ffn {
+            FfnKind::Dense => FfnWeights::Dense(Box::new(gated(w, "")?)),
+            FfnKind::Moe { shared } => {
+                let shared = if shared {
+                    Some(gated(w, "_shexp")?)
+                } else {
+                    None
+                };
+                let probs_bias = plan.model.moe.as_ref().is_some_and(|m| m.probs_bias);
+                let mut stack = |x: &str| DeviceStack::upload(dev, s, &w.take_stack(&name(x))?);
+                let (gate, up, down) = (
+                    stack("ffn_gate_exps.weight")?,
+                    stack("ffn_up_exps.weight")?,
+                    stack("ffn_down_exps.weight")?,
+                );
+                if (up.first, up.count, down.first, down.count)
+                    != (gate.first, gate.count, gate.first, gate.count)
+                {
+                    bail!("layer {l}: the rank holds different experts of gate, up and down");
+                }
+                FfnWeights::Moe(Box::new(MoeWeights {
+                    router: upload(dev, s, w.take_matrix(&name("ffn_gate_inp.weight"))?)?,
+                    bias: if probs_bias {
+                        Some(dev.upload(s, &w.take_vector(&name("exp_probs_b.bias"))?)?)
+                    } else {
+                        None
+                    },
+                    gate,
+                    up,
+                    down,
+                    shared,
+                }))
+            }
+        })
+    }
+
+    /// The widest gated activation a dense layer or the shared experts need.
+    pub fn gate_rows(&self) -> usize {
+        match self {
+            FfnWeights::Dense(g) => g.gate.rows,
+            FfnWeights::Moe(e) => e.shared.as_ref().map_or(0, |g| g.gate.rows),
+        }
+    }
+}
+
+/// A rank's MoE state: the router's settings and the buffers of its MoE layers.
+pub(super) struct MoeState {
+    pub router: MoeSummary,
+    /// Router logits, then the selected ids and their weights.
+    pub logits: DeviceBuffer<f32>,
+    pub ids: DeviceBuffer<i32>,
+    pub weights: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    /// The selected experts' weighted rows, then the shared experts' row.
+    pub rows: DeviceBuffer<f32>,
+    /// The group's sum of `rows`, zero between all-reduces.
+    pub sum: DeviceBuffer<f32>,
+}
+
+impl MoeState {
+    /// The state for `moe` with hidden size `d`, if the rank has MoE layers.
+    pub fn new(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        moe: &MoeSummary,
+        d: usize,
+    ) -> Result<MoeState> {
+        let (n, k) = (moe.experts as usize, moe.top_k as usize);
+        if n > MAX_EXPERTS || k > MAX_SELECTED || moe.groups as usize > MAX_SELECTED {
+            bail!("model.moe has {n} experts, top-k {k} and {} groups; the cuda backend takes up to {MAX_EXPERTS} experts and {MAX_SELECTED} selected experts and groups", moe.groups);
+        }
+        let rows = (k + usize::from(moe.shared_expert_ffn > 0)) * d;
+        Ok(MoeState {
+            router: moe.clone(),
+            logits: dev.alloc(s, n)?,
+            ids: dev.alloc(s, k)?,
+            weights: dev.alloc(s, k)?,
+            gate: dev.alloc(
+                s,
+                (k * moe.expert_ffn as usize).max(moe.shared_expert_ffn as usize),
+            )?,
+            rows: dev.alloc(s, rows)?,
+            sum: dev.alloc(s, rows)?,
+        })
+    }
+
+    /// Router: `xn = rms_norm(x) * norm`, the logits, and the top-k ids and weights.
+    pub fn route(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        e: &MoeWeights,
+        norm: Norm,
+        x: &Span<f32>,
+        xn: &Span<f32>,
+    ) -> Result<()> {
+        dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+        let chunks = full_chunks(&e.router);
+        dev.matvec(s, &e.router, xn, chunks, &mut Span::of(&self.logits))?;
+        let r = &self.router;
+        dev.moe_route(
+            s,
+            &Span::of(&self.logits),
+            e.bias.as_ref().map(Span::of),
+            r,
+            &Span::of(&self.ids),
+            &Span::of(&self.weights),
+        )
+    }
+
+    /// The selected experts this rank holds, each weighted, into `rows` (`-0.0` for others).
+    pub fn experts(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        e: &MoeWeights,
+        xn: &Span<f32>,
+    ) -> Result<()> {
+        let k = self.router.top_k as usize;
+        let (ff, d) = (e.gate.weight.rows, e.down.weight.rows);
+        let sel = |weights: u64, x_stride, y_stride| ExpertSel {
+            ids: Span::of(&self.ids).addr(),
+            weights,
+            slots: k,
+            first: e.gate.first,
+            count: e.gate.count,
+            stride: e.gate.stride,
+            x_stride,
+            y_stride,
+        };
+        let g = Span::of(&self.gate);
+        let chunks = full_chunks(&e.gate.weight);
+        let gu = [&e.gate.weight, &e.up.weight];
+        dev.matvec_experts(s, &gu, xn, chunks, &g, sel(0, 0, ff))?;
+        let down = ExpertSel {
+            stride: e.down.stride,
+            ..sel(Span::of(&self.weights).addr(), ff, d)
+        };
+        let chunks = full_chunks(&e.down.weight);
+        dev.matvec_experts(
+            s,
+            &[&e.down.weight],
+            &g,
+            chunks,
+            &Span::of(&self.rows),
+            down,
+        )
+    }
+
+    /// The shared experts (this rank's columns, `chunks` for down) into the last row.
+    pub fn shared(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        g: &Gated,
+        xn: &Span<f32>,
+        chunks: Option<usize>,
+    ) -> Result<()> {
+        let d = g.down.rows;
+        let k = self.router.top_k as usize;
+        let act = Span::of(&self.gate).sub(0, g.gate.rows);
+        dev.matvec_swiglu(
+            s,
+            &g.gate,
+            &g.up,
+            xn,
+            None,
+            full_chunks(&g.gate),
+            &mut act.clone(),
+        )?;
+        let chunks = chunks.unwrap_or_else(|| full_chunks(&g.down)).max(1);
+        let out = Span::of(&self.rows).sub(k * d, d);
+        dev.matvec(s, &g.down, &act, chunks, &mut out.clone())
+    }
+
+    /// Rows the layer leaves in `rows`.
+    pub fn row_count(&self) -> usize {
+        self.router.top_k as usize + usize::from(self.router.shared_expert_ffn > 0)
+    }
+
+    /// `x += ((r0 + r1) + ...)` over `rows` (a lone rank) or the group's `sum` (zeroed again).
+    pub fn combine(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        x: &Span<f32>,
+        reduced: bool,
+    ) -> Result<()> {
+        let rows = if reduced { &self.sum } else { &self.rows };
+        dev.moe_combine(s, &Span::of(rows), self.row_count(), x, reduced)
+    }
+}
+
+/// The canonical chunk count of a product over a whole K.
+pub(super) fn full_chunks(w: &DeviceWeight) -> usize {
+    reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
+}
+
+fn int(n: usize) -> i32 {
+    i32::try_from(n).expect("invariant: kernel sizes fit in i32")
+}
+
+impl CudaDevice {
+    /// The top-k experts of the router `logits` (selection bias `bias`) with their weights,
+    /// as `Router::route` of the CPU backend picks them, into `ids` and `weights`.
+    pub(super) fn moe_route(
+        &self,
+        s: &CudaStream,
+        logits: &Span<f32>,
+        bias: Option<Span<f32>>,
+        r: &MoeSummary,
+        ids: &Span<i32>,
+        weights: &Span<f32>,
+    ) -> Result<()> {
+        let (n, k) = (logits.len(), r.top_k as usize);
+        assert!(
+            n <= MAX_EXPERTS && (1..=n.min(MAX_SELECTED)).contains(&k),
+            "moe_route: top-k {k} of {n} experts"
+        );
+        assert!(ids.len() >= k && weights.len() >= k, "moe_route: k outputs");
+        if let Some(b) = &bias {
+            assert_eq!(b.len(), n, "moe_route: one bias per expert");
+        }
+        let (lp, bp) = (logits.addr(), bias.map_or(0, |b| b.addr()));
+        let (ip, wp) = (ids.addr(), weights.addr());
+        let (n, k) = (int(n), int(k));
+        let sigmoid = i32::from(r.gating == Gating::Sigmoid);
+        let (groups, used) = (int(r.groups.max(1) as usize), int(r.groups_used as usize));
+        let norm = i32::from(r.norm_weights);
+        let scale = r.weights_scale as f32;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(s, "moe_route_f32", cfg, |a| {
+            a.arg(&lp)
+                .arg(&bp)
+                .arg(&n)
+                .arg(&k)
+                .arg(&sigmoid)
+                .arg(&groups);
+            a.arg(&used).arg(&norm).arg(&scale).arg(&ip).arg(&wp);
+        })
+    }
+
+    /// `x += ((r0 + r1) + ...)` over the first `count` rows of `rows`; with `clear`, the rows
+    /// are zeroed after they are read.
+    pub(super) fn moe_combine(
+        &self,
+        s: &CudaStream,
+        rows: &Span<f32>,
+        count: usize,
+        x: &Span<f32>,
+        clear: bool,
+    ) -> Result<()> {
+        let n = x.len();
+        assert!(rows.len() >= count * n && count > 0, "moe_combine: rows");
+        let (rp, xp) = (rows.addr(), x.addr());
+        let (c, ni, clear) = (int(count), int(n), i32::from(clear));
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(s, "moe_combine_f32", cfg, |a| {
+            a.arg(&rp).arg(&c).arg(&ni).arg(&xp).arg(&clear);
+        })
+    }
+}

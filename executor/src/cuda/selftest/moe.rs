@@ -1,0 +1,358 @@
+//! MoE on the device against the CPU backend: the router's top-k (ids exact, weights within
+//! 1e-6 relative) for softmax and sigmoid gating, bias and groups; a whole MoE layer (norm,
+//! router, experts, combine) per expert dtype against the CPU kernels; expert parallelism
+//! (a rank holding half the experts writes the full run's rows bit for bit, `-0.0` for the
+//! rest); and the layer captured in a graph, replayed against eager, bit for bit.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use memra_compiler::plan::{Gating, MoeSummary};
+use memra_gguf::GgmlType;
+
+use super::{bit_mismatches, random, random_weight, Ctx};
+use crate::cpu::kernels::{self, combine_into, silu_mul, Pool, Router, Weight};
+use crate::cuda::moe::{full_chunks, DeviceStack, MoeState, MoeWeights};
+use crate::cuda::{capture, CudaDevice, CudaStream, DeviceBuffer, DeviceWeight, Norm, Span};
+use crate::weights::Stack;
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    // (gating, experts, top-k, groups, groups used, bias, norm, scale)
+    let cases = [
+        (Gating::Softmax, 8, 4, 1, 1, false, true, 1.0),
+        (Gating::Softmax, 128, 8, 1, 1, false, true, 1.0),
+        (Gating::Softmax, 64, 6, 1, 1, false, false, 1.0),
+        (Gating::Sigmoid, 256, 8, 8, 4, true, true, 2.5),
+        (Gating::Sigmoid, 16, 4, 4, 2, true, true, 2.5),
+        (Gating::Softmax, 512, 32, 1, 1, false, true, 1.0),
+    ];
+    for (gating, n, k, groups, groups_used, bias, norm, scale) in cases {
+        let moe = summary(gating, n, k, (groups, groups_used), norm, scale);
+        route(cx, &moe, bias)?;
+    }
+    for dtype in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4_K,
+        GgmlType::F16,
+    ] {
+        layer(cx, dtype)?;
+    }
+    graph(cx)?;
+    Ok(())
+}
+
+fn summary(
+    gating: Gating,
+    n: u32,
+    k: u32,
+    groups: (u32, u32),
+    norm: bool,
+    scale: f64,
+) -> MoeSummary {
+    MoeSummary {
+        experts: n,
+        top_k: k,
+        expert_ffn: FF as u32,
+        shared_expert_ffn: 0,
+        dense_layers: 0,
+        gating,
+        probs_bias: false,
+        groups: groups.0,
+        groups_used: groups.1,
+        norm_weights: norm,
+        weights_scale: scale,
+    }
+}
+
+fn cpu_router(m: &MoeSummary) -> Router {
+    Router {
+        gating: m.gating,
+        top_k: m.top_k as usize,
+        groups: m.groups as usize,
+        groups_used: m.groups_used as usize,
+        norm_weights: m.norm_weights,
+        scale: m.weights_scale as f32,
+    }
+}
+
+fn route(cx: &mut Ctx, m: &MoeSummary, with_bias: bool) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (n, k) = (m.experts as usize, m.top_k as usize);
+    let logits = random(&mut cx.rng, n, 3.0);
+    let bias = with_bias.then(|| random(&mut cx.rng, n, 0.5));
+    let ld = dev.upload(s, &logits)?;
+    let bd = bias.as_ref().map(|b| dev.upload(s, b)).transpose()?;
+    let ids: DeviceBuffer<i32> = dev.alloc(s, k)?;
+    let weights: DeviceBuffer<f32> = dev.alloc(s, k)?;
+    let spans = (Span::of(&ids), Span::of(&weights));
+    dev.moe_route(
+        s,
+        &Span::of(&ld),
+        bd.as_ref().map(Span::of),
+        m,
+        &spans.0,
+        &spans.1,
+    )?;
+    let (got_ids, got_w) = (dev.download(s, &ids)?, dev.download(s, &weights)?);
+    let want = cpu_router(m).route(&logits, bias.as_deref());
+    let case = format!(
+        "{:?} {n} experts top-{k} groups {}/{}",
+        m.gating, m.groups, m.groups_used
+    );
+    let wrong = got_ids
+        .iter()
+        .zip(&want)
+        .filter(|(&g, &(e, _))| g as usize != e)
+        .count();
+    cx.report.exact("moe_route ids", case.clone(), wrong);
+    let err = got_w
+        .iter()
+        .zip(&want)
+        .map(|(&g, &(_, w))| (f64::from(g) - f64::from(w)).abs() / f64::from(w).abs().max(1e-30))
+        .fold(0f64, f64::max);
+    cx.report.tol("moe_route weights", case, err, 1e-6, "rel");
+    Ok(())
+}
+
+const D: usize = 256;
+const FF: usize = 512;
+const EXPERTS: usize = 8;
+const TOP_K: usize = 3;
+
+/// One MoE layer's weights on the host and on the device, and its device state.
+struct Layer {
+    host: [Stack; 3],
+    router: Vec<f32>,
+    norm: Vec<f32>,
+    norm_d: DeviceBuffer<f32>,
+    w: MoeWeights,
+    st: MoeState,
+    x: DeviceBuffer<f32>,
+    xn: DeviceBuffer<f32>,
+}
+
+fn stack(
+    rng: &mut memra_gguf::rng::Rng,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Result<Stack> {
+    let mut data = Vec::new();
+    for _ in 0..EXPERTS {
+        data.extend(random_weight(rng, dtype, rows, cols)?.0);
+    }
+    Ok(Stack {
+        dtype,
+        data,
+        first: 0,
+        count: EXPERTS,
+        rows,
+        cols,
+    })
+}
+
+/// The experts `first..first + count` of `s`.
+fn part(s: &Stack, first: usize, count: usize) -> Stack {
+    let n = s.matrix_bytes();
+    Stack {
+        data: s.data[first * n..(first + count) * n].to_vec(),
+        first,
+        count,
+        ..*s
+    }
+}
+
+impl Layer {
+    fn new(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        rng: &mut memra_gguf::rng::Rng,
+        dtype: GgmlType,
+    ) -> Result<Layer> {
+        let host = [
+            stack(rng, dtype, FF, D)?,
+            stack(rng, dtype, FF, D)?,
+            stack(rng, dtype, D, FF)?,
+        ];
+        let router = random(rng, EXPERTS * D, 0.2);
+        let norm = random(rng, D, 1.0);
+        let x = random(rng, D, 1.0);
+        let moe = summary(
+            Gating::Softmax,
+            EXPERTS as u32,
+            TOP_K as u32,
+            (1, 1),
+            true,
+            1.0,
+        );
+        let router_bytes: Vec<u8> = router.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok(Layer {
+            w: MoeWeights {
+                router: DeviceWeight::upload(dev, s, GgmlType::F32, &router_bytes, EXPERTS, D)?,
+                bias: None,
+                gate: DeviceStack::upload(dev, s, &host[0])?,
+                up: DeviceStack::upload(dev, s, &host[1])?,
+                down: DeviceStack::upload(dev, s, &host[2])?,
+                shared: None,
+            },
+            st: MoeState::new(dev, s, &moe, D)?,
+            host,
+            router,
+            norm_d: dev.upload(s, &norm)?,
+            norm,
+            x: dev.upload(s, &x)?,
+            xn: dev.alloc(s, D)?,
+        })
+    }
+
+    /// Keeps experts `first..first + count` only (an expert-parallel rank's share).
+    fn hold(
+        &mut self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        first: usize,
+        count: usize,
+    ) -> Result<()> {
+        self.w.gate = DeviceStack::upload(dev, s, &part(&self.host[0], first, count))?;
+        self.w.up = DeviceStack::upload(dev, s, &part(&self.host[1], first, count))?;
+        self.w.down = DeviceStack::upload(dev, s, &part(&self.host[2], first, count))?;
+        Ok(())
+    }
+
+    /// Norm, router and experts; then the combine into x when `combine`.
+    fn enqueue(&self, dev: &CudaDevice, s: &CudaStream, combine: bool) -> Result<()> {
+        let norm = Norm {
+            weight: &self.norm_d,
+            eps: 1e-6,
+        };
+        let (x, xn) = (Span::of(&self.x), Span::of(&self.xn));
+        self.st.route(dev, s, &self.w, norm, &x, &xn)?;
+        self.st.experts(dev, s, &self.w, &xn)?;
+        if combine {
+            self.st.combine(dev, s, &x, false)?;
+        }
+        Ok(())
+    }
+}
+
+fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let mut l = Layer::new(dev, s, &mut cx.rng, dtype)?;
+    let x0 = dev.download(s, &l.x)?;
+    l.enqueue(dev, s, false)?;
+    let rows = dev.download(s, &l.st.rows)?;
+    l.st.combine(dev, s, &Span::of(&l.x), false)?;
+    let x1 = dev.download(s, &l.x)?;
+    // the CPU backend's layer from the same input
+    let pool = Pool::new(2);
+    let mut xn = vec![0f32; D];
+    kernels::rms_norm(&x0, &l.norm, 1e-6, &mut xn);
+    let router = Weight {
+        dtype: GgmlType::F32,
+        data: bytemuck_f32(&l.router),
+        rows: EXPERTS,
+        cols: D,
+    };
+    let mut logits = vec![0f32; EXPERTS];
+    kernels::matvec(&pool, &router, &xn, full_chunks(&l.w.router), &mut logits);
+    let route = cpu_router(&l.st.router).route(&logits, None);
+    let ids = dev.download(s, &l.st.ids)?;
+    let wrong = ids
+        .iter()
+        .zip(&route)
+        .filter(|(&g, &(e, _))| g as usize != e)
+        .count();
+    cx.report.exact("moe_layer ids", format!("{dtype}"), wrong);
+    let mut want_rows = vec![0f32; TOP_K * D];
+    for (row, &(e, w)) in want_rows.chunks_exact_mut(D).zip(&route) {
+        let m = |i: usize| {
+            let st = &l.host[i];
+            Weight {
+                dtype,
+                data: st.matrix(e).expect("invariant: every expert held"),
+                rows: st.rows,
+                cols: st.cols,
+            }
+        };
+        let (mut g, mut u) = (vec![0f32; FF], vec![0f32; FF]);
+        kernels::matvec(&pool, &m(0), &xn, full_chunks(&l.w.gate.weight), &mut g);
+        kernels::matvec(&pool, &m(1), &xn, full_chunks(&l.w.up.weight), &mut u);
+        silu_mul(&mut g, &u);
+        kernels::matvec(&pool, &m(2), &g, full_chunks(&l.w.down.weight), row);
+        row.iter_mut().for_each(|v| *v *= w);
+    }
+    let mut want_x = x0.clone();
+    combine_into(&want_rows, TOP_K, false, &mut want_x);
+    let scale = want_rows.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    let err = x1
+        .iter()
+        .zip(&want_x)
+        .map(|(&a, &b)| f64::from(a - b).abs() / scale.max(1e-30))
+        .fold(0f64, |m, e| if e.is_nan() { f64::NAN } else { m.max(e) });
+    cx.report.tol(
+        "moe_layer",
+        format!("{dtype} {EXPERTS}x{FF}x{D} top-{TOP_K}"),
+        err,
+        1e-4,
+        "rel max",
+    );
+    // an expert-parallel rank holding half the experts: its rows are the full run's or -0.0
+    for first in [0, EXPERTS / 2] {
+        l.hold(dev, s, first, EXPERTS / 2)?;
+        dev.write(s, &x0, &mut l.x)?;
+        l.enqueue(dev, s, false)?;
+        let got = dev.download(s, &l.st.rows)?;
+        let mut want = rows.clone();
+        for (row, &e) in want.chunks_exact_mut(D).zip(&ids) {
+            if !(first..first + EXPERTS / 2).contains(&(e as usize)) {
+                row.fill(-0.0);
+            }
+        }
+        cx.report.exact(
+            "moe_experts ep",
+            format!("{dtype} experts {first}..{}", first + EXPERTS / 2),
+            bit_mismatches(&got[..TOP_K * D], &want[..TOP_K * D]),
+        );
+    }
+    Ok(())
+}
+
+/// f32 values as their little-endian bytes.
+fn bytemuck_f32(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), size_of_val(v)) }
+}
+
+fn graph(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let mut l = Layer::new(dev, s, &mut cx.rng, GgmlType::Q4_1)?;
+    let x0 = dev.download(s, &l.x)?;
+    let steps = 5;
+    // x carries over, so every step routes a new input
+    let mut eager = Vec::new();
+    for _ in 0..steps {
+        l.enqueue(dev, s, true)?;
+        eager.extend(dev.download(s, &l.x)?);
+    }
+    dev.write(s, &x0, &mut l.x)?;
+    match capture(s, || l.enqueue(dev, s, true)) {
+        Ok(g) => {
+            let mut replayed = Vec::new();
+            for _ in 0..steps {
+                g.replay()?;
+                replayed.extend(dev.download(s, &l.x)?);
+            }
+            cx.report.exact(
+                "moe graph",
+                format!("replay == eager, {steps} steps"),
+                bit_mismatches(&replayed, &eager),
+            );
+        }
+        Err(e) => {
+            println!("moe graph capture failed: {e}");
+            cx.report.exact("moe graph", "capture".to_string(), 1);
+        }
+    }
+    Ok(())
+}
