@@ -68,5 +68,6 @@ pub fn options(arm: Arm) -> EngineOptions {
         arm,
         sampler: SamplerConfig::GREEDY,
         reduce_order: ReduceOrder::Tree,
+        world: None,
     }
 }
