@@ -145,7 +145,8 @@ pub fn first_mismatch(arm: Arm, reference: &[StepOutput], got: &[StepOutput]) ->
 }
 
 /// Runs `reference` (a 1-rank plan, serial) and `candidate` in both arms on `prompt` plus `n`
-/// greedy tokens and compares them bit for bit; stops at the first arm that mismatches.
+/// greedy tokens and compares them bit for bit; in one process, stops at the first arm that
+/// mismatches.
 pub fn gate(
     reference: &LoadedPlan,
     candidate: &LoadedPlan,
@@ -157,7 +158,9 @@ pub fn gate(
 }
 
 /// The gate as a soak test: the reference once, then the candidate `repeat` times in both
-/// arms, counting the runs that differ. With `repeat == 1` it stops at the first mismatch.
+/// arms, counting the runs that differ. With `repeat == 1` in one process it stops at the
+/// first mismatch. In a process without the candidate's readback rank nothing is compared:
+/// its report has no mismatch and no steps.
 pub fn gate_repeated(
     reference: &LoadedPlan,
     candidate: &LoadedPlan,

@@ -24,6 +24,9 @@ fn synthetic_plans_are_up_to_date() {
         "tiny-tp-tp4",
         "tiny-tp-tp8",
         "tiny-tp-pp2-tp2",
+        "tiny-tp-pp2",
+        "tiny-tp-pp2-tp2-2dev",
+        "tiny-tp-pp2-hosts",
     ] {
         let placement = root().join(format!("plans/synthetic/{name}.toml"));
         let compiled = compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -14,7 +14,7 @@ mod tools;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use memra_compiler::plan::Plan;
 
@@ -245,18 +245,30 @@ impl RunArgs {
         load(plan, self.model.as_deref())
     }
 
-    /// Joins the world the process options name, if they do, after checking that `plan`
-    /// has one device per process; the world lives as long as the process.
-    fn join(&mut self, plan: &Path) -> Result<Option<&'static World>> {
-        let (Some(p), Some(w), Some(at)) = (self.process, self.processes, &self.rendezvous) else {
-            return Ok(None);
+    /// Refuses process options that cannot run `plan`: another number of processes than its
+    /// devices, or a backend without one process per device.
+    fn check_world(&self, plan: &Path) -> Result<()> {
+        let Some(w) = self.processes else {
+            return Ok(());
         };
+        if self.backend == BackendArg::Cuda {
+            bail!("--backend cuda does not run one process per device yet; run the plan in one process (without launch or --process)");
+        }
         let text = std::fs::read_to_string(plan)
             .with_context(|| format!("cannot read plan {}", plan.display()))?;
         let parsed = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan.display()))?;
         ProcessMap::of(&parsed)
             .check(w)
-            .map_err(|e| anyhow!("{}: {e}", plan.display()))?;
+            .map_err(|e| anyhow!("{}: {e}", plan.display()))
+    }
+
+    /// Joins the world the process options name, if they do; the world lives as long as the
+    /// process.
+    fn join(&mut self, plan: &Path) -> Result<Option<&'static World>> {
+        self.check_world(plan)?;
+        let (Some(p), Some(w), Some(at)) = (self.process, self.processes, &self.rendezvous) else {
+            return Ok(None);
+        };
         let world: &'static World = Box::leak(Box::new(World::join(p, w, at)?));
         self.world = Some(world);
         Ok(Some(world))
@@ -307,16 +319,24 @@ fn start(plan: &Path, run: &RunArgs, sampler: SamplerConfig) -> Result<Loaded> {
 }
 
 impl Command {
-    /// Joins the world a subcommand that runs a plan names in its options.
-    fn join(&mut self) -> Result<Option<&'static World>> {
+    /// The plan and the run options of a subcommand that runs a plan.
+    fn plan_and_run(&mut self) -> Option<(&Path, &mut RunArgs)> {
         match self {
             Command::Generate { plan, run, .. }
             | Command::Chat { plan, run, .. }
             | Command::Perplexity { plan, run, .. }
             | Command::Gate { plan, run, .. }
             | Command::Compare { plan, run, .. }
-            | Command::Bench { plan, run, .. } => run.join(plan),
-            Command::Launch { .. } => Ok(None),
+            | Command::Bench { plan, run, .. } => Some((plan, run)),
+            Command::Launch { .. } => None,
+        }
+    }
+
+    /// Joins the world the subcommand's options name.
+    fn join(&mut self) -> Result<Option<&'static World>> {
+        match self.plan_and_run() {
+            Some((plan, run)) => run.join(plan),
+            None => Ok(None),
         }
     }
 }
