@@ -153,7 +153,7 @@ pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decod
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
         Backend::Cuda if options.world.is_some() => {
-            bail!("--backend cuda does not run one process per device yet; run the plan in one process (without launch or --process)")
+            bail!("the cuda engine does not run one process per device yet; run the plan in one process")
         }
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),
     })

@@ -23,7 +23,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use memra_compiler::plan::Plan;
 
-use super::{Cli, Command};
+use super::Cli;
 use crate::dist::{ProcessMap, JOIN_TIMEOUT, LISTENING, PEER_FAILED};
 
 /// Stderr lines kept per child for the failure report.
@@ -177,7 +177,7 @@ fn is_local(host: &str, here: &str) -> bool {
 
 /// Parses a child's command line here, so that a mistake is reported once, not per process.
 fn check_command(args: &[String]) -> Result<()> {
-    let cli =
+    let mut cli =
         Cli::try_parse_from(std::iter::once("memra-run".to_string()).chain(args.iter().cloned()))
             .map_err(|e| {
             let text = e.to_string();
@@ -186,10 +186,10 @@ fn check_command(args: &[String]) -> Result<()> {
                 text.trim_start_matches("error: ").trim_end()
             )
         })?;
-    if matches!(cli.command, Command::Launch { .. }) {
-        bail!("the command after `--` is a launch itself; give the subcommand each process runs (generate, chat, perplexity, gate, compare, bench)");
+    match cli.command.plan_and_run() {
+        Some((plan, run)) => run.check_world(plan),
+        None => bail!("the command after `--` is a launch itself; give the subcommand each process runs (generate, chat, perplexity, gate, compare, bench)"),
     }
-    Ok(())
 }
 
 /// Starts process `p` with `args`; its stderr lines go through with a prefix, and with

@@ -195,3 +195,49 @@ impl Routes {
         &self.others
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PP-2 x TP-2 with one rank of each stage on each of two devices.
+    fn two_ranks_per_device() -> Plan {
+        let text = include_str!("../../../plans/synthetic/tiny-tp-pp2-tp2-2dev.plan.toml");
+        Plan::from_toml(text).unwrap()
+    }
+
+    #[test]
+    fn processes_hold_the_ranks_of_their_device() {
+        let plan = two_ranks_per_device();
+        let map = ProcessMap::of(&plan);
+        assert_eq!(map.processes(), 2);
+        assert_eq!(map.ranks(&plan, 0), [0, 2]);
+        assert_eq!(map.ranks(&plan, 1), [1, 3]);
+        assert_eq!(map.reader(), Some(0));
+        assert!(map.check(2).is_ok());
+        let e = map.check(4).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "the plan's ranks use 2 devices (0, 1), one process each, but --processes is 4"
+        );
+    }
+
+    #[test]
+    fn routes_reach_only_the_other_processes_that_need_it() {
+        let plan = two_ranks_per_device();
+        let map = ProcessMap::of(&plan);
+        let (p0, p1) = (Routes::of(&plan, &map, 0), Routes::of(&plan, &map, 1));
+        // The token to rank 1 crosses; the hidden states stay on their device.
+        assert_eq!(p0.remote_receiver(3), Some(1));
+        assert_eq!(p0.remote_receiver(0), None);
+        assert_eq!(p1.remote_receiver(1), None);
+        // Rank 1 waits for the token's `ready`; rank 2 for its `consumed`.
+        assert_eq!(p0.waiters("b3.ready"), [1]);
+        assert_eq!(p1.waiters("b3.consumed"), [0]);
+        assert!(p0.waiters("b0.ready").is_empty());
+        // The all-reduce is taken on both sides, the logits gather by rank 2 only.
+        assert_eq!(p1.takers(1, Takers::All), [(0, 1), (1, 1)]);
+        assert_eq!(p1.takers(1, Takers::First), [(0, 1)]);
+        assert_eq!(p1.others(), [0]);
+    }
+}
