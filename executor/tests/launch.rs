@@ -1,7 +1,8 @@
 //! One process per device on the CPU backend, as a user runs it: `memra-run launch` of the
 //! tiny-tp PP-2, TP-2 and PP-2 x TP-2 plans (one rank per process, and two ranks per process)
 //! gates every logit bit against the 1-rank plan in both arms; sampled text is the 1-rank
-//! run's; a killed child ends the launch, which names it; a plan on other hosts is refused
+//! run's; an interactive chat (SmolLM2 TP-3) reads stdin once and answers as one process
+//! does; a killed child ends the launch, which names it; a plan on other hosts is refused
 //! with the multi-host recipe, and the recipe followed by hand on this host works; processes
 //! started on different plans refuse each other.
 
@@ -291,4 +292,43 @@ fn processes_on_different_plans_refuse_each_other() {
         stderr.contains("every process must run the same plan and command"),
         "{stderr}"
     );
+}
+
+/// Runs `args` with `stdin` as its input.
+fn with_stdin(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memra-run"))
+        .current_dir(root())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_launched_chat_reads_stdin_once_and_answers_as_one_process() {
+    common::smollm2("smollm2-tp3");
+    let plan = "plans/smollm2-tp3.plan.toml";
+    let turns = "What is the capital of France?\nAnd of Italy?\n";
+    let chat = ["chat", "-n", "6", "--temp", "0", "-t", "1"];
+    let alone = with_stdin(&[&chat[..1], &[plan], &chat[1..]].concat(), turns);
+    assert!(alone.status.success(), "{}", text(&alone.stderr));
+    assert_eq!(
+        text(&alone.stdout).lines().count(),
+        2,
+        "{}",
+        text(&alone.stdout)
+    );
+    let launched = with_stdin(&[&["launch", plan, "--"][..], &chat].concat(), turns);
+    assert!(launched.status.success(), "{}", text(&launched.stderr));
+    assert_eq!(text(&launched.stdout), text(&alone.stdout));
 }
