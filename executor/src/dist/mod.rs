@@ -20,6 +20,13 @@
 //! process leaves while another may still need it; `abort` tells the others why this process
 //! fails. A connection that ends without `Bye` means its process died: every open engine
 //! fails naming it, so no process waits forever.
+//!
+//! A backend plugs in at its engine: with `EngineOptions::world` set it runs the ranks
+//! `ProcessMap::ranks` gives its process, opens a `Link` (`World::open`), routes what its
+//! ranks share with `Routes`, implements `Deliver` for what arrives, and has the readback
+//! process hand each step's token to the others (`Body::Token`). The CPU wire
+//! (`crate::cpu::wire`) does all of it on host memory. Bytes a backend exchanges out of band
+//! (an NCCL unique id) go through `World::share`.
 
 mod frame;
 mod join;
@@ -34,14 +41,14 @@ use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::Plan;
 
 pub use frame::{Body, Payload};
-
-/// The exit status of a process that stopped because another process of its world failed
-/// or died, so that `launch` can tell the cause from its victims.
-pub const PEER_FAILED: u8 = 3;
 pub use join::{JOIN_TIMEOUT, LISTENING};
 pub use routes::{ProcessMap, Routes, Takers};
 
 use frame::Msg;
+
+/// The exit status of a process that stopped because another process of its world failed
+/// or died, so that `launch` can tell the cause from its victims.
+pub const PEER_FAILED: u8 = 3;
 
 /// An engine's end of the world: what it does with messages from other processes.
 pub trait Deliver: Send + Sync {
