@@ -1,9 +1,16 @@
 //! The one interface every backend's engine offers the host: submit decode steps, take their
 //! results in order. Sessions, the gate, perplexity and bench drive a `Decoder` and never know
 //! which backend runs the plan; `open` picks the backend from the options.
+//!
+//! With a world of processes in the options, an engine runs only the ranks on its process's
+//! device. Every process's host drives its engine with the same steps: the process holding
+//! the readback rank gets the logits, the others each step's token (so their sessions take
+//! the same stop decisions) and empty logits.
 
 use anyhow::{bail, Result};
+use memra_compiler::plan::Plan;
 
+use crate::dist::World;
 use crate::plan_load::LoadedPlan;
 use crate::reduce::ReduceOrder;
 use crate::sample::SamplerConfig;
@@ -53,6 +60,9 @@ pub struct EngineOptions {
     pub sampler: SamplerConfig,
     /// The all-reduce's combine order; only tests change it.
     pub reduce_order: ReduceOrder,
+    /// The processes that run the plan together, one per device; `None`: this process runs
+    /// every rank. A process joins one world for its whole life, hence `'static`.
+    pub world: Option<&'static World>,
 }
 
 impl Default for EngineOptions {
@@ -63,7 +73,16 @@ impl Default for EngineOptions {
             arm: Arm::Serial,
             sampler: SamplerConfig::GREEDY,
             reduce_order: ReduceOrder::Tree,
+            world: None,
         }
+    }
+}
+
+impl EngineOptions {
+    /// Whether this process holds `plan`'s readback rank: it has the logits and prints the
+    /// command's output. Always true without a world.
+    pub fn holds_readback(&self, plan: &Plan) -> bool {
+        self.world.is_none_or(|w| w.holds_readback(plan))
     }
 }
 
@@ -106,7 +125,7 @@ pub struct StepOutput {
     pub pos: u32,
     /// The token sampled from the logits.
     pub token: u32,
-    /// Logits over the whole vocabulary.
+    /// Logits over the whole vocabulary; empty in a process without the readback rank.
     pub logits: Vec<f32>,
 }
 
@@ -133,6 +152,9 @@ pub trait Decoder {
 pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decoder>> {
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
+        Backend::Cuda if options.world.is_some() => {
+            bail!("the cuda engine does not run one process per device yet; run the plan in one process")
+        }
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),
     })
 }

@@ -1,6 +1,11 @@
 //! The bit-identity gate: decode the same prompt with a plan and with the 1-rank plan of the
 //! same model, in every arm, and compare every logit bit of every step. The first mismatch is
 //! named by arm, step and vocabulary index.
+//!
+//! With one process per device, every process decodes the candidate in every arm; only the
+//! process holding its readback rank has logits, so it alone decodes the 1-rank reference
+//! (in one process, outside the world) and compares. Every arm runs even after a mismatch,
+//! since the other processes cannot know of it and wait for their peers in the next arm.
 
 use std::fmt;
 
@@ -140,7 +145,8 @@ pub fn first_mismatch(arm: Arm, reference: &[StepOutput], got: &[StepOutput]) ->
 }
 
 /// Runs `reference` (a 1-rank plan, serial) and `candidate` in both arms on `prompt` plus `n`
-/// greedy tokens and compares them bit for bit; stops at the first arm that mismatches.
+/// greedy tokens and compares them bit for bit; in one process, stops at the first arm that
+/// mismatches.
 pub fn gate(
     reference: &LoadedPlan,
     candidate: &LoadedPlan,
@@ -152,7 +158,9 @@ pub fn gate(
 }
 
 /// The gate as a soak test: the reference once, then the candidate `repeat` times in both
-/// arms, counting the runs that differ. With `repeat == 1` it stops at the first mismatch.
+/// arms, counting the runs that differ. With `repeat == 1` in one process it stops at the
+/// first mismatch. In a process without the candidate's readback rank nothing is compared:
+/// its report has no mismatch and no steps.
 pub fn gate_repeated(
     reference: &LoadedPlan,
     candidate: &LoadedPlan,
@@ -179,15 +187,17 @@ pub fn gate_repeated(
         sampler: SamplerConfig::GREEDY,
         ..options
     };
-    let want = decode_all(
-        reference,
-        EngineOptions {
+    let compares = options.holds_readback(&candidate.plan);
+    let want = if compares {
+        let alone = EngineOptions {
             arm: Arm::Serial,
+            world: None,
             ..greedy
-        },
-        prompt,
-        n,
-    )?;
+        };
+        decode_all(reference, alone, prompt, n)?
+    } else {
+        Vec::new()
+    };
     let mut report = GateReport {
         steps: want.len(),
         vocab: want.first().map_or(0, |o| o.logits.len()),
@@ -203,10 +213,13 @@ pub fn gate_repeated(
                 report.arms.push(arm);
             }
             let got = decode_all(candidate, EngineOptions { arm, ..greedy }, prompt, n)?;
+            if !compares {
+                continue;
+            }
             if let Some(m) = first_mismatch(arm, &want, &got) {
                 report.failed_runs += 1;
                 report.mismatch.get_or_insert(m);
-                if repeat <= 1 {
+                if repeat <= 1 && options.world.is_none() {
                     return Ok(report);
                 }
             }

@@ -76,7 +76,8 @@ pub fn perplexity(
         session.reset();
         let mut i = 0usize;
         session.run(&chunk, 0, |out, _| {
-            if i >= first && i + 1 < n_ctx {
+            // A process without the readback rank has no logits; it only keeps in step.
+            if i >= first && i + 1 < n_ctx && !out.logits.is_empty() {
                 total.add(&out.logits, chunk[i + 1]);
             }
             i += 1;

@@ -24,28 +24,50 @@ pub struct LoadedPlan {
     pub path: PathBuf,
     /// The opened model (weights are mapped, not read).
     pub gguf: GgufFile,
-    /// The report of the weight load under way, shared by the ranks of one engine.
-    weights_progress: Mutex<Option<Progress>>,
+    /// The weight load under way, shared by the ranks of one engine.
+    weights_load: Mutex<WeightsLoad>,
+}
+
+/// Which ranks an engine loads and the report of their load.
+#[derive(Debug)]
+struct WeightsLoad {
+    ranks: Vec<u32>,
+    progress: Option<Progress>,
 }
 
 impl LoadedPlan {
-    /// The progress of loading every rank's weights for one engine. Engines load ranks in
-    /// plan order, so the plan's first rank starts a new report: each engine opened on this
-    /// plan (gate opens several) reports its own load.
+    /// The progress of loading the weights of one engine's ranks. Engines load their ranks in
+    /// plan order, so the first of them starts a new report: each engine opened on this plan
+    /// (gate opens several) reports its own load.
     pub(crate) fn weights_progress(&self, rank: u32) -> Progress {
-        let mut current = self
-            .weights_progress
+        let mut load = self
+            .weights_load
             .lock()
             .expect("invariant: no rank panics while holding the progress");
-        if current.is_none() || self.plan.ranks.first().is_some_and(|r| r.rank == rank) {
-            let bytes = self.plan.ranks.iter().flat_map(|r| &r.weights);
-            *current = Some(Progress::new(
+        if load.progress.is_none() || load.ranks.first() == Some(&rank) {
+            let bytes = self
+                .plan
+                .ranks
+                .iter()
+                .filter(|r| load.ranks.contains(&r.rank))
+                .flat_map(|r| &r.weights);
+            load.progress = Some(Progress::new(
                 "loading weights",
                 bytes.map(|w| w.bytes).sum(),
                 Unit::Bytes,
             ));
         }
-        current.clone().expect("invariant: set above")
+        load.progress.clone().expect("invariant: set above")
+    }
+
+    /// Engines load `ranks` from now on (all of the plan's by default; with one process per
+    /// device, this process's).
+    pub(crate) fn load_ranks(&self, ranks: &[u32]) {
+        let mut load = self
+            .weights_load
+            .lock()
+            .expect("invariant: no rank panics while holding the progress");
+        load.ranks = ranks.to_vec();
     }
 }
 
@@ -91,11 +113,15 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
             plan_path.display()
         );
     }
+    let ranks = plan.ranks.iter().map(|r| r.rank).collect();
     Ok(LoadedPlan {
         plan,
         path: plan_path.to_path_buf(),
         gguf,
-        weights_progress: Mutex::new(None),
+        weights_load: Mutex::new(WeightsLoad {
+            ranks,
+            progress: None,
+        }),
     })
 }
 

@@ -24,6 +24,9 @@ fn synthetic_plans_are_up_to_date() {
         "tiny-tp-tp4",
         "tiny-tp-tp8",
         "tiny-tp-pp2-tp2",
+        "tiny-tp-pp2",
+        "tiny-tp-pp2-tp2-2dev",
+        "tiny-tp-pp2-hosts",
     ] {
         assert_plan_up_to_date(name);
     }

@@ -205,6 +205,7 @@ pub fn device_use(
         .map(|(&device, &memory_bytes)| {
             let mut u = DeviceUse {
                 device,
+                host: placement.hosts.get(&device).cloned(),
                 memory_bytes,
                 weight_bytes: 0,
                 kv_bytes: 0,

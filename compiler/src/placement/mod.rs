@@ -47,6 +47,7 @@ struct RawModel {
 struct RawDevices {
     ids: Spanned<Vec<Spanned<i64>>>,
     memory_gib: Spanned<f64>,
+    host: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -121,6 +122,8 @@ pub struct Placement {
     pub devices: BTreeMap<u32, u64>,
     /// Where each device was declared.
     pub device_spans: BTreeMap<u32, Range<usize>>,
+    /// The host of each device whose declaration names one.
+    pub hosts: BTreeMap<u32, String>,
     pub max_context: u32,
     pub max_sequences: u32,
     pub kv_dtype: Dtype,
@@ -153,6 +156,10 @@ impl Placement {
         }
         for (id, bytes) in &self.devices {
             s += &format!("device {id} {bytes}\n");
+            // only a named host enters the text, so placements without hosts keep their hash
+            if let Some(host) = self.hosts.get(id) {
+                s += &format!("host {id} {host}\n");
+            }
         }
         for st in &self.stages {
             s += &format!("stage {} {:?}\n", st.layers, st.devices);

@@ -44,7 +44,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
         .or(m.config.as_ref())
         .map(|s| s.get_ref().clone())
         .unwrap_or_default();
-    let (devices, device_spans) = validate_devices(raw, c);
+    let (devices, device_spans, hosts) = validate_devices(raw, c);
     let rt = raw.runtime.as_ref();
     let model_ctx = i64::from(model.context_length);
     let max_context = match rt.and_then(|r| r.max_context.as_ref()) {
@@ -85,6 +85,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
         model_source,
         devices,
         device_spans,
+        hosts,
         max_context: max_context.unwrap_or(1),
         max_sequences: max_sequences.unwrap_or(1),
         kv_dtype,
@@ -128,18 +129,27 @@ fn validate_parallel(
     }
 }
 
-type DeviceTable = (BTreeMap<u32, u64>, BTreeMap<u32, Range<usize>>);
+/// Memory per device, where each was declared, and the hosts named.
+type DeviceTable = (
+    BTreeMap<u32, u64>,
+    BTreeMap<u32, Range<usize>>,
+    BTreeMap<u32, String>,
+);
+
+/// Longest host name (DNS's limit).
+const MAX_HOST_LEN: usize = 253;
 
 fn validate_devices(raw: &RawPlacement, c: &mut Collector) -> DeviceTable {
     let mut devices = BTreeMap::new();
     let mut spans = BTreeMap::new();
+    let mut hosts = BTreeMap::new();
     let Some(list) = &raw.devices else {
         c.error(
             raw.pipeline.span(),
             "devices",
             "no devices are declared; add `[[devices]]` with `ids` and `memory_gib`",
         );
-        return (devices, spans);
+        return (devices, spans, hosts);
     };
     for (i, entry) in list.get_ref().iter().enumerate() {
         let d = entry.get_ref();
@@ -161,6 +171,22 @@ fn validate_devices(raw: &RawPlacement, c: &mut Collector) -> DeviceTable {
                 "the list is empty",
             );
         }
+        let host = d.host.as_ref().and_then(|h| {
+            let name = h.get_ref();
+            let ok = !name.is_empty()
+                && name.len() <= MAX_HOST_LEN
+                && name
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '.' | '_'));
+            if !ok {
+                c.error(
+                    h.span(),
+                    &format!("devices[{i}].host"),
+                    format!("`{name}` is not a host name; allowed: 1 to {MAX_HOST_LEN} letters, digits, `-`, `.` and `_`"),
+                );
+            }
+            ok.then(|| name.clone())
+        });
         for id in d.ids.get_ref() {
             let field = format!("devices[{i}].ids");
             let Some(id_u) = int_in(c, id, &field, 0, MAX_DEVICE_ID) else {
@@ -174,9 +200,12 @@ fn validate_devices(raw: &RawPlacement, c: &mut Collector) -> DeviceTable {
                 );
             }
             spans.insert(id_u, entry.span());
+            if let Some(h) = &host {
+                hosts.insert(id_u, h.clone());
+            }
         }
     }
-    (devices, spans)
+    (devices, spans, hosts)
 }
 
 fn declared_list(devices: &BTreeMap<u32, u64>) -> String {

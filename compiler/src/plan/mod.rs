@@ -59,6 +59,9 @@ pub enum CaptureMode {
 #[serde(deny_unknown_fields)]
 pub struct DeviceUse {
     pub device: u32,
+    /// The host the device is on, when the placement names one (absent: the local host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     pub memory_bytes: u64,
     pub weight_bytes: u64,
     pub kv_bytes: u64,

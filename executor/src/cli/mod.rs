@@ -1,17 +1,25 @@
 //! The `memra-run` command line: argument definitions, shared setup (plan, model, engine,
-//! tokenizer) and dispatch to the subcommands in `text` (generate, chat) and `tools`
-//! (perplexity, gate, compare, bench).
+//! tokenizer) and dispatch to the subcommands in `text` (generate, chat), `tools`
+//! (perplexity, gate, compare, bench) and `launch` (one process per device).
+//!
+//! A subcommand given `--process P --processes W --rendezvous ADDR` joins the world of W
+//! processes first and runs the ranks of its device; only the process holding the plan's
+//! readback rank prints the command's output. It ends by waiting for every process to
+//! finish, or, when its command fails, by telling the others why.
 
+mod launch;
 mod text;
 mod tools;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use memra_compiler::plan::Plan;
 
 use crate::cpu::ReduceOrder;
+use crate::dist::{ProcessMap, World, PEER_FAILED};
 use crate::engine::{open, Arm, Backend, EngineOptions};
 use crate::plan_load::{load, LoadedPlan};
 use crate::sample::SamplerConfig;
@@ -118,6 +126,16 @@ enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// Run a subcommand as one process per device of the plan (this host's devices), e.g.
+    /// `memra-run launch PLAN -- gate --reference REF`; each process runs
+    /// `memra-run SUBCOMMAND PLAN ARGS --process P --processes W --rendezvous ADDR`.
+    Launch {
+        /// The execution plan; the subcommand gets it as its first argument.
+        plan: PathBuf,
+        /// The subcommand and its arguments without the plan, after `--`.
+        #[arg(last = true, required = true, value_name = "SUBCOMMAND [ARGS]")]
+        command: Vec<String>,
+    },
     /// Decode speed: -n tokens after a one-token prompt, --reps times after a warm-up.
     Bench {
         /// The execution plan.
@@ -169,6 +187,19 @@ struct RunArgs {
     /// plan's runtime.in_flight steps enqueued ahead).
     #[arg(long, value_enum, default_value = "pipelined")]
     arm: ArmArg,
+    /// This process's index with one process per device: it runs the ranks of the P-th
+    /// device the plan's ranks use (`launch` passes it).
+    #[arg(long, value_name = "P", requires_all = ["processes", "rendezvous"])]
+    process: Option<u32>,
+    /// Number of processes: the devices the plan's ranks use.
+    #[arg(long, value_name = "W", requires_all = ["process", "rendezvous"])]
+    processes: Option<u32>,
+    /// HOST:PORT where process 0 listens and the other processes connect.
+    #[arg(long, value_name = "HOST:PORT", requires_all = ["process", "processes"])]
+    rendezvous: Option<String>,
+    /// The world joined with the three options above.
+    #[arg(skip)]
+    world: Option<&'static World>,
 }
 
 #[derive(Args, Clone)]
@@ -214,20 +245,52 @@ impl RunArgs {
         load(plan, self.model.as_deref())
     }
 
+    /// Refuses process options that cannot run `plan`: another number of processes than its
+    /// devices, or a backend without one process per device.
+    fn check_world(&self, plan: &Path) -> Result<()> {
+        let Some(w) = self.processes else {
+            return Ok(());
+        };
+        if self.backend == BackendArg::Cuda {
+            bail!("--backend cuda does not run one process per device yet; run the plan in one process (without launch or --process)");
+        }
+        let text = std::fs::read_to_string(plan)
+            .with_context(|| format!("cannot read plan {}", plan.display()))?;
+        let parsed = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan.display()))?;
+        ProcessMap::of(&parsed)
+            .check(w)
+            .map_err(|e| anyhow!("{}: {e}", plan.display()))
+    }
+
+    /// Joins the world the process options name, if they do; the world lives as long as the
+    /// process.
+    fn join(&mut self, plan: &Path) -> Result<Option<&'static World>> {
+        self.check_world(plan)?;
+        let (Some(p), Some(w), Some(at)) = (self.process, self.processes, &self.rendezvous) else {
+            return Ok(None);
+        };
+        let world: &'static World = Box::leak(Box::new(World::join(p, w, at)?));
+        self.world = Some(world);
+        Ok(Some(world))
+    }
+
     fn options(&self, sampler: SamplerConfig) -> EngineOptions {
         let defaults = EngineOptions::default();
+        // The processes of one host share its cores.
+        let share = defaults.threads / self.processes.unwrap_or(1).max(1) as usize;
         EngineOptions {
             backend: match self.backend {
                 BackendArg::Cpu => Backend::Cpu,
                 BackendArg::Cuda => Backend::Cuda,
             },
-            threads: self.threads.unwrap_or(defaults.threads).max(1),
+            threads: self.threads.unwrap_or(share).max(1),
             arm: match self.arm {
                 ArmArg::Serial => Arm::Serial,
                 ArmArg::Pipelined => Arm::Pipelined,
             },
             sampler,
             reduce_order: ReduceOrder::Tree,
+            world: self.world,
         }
     }
 }
@@ -237,24 +300,80 @@ struct Loaded {
     plan: LoadedPlan,
     session: Session,
     tokenizer: Tokenizer,
+    /// Whether this process prints the command's output (it holds the readback rank).
+    prints: bool,
 }
 
 fn start(plan: &Path, run: &RunArgs, sampler: SamplerConfig) -> Result<Loaded> {
     let plan = run.load(plan)?;
     let tokenizer = Tokenizer::from_gguf(&plan.gguf)?;
-    let engine = open(&plan, run.options(sampler))?;
+    let options = run.options(sampler);
+    let engine = open(&plan, options)?;
     let session = Session::new(engine, plan.plan.runtime.in_flight);
     Ok(Loaded {
+        prints: options.holds_readback(&plan.plan),
         plan,
         session,
         tokenizer,
     })
 }
 
+impl Command {
+    /// The plan and the run options of a subcommand that runs a plan.
+    fn plan_and_run(&mut self) -> Option<(&Path, &mut RunArgs)> {
+        match self {
+            Command::Generate { plan, run, .. }
+            | Command::Chat { plan, run, .. }
+            | Command::Perplexity { plan, run, .. }
+            | Command::Gate { plan, run, .. }
+            | Command::Compare { plan, run, .. }
+            | Command::Bench { plan, run, .. } => Some((plan, run)),
+            Command::Launch { .. } => None,
+        }
+    }
+
+    /// Joins the world the subcommand's options name.
+    fn join(&mut self) -> Result<Option<&'static World>> {
+        match self.plan_and_run() {
+            Some((plan, run)) => run.join(plan),
+            None => Ok(None),
+        }
+    }
+}
+
 /// Parses the command line and runs it; errors go to stderr with exit status 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let mut cli = Cli::parse();
+    let world = match cli.command.join() {
+        Ok(world) => world,
+        Err(e) => return fail(&e),
+    };
+    let result = run(cli.command);
+    let Some(world) = world else {
+        return result.unwrap_or_else(|e| fail(&e));
+    };
+    let result = result.and_then(|code| world.finish().map(|()| code));
+    match result {
+        Ok(code) => code,
+        Err(e) if world.is_broken() => {
+            world.abort(&format!("{e:#}"));
+            eprintln!("error: {e:#}");
+            ExitCode::from(PEER_FAILED)
+        }
+        Err(e) => {
+            world.abort(&format!("{e:#}"));
+            fail(&e)
+        }
+    }
+}
+
+fn fail(e: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {e:#}");
+    ExitCode::FAILURE
+}
+
+fn run(command: Command) -> Result<ExitCode> {
+    match command {
         Command::Generate {
             plan,
             prompt,
@@ -310,12 +429,6 @@ pub fn main() -> ExitCode {
             json,
             run,
         } => tools::bench(&plan, n_predict, reps, json, &run),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Command::Launch { plan, command } => launch::launch(&plan, &command),
     }
 }

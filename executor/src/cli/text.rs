@@ -1,5 +1,10 @@
 //! `memra-run generate` and `memra-run chat`: tokenize, decode through a session, and stream
 //! the text of each generated token to stdout as soon as it is whole UTF-8.
+//!
+//! With one process per device every process runs the same session (the tokens come from
+//! the readback process, so end-of-generation stops them all at the same step); only the
+//! readback process prints, and in an interactive chat it reads stdin and hands each line
+//! to the others.
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -9,17 +14,20 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::{start, RunArgs};
+use crate::dist::ProcessMap;
 use crate::sample::SamplerConfig;
 use crate::session::Flow;
 use crate::text::{ChatTemplate, Message, Tokenizer};
 
-/// Streams generated tokens as text; returns the tokens' text without the end-of-generation
-/// token.
-fn stream(tokenizer: &Tokenizer) -> impl FnMut(u32) -> Result<Flow> + '_ {
+/// Streams generated tokens as text (when `prints`); stops at the end-of-generation token.
+fn stream(tokenizer: &Tokenizer, prints: bool) -> impl FnMut(u32) -> Result<Flow> + '_ {
     let mut decoder = tokenizer.stream_decoder();
     move |token| {
         if tokenizer.is_eog(token) {
             return Ok(Flow::Stop);
+        }
+        if !prints {
+            return Ok(Flow::Continue);
         }
         if let Some(text) = decoder.push(token)? {
             let mut out = std::io::stdout().lock();
@@ -43,7 +51,7 @@ pub fn generate(
     let ids = loaded.tokenizer.encode(prompt, true)?;
     let started = Instant::now();
     let mut first: Option<Instant> = None;
-    let mut on_token = stream(&loaded.tokenizer);
+    let mut on_token = stream(&loaded.tokenizer, loaded.prints);
     let generated = loaded.session.run(&ids, n, |out, generates| {
         if !generates {
             return Ok(Flow::Continue);
@@ -51,6 +59,9 @@ pub fn generate(
         first.get_or_insert_with(Instant::now);
         on_token(out.token)
     })?;
+    if !loaded.prints {
+        return Ok(ExitCode::SUCCESS);
+    }
     println!();
     let end = Instant::now();
     let prompt_s = first.map_or(0.0, |f| (f - started).as_secs_f64());
@@ -81,16 +92,37 @@ pub fn chat(
         .into_iter()
         .collect();
     let mut lines = std::io::stdin().lock().lines();
+    let mut read_line = || -> Result<Option<String>> {
+        if loaded.prints {
+            eprint!("> ");
+        }
+        let line = if loaded.prints {
+            lines.next().transpose().context("reading stdin")?
+        } else {
+            None
+        };
+        let Some(world) = run.world else {
+            return Ok(line);
+        };
+        // One byte says whether a line follows, so that an empty line and the end differ.
+        let root = ProcessMap::of(&loaded.plan.plan).reader().unwrap_or(0);
+        let mine = loaded.prints.then(|| match &line {
+            Some(l) => [&[1u8][..], l.as_bytes()].concat(),
+            None => vec![0],
+        });
+        let shared = world.share(root, mine)?;
+        Ok(match shared.split_first() {
+            Some((1, text)) => Some(String::from_utf8_lossy(text).into_owned()),
+            _ => None,
+        })
+    };
     loop {
         let user = match prompt {
             Some(p) => p.to_string(),
-            None => {
-                eprint!("> ");
-                match lines.next() {
-                    Some(line) => line.context("reading stdin")?,
-                    None => break,
-                }
-            }
+            None => match read_line()? {
+                Some(line) => line,
+                None => break,
+            },
         };
         if user.trim().is_empty() {
             break;
@@ -98,7 +130,7 @@ pub fn chat(
         messages.push(Message::new("user", user));
         let text = template.render(&messages, true)?;
         let ids = loaded.tokenizer.encode(&text, false)?;
-        let mut on_token = stream(&loaded.tokenizer);
+        let mut on_token = stream(&loaded.tokenizer, loaded.prints);
         let reply = loaded.session.continue_with(&ids, n, |out, generates| {
             if generates {
                 on_token(out.token)
@@ -106,7 +138,9 @@ pub fn chat(
                 Ok(Flow::Continue)
             }
         })?;
-        println!();
+        if loaded.prints {
+            println!();
+        }
         let words: Vec<u32> = reply
             .into_iter()
             .filter(|&t| !loaded.tokenizer.is_eog(t))

@@ -1,4 +1,5 @@
-//! `memra-run perplexity`, `gate`, `compare` and `bench`.
+//! `memra-run perplexity`, `gate`, `compare` and `bench`. With one process per device every
+//! process decodes the same steps and only the one holding the readback rank prints.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -34,22 +35,34 @@ pub fn perplexity(
     let n_chunks = chunks.map_or(tokens.len() / ctx.max(1), |c| {
         c.min(tokens.len() / ctx.max(1))
     });
-    eprintln!(
-        "{} tokens, {n_chunks} chunks of {ctx}, {} scored per chunk",
-        tokens.len(),
-        ctx - 1 - ctx / 2
-    );
-    let progress = Progress::new_beside_stdout(
-        "perplexity",
-        (n_chunks * ctx) as u64,
-        Unit::Items("tokens decoded"),
-    );
+    let prints = loaded.prints;
+    if prints {
+        eprintln!(
+            "{} tokens, {n_chunks} chunks of {ctx}, {} scored per chunk",
+            tokens.len(),
+            ctx - 1 - ctx / 2
+        );
+    }
+    let progress = if prints {
+        Progress::new_beside_stdout(
+            "perplexity",
+            (n_chunks * ctx) as u64,
+            Unit::Items("tokens decoded"),
+        )
+    } else {
+        Progress::silent()
+    };
     let total = run_perplexity(&mut loaded.session, &tokens, ctx, bos, chunks, |c, p| {
-        print!("[{}]{:.4},", c + 1, p.ppl());
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+        if prints {
+            print!("[{}]{:.4},", c + 1, p.ppl());
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
         progress.inc(ctx as u64);
     })?;
+    if !prints {
+        return Ok(ExitCode::SUCCESS);
+    }
     println!();
     println!(
         "Final estimate: PPL = {:.4} +/- {:.5}",
@@ -75,14 +88,11 @@ pub fn gate(
     let reference = run.load(reference)?;
     let tokenizer = Tokenizer::from_gguf(&candidate.gguf)?;
     let ids = tokenizer.encode(prompt, true)?;
-    let report = gate_repeated(
-        &reference,
-        &candidate,
-        &ids,
-        n,
-        run.options(SamplerConfig::GREEDY),
-        repeat,
-    )?;
+    let options = run.options(SamplerConfig::GREEDY);
+    let report = gate_repeated(&reference, &candidate, &ids, n, options, repeat)?;
+    if !options.holds_readback(&candidate.plan) {
+        return Ok(ExitCode::SUCCESS);
+    }
     let arms: Vec<&str> = report
         .arms
         .iter()
@@ -170,6 +180,9 @@ pub fn compare(
         ),
     };
     let ok = diverged.is_none() && want.len() == got.len() && worst.0 <= tolerance;
+    if !options.holds_readback(&loaded.plan) {
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "compare {}: {tokens}; max relative logit error {:.3e} at step {} (tolerance {tolerance:e}): {}",
         plan.display(),
@@ -199,7 +212,8 @@ pub fn bench(plan: &Path, n: usize, reps: usize, json: bool, run: &RunArgs) -> R
     let loaded = run.load(plan)?;
     let options = run.options(SamplerConfig::GREEDY);
     let engine = open(&loaded, options)?;
-    for line in engine.report() {
+    let prints = options.holds_readback(&loaded.plan);
+    for line in engine.report().into_iter().filter(|_| prints) {
         eprintln!("{line}");
     }
     let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
@@ -219,6 +233,9 @@ pub fn bench(plan: &Path, n: usize, reps: usize, json: bool, run: &RunArgs) -> R
         if rep > 0 {
             rates.push((generated.len() - 1) as f64 / secs.max(1e-9));
         }
+    }
+    if !prints {
+        return Ok(ExitCode::SUCCESS);
     }
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     let var =

@@ -7,6 +7,12 @@
 //!   reads results back from the sampler rank's readback channel.
 //!
 //! Both give the same bits: the ranks' arithmetic does not depend on who runs it when.
+//!
+//! With a world of processes in the options (one process per device, `crate::dist`), the
+//! engine runs only the ranks on this process's device; the wire reaches the others. The
+//! serial arm then waits for a message from another process where the in-process engine
+//! would call a round without progress a deadlock, and a process without the readback rank
+//! returns each step's token, sent by the readback process, with no logits.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -18,7 +24,8 @@ use memra_compiler::plan::Step;
 use super::compute::RankCompute;
 use super::kernels::Pool;
 use super::rank::RankRunner;
-use super::wire::Wire;
+use super::wire::{Remote, Wire};
+use crate::dist::{ProcessMap, Routes};
 use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::program::Binder;
@@ -56,14 +63,37 @@ impl Engine {
             bail!("the plan reads back from {readers} ranks; the cpu engine needs exactly one");
         }
         let binder = Arc::new(Binder::new(plan)?);
-        let wire = Arc::new(Wire::new(
-            plan.boundaries.iter().map(|b| (b.boundary, b.slots)),
-        ));
+        let map = ProcessMap::of(plan);
+        let (local, link) = match options.world {
+            None => (plan.ranks.iter().map(|r| r.rank).collect(), None),
+            Some(world) => {
+                map.check(world.processes())?;
+                let link = world.open(plan)?;
+                (map.ranks(plan, world.process()), Some(link))
+            }
+        };
+        let boundaries = plan.boundaries.iter().map(|b| (b.boundary, b.slots));
         let (out_tx, outputs) = channel();
-        let n = plan.ranks.len();
+        let wire = match link {
+            None => Arc::new(Wire::new(boundaries)),
+            Some(link) => {
+                let routes = Routes::of(plan, &map, link.process());
+                let outputs = out_tx.clone();
+                Wire::connected(
+                    boundaries,
+                    Remote {
+                        link,
+                        routes,
+                        outputs,
+                    },
+                )
+            }
+        };
+        loaded.load_ranks(&local);
+        let n = local.len();
         let shared_pool = Arc::new(Pool::new(options.threads.max(1)));
         let mut runners = Vec::with_capacity(n);
-        for r in &plan.ranks {
+        for r in plan.ranks.iter().filter(|r| local.contains(&r.rank)) {
             let pool = match options.arm {
                 Arm::Serial => shared_pool.clone(),
                 Arm::Pipelined => Arc::new(Pool::new((options.threads / n).max(1))),
@@ -105,7 +135,7 @@ impl Decoder for Engine {
         self.next_step += 1;
         self.in_flight += 1;
         let result = match &mut self.ranks {
-            Ranks::Serial(runners) => run_serial(runners, t, input),
+            Ranks::Serial(runners) => run_serial(runners, &self.wire, t, input),
             Ranks::Pipelined { inputs, .. } => inputs
                 .iter()
                 .try_for_each(|tx| tx.send((t, input)))
@@ -160,12 +190,14 @@ impl Drop for Engine {
 }
 
 /// Runs step `t` on every rank: each in plan order until it finishes or would wait, round
-/// after round, until all finish. A round in which no rank moves is a deadlock of the plan.
-fn run_serial(runners: &mut [RankRunner], t: u64, input: StepInput) -> Result<()> {
+/// after round, until all finish. A round in which no rank moves is a deadlock of the plan,
+/// unless ranks of other processes have yet to send what this process's ranks wait for.
+fn run_serial(runners: &mut [RankRunner], wire: &Wire, t: u64, input: StepInput) -> Result<()> {
     for r in runners.iter_mut() {
         r.begin(t, input);
     }
     loop {
+        let seen = wire.generation();
         let mut progressed = false;
         let mut all_done = true;
         for r in runners.iter_mut() {
@@ -176,7 +208,9 @@ fn run_serial(runners: &mut [RankRunner], t: u64, input: StepInput) -> Result<()
         if all_done {
             return Ok(());
         }
-        if !progressed {
+        if !progressed && wire.is_remote() {
+            wire.await_change(seen)?;
+        } else if !progressed {
             let stuck: Vec<String> = runners
                 .iter()
                 .filter(|r| r.busy())

@@ -12,6 +12,7 @@ use memra_compiler::plan::{Boundary, Carries, Plan};
 
 use super::compute::RankCompute;
 use super::wire::{Payload, Wire};
+use crate::dist::Takers;
 use crate::engine::{StepInput, StepOutput};
 use crate::program::{walk, Binder, Block, Cursor, Entered, Program, RankOps, Work};
 use crate::reduce::{ReduceOrder, Tree};
@@ -179,6 +180,7 @@ impl RankOps for CpuOps {
             token: self.compute.token(),
             logits: self.compute.logits().to_vec(),
         };
+        self.wire.publish(&out)?;
         // A closed channel means the host stopped listening; nothing is left to do.
         let _ = self.readback.send(Ok(out));
         Ok(())
@@ -268,7 +270,7 @@ impl CpuOps {
                 self.collective_seq,
                 group.index,
                 group.members,
-                group.members,
+                Takers::All,
                 partial,
             )?;
             self.contributed = true;
@@ -296,7 +298,7 @@ impl CpuOps {
                 self.collective_seq,
                 group.index,
                 group.members,
-                1,
+                Takers::First,
                 slice,
             )?;
             self.contributed = true;

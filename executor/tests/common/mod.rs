@@ -76,6 +76,7 @@ pub fn options(arm: Arm) -> EngineOptions {
         arm,
         sampler: SamplerConfig::GREEDY,
         reduce_order: ReduceOrder::Tree,
+        world: None,
     }
 }
 
