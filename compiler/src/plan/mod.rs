@@ -517,19 +517,26 @@ impl Plan {
     }
 
     /// Weight bytes one decode step reads over all ranks: every shard, except that a rank
-    /// which only embeds reads one row of the embedding table.
+    /// which only embeds reads one row of the embedding table, and that the routed experts'
+    /// stacks (`*_exps`) are read for the `top_k` chosen experts only (over all ranks a token
+    /// reads `top_k / experts` of every stack, whichever ranks hold the chosen ones).
     pub fn weight_bytes_per_token(&self) -> u64 {
         let vocab = u64::from(self.model.vocab);
+        let routed = self
+            .model
+            .moe
+            .as_ref()
+            .map(|m| (u64::from(m.top_k), u64::from(m.experts)));
         self.ranks
             .iter()
             .flat_map(|r| r.weights.iter().map(move |w| (r, w)))
             .map(|(r, w)| {
                 let lookup_only =
                     w.tensor == "token_embd.weight" && !(r.head && self.model.tied_embeddings);
-                if lookup_only {
-                    w.bytes / vocab
-                } else {
-                    w.bytes
+                match routed {
+                    _ if lookup_only => w.bytes / vocab,
+                    Some((k, n)) if w.tensor.ends_with("_exps.weight") => w.bytes * k / n,
+                    _ => w.bytes,
                 }
             })
             .sum()
@@ -586,6 +593,33 @@ mod tests {
         }
         let reason: IslandReason = "forced: nan hunt in layer 7".parse().unwrap();
         assert_eq!(reason, IslandReason::Forced("nan hunt in layer 7".into()));
+    }
+
+    #[test]
+    fn a_token_reads_top_k_of_the_expert_stacks() {
+        let plan = Plan::from_toml(include_str!("../../../plans/qwen3-30b-a3b-tp4.plan.toml"))
+            .expect("the golden plan parses");
+        let moe = plan.model.moe.as_ref().expect("qwen3moe has experts");
+        let (mut stacks, mut rest) = (0u64, 0u64);
+        for r in &plan.ranks {
+            for w in &r.weights {
+                if w.tensor.ends_with("_exps.weight") {
+                    stacks += w.bytes;
+                } else if w.tensor == "token_embd.weight" && !(r.head && plan.model.tied_embeddings)
+                {
+                    rest += w.bytes / u64::from(plan.model.vocab);
+                } else {
+                    rest += w.bytes;
+                }
+            }
+        }
+        let k = u64::from(moe.top_k);
+        let n = u64::from(moe.experts);
+        assert!(stacks > 0 && k < n);
+        // per shard rounding: at most one byte per stack shard
+        let got = plan.weight_bytes_per_token();
+        let want = rest + stacks * k / n;
+        assert!(got <= want && want - got < 1000, "{got} vs {want}");
     }
 
     #[test]
