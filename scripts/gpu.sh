@@ -19,6 +19,9 @@
 #                             and PP-2 x TP-2 gates over both transports, llama8b speed of one
 #                             GPU, TP-2 (both transports), PP-2 and one TP-2 rank's compute
 #                             alone for DTYPES (default "q4_1 q8_0 f16"; "" for no speed rows)
+#   llamacpp                  Qwen3-30B-A3B q4_1 decode, memra against llama.cpp's llama-bench on
+#                             the same file (llama.cpp built there from the pruned source the
+#                             caller carries in .llama/llama.cpp, CUDA, sm_90)
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
 #   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
@@ -535,6 +538,32 @@ suite_tp() {
     table
 }
 
+# Qwen3-30B-A3B q4_1 decode at batch 1, 128 tokens: llama.cpp's llama-bench (-fa 1 -ngl 99)
+# and memra-run bench on the same GGUF in one call. llama.cpp is built here from the pruned
+# source carried in .llama/llama.cpp (CUDA, sm_90, llama-bench only, about 4 minutes), into
+# /tmp/llama-build, while the model is written.
+suite_llamacpp() {
+    logs_in /tmp/memra-llamacpp
+    stamp name,driver_version,memory.total
+    local model="$M/qwen3-30b-a3b-q4_1.gguf" out rc
+    [ -d .llama/llama.cpp ] || { row "llama.cpp source" FAIL "carry .llama (see the suite's comment)"; table; }
+    (cmake -S .llama/llama.cpp -B /tmp/llama-build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
+        cmake --build /tmp/llama-build --target llama-bench -j "$(nproc)") >"$LOG/llama-build.log" 2>&1 &
+    local build=$!
+    synth qwen3-30b-a3b q4_1
+    wait $build
+    rc=$?
+    row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+    out=$(limit 300 /tmp/llama-build/bin/llama-bench -m "$model" -p 0 -n 128 -fa 1 -ngl 99 -r 3 -o md 2>&1)
+    rc=$?
+    echo "$out" >"$LOG/llama-bench.txt"
+    result "llama-bench qwen3-30b-a3b q4_1" $rc "$out" "$(echo "$out" | grep 'tg128' | tr -s ' ' | cut -c1-200)"
+    bench "memra qwen3-30b-a3b q4_1" 300 "$model" "$(plan qwen3-30b-a3b q4_1 cuda/qwen3-30b-a3b)" -n 128 --reps 3
+    table
+}
+
 # The matvec benchmark alone while sampling the SM clock, then Nsight Compute on one launch of
 # each KERNEL (default matvec_q4_1 matvec_f16) at 14336x4096, the third benchmark shape, to
 # show what bounds them.
@@ -677,7 +706,7 @@ suite_moe() {
 
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | profile | ncu-token | final | moe)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | llamacpp | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;
