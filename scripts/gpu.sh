@@ -556,7 +556,8 @@ suite_llamacpp() {
     wait $build
     rc=$?
     row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
-    out=$(limit 300 /tmp/llama-build/bin/llama-bench -m "$model" -p 0 -n 128 -fa 1 -ngl 99 -r 3 -o md 2>&1)
+    # one GPU, as memra: llama.cpp would split the layers over every visible device
+    out=$(CUDA_VISIBLE_DEVICES=0 limit 300 /tmp/llama-build/bin/llama-bench -m "$model" -p 0 -n 128 -fa 1 -ngl 99 -r 3 -o md 2>&1)
     rc=$?
     echo "$out" >"$LOG/llama-bench.txt"
     result "llama-bench qwen3-30b-a3b q4_1" $rc "$out" "$(echo "$out" | grep 'tg128' | tr -s ' ' | cut -c1-200)"
