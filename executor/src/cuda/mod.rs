@@ -11,12 +11,14 @@ mod collective;
 pub mod compile;
 pub mod device;
 pub mod engine;
+mod enqueue;
 pub mod graph;
 mod moe;
 mod nccl;
 pub mod ops;
 mod rank;
 pub mod selftest;
+mod setup;
 pub mod span;
 
 pub use device::{check_driver, device_count, CudaDevice, DeviceBuffer};

@@ -1,0 +1,218 @@
+//! What each program entry does on CUDA (`RankOps` for the shared program walk): enqueue it on
+//! the rank's stream. A run replays its graph for the step's phase once captured (eager the
+//! first time a phase comes up); an island is eager; a copy is a device copy, or a peer copy
+//! between devices, on the receiver's stream; waits and records are CUDA events per (event,
+//! slot) with the plan's slot rules; the readback copies logits and token into the pinned host
+//! ring. The rank's first block takes the step's inputs (position, and a prompt token on the
+//! ranks that embed) through a small pinned ring in stream order.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::result as cu;
+use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
+use memra_compiler::plan::{event_slot, Boundary};
+
+use super::graph::Graph;
+use super::rank::{copy, RankDevice};
+use super::span::Span;
+use crate::engine::StepInput;
+use crate::program::{Block, Entered, RankOps, Work};
+
+/// Graph state of one `run` step.
+pub(super) struct RunGraphs {
+    pub(super) phases: u64,
+    pub(super) warmed: Vec<bool>,
+    pub(super) graphs: Vec<Option<Graph>>,
+    pub(super) latched: bool,
+}
+
+/// Pinned host memory a rank's step inputs go up from; a slot is rewritten only after the
+/// copies that read it finished (its event is recorded after them). The pinned slices' own
+/// events are not recorded with cudarc's event tracking off, so the ring keeps its own.
+pub(super) struct InputRing {
+    pub(super) pos: Vec<PinnedHostSlice<u32>>,
+    pub(super) token: Vec<PinnedHostSlice<u32>>,
+    pub(super) done: Vec<CudaEvent>,
+}
+
+/// The readback ring on the sampler rank's device; `done[slot]` is recorded after a step's
+/// copies into the slot, and the host waits on it before reading.
+pub(super) struct Readback {
+    pub(super) rank: usize,
+    pub(super) logits: Vec<PinnedHostSlice<f32>>,
+    pub(super) token: Vec<PinnedHostSlice<u32>>,
+    pub(super) done: Vec<CudaEvent>,
+    /// Submitted steps not yet returned: (step, position).
+    pub(super) pending: VecDeque<(u64, u32)>,
+}
+
+/// What each program entry does on CUDA for one rank at one step: enqueue it on its stream.
+pub(super) struct CudaOps<'a> {
+    pub(super) ri: usize,
+    pub(super) ranks: &'a mut [RankDevice],
+    pub(super) runs: &'a mut [Option<RunGraphs>],
+    pub(super) events: &'a BTreeMap<String, Vec<CudaEvent>>,
+    pub(super) boundaries: &'a [Boundary],
+    pub(super) inputs: &'a mut InputRing,
+    pub(super) readback: &'a mut Readback,
+    pub(super) inputs_sent: bool,
+}
+
+impl CudaOps<'_> {
+    fn stream(&self, name: &str) -> Result<Arc<CudaStream>> {
+        self.ranks[self.ri].stream(name).cloned()
+    }
+
+    fn event(&self, event: &str, t: u64) -> Result<&CudaEvent> {
+        let slot = event_slot(self.boundaries, event, self.ranks[self.ri].rank, t) as usize;
+        self.events
+            .get(event)
+            .and_then(|e| e.get(slot))
+            .ok_or_else(|| anyhow!("event `{event}` slot {slot} is never recorded"))
+    }
+
+    /// Writes the step's position, and the token when the block embeds, in stream order.
+    fn send_inputs(
+        &mut self,
+        t: u64,
+        input: StepInput,
+        embeds: bool,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = &self.ranks[self.ri];
+        let ring = &mut *self.inputs;
+        let slot = (t % ring.pos.len() as u64) as usize;
+        let host = |e| anyhow!("cuda backend: input ring: {e:?}");
+        ring.done[slot].synchronize().map_err(host)?;
+        let up = |h: &mut PinnedHostSlice<u32>, value: u32, dst: Span<u32>| -> Result<()> {
+            h.as_mut_slice().map_err(host)?[0] = value;
+            s.memcpy_htod(h, &mut dst.clone())
+                .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
+        };
+        up(&mut ring.pos[slot], input.pos, rank.pos())?;
+        if embeds {
+            match (input.token, rank.token_input()) {
+                (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
+                (None, Some(b)) => copy(s, &rank.rx_slot(b, b.recv_slot(t)), &rank.token().cast())?,
+                // the rank samples the token it embeds next: it is already in place
+                (None, None) => {}
+            }
+        }
+        ring.done[slot].record(s).map_err(host)
+    }
+}
+
+impl RankOps for CudaOps<'_> {
+    fn wait(&mut self, stream: &str, event: &str, _: usize, t: u64, _: bool) -> Result<bool> {
+        self.stream(stream)?
+            .wait(self.event(event, t)?)
+            .map_err(|e| anyhow!("waiting for `{event}`: {e:?}"))?;
+        Ok(true)
+    }
+
+    fn record(&mut self, stream: &str, event: &str, t: u64) -> Result<()> {
+        self.event(event, t)?
+            .record(&*self.stream(stream)?)
+            .map_err(|e| anyhow!("recording `{event}`: {e:?}"))
+    }
+
+    fn copy(&mut self, stream: &str, id: u32, t: u64) -> Result<()> {
+        let s = self.stream(stream)?;
+        let b = self
+            .boundaries
+            .iter()
+            .find(|b| b.boundary == id)
+            .ok_or_else(|| anyhow!("copy of boundary {id}, which is not declared"))?;
+        let to = &self.ranks[self.ri];
+        let from = self
+            .ranks
+            .iter()
+            .find(|r| r.rank == b.from_rank)
+            .ok_or_else(|| {
+                anyhow!(
+                    "boundary {id} comes from rank {}, which is not declared",
+                    b.from_rank
+                )
+            })?;
+        let slot = b.recv_slot(t);
+        let (src, dst) = (from.tx_slot(b, slot), to.rx_slot(b, slot));
+        if from.dev.ordinal() == to.dev.ordinal() {
+            return copy(&s, &src, &dst);
+        }
+        s.context().bind_to_thread()?;
+        // SAFETY: both spans are live slot buffers of `len` bytes; peer access between the two
+        // devices was enabled when the engine was built
+        unsafe {
+            cu::memcpy_peer_async(
+                to.dev.context().cu_ctx(),
+                dst.addr(),
+                from.dev.context().cu_ctx(),
+                src.addr(),
+                src.len(),
+                s.cu_stream(),
+            )
+        }
+        .map_err(|e| anyhow!("cuda backend: peer copy of boundary {id}: {e:?}"))
+    }
+
+    fn readback(&mut self, stream: &str, t: u64, _: StepInput) -> Result<()> {
+        if self.ri != self.readback.rank {
+            bail!("invariant: readback on the reading rank");
+        }
+        let s = self.stream(stream)?;
+        let rank = &self.ranks[self.ri];
+        let rb = &mut *self.readback;
+        let slot = (t % rb.logits.len() as u64) as usize;
+        s.memcpy_dtoh(&rank.logits(), &mut rb.logits[slot])
+            .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))
+            .and_then(|_| rb.done[slot].record(&s))
+            .map_err(|e| anyhow!("cuda backend: readback: {e:?}"))
+    }
+
+    /// The rank's first block takes the step's inputs; a run replays its graph once captured.
+    fn enter(
+        &mut self,
+        stream: &str,
+        at: usize,
+        b: &Block,
+        t: u64,
+        input: StepInput,
+    ) -> Result<Entered> {
+        let embeds = b.work.contains(&Work::Embed);
+        if !self.inputs_sent {
+            let s = self.stream(stream)?;
+            self.send_inputs(t, input, embeds, &s)?;
+            self.inputs_sent = true;
+        } else if embeds {
+            bail!("embed after the rank's first run or island is not supported");
+        }
+        let Some(run) = self.runs[at].as_mut() else {
+            return Ok(Entered::Walk);
+        };
+        let p = (t % run.phases) as usize;
+        if run.latched || !run.warmed[p] {
+            run.warmed[p] = true;
+            return Ok(Entered::Walk);
+        }
+        let rank = self.ranks[self.ri].rank;
+        run.graphs[p]
+            .as_ref()
+            .ok_or_else(|| {
+                anyhow!(
+                    "invariant: rank {rank} run {} phase {p} captured before its step",
+                    b.id
+                )
+            })?
+            .replay()
+            .map_err(|e| anyhow!("rank {rank}: {e}"))?;
+        Ok(Entered::Done)
+    }
+
+    fn work(&mut self, stream: &str, work: Work, t: u64, _: StepInput, _: bool) -> Result<bool> {
+        let s = self.stream(stream)?;
+        self.ranks[self.ri].work(work, t, &s)?;
+        Ok(true)
+    }
+}

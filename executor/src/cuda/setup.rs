@@ -1,0 +1,194 @@
+//! Setting up a plan's ranks on their devices: the devices and peer access between them, the
+//! tensor-parallel groups over their transport, the events, the phase check of runs against
+//! boundary slots, and the memory report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{CudaEvent, CudaStream};
+use memra_compiler::plan::{Collective, Op, Plan, Step};
+
+use super::device::CudaDevice;
+use super::nccl;
+use super::rank::RankDevice;
+use crate::program::Binder;
+use crate::reduce::Tree;
+
+/// Every run that touches a boundary slot must have a phase per slot pattern: the slots a
+/// step uses repeat with the boundary's slot count, the graphs with the run's phases.
+pub(super) fn check_phases(plan: &Plan) -> Result<()> {
+    for r in &plan.ranks {
+        for step in &r.program {
+            let Step::Run {
+                id, phases, ops, ..
+            } = step
+            else {
+                continue;
+            };
+            for b in &plan.boundaries {
+                let touches = ops.iter().any(|op| match op {
+                    Op::LoadHidden => b.to_rank == r.rank && b.carries.name() == "hidden",
+                    Op::StoreHidden => b.from_rank == r.rank && b.carries.name() == "hidden",
+                    Op::StoreToken => b.from_rank == r.rank && b.carries.name() == "token",
+                    _ => false,
+                });
+                if touches && !phases.is_multiple_of(b.slots) {
+                    bail!(
+                        "run {id} touches boundary {} of {} slots but has {phases} phases; the cuda engine needs a multiple",
+                        b.boundary,
+                        b.slots
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens every device the plan uses and enables peer access between each pair that a
+/// boundary or a tensor-parallel group connects; a pair without P2P is refused by name.
+pub(super) fn open_devices(plan: &Plan) -> Result<BTreeMap<u32, CudaDevice>> {
+    let mut devices = BTreeMap::new();
+    for r in &plan.ranks {
+        if let std::collections::btree_map::Entry::Vacant(e) = devices.entry(r.device) {
+            e.insert(CudaDevice::open(r.device as usize)?);
+        }
+    }
+    let device_of = |rank: u32| plan.rank(rank).map(|r| r.device);
+    let mut pairs = BTreeSet::new();
+    for b in &plan.boundaries {
+        if let (Some(a), Some(c)) = (device_of(b.from_rank), device_of(b.to_rank)) {
+            pairs.insert((a.min(c), a.max(c)));
+        }
+    }
+    for g in &plan.groups {
+        for &x in &g.ranks {
+            for &y in &g.ranks {
+                if let (Some(a), Some(c)) = (device_of(x), device_of(y)) {
+                    pairs.insert((a.min(c), a.max(c)));
+                }
+            }
+        }
+    }
+    for (a, c) in pairs.into_iter().filter(|(a, c)| a != c) {
+        let (da, dc) = (&devices[&a], &devices[&c]);
+        if !da.can_access_peer(dc)? || !dc.can_access_peer(da)? {
+            bail!("cuda backend: devices {a} and {c} have no peer-to-peer access, which the plan needs between them (a boundary or a tensor-parallel group spans them); place those ranks on devices with p2p");
+        }
+        da.enable_peer_access(dc)?;
+        dc.enable_peer_access(da)?;
+    }
+    Ok(devices)
+}
+
+/// Connects every group over its transport: the one-shot exchange addresses of all members to
+/// each member, or one NCCL communicator for the group.
+pub(super) fn connect_groups(plan: &Plan, ranks: &mut [RankDevice]) -> Result<()> {
+    for g in &plan.groups {
+        let tree = Tree::parse(&g.tree, &g.ranks)
+            .map_err(|e| anyhow!("group {}: tree `{}`: {e}", g.group, g.tree))?;
+        let members = g
+            .ranks
+            .iter()
+            .map(|&m| {
+                ranks.iter().position(|r| r.rank == m).ok_or_else(|| {
+                    anyhow!("group {} names rank {m}, which is not declared", g.group)
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let devices: BTreeSet<usize> = members.iter().map(|&i| ranks[i].dev.ordinal()).collect();
+        let own_devices = devices.len() == members.len();
+        if g.collective == Collective::Nccl {
+            if !own_devices {
+                bail!(
+                    "group {}: collective = \"nccl\" needs one device per rank",
+                    g.group
+                );
+            }
+            let devs: Vec<CudaDevice> = members.iter().map(|&i| ranks[i].dev.clone()).collect();
+            let streams: Vec<Arc<CudaStream>> =
+                members.iter().map(|&i| ranks[i].work_stream()).collect();
+            let cap = members
+                .iter()
+                .map(|&i| ranks[i].collective_len())
+                .max()
+                .unwrap_or(1);
+            let joined = nccl::connect(&devs, &streams, &tree, cap)
+                .map_err(|e| anyhow!("group {}: {e:#}", g.group))?;
+            for (member, &i) in joined.into_iter().zip(&members) {
+                ranks[i].join_nccl(member);
+            }
+            continue;
+        }
+        let mut all = Vec::new();
+        for (&i, &m) in members.iter().zip(&g.ranks) {
+            all.push(ranks[i].exchange_address().ok_or_else(|| {
+                anyhow!("rank {m} is listed by group {} but names no group", g.group)
+            })?);
+        }
+        for (me, &i) in members.iter().enumerate() {
+            ranks[i].connect(&all, me, &tree, own_devices)?;
+        }
+    }
+    Ok(())
+}
+
+/// One event per (event, slot), on the device of the rank that records it; the plan's events
+/// are checked first (one record each, every wait bound to one) as both engines check them.
+pub(super) fn make_events(
+    plan: &Plan,
+    ranks: &[RankDevice],
+) -> Result<BTreeMap<String, Vec<CudaEvent>>> {
+    Binder::new(plan)?;
+    let mut events = BTreeMap::new();
+    for (r, rank) in plan.ranks.iter().zip(ranks) {
+        for step in &r.program {
+            let Step::Record { event, .. } = step else {
+                continue;
+            };
+            let slots = plan
+                .boundaries
+                .iter()
+                .find(|b| *event == b.ready() || *event == b.consumed())
+                .map_or(1, |b| b.slots);
+            let list = (0..slots)
+                .map(|_| rank.dev.new_event(false))
+                .collect::<Result<Vec<_>>>()?;
+            events.insert(event.clone(), list);
+        }
+    }
+    Ok(events)
+}
+
+pub(super) fn memory_report(
+    plan: &Plan,
+    devices: &BTreeMap<u32, CudaDevice>,
+    free_before: &BTreeMap<u32, usize>,
+) -> Result<Vec<String>> {
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    let mut lines = Vec::new();
+    for (&d, dev) in devices {
+        let taken = free_before[&d].saturating_sub(dev.memory()?.0);
+        let ranks: Vec<String> = plan
+            .ranks
+            .iter()
+            .filter(|r| r.device == d)
+            .map(|r| r.rank.to_string())
+            .collect();
+        let planned = plan
+            .devices
+            .iter()
+            .find(|u| u.device == d)
+            .map_or(0, |u| u.total_bytes);
+        lines.push(format!(
+            "device {d} ({}, {}): ranks {}: {:.1} MiB taken, plan {:.1} MiB",
+            dev.name(),
+            dev.arch(),
+            ranks.join(", "),
+            mib(taken as f64),
+            mib(planned as f64)
+        ));
+    }
+    Ok(lines)
+}
