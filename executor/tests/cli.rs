@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{root, smollm2};
+use common::{root, smollm2, SEEDED};
 
 fn memra_run(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_memra-run"))
@@ -45,20 +45,15 @@ fn generate_streams_the_greedy_continuation() {
 #[test]
 fn a_seed_repeats_sampled_text() {
     smollm2("smollm2");
-    let args = [
+    let prompt = [
         "generate",
         "plans/smollm2-pp2.plan.toml",
         "-p",
         "Once upon a time,",
         "-n",
         "12",
-        "--temp",
-        "0.9",
-        "--seed",
-        "7",
-        "-t",
-        "1",
     ];
+    let args = [&prompt[..], &SEEDED].concat();
     let (a, b) = (memra_run(&args), memra_run(&args));
     assert_eq!(stdout(&a), stdout(&b));
     assert!(stdout(&a).len() > 12, "{}", stdout(&a));

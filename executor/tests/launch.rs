@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
-use common::{root, tiny_tp_model};
+use common::{root, tiny_tp_model, SEEDED};
 use memra_executor::dist::LISTENING;
 
 const REFERENCE: &str = "plans/synthetic/tiny-tp.plan.toml";
@@ -85,28 +85,20 @@ fn launched_pp2_tp2_with_two_ranks_per_process_is_bit_identical() {
     launch_gate("plans/synthetic/tiny-tp-pp2-tp2-2dev.plan.toml");
 }
 
-const SAMPLED: [&str; 11] = [
-    "-p",
-    "Once upon a time",
-    "-n",
-    "24",
-    "--temp",
-    "0.9",
-    "--seed",
-    "7",
-    "-t",
-    "1",
-    "--arm",
-];
+/// `generate`'s flags for the seeded sampled runs, on `arm`.
+fn sampled(arm: &str) -> Vec<&str> {
+    let prompt = ["-p", "Once upon a time", "-n", "24"];
+    [&prompt[..], &SEEDED, &["--arm", arm]].concat()
+}
 
 #[test]
 fn launched_sampling_gives_the_one_process_text() {
-    let alone = memra_run(&[&["generate", REFERENCE][..], &SAMPLED, &["serial"]].concat());
+    let alone = memra_run(&[&["generate", REFERENCE][..], &sampled("serial")].concat());
     assert!(alone.status.success(), "{}", text(&alone.stderr));
     assert!(alone.stdout.len() > 24, "{}", text(&alone.stdout));
     for arm in ["serial", "pipelined"] {
         let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
-        let out = memra_run(&[&["launch", plan, "--", "generate"][..], &SAMPLED, &[arm]].concat());
+        let out = memra_run(&[&["launch", plan, "--", "generate"][..], &sampled(arm)].concat());
         assert!(out.status.success(), "{}", text(&out.stderr));
         assert_eq!(text(&out.stdout), text(&alone.stdout), "{arm} arm");
     }

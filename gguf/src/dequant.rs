@@ -106,25 +106,9 @@ fn block_q4_k(b: &[u8], y: &mut [f32]) {
 fn block_q6_k(b: &[u8], y: &mut [f32]) {
     let d = f16_to_f32(le16(b, q6_k::D));
     let scales = &b[q6_k::SCALES];
-    // two halves of 128 values; each uses 64 bytes of ql, 32 of qh and 8 scales
-    for n in 0..2 {
-        let ql = &b[q6_k::QL][64 * n..64 * n + 64];
-        let qh = &b[q6_k::QH][32 * n..32 * n + 32];
-        let y = &mut y[128 * n..128 * n + 128];
-        for l in 0..32 {
-            let h = qh[l];
-            let q = [
-                (ql[l] & 0x0f) | ((h & 3) << 4),
-                (ql[l + 32] & 0x0f) | (((h >> 2) & 3) << 4),
-                (ql[l] >> 4) | (((h >> 4) & 3) << 4),
-                (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4),
-            ];
-            for (k, &q) in q.iter().enumerate() {
-                let e = l + 32 * k;
-                let sc = f32::from(scales[8 * n + e / 16] as i8);
-                y[e] = d * sc * f32::from(q as i8 - 32);
-            }
-        }
+    for (e, q) in q6_k::quants(b).into_iter().enumerate() {
+        let sc = f32::from(scales[e / 16] as i8);
+        y[e] = d * sc * f32::from(q as i8 - 32);
     }
 }
 

@@ -96,4 +96,27 @@ pub mod q6_k {
     pub const SCALES: Range<usize> = 192..208;
     /// Byte offset of the f16 super-scale.
     pub const D: usize = 208;
+
+    /// The 256 unsigned 6-bit quants (`q`, 0..64) of block `b`, in value order: each half of
+    /// 128 values takes 64 bytes of `ql` and 32 of `qh`.
+    pub fn quants(b: &[u8]) -> [u8; VALUES] {
+        let mut out = [0u8; VALUES];
+        for n in 0..2 {
+            let ql = &b[QL][64 * n..64 * n + 64];
+            let qh = &b[QH][32 * n..32 * n + 32];
+            for l in 0..32 {
+                let h = qh[l];
+                let q = [
+                    (ql[l] & 0x0f) | ((h & 3) << 4),
+                    (ql[l + 32] & 0x0f) | (((h >> 2) & 3) << 4),
+                    (ql[l] >> 4) | (((h >> 4) & 3) << 4),
+                    (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4),
+                ];
+                for (k, q) in q.into_iter().enumerate() {
+                    out[128 * n + 32 * k + l] = q;
+                }
+            }
+        }
+        out
+    }
 }

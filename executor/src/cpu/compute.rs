@@ -130,14 +130,7 @@ impl RankCompute {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        let router = m.moe.as_ref().map(|moe| Router {
-            gating: moe.gating,
-            top_k: moe.top_k as usize,
-            groups: moe.groups as usize,
-            groups_used: moe.groups_used as usize,
-            norm_weights: moe.norm_weights,
-            scale: moe.weights_scale as f32,
-        });
+        let router = m.moe.as_ref().map(Router::of);
         let d = m.embedding as usize;
         let mut c = RankCompute {
             pool,

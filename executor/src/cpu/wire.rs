@@ -23,7 +23,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use anyhow::{anyhow, bail, Result};
 
 pub use crate::dist::Payload;
-use crate::dist::{Body, Deliver, Link, Routes, Takers};
+use crate::dist::{Body, Deliver, Link, Part, Routes, Takers};
 use crate::engine::StepOutput;
 
 /// The other processes of the world, as one engine's wire reaches them.
@@ -201,8 +201,8 @@ impl Wire {
         Ok(slots[slot as usize].clone())
     }
 
-    /// Deposits member `index`'s part of collective `seq` of `group` (of `members` ranks), to
-    /// be taken by `takers`, wherever they run.
+    /// Deposits member `index`'s part `data` of collective `seq` of `group` (of `members`
+    /// ranks), to be taken by `takers`, wherever they run.
     pub fn contribute(
         &self,
         group: u32,
@@ -210,8 +210,16 @@ impl Wire {
         index: usize,
         members: usize,
         takers: Takers,
-        part: Vec<f32>,
+        data: Vec<f32>,
     ) -> Result<()> {
+        let mut part = Part {
+            group,
+            seq,
+            index: index as u32,
+            members: members as u32,
+            takers: 0,
+            data,
+        };
         let here = match &self.remote {
             None => match takers {
                 Takers::All => members,
@@ -224,14 +232,10 @@ impl Wire {
                         here = n as usize;
                         continue;
                     }
-                    let body = Body::Part {
-                        group,
-                        seq,
-                        index: index as u32,
-                        members: members as u32,
+                    let body = Body::Part(Part {
                         takers: n,
-                        data: part.clone(),
-                    };
+                        ..part.clone()
+                    });
                     r.link.send(p, body)?;
                 }
                 here
@@ -240,10 +244,10 @@ impl Wire {
         if here == 0 {
             return Ok(());
         }
+        part.takers = here as u32;
         let mut part = Some(part);
         self.until(true, |s| {
-            let part = part.take().expect("invariant: deposited once");
-            deposit(s, group, seq, index, members, here, part);
+            deposit(s, part.take().expect("invariant: deposited once"));
             Ok(Some(()))
         })
         .map(drop)
@@ -305,25 +309,17 @@ impl Wire {
     }
 }
 
-/// Adds member `index`'s part to collective `seq` of `group`, created for `takers` takers.
-fn deposit(
-    s: &mut State,
-    group: u32,
-    seq: u64,
-    index: usize,
-    members: usize,
-    takers: usize,
-    part: Vec<f32>,
-) {
+/// Adds `part` to its collective, created for `part.takers` takers.
+fn deposit(s: &mut State, part: Part) {
     let c = s
         .collectives
-        .entry((group, seq))
+        .entry((part.group, part.seq))
         .or_insert_with(|| Collective {
-            parts: vec![None; members],
-            takers_left: takers,
+            parts: vec![None; part.members as usize],
+            takers_left: part.takers as usize,
         });
-    if let Some(p) = c.parts.get_mut(index) {
-        *p = Some(part);
+    if let Some(p) = c.parts.get_mut(part.index as usize) {
+        *p = Some(part.data);
     }
 }
 
@@ -353,22 +349,7 @@ impl Deliver for Wire {
                     }
                 }
             }
-            Body::Part {
-                group,
-                seq,
-                index,
-                members,
-                takers,
-                data,
-            } => deposit(
-                &mut s,
-                group,
-                seq,
-                index as usize,
-                members as usize,
-                takers as usize,
-                data,
-            ),
+            Body::Part(part) => deposit(&mut s, part),
             Body::Token { step, pos, token } => {
                 if let Some(r) = &self.remote {
                     let out = StepOutput {

@@ -65,18 +65,22 @@ pub enum Body {
         slot: u32,
         payload: Payload,
     },
-    /// Member `index`'s part of collective `seq` of `group`, taken by `takers` ranks of the
-    /// receiving process.
-    Part {
-        group: u32,
-        seq: u64,
-        index: u32,
-        members: u32,
-        takers: u32,
-        data: Vec<f32>,
-    },
+    /// One member's part of a collective.
+    Part(Part),
     /// The readback process sampled `token` at decode step `step` (position `pos`).
     Token { step: u64, pos: u32, token: u32 },
+}
+
+/// Member `index`'s part of collective `seq` of `group` (of `members` ranks), taken by `takers`
+/// ranks of the receiving process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    pub group: u32,
+    pub seq: u64,
+    pub index: u32,
+    pub members: u32,
+    pub takers: u32,
+    pub data: Vec<f32>,
 }
 
 const HELLO: u8 = 1;
@@ -139,7 +143,7 @@ pub fn write(w: &mut impl Write, msg: &Msg) -> io::Result<()> {
                     payload: Payload::Token(_),
                     ..
                 } => SLOT_TOKEN,
-                Body::Part { .. } => PART,
+                Body::Part(_) => PART,
                 Body::Token { .. } => TOKEN,
             };
             e.u8(tag);
@@ -161,20 +165,13 @@ pub fn write(w: &mut impl Write, msg: &Msg) -> io::Result<()> {
                         Payload::Token(t) => e.u32(*t),
                     }
                 }
-                Body::Part {
-                    group,
-                    seq,
-                    index,
-                    members,
-                    takers,
-                    data,
-                } => {
-                    e.u32(*group);
-                    e.u64(*seq);
-                    e.u32(*index);
-                    e.u32(*members);
-                    e.u32(*takers);
-                    e.f32s(data);
+                Body::Part(p) => {
+                    e.u32(p.group);
+                    e.u64(p.seq);
+                    e.u32(p.index);
+                    e.u32(p.members);
+                    e.u32(p.takers);
+                    e.f32s(&p.data);
                 }
                 Body::Token { step, pos, token } => {
                     e.u64(*step);
@@ -254,14 +251,14 @@ fn decode(d: &mut Dec) -> Result<Msg> {
                         Payload::Token(d.u32()?)
                     },
                 },
-                PART => Body::Part {
+                PART => Body::Part(Part {
                     group: d.u32()?,
                     seq: d.u64()?,
                     index: d.u32()?,
                     members: d.u32()?,
                     takers: d.u32()?,
                     data: d.f32s()?,
-                },
+                }),
                 _ => Body::Token {
                     step: d.u64()?,
                     pos: d.u32()?,
@@ -408,14 +405,14 @@ mod tests {
             },
             Msg::Engine {
                 epoch: 2,
-                body: Body::Part {
+                body: Body::Part(Part {
                     group: 1,
                     seq: 9,
                     index: 1,
                     members: 2,
                     takers: 1,
                     data: vec![nan, f32::INFINITY],
-                },
+                }),
             },
             Msg::Engine {
                 epoch: 2,
@@ -436,11 +433,11 @@ mod tests {
             match (&got, m) {
                 (
                     Msg::Engine {
-                        body: Body::Part { data: a, .. },
+                        body: Body::Part(Part { data: a, .. }),
                         ..
                     },
                     Msg::Engine {
-                        body: Body::Part { data: b, .. },
+                        body: Body::Part(Part { data: b, .. }),
                         ..
                     },
                 ) => {

@@ -40,7 +40,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::Plan;
 
-pub use frame::{Body, Payload};
+pub use frame::{Body, Part, Payload};
 pub use join::{JOIN_TIMEOUT, LISTENING};
 pub use routes::{ProcessMap, Routes, Takers};
 

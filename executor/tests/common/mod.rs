@@ -32,6 +32,10 @@ pub fn smollm2(name: &str) -> LoadedPlan {
     load(&root().join(format!("plans/{name}.plan.toml")), None).unwrap()
 }
 
+/// `memra-run generate`'s sampler and thread flags for seeded runs: two runs with them must
+/// print the same text.
+pub const SEEDED: [&str; 6] = ["--temp", "0.9", "--seed", "7", "-t", "1"];
+
 static SYNTH: Mutex<()> = Mutex::new(());
 
 /// Path of the synthetic tiny-tp q8_0 model, written (seed 0) when absent.

@@ -112,22 +112,8 @@ fn q6k_scales(wb: &[u8], xb: &BlockQ8K) -> ([i32; 16], i32) {
 fn q6k_scalar(wb: &[u8], xb: &BlockQ8K) -> (i32, i32) {
     let (sc, off) = q6k_scales(wb, xb);
     let mut groups = [0i32; 16];
-    for n in 0..2 {
-        let ql = &wb[q6_k::QL][64 * n..64 * n + 64];
-        let qh = &wb[q6_k::QH][32 * n..32 * n + 32];
-        for l in 0..32 {
-            let h = qh[l];
-            let q = [
-                (ql[l] & 15) | ((h & 3) << 4),
-                (ql[l + 32] & 15) | (((h >> 2) & 3) << 4),
-                (ql[l] >> 4) | (((h >> 4) & 3) << 4),
-                (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4),
-            ];
-            for (k, &q) in q.iter().enumerate() {
-                let e = 128 * n + 32 * k + l;
-                groups[e / 16] += i32::from(q) * i32::from(xb.qs[e]);
-            }
-        }
+    for (e, q) in q6_k::quants(wb).into_iter().enumerate() {
+        groups[e / 16] += i32::from(q) * i32::from(xb.qs[e]);
     }
     let dot: i32 = groups.iter().zip(&sc).map(|(g, s)| g * s).sum();
     (dot - off, 0)

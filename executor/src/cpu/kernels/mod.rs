@@ -25,6 +25,7 @@ mod mla;
 mod moe;
 mod pool;
 mod q32;
+pub(crate) mod reference;
 mod rope;
 
 #[cfg(test)]

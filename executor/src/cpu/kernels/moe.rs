@@ -16,6 +16,7 @@
 //! graph adds them: `((r0 + r1) + r2) + ...`, then the shared row.
 
 pub use memra_compiler::plan::Gating;
+use memra_compiler::plan::MoeSummary;
 
 use super::softmax;
 
@@ -45,6 +46,18 @@ fn order_desc(values: &[f32]) -> Vec<usize> {
 }
 
 impl Router {
+    /// The router a plan's `model.moe` describes.
+    pub fn of(m: &MoeSummary) -> Router {
+        Router {
+            gating: m.gating,
+            top_k: m.top_k as usize,
+            groups: m.groups as usize,
+            groups_used: m.groups_used as usize,
+            norm_weights: m.norm_weights,
+            scale: m.weights_scale as f32,
+        }
+    }
+
     /// The selected experts, best first, with their weights, from the router logits and the
     /// selection bias (`exp_probs_b`, if the model has it).
     pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {

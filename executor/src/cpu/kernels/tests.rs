@@ -7,6 +7,7 @@ use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
 use super::act::{quantize_q8, quantize_q8k};
+use super::reference::{effective_x, matvec_row};
 use super::*;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
@@ -25,36 +26,6 @@ fn dequant(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
     let mut out = vec![0f32; n];
     memra_gguf::dequantize(dtype, bytes, &mut out).unwrap();
     out
-}
-
-/// The activations the kernel actually multiplies: `x` itself for float weights, else the
-/// dequantized 8-bit blocks.
-fn effective_x(dtype: GgmlType, x: &[f32]) -> Vec<f32> {
-    match dtype {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => x.to_vec(),
-        GgmlType::Q4_K | GgmlType::Q6_K => quantize_q8k(x, false)
-            .iter()
-            .flat_map(|b| b.qs.map(|q| f32::from(q) * b.d))
-            .collect(),
-        _ => quantize_q8(x, false)
-            .iter()
-            .flat_map(|b| b.qs.map(|q| f32::from(q) * b.d))
-            .collect(),
-    }
-}
-
-/// For q4_1 the kernel takes a block's minimum times the activations' stored `s` (f16 of
-/// `d * sum`, as in the q8_1 format) where the dequantized reference has `d * sum`: the
-/// difference, summed over one row's blocks.
-fn q4_1_min_term_correction(row_bytes: &[u8], x: &[f32]) -> f64 {
-    row_bytes
-        .chunks_exact(20)
-        .zip(quantize_q8(x, false))
-        .map(|(block, xb)| {
-            let m = memra_gguf::f16::f16_to_f32(u16::from_le_bytes([block[2], block[3]]));
-            f64::from(m) * (f64::from(xb.s) - f64::from(xb.d) * f64::from(xb.sum))
-        })
-        .sum()
 }
 
 /// Column counts that give every dtype 1, 2, 4 and 8 whole-block chunks; the float ones
@@ -91,20 +62,8 @@ fn matvec_matches_f64_reference() {
             let y = run(2, &w, &x, chunks, simd_available());
             for (r, &got) in y.iter().enumerate() {
                 let row = &wf[r * cols..(r + 1) * cols];
-                let mut exact: f64 = row
-                    .iter()
-                    .zip(&xe)
-                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                    .sum();
-                if dtype == GgmlType::Q4_1 {
-                    let row_bytes = &bytes[r * w.row_bytes()..(r + 1) * w.row_bytes()];
-                    exact += q4_1_min_term_correction(row_bytes, &x);
-                }
-                let abs: f64 = row
-                    .iter()
-                    .zip(&xe)
-                    .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
-                    .sum();
+                let row_bytes = &bytes[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+                let (exact, abs) = matvec_row(dtype, row, row_bytes, &x, &xe);
                 // f32 accumulation of the same products: a few ulps of the absolute sum
                 let tight = 4e-6 * abs + 1e-6;
                 assert!(

@@ -9,7 +9,7 @@ use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
-use crate::cpu::kernels::act::{quantize_q8, quantize_q8k};
+use crate::cpu::kernels::reference::{effective_x, matvec_row};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -63,36 +63,18 @@ fn matvec(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize, chunks: usize
     let x = random(&mut cx.rng, cols, 1.0);
     let w = DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?;
     let xd = dev.upload(s, &x)?;
-    let blocks = quantize_q8(&x, false);
-    let x = activations(dtype, x);
+    // the kernels must reproduce the CPU backend's 8-bit activations: a different rounding of
+    // one quant shows as an error near 1e-4
+    let xe = effective_x(dtype, &x);
     let mut yd = dev.upload(s, &vec![f32::NAN; rows])?;
     dev.matvec(s, &w, &xd, chunks, &mut yd)?;
     let y = dev.download(s, &yd)?;
+    let rb = bytes.len() / rows;
     let mut err = 0f64;
     for (r, &got) in y.iter().enumerate() {
         let row = &deq[r * cols..(r + 1) * cols];
-        let mut exact: f64 = row
-            .iter()
-            .zip(&x)
-            .map(|(&a, &b)| f64::from(a) * f64::from(b))
-            .sum();
-        if dtype == GgmlType::Q4_1 {
-            // A block's minimum multiplies the stored f16 `s`, not `d * sum`.
-            let row_bytes = &bytes[r * cols / 32 * 20..(r + 1) * cols / 32 * 20];
-            exact += row_bytes
-                .chunks_exact(20)
-                .zip(&blocks)
-                .map(|(b, xb)| {
-                    let m = f16_to_f32(u16::from_le_bytes([b[2], b[3]]));
-                    f64::from(m) * (f64::from(xb.s) - f64::from(xb.d) * f64::from(xb.sum))
-                })
-                .sum::<f64>();
-        }
-        let scale: f64 = row
-            .iter()
-            .zip(&x)
-            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
-            .sum();
+        let row_bytes = &bytes[r * rb..(r + 1) * rb];
+        let (exact, scale) = matvec_row(dtype, row, row_bytes, &x, &xe);
         err = err.max((f64::from(got) - exact).abs() / scale.max(1e-30));
     }
     let err = if y.iter().any(|v| !v.is_finite()) {
@@ -108,23 +90,6 @@ fn matvec(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize, chunks: usize
         "rel|wx|",
     );
     Ok(())
-}
-
-/// The activations a matvec of `dtype` multiplies: x itself for float weights, else x through
-/// the CPU backend's 8-bit quantization (32-value blocks, or 256 for the k-quants), which the
-/// kernels must reproduce; a different rounding of one quant shows as an error near 1e-4.
-fn activations(dtype: GgmlType, x: Vec<f32>) -> Vec<f32> {
-    match dtype {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => quantize_q8(&x, false)
-            .iter()
-            .flat_map(|b| b.qs.map(|q| b.d * f32::from(q)))
-            .collect(),
-        GgmlType::Q4_K | GgmlType::Q6_K => quantize_q8k(&x, false)
-            .iter()
-            .flat_map(|b| b.qs.map(|q| b.d * f32::from(q)))
-            .collect(),
-        _ => x,
-    }
 }
 
 fn embed(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {

@@ -13,7 +13,8 @@ use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cuda::{
-    capture, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, Norm, RopeStyle, Span,
+    capture, CaptureError, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, Graph,
+    Norm, RopeStyle, Span,
 };
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -344,6 +345,30 @@ impl Step {
     }
 }
 
+/// Reports under `check` the bits of a captured graph's replay (`replay`) against the eager
+/// run `eager`, or the capture's failure.
+pub(super) fn report_replay(
+    cx: &mut Ctx,
+    check: &str,
+    what: String,
+    captured: Result<Graph, CaptureError>,
+    eager: &[f32],
+    replay: impl FnOnce(&Graph) -> Result<Vec<f32>>,
+) -> Result<()> {
+    match captured {
+        Ok(g) => {
+            let replayed = replay(&g)?;
+            cx.report
+                .exact(check, what, bit_mismatches(&replayed, eager));
+        }
+        Err(e) => {
+            println!("{check} capture failed: {e}");
+            cx.report.exact(check, "capture".to_string(), 1);
+        }
+    }
+    Ok(())
+}
+
 fn graph(cx: &mut Ctx) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let mut step = Step::new(dev, s, &mut cx.rng)?;
@@ -357,20 +382,14 @@ fn graph(cx: &mut Ctx) -> Result<()> {
         bit_mismatches(&eager, &eager_again),
     );
     let captured = capture(s, || step.enqueue(dev, s));
-    match captured {
-        Ok(g) => {
-            let replayed = step.trace(dev, s, steps, &mut |_: &mut Step| Ok(g.replay()?))?;
-            cx.report.exact(
-                "graph",
-                format!("replay == eager, {steps} steps x 11 launches"),
-                bit_mismatches(&replayed, &eager),
-            );
-        }
-        Err(e) => {
-            println!("graph capture failed: {e}");
-            cx.report.exact("graph", "capture".to_string(), 1);
-        }
-    }
+    report_replay(
+        cx,
+        "graph",
+        format!("replay == eager, {steps} steps x 11 launches"),
+        captured,
+        &eager,
+        |g| step.trace(dev, s, steps, &mut |_: &mut Step| Ok(g.replay()?)),
+    )?;
     // a capture whose recording fails must leave the stream usable (the guard ends it)
     let failed = capture(s, || anyhow::bail!("planted failure"));
     let usable = step.trace(dev, s, 1, &mut |st: &mut Step| st.enqueue(dev, s))?;

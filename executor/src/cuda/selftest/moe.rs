@@ -10,6 +10,7 @@ use anyhow::Result;
 use memra_compiler::plan::{Gating, MoeSummary};
 use memra_gguf::GgmlType;
 
+use super::exact::report_replay;
 use super::{bit_mismatches, random, random_weight, Ctx};
 use crate::cpu::kernels::{self, combine_into, silu_mul, Pool, Router, Weight};
 use crate::cuda::moe::{full_chunks, DeviceStack, MoeState, MoeWeights};
@@ -65,17 +66,6 @@ fn summary(
     }
 }
 
-fn cpu_router(m: &MoeSummary) -> Router {
-    Router {
-        gating: m.gating,
-        top_k: m.top_k as usize,
-        groups: m.groups as usize,
-        groups_used: m.groups_used as usize,
-        norm_weights: m.norm_weights,
-        scale: m.weights_scale as f32,
-    }
-}
-
 fn route(cx: &mut Ctx, m: &MoeSummary, with_bias: bool) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let (n, k) = (m.experts as usize, m.top_k as usize);
@@ -95,7 +85,7 @@ fn route(cx: &mut Ctx, m: &MoeSummary, with_bias: bool) -> Result<()> {
         &spans.1,
     )?;
     let (got_ids, got_w) = (dev.download(s, &ids)?, dev.download(s, &weights)?);
-    let want = cpu_router(m).route(&logits, bias.as_deref());
+    let want = Router::of(m).route(&logits, bias.as_deref());
     let case = format!(
         "{:?} {n} experts top-{k} groups {}/{}",
         m.gating, m.groups, m.groups_used
@@ -256,7 +246,7 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     };
     let mut logits = vec![0f32; EXPERTS];
     kernels::matvec(&pool, &router, &xn, full_chunks(&l.w.router), &mut logits);
-    let route = cpu_router(&l.st.router).route(&logits, None);
+    let route = Router::of(&l.st.router).route(&logits, None);
     let ids = dev.download(s, &l.st.ids)?;
     let wrong = ids
         .iter()
@@ -336,23 +326,21 @@ fn graph(cx: &mut Ctx) -> Result<()> {
         eager.extend(dev.download(s, &l.x)?);
     }
     dev.write(s, &x0, &mut l.x)?;
-    match capture(s, || l.enqueue(dev, s, true)) {
-        Ok(g) => {
+    let captured = capture(s, || l.enqueue(dev, s, true));
+    report_replay(
+        cx,
+        "moe graph",
+        format!("replay == eager, {steps} steps"),
+        captured,
+        &eager,
+        |g| {
             let mut replayed = Vec::new();
             for _ in 0..steps {
                 g.replay()?;
                 replayed.extend(dev.download(s, &l.x)?);
             }
-            cx.report.exact(
-                "moe graph",
-                format!("replay == eager, {steps} steps"),
-                bit_mismatches(&replayed, &eager),
-            );
-        }
-        Err(e) => {
-            println!("moe graph capture failed: {e}");
-            cx.report.exact("moe graph", "capture".to_string(), 1);
-        }
-    }
+            Ok(replayed)
+        },
+    )?;
     Ok(())
 }
