@@ -12,6 +12,7 @@ pub mod compile;
 pub mod device;
 pub mod engine;
 pub mod graph;
+mod mla;
 mod moe;
 mod nccl;
 pub mod ops;
