@@ -70,11 +70,10 @@ impl MlaWeights {
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
     ) -> Result<MlaWeights> {
-        let mla = plan
-            .model
-            .mla
-            .as_ref()
-            .ok_or_else(|| anyhow!("layer {l} is an MLA layer but the plan has no model.mla"))?;
+        let mla =
+            plan.model.mla.as_ref().ok_or_else(|| {
+                anyhow!("layer {l} is an MLA layer but the plan has no model.mla")
+            })?;
         let name = |x: &str| format!("blk.{l}.{x}");
         let q = if mla.q_lora_rank > 0 {
             QueryPath::LowRank {
@@ -205,7 +204,12 @@ impl MlaState {
             return Ok(None);
         }
         let most = |f: fn(&Shape) -> usize| shapes.iter().map(f).max().unwrap_or(1).max(1);
-        let lora = layers.iter().flatten().map(|m| m.q_lora()).max().unwrap_or(0);
+        let lora = layers
+            .iter()
+            .flatten()
+            .map(|m| m.q_lora())
+            .max()
+            .unwrap_or(0);
         let capacity = plan.runtime.max_context as usize;
         let d = plan.model.embedding as usize;
         let mut caches = Vec::new();
@@ -227,10 +231,7 @@ impl MlaState {
             scores: dev.alloc(s, most(|x| x.heads) * capacity)?,
             caches,
             capacity,
-            kq_scale: mla_kq_scale(
-                plan.model.rope_yarn.as_ref(),
-                plan.model.head_dim as usize,
-            ),
+            kq_scale: mla_kq_scale(plan.model.rope_yarn.as_ref(), plan.model.head_dim as usize),
             eps: geo.eps,
             rope: Rope {
                 theta: geo.theta,
@@ -283,7 +284,15 @@ impl MlaState {
         )?;
         let n_rot = sh.width - kvl;
         let rot = |src: Span<f32>, src_stride, dst: Span<f32>, dst_stride, n| {
-            self.rope_launch(dev, s, (&src, src_stride), (&dst, dst_stride), n, n_rot, pos)
+            self.rope_launch(
+                dev,
+                s,
+                (&src, src_stride),
+                (&dst, dst_stride),
+                n,
+                n_rot,
+                pos,
+            )
         };
         rot(
             kv_a.sub(kvl, n_rot),
@@ -336,7 +345,12 @@ impl MlaState {
             self.kq_scale,
         )?;
         if att.len() != sh.heads * sh.v {
-            bail!("mla_core: {} output values for {} heads of {}", att.len(), sh.heads, sh.v);
+            bail!(
+                "mla_core: {} output values for {} heads of {}",
+                att.len(),
+                sh.heads,
+                sh.v
+            );
         }
         for (h, v_b) in m.v_b.iter().enumerate() {
             let l = lat.sub(h * sh.kvl, sh.kvl);
@@ -405,7 +419,13 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         self.launch(s, "mla_rope_f32", cfg, |a| {
-            a.arg(&sp).arg(&ss).arg(&dp).arg(&ds).arg(&nv).arg(&nr).arg(&pp);
+            a.arg(&sp)
+                .arg(&ss)
+                .arg(&dp)
+                .arg(&ds)
+                .arg(&nv)
+                .arg(&nr)
+                .arg(&pp);
             a.arg(&theta_scale).arg(&neox).arg(&on).arg(&fs).arg(&lo);
             a.arg(&hi).arg(&ms);
         })

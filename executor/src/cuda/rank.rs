@@ -11,8 +11,8 @@
 //! one). q/k/v of mixed
 //! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
 //! shape (an error names them otherwise). The FFN half of a layer, dense or MoE (device-side
-//! routing, the experts' rows and their fixed-order combine), lives in `moe`; GQA is the only
-//! mixer (an MLA layer is refused at load).
+//! routing, the experts' rows and their fixed-order combine), lives in `moe`; an MLA layer's
+//! attention (deepseek2, latent cache) in `mla`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -163,26 +163,26 @@ impl RankDevice {
                 MixerWeights::Mla(Box::new(MlaWeights::take(plan, l, &mut w, &dev, &s)?))
             } else {
                 MixerWeights::Gqa(Box::new(GqaWeights {
-                q: mat(&mut w, &n("attn_q.weight"))?,
-                k: mat(&mut w, &n("attn_k.weight"))?,
-                v: mat(&mut w, &n("attn_v.weight"))?,
-                biases: if m.qkv_bias {
-                    Some([
-                        vec(&mut w, &n("attn_q.bias"))?,
-                        vec(&mut w, &n("attn_k.bias"))?,
-                        vec(&mut w, &n("attn_v.bias"))?,
-                    ])
-                } else {
-                    None
-                },
-                qk_norm: if m.qk_norm {
-                    Some([
-                        vec(&mut w, &n("attn_q_norm.weight"))?,
-                        vec(&mut w, &n("attn_k_norm.weight"))?,
-                    ])
-                } else {
-                    None
-                },
+                    q: mat(&mut w, &n("attn_q.weight"))?,
+                    k: mat(&mut w, &n("attn_k.weight"))?,
+                    v: mat(&mut w, &n("attn_v.weight"))?,
+                    biases: if m.qkv_bias {
+                        Some([
+                            vec(&mut w, &n("attn_q.bias"))?,
+                            vec(&mut w, &n("attn_k.bias"))?,
+                            vec(&mut w, &n("attn_v.bias"))?,
+                        ])
+                    } else {
+                        None
+                    },
+                    qk_norm: if m.qk_norm {
+                        Some([
+                            vec(&mut w, &n("attn_q_norm.weight"))?,
+                            vec(&mut w, &n("attn_k_norm.weight"))?,
+                        ])
+                    } else {
+                        None
+                    },
                 }))
             };
             layers.push(LayerWeights {
@@ -274,7 +274,11 @@ impl RankDevice {
         for (l, m) in mla_layers.iter().enumerate() {
             if let Some(m) = m {
                 if m.att_len() != layers[l].o.cols {
-                    bail!("attn_output reads {} values, the MLA heads give {}", layers[l].o.cols, m.att_len());
+                    bail!(
+                        "attn_output reads {} values, the MLA heads give {}",
+                        layers[l].o.cols,
+                        m.att_len()
+                    );
                 }
             }
         }

@@ -12,6 +12,7 @@ mod bench;
 mod checks;
 pub mod collective;
 mod exact;
+mod mla;
 mod moe;
 mod sampling;
 
@@ -192,6 +193,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         checks::run(&mut cx)?;
         exact::run(&mut cx)?;
         moe::run(&mut cx)?;
+        mla::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }
     if opts.bench {
