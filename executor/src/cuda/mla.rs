@@ -20,7 +20,7 @@ use crate::geometry::RankGeometry;
 use crate::rope::{mla_kq_scale, Yarn};
 use crate::weights::{Matrix, RankWeights, Stack};
 
-/// Threads of a latent attention block and the widest cache row (kernels/mla.cu).
+/// Threads of a latent attention block (MLA_THREADS in kernels/mla.cu).
 const MLA_THREADS: u32 = 256;
 /// `kv_lora_rank + qk_rope_head_dim` the latent attention takes at most (MLA_MAX_WIDTH).
 pub const MAX_LATENT_WIDTH: usize = 1024;
@@ -104,8 +104,9 @@ impl MlaWeights {
         if sh.heads == 0 || sh.width > MAX_LATENT_WIDTH || sh.width <= sh.kvl {
             bail!("layer {l}: {} heads and latent rows of {} values; the cuda backend takes 1 or more heads and rows of up to {MAX_LATENT_WIDTH} with a rope part", sh.heads, sh.width);
         }
-        if sh.q_rows != sh.heads * sh.head_q || sh.head_q <= sh.nope || sh.v_b_cols != sh.kvl {
-            bail!("layer {l}: query rows {} are not {} heads of no-rope {} plus rope values, or attn_v_b does not read the latent", sh.q_rows, sh.heads, sh.nope);
+        let rope = sh.width - sh.kvl;
+        if sh.q_rows != sh.heads * (sh.nope + rope) || sh.v_b_cols != sh.kvl {
+            bail!("layer {l}: query rows {} are not {} heads of {} no-rope and {rope} rope values, or attn_v_b does not read the {}-value latent", sh.q_rows, sh.heads, sh.nope, sh.kvl);
         }
         if !(sh.head_q * 4).is_multiple_of(16) || !(sh.kvl * 4).is_multiple_of(16) {
             bail!("layer {l}: heads of {} values and latents of {} are not 16-byte aligned for the cuda matvecs", sh.head_q, sh.kvl);
@@ -301,7 +302,6 @@ impl MlaState {
             sh.width,
             1,
         )?;
-        let tail = sh.head_q - sh.nope;
         rot(
             q.sub(sh.nope, sh.q_rows - sh.nope),
             sh.head_q,
@@ -309,7 +309,6 @@ impl MlaState {
             sh.width,
             sh.heads,
         )?;
-        debug_assert_eq!(tail, n_rot, "invariant: checked at load");
         for (h, k_b) in m.k_b.iter().enumerate() {
             let qh = q.sub(h * sh.head_q, sh.nope);
             let mut out = q_lat.sub(h * sh.width, kvl);
