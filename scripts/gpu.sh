@@ -25,9 +25,10 @@
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
 #   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
-#   moe [SECONDS]             qwen3moe on CUDA: self-test, tiny-qwen3moe gates (graphs, TP-2,
-#                             TP-4, EP-4, PP-2 on device 0), CUDA vs CPU, Qwen3-30B-A3B-shaped
-#                             8-layer q4_1 decode speed
+#   moe [SECONDS]             qwen3moe and deepseek2 on CUDA: self-test, tiny-qwen3moe gates
+#                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
+#                             tiny-deepseek2-lite gates (graphs, TP-2, PP-2), CUDA vs CPU of
+#                             each, Qwen3-30B-A3B-shaped 8-layer q4_1 decode speed
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -679,12 +680,19 @@ suite_moe() {
     local synth_f32=$!
     synth tiny-qwen3moe q8_0 &
     local synth_q8=$!
+    local shape synth_mla=()
+    for shape in tiny-deepseek2 tiny-deepseek2-lite; do
+        for dtype in f32 q8_0; do
+            synth $shape $dtype &
+            synth_mla+=($!)
+        done
+    done
     "$BIN/memra-synth" --shape qwen3-30b-a3b --layers 8 --dtype q4_1 -o "$M/$big-q4_1.gguf" \
         2>"$LOG/synth-$big.log" &
     local synth_big=$!
     limit 150 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
     rc=$?
-    grep -E "^(moe|  moe)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    grep -E "^(moe|  moe|mla|  mla)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait $synth_f32 $synth_q8
     # CUDA against the CPU: f32 within 1e-3 over 64 steps; q8_0 within 5e-2 over 32 steps, the
@@ -698,6 +706,17 @@ suite_moe() {
         late "cuda vs cpu tiny-qwen3moe $dtype" ||
             against_cpu "cuda vs cpu tiny-qwen3moe $dtype" "${tol[0]}" "$M/tiny-qwen3moe-$dtype.gguf" \
                 "$P/$dtype/tiny-qwen3moe.plan.toml" "${tol[1]}"
+    done
+    # deepseek2 (MLA): the same gates and bounds, the V3 layout (q-lora) and the V2-Lite one
+    wait "${synth_mla[@]}"
+    for shape in tiny-deepseek2 tiny-deepseek2-lite; do
+        for dtype in q8_0 f32; do
+            gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-pp2
+            if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32); fi
+            late "cuda vs cpu $shape $dtype" ||
+                against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
+                    "$P/$dtype/$shape.plan.toml" "${tol[1]}"
+        done
     done
     wait $synth_big
     late "bench $big q4_1" ||

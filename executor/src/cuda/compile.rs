@@ -66,6 +66,7 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("sample.cu", ["argmax_f32", "sample_f32"]),
     kernel_file!("reduce.cu", ["tree_sum_f32"]),
     kernel_file!("moe.cu", ["moe_route_f32", "moe_combine_f32"]),
+    kernel_file!("mla.cu", ["mla_rope_f32", "mla_attention_f16"]),
     kernel_file!(
         "collective.cu",
         ["all_reduce_f32", "gather_f32", "combine_f32"]

@@ -13,6 +13,7 @@ pub mod device;
 pub mod engine;
 mod enqueue;
 pub mod graph;
+mod mla;
 mod moe;
 mod nccl;
 pub mod ops;

@@ -11,8 +11,8 @@
 //! one). q/k/v of mixed
 //! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
 //! shape (an error names them otherwise). The FFN half of a layer, dense or MoE (device-side
-//! routing, the experts' rows and their fixed-order combine), lives in `moe`; GQA is the only
-//! mixer (an MLA layer is refused at load).
+//! routing, the experts' rows and their fixed-order combine), lives in `moe`; an MLA layer's
+//! attention (deepseek2, latent cache) in `mla`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,11 +21,12 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{
-    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Mixer, Plan, Segment,
+    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Plan, Segment,
 };
 
 use super::collective::{Collective, Exchange, Oneshot, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
+use super::mla::{is_mla, MlaState, MlaWeights};
 use super::moe::{FfnWeights, MoeState};
 use super::ops::{DeviceKv, DeviceWeight, Norm};
 use super::span::Span;
@@ -34,14 +35,25 @@ use crate::program::Work;
 use crate::sample::SamplerConfig;
 use crate::weights::{Matrix, RankWeights};
 
-/// One layer's weights on the device.
-struct LayerWeights {
-    attn_norm: DeviceBuffer<f32>,
+/// One GQA layer's attention weights on the device.
+struct GqaWeights {
     q: DeviceWeight,
     k: DeviceWeight,
     v: DeviceWeight,
     biases: Option<[DeviceBuffer<f32>; 3]>,
     qk_norm: Option<[DeviceBuffer<f32>; 2]>,
+}
+
+/// A layer's attention weights besides the norm and the output projection.
+enum MixerWeights {
+    Gqa(Box<GqaWeights>),
+    Mla(Box<MlaWeights>),
+}
+
+/// One layer's weights on the device.
+struct LayerWeights {
+    attn_norm: DeviceBuffer<f32>,
+    mixer: MixerWeights,
     o: DeviceWeight,
     ffn_norm: DeviceBuffer<f32>,
     ffn: FfnWeights,
@@ -92,7 +104,9 @@ pub struct RankDevice {
     /// The rank's streams by plan name.
     pub streams: BTreeMap<String, Arc<CudaStream>>,
     layers: Vec<LayerWeights>,
-    kv: Vec<DeviceKv>,
+    /// By layer index; `None` for MLA layers (their latent caches are in `mla`).
+    kv: Vec<Option<DeviceKv>>,
+    mla: Option<MlaState>,
     embed: Option<DeviceWeight>,
     head: Option<(DeviceBuffer<f32>, HeadRows)>,
     geo: RankGeometry,
@@ -143,32 +157,37 @@ impl RankDevice {
         };
         let mut layers = Vec::new();
         for l in r.layers.start..r.layers.end {
-            if m.layer_kind(l).mixer != Mixer::Gqa {
-                bail!("layer {l} is an MLA layer; the cuda backend runs GQA attention only");
-            }
             let n = |x: &str| format!("blk.{l}.{x}");
+            let attn_norm = vec(&mut w, &n("attn_norm.weight"))?;
+            let mixer = if is_mla(plan, l) {
+                MixerWeights::Mla(Box::new(MlaWeights::take(plan, l, &mut w, &dev, &s)?))
+            } else {
+                MixerWeights::Gqa(Box::new(GqaWeights {
+                    q: mat(&mut w, &n("attn_q.weight"))?,
+                    k: mat(&mut w, &n("attn_k.weight"))?,
+                    v: mat(&mut w, &n("attn_v.weight"))?,
+                    biases: if m.qkv_bias {
+                        Some([
+                            vec(&mut w, &n("attn_q.bias"))?,
+                            vec(&mut w, &n("attn_k.bias"))?,
+                            vec(&mut w, &n("attn_v.bias"))?,
+                        ])
+                    } else {
+                        None
+                    },
+                    qk_norm: if m.qk_norm {
+                        Some([
+                            vec(&mut w, &n("attn_q_norm.weight"))?,
+                            vec(&mut w, &n("attn_k_norm.weight"))?,
+                        ])
+                    } else {
+                        None
+                    },
+                }))
+            };
             layers.push(LayerWeights {
-                attn_norm: vec(&mut w, &n("attn_norm.weight"))?,
-                q: mat(&mut w, &n("attn_q.weight"))?,
-                k: mat(&mut w, &n("attn_k.weight"))?,
-                v: mat(&mut w, &n("attn_v.weight"))?,
-                biases: if m.qkv_bias {
-                    Some([
-                        vec(&mut w, &n("attn_q.bias"))?,
-                        vec(&mut w, &n("attn_k.bias"))?,
-                        vec(&mut w, &n("attn_v.bias"))?,
-                    ])
-                } else {
-                    None
-                },
-                qk_norm: if m.qk_norm {
-                    Some([
-                        vec(&mut w, &n("attn_q_norm.weight"))?,
-                        vec(&mut w, &n("attn_k_norm.weight"))?,
-                    ])
-                } else {
-                    None
-                },
+                attn_norm,
+                mixer,
                 o: mat(&mut w, &n("attn_output.weight"))?,
                 ffn_norm: vec(&mut w, &n("ffn_norm.weight"))?,
                 ffn: FfnWeights::take(plan, l, &mut w, &dev, &s)?,
@@ -230,16 +249,40 @@ impl RankDevice {
         }
         let ctx = plan.runtime.max_context as usize;
         let mut kv = Vec::new();
+        let (mut nq, mut nk, mut n_att) = (1, 1, 1);
         for lw in &layers {
-            if lw.q.rows % hd != 0 || lw.k.rows % hd != 0 {
+            n_att = n_att.max(lw.o.cols);
+            let MixerWeights::Gqa(g) = &lw.mixer else {
+                kv.push(None);
+                continue;
+            };
+            if g.q.rows % hd != 0 || g.k.rows % hd != 0 {
                 bail!("q/k shards are not whole heads of {hd} values");
             }
-            kv.push(DeviceKv::new(&dev, &s, lw.k.rows / hd, hd, ctx)?);
+            (nq, nk) = (nq.max(g.q.rows), nk.max(g.k.rows));
+            kv.push(Some(DeviceKv::new(&dev, &s, g.k.rows / hd, hd, ctx)?));
+        }
+        let geo = RankGeometry::of(plan, rank);
+        let mla_layers: Vec<Option<&MlaWeights>> = layers
+            .iter()
+            .map(|l| match &l.mixer {
+                MixerWeights::Mla(m) => Some(&**m),
+                MixerWeights::Gqa(_) => None,
+            })
+            .collect();
+        let mla = MlaState::new(&dev, &s, plan, &geo, &mla_layers)?;
+        for (l, m) in mla_layers.iter().enumerate() {
+            if let Some(m) = m {
+                if m.att_len() != layers[l].o.cols {
+                    bail!(
+                        "attn_output reads {} values, the MLA heads give {}",
+                        layers[l].o.cols,
+                        m.att_len()
+                    );
+                }
+            }
         }
         let d = m.embedding as usize;
-        let first = layers.first();
-        let size = |f: fn(&LayerWeights) -> usize| first.map_or(1, f).max(1);
-        let (nq, nk) = (size(|l| l.q.rows), size(|l| l.k.rows));
         let logits_len = match &head {
             Some((_, HeadRows::Own(h))) => h.rows,
             Some((_, HeadRows::Embedding)) => m.vocab as usize,
@@ -255,7 +298,7 @@ impl RankDevice {
             q: dev.alloc(&s, nq)?,
             k: dev.alloc(&s, nk)?,
             v: dev.alloc(&s, nk)?,
-            att: dev.alloc(&s, nq)?,
+            att: dev.alloc(&s, n_att)?,
             partial: dev.alloc(&s, d)?,
             gate: dev.alloc(
                 &s,
@@ -311,9 +354,10 @@ impl RankDevice {
             streams,
             layers,
             kv,
+            mla,
             embed,
             head,
-            geo: RankGeometry::of(plan, rank),
+            geo,
             sampler,
             buf,
             tx,
@@ -532,12 +576,20 @@ impl RankDevice {
         let lw = &self.layers[li];
         let b = &self.buf;
         let dev = &self.dev;
-        let (x, xn, q, k, v) = (
-            Span::of(&b.x),
-            Span::of(&b.xn),
-            Span::of(&b.q).sub(0, lw.q.rows),
-            Span::of(&b.k).sub(0, lw.k.rows),
-            Span::of(&b.v).sub(0, lw.v.rows),
+        let (x, xn) = (Span::of(&b.x), Span::of(&b.xn));
+        let gqa = match &lw.mixer {
+            MixerWeights::Gqa(g) => Some(g),
+            MixerWeights::Mla(_) => None,
+        };
+        let (q, k, v) = gqa.map_or_else(
+            || (Span::of(&b.q), Span::of(&b.k), Span::of(&b.v)),
+            |g| {
+                (
+                    Span::of(&b.q).sub(0, g.q.rows),
+                    Span::of(&b.k).sub(0, g.k.rows),
+                    Span::of(&b.v).sub(0, g.v.rows),
+                )
+            },
         );
         let chunks_of = |w: &DeviceWeight| {
             reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
@@ -557,19 +609,39 @@ impl RankDevice {
             }
         };
         match seg {
+            Segment::MlaPre | Segment::MlaCore => {
+                let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
+                    bail!("segment `{}` on layer {layer}, a GQA layer", seg.name());
+                };
+                let pos = Span::of(&b.pos);
+                if seg == Segment::MlaPre {
+                    let norm = Norm {
+                        weight: &lw.attn_norm,
+                        eps: self.geo.eps,
+                    };
+                    state.pre(dev, s, m, norm, &x, &pos)
+                } else {
+                    let att = Span::of(&b.att).sub(0, lw.o.cols);
+                    state.core(dev, s, m, li, &pos, &att)
+                }
+            }
             Segment::AttnPre => {
+                let Some(lw) = gqa else {
+                    bail!("attn_pre on layer {layer}, an MLA layer");
+                };
+                let norm_w = &self.layers[li].attn_norm;
                 let (ws, ys) = ([&lw.q, &lw.k, &lw.v], [q.clone(), k.clone(), v.clone()]);
                 if ws
                     .iter()
                     .all(|w| w.dtype == lw.q.dtype && chunks_of(w) == chunks_of(&lw.q))
                 {
                     let norm = Norm {
-                        weight: &lw.attn_norm,
+                        weight: norm_w,
                         eps: self.geo.eps,
                     };
                     dev.matvec_many(s, &ws, &x, Some(norm), chunks_of(&lw.q), &ys)?;
                 } else {
-                    dev.rms_norm(s, &x, &lw.attn_norm, self.geo.eps, &mut xn.clone())?;
+                    dev.rms_norm(s, &x, norm_w, self.geo.eps, &mut xn.clone())?;
                     for (w, y) in ws.iter().zip(ys) {
                         dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
                     }
@@ -589,8 +661,10 @@ impl RankDevice {
                 // rope here rather than in AttnPre: it is fused with the cache write and the
                 // attention that reads it, and q and k are read by nothing else
                 let pos = Span::of(&b.pos);
-                let kv = &mut self.kv[li];
-                let att = Span::of(&b.att).sub(0, lw.q.rows);
+                let kv = self.kv[li]
+                    .as_mut()
+                    .ok_or_else(|| anyhow!("attn_core on layer {layer}, an MLA layer"))?;
+                let att = Span::of(&b.att).sub(0, lw.o.cols);
                 dev.attention(
                     s,
                     &mut q.clone(),
@@ -604,7 +678,7 @@ impl RankDevice {
                 )
             }
             Segment::AttnOut => {
-                let att = Span::of(&b.att).sub(0, lw.q.rows);
+                let att = Span::of(&b.att).sub(0, lw.o.cols);
                 self.pending = Pending::Hidden;
                 row(
                     &lw.o,

@@ -3,7 +3,8 @@
 //! the tree-combine of d column-shard matvecs, bit for bit), determinism (the same launch twice
 //! gives the same bits), graph capture and replay against the eager result, the device sampler
 //! token for token against the CPU one, MoE routing and experts against the CPU kernels (and
-//! an MoE layer's graph replay), and optionally the achieved bandwidth of the matvec kernels
+//! an MoE layer's graph replay), MLA's rope and latent attention against the CPU kernels (and
+//! their graph replay), and optionally the achieved bandwidth of the matvec kernels
 //! on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by
 //! `cargo run --release --example cuda_selftest`; it needs a GPU and is never part of
 //! `cargo test`.
@@ -12,6 +13,7 @@ mod bench;
 mod checks;
 pub mod collective;
 mod exact;
+mod mla;
 mod moe;
 mod sampling;
 
@@ -192,6 +194,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         checks::run(&mut cx)?;
         exact::run(&mut cx)?;
         moe::run(&mut cx)?;
+        mla::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }
     if opts.bench {

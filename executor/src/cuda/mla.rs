@@ -1,0 +1,483 @@
+//! Multi-head latent attention (deepseek2) on a CUDA rank: the layer's weights, the rank's MLA
+//! buffers and f16 latent caches, and the `mla_pre` and `mla_core` segments, with the math of
+//! the CPU backend's `segments::mla_pre` and `mla_core`. The plain projections (the query path,
+//! `attn_kv_a_mqa`) and the per-head absorbed products through `attn_k_b` and `attn_v_b` are
+//! ordinary matvecs with the canonical chunk counts of a whole K, so every plan reduces in the
+//! same order; rope (YaRN included) and the latent attention are kernels/mla.cu. The position
+//! is read from device memory throughout, so the segments are captured like any other.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
+use memra_compiler::plan::{Mixer, Plan};
+
+use super::device::{CudaDevice, DeviceBuffer};
+use super::moe::full_chunks;
+use super::ops::{DeviceWeight, Norm, RopeStyle};
+use super::span::Span;
+use crate::geometry::RankGeometry;
+use crate::rope::{mla_kq_scale, Yarn};
+use crate::weights::{Matrix, RankWeights, Stack};
+
+/// Threads of a latent attention block (MLA_THREADS in kernels/mla.cu).
+const MLA_THREADS: u32 = 256;
+/// `kv_lora_rank + qk_rope_head_dim` the latent attention takes at most (MLA_MAX_WIDTH).
+pub const MAX_LATENT_WIDTH: usize = 1024;
+
+/// How the query is made.
+pub(super) enum QueryPath {
+    /// `attn_q . x`.
+    Direct(DeviceWeight),
+    /// `attn_q_b . norm(attn_q_a . x)`.
+    LowRank {
+        a: DeviceWeight,
+        norm: DeviceBuffer<f32>,
+        b: DeviceWeight,
+    },
+}
+
+/// One MLA layer's weights on the device: this rank's heads of the query, `attn_k_b` and
+/// `attn_v_b` (one matrix per head), and the whole `attn_kv_a_mqa` and its norm.
+pub(super) struct MlaWeights {
+    pub q: QueryPath,
+    pub kv_a: DeviceWeight,
+    pub kv_a_norm: DeviceBuffer<f32>,
+    pub k_b: Vec<DeviceWeight>,
+    pub v_b: Vec<DeviceWeight>,
+}
+
+fn upload(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<DeviceWeight> {
+    DeviceWeight::upload(dev, s, m.dtype, &m.data, m.rows, m.cols)
+}
+
+/// Each matrix of a stack this rank holds, uploaded on its own.
+fn heads(dev: &CudaDevice, s: &Arc<CudaStream>, st: &Stack) -> Result<Vec<DeviceWeight>> {
+    (st.first..st.first + st.count)
+        .map(|i| {
+            let m = st.matrix(i).expect("invariant: a held matrix");
+            DeviceWeight::upload(dev, s, st.dtype, m, st.rows, st.cols)
+        })
+        .collect()
+}
+
+impl MlaWeights {
+    /// Takes layer `l`'s MLA shards (all but `attn_output`) out of `w`.
+    pub fn take(
+        plan: &Plan,
+        l: u32,
+        w: &mut RankWeights,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+    ) -> Result<MlaWeights> {
+        let mla =
+            plan.model.mla.as_ref().ok_or_else(|| {
+                anyhow!("layer {l} is an MLA layer but the plan has no model.mla")
+            })?;
+        let name = |x: &str| format!("blk.{l}.{x}");
+        let q = if mla.q_lora_rank > 0 {
+            QueryPath::LowRank {
+                a: upload(dev, s, w.take_matrix(&name("attn_q_a.weight"))?)?,
+                norm: dev.upload(s, &w.take_vector(&name("attn_q_a_norm.weight"))?)?,
+                b: upload(dev, s, w.take_matrix(&name("attn_q_b.weight"))?)?,
+            }
+        } else {
+            QueryPath::Direct(upload(dev, s, w.take_matrix(&name("attn_q.weight"))?)?)
+        };
+        let kv_a = upload(dev, s, w.take_matrix(&name("attn_kv_a_mqa.weight"))?)?;
+        let kv_a_norm = dev.upload(s, &w.take_vector(&name("attn_kv_a_norm.weight"))?)?;
+        let (k_b, v_b) = (
+            w.take_stack(&name("attn_k_b.weight"))?,
+            w.take_stack(&name("attn_v_b.weight"))?,
+        );
+        if (k_b.first, k_b.count) != (v_b.first, v_b.count) {
+            bail!("layer {l}: the rank holds different heads of attn_k_b and attn_v_b");
+        }
+        let m = MlaWeights {
+            q,
+            kv_a,
+            kv_a_norm,
+            k_b: heads(dev, s, &k_b)?,
+            v_b: heads(dev, s, &v_b)?,
+        };
+        let sh = m.shape();
+        if sh.heads == 0 || sh.width > MAX_LATENT_WIDTH || sh.width <= sh.kvl {
+            bail!("layer {l}: {} heads and latent rows of {} values; the cuda backend takes 1 or more heads and rows of up to {MAX_LATENT_WIDTH} with a rope part", sh.heads, sh.width);
+        }
+        let rope = sh.width - sh.kvl;
+        if sh.q_rows != sh.heads * (sh.nope + rope) || sh.v_b_cols != sh.kvl {
+            bail!("layer {l}: query rows {} are not {} heads of {} no-rope and {rope} rope values, or attn_v_b does not read the {}-value latent", sh.q_rows, sh.heads, sh.nope, sh.kvl);
+        }
+        if !(sh.head_q * 4).is_multiple_of(16) || !(sh.kvl * 4).is_multiple_of(16) {
+            bail!("layer {l}: heads of {} values and latents of {} are not 16-byte aligned for the cuda matvecs", sh.head_q, sh.kvl);
+        }
+        Ok(m)
+    }
+
+    fn q_rows(&self) -> usize {
+        match &self.q {
+            QueryPath::Direct(q) => q.rows,
+            QueryPath::LowRank { b, .. } => b.rows,
+        }
+    }
+
+    fn q_lora(&self) -> usize {
+        match &self.q {
+            QueryPath::Direct(_) => 0,
+            QueryPath::LowRank { a, .. } => a.rows,
+        }
+    }
+
+    fn shape(&self) -> Shape {
+        let heads = self.k_b.len();
+        let kvl = self.k_b.first().map_or(0, |w| w.rows);
+        let q_rows = self.q_rows();
+        Shape {
+            heads,
+            kvl,
+            nope: self.k_b.first().map_or(0, |w| w.cols),
+            width: self.kv_a.rows,
+            head_q: q_rows / heads.max(1),
+            q_rows,
+            v: self.v_b.first().map_or(0, |w| w.rows),
+            v_b_cols: self.v_b.first().map_or(0, |w| w.cols),
+        }
+    }
+
+    /// Values of the attention output (this rank's heads of `v_head_dim`).
+    pub fn att_len(&self) -> usize {
+        let sh = self.shape();
+        sh.heads * sh.v
+    }
+}
+
+/// The sizes of one MLA layer on this rank.
+struct Shape {
+    heads: usize,
+    kvl: usize,
+    nope: usize,
+    width: usize,
+    head_q: usize,
+    q_rows: usize,
+    v: usize,
+    v_b_cols: usize,
+}
+
+/// The rope of the MLA rope parts, as kernels/mla.cu takes it.
+#[derive(Clone, Copy)]
+struct Rope {
+    theta: f32,
+    neox: i32,
+    yarn: Option<Yarn>,
+}
+
+/// A rank's MLA buffers (sized for its widest MLA layer) and one latent cache per MLA layer.
+pub(super) struct MlaState {
+    xn: DeviceBuffer<f32>,
+    q_a: DeviceBuffer<f32>,
+    q_an: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    kv_a: DeviceBuffer<f32>,
+    /// The token's cache row: the normalized latent, then the roped key.
+    row: DeviceBuffer<f32>,
+    q_lat: DeviceBuffer<f32>,
+    lat: DeviceBuffer<f32>,
+    scores: DeviceBuffer<f32>,
+    /// By the rank's layer index; `None` for GQA layers.
+    caches: Vec<Option<DeviceBuffer<u16>>>,
+    capacity: usize,
+    kq_scale: f32,
+    eps: f32,
+    rope: Rope,
+}
+
+impl MlaState {
+    /// The state of a rank whose layers are `layers` (`Some` for MLA layers), if any is MLA.
+    pub fn new(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        plan: &Plan,
+        geo: &RankGeometry,
+        layers: &[Option<&MlaWeights>],
+    ) -> Result<Option<MlaState>> {
+        let shapes: Vec<Shape> = layers.iter().flatten().map(|m| m.shape()).collect();
+        if shapes.is_empty() {
+            return Ok(None);
+        }
+        let most = |f: fn(&Shape) -> usize| shapes.iter().map(f).max().unwrap_or(1).max(1);
+        let lora = layers
+            .iter()
+            .flatten()
+            .map(|m| m.q_lora())
+            .max()
+            .unwrap_or(0);
+        let capacity = plan.runtime.max_context as usize;
+        let d = plan.model.embedding as usize;
+        let mut caches = Vec::new();
+        for m in layers {
+            caches.push(match m {
+                Some(m) => Some(dev.alloc(s, m.shape().width * capacity)?),
+                None => None,
+            });
+        }
+        Ok(Some(MlaState {
+            xn: dev.alloc(s, d)?,
+            q_a: dev.alloc(s, lora.max(1))?,
+            q_an: dev.alloc(s, lora.max(1))?,
+            q: dev.alloc(s, most(|x| x.q_rows))?,
+            kv_a: dev.alloc(s, most(|x| x.width))?,
+            row: dev.alloc(s, most(|x| x.width))?,
+            q_lat: dev.alloc(s, most(|x| x.heads * x.width))?,
+            lat: dev.alloc(s, most(|x| x.heads * x.kvl))?,
+            scores: dev.alloc(s, most(|x| x.heads) * capacity)?,
+            caches,
+            capacity,
+            kq_scale: mla_kq_scale(plan.model.rope_yarn.as_ref(), plan.model.head_dim as usize),
+            eps: geo.eps,
+            rope: Rope {
+                theta: geo.theta,
+                neox: i32::from(geo.rope == RopeStyle::Neox),
+                yarn: geo.yarn,
+            },
+        }))
+    }
+
+    /// `mla_pre`: norm, query, latent and rope key, rope, and each head's absorbed query.
+    pub fn pre(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        m: &MlaWeights,
+        norm: Norm,
+        x: &Span<f32>,
+        pos: &Span<u32>,
+    ) -> Result<()> {
+        let sh = m.shape();
+        let q = Span::of(&self.q).sub(0, sh.q_rows);
+        let kv_a = Span::of(&self.kv_a).sub(0, sh.width);
+        let row = Span::of(&self.row).sub(0, sh.width);
+        let q_lat = Span::of(&self.q_lat).sub(0, sh.heads * sh.width);
+        let (first, first_y) = match &m.q {
+            QueryPath::Direct(w) => (w, q.clone()),
+            QueryPath::LowRank { a, .. } => (a, Span::of(&self.q_a).sub(0, a.rows)),
+        };
+        if first.dtype == m.kv_a.dtype && full_chunks(first) == full_chunks(&m.kv_a) {
+            let ys = [first_y.clone(), kv_a.clone()];
+            dev.matvec_many(s, &[first, &m.kv_a], x, Some(norm), full_chunks(first), &ys)?;
+        } else {
+            let xn = Span::of(&self.xn).sub(0, x.len());
+            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+            dev.matvec(s, first, &xn, full_chunks(first), &mut first_y.clone())?;
+            dev.matvec(s, &m.kv_a, &xn, full_chunks(&m.kv_a), &mut kv_a.clone())?;
+        }
+        if let QueryPath::LowRank { a, norm, b } = &m.q {
+            let q_an = Span::of(&self.q_an).sub(0, a.rows);
+            dev.rms_norm(s, &first_y, norm, self.eps, &mut q_an.clone())?;
+            dev.matvec(s, b, &q_an, full_chunks(b), &mut q.clone())?;
+        }
+        let kvl = sh.kvl;
+        dev.rms_norm(
+            s,
+            &kv_a.sub(0, kvl),
+            &m.kv_a_norm,
+            self.eps,
+            &mut row.sub(0, kvl),
+        )?;
+        let n_rot = sh.width - kvl;
+        let rot = |src: Span<f32>, src_stride, dst: Span<f32>, dst_stride, n| {
+            self.rope_launch(
+                dev,
+                s,
+                (&src, src_stride),
+                (&dst, dst_stride),
+                n,
+                n_rot,
+                pos,
+            )
+        };
+        rot(
+            kv_a.sub(kvl, n_rot),
+            sh.width,
+            row.sub(kvl, n_rot),
+            sh.width,
+            1,
+        )?;
+        rot(
+            q.sub(sh.nope, sh.q_rows - sh.nope),
+            sh.head_q,
+            q_lat.sub(kvl, sh.heads * sh.width - kvl),
+            sh.width,
+            sh.heads,
+        )?;
+        for (h, k_b) in m.k_b.iter().enumerate() {
+            let qh = q.sub(h * sh.head_q, sh.nope);
+            let mut out = q_lat.sub(h * sh.width, kvl);
+            dev.matvec(s, k_b, &qh, full_chunks(k_b), &mut out)?;
+        }
+        Ok(())
+    }
+
+    /// `mla_core`: the cache write and latent attention, then each head's value into `att`.
+    pub fn core(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        m: &MlaWeights,
+        layer: usize,
+        pos: &Span<u32>,
+        att: &Span<f32>,
+    ) -> Result<()> {
+        let sh = m.shape();
+        let cache = self.caches[layer]
+            .as_ref()
+            .ok_or_else(|| anyhow!("mla_core on a layer without a latent cache"))?;
+        let lat = Span::of(&self.lat).sub(0, sh.heads * sh.kvl);
+        dev.mla_attention(
+            s,
+            &Span::of(&self.q_lat).sub(0, sh.heads * sh.width),
+            &Span::of(&self.row).sub(0, sh.width),
+            &Span::of(cache),
+            &lat,
+            &Span::of(&self.scores),
+            pos,
+            (sh.heads, sh.kvl, self.capacity),
+            self.kq_scale,
+        )?;
+        if att.len() != sh.heads * sh.v {
+            bail!(
+                "mla_core: {} output values for {} heads of {}",
+                att.len(),
+                sh.heads,
+                sh.v
+            );
+        }
+        for (h, v_b) in m.v_b.iter().enumerate() {
+            let l = lat.sub(h * sh.kvl, sh.kvl);
+            dev.matvec(s, v_b, &l, full_chunks(v_b), &mut att.sub(h * sh.v, sh.v))?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope_launch(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        src: (&Span<f32>, usize),
+        dst: (&Span<f32>, usize),
+        n_vecs: usize,
+        n_rot: usize,
+        pos: &Span<u32>,
+    ) -> Result<()> {
+        let r = self.rope;
+        let theta_scale = r.theta.powf(-2.0 / n_rot as f32);
+        dev.mla_rope(s, src, dst, n_vecs, n_rot, pos, theta_scale, r.neox, r.yarn)
+    }
+}
+
+fn int(n: usize) -> i32 {
+    i32::try_from(n).expect("invariant: kernel sizes fit in i32")
+}
+
+impl CudaDevice {
+    /// Rotates the first `n_rot` values of each of `n_vecs` vectors of `src` (`stride` apart)
+    /// into `dst` at position `pos[0]`, as `cpu::kernels::rope_part` with `theta_scale`
+    /// (`theta^(-2 / n_rot)`) and YaRN when given.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mla_rope(
+        &self,
+        s: &CudaStream,
+        src: (&Span<f32>, usize),
+        dst: (&Span<f32>, usize),
+        n_vecs: usize,
+        n_rot: usize,
+        pos: &Span<u32>,
+        theta_scale: f32,
+        neox: i32,
+        yarn: Option<Yarn>,
+    ) -> Result<()> {
+        assert!(
+            n_rot.is_multiple_of(2)
+                && n_vecs > 0
+                && src.0.len() >= (n_vecs - 1) * src.1 + n_rot
+                && dst.0.len() >= (n_vecs - 1) * dst.1 + n_rot,
+            "mla_rope: {n_vecs} vectors of {n_rot} rotated values"
+        );
+        let (sp, dp, pp) = (src.0.addr(), dst.0.addr(), pos.addr());
+        let (ss, ds, nv, nr) = (int(src.1), int(dst.1), int(n_vecs), int(n_rot));
+        let y = yarn.unwrap_or(Yarn {
+            freq_scale: 1.0,
+            corr_dims: [0.0, 0.0],
+            mscale: 1.0,
+        });
+        let on = i32::from(yarn.is_some());
+        let (fs, lo, hi, ms) = (y.freq_scale, y.corr_dims[0], y.corr_dims[1], y.mscale);
+        let cfg = LaunchConfig {
+            grid_dim: ((n_vecs * n_rot / 2).div_ceil(128) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(s, "mla_rope_f32", cfg, |a| {
+            a.arg(&sp)
+                .arg(&ss)
+                .arg(&dp)
+                .arg(&ds)
+                .arg(&nv)
+                .arg(&nr)
+                .arg(&pp);
+            a.arg(&theta_scale).arg(&neox).arg(&on).arg(&fs).arg(&lo);
+            a.arg(&hi).arg(&ms);
+        })
+    }
+
+    /// Latent attention (`cpu::kernels::latent_attention` over positions `0..=pos[0]`) of the
+    /// `heads` queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to
+    /// the cache at `pos[0]` first; `scores` is `heads * capacity` scratch.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mla_attention(
+        &self,
+        s: &CudaStream,
+        q_lat: &Span<f32>,
+        row: &Span<f32>,
+        cache: &Span<u16>,
+        out: &Span<f32>,
+        scores: &Span<f32>,
+        pos: &Span<u32>,
+        (heads, kvl, capacity): (usize, usize, usize),
+        scale: f32,
+    ) -> Result<()> {
+        let width = row.len();
+        assert!(
+            width <= MAX_LATENT_WIDTH
+                && kvl < width
+                && q_lat.len() == heads * width
+                && out.len() == heads * kvl
+                && cache.len() >= width * capacity
+                && scores.len() >= heads * capacity,
+            "mla_attention: {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
+        );
+        let (qp, rp, cp, op, sp, pp) = (
+            q_lat.addr(),
+            row.addr(),
+            cache.addr(),
+            out.addr(),
+            scores.addr(),
+            pos.addr(),
+        );
+        let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
+        let cfg = LaunchConfig {
+            grid_dim: (heads as u32, 1, 1),
+            block_dim: (MLA_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(s, "mla_attention_f16", cfg, |a| {
+            a.arg(&qp).arg(&rp).arg(&cp).arg(&op).arg(&sp).arg(&pp);
+            a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale);
+        })
+    }
+}
+
+/// Whether layer `l` of `plan` is an MLA layer.
+pub(super) fn is_mla(plan: &Plan, l: u32) -> bool {
+    plan.model.layer_kind(l).mixer == Mixer::Mla
+}

@@ -1,0 +1,246 @@
+//! MLA on the device against the CPU backend: the rope of the rope parts (plain and YaRN,
+//! strided source and destination) against `rope_part`, the latent attention (cache write of
+//! the current row, f16 cache, DeepSeek-sized and awkward shapes, a position past earlier
+//! rows) against `latent_attention`, and rope plus attention captured in a graph, replayed
+//! against eager bit for bit with the position read from device memory.
+
+use anyhow::Result;
+use memra_compiler::plan::YarnSummary;
+use memra_gguf::f16::{f16_to_f32, f32_to_f16};
+
+use super::{bit_mismatches, random, Ctx};
+use crate::cpu::kernels::{latent_attention, rope_part, KvDtype, LatentCache, RopeStyle, Rotation};
+use crate::cuda::{capture, Span};
+use crate::rope::Yarn;
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    let yarn = YarnSummary {
+        factor: 40.0,
+        original_context: 4096,
+        mscale_all_dim: 1.0,
+    };
+    // (vectors, rotated dims, source stride, destination stride, position, yarn)
+    for (n, rot, ss, ds, pos, y) in [
+        (1, 64, 576, 576, 0, true),
+        (16, 64, 192, 576, 77, true),
+        (4, 32, 96, 288, 255, false),
+        (128, 64, 192, 576, 4000, true),
+        (3, 16, 40, 80, 9, false),
+    ] {
+        let yarn = y.then(|| Yarn::of(&yarn, rot, 10000.0, true));
+        rope(cx, (n, rot, ss, ds, pos), yarn)?;
+    }
+    // (heads, kv_lora, rope, position, capacity)
+    for case in [
+        (4, 256, 32, 0, 16),
+        (3, 64, 16, 40, 64),
+        (16, 512, 64, 300, 512),
+        (128, 512, 64, 1023, 1024),
+        (5, 96, 32, 7, 9),
+    ] {
+        attention(cx, case)?;
+    }
+    graph(cx)?;
+    Ok(())
+}
+
+fn rope(
+    cx: &mut Ctx,
+    (n, rot, ss, ds, pos): (usize, usize, usize, usize, u32),
+    yarn: Option<Yarn>,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let theta = 10000.0f32;
+    let src = random(&mut cx.rng, n * ss, 1.0);
+    let mut want = src.clone();
+    let r = Rotation {
+        theta,
+        style: RopeStyle::Normal,
+        yarn,
+    };
+    rope_part(&mut want, ss, 0..rot, pos as usize, &r);
+    let d_src = dev.upload(s, &src)?;
+    let d_dst = dev.alloc::<f32>(s, n * ds)?;
+    let d_pos = dev.upload(s, &[pos])?;
+    let theta_scale = theta.powf(-2.0 / rot as f32);
+    dev.mla_rope(
+        s,
+        (&Span::of(&d_src), ss),
+        (&Span::of(&d_dst), ds),
+        n,
+        rot,
+        &Span::of(&d_pos),
+        theta_scale,
+        0,
+        yarn,
+    )?;
+    let got = dev.download(s, &d_dst)?;
+    let mut err = 0f64;
+    for v in 0..n {
+        for j in 0..rot {
+            let (g, w) = (got[v * ds + j], want[v * ss + j]);
+            err = err.max(f64::from((g - w).abs()));
+        }
+    }
+    let kind = if yarn.is_some() { "yarn" } else { "plain" };
+    cx.report.tol(
+        "mla rope",
+        format!("{n}x{rot} pos {pos} {kind}"),
+        err,
+        2e-5,
+        "abs",
+    );
+    Ok(())
+}
+
+/// A latent cache state on host and device: rows `0..pos` in the cache, row `pos` given.
+struct Latent {
+    rows: Vec<Vec<f32>>,
+    q: Vec<f32>,
+    scale: f32,
+}
+
+fn latent(cx: &mut Ctx, heads: usize, width: usize, pos: usize) -> Latent {
+    Latent {
+        rows: (0..=pos).map(|_| random(&mut cx.rng, width, 1.0)).collect(),
+        q: random(&mut cx.rng, heads * width, 1.0),
+        scale: 1.0 / ((width - 64).max(32) as f32).sqrt(),
+    }
+}
+
+fn attention(
+    cx: &mut Ctx,
+    (heads, kvl, rope, pos, capacity): (usize, usize, usize, usize, usize),
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let width = kvl + rope;
+    let l = latent(cx, heads, width, pos);
+    let mut cache = LatentCache::new(KvDtype::F16, kvl, rope, capacity);
+    let mut halves = vec![0u16; capacity * width];
+    for (p, r) in l.rows.iter().enumerate() {
+        cache.write(p, r);
+        if p < pos {
+            for (h, &x) in halves[p * width..].iter_mut().zip(r) {
+                *h = f32_to_f16(x);
+            }
+        }
+    }
+    let mut want = vec![0f32; heads * kvl];
+    latent_attention(&l.q, &cache, heads, pos + 1, l.scale, &mut want);
+
+    let d_q = dev.upload(s, &l.q)?;
+    let d_row = dev.upload(s, &l.rows[pos])?;
+    let d_cache = dev.upload(s, &halves)?;
+    let d_out = dev.alloc::<f32>(s, heads * kvl)?;
+    let d_scores = dev.alloc::<f32>(s, heads * capacity)?;
+    let d_pos = dev.upload(s, &[pos as u32])?;
+    dev.mla_attention(
+        s,
+        &Span::of(&d_q),
+        &Span::of(&d_row),
+        &Span::of(&d_cache),
+        &Span::of(&d_out),
+        &Span::of(&d_scores),
+        &Span::of(&d_pos),
+        (heads, kvl, capacity),
+        l.scale,
+    )?;
+    let got = dev.download(s, &d_out)?;
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| f64::from((g - w).abs()) / (1.0 + f64::from(w.abs())))
+        .fold(0.0, f64::max);
+    let case = format!("{heads}h {kvl}+{rope} pos {pos} of {capacity}");
+    cx.report
+        .tol("mla attention", case.clone(), err, 1e-4, "rel");
+    let written = dev.download(s, &d_cache)?;
+    let slot: Vec<f32> = written[pos * width..(pos + 1) * width]
+        .iter()
+        .map(|&h| f16_to_f32(h))
+        .collect();
+    let narrowed: Vec<f32> = l.rows[pos]
+        .iter()
+        .map(|&x| f16_to_f32(f32_to_f16(x)))
+        .collect();
+    cx.report
+        .exact("mla cache write", case, bit_mismatches(&slot, &narrowed));
+    Ok(())
+}
+
+fn graph(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (heads, kvl, rope, nope, capacity) = (8, 256, 32, 64, 16);
+    let width = kvl + rope;
+    let head_q = nope + rope;
+    let q = dev.upload(s, &random(&mut cx.rng, heads * head_q, 1.0))?;
+    let q_lat = dev.upload(s, &random(&mut cx.rng, heads * width, 1.0))?;
+    let row = dev.upload(s, &random(&mut cx.rng, width, 1.0))?;
+    let out = dev.alloc::<f32>(s, heads * kvl)?;
+    let scores = dev.alloc::<f32>(s, heads * capacity)?;
+    let mut pos = dev.alloc::<u32>(s, 1)?;
+    let yarn = YarnSummary {
+        factor: 40.0,
+        original_context: 4096,
+        mscale_all_dim: 1.0,
+    };
+    let yarn = Some(Yarn::of(&yarn, rope, 10000.0, true));
+    let theta_scale = 10000f32.powf(-2.0 / rope as f32);
+    let steps = 6u32;
+    let pos_at = Span::of(&pos);
+    let run = |cache: &Span<u16>| -> Result<()> {
+        let q = Span::of(&q);
+        let q_lat = Span::of(&q_lat);
+        dev.mla_rope(
+            s,
+            (&q.sub(nope, heads * head_q - nope), head_q),
+            (&q_lat.sub(kvl, heads * width - kvl), width),
+            heads,
+            rope,
+            &pos_at,
+            theta_scale,
+            0,
+            yarn,
+        )?;
+        dev.mla_attention(
+            s,
+            &q_lat,
+            &Span::of(&row),
+            cache,
+            &Span::of(&out),
+            &Span::of(&scores),
+            &pos_at,
+            (heads, kvl, capacity),
+            0.1,
+        )
+    };
+    let cache_a = dev.alloc::<u16>(s, capacity * width)?;
+    let mut eager = Vec::new();
+    for t in 0..steps {
+        dev.write(s, &[t], &mut pos)?;
+        run(&Span::of(&cache_a))?;
+        eager.extend(dev.download(s, &out)?);
+    }
+    let cache_b = dev.alloc::<u16>(s, capacity * width)?;
+    let cb = Span::of(&cache_b);
+    match capture(s, || run(&cb)) {
+        Ok(g) => {
+            let mut replayed = Vec::new();
+            for t in 0..steps {
+                dev.write(s, &[t], &mut pos)?;
+                g.replay()?;
+                replayed.extend(dev.download(s, &out)?);
+            }
+            cx.report.exact(
+                "mla graph",
+                format!("replay == eager, {steps} steps"),
+                bit_mismatches(&replayed, &eager),
+            );
+        }
+        Err(e) => {
+            println!("mla graph capture failed: {e}");
+            cx.report.exact("mla graph", "capture".to_string(), 1);
+        }
+    }
+    Ok(())
+}
