@@ -115,3 +115,28 @@ fn the_cuda_backend_without_a_driver_is_one_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn teacher_forced_compare_feeds_the_reference_sequence() {
+    // the CPU against itself: teacher-forced, the backend is fed the CPU's greedy sequence;
+    // fed one step early or late, the logits would differ from the CPU's own run
+    smollm2("smollm2");
+    let out = memra_run(&[
+        "compare",
+        "plans/smollm2.plan.toml",
+        "--backend",
+        "cpu",
+        "--teacher-forced",
+        "-n",
+        "6",
+        "--tolerance",
+        "0",
+        "-t",
+        "1",
+    ]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("max relative logit error 0.000e0") && text.ends_with(": ok\n"),
+        "{text}"
+    );
+}

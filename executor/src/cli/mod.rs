@@ -123,6 +123,11 @@ enum Command {
         /// Largest relative logit error accepted.
         #[arg(long, default_value_t = 1e-3)]
         tolerance: f64,
+        /// Feed the CPU's tokens to both backends (the CPU's greedy run is the reference
+        /// sequence), so every step's logits are compared on the same history even where the
+        /// two backends would pick different tokens; tokens then need not agree.
+        #[arg(long)]
+        teacher_forced: bool,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -420,8 +425,9 @@ fn run(command: Command) -> Result<ExitCode> {
             prompt,
             n_predict,
             tolerance,
+            teacher_forced,
             run,
-        } => tools::compare(&plan, &prompt, n_predict, tolerance, &run),
+        } => tools::compare(&plan, &prompt, n_predict, tolerance, teacher_forced, &run),
         Command::Bench {
             plan,
             n_predict,

@@ -135,27 +135,44 @@ pub fn gate(
 }
 
 /// `compare`: the plan on the chosen backend against the CPU backend, greedy; fails when the
-/// tokens differ or a step's relative logit error is above `tolerance`.
+/// tokens differ or a step's relative logit error is above `tolerance`. With `teacher_forced`
+/// the backend is fed the CPU's sequence (prompt, then the CPU's greedy tokens), so all steps
+/// compare logits on the same history, and only the error decides.
 pub fn compare(
     plan: &Path,
     prompt: &str,
     n: usize,
     tolerance: f64,
+    teacher_forced: bool,
     run: &RunArgs,
 ) -> Result<ExitCode> {
     let loaded = run.load(plan)?;
     let ids = Tokenizer::from_gguf(&loaded.gguf)?.encode(prompt, true)?;
     let options = run.options(SamplerConfig::GREEDY);
-    let got = decode_all(&loaded, options, &ids, n)?;
     let cpu = EngineOptions {
         backend: Backend::Cpu,
         ..options
     };
     let want = decode_all(&loaded, cpu, &ids, n)?;
-    // a step's logits are comparable while the tokens fed so far agree: up to and including
-    // the first step whose sampled token differs
+    let got = if teacher_forced && !ids.is_empty() && !want.is_empty() {
+        // step i's logits come from the sequence up to its input; the CPU's step i fed its
+        // prompt token, or its own token of step i - 1 after the prompt
+        let fed: Vec<u32> = ids
+            .iter()
+            .copied()
+            .chain(want[ids.len() - 1..want.len() - 1].iter().map(|o| o.token))
+            .collect();
+        decode_all(&loaded, options, &fed, 1)?
+    } else {
+        decode_all(&loaded, options, &ids, n)?
+    };
+    // greedily, a step's logits are comparable while the tokens fed so far agree: up to and
+    // including the first step whose sampled token differs; teacher-forced, every step is
     let diverged = want.iter().zip(&got).position(|(a, b)| a.token != b.token);
-    let compared = diverged.map_or(want.len().min(got.len()), |d| d + 1);
+    let compared = match diverged {
+        Some(d) if !teacher_forced => d + 1,
+        _ => want.len().min(got.len()),
+    };
     let mut worst = (0.0f64, 0usize);
     for (i, (a, b)) in want.iter().zip(&got).take(compared).enumerate() {
         let scale = a
@@ -170,8 +187,17 @@ pub fn compare(
             worst = (rel, i);
         }
     }
+    let picks = |o: &[crate::engine::StepOutput]| o.iter().map(|s| s.token).collect::<Vec<_>>();
     let tokens = match diverged {
         None => format!("same greedy tokens over {} steps", want.len()),
+        Some(_) if teacher_forced => {
+            let (w, g) = (picks(&want), picks(&got));
+            let differ = w.iter().zip(&g).filter(|(a, b)| a != b).count();
+            format!(
+                "teacher-forced over {} steps, the backend's pick differs at {differ}",
+                want.len()
+            )
+        }
         Some(d) => format!(
             "tokens differ at step {d} (cpu {}, {} {})",
             want[d].token,
@@ -179,7 +205,8 @@ pub fn compare(
             got[d].token
         ),
     };
-    let ok = diverged.is_none() && want.len() == got.len() && worst.0 <= tolerance;
+    let tokens_ok = diverged.is_none() || teacher_forced;
+    let ok = tokens_ok && want.len() == got.len() && worst.0 <= tolerance;
     if !options.holds_readback(&loaded.plan) {
         return Ok(ExitCode::SUCCESS);
     }
