@@ -135,13 +135,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     mx = stat;
 
     // exponentials and their sum
-    float sum = 0.f;
-    for (int p = threadIdx.x; p < n_ctx; p += ATTN_THREADS) {
-        float e = expf(sc[p] - mx);
-        sc[p] = e;
-        sum += e;
-    }
-    sum = warp_sum(sum);
+    const float sum = exp_in_place_warp_sum(sc, n_ctx, mx, ATTN_THREADS);
     __syncthreads();
     if (lane == 0) red[warp] = sum;
     __syncthreads();

@@ -65,6 +65,18 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // The same over each half-warp (lanes 0..15 and 16..31 separately).
+// Replaces sc[p] (p < n, strided by the block's `threads`) by expf(sc[p] - mx) and returns
+// the warp's sum of them; the callers combine the warps' sums in their own fixed orders.
+__device__ __forceinline__ float exp_in_place_warp_sum(float* sc, int n, float mx, int threads) {
+    float sum = 0.f;
+    for (int p = threadIdx.x; p < n; p += threads) {
+        const float e = expf(sc[p] - mx);
+        sc[p] = e;
+        sum += e;
+    }
+    return warp_sum(sum);
+}
+
 __device__ __forceinline__ float half_warp_sum(float v) {
 #pragma unroll
     for (int off = 8; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);

@@ -96,13 +96,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     __syncthreads();
     mx = stat;
 
-    float sum = 0.f;
-    for (int p = threadIdx.x; p < n_ctx; p += MLA_THREADS) {
-        const float e = expf(sc[p] - mx);
-        sc[p] = e;
-        sum += e;
-    }
-    sum = warp_sum(sum);
+    const float sum = exp_in_place_warp_sum(sc, n_ctx, mx, MLA_THREADS);
     __syncthreads();
     if (lane == 0) red[warp] = sum;
     __syncthreads();
