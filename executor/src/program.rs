@@ -50,13 +50,6 @@ pub enum Work {
     StoreToken,
 }
 
-impl Work {
-    /// Whether the work item needs the rest of its group (it may wait for them).
-    pub fn is_collective(self) -> bool {
-        matches!(self, Work::AllReduce | Work::GatherLogits)
-    }
-}
-
 impl std::fmt::Display for Work {
     /// The work item as error messages name it, in plan words.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,27 +144,6 @@ impl Program {
             })
             .collect();
         Program { rank, entries }
-    }
-
-    /// Every segment the program runs, once each, for a backend to refuse what it lacks
-    /// before it loads anything.
-    pub fn segments(&self) -> Vec<Segment> {
-        let mut out: Vec<Segment> = self
-            .entries
-            .iter()
-            .filter_map(|(_, e)| match e {
-                Entry::Block(b) => Some(b.work.iter()),
-                _ => None,
-            })
-            .flatten()
-            .filter_map(|w| match w {
-                Work::Segment { segment, .. } => Some(*segment),
-                _ => None,
-            })
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
     }
 }
 

@@ -19,6 +19,7 @@
 //! plan's `in_flight` steps are enqueued.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
@@ -41,7 +42,8 @@ pub struct Engine {
     // graphs go before the buffers they reference (fields drop in order)
     runs: Vec<Vec<Option<RunGraphs>>>,
     ranks: Vec<RankDevice>,
-    programs: Vec<Program>,
+    /// Shared so a step can walk them while the engine lends its state to the walk.
+    programs: Arc<[Program]>,
     boundaries: Vec<Boundary>,
     events: BTreeMap<String, Vec<CudaEvent>>,
     inputs: Vec<InputRing>,
@@ -224,7 +226,7 @@ impl Engine {
             return Ok(());
         }
         self.synchronize_all()?;
-        let programs = std::mem::take(&mut self.programs);
+        let programs = self.programs.clone();
         for &(ri, i) in &due {
             let (stream_name, Entry::Block(block)) = &programs[ri].entries[i] else {
                 unreachable!("invariant: only blocks have graphs");
@@ -248,7 +250,6 @@ impl Engine {
                 }
             }
         }
-        self.programs = programs;
         self.synchronize_all()
     }
 
@@ -299,7 +300,7 @@ impl Decoder for Engine {
         let t = self.next_step;
         self.next_step += 1;
         let mut result = self.capture_due(t, input);
-        let programs = std::mem::take(&mut self.programs);
+        let programs = self.programs.clone();
         for (ri, program) in programs.iter().enumerate() {
             if result.is_err() {
                 break;
@@ -317,7 +318,6 @@ impl Decoder for Engine {
             .map(|_| ())
             .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
         }
-        self.programs = programs;
         self.readback.pending.push_back((t, input.pos));
         if result.is_ok() && self.arm == Arm::Serial {
             let slot = (t % self.readback.logits.len() as u64) as usize;

@@ -15,10 +15,11 @@ use memra_compiler::plan::{Mixer, Plan};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::moe::full_chunks;
 use super::ops::{DeviceWeight, Norm, RopeStyle};
+use super::rank::upload_matrix;
 use super::span::Span;
 use crate::geometry::RankGeometry;
 use crate::rope::{mla_kq_scale, Yarn};
-use crate::weights::{Matrix, RankWeights, Stack};
+use crate::weights::{RankWeights, Stack};
 
 /// Threads of a latent attention block (MLA_THREADS in kernels/mla.cu).
 const MLA_THREADS: u32 = 256;
@@ -47,10 +48,6 @@ pub(super) struct MlaWeights {
     pub v_b: Vec<DeviceWeight>,
 }
 
-fn upload(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<DeviceWeight> {
-    DeviceWeight::upload(dev, s, m.dtype, &m.data, m.rows, m.cols)
-}
-
 /// Each matrix of a stack this rank holds, uploaded on its own.
 fn heads(dev: &CudaDevice, s: &Arc<CudaStream>, st: &Stack) -> Result<Vec<DeviceWeight>> {
     (st.first..st.first + st.count)
@@ -77,14 +74,18 @@ impl MlaWeights {
         let name = |x: &str| format!("blk.{l}.{x}");
         let q = if mla.q_lora_rank > 0 {
             QueryPath::LowRank {
-                a: upload(dev, s, w.take_matrix(&name("attn_q_a.weight"))?)?,
+                a: upload_matrix(dev, s, w.take_matrix(&name("attn_q_a.weight"))?)?,
                 norm: dev.upload(s, &w.take_vector(&name("attn_q_a_norm.weight"))?)?,
-                b: upload(dev, s, w.take_matrix(&name("attn_q_b.weight"))?)?,
+                b: upload_matrix(dev, s, w.take_matrix(&name("attn_q_b.weight"))?)?,
             }
         } else {
-            QueryPath::Direct(upload(dev, s, w.take_matrix(&name("attn_q.weight"))?)?)
+            QueryPath::Direct(upload_matrix(
+                dev,
+                s,
+                w.take_matrix(&name("attn_q.weight"))?,
+            )?)
         };
-        let kv_a = upload(dev, s, w.take_matrix(&name("attn_kv_a_mqa.weight"))?)?;
+        let kv_a = upload_matrix(dev, s, w.take_matrix(&name("attn_kv_a_mqa.weight"))?)?;
         let kv_a_norm = dev.upload(s, &w.take_vector(&name("attn_kv_a_norm.weight"))?)?;
         let (k_b, v_b) = (
             w.take_stack(&name("attn_k_b.weight"))?,

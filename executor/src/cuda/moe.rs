@@ -15,8 +15,9 @@ use memra_compiler::plan::{reduction_chunks, FfnKind, Gating, MoeSummary, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::ops::{DeviceWeight, ExpertSel, Norm, Planes};
+use super::rank::upload_matrix;
 use super::span::Span;
-use crate::weights::{Matrix, RankWeights, Stack};
+use crate::weights::{RankWeights, Stack};
 
 /// Most experts the device router takes (MOE_MAX_EXPERTS in kernels/moe.cu).
 pub const MAX_EXPERTS: usize = 512;
@@ -94,10 +95,6 @@ pub(super) enum FfnWeights {
     Moe(Box<MoeWeights>),
 }
 
-fn upload(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<DeviceWeight> {
-    DeviceWeight::upload(dev, s, m.dtype, &m.data, m.rows, m.cols)
-}
-
 impl FfnWeights {
     /// Takes layer `l`'s FFN shards out of `w`, as the plan's layer schema says it is made.
     pub fn take(
@@ -109,7 +106,7 @@ impl FfnWeights {
     ) -> Result<FfnWeights> {
         let name = |x: &str| format!("blk.{l}.{x}");
         let gated = |w: &mut RankWeights, suffix: &str| -> Result<Gated> {
-            let mut m = |x: &str| upload(dev, s, w.take_matrix(&name(x))?);
+            let mut m = |x: &str| upload_matrix(dev, s, w.take_matrix(&name(x))?);
             Ok(Gated {
                 gate: m(&format!("ffn_gate{suffix}.weight"))?,
                 up: m(&format!("ffn_up{suffix}.weight"))?,
@@ -137,7 +134,7 @@ impl FfnWeights {
                     bail!("layer {l}: the rank holds different experts of gate, up and down");
                 }
                 FfnWeights::Moe(Box::new(MoeWeights {
-                    router: upload(dev, s, w.take_matrix(&name("ffn_gate_inp.weight"))?)?,
+                    router: upload_matrix(dev, s, w.take_matrix(&name("ffn_gate_inp.weight"))?)?,
                     bias: if probs_bias {
                         Some(dev.upload(s, &w.take_vector(&name("exp_probs_b.bias"))?)?)
                     } else {

@@ -123,7 +123,12 @@ pub struct RankDevice {
     pending: Pending,
 }
 
-fn upload_matrix(dev: &CudaDevice, s: &Arc<CudaStream>, m: Matrix) -> Result<DeviceWeight> {
+/// Uploads a weight matrix taken from the rank's shards.
+pub(super) fn upload_matrix(
+    dev: &CudaDevice,
+    s: &Arc<CudaStream>,
+    m: Matrix,
+) -> Result<DeviceWeight> {
     DeviceWeight::upload(dev, s, m.dtype, &m.data, m.rows, m.cols)
 }
 
