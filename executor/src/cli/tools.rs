@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use memra_gguf::progress::{Progress, Unit};
 
 use super::{start, RunArgs};
@@ -154,7 +154,10 @@ pub fn compare(
         ..options
     };
     let want = decode_all(&loaded, cpu, &ids, n)?;
-    let got = if teacher_forced && !ids.is_empty() && !want.is_empty() {
+    let got = if teacher_forced {
+        if ids.is_empty() {
+            bail!("--teacher-forced needs a prompt of at least one token");
+        }
         // step i's logits come from the sequence up to its input; the CPU's step i fed its
         // prompt token, or its own token of step i - 1 after the prompt
         let fed: Vec<u32> = ids
