@@ -111,7 +111,7 @@ impl RankWeights {
             );
         }
         info.dtype.check_supported()?;
-        let logical: Vec<u64> = info.dims.iter().rev().copied().collect();
+        let logical = memra_compiler::plan::logical_shape(&shard.tensor, &info.dims);
         if logical != shard.shape {
             bail!(
                 "the plan says shape {:?} but the model has {:?}",

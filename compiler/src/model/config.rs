@@ -3,13 +3,13 @@
 
 use super::tensors::synthesize;
 use super::{exact, fnv1a, Architecture, Dtype, ModelMeta};
-use crate::plan::{Gating, MlaSummary, MoeSummary, YarnSummary};
+use crate::plan::{Gating, KdaSummary, MlaSummary, MoeSummary, YarnSummary};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
 
 /// HF `model_type` spellings and the architecture each maps to.
-const MODEL_TYPES: [(&str, Architecture); 7] = [
+const MODEL_TYPES: [(&str, Architecture); 8] = [
     ("llama", Architecture::Llama),
     ("qwen2", Architecture::Qwen2),
     ("qwen3", Architecture::Qwen3),
@@ -17,6 +17,7 @@ const MODEL_TYPES: [(&str, Architecture); 7] = [
     ("mixtral", Architecture::Mixtral),
     ("deepseek_v2", Architecture::Deepseek2),
     ("deepseek_v3", Architecture::Deepseek2),
+    ("kimi_linear", Architecture::KimiLinear),
 ];
 
 /// Read a config.json; weights are assumed to be stored in `dtype`.
@@ -70,7 +71,22 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
             qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
             qk_rope_head_dim: keys.u32("qk_rope_head_dim")?,
             v_head_dim: keys.u32("v_head_dim")?,
+            rope: true,
         }),
+        // kimi-linear's MLA layers use no rope, whatever qk_rope_head_dim says
+        Architecture::KimiLinear => Some(MlaSummary {
+            q_lora_rank: keys.opt_u32("q_lora_rank")?.unwrap_or(0),
+            kv_lora_rank: keys.u32("kv_lora_rank")?,
+            qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
+            qk_rope_head_dim: keys.u32("qk_rope_head_dim")?,
+            v_head_dim: keys.u32("v_head_dim")?,
+            rope: false,
+        }),
+        _ => None,
+    };
+    let layers = keys.u32("num_hidden_layers")?;
+    let kda = match architecture {
+        Architecture::KimiLinear => Some(read_kda(&keys, layers)?),
         _ => None,
     };
     let head_dim = match &mla {
@@ -85,14 +101,19 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     let mut meta = ModelMeta {
         name,
         architecture,
-        layers: keys.u32("num_hidden_layers")?,
+        layers,
         embedding,
         heads,
-        kv_heads,
+        // kimi-linear's MLA runs absorbed, as MQA over the latent
+        kv_heads: if kda.is_some() { 1 } else { kv_heads },
         head_dim,
         ffn: keys.u32("intermediate_size")?,
         vocab: keys.u32("vocab_size")?,
-        context_length: keys.u32("max_position_embeddings")?,
+        context_length: match (architecture, keys.opt_u32("max_position_embeddings")?) {
+            (_, Some(n)) => n,
+            (Architecture::KimiLinear, None) => keys.u32("model_max_length")?,
+            (_, None) => keys.u32("max_position_embeddings")?,
+        },
         rope_theta: keys.opt_f32("rope_theta")?.unwrap_or(10_000.0),
         rms_eps: keys.f32("rms_norm_eps")?,
         tied_embeddings: keys.opt_bool("tie_word_embeddings")?.unwrap_or(false),
@@ -100,7 +121,11 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         qkv_bias: architecture == Architecture::Qwen2,
         moe,
         mla,
-        rope_yarn: read_yarn(&keys)?,
+        rope_yarn: match kda {
+            Some(_) => None,
+            None => read_yarn(&keys)?,
+        },
+        kda,
         tensors: Vec::new(),
         fingerprint: fnv1a(&text, 0),
     };
@@ -166,9 +191,71 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
                 )
             }
         }
+        // Kimi: sigmoid or softmax routing with the selection bias, always renormalized
+        Architecture::KimiLinear => {
+            let expert_ffn = keys.u32("moe_intermediate_size")?;
+            let gating = match keys.opt_str("moe_router_activation_func")? {
+                None | Some("sigmoid") => Gating::Sigmoid,
+                Some("softmax") => Gating::Softmax,
+                Some(_) => {
+                    return Err(keys.wrong(
+                        "moe_router_activation_func",
+                        "\"sigmoid\" or \"softmax\"",
+                    ))
+                }
+            };
+            let top_k = match keys.opt_u32("num_experts_per_token")? {
+                Some(k) => k,
+                None => keys.u32("num_experts_per_tok")?,
+            };
+            MoeSummary {
+                shared_expert_ffn: keys.opt_u32("num_shared_experts")?.unwrap_or(0) * expert_ffn,
+                dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
+                gating,
+                probs_bias: true,
+                weights_scale: exact(keys.opt_f32("routed_scaling_factor")?.unwrap_or(1.0)),
+                ..plain(keys.u32("num_experts")?, top_k, expert_ffn)
+            }
+        }
         _ => return Ok(None),
     };
     Ok(Some(moe))
+}
+
+/// Kimi's `linear_attn_config`: the KDA head size and convolution taps, and the full-attention
+/// (MLA) layers, which the config numbers from 1.
+fn read_kda(keys: &Keys, layers: u32) -> Result<KdaSummary> {
+    let lin = keys
+        .opt_object("linear_attn_config")?
+        .ok_or_else(|| keys.missing("linear_attn_config"))?;
+    let list = lin
+        .obj
+        .get("full_attn_layers")
+        .ok_or_else(|| lin.missing("full_attn_layers"))?;
+    let allowed = format!("an array of layer numbers in 1..={layers}");
+    let mut attention_layers = Vec::new();
+    for v in list
+        .as_array()
+        .ok_or_else(|| lin.wrong("full_attn_layers", &allowed))?
+    {
+        match v.as_u64() {
+            Some(n) if (1..=u64::from(layers)).contains(&n) => {
+                attention_layers.push(n as u32 - 1)
+            }
+            _ => return Err(lin.wrong("full_attn_layers", &allowed)),
+        }
+    }
+    attention_layers.sort_unstable();
+    attention_layers.dedup();
+    let conv_kernel = lin.u32("short_conv_kernel_size")?;
+    if conv_kernel < 2 {
+        return Err(lin.wrong("short_conv_kernel_size", "an integer of at least 2"));
+    }
+    Ok(KdaSummary {
+        head_dim: lin.u32("head_dim")?,
+        conv_kernel,
+        attention_layers,
+    })
 }
 
 /// YaRN rope scaling from `rope_scaling` (`type` or `rope_type` `yarn`).

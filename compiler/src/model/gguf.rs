@@ -4,7 +4,7 @@
 
 use super::tensors::{classify, expected, sort_tensors, tensor_meta};
 use super::{exact, Architecture, Dtype, ModelMeta};
-use crate::plan::{Gating, MlaSummary, MoeSummary, YarnSummary};
+use crate::plan::{Gating, KdaSummary, MlaSummary, MoeSummary, YarnSummary};
 use anyhow::{anyhow, bail, Result};
 use memra_gguf::GgufFile;
 use std::collections::BTreeMap;
@@ -86,8 +86,16 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             .and_then(|v| u32::try_from(v).ok())
             .ok_or_else(|| anyhow!("{}: missing tensor `token_embd.weight`", path.display()))?,
     };
+    let kda = match architecture {
+        Architecture::KimiLinear => Some(read_kda(&keys, layers, path)?),
+        _ => None,
+    };
     let mla = match architecture {
         Architecture::Deepseek2 => Some(read_mla(&keys, lite(layers, vocab), path)?),
+        Architecture::KimiLinear => Some(MlaSummary {
+            rope: false,
+            ..read_mla(&keys, false, path)?
+        }),
         _ => None,
     };
     let moe = read_moe(&keys, architecture, (layers, vocab, ffn), path)?;
@@ -100,7 +108,11 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         layers,
         embedding,
         heads,
-        kv_heads: keys.opt_u32("attention.head_count_kv")?.unwrap_or(heads),
+        kv_heads: match &kda {
+            // the per-layer array marks KDA layers with 0; MLA's absorbed form has 1
+            Some(_) => 1,
+            None => keys.opt_u32("attention.head_count_kv")?.unwrap_or(heads),
+        },
         head_dim: match &mla {
             Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
             None => keys
@@ -117,7 +129,12 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
         moe,
         mla,
-        rope_yarn: read_yarn(&keys, architecture, context_length)?,
+        rope_yarn: match architecture {
+            // kimi-linear's MLA layers use no rope
+            Architecture::KimiLinear => None,
+            _ => read_yarn(&keys, architecture, context_length)?,
+        },
+        kda,
         tensors: Vec::new(),
         fingerprint: crate::model::fnv1a(file.header_bytes(), 0),
     };
@@ -129,6 +146,51 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
 /// not read: 26 or 27 layers, or 48 with a vocabulary of 128256.
 fn lite(layers: u32, vocab: u32) -> bool {
     matches!(layers, 26 | 27) || (layers == 48 && vocab == 128_256)
+}
+
+/// kimi-linear's KDA facts. Its converter marks each layer's mixer in the per-layer
+/// `attention.head_count_kv` array (0: KDA, nonzero: MLA), as llama.cpp reads it.
+fn read_kda(keys: &Keys, layers: u32, path: &Path) -> Result<KdaSummary> {
+    let key = keys.key("attention.head_count_kv");
+    let per_layer = keys.file.get_array(&key).map_err(|_| {
+        anyhow!(
+            "{}: {key} must be an array of {layers} integers (0 for a KDA layer, the kv head count for an MLA layer)",
+            path.display()
+        )
+    })?;
+    if per_layer.len() != layers as usize {
+        bail!(
+            "{}: {key} has {} entries; it must have one per layer ({layers})",
+            path.display(),
+            per_layer.len()
+        );
+    }
+    let mut attention_layers = Vec::new();
+    for (l, v) in per_layer.iter().enumerate() {
+        match v.as_int() {
+            Some(0) => {}
+            Some(n) if n > 0 => attention_layers.push(l as u32),
+            _ => bail!(
+                "{}: {key}[{l}] must be a non-negative integer (0 for a KDA layer)",
+                path.display()
+            ),
+        }
+    }
+    let head_dim = keys.u32("kda.head_dim")?;
+    let conv_kernel = keys.u32("ssm.conv_kernel")?;
+    if head_dim == 0 || conv_kernel < 2 {
+        bail!(
+            "{}: {} ({head_dim}) must be at least 1 and {} ({conv_kernel}) at least 2",
+            path.display(),
+            keys.key("kda.head_dim"),
+            keys.key("ssm.conv_kernel")
+        );
+    }
+    Ok(KdaSummary {
+        head_dim,
+        conv_kernel,
+        attention_layers,
+    })
 }
 
 /// MLA's dimensions. Files of this llama.cpp version store the k/v up-projection split per
@@ -166,13 +228,15 @@ fn read_mla(keys: &Keys, lite: bool, path: &Path) -> Result<MlaSummary> {
         qk_nope_head_dim: key_len - rope,
         qk_rope_head_dim: rope,
         v_head_dim: keys.u32("attention.value_length_mla")?,
+        rope: true,
     })
 }
 
 /// The experts and their routing, as llama.cpp's graph for the architecture uses them:
 /// qwen3moe always normalizes softmax weights; deepseek2 reads gating, normalization and scale
 /// from its keys (without a gating key: softmax as for DeepSeek-V2 files, sigmoid for GLM-4.7
-/// Lite's 47 or 48 layers and 154880 tokens). `dims` is (layers, vocab, ffn).
+/// Lite's 47 or 48 layers and 154880 tokens); kimi-linear reads gating and scale from its keys,
+/// always normalizes and always has the selection bias. `dims` is (layers, vocab, ffn).
 fn read_moe(
     keys: &Keys,
     arch: Architecture,
@@ -197,8 +261,16 @@ fn read_moe(
         .opt_u32("expert_feed_forward_length")?
         .unwrap_or(ffn / top_k);
     let dense_layers = keys.opt_u32("leading_dense_block_count")?.unwrap_or(0);
-    let deepseek = arch == Architecture::Deepseek2;
-    let glm_lite = matches!(layers, 47 | 48) && vocab == 154_880;
+    let kimi = arch == Architecture::KimiLinear;
+    let deepseek = arch == Architecture::Deepseek2 || kimi;
+    let glm_lite = !kimi && matches!(layers, 47 | 48) && vocab == 154_880;
+    if kimi && !keys.has("expert_gating_func") {
+        bail!(
+            "{}: missing key `{}`; kimi-linear needs it (1: softmax, 2: sigmoid)",
+            path.display(),
+            keys.key("expert_gating_func")
+        );
+    }
     let gating = match (deepseek, keys.opt_u32("expert_gating_func")?) {
         (true, None | Some(0)) if glm_lite => Gating::Sigmoid,
         (false, _) | (true, None | Some(0 | 1)) => Gating::Softmax,
@@ -237,10 +309,10 @@ fn read_moe(
         shared_expert_ffn: keys.opt_u32("expert_shared_count")?.unwrap_or(0) * expert_ffn,
         dense_layers,
         gating,
-        probs_bias: deepseek && keys.file.tensor(&probs_bias).is_some(),
+        probs_bias: kimi || (deepseek && keys.file.tensor(&probs_bias).is_some()),
         groups,
         groups_used,
-        norm_weights: match deepseek {
+        norm_weights: match deepseek && !kimi {
             true => keys.opt_bool("expert_weights_norm")?.unwrap_or(false),
             false => true,
         },
@@ -281,7 +353,7 @@ fn read_tensors(file: &GgufFile, meta: &ModelMeta, path: &Path) -> Result<Vec<su
             // Tensors no op reads (rope frequency tables, say) are not loaded.
             continue;
         }
-        let shape: Vec<u64> = info.dims.iter().rev().copied().collect();
+        let shape = crate::plan::logical_shape(&info.name, &info.dims);
         let want = expected.get(&info.name).ok_or_else(|| {
             anyhow!(
                 "{}: tensor `{}` is not part of a {} model with these hyperparameters",

@@ -10,7 +10,7 @@ mod tensors;
 pub use config::read_config;
 pub use gguf::read_gguf;
 
-use crate::plan::{layer_kind, MlaSummary, MoeSummary, YarnSummary};
+use crate::plan::{layer_kind, KdaSummary, MlaSummary, MoeSummary, YarnSummary};
 pub use crate::plan::{FfnKind, LayerKind, Mixer};
 
 /// Architectures the compiler can plan.
@@ -22,17 +22,19 @@ pub enum Architecture {
     Qwen3Moe,
     Mixtral,
     Deepseek2,
+    KimiLinear,
 }
 
 impl Architecture {
     /// Every supported architecture, for error messages.
-    pub const ALL: [Architecture; 6] = [
+    pub const ALL: [Architecture; 7] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Qwen3Moe,
         Architecture::Mixtral,
         Architecture::Deepseek2,
+        Architecture::KimiLinear,
     ];
 
     /// The GGUF `general.architecture` spelling.
@@ -44,6 +46,7 @@ impl Architecture {
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Mixtral => "mixtral",
             Architecture::Deepseek2 => "deepseek2",
+            Architecture::KimiLinear => "kimi-linear",
         }
     }
 
@@ -197,6 +200,7 @@ pub struct ModelMeta {
     pub moe: Option<MoeSummary>,
     pub mla: Option<MlaSummary>,
     pub rope_yarn: Option<YarnSummary>,
+    pub kda: Option<KdaSummary>,
     /// Sorted by site, then name.
     pub tensors: Vec<TensorMeta>,
     pub fingerprint: u64,
@@ -210,15 +214,33 @@ impl ModelMeta {
 
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
-        layer_kind(self.mla.is_some(), self.moe.as_ref(), layer)
+        layer_kind(
+            self.mla.is_some(),
+            self.kda.as_ref(),
+            self.moe.as_ref(),
+            layer,
+        )
     }
 
-    /// Width of the attention output (heads times the value head size).
+    /// Width of the attention output (heads times the value head size) of an attention
+    /// (GQA or MLA) layer.
     pub fn attn_out_width(&self) -> u32 {
         match &self.mla {
             Some(mla) => self.heads * mla.v_head_dim,
             None => self.heads * self.head_dim,
         }
+    }
+
+    /// Width of a KDA layer's q, k, v and output (0 without KDA).
+    pub fn kda_width(&self) -> u32 {
+        self.kda.as_ref().map_or(0, |k| self.heads * k.head_dim)
+    }
+
+    /// How many of `layers` are KDA layers; the others hold a KV or latent cache.
+    pub fn kda_layers_in(&self, layers: std::ops::Range<u32>) -> u32 {
+        layers
+            .filter(|&l| self.layer_kind(l).mixer == Mixer::Kda)
+            .count() as u32
     }
 
     /// Bytes of K and V for one token of one layer at full width, in `kv` dtype.

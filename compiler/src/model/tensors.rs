@@ -8,11 +8,13 @@ use super::{Dtype, FfnKind, Mixer, ModelMeta, ShardRule, TensorMeta, TensorSite}
 fn rule_for(suffix: &str) -> Option<ShardRule> {
     let rule = match suffix {
         "attn_norm" | "ffn_norm" | "attn_q_norm" | "attn_k_norm" | "attn_q_a_norm"
-        | "attn_kv_a_norm" | "attn_q_a" | "attn_kv_a_mqa" | "ffn_gate_inp" | "exp_probs_b" => {
-            ShardRule::Replicated
-        }
+        | "attn_kv_a_norm" | "attn_q_a" | "attn_kv_a_mqa" | "ffn_gate_inp" | "exp_probs_b"
+        | "ssm_f_a" | "ssm_g_a" | "ssm_norm" => ShardRule::Replicated,
         "attn_q" | "attn_k" | "attn_v" | "attn_q_b" | "ffn_gate" | "ffn_up" | "ffn_gate_shexp"
         | "ffn_up_shexp" => ShardRule::Rows,
+        // KDA: every per-channel or per-head tensor is cut with its heads
+        "ssm_conv1d_q" | "ssm_conv1d_k" | "ssm_conv1d_v" | "ssm_f_b" | "ssm_g_b" | "ssm_beta"
+        | "ssm_a" | "ssm_dt" => ShardRule::Rows,
         "attn_output" | "ffn_down" | "ffn_down_shexp" => ShardRule::Cols,
         "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps" => ShardRule::Experts,
         "attn_k_b" | "attn_v_b" => ShardRule::Heads,
@@ -60,6 +62,7 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
         t("ffn_norm.weight", vec![d]);
         let kind = meta.layer_kind(layer);
         match (kind.mixer, &meta.mla) {
+            (Mixer::Kda, _) => kda_tensors(meta, &mut t),
             (Mixer::Mla, Some(mla)) => {
                 let (ql, kvl) = (u64::from(mla.q_lora_rank), u64::from(mla.kv_lora_rank));
                 let (nope, rope) = (
@@ -125,6 +128,36 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
     out
 }
 
+/// A KDA layer's tensors (llama.cpp's kimi-linear names; separate q/k/v projections).
+fn kda_tensors(meta: &ModelMeta, t: &mut impl FnMut(&str, Vec<u64>)) {
+    let k = meta
+        .kda
+        .as_ref()
+        .expect("invariant: a KDA layer comes from KDA facts");
+    let (d, h, hd) = (
+        u64::from(meta.embedding),
+        u64::from(meta.heads),
+        u64::from(k.head_dim),
+    );
+    let w = h * hd;
+    for p in ["q", "k", "v"] {
+        t(&format!("attn_{p}.weight"), vec![w, d]);
+        t(
+            &format!("ssm_conv1d_{p}.weight"),
+            vec![w, u64::from(k.conv_kernel)],
+        );
+    }
+    t("ssm_f_a.weight", vec![hd, d]);
+    t("ssm_f_b.weight", vec![w, hd]);
+    t("ssm_beta.weight", vec![h, d]);
+    t("ssm_a", vec![h]);
+    t("ssm_dt.bias", vec![w]);
+    t("ssm_g_a.weight", vec![hd, d]);
+    t("ssm_g_b.weight", vec![w, hd]);
+    t("ssm_norm.weight", vec![hd]);
+    t("attn_output.weight", vec![d, w]);
+}
+
 /// Build a tensor meta from a name, dtype and shape; `None` for an unknown name.
 pub fn tensor_meta(name: &str, dtype: Dtype, shape: Vec<u64>) -> Option<TensorMeta> {
     let (site, rule) = classify(name)?;
@@ -137,19 +170,19 @@ pub fn tensor_meta(name: &str, dtype: Dtype, shape: Vec<u64>) -> Option<TensorMe
     })
 }
 
-/// Synthesize the tensor list of a config.json model: norms, biases and routers in f32,
-/// matrices in `dtype` (MLA's per-head matrices in q8_0 where their rows are shorter than a
-/// k-quant block).
+/// Synthesize the tensor list of a config.json model: norms, biases, routers and KDA's
+/// convolutions in f32 (ggml's convolution reads only f32), matrices in `dtype`, or q8_0 where
+/// their rows do not fill its blocks (MLA's per-head matrices and KDA's low-rank gates under a
+/// k-quant), as llama.cpp's quantizer falls back.
 pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
     let mut tensors: Vec<TensorMeta> = expected(meta)
         .into_iter()
         .map(|(name, shape)| {
-            let small = shape.len() == 1 || name.contains("ffn_gate_inp");
-            // MLA's per-head matrices have short rows (128 for DeepSeek-V3); where they do
-            // not fill a k-quant block, llama.cpp's quantizer falls back to a 32-block type
-            let short = name.contains("attn_k_b") || name.contains("attn_v_b");
+            let small = shape.len() == 1
+                || name.contains("ffn_gate_inp")
+                || name.contains("ssm_conv1d_");
             let fits = shape[shape.len() - 1] % dtype.block_elems() == 0;
-            let dt = match (small, short && !fits) {
+            let dt = match (small, !fits) {
                 (true, _) => Dtype::F32,
                 (false, true) => Dtype::Q8_0,
                 (false, false) => dtype,

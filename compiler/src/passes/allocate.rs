@@ -1,8 +1,9 @@
-//! Pass 9, allocate: each rank's weight shards, its buffers (scratch, KV cache, static run
-//! IO, boundary slots) and, per device, the bytes its ranks ask for.
+//! Pass 9, allocate: each rank's weight shards, its buffers (scratch, KV cache of its attention
+//! layers, recurrent state of its KDA layers, static run IO, boundary slots) and, per device,
+//! the bytes its ranks ask for.
 
 use super::{RankInfo, Topology};
-use crate::model::{ModelMeta, ShardRule, TensorMeta, TensorSite};
+use crate::model::{Mixer, ModelMeta, ShardRule, TensorMeta, TensorSite};
 use crate::placement::Placement;
 use crate::plan::{AttentionSplit, Buffer, BufferKind, DeviceUse, Split, WeightShard};
 
@@ -45,7 +46,11 @@ fn split_for(
     }
     let part = |len: u64| (len / n * i, len / n * (i + 1));
     let kv = u64::from(model.kv_heads);
-    let is_kv = t.name.contains(".attn_k.") || t.name.contains(".attn_v.");
+    let gqa = match t.site {
+        TensorSite::Layer(l) => model.layer_kind(l).mixer == Mixer::Gqa,
+        _ => false,
+    };
+    let is_kv = gqa && (t.name.contains(".attn_k.") || t.name.contains(".attn_v."));
     if is_kv && n > kv {
         // more ranks than kv heads: the ranks whose query heads share a kv head each hold it
         let hd = u64::from(model.head_dim);
@@ -121,12 +126,30 @@ pub fn buffers(
             (Some(_), _) | (None, AttentionSplit::Replicated) => 1,
             (None, AttentionSplit::Heads) => n.min(kv_heads),
         };
-        let kv = u64::from(rank.layers.len())
-            * u64::from(placement.max_context)
-            * u64::from(placement.max_sequences)
-            * kv_per_token
-            / kv_split;
-        out.push(buffer(format!("r{r}.kv"), BufferKind::Kv, kv, 1));
+        let range = rank.layers.start..rank.layers.end;
+        let kda_layers = model.kda_layers_in(range);
+        let attention_layers = rank.layers.len() - kda_layers;
+        if attention_layers > 0 {
+            let kv = u64::from(attention_layers)
+                * u64::from(placement.max_context)
+                * u64::from(placement.max_sequences)
+                * kv_per_token
+                / kv_split;
+            out.push(buffer(format!("r{r}.kv"), BufferKind::Kv, kv, 1));
+        }
+        if let (Some(k), true) = (&model.kda, kda_layers > 0) {
+            // one f32 state per KDA layer, head and sequence, updated in place in stream
+            // order: its address never alternates, so runs touching it keep one phase
+            let heads = match placement.attention {
+                AttentionSplit::Heads => model.heads / rank.tp_degree,
+                AttentionSplit::Replicated => model.heads,
+            };
+            let state = u64::from(kda_layers)
+                * u64::from(placement.max_sequences)
+                * k.state_elems(heads)
+                * 4;
+            out.push(buffer(format!("r{r}.state"), BufferKind::State, state, 1));
+        }
     }
     if rank.embed || rank.sampler {
         // One token per sequence in flight.
@@ -182,6 +205,10 @@ fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -
             (heads + 2 * kv) * u64::from(model.head_dim)
         }
     };
+    // a KDA layer's q/k/v (through the convolutions), gates, beta and output over its heads
+    let kda = u64::from(model.kda_width()) * heads / all_heads;
+    let mixer = mixer.max(6 * kda + 2 * heads);
+    let attn_out = attn_out.max(kda);
     let (ffn, moe) = match &model.moe {
         Some(m) => {
             let dense = if m.dense_layers > 0 { model.ffn } else { 0 };
@@ -209,6 +236,7 @@ pub fn device_use(
                 memory_bytes,
                 weight_bytes: 0,
                 kv_bytes: 0,
+                state_bytes: 0,
                 buffer_bytes: 0,
                 total_bytes: 0,
             };
@@ -218,11 +246,12 @@ pub fn device_use(
                     let bytes = b.bytes * u64::from(b.slots);
                     match b.kind {
                         BufferKind::Kv => u.kv_bytes += bytes,
+                        BufferKind::State => u.state_bytes += bytes,
                         _ => u.buffer_bytes += bytes,
                     }
                 }
             }
-            u.total_bytes = u.weight_bytes + u.kv_bytes + u.buffer_bytes;
+            u.total_bytes = u.weight_bytes + u.kv_bytes + u.state_bytes + u.buffer_bytes;
             u
         })
         .collect()

@@ -12,6 +12,7 @@ pub fn layer_segments(model: &ModelMeta, layer: u32) -> Vec<Segment> {
     let mut segs = match kind.mixer {
         Mixer::Gqa => vec![Segment::AttnPre, Segment::AttnCore, Segment::AttnOut],
         Mixer::Mla => vec![Segment::MlaPre, Segment::MlaCore, Segment::AttnOut],
+        Mixer::Kda => vec![Segment::KdaPre, Segment::KdaCore, Segment::AttnOut],
     };
     match kind.ffn {
         FfnKind::Dense => segs.push(Segment::Ffn),
@@ -48,6 +49,15 @@ pub fn segment_output(model: &ModelMeta, segment: Segment, heads: u32) -> (&'sta
         Segment::AttnCore | Segment::MlaCore => (
             "attn",
             u64::from(model.attn_out_width()) * heads / u64::from(model.heads),
+        ),
+        Segment::KdaPre => {
+            // q, k, v after the convolutions, the decay gate per channel, beta per head
+            let w = u64::from(model.kda_width()) * heads / u64::from(model.heads);
+            ("qkv_gates", 4 * w + heads)
+        }
+        Segment::KdaCore => (
+            "attn",
+            u64::from(model.kda_width()) * heads / u64::from(model.heads),
         ),
         Segment::MoeRouter => (
             "routing",

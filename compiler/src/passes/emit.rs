@@ -162,6 +162,7 @@ fn summary(model: &ModelMeta, placement: &Placement, chunks: ReductionChunks) ->
         moe: model.moe.clone(),
         mla: model.mla.clone(),
         rope_yarn: model.rope_yarn.clone(),
+        kda: model.kda.clone(),
     }
 }
 

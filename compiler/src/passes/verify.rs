@@ -231,8 +231,16 @@ fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, 
                     }
                     Op::Layers { segments, .. } => {
                         out.push(acc(act.clone(), true));
-                        if segments.contains(&Segment::AttnCore) {
+                        if segments.contains(&Segment::AttnCore)
+                            || segments.contains(&Segment::MlaCore)
+                        {
                             out.push(acc(find(BufferKind::Kv, ".kv")?, true));
+                        }
+                        // KDA's windows and recurrent states: read and rewritten in place
+                        if segments.contains(&Segment::KdaPre)
+                            || segments.contains(&Segment::KdaCore)
+                        {
+                            out.push(acc(find(BufferKind::State, ".state")?, true));
                         }
                     }
                     Op::LoadHidden => {

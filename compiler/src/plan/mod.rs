@@ -65,8 +65,16 @@ pub struct DeviceUse {
     pub memory_bytes: u64,
     pub weight_bytes: u64,
     pub kv_bytes: u64,
+    /// Recurrent state (KDA convolution windows and delta-rule states); written only when
+    /// the device holds some.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub state_bytes: u64,
     pub buffer_bytes: u64,
     pub total_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A tensor-parallel group and its canonical reduction tree.
@@ -284,6 +292,8 @@ pub enum BufferKind {
     Scratch,
     /// The KV cache of this rank's layers.
     Kv,
+    /// The recurrent state of this rank's KDA layers and heads, updated in place each token.
+    State,
     /// Static inputs and outputs of runs (token, position, logits).
     Io,
     /// A boundary slot buffer: written by one rank, read by a copy on another.
@@ -422,6 +432,13 @@ pub enum Segment {
     /// MLA: latent-cache write, attention over the latent cache, and the per-head value
     /// up-projection (`attn_v_b`).
     MlaCore,
+    /// KDA: RMS norm, q/k/v projections through the short causal convolutions (reading and
+    /// updating their window state), q/k L2 norms, the per-channel decay gate and the
+    /// per-head mixing rate beta.
+    KdaPre,
+    /// KDA: the gated delta rule over each head's recurrent state (updated in place), then the
+    /// per-head RMS norm times the sigmoid output gate.
+    KdaCore,
 }
 
 /// One entry of a run or island: model-level ops, or a layer range with its segments.
@@ -446,6 +463,21 @@ pub enum Op {
     StoreHidden,
     /// Write the sampled token into the outgoing token slot `tx[slot]`.
     StoreToken,
+}
+
+/// The logical shape of a GGUF tensor (outermost dim first, as plans write shapes) from its
+/// GGUF dims (innermost first). llama.cpp stores KDA's convolution weights as
+/// `[d_conv, 1, channels]` (or with a trailing 1) and `ssm_a` as `[1, heads]` (or
+/// `[1, heads, 1, 1]`); their singleton axes are dropped, so a convolution is a
+/// `[channels, d_conv]` matrix and `ssm_a` a vector of heads, whichever form the file has.
+pub fn logical_shape(tensor: &str, gguf_dims: &[u64]) -> Vec<u64> {
+    let squeezed = tensor.contains(".ssm_conv1d_") || tensor.ends_with(".ssm_a");
+    gguf_dims
+        .iter()
+        .rev()
+        .copied()
+        .filter(|&d| !(squeezed && d == 1))
+        .collect()
 }
 
 /// Number of chunks of the canonical reduction tree for a reduction of length `k` whose weights
@@ -473,9 +505,11 @@ impl Segment {
             Segment::MoeShared => "moe_shared",
             Segment::MlaPre => "mla_pre",
             Segment::MlaCore => "mla_core",
+            Segment::KdaPre => "kda_pre",
+            Segment::KdaCore => "kda_core",
         }
     }
-    pub(super) const ALL: [Segment; 10] = [
+    pub(super) const ALL: [Segment; 12] = [
         Segment::AttnPre,
         Segment::AttnCore,
         Segment::AttnOut,
@@ -486,6 +520,8 @@ impl Segment {
         Segment::MoeShared,
         Segment::MlaPre,
         Segment::MlaCore,
+        Segment::KdaPre,
+        Segment::KdaCore,
     ];
 }
 
@@ -557,8 +593,8 @@ mod model;
 mod text;
 
 pub use model::{
-    layer_kind, FfnKind, Gating, LayerKind, Mixer, MlaSummary, ModelSummary, MoeSummary,
-    ReductionChunks, YarnSummary,
+    layer_kind, FfnKind, Gating, KdaSummary, LayerKind, Mixer, MlaSummary, ModelSummary,
+    MoeSummary, ReductionChunks, YarnSummary,
 };
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The model facts of a plan (`ModelSummary`) and the layer schema they imply: per layer a
-//! mixer (GQA or MLA) and an FFN (dense, or routed experts with or without shared experts),
-//! with the routing, MLA and YaRN facts an executor needs to run them.
+//! mixer (GQA, MLA or KDA linear attention) and an FFN (dense, or routed experts with or
+//! without shared experts), with the routing, MLA, KDA and YaRN facts an executor needs to run
+//! them.
 
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +36,8 @@ pub struct ModelSummary {
     pub mla: Option<MlaSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_yarn: Option<YarnSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kda: Option<KdaSummary>,
 }
 
 /// Chunk counts of the canonical reduction order (see `reduction_chunks`).
@@ -77,6 +80,9 @@ pub enum Mixer {
     Gqa,
     /// Multi-head latent attention over a compressed latent cache.
     Mla,
+    /// Kimi delta attention: a short causal convolution and a gated delta-rule recurrent
+    /// state per head, no cache that grows with the context.
+    Kda,
 }
 
 /// The feed-forward block of a layer.
@@ -96,10 +102,20 @@ pub struct LayerKind {
     pub ffn: FfnKind,
 }
 
-/// The schema rule: MLA everywhere when the model has MLA facts; routed experts from layer
+/// The schema rule: with KDA facts, KDA in every layer but the listed attention layers (MLA);
+/// otherwise MLA everywhere when the model has MLA facts; routed experts from layer
 /// `dense_layers` on when it has MoE facts, shared experts with them when their width is set.
-pub fn layer_kind(mla: bool, moe: Option<&MoeSummary>, layer: u32) -> LayerKind {
-    let mixer = if mla { Mixer::Mla } else { Mixer::Gqa };
+pub fn layer_kind(
+    mla: bool,
+    kda: Option<&KdaSummary>,
+    moe: Option<&MoeSummary>,
+    layer: u32,
+) -> LayerKind {
+    let mixer = match kda {
+        Some(k) if !k.attention_layers.contains(&layer) => Mixer::Kda,
+        _ if mla => Mixer::Mla,
+        _ => Mixer::Gqa,
+    };
     let ffn = match moe {
         Some(m) if layer >= m.dense_layers => FfnKind::Moe {
             shared: m.shared_expert_ffn > 0,
@@ -112,7 +128,7 @@ pub fn layer_kind(mla: bool, moe: Option<&MoeSummary>, layer: u32) -> LayerKind 
 impl ModelSummary {
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
-        layer_kind(self.mla.is_some(), self.moe.as_ref(), layer)
+        layer_kind(self.mla.is_some(), self.kda.as_ref(), self.moe.as_ref(), layer)
     }
 }
 
@@ -139,6 +155,40 @@ pub struct MlaSummary {
     /// The rotated part of each query and key head (its last dims), and the rope dims.
     pub qk_rope_head_dim: u32,
     pub v_head_dim: u32,
+    /// Whether the rope parts are rotated (kimi-linear's MLA layers use no rope: the "rope"
+    /// key is stored as computed).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub rope: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// Kimi delta attention facts (kimi-linear). Every KDA layer has `heads` (the model's head
+/// count) heads of `head_dim` for q, k and v; each of q, k and v passes a depthwise causal
+/// convolution of `conv_kernel` taps, whose last `conv_kernel - 1` inputs per channel are the
+/// layer's window state, and each head carries a `head_dim x head_dim` recurrent state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KdaSummary {
+    pub head_dim: u32,
+    pub conv_kernel: u32,
+    /// The layers that are full attention (MLA) instead of KDA, ascending.
+    pub attention_layers: Vec<u32>,
+}
+
+impl KdaSummary {
+    /// f32 values of one layer's state for `heads` heads: the q, k and v convolution windows
+    /// and the recurrent state.
+    pub fn state_elems(&self, heads: u32) -> u64 {
+        let (h, d) = (u64::from(heads), u64::from(self.head_dim));
+        3 * (u64::from(self.conv_kernel) - 1) * h * d + h * d * d
+    }
 }
 
 /// YaRN rope scaling, as llama.cpp applies it (`rope.scaling.*` keys).

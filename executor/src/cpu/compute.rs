@@ -1,6 +1,6 @@
 //! A rank's compute state and its ops: embedding, the layer segments of every layer kind of
 //! the schema (GQA for llama, qwen2 with q/k/v biases, qwen3 and qwen3moe with per-head q/k
-//! norms; MLA for deepseek2; dense or MoE FFNs, with shared experts), the vocab-parallel head
+//! norms; MLA for deepseek2; KDA and MLA for kimi-linear; dense or MoE FFNs, with shared experts), the vocab-parallel head
 //! and sampling. Everything here belongs to one rank: its weight shards, activations, caches of
 //! its layers, logits, token and received slots. The segment bodies live in `segments`.
 //!
@@ -16,7 +16,9 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::{reduction_chunks, Plan, Segment};
 
-use super::kernels::{self, rms_norm, KvCache, KvDtype, LatentCache, Pool, Router, Weight};
+use super::kernels::{
+    self, rms_norm, KdaState, KvCache, KvDtype, LatentCache, Pool, Router, Weight,
+};
 use super::layer::{FfnWeights, LayerWeights, MixerWeights};
 use super::segments::{self, view, Activations, Cache, Ctx};
 use super::wire::Payload;
@@ -128,6 +130,10 @@ impl RankCompute {
                         kv_dtype, kvl, rope, capacity,
                     )))
                 }
+                MixerWeights::Kda(k) => Ok(Cache::Kda(
+                    KdaState::new(k.heads(), k.head_dim(), k.taps),
+                    capacity,
+                )),
             })
             .collect::<Result<Vec<_>>>()?;
         let router = m.moe.as_ref().map(Router::of);
@@ -270,13 +276,13 @@ impl RankCompute {
             (Segment::MlaCore, MixerWeights::Mla(m), _, Cache::Latent(lc)) => {
                 segments::mla_core(&c, m, lc, self.kq_scale, a)
             }
-            (Segment::AttnOut, mixer, ..) => {
-                let o = match mixer {
-                    MixerWeights::Gqa(g) => &g.o,
-                    MixerWeights::Mla(m) => &m.o,
-                };
-                segments::attn_out(&c, o, a)
+            (Segment::KdaPre, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
+                segments::kda_pre(&c, &lw.attn_norm, k, st, a)
             }
+            (Segment::KdaCore, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
+                segments::kda_core(&c, k, st, a)
+            }
+            (Segment::AttnOut, mixer, ..) => segments::attn_out(&c, mixer.o(), a),
             (Segment::Ffn, _, FfnWeights::Dense(g), _) => {
                 segments::dense_ffn(&c, &lw.ffn_norm, g, a)
             }

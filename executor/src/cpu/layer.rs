@@ -1,6 +1,7 @@
 //! One layer's weights on a CPU rank, by the layer schema (`ModelSummary::layer_kind`): a
 //! mixer (GQA: q/k/v with optional biases and q/k norms; MLA: the query path, the latent and
-//! rope-key projection, the per-head k/v up-projections) and an FFN (dense, or a router with
+//! rope-key projection, the per-head k/v up-projections; KDA: q/k/v with their convolutions,
+//! the decay and output gates, beta and the output norm) and an FFN (dense, or a router with
 //! stacked experts and optional shared experts), each taken out of the rank's shards by name
 //! and checked for the shapes the kernels need, so a bad file fails at load naming the tensor.
 
@@ -9,6 +10,7 @@ use memra_compiler::plan::{FfnKind, Mixer, Plan};
 
 use super::kernels::Weight;
 use crate::weights::{Matrix, RankWeights, Stack};
+use memra_gguf::GgmlType;
 
 /// One layer's weights on this rank.
 pub(super) struct LayerWeights {
@@ -22,6 +24,18 @@ pub(super) struct LayerWeights {
 pub(super) enum MixerWeights {
     Gqa(GqaWeights),
     Mla(MlaWeights),
+    Kda(Box<KdaWeights>),
+}
+
+impl MixerWeights {
+    /// The output projection.
+    pub fn o(&self) -> &Matrix {
+        match self {
+            MixerWeights::Gqa(g) => &g.o,
+            MixerWeights::Mla(m) => &m.o,
+            MixerWeights::Kda(k) => &k.o,
+        }
+    }
 }
 
 /// Grouped-query attention.
@@ -55,6 +69,111 @@ pub(super) struct MlaWeights {
     pub k_b: Stack,
     pub v_b: Stack,
     pub o: Matrix,
+    /// Whether the rope parts are rotated (not for kimi-linear).
+    pub rope: bool,
+}
+
+/// Kimi delta attention over this rank's heads: q/k/v projections and their depthwise
+/// convolutions (`taps` f32 weights per channel), the low-rank decay gate (`f_a` whole, `f_b`
+/// rows of the held channels) with `dt_bias` and the per-head `a`, beta per head, the
+/// low-rank output gate, the per-head output norm and the output projection's columns.
+pub(super) struct KdaWeights {
+    pub q: Matrix,
+    pub k: Matrix,
+    pub v: Matrix,
+    pub conv: [Vec<f32>; 3],
+    pub taps: usize,
+    pub f_a: Matrix,
+    pub f_b: Matrix,
+    pub dt_bias: Vec<f32>,
+    pub a: Vec<f32>,
+    pub beta: Matrix,
+    pub g_a: Matrix,
+    pub g_b: Matrix,
+    pub o_norm: Vec<f32>,
+    pub o: Matrix,
+}
+
+impl KdaWeights {
+    /// Heads held.
+    pub fn heads(&self) -> usize {
+        self.a.len()
+    }
+
+    /// Values per head.
+    pub fn head_dim(&self) -> usize {
+        self.o_norm.len()
+    }
+
+    fn take(l: u32, w: &mut RankWeights) -> Result<KdaWeights> {
+        let name = |s: &str| format!("blk.{l}.{s}");
+        let mut conv = |p: &str| -> Result<(Vec<f32>, usize)> {
+            let t = name(&format!("ssm_conv1d_{p}.weight"));
+            let m = w.take_matrix(&t)?;
+            if m.dtype != GgmlType::F32 {
+                bail!("tensor `{t}` is stored as {}; the convolution reads f32 only (as ggml's ssm_conv)", m.dtype);
+            }
+            let values = m
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            Ok((values, m.cols))
+        };
+        let (cq, taps) = conv("q")?;
+        let (ck, _) = conv("k")?;
+        let (cv, _) = conv("v")?;
+        let k = KdaWeights {
+            q: w.take_matrix(&name("attn_q.weight"))?,
+            k: w.take_matrix(&name("attn_k.weight"))?,
+            v: w.take_matrix(&name("attn_v.weight"))?,
+            conv: [cq, ck, cv],
+            taps,
+            f_a: w.take_matrix(&name("ssm_f_a.weight"))?,
+            f_b: w.take_matrix(&name("ssm_f_b.weight"))?,
+            dt_bias: w.take_vector(&name("ssm_dt.bias"))?,
+            a: w.take_vector(&name("ssm_a"))?,
+            beta: w.take_matrix(&name("ssm_beta.weight"))?,
+            g_a: w.take_matrix(&name("ssm_g_a.weight"))?,
+            g_b: w.take_matrix(&name("ssm_g_b.weight"))?,
+            o_norm: w.take_vector(&name("ssm_norm.weight"))?,
+            o: w.take_matrix(&name("attn_output.weight"))?,
+        };
+        k.check(l)?;
+        Ok(k)
+    }
+
+    /// The held heads agree across every tensor (one error naming the first that does not).
+    fn check(&self, l: u32) -> Result<()> {
+        let (h, hd) = (self.heads(), self.head_dim());
+        let width = h * hd;
+        let rows = [
+            ("attn_q.weight", self.q.rows, width),
+            ("attn_k.weight", self.k.rows, width),
+            ("attn_v.weight", self.v.rows, width),
+            ("ssm_conv1d_q.weight", self.conv[0].len(), width * self.taps),
+            ("ssm_conv1d_k.weight", self.conv[1].len(), width * self.taps),
+            ("ssm_conv1d_v.weight", self.conv[2].len(), width * self.taps),
+            ("ssm_f_a.weight", self.f_a.rows, hd),
+            ("ssm_f_b.weight", self.f_b.rows, width),
+            ("ssm_f_b.weight columns", self.f_b.cols, hd),
+            ("ssm_dt.bias", self.dt_bias.len(), width),
+            ("ssm_beta.weight", self.beta.rows, h),
+            ("ssm_g_a.weight", self.g_a.rows, hd),
+            ("ssm_g_b.weight", self.g_b.rows, width),
+            ("ssm_g_b.weight columns", self.g_b.cols, hd),
+            ("attn_output.weight columns", self.o.cols, width),
+        ];
+        if self.taps < 2 {
+            bail!("layer {l}: blk.{l}.ssm_conv1d_q.weight has {} taps; at least 2 are needed", self.taps);
+        }
+        for (what, got, want) in rows {
+            if got != want {
+                bail!("layer {l}: blk.{l}.{what} is {got} long, expected {want} for {h} held heads of {hd} (from ssm_a and ssm_norm)");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A gated SiLU FFN (a dense layer, or the shared experts).
@@ -136,8 +255,10 @@ impl LayerWeights {
                     k_b: w.take_stack(&name("attn_k_b.weight"))?,
                     v_b: w.take_stack(&name("attn_v_b.weight"))?,
                     o: w.take_matrix(&name("attn_output.weight"))?,
+                    rope: mla.rope,
                 })
             }
+            Mixer::Kda => MixerWeights::Kda(Box::new(KdaWeights::take(l, w)?)),
         };
         let mut gated = |suffix: &str| -> Result<Gated> {
             Ok(Gated {
@@ -188,6 +309,9 @@ impl LayerWeights {
                 }
                 matrices.extend([&m.kv_a, &m.o]);
                 stacks.extend([&m.k_b, &m.v_b]);
+            }
+            MixerWeights::Kda(k) => {
+                matrices.extend([&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.beta, &k.g_a, &k.g_b, &k.o])
             }
         }
         match &self.ffn {

@@ -1,6 +1,6 @@
 //! The layer segments of the CPU backend, one function per segment kind, each over one
 //! layer's weights and the rank's activations: GQA (`attn_pre`, `attn_core`), MLA (`mla_pre`,
-//! `mla_core`), the output projection, the dense FFN and the three MoE segments. A segment
+//! `mla_core`), KDA (`kda_pre`, `kda_core`), the output projection, the dense FFN and the three MoE segments. A segment
 //! that ends in a partial sum leaves it in `Activations::partial` with what it holds
 //! (`Pending`), so the group's all-reduce, or the segment itself on a lone rank, finishes it
 //! the same way everywhere (`finish`).
@@ -9,10 +9,10 @@ use anyhow::{bail, Result};
 use memra_compiler::plan::reduction_chunks;
 
 use super::kernels::{
-    self, attention, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KvCache,
-    LatentCache, Pool, Rotation, Router, Weight,
+    self, attention, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KdaState,
+    KvCache, LatentCache, Pool, Rotation, Router, Weight,
 };
-use super::layer::{Gated, GqaWeights, MlaWeights, MoeWeights, QueryPath};
+use super::layer::{Gated, GqaWeights, KdaWeights, MlaWeights, MoeWeights, QueryPath};
 use crate::geometry::RankGeometry;
 use crate::weights::{Matrix, Stack};
 
@@ -46,6 +46,12 @@ pub(super) struct Activations {
     pub kv_row: Vec<f32>,
     pub q_lat: Vec<f32>,
     pub lat: Vec<f32>,
+    /// KDA: a projection before its convolution (then the output gate), the low-rank gates'
+    /// inner activations, the decay per channel and beta per head.
+    pub kda_x: Vec<f32>,
+    pub kda_low: Vec<f32>,
+    pub kda_g: Vec<f32>,
+    pub kda_beta: Vec<f32>,
     /// MoE: router logits and the selected experts with their weights.
     pub logits_e: Vec<f32>,
     pub route: Vec<(usize, f32)>,
@@ -58,6 +64,9 @@ pub(super) struct Activations {
 pub(super) enum Cache {
     Kv(KvCache),
     Latent(LatentCache),
+    /// A KDA layer's windows and recurrent states, and the plan's context length (the state
+    /// itself does not grow).
+    Kda(KdaState, usize),
 }
 
 impl Cache {
@@ -66,6 +75,7 @@ impl Cache {
         match self {
             Cache::Kv(c) => c.capacity(),
             Cache::Latent(c) => c.capacity(),
+            Cache::Kda(_, capacity) => *capacity,
         }
     }
 }
@@ -182,10 +192,12 @@ pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations
     let row = sized(&mut a.kv_row, width);
     rms_norm(&a.v[..kvl], &m.kv_a_norm, c.geo.eps, &mut row[..kvl]);
     row[kvl..].copy_from_slice(&a.v[kvl..]);
-    let r = c.rotation();
-    rope_part(row, width, kvl..width, c.pos, &r);
     let head_q = a.q.len() / heads;
-    rope_part(&mut a.q, head_q, nope..head_q, c.pos, &r);
+    if m.rope {
+        let r = c.rotation();
+        rope_part(row, width, kvl..width, c.pos, &r);
+        rope_part(&mut a.q, head_q, nope..head_q, c.pos, &r);
+    }
     let q_lat = sized(&mut a.q_lat, heads * width);
     for (h, (ql, q)) in q_lat
         .chunks_exact_mut(width)
@@ -221,6 +233,53 @@ pub(super) fn mla_core(
         let v_b = stacked(&m.v_b, m.v_b.first + h).expect("invariant: a held head");
         full_k(c.pool, &v_b, l, o);
     }
+}
+
+/// KDA: norm, q/k/v each through its projection and its causal convolution (advancing the
+/// window state), q/k L2 norms, the decay gate per channel and beta per head.
+pub(super) fn kda_pre(
+    c: &Ctx,
+    norm: &[f32],
+    k: &KdaWeights,
+    st: &mut KdaState,
+    a: &mut Activations,
+) {
+    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    let (hd, width) = (k.head_dim(), k.q.rows);
+    for (which, proj) in [&k.q, &k.k, &k.v].into_iter().enumerate() {
+        full_k(c.pool, &view(proj), &a.xn, sized(&mut a.kda_x, width));
+        let out = match which {
+            0 => sized(&mut a.q, width),
+            1 => sized(&mut a.k, width),
+            _ => sized(&mut a.v, width),
+        };
+        kernels::conv_step(st.window_mut(which), &k.conv[which], k.taps, &a.kda_x, out);
+    }
+    kernels::l2_norm_heads(&mut a.q, hd, c.geo.eps);
+    kernels::l2_norm_heads(&mut a.k, hd, c.geo.eps);
+    full_k(c.pool, &view(&k.f_a), &a.xn, sized(&mut a.kda_low, hd));
+    full_k(c.pool, &view(&k.f_b), &a.kda_low, sized(&mut a.kda_g, width));
+    kernels::decay_gate(&mut a.kda_g, &k.dt_bias, &k.a, hd);
+    let beta = sized(&mut a.kda_beta, k.beta.rows);
+    full_k(c.pool, &view(&k.beta), &a.xn, beta);
+    beta.iter_mut().for_each(|b| *b = kernels::sigmoid(*b));
+}
+
+/// KDA: the gated delta rule over each held head's recurrent state (updated in place), then
+/// the per-head output norm times the sigmoid of the low-rank output gate.
+pub(super) fn kda_core(c: &Ctx, k: &KdaWeights, st: &mut KdaState, a: &mut Activations) {
+    let (hd, width) = (k.head_dim(), k.q.rows);
+    let inputs = kernels::DeltaInputs {
+        q: &a.q,
+        k: &a.k,
+        v: &a.v,
+        g: &a.kda_g,
+        beta: &a.kda_beta,
+    };
+    kernels::delta_rule(st, &inputs, sized(&mut a.att, width));
+    full_k(c.pool, &view(&k.g_a), &a.xn, sized(&mut a.kda_low, hd));
+    full_k(c.pool, &view(&k.g_b), &a.kda_low, sized(&mut a.kda_x, width));
+    kernels::gated_norm(&mut a.att, &k.o_norm, &a.kda_x, c.geo.eps);
 }
 
 /// The attention output projection over this rank's heads.

@@ -257,8 +257,8 @@ impl Deepseek2Shape {
     }
 }
 
-/// The attention tensors of block `b`.
-fn attention(s: &Deepseek2Shape, b: &Block, res: f32) -> Vec<Planned> {
+/// The MLA tensors of block `b` (its attention norm first).
+pub(crate) fn attention(s: &Deepseek2Shape, b: &Block, res: f32) -> Vec<Planned> {
     let h = u64::from(s.heads);
     let q = h * s.qk_head();
     let kv = s.kv_lora_rank;

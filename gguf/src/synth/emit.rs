@@ -73,6 +73,7 @@ fn chunk_bytes(p: &Planned, seed: u64, ti: usize, chunk: u64, rows: u64) -> Resu
     let values: Vec<f32> = match p.init {
         Init::Uniform(a) => (0..n).map(|_| a * rng.uniform()).collect(),
         Init::Norm => (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect(),
+        Init::Around { center, half } => (0..n).map(|_| center + half * rng.uniform()).collect(),
     };
     let mut out = vec![
         0u8;

@@ -1,6 +1,6 @@
 //! Synthetic models with seeded random weights, for tests and benchmarks without downloads:
-//! `llama` (dense GQA), `qwen3moe` (GQA + MoE) and `deepseek2` (MLA + MoE with shared
-//! experts), each with the tensor names, shapes, storage types and metadata keys llama.cpp's
+//! `llama` (dense GQA), `qwen3moe` (GQA + MoE), `deepseek2` (MLA + MoE with shared
+//! experts) and `kimi-linear` (KDA linear attention and MLA + MoE), each with the tensor names, shapes, storage types and metadata keys llama.cpp's
 //! converter writes, so llama.cpp loads every file and serves as the oracle for it. Weights
 //! are uniform with a standard deviation of 1/sqrt(fan-in) (residual projections further
 //! divided by sqrt(2 * layers)) so activations stay in range through every layer; norms are
@@ -9,6 +9,7 @@
 mod deepseek2;
 mod emit;
 mod ffn;
+mod kimi_linear;
 mod llama;
 mod plan;
 mod qwen3moe;
@@ -21,6 +22,7 @@ use crate::GgmlType;
 use emit::{write_spec, Spec};
 
 pub use deepseek2::{Deepseek2Shape, Gating, Routing, Yarn, DEEPSEEK2_SHAPES};
+pub use kimi_linear::{KimiLinearShape, KIMI_LINEAR_SHAPES};
 pub use llama::{shape, write_model, Shape, SHAPES};
 pub use qwen3moe::{Qwen3MoeShape, QWEN3MOE_SHAPES};
 
@@ -33,6 +35,8 @@ pub enum Model {
     Qwen3Moe(Qwen3MoeShape),
     /// `deepseek2`: MLA, leading dense layers, MoE with shared experts.
     Deepseek2(Deepseek2Shape),
+    /// `kimi-linear`: KDA layers between MLA layers, a leading dense layer, MoE.
+    KimiLinear(KimiLinearShape),
 }
 
 impl Model {
@@ -42,6 +46,7 @@ impl Model {
             Model::Llama(s) => s.name,
             Model::Qwen3Moe(s) => s.name,
             Model::Deepseek2(s) => s.name,
+            Model::KimiLinear(s) => s.name,
         }
     }
 
@@ -51,6 +56,7 @@ impl Model {
             Model::Llama(_) => "llama",
             Model::Qwen3Moe(_) => "qwen3moe",
             Model::Deepseek2(_) => "deepseek2",
+            Model::KimiLinear(_) => "kimi-linear",
         }
     }
 
@@ -60,6 +66,7 @@ impl Model {
             Model::Llama(s) => s.layers,
             Model::Qwen3Moe(s) => s.layers,
             Model::Deepseek2(s) => s.layers,
+            Model::KimiLinear(s) => s.layers,
         }
     }
 
@@ -77,6 +84,7 @@ impl Model {
             Model::Llama(s) => Model::Llama(Shape { layers, ..s }),
             Model::Qwen3Moe(s) => Model::Qwen3Moe(Qwen3MoeShape { layers, ..s }),
             Model::Deepseek2(s) => Model::Deepseek2(s.with_layers(layers)?),
+            Model::KimiLinear(s) => Model::KimiLinear(s.with_layers(layers)),
         })
     }
 
@@ -85,6 +93,7 @@ impl Model {
             Model::Llama(s) => llama::spec(s, dtype),
             Model::Qwen3Moe(s) => qwen3moe::spec(s, dtype),
             Model::Deepseek2(s) => deepseek2::spec(s, dtype),
+            Model::KimiLinear(s) => kimi_linear::spec(s, dtype),
         }
     }
 
@@ -101,7 +110,8 @@ pub fn models() -> Vec<Model> {
     let llama = SHAPES.iter().map(|&s| Model::Llama(s));
     let qwen = QWEN3MOE_SHAPES.iter().map(|&s| Model::Qwen3Moe(s));
     let deepseek = DEEPSEEK2_SHAPES.iter().map(|&s| Model::Deepseek2(s));
-    llama.chain(qwen).chain(deepseek).collect()
+    let kimi = KIMI_LINEAR_SHAPES.iter().map(|&s| Model::KimiLinear(s));
+    llama.chain(qwen).chain(deepseek).chain(kimi).collect()
 }
 
 /// The shape called `name`, of any architecture; the error lists the known names.

@@ -14,6 +14,8 @@ pub(crate) enum Init {
     Uniform(f32),
     /// Uniform in [0.9, 1.1): RMS-norm weights.
     Norm,
+    /// Uniform in [center - half, center + half).
+    Around { center: f32, half: f32 },
 }
 
 /// One tensor to generate.
@@ -55,6 +57,17 @@ pub(crate) fn f32_uniform(name: String, dims: &[u64], a: f32) -> Planned {
         dims: dims.to_vec(),
         dtype: GgmlType::F32,
         init: Init::Uniform(a),
+        fell_back: false,
+    }
+}
+
+/// A tensor kept in F32, uniform in [center - half, center + half) (KDA's decay rates).
+pub(crate) fn f32_around(name: String, dims: &[u64], center: f32, half: f32) -> Planned {
+    Planned {
+        name,
+        dims: dims.to_vec(),
+        dtype: GgmlType::F32,
+        init: Init::Around { center, half },
         fell_back: false,
     }
 }

@@ -20,6 +20,7 @@ pub(crate) mod act;
 mod attention;
 mod elementwise;
 mod float;
+mod kda;
 mod kquant;
 mod mla;
 mod moe;
@@ -38,6 +39,9 @@ use memra_gguf::GgmlType;
 
 pub use attention::{attention, KvCache, KvDtype};
 pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
+pub use kda::{
+    conv_step, decay_gate, delta_rule, gated_norm, l2_norm_heads, sigmoid, DeltaInputs, KdaState,
+};
 pub use mla::{latent_attention, LatentCache};
 pub use moe::{combine_into, Gating, Router};
 pub use pool::Pool;

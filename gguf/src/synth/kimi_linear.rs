@@ -1,0 +1,252 @@
+//! Synthetic `kimi-linear` shapes: KDA (Kimi delta attention) layers with MLA layers between
+//! them (MLA without q-LoRA and without rope, its k/v up-projection split per head), one
+//! leading dense FFN, then MoE layers with a shared expert and sigmoid routing with the
+//! selection bias. Keys and tensors are the ones llama.cpp's converter writes for
+//! Kimi-Linear: the per-layer `attention.head_count_kv` array marks KDA layers with 0,
+//! convolutions are `[d_conv, 1, channels]` in F32, `ssm_a` holds `-exp(A_log)` as `[1, heads]`.
+
+use super::deepseek2::{attention, Deepseek2Shape, Gating, Routing, Yarn};
+use super::emit::{keyed, Spec};
+use super::ffn::{gated, routed, Routed};
+use super::plan::{
+    f32_around, f32_uniform, norm, output_head, residual, token_embd, Block, Planned,
+};
+use crate::{GgmlType, Value};
+
+/// A Kimi-Linear shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KimiLinearShape {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// Embedding width.
+    pub dim: u64,
+    /// Number of transformer blocks.
+    pub layers: u32,
+    /// Heads of every mixer (KDA and MLA).
+    pub heads: u32,
+    /// KDA head width (q, k and v).
+    pub kda_head: u64,
+    /// KDA convolution taps.
+    pub conv: u64,
+    /// Every `attention_every`-th layer (counting from 1) and the last are MLA.
+    pub attention_every: u32,
+    /// MLA latent width.
+    pub kv_lora_rank: u64,
+    /// MLA per-head q/k width without the "rope" part.
+    pub qk_nope: u64,
+    /// MLA "rope" part (not rotated in kimi-linear).
+    pub qk_rope: u64,
+    /// MLA per-head v width.
+    pub v_head: u64,
+    /// Hidden width of the leading dense layers.
+    pub ffn: u64,
+    /// Leading layers with a dense FFN.
+    pub dense_layers: u32,
+    /// Routed experts per MoE layer.
+    pub experts: u32,
+    /// Experts used per token.
+    pub experts_used: u32,
+    /// Hidden width of one expert (and of the shared expert).
+    pub expert_ffn: u64,
+    /// Shared experts.
+    pub shared_experts: u32,
+    /// `expert_weights_scale` (Kimi's routed_scaling_factor).
+    pub weights_scale: f32,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// `context_length`.
+    pub context: u32,
+}
+
+/// The kimi-linear shapes. The tiny one alternates KDA and MLA (layers 1 and 3 are MLA), so
+/// both pipeline stages of a cut at 2 hold both kinds.
+pub const KIMI_LINEAR_SHAPES: &[KimiLinearShape] = &[KimiLinearShape {
+    name: "tiny-kimi-linear",
+    dim: 256,
+    layers: 4,
+    heads: 4,
+    kda_head: 32,
+    conv: 4,
+    attention_every: 2,
+    kv_lora_rank: 256,
+    qk_nope: 64,
+    qk_rope: 32,
+    v_head: 64,
+    ffn: 512,
+    dense_layers: 1,
+    experts: 8,
+    experts_used: 2,
+    expert_ffn: 256,
+    shared_experts: 1,
+    weights_scale: 2.446,
+    vocab: 256,
+    context: 4096,
+}];
+
+/// RMS-norm epsilon of Kimi-Linear checkpoints.
+const RMS_EPS: f32 = 1e-5;
+
+impl KimiLinearShape {
+    /// Whether layer `l` is an MLA (full attention) layer.
+    pub fn is_attention(&self, l: u32) -> bool {
+        (l + 1).is_multiple_of(self.attention_every) || l + 1 == self.layers
+    }
+
+    /// This shape cut to its first `layers` blocks.
+    pub fn with_layers(mut self, layers: u32) -> KimiLinearShape {
+        self.layers = layers;
+        self.dense_layers = self.dense_layers.min(layers);
+        self
+    }
+
+    /// The MLA facts as the deepseek2 writer takes them (its routing and rope facts unused).
+    fn mla(&self) -> Deepseek2Shape {
+        Deepseek2Shape {
+            name: self.name,
+            dim: self.dim,
+            layers: self.layers,
+            heads: self.heads,
+            q_lora_rank: 0,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_nope: self.qk_nope,
+            qk_rope: self.qk_rope,
+            v_head: self.v_head,
+            ffn: self.ffn,
+            dense_layers: self.dense_layers,
+            experts: self.experts,
+            experts_used: self.experts_used,
+            expert_ffn: self.expert_ffn,
+            shared_experts: self.shared_experts,
+            routing: Routing {
+                groups: 1,
+                groups_used: 1,
+                gating: Gating::Sigmoid,
+                probs_bias: true,
+                norm_weights: true,
+                weights_scale: self.weights_scale,
+            },
+            vocab: self.vocab,
+            context: self.context,
+            rope_base: 10000.0,
+            yarn: Yarn {
+                factor: 1.0,
+                original_context: self.context,
+                mscale_all_dim: 0.0,
+            },
+        }
+    }
+}
+
+/// A KDA layer's mixer tensors of block `b` (its attention norm first).
+fn kda(s: &KimiLinearShape, b: &Block, res: f32) -> Vec<Planned> {
+    let (h, hd) = (u64::from(s.heads), s.kda_head);
+    let w = h * hd;
+    let mut p = vec![b.norm("attn_norm", s.dim)];
+    for x in ["q", "k", "v"] {
+        p.push(b.matrix(&format!("attn_{x}"), &[s.dim, w], 1.0));
+    }
+    // ggml's ssm_conv reads f32 weights only; taps of std 1/sqrt(taps)
+    let taps = 3f32.sqrt() / (s.conv as f32).sqrt();
+    for x in ["q", "k", "v"] {
+        let name = b.name(&format!("ssm_conv1d_{x}.weight"));
+        p.push(f32_uniform(name, &[s.conv, 1, w], taps));
+    }
+    p.push(b.matrix("ssm_f_a", &[s.dim, hd], 1.0));
+    p.push(b.matrix("ssm_f_b", &[hd, w], 1.0));
+    p.push(b.matrix("ssm_beta", &[s.dim, h], 1.0));
+    // -exp(A_log) per head in [-1, -0.2): decays of e^-0.1 to e^-1 per token keep the
+    // state carrying several tokens
+    p.push(f32_around(b.name("ssm_a"), &[1, h], -0.6, 0.4));
+    p.push(f32_uniform(b.name("ssm_dt.bias"), &[w], 0.5));
+    p.push(b.matrix("ssm_g_a", &[s.dim, hd], 1.0));
+    p.push(b.matrix("ssm_g_b", &[hd, w], 1.0));
+    p.push(norm(b.name("ssm_norm.weight"), hd));
+    p.push(b.matrix("attn_output", &[w, s.dim], res));
+    p
+}
+
+/// The tensors of `s` with matrices in `dtype`, in file order.
+fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
+    let res = residual(s.layers);
+    let experts = Routed {
+        experts: u64::from(s.experts),
+        ffn: s.expert_ffn,
+        probs_bias: true,
+    };
+    let shared = s.expert_ffn * u64::from(s.shared_experts);
+    let mla = s.mla();
+    let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
+    for l in 0..s.layers {
+        let b = Block::new(l, dtype);
+        match s.is_attention(l) {
+            true => p.extend(attention(&mla, &b, res)),
+            false => p.extend(kda(s, &b, res)),
+        }
+        p.push(b.norm("ffn_norm", s.dim));
+        if l < s.dense_layers {
+            p.extend(gated(&b, "", s.dim, s.ffn, res));
+        } else {
+            p.extend(routed(&b, s.dim, &experts, res));
+            p.extend(gated(&b, "_shexp", s.dim, shared, res));
+        }
+    }
+    p.extend(output_head(s.dim, s.vocab, false, dtype));
+    p
+}
+
+/// The kimi-linear metadata keys of `s`, in the converter's order: MLA runs absorbed (MQA over
+/// the latent, one kv head), KDA layers have 0 kv heads.
+fn metadata(s: &KimiLinearShape) -> Vec<(String, Value)> {
+    let kv_heads = (0..s.layers)
+        .map(|l| Value::U32(u32::from(s.is_attention(l))))
+        .collect();
+    let kv = vec![
+        ("general.architecture", Value::Str("kimi-linear".into())),
+        (
+            "general.name",
+            Value::Str(format!("memra-synth {}", s.name)),
+        ),
+        ("block_count", Value::U32(s.layers)),
+        ("context_length", Value::U32(s.context)),
+        ("embedding_length", Value::U32(s.dim as u32)),
+        ("feed_forward_length", Value::U32(s.ffn as u32)),
+        ("attention.head_count", Value::U32(s.heads)),
+        ("attention.head_count_kv", Value::Array(kv_heads)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
+        ("expert_count", Value::U32(s.experts)),
+        ("expert_used_count", Value::U32(s.experts_used)),
+        ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        ("ssm.conv_kernel", Value::U32(s.conv as u32)),
+        ("kda.head_dim", Value::U32(s.kda_head as u32)),
+        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
+        ("rope.dimension_count", Value::U32(s.qk_rope as u32)),
+        (
+            "attention.key_length",
+            Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
+        ),
+        ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
+        (
+            "attention.key_length_mla",
+            Value::U32((s.qk_nope + s.qk_rope) as u32),
+        ),
+        ("attention.value_length_mla", Value::U32(s.v_head as u32)),
+        (
+            "expert_feed_forward_length",
+            Value::U32(s.expert_ffn as u32),
+        ),
+        ("expert_shared_count", Value::U32(s.shared_experts)),
+        ("leading_dense_block_count", Value::U32(s.dense_layers)),
+        ("expert_weights_scale", Value::F32(s.weights_scale)),
+    ];
+    keyed("kimi-linear", kv)
+}
+
+/// The planned model of `s` with matrices in `dtype`.
+pub(crate) fn spec(s: &KimiLinearShape, dtype: GgmlType) -> Spec {
+    Spec {
+        metadata: metadata(s),
+        vocab: s.vocab,
+        tensors: plan(s, dtype),
+    }
+}
