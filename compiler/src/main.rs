@@ -271,8 +271,12 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
     }
     for d in &plan.devices {
         if d.total_bytes > 0 {
+            let state = match d.state_bytes {
+                0 => String::new(),
+                n => format!(", state {}", mib(n)),
+            };
             s += &format!(
-                "device {}: {} of {} (weights {}, kv {}, buffers {})\n",
+                "device {}: {} of {} (weights {}, kv {}{state}, buffers {})\n",
                 d.device,
                 mib(d.total_bytes),
                 mib(d.memory_bytes),

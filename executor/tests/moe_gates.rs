@@ -1,9 +1,11 @@
-//! Bit identity of MoE and MLA plans on the CPU: every plan of the synthetic tiny-qwen3moe
-//! (GQA + softmax-routed experts) and tiny-deepseek2 (MLA + sigmoid, grouped routing with a
-//! selection bias, shared experts and a leading dense layer) models gives logits
-//! bit-identical to the model's 1-rank plan, in both arms: tensor parallelism (heads and
-//! experts split, kv heads copied where ranks outnumber them), expert parallelism (attention
-//! replicated, experts split), pipeline cuts. The committed plans are checked against a fresh
+//! Bit identity of MoE, MLA and KDA plans on the CPU: every plan of the synthetic
+//! tiny-qwen3moe (GQA + softmax-routed experts), tiny-deepseek2 (MLA + sigmoid, grouped
+//! routing with a selection bias, shared experts and a leading dense layer) and
+//! tiny-kimi-linear (KDA layers with their convolution windows and recurrent states between
+//! MLA layers, + MoE) models gives logits bit-identical to the model's 1-rank plan, in both
+//! arms: tensor parallelism (heads and experts split, kv heads copied where ranks outnumber
+//! them, KDA heads split with their state), expert parallelism (attention replicated, experts
+//! split), pipeline cuts. The committed plans are checked against a fresh
 //! compile, since the compiler's golden test cannot write the synthetic models.
 
 mod common;
@@ -22,7 +24,8 @@ const GENERATED: usize = 10;
 
 /// The synthetic models of the gates: (plan name prefix, memra-synth shape, seed), longest
 /// prefix first; the seeds are the oracle's.
-const MODELS: [(&str, &str, u64); 3] = [
+const MODELS: [(&str, &str, u64); 4] = [
+    ("tiny-kimi-linear", "tiny-kimi-linear", 16),
     ("tiny-qwen3moe", "tiny-qwen3moe", 9),
     ("tiny-deepseek2-lite", "tiny-deepseek2-lite", 8),
     ("tiny-deepseek2", "tiny-deepseek2", 9),
@@ -42,7 +45,7 @@ fn synthetic(name: &str) -> LoadedPlan {
     .unwrap()
 }
 
-const PLANS: [&str; 13] = [
+const PLANS: [&str; 17] = [
     "tiny-qwen3moe",
     "tiny-qwen3moe-tp2",
     "tiny-qwen3moe-tp4",
@@ -56,6 +59,10 @@ const PLANS: [&str; 13] = [
     "tiny-deepseek2-pp2",
     "tiny-deepseek2-lite",
     "tiny-deepseek2-lite-tp2",
+    "tiny-kimi-linear",
+    "tiny-kimi-linear-tp2",
+    "tiny-kimi-linear-tp4",
+    "tiny-kimi-linear-pp2",
 ];
 
 #[test]
@@ -127,6 +134,21 @@ fn deepseek2_pp2_uneven_is_bit_identical() {
 #[test]
 fn deepseek2_lite_tp2_is_bit_identical() {
     assert_gate_passes("tiny-deepseek2-lite-tp2", "tiny-deepseek2-lite");
+}
+
+#[test]
+fn kimi_linear_tp2_is_bit_identical() {
+    assert_gate_passes("tiny-kimi-linear-tp2", "tiny-kimi-linear");
+}
+
+#[test]
+fn kimi_linear_tp4_is_bit_identical() {
+    assert_gate_passes("tiny-kimi-linear-tp4", "tiny-kimi-linear");
+}
+
+#[test]
+fn kimi_linear_pp2_is_bit_identical() {
+    assert_gate_passes("tiny-kimi-linear-pp2", "tiny-kimi-linear");
 }
 
 /// The f32 tiny-deepseek2 model in one rank and in `devices`: with q8_0 weights a last-bit

@@ -292,15 +292,21 @@ fn devices(old: &Plan, new: &Plan) -> Vec<String> {
     let mut out = Vec::new();
     for (device, pair) in all {
         match pair {
-            (Some(a), Some(b)) if a.total_bytes != b.total_bytes => out.push(format!(
-                "device {device}: {} -> {} ({}; weights {}, kv {}, buffers {})",
-                size(a.total_bytes),
-                size(b.total_bytes),
-                delta(a.total_bytes, b.total_bytes),
-                delta(a.weight_bytes, b.weight_bytes),
-                delta(a.kv_bytes, b.kv_bytes),
-                delta(a.buffer_bytes, b.buffer_bytes)
-            )),
+            (Some(a), Some(b)) if a.total_bytes != b.total_bytes => {
+                let state = match (a.state_bytes, b.state_bytes) {
+                    (0, 0) => String::new(),
+                    (x, y) => format!(", state {}", delta(x, y)),
+                };
+                out.push(format!(
+                    "device {device}: {} -> {} ({}; weights {}, kv {}{state}, buffers {})",
+                    size(a.total_bytes),
+                    size(b.total_bytes),
+                    delta(a.total_bytes, b.total_bytes),
+                    delta(a.weight_bytes, b.weight_bytes),
+                    delta(a.kv_bytes, b.kv_bytes),
+                    delta(a.buffer_bytes, b.buffer_bytes)
+                ))
+            }
             (Some(a), None) => out.push(format!(
                 "device {device}: removed ({})",
                 size(a.total_bytes)

@@ -1,0 +1,133 @@
+//! kimi-linear's layer schema from both readers: memra-synth's tiny GGUF (written with
+//! llama.cpp's keys and tensor names) and the equivalent config.json give the same KDA, MLA
+//! and MoE facts and tensors; the schema puts KDA and MLA layers where the per-layer
+//! `head_count_kv` array (or `full_attn_layers`) says; a malformed layer list is a clear error.
+
+use memra_compiler::model::{read_config, read_gguf, Dtype, Mixer, ModelMeta};
+use memra_compiler::plan::{FfnKind, Gating};
+use memra_gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use std::path::PathBuf;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memra-kimi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The tiny synthetic kimi-linear model (f32), header only read.
+fn tiny_gguf() -> (PathBuf, ModelMeta) {
+    let path = scratch("tiny-kimi-linear.gguf");
+    let model = memra_gguf::synth::model("tiny-kimi-linear").unwrap();
+    model.write(GgmlType::F32, 1, &path, false).unwrap();
+    let meta = read_gguf(&path).unwrap_or_else(|e| panic!("{e:#}"));
+    (path, meta)
+}
+
+/// The tiny model's hyperparameters as a Hugging Face config.json.
+const TINY_CONFIG: &str = r#"{"model_type": "kimi_linear", "hidden_size": 256,
+  "intermediate_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 4,
+  "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": 8,
+  "num_experts_per_token": 2, "num_shared_experts": 1, "first_k_dense_replace": 1,
+  "moe_router_activation_func": "sigmoid", "routed_scaling_factor": 2.446,
+  "q_lora_rank": null, "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+  "v_head_dim": 64, "vocab_size": 256, "model_max_length": 4096, "rms_norm_eps": 1e-5,
+  "linear_attn_config": {"full_attn_layers": [2, 4], "head_dim": 32,
+    "short_conv_kernel_size": 4}}"#;
+
+fn config(text: &str) -> anyhow::Result<ModelMeta> {
+    let path = scratch("config.json");
+    let path = path.with_file_name(format!("config-{}.json", text.len()));
+    std::fs::write(&path, text).unwrap();
+    read_config(&path, Dtype::F32)
+}
+
+#[test]
+fn the_schema_alternates_kda_and_mla_as_the_file_says() {
+    let (_, meta) = tiny_gguf();
+    let kda = meta.kda.as_ref().expect("kda facts");
+    assert_eq!((kda.head_dim, kda.conv_kernel), (32, 4));
+    assert_eq!(kda.attention_layers, vec![1, 3]);
+    let mixers: Vec<Mixer> = (0..4).map(|l| meta.layer_kind(l).mixer).collect();
+    assert_eq!(mixers, [Mixer::Kda, Mixer::Mla, Mixer::Kda, Mixer::Mla]);
+    assert_eq!(meta.layer_kind(0).ffn, FfnKind::Dense);
+    assert_eq!(meta.layer_kind(2).ffn, FfnKind::Moe { shared: true });
+    let mla = meta.mla.as_ref().expect("mla facts");
+    assert!(!mla.rope, "kimi-linear's MLA has no rope");
+    assert_eq!(mla.q_lora_rank, 0);
+    assert!(meta.rope_yarn.is_none());
+    let moe = meta.moe.as_ref().expect("moe facts");
+    assert_eq!(moe.gating, Gating::Sigmoid);
+    assert!(moe.norm_weights && moe.probs_bias);
+    assert_eq!(moe.weights_scale, 2.446);
+    // the convolutions read as [channels, taps] matrices, ssm_a as a vector of heads
+    let conv = meta
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.0.ssm_conv1d_q.weight")
+        .unwrap();
+    assert_eq!((conv.shape.clone(), conv.dtype), (vec![128, 4], Dtype::F32));
+    let a = meta.tensors.iter().find(|t| t.name == "blk.2.ssm_a").unwrap();
+    assert_eq!(a.shape, vec![4]);
+}
+
+#[test]
+fn config_json_gives_the_gguf_facts() {
+    let (_, from_gguf) = tiny_gguf();
+    let from_config = config(TINY_CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(from_config.kda, from_gguf.kda);
+    assert_eq!(from_config.mla, from_gguf.mla);
+    assert_eq!(from_config.moe, from_gguf.moe);
+    assert_eq!(
+        (from_config.heads, from_config.kv_heads, from_config.head_dim),
+        (from_gguf.heads, from_gguf.kv_heads, from_gguf.head_dim)
+    );
+    let shapes = |m: &ModelMeta| -> Vec<(String, Vec<u64>)> {
+        m.tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect()
+    };
+    assert_eq!(shapes(&from_config), shapes(&from_gguf));
+}
+
+#[test]
+fn a_bad_attention_layer_list_is_a_clear_error() {
+    let bad = TINY_CONFIG.replace("[2, 4]", "[0, 4]");
+    let err = format!("{:#}", config(&bad).unwrap_err());
+    assert!(
+        err.ends_with(
+            "key `linear_attn_config.full_attn_layers` must be an array of layer numbers in 1..=4"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_scalar_head_count_kv_is_a_clear_error() {
+    // rewrite the header with a scalar `head_count_kv`, which leaves the mixers unknown
+    let (path, _) = tiny_gguf();
+    let file = GgufFile::open(&path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata.iter() {
+        let v = match k.as_str() {
+            "kimi-linear.attention.head_count_kv" => Value::U32(1),
+            _ => v.clone(),
+        };
+        w.add(k, v).unwrap();
+    }
+    for t in &file.tensors {
+        w.declare_tensor(&t.name, &t.dims, t.dtype).unwrap();
+    }
+    let out = scratch("scalar-kv.gguf");
+    let f = std::fs::File::create(&out).unwrap();
+    let mut stream = w.start(std::io::BufWriter::new(f)).unwrap();
+    for t in &file.tensors {
+        stream.write(file.tensor_bytes(t)).unwrap();
+    }
+    stream.finish().unwrap();
+    let err = format!("{:#}", read_gguf(&out).unwrap_err());
+    assert!(
+        err.ends_with("kimi-linear.attention.head_count_kv must be an array of 4 integers (0 for a KDA layer, the kv head count for an MLA layer)"),
+        "{err}"
+    );
+}
