@@ -14,9 +14,10 @@ fn scratch(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// The tiny synthetic kimi-linear model (f32), header only read.
-fn tiny_gguf() -> (PathBuf, ModelMeta) {
-    let path = scratch("tiny-kimi-linear.gguf");
+/// The tiny synthetic kimi-linear model (f32) written as `{tag}.gguf` (one file per test:
+/// tests run in parallel), its header read.
+fn tiny_gguf(tag: &str) -> (PathBuf, ModelMeta) {
+    let path = scratch(&format!("{tag}.gguf"));
     let model = memra_gguf::synth::model("tiny-kimi-linear").unwrap();
     model.write(GgmlType::F32, 1, &path, false).unwrap();
     let meta = read_gguf(&path).unwrap_or_else(|e| panic!("{e:#}"));
@@ -34,16 +35,15 @@ const TINY_CONFIG: &str = r#"{"model_type": "kimi_linear", "hidden_size": 256,
   "linear_attn_config": {"full_attn_layers": [2, 4], "head_dim": 32,
     "short_conv_kernel_size": 4}}"#;
 
-fn config(text: &str) -> anyhow::Result<ModelMeta> {
-    let path = scratch("config.json");
-    let path = path.with_file_name(format!("config-{}.json", text.len()));
+fn config(tag: &str, text: &str) -> anyhow::Result<ModelMeta> {
+    let path = scratch(&format!("{tag}.json"));
     std::fs::write(&path, text).unwrap();
     read_config(&path, Dtype::F32)
 }
 
 #[test]
 fn the_schema_alternates_kda_and_mla_as_the_file_says() {
-    let (_, meta) = tiny_gguf();
+    let (_, meta) = tiny_gguf("schema");
     let kda = meta.kda.as_ref().expect("kda facts");
     assert_eq!((kda.head_dim, kda.conv_kernel), (32, 4));
     assert_eq!(kda.attention_layers, vec![1, 3]);
@@ -72,8 +72,8 @@ fn the_schema_alternates_kda_and_mla_as_the_file_says() {
 
 #[test]
 fn config_json_gives_the_gguf_facts() {
-    let (_, from_gguf) = tiny_gguf();
-    let from_config = config(TINY_CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
+    let (_, from_gguf) = tiny_gguf("facts");
+    let from_config = config("facts", TINY_CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(from_config.kda, from_gguf.kda);
     assert_eq!(from_config.mla, from_gguf.mla);
     assert_eq!(from_config.moe, from_gguf.moe);
@@ -93,7 +93,7 @@ fn config_json_gives_the_gguf_facts() {
 #[test]
 fn a_bad_attention_layer_list_is_a_clear_error() {
     let bad = TINY_CONFIG.replace("[2, 4]", "[0, 4]");
-    let err = format!("{:#}", config(&bad).unwrap_err());
+    let err = format!("{:#}", config("bad-layers", &bad).unwrap_err());
     assert!(
         err.ends_with(
             "key `linear_attn_config.full_attn_layers` must be an array of layer numbers in 1..=4"
@@ -105,7 +105,7 @@ fn a_bad_attention_layer_list_is_a_clear_error() {
 #[test]
 fn a_scalar_head_count_kv_is_a_clear_error() {
     // rewrite the header with a scalar `head_count_kv`, which leaves the mixers unknown
-    let (path, _) = tiny_gguf();
+    let (path, _) = tiny_gguf("scalar-source");
     let file = GgufFile::open(&path).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in file.metadata.iter() {

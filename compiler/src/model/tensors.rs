@@ -171,9 +171,9 @@ pub fn tensor_meta(name: &str, dtype: Dtype, shape: Vec<u64>) -> Option<TensorMe
 }
 
 /// Synthesize the tensor list of a config.json model: norms, biases, routers and KDA's
-/// convolutions in f32 (ggml's convolution reads only f32), matrices in `dtype`, or q8_0 where
-/// their rows do not fill its blocks (MLA's per-head matrices and KDA's low-rank gates under a
-/// k-quant), as llama.cpp's quantizer falls back.
+/// convolutions in f32 (ggml's convolution reads only f32), matrices in `dtype`, and q8_0 for
+/// the short per-head rows that do not fill its blocks (MLA's per-head matrices and KDA's
+/// low-rank gates under a k-quant), as llama.cpp's quantizer falls back.
 pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
     let mut tensors: Vec<TensorMeta> = expected(meta)
         .into_iter()
@@ -181,8 +181,13 @@ pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
             let small = shape.len() == 1
                 || name.contains("ffn_gate_inp")
                 || name.contains("ssm_conv1d_");
+            // per-head rows (MLA's k/v up-projections, KDA's low-rank gates) are short
+            // (128); where they do not fill a k-quant block, llama.cpp's quantizer falls back
+            let short = ["attn_k_b", "attn_v_b", "ssm_f_b", "ssm_g_b"]
+                .iter()
+                .any(|s| name.contains(s));
             let fits = shape[shape.len() - 1] % dtype.block_elems() == 0;
-            let dt = match (small, !fits) {
+            let dt = match (small, short && !fits) {
                 (true, _) => Dtype::F32,
                 (false, true) => Dtype::Q8_0,
                 (false, false) => dtype,
