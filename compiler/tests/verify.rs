@@ -40,6 +40,7 @@ fn correct_plans_verify_clean() {
         "llama3-8b-pp2-tp2.toml",
         "llama3.1-70b-tp8.toml",
         "deepseek-v3-pp8.toml",
+        "kimi-linear-48b-a3b-pp2-tp2.toml",
     ] {
         assert_eq!(verify_plan(&plan(name)), Vec::<String>::new(), "{name}");
     }
@@ -104,4 +105,22 @@ fn scratch_shared_by_two_ranks_is_rejected() {
         "rank 2 declares Scratch buffer `r0.act`, which belongs to another rank",
     );
     expect_error(&p, "race on `r0.act[0]`");
+}
+
+#[test]
+fn kda_state_is_checked_like_any_buffer() {
+    use memra_compiler::plan::BufferKind;
+    let mut p = plan("kimi-linear-48b-a3b-pp2-tp2.toml");
+    // Rank 2's KDA state one byte short: 9 KDA layers (14..27 less the MLA layers 15, 19, 23
+    // and 26) of 16 heads.
+    let state = p.ranks[2]
+        .buffers
+        .iter_mut()
+        .find(|b| b.kind == BufferKind::State)
+        .unwrap();
+    state.bytes -= 1;
+    expect_error(&p, "rank 2 holds 10100735 bytes of KDA state; its 9 KDA layers of 16 heads need 10100736");
+    // Without it, the KDA segments' accesses have nothing to name.
+    p.ranks[2].buffers.retain(|b| b.kind != BufferKind::State);
+    expect_error(&p, "rank 2 needs a State buffer `*.state` but declares none");
 }

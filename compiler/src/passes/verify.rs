@@ -15,7 +15,9 @@ use super::build::layer_segments;
 use super::shard::ends_partial;
 use crate::graph::{DecodeGraph, NodeKind};
 use crate::model::ModelMeta;
-use crate::plan::{event_slot, AttentionSplit, BufferKind, Carries, Op, Plan, Segment, Step};
+use crate::plan::{
+    event_slot, AttentionSplit, BufferKind, Carries, Mixer, Op, Plan, Segment, Step,
+};
 use petgraph::algo::is_cyclic_directed;
 use std::collections::BTreeMap;
 
@@ -311,6 +313,7 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
             ));
         }
     }
+    errors.extend(state_sizes(plan));
     // Happens-before, by vector clocks over every (rank, stream).
     let mut stream_ix: BTreeMap<(u32, &str), usize> = BTreeMap::new();
     for r in &plan.ranks {
@@ -396,6 +399,43 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
     }
     errors.sort();
     errors.dedup();
+    errors
+}
+
+/// Every rank running KDA layers holds state buffers of exactly their convolution windows and
+/// recurrent states (f32, per held head, layer and sequence): a plan cannot under-allocate the
+/// state a token leaves for the next.
+fn state_sizes(plan: &Plan) -> Vec<String> {
+    let Some(kda) = &plan.model.kda else {
+        return Vec::new();
+    };
+    let mut errors = Vec::new();
+    for r in &plan.ranks {
+        let layers = (r.layers.start..r.layers.end)
+            .filter(|&l| plan.model.layer_kind(l).mixer == Mixer::Kda)
+            .count() as u64;
+        let split = r
+            .group
+            .and_then(|g| plan.groups.iter().find(|x| x.group == g))
+            .is_some_and(|g| g.attention == AttentionSplit::Heads);
+        let heads = match split {
+            true => plan.model.heads / r.tp_degree,
+            false => plan.model.heads,
+        };
+        let want = layers * u64::from(plan.runtime.max_sequences) * kda.state_elems(heads) * 4;
+        let have: u64 = r
+            .buffers
+            .iter()
+            .filter(|b| b.kind == BufferKind::State)
+            .map(|b| b.bytes * u64::from(b.slots))
+            .sum();
+        if have != want {
+            errors.push(format!(
+                "rank {} holds {have} bytes of KDA state; its {layers} KDA layers of {heads} heads need {want}",
+                r.rank
+            ));
+        }
+    }
     errors
 }
 
