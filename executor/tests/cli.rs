@@ -1,11 +1,12 @@
 //! `memra-run` as a user runs it: greedy generation streams the continuation, a seed repeats
-//! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built.
+//! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built and
+//! refuses the layer kinds it does not run yet.
 
 mod common;
 
 use std::process::Command;
 
-use common::{root, smollm2, SEEDED};
+use common::{root, smollm2, synth_model, SEEDED};
 
 fn memra_run(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_memra-run"))
@@ -112,6 +113,24 @@ fn the_cuda_backend_without_a_driver_is_one_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("error: cuda backend: no cuda driver found (libcuda.so)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_cuda_backend_refuses_kda_layers_by_name() {
+    synth_model(
+        "tiny-kimi-linear",
+        "q8_0",
+        16,
+        "models/tiny-kimi-linear-q8_0.gguf",
+    );
+    let plan = "plans/synthetic/tiny-kimi-linear.plan.toml";
+    let out = memra_run(&["bench", plan, "--backend", "cuda", "-n", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("architecture `kimi-linear` has KDA (linear attention) layers, which the cuda backend does not run yet; use --backend cpu"),
         "{err}"
     );
 }
