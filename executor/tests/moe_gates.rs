@@ -45,7 +45,7 @@ fn synthetic(name: &str) -> LoadedPlan {
     .unwrap()
 }
 
-const PLANS: [&str; 17] = [
+const PLANS: [&str; 18] = [
     "tiny-qwen3moe",
     "tiny-qwen3moe-tp2",
     "tiny-qwen3moe-tp4",
@@ -63,6 +63,7 @@ const PLANS: [&str; 17] = [
     "tiny-kimi-linear-tp2",
     "tiny-kimi-linear-tp4",
     "tiny-kimi-linear-pp2",
+    "tiny-kimi-linear-ep2",
 ];
 
 #[test]
@@ -144,6 +145,11 @@ fn kimi_linear_tp2_is_bit_identical() {
 #[test]
 fn kimi_linear_tp4_is_bit_identical() {
     assert_gate_passes("tiny-kimi-linear-tp4", "tiny-kimi-linear");
+}
+
+#[test]
+fn kimi_linear_ep2_is_bit_identical() {
+    assert_gate_passes("tiny-kimi-linear-ep2", "tiny-kimi-linear");
 }
 
 #[test]

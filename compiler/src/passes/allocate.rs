@@ -40,7 +40,8 @@ fn split_for(
     attention: AttentionSplit,
 ) -> Split {
     let (i, n) = (u64::from(rank.tp_index), u64::from(rank.tp_degree));
-    let is_attention = t.name.contains(".attn_");
+    // the mixer's tensors: attention's, and KDA's (`ssm_*`)
+    let is_attention = t.name.contains(".attn_") || t.name.contains(".ssm_");
     if n == 1 || (is_attention && attention == AttentionSplit::Replicated) {
         return Split::Full;
     }
