@@ -66,7 +66,11 @@ fn the_schema_alternates_kda_and_mla_as_the_file_says() {
         .find(|t| t.name == "blk.0.ssm_conv1d_q.weight")
         .unwrap();
     assert_eq!((conv.shape.clone(), conv.dtype), (vec![128, 4], Dtype::F32));
-    let a = meta.tensors.iter().find(|t| t.name == "blk.2.ssm_a").unwrap();
+    let a = meta
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.2.ssm_a")
+        .unwrap();
     assert_eq!(a.shape, vec![4]);
 }
 
@@ -78,7 +82,11 @@ fn config_json_gives_the_gguf_facts() {
     assert_eq!(from_config.mla, from_gguf.mla);
     assert_eq!(from_config.moe, from_gguf.moe);
     assert_eq!(
-        (from_config.heads, from_config.kv_heads, from_config.head_dim),
+        (
+            from_config.heads,
+            from_config.kv_heads,
+            from_config.head_dim
+        ),
         (from_gguf.heads, from_gguf.kv_heads, from_gguf.head_dim)
     );
     let shapes = |m: &ModelMeta| -> Vec<(String, Vec<u64>)> {

@@ -119,8 +119,14 @@ fn kda_state_is_checked_like_any_buffer() {
         .find(|b| b.kind == BufferKind::State)
         .unwrap();
     state.bytes -= 1;
-    expect_error(&p, "rank 2 holds 10100735 bytes of KDA state; its 9 KDA layers of 16 heads need 10100736");
+    expect_error(
+        &p,
+        "rank 2 holds 10100735 bytes of KDA state; its 9 KDA layers of 16 heads need 10100736",
+    );
     // Without it, the KDA segments' accesses have nothing to name.
     p.ranks[2].buffers.retain(|b| b.kind != BufferKind::State);
-    expect_error(&p, "rank 2 needs a State buffer `*.state` but declares none");
+    expect_error(
+        &p,
+        "rank 2 needs a State buffer `*.state` but declares none",
+    );
 }

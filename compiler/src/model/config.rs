@@ -198,10 +198,9 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
                 None | Some("sigmoid") => Gating::Sigmoid,
                 Some("softmax") => Gating::Softmax,
                 Some(_) => {
-                    return Err(keys.wrong(
-                        "moe_router_activation_func",
-                        "\"sigmoid\" or \"softmax\"",
-                    ))
+                    return Err(
+                        keys.wrong("moe_router_activation_func", "\"sigmoid\" or \"softmax\"")
+                    )
                 }
             };
             let top_k = match keys.opt_u32("num_experts_per_token")? {
@@ -239,9 +238,7 @@ fn read_kda(keys: &Keys, layers: u32) -> Result<KdaSummary> {
         .ok_or_else(|| lin.wrong("full_attn_layers", &allowed))?
     {
         match v.as_u64() {
-            Some(n) if (1..=u64::from(layers)).contains(&n) => {
-                attention_layers.push(n as u32 - 1)
-            }
+            Some(n) if (1..=u64::from(layers)).contains(&n) => attention_layers.push(n as u32 - 1),
             _ => return Err(lin.wrong("full_attn_layers", &allowed)),
         }
     }

@@ -178,9 +178,8 @@ pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
     let mut tensors: Vec<TensorMeta> = expected(meta)
         .into_iter()
         .map(|(name, shape)| {
-            let small = shape.len() == 1
-                || name.contains("ffn_gate_inp")
-                || name.contains("ssm_conv1d_");
+            let small =
+                shape.len() == 1 || name.contains("ffn_gate_inp") || name.contains("ssm_conv1d_");
             // per-head rows (MLA's k/v up-projections, KDA's low-rank gates) are short
             // (128); where they do not fill a k-quant block, llama.cpp's quantizer falls back
             let short = ["attn_k_b", "attn_v_b", "ssm_f_b", "ssm_g_b"]

@@ -22,8 +22,10 @@ pub fn readback_done(rank: u32) -> String {
 }
 
 /// Decide, for every node, whether it can be captured. Every segment can: MoE routing picks
-/// its top-k on the device and the expert products read the chosen ids from device memory,
-/// so only the placement (capture mode, forced ranges) makes work eager.
+/// its top-k on the device and the expert products read the chosen ids from device memory;
+/// KDA segments read and rewrite their layer's state in place, at one address, so a replay
+/// needs no host swap and no second phase. Only the placement (capture mode, forced ranges)
+/// makes work eager.
 pub fn mark_capture(g: &mut DecodeGraph, placement: &Placement) {
     for node in g.graph.node_weights_mut() {
         let is_op = !matches!(

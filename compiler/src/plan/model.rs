@@ -128,7 +128,12 @@ pub fn layer_kind(
 impl ModelSummary {
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
-        layer_kind(self.mla.is_some(), self.kda.as_ref(), self.moe.as_ref(), layer)
+        layer_kind(
+            self.mla.is_some(),
+            self.kda.as_ref(),
+            self.moe.as_ref(),
+            layer,
+        )
     }
 }
 

@@ -165,7 +165,10 @@ impl KdaWeights {
             ("attn_output.weight columns", self.o.cols, width),
         ];
         if self.taps < 2 {
-            bail!("layer {l}: blk.{l}.ssm_conv1d_q.weight has {} taps; at least 2 are needed", self.taps);
+            bail!(
+                "layer {l}: blk.{l}.ssm_conv1d_q.weight has {} taps; at least 2 are needed",
+                self.taps
+            );
         }
         for (what, got, want) in rows {
             if got != want {
@@ -310,9 +313,9 @@ impl LayerWeights {
                 matrices.extend([&m.kv_a, &m.o]);
                 stacks.extend([&m.k_b, &m.v_b]);
             }
-            MixerWeights::Kda(k) => {
-                matrices.extend([&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.beta, &k.g_a, &k.g_b, &k.o])
-            }
+            MixerWeights::Kda(k) => matrices.extend([
+                &k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.beta, &k.g_a, &k.g_b, &k.o,
+            ]),
         }
         match &self.ffn {
             FfnWeights::Dense(g) => matrices.extend([&g.gate, &g.up, &g.down]),

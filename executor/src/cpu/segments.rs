@@ -258,7 +258,12 @@ pub(super) fn kda_pre(
     kernels::l2_norm_heads(&mut a.q, hd, c.geo.eps);
     kernels::l2_norm_heads(&mut a.k, hd, c.geo.eps);
     full_k(c.pool, &view(&k.f_a), &a.xn, sized(&mut a.kda_low, hd));
-    full_k(c.pool, &view(&k.f_b), &a.kda_low, sized(&mut a.kda_g, width));
+    full_k(
+        c.pool,
+        &view(&k.f_b),
+        &a.kda_low,
+        sized(&mut a.kda_g, width),
+    );
     kernels::decay_gate(&mut a.kda_g, &k.dt_bias, &k.a, hd);
     let beta = sized(&mut a.kda_beta, k.beta.rows);
     full_k(c.pool, &view(&k.beta), &a.xn, beta);
@@ -278,7 +283,12 @@ pub(super) fn kda_core(c: &Ctx, k: &KdaWeights, st: &mut KdaState, a: &mut Activ
     };
     kernels::delta_rule(st, &inputs, sized(&mut a.att, width));
     full_k(c.pool, &view(&k.g_a), &a.xn, sized(&mut a.kda_low, hd));
-    full_k(c.pool, &view(&k.g_b), &a.kda_low, sized(&mut a.kda_x, width));
+    full_k(
+        c.pool,
+        &view(&k.g_b),
+        &a.kda_low,
+        sized(&mut a.kda_x, width),
+    );
     kernels::gated_norm(&mut a.att, &k.o_norm, &a.kda_x, c.geo.eps);
 }
 

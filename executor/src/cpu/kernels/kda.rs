@@ -164,7 +164,12 @@ pub fn delta_rule(state: &mut KdaState, x: &DeltaInputs, out: &mut [f32]) {
     let mut delta = vec![0.0f32; d];
     for h in 0..heads {
         let at = h * d..(h + 1) * d;
-        let (q, k, v, g) = (&x.q[at.clone()], &x.k[at.clone()], &x.v[at.clone()], &x.g[at]);
+        let (q, k, v, g) = (
+            &x.q[at.clone()],
+            &x.k[at.clone()],
+            &x.v[at.clone()],
+            &x.g[at],
+        );
         let beta = x.beta[h];
         let s = &mut state.states[h * d * d..(h + 1) * d * d];
         for (e, &gi) in decay.iter_mut().zip(g) {
@@ -272,7 +277,9 @@ mod tests {
             }
         }
         (0..d)
-            .map(|j| (0..d).map(|i| s[j * d + i] * f64::from(q[i])).sum::<f64>() / (d as f64).sqrt())
+            .map(|j| {
+                (0..d).map(|i| s[j * d + i] * f64::from(q[i])).sum::<f64>() / (d as f64).sqrt()
+            })
             .collect()
     }
 
@@ -309,7 +316,11 @@ mod tests {
                 );
                 for j in 0..d {
                     let got = f64::from(out[h * d + j]);
-                    assert!((got - o[j]).abs() < 1e-5, "token {t} head {h} dim {j}: {got} vs {}", o[j]);
+                    assert!(
+                        (got - o[j]).abs() < 1e-5,
+                        "token {t} head {h} dim {j}: {got} vs {}",
+                        o[j]
+                    );
                 }
             }
         }
@@ -329,7 +340,13 @@ mod tests {
         let mut out_all = vec![0.0; w];
         let mut out_one = vec![0.0; d];
         for _ in 0..3 {
-            let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+            let x = DeltaInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            };
             delta_rule(&mut all, &x, &mut out_all);
             let h = d..2 * d;
             let x1 = DeltaInputs {
