@@ -110,32 +110,93 @@ fn a_bad_attention_layer_list_is_a_clear_error() {
     );
 }
 
-#[test]
-fn a_scalar_head_count_kv_is_a_clear_error() {
-    // rewrite the header with a scalar `head_count_kv`, which leaves the mixers unknown
-    let (path, _) = tiny_gguf("scalar-source");
+/// The tiny model's file rewritten as `{tag}.gguf` with `key` (if any) replaced by `value`
+/// and the tensors `keep` accepts, `dims` renaming their GGUF dims.
+fn rewritten(
+    tag: &str,
+    key: Option<(&str, Value)>,
+    keep: impl Fn(&str) -> bool,
+    dims: impl Fn(&str, &[u64]) -> Vec<u64>,
+) -> PathBuf {
+    let (path, _) = tiny_gguf(&format!("{tag}-source"));
     let file = GgufFile::open(&path).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in file.metadata.iter() {
-        let v = match k.as_str() {
-            "kimi-linear.attention.head_count_kv" => Value::U32(1),
+        let v = match &key {
+            Some((name, value)) if name == k => value.clone(),
             _ => v.clone(),
         };
         w.add(k, v).unwrap();
     }
-    for t in &file.tensors {
-        w.declare_tensor(&t.name, &t.dims, t.dtype).unwrap();
+    let kept: Vec<_> = file.tensors.iter().filter(|t| keep(&t.name)).collect();
+    for t in &kept {
+        w.declare_tensor(&t.name, &dims(&t.name, &t.dims), t.dtype)
+            .unwrap();
     }
-    let out = scratch("scalar-kv.gguf");
+    let out = scratch(&format!("{tag}.gguf"));
     let f = std::fs::File::create(&out).unwrap();
     let mut stream = w.start(std::io::BufWriter::new(f)).unwrap();
-    for t in &file.tensors {
-        stream.write(file.tensor_bytes(t)).unwrap();
+    for t in &kept {
+        let n = w
+            .tensors()
+            .iter()
+            .find(|x| x.name == t.name)
+            .unwrap()
+            .n_bytes();
+        stream.write(&vec![0u8; n as usize]).unwrap();
     }
     stream.finish().unwrap();
+    out
+}
+
+#[test]
+fn a_scalar_head_count_kv_is_a_clear_error() {
+    // a scalar `head_count_kv` leaves the mixers unknown
+    let kv = ("kimi-linear.attention.head_count_kv", Value::U32(1));
+    let out = rewritten("scalar-kv", Some(kv), |_| true, |_, d| d.to_vec());
     let err = format!("{:#}", read_gguf(&out).unwrap_err());
     assert!(
         err.ends_with("kimi-linear.attention.head_count_kv must be an array of 4 integers (0 for a KDA layer, the kv head count for an MLA layer)"),
         "{err}"
     );
+}
+
+#[test]
+fn a_missing_or_misshapen_kda_tensor_is_named() {
+    let out = rewritten(
+        "no-f-b",
+        None,
+        |n| n != "blk.2.ssm_f_b.weight",
+        |_, d| d.to_vec(),
+    );
+    let err = format!("{:#}", read_gguf(&out).unwrap_err());
+    assert!(
+        err.ends_with("missing tensor `blk.2.ssm_f_b.weight`"),
+        "{err}"
+    );
+    let out = rewritten(
+        "beta-shape",
+        None,
+        |_| true,
+        |n, d| match n {
+            "blk.0.ssm_beta.weight" => vec![256, 8],
+            _ => d.to_vec(),
+        },
+    );
+    let err = format!("{:#}", read_gguf(&out).unwrap_err());
+    assert!(
+        err.ends_with("tensor `blk.0.ssm_beta.weight` has shape [8, 256], expected [4, 256]"),
+        "{err}"
+    );
+    // llama.cpp's 4-d convolution form reads as the same [channels, taps] matrix
+    let out = rewritten(
+        "conv-4d",
+        None,
+        |_| true,
+        |n, d| match n.contains("ssm_conv1d") {
+            true => [d, &[1]].concat(),
+            false => d.to_vec(),
+        },
+    );
+    read_gguf(&out).unwrap_or_else(|e| panic!("{e:#}"));
 }
