@@ -1,4 +1,4 @@
-//! The qwen3moe and deepseek2 synthetic shapes: each tiny shape writes a file whose metadata
+//! The qwen3moe, deepseek2 and kimi-linear synthetic shapes: each tiny shape writes a file whose metadata
 //! and tensor list (names, GGUF dims, storage types, in file order) are the ones llama.cpp
 //! reads, written out here independently of the generator; depth cuts keep the leading dense
 //! layers; and shape lookup lists every architecture's names.
@@ -281,13 +281,59 @@ fn model_lookup_covers_every_architecture() {
         e,
         "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
          llama8b-tp2-rank, tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
-         deepseek-v3"
+         deepseek-v3, tiny-kimi-linear"
     );
     let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();
     assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
     assert_eq!(archs.iter().filter(|a| **a == "deepseek2").count(), 4);
+    assert_eq!(archs.iter().filter(|a| **a == "kimi-linear").count(), 1);
     assert_eq!(
         synth::model("tiny").unwrap(),
         synth::Model::Llama(synth::shape("tiny").unwrap())
     );
+}
+
+#[test]
+fn tiny_kimi_linear_has_llama_cpp_kda_tensors_and_keys() {
+    let (f, p) = write("tiny-kimi-linear", GgmlType::Q8_0, None);
+    assert_eq!(f.architecture().unwrap(), "kimi-linear");
+    let u = |k: &str| f.get_u32(&format!("kimi-linear.{k}")).unwrap();
+    // KDA layers carry 0 kv heads, MLA layers the one kv head of the absorbed form
+    let kv: Vec<i128> = f
+        .get_array("kimi-linear.attention.head_count_kv")
+        .unwrap()
+        .iter()
+        .map(|v| v.as_int().unwrap())
+        .collect();
+    assert_eq!(kv, [0, 1, 0, 1]);
+    assert_eq!([u("kda.head_dim"), u("ssm.conv_kernel")], [32, 4]);
+    assert_eq!(
+        [u("expert_gating_func"), u("leading_dense_block_count")],
+        [2, 1]
+    );
+    let t = |name: &str| {
+        let t = f.tensor(name).unwrap_or_else(|| panic!("{name}"));
+        (t.dims.clone(), t.dtype)
+    };
+    // ggml's ssm_conv reads f32 taps laid out [d_conv, 1, channels]; ssm_a is [1, heads]
+    assert_eq!(
+        t("blk.0.ssm_conv1d_q.weight"),
+        (vec![4, 1, 128], GgmlType::F32)
+    );
+    assert_eq!(t("blk.2.ssm_a"), (vec![1, 4], GgmlType::F32));
+    assert_eq!(t("blk.2.ssm_dt.bias"), (vec![128], GgmlType::F32));
+    assert_eq!(t("blk.0.ssm_f_b.weight"), (vec![32, 128], GgmlType::Q8_0));
+    assert_eq!(t("blk.0.ssm_beta.weight"), (vec![256, 4], GgmlType::Q8_0));
+    assert_eq!(
+        t("blk.0.attn_output.weight"),
+        (vec![128, 256], GgmlType::Q8_0)
+    );
+    // MLA layers: direct query, per-head k/v up-projections, no KDA tensors
+    assert_eq!(t("blk.1.attn_q.weight"), (vec![256, 384], GgmlType::Q8_0));
+    assert_eq!(
+        t("blk.1.attn_k_b.weight"),
+        (vec![64, 256, 4], GgmlType::Q8_0)
+    );
+    assert!(f.tensor("blk.1.ssm_a").is_none() && f.tensor("blk.1.attn_k.weight").is_none());
+    let _ = std::fs::remove_file(p);
 }
