@@ -257,10 +257,37 @@ impl Deepseek2Shape {
     }
 }
 
+/// The widths of an MLA block, shared with the other architectures that have MLA layers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MlaDims {
+    pub dim: u64,
+    pub heads: u32,
+    /// 0: the query is projected directly (`attn_q`).
+    pub q_lora_rank: u64,
+    pub kv_lora_rank: u64,
+    pub qk_nope: u64,
+    pub qk_rope: u64,
+    pub v_head: u64,
+}
+
+impl Deepseek2Shape {
+    fn mla_dims(&self) -> MlaDims {
+        MlaDims {
+            dim: self.dim,
+            heads: self.heads,
+            q_lora_rank: self.q_lora_rank,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_nope: self.qk_nope,
+            qk_rope: self.qk_rope,
+            v_head: self.v_head,
+        }
+    }
+}
+
 /// The MLA tensors of block `b` (its attention norm first).
-pub(crate) fn attention(s: &Deepseek2Shape, b: &Block, res: f32) -> Vec<Planned> {
+pub(crate) fn attention(s: &MlaDims, b: &Block, res: f32) -> Vec<Planned> {
     let h = u64::from(s.heads);
-    let q = h * s.qk_head();
+    let q = h * (s.qk_nope + s.qk_rope);
     let kv = s.kv_lora_rank;
     let mut p = vec![b.norm("attn_norm", s.dim)];
     if s.q_lora_rank > 0 {
@@ -292,7 +319,7 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
     for l in 0..s.layers {
         let b = Block::new(l, dtype);
-        p.extend(attention(s, &b, res));
+        p.extend(attention(&s.mla_dims(), &b, res));
         p.push(b.norm("ffn_norm", s.dim));
         if l < s.dense_layers {
             p.extend(gated(&b, "", s.dim, s.ffn, res));

@@ -5,7 +5,7 @@
 //! Kimi-Linear: the per-layer `attention.head_count_kv` array marks KDA layers with 0,
 //! convolutions are `[d_conv, 1, channels]` in F32, `ssm_a` holds `-exp(A_log)` as `[1, heads]`.
 
-use super::deepseek2::{attention, Deepseek2Shape, Gating, Routing, Yarn};
+use super::deepseek2::{attention, Gating, MlaDims};
 use super::emit::{keyed, Spec};
 use super::ffn::{gated, routed, Routed};
 use super::plan::{
@@ -99,40 +99,16 @@ impl KimiLinearShape {
         self
     }
 
-    /// The MLA facts as the deepseek2 writer takes them (its routing and rope facts unused).
-    fn mla(&self) -> Deepseek2Shape {
-        Deepseek2Shape {
-            name: self.name,
+    /// The MLA layers' widths (no q-LoRA).
+    fn mla(&self) -> MlaDims {
+        MlaDims {
             dim: self.dim,
-            layers: self.layers,
             heads: self.heads,
             q_lora_rank: 0,
             kv_lora_rank: self.kv_lora_rank,
             qk_nope: self.qk_nope,
             qk_rope: self.qk_rope,
             v_head: self.v_head,
-            ffn: self.ffn,
-            dense_layers: self.dense_layers,
-            experts: self.experts,
-            experts_used: self.experts_used,
-            expert_ffn: self.expert_ffn,
-            shared_experts: self.shared_experts,
-            routing: Routing {
-                groups: 1,
-                groups_used: 1,
-                gating: Gating::Sigmoid,
-                probs_bias: true,
-                norm_weights: true,
-                weights_scale: self.weights_scale,
-            },
-            vocab: self.vocab,
-            context: self.context,
-            rope_base: 10000.0,
-            yarn: Yarn {
-                factor: 1.0,
-                original_context: self.context,
-                mscale_all_dim: 0.0,
-            },
         }
     }
 }
