@@ -45,7 +45,7 @@ fn synthetic(name: &str) -> LoadedPlan {
     .unwrap()
 }
 
-const PLANS: [&str; 18] = [
+const PLANS: [&str; 19] = [
     "tiny-qwen3moe",
     "tiny-qwen3moe-tp2",
     "tiny-qwen3moe-tp4",
@@ -64,6 +64,7 @@ const PLANS: [&str; 18] = [
     "tiny-kimi-linear-tp4",
     "tiny-kimi-linear-pp2",
     "tiny-kimi-linear-ep2",
+    "tiny-kimi-linear-mla-eager",
 ];
 
 #[test]
@@ -150,6 +151,11 @@ fn kimi_linear_tp4_is_bit_identical() {
 #[test]
 fn kimi_linear_ep2_is_bit_identical() {
     assert_gate_passes("tiny-kimi-linear-ep2", "tiny-kimi-linear");
+}
+
+#[test]
+fn kimi_linear_with_eager_mla_layers_is_bit_identical() {
+    assert_gate_passes("tiny-kimi-linear-mla-eager", "tiny-kimi-linear");
 }
 
 #[test]

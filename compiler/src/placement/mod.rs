@@ -78,7 +78,8 @@ struct RawCapture {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawEager {
-    layers: Spanned<Vec<Spanned<i64>>>,
+    layers: Option<Spanned<Vec<Spanned<i64>>>>,
+    kinds: Option<Spanned<Vec<Spanned<String>>>>,
     reason: Spanned<String>,
 }
 

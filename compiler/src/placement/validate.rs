@@ -6,7 +6,7 @@ use super::{
     RawTransport, Stage, TransportChoice,
 };
 use crate::diag::Collector;
-use crate::model::{Dtype, ModelMeta};
+use crate::model::{Dtype, Mixer, ModelMeta};
 use crate::plan::{AttentionSplit, CaptureMode, LayerRange};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -442,31 +442,32 @@ fn validate_capture(
     let n = model.layers;
     let mut forced: Vec<ForcedEager> = Vec::new();
     for (i, e) in raw.eager.iter().enumerate() {
+        let entry = e;
         let e = e.get_ref();
-        let field = format!("capture.eager[{i}].layers");
-        let l = e.layers.get_ref();
-        if l.len() != 2 {
-            c.error(
-                e.layers.span(),
-                &field,
-                "expected [first, last], an inclusive layer range",
-            );
-            continue;
-        }
-        let (Some(first), Some(last)) = (
-            int_in(c, &l[0], &field, 0, i64::from(n) - 1),
-            int_in(c, &l[1], &field, 0, i64::from(n) - 1),
-        ) else {
-            continue;
+        let (ranges, span, field) = match (&e.layers, &e.kinds) {
+            (Some(layers), None) => {
+                let field = format!("capture.eager[{i}].layers");
+                let Some(r) = eager_range(layers, n, &field, c) else {
+                    continue;
+                };
+                (vec![r], layers.span(), field)
+            }
+            (None, Some(kinds)) => {
+                let field = format!("capture.eager[{i}].kinds");
+                let Some(r) = eager_kinds(kinds, model, &field, c) else {
+                    continue;
+                };
+                (r, kinds.span(), field)
+            }
+            _ => {
+                c.error(
+                    entry.span(),
+                    &format!("capture.eager[{i}]"),
+                    "give either `layers = [first, last]` or `kinds = [...]` (allowed kinds: gqa, mla, kda)",
+                );
+                continue;
+            }
         };
-        if first > last {
-            c.error(
-                e.layers.span(),
-                &field,
-                format!("range [{first}, {last}] ends before it starts"),
-            );
-            continue;
-        }
         if e.reason.get_ref().trim().is_empty() {
             c.error(
                 e.reason.span(),
@@ -475,28 +476,26 @@ fn validate_capture(
             );
             continue;
         }
-        let layers = LayerRange {
-            start: first,
-            end: last + 1,
-        };
-        if let Some(prev) = forced
-            .iter()
-            .find(|f| f.layers.start < layers.end && layers.start < f.layers.end)
-        {
-            c.error(
-                e.layers.span(),
-                &field,
-                format!(
-                    "layers {layers} overlap the forced range {} given before",
-                    prev.layers
-                ),
-            );
-            continue;
+        for layers in ranges {
+            if let Some(prev) = forced
+                .iter()
+                .find(|f| f.layers.start < layers.end && layers.start < f.layers.end)
+            {
+                c.error(
+                    span.clone(),
+                    &field,
+                    format!(
+                        "layers {layers} overlap the forced range {} given before",
+                        prev.layers
+                    ),
+                );
+                break;
+            }
+            forced.push(ForcedEager {
+                layers,
+                reason: e.reason.get_ref().trim().to_string(),
+            });
         }
-        forced.push(ForcedEager {
-            layers,
-            reason: e.reason.get_ref().trim().to_string(),
-        });
     }
     if mode == CaptureMode::Eager {
         if let Some(first) = raw.eager.first() {
@@ -505,6 +504,97 @@ fn validate_capture(
     }
     forced.sort_by_key(|f| f.layers);
     (mode, forced)
+}
+
+/// An inclusive `[first, last]` layer range of a forced-eager entry.
+fn eager_range(
+    l: &Spanned<Vec<Spanned<i64>>>,
+    n: u32,
+    field: &str,
+    c: &mut Collector,
+) -> Option<LayerRange> {
+    if l.get_ref().len() != 2 {
+        c.error(
+            l.span(),
+            field,
+            "expected [first, last], an inclusive layer range",
+        );
+        return None;
+    }
+    let (first, last) = (
+        int_in(c, &l.get_ref()[0], field, 0, i64::from(n) - 1),
+        int_in(c, &l.get_ref()[1], field, 0, i64::from(n) - 1),
+    );
+    let (first, last) = (first?, last?);
+    if first > last {
+        c.error(
+            l.span(),
+            field,
+            format!("range [{first}, {last}] ends before it starts"),
+        );
+        return None;
+    }
+    Some(LayerRange {
+        start: first,
+        end: last + 1,
+    })
+}
+
+/// The runs of consecutive layers whose mixer is one of `kinds` (e.g. every MLA layer
+/// between a hybrid model's KDA layers).
+fn eager_kinds(
+    kinds: &Spanned<Vec<Spanned<String>>>,
+    model: &ModelMeta,
+    field: &str,
+    c: &mut Collector,
+) -> Option<Vec<LayerRange>> {
+    let present: Vec<Mixer> = Mixer::ALL
+        .into_iter()
+        .filter(|m| (0..model.layers).any(|l| model.layer_kind(l).mixer == *m))
+        .collect();
+    let names = |ms: &[Mixer]| ms.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
+    let mut wanted = Vec::new();
+    for k in kinds.get_ref() {
+        match Mixer::ALL.into_iter().find(|m| m.name() == k.get_ref()) {
+            Some(m) if present.contains(&m) => wanted.push(m),
+            Some(m) => c.error(
+                k.span(),
+                field,
+                format!(
+                    "this model has no `{}` layers; its layers are: {}",
+                    m.name(),
+                    names(&present)
+                ),
+            ),
+            None => c.error(
+                k.span(),
+                field,
+                format!(
+                    "unknown layer kind `{}`; allowed: {}",
+                    k.get_ref(),
+                    names(&Mixer::ALL)
+                ),
+            ),
+        }
+    }
+    if wanted.len() != kinds.get_ref().len() {
+        return None;
+    }
+    if wanted.is_empty() {
+        c.error(kinds.span(), field, "name at least one layer kind");
+        return None;
+    }
+    let mut ranges: Vec<LayerRange> = Vec::new();
+    for l in (0..model.layers).filter(|&l| wanted.contains(&model.layer_kind(l).mixer)) {
+        match ranges.last_mut() {
+            Some(r) if r.end == l => r.end = l + 1,
+            _ => ranges.push(LayerRange {
+                start: l,
+                end: l + 1,
+            }),
+        }
+    }
+    Some(ranges)
 }
 
 fn validate_transport(

@@ -85,6 +85,20 @@ pub enum Mixer {
     Kda,
 }
 
+impl Mixer {
+    /// Every mixer, for error messages.
+    pub const ALL: [Mixer; 3] = [Mixer::Gqa, Mixer::Mla, Mixer::Kda];
+
+    /// The name placements use (`[[capture.eager]] kinds`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mixer::Gqa => "gqa",
+            Mixer::Mla => "mla",
+            Mixer::Kda => "kda",
+        }
+    }
+}
+
 /// The feed-forward block of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FfnKind {
