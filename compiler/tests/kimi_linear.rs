@@ -99,6 +99,16 @@ fn config_json_gives_the_gguf_facts() {
 }
 
 #[test]
+fn kda_heads_other_than_the_model_heads_are_refused() {
+    let bad = TINY_CONFIG.replace("\"head_dim\": 32,", "\"head_dim\": 32, \"num_heads\": 8,");
+    let err = format!("{:#}", config("kda-heads", &bad).unwrap_err());
+    assert!(
+        err.ends_with("key `linear_attn_config.num_heads` must be num_attention_heads (4), as llama.cpp reads kimi-linear"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_bad_attention_layer_list_is_a_clear_error() {
     let bad = TINY_CONFIG.replace("[2, 4]", "[0, 4]");
     let err = format!("{:#}", config("bad-layers", &bad).unwrap_err());

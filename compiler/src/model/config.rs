@@ -86,7 +86,7 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     };
     let layers = keys.u32("num_hidden_layers")?;
     let kda = match architecture {
-        Architecture::KimiLinear => Some(read_kda(&keys, layers)?),
+        Architecture::KimiLinear => Some(read_kda(&keys, layers, heads)?),
         _ => None,
     };
     let head_dim = match &mla {
@@ -223,10 +223,17 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
 
 /// Kimi's `linear_attn_config`: the KDA head size and convolution taps, and the full-attention
 /// (MLA) layers, which the config numbers from 1.
-fn read_kda(keys: &Keys, layers: u32) -> Result<KdaSummary> {
+fn read_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
     let lin = keys
         .opt_object("linear_attn_config")?
         .ok_or_else(|| keys.missing("linear_attn_config"))?;
+    // llama.cpp gives KDA layers the model's head count
+    if lin.opt_u32("num_heads")?.is_some_and(|n| n != heads) {
+        return Err(lin.wrong(
+            "num_heads",
+            &format!("num_attention_heads ({heads}), as llama.cpp reads kimi-linear"),
+        ));
+    }
     let list = lin
         .obj
         .get("full_attn_layers")
