@@ -4,8 +4,9 @@
 //!   topological order, each rank holds exactly its stage's layers, cross-rank edges are only
 //!   boundaries, all-reduces and gathers inside one group.
 //! - `verify_plan`, on the finished plan (the executor can run it too): memory fit per
-//!   device, buffer ownership (no scratch, cache or IO buffer is shared by two ranks) and
-//!   happens-before. The schedule is replayed for several decode steps in the host's enqueue
+//!   device, buffer ownership (no scratch, cache, state or IO buffer is shared by two ranks),
+//!   KDA state sized to the layers and heads it serves, and happens-before (the KV cache and
+//!   the KDA state, which every token reads and rewrites, are accesses like any other). The schedule is replayed for several decode steps in the host's enqueue
 //!   order with CUDA's event semantics (a wait binds to the latest record enqueued before it),
 //!   tracking a vector clock per stream. Every pair of accesses to one buffer from two streams,
 //!   at least one a write, must be ordered; a slot rewritten before its reader has copied it
