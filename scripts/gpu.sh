@@ -30,7 +30,8 @@
 #                             across GPUs, one process per GPU), its speed and a
 #                             DeepSeek-V3-shaped 4-layer cut's against llama.cpp
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
-#   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
+#   ncu-token SHAPE DTYPE [STEPS] [PLACEMENT]   Nsight Compute time of each kernel of one
+#                             decode step (SHAPE-eager by default; SHAPE NAME-lN: a depth cut)
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
 #   moe [SECONDS]             qwen3moe and deepseek2 on CUDA: self-test, tiny-qwen3moe gates
 #                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
@@ -118,13 +119,28 @@ gate() { # row seconds model reference candidate [memra-run gate options]
     dt=$((($(date +%s%N) - t) / 100000000))
     result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)|[0-9]+ of [0-9]+ runs differed' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
 }
-bench() { # row seconds model plan [memra-run bench options]
-    local name=$1 secs=$2 model=$3 plan=$4 out rc
+bench() { # row seconds model plan [memra-run bench options]; the output stays in $bench_out
+    local name=$1 secs=$2 model=$3 plan=$4 rc
     shift 4
-    out=$(limit "$secs" "$BIN/memra-run" bench --backend cuda "$@" --model "$model" "$plan" 2>&1)
+    bench_out=$(limit "$secs" "$BIN/memra-run" bench --backend cuda "$@" --model "$model" "$plan" 2>&1)
     rc=$?
-    echo "$out" >>"$LOG/bench.log"
-    result "$name" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
+    echo "$bench_out" >>"$LOG/bench.log"
+    result "$name" $rc "$bench_out" "$(echo "$bench_out" | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
+}
+memory_check() { # row: each device of the last bench: the memory in use on the device (this
+    # process's context included; the device is otherwise idle) within 3% of the plan's bytes
+    local lines bad
+    lines=$(echo "$bench_out" | grep "MiB in use on the device")
+    if [ -z "$lines" ]; then
+        row "$1" FAIL "no memory report"
+        return
+    fi
+    bad=$(echo "$lines" | awk '{ u = $(NF-12); p = $(NF-1); d = (u - p) / p; if (d > 0.03 || d < -0.03) print }')
+    if [ -z "$bad" ]; then
+        row "$1" ok "$(echo "$lines" | awk '{ printf "dev %s %s/%s MiB (%+.1f%%) ", $2, $(NF-12), $(NF-1), 100 * ($(NF-12) - $(NF-1)) / $(NF-1) }')"
+    else
+        row "$1" FAIL "$(echo "$bad" | head -1 | cut -c1-200)"
+    fi
 }
 against_cpu() { # row tolerance model plan [steps, default 64] [compare options]: greedy
     # steps of CUDA against the CPU backend
@@ -443,7 +459,7 @@ suite_real() {
 #   - the peer-access matrix (nvidia-smi) and device-to-device copy bandwidth per pair;
 #   - gates against the 1-rank eager run on device 0, llama1b-shaped q8_0: PP-2 on devices
 #     0,1; PP-4 uneven on 0..3; TP-2 on 0,1; TP-4 on 0..3; PP-2 x TP-2 on 0..3; each plan's
-#     memory per device (as the engine measured it) checked against the plan's bytes;
+#     memory in use per device within 3% of the plan's bytes;
 #   - llama8b-shaped q4_1 and f16: decode latency of TP-2 and TP-4 and tokens/s of PP-2 and
 #     PP-4 against one GPU (one sequence; the executor decodes one sequence at a time);
 #   - a pair of devices without P2P refused by name, when the machine has one.
@@ -497,18 +513,8 @@ PY
     for cand in llama1b-pp2 llama1b-pp4 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2; do
         fits "$cand" || continue
         gate "gate $cand q8_0" 200 "$M/llama1b-q8_0.gguf" "$ref" "$(plan llama1b q8_0 "multi/$cand")"
-        # bench prints "device D (...): ranks ...: X MiB taken, plan Y MiB" per device; taken
-        # may exceed the plan by the context, streams and pinned rings, not by more than 10% +
-        # 256 MiB
-        out=$(limit 100 "$BIN/memra-run" bench --backend cuda -n 32 --reps 1 --model "$M/llama1b-q8_0.gguf" \
-            "$P/q8_0/$cand.plan.toml" 2>&1)
-        echo "$out" >>"$LOG/memory.log"
-        bad=$(echo "$out" | awk '/MiB taken, plan/ { t = $(NF-4); p = $(NF-1); if (t > p * 1.1 + 256 || t < p * 0.9) print }')
-        if [ -z "$bad" ] && echo "$out" | grep -q "MiB taken"; then
-            row "memory $cand" ok "$(echo "$out" | grep -c 'MiB taken') devices within 10% + 256 MiB of the plan"
-        else
-            row "memory $cand" FAIL "$(echo "${bad:-no memory report}" | head -1)"
-        fi
+        bench "bench $cand q8_0" 100 "$M/llama1b-q8_0.gguf" "$P/q8_0/$cand.plan.toml" -n 32 --reps 1
+        memory_check "memory $cand"
     done
 
     # 3. llama8b speed: TP latency and PP throughput against one GPU
@@ -634,14 +640,21 @@ suite_profile() {
 # with `memra-run bench`.
 suite_ncu_token() {
     if [ $# -lt 2 ]; then
-        echo "usage: scripts/gpu.sh ncu-token SHAPE DTYPE [STEPS]" >&2
+        echo "usage: scripts/gpu.sh ncu-token SHAPE DTYPE [STEPS] [PLACEMENT]" >&2
         exit 2
     fi
-    local shape=$1 dtype=$2 steps=${3:-64} model plan_path csv per_step
+    local shape=$1 dtype=$2 steps=${3:-64} placement=${4:-$1-eager} model plan_path csv per_step
     logs_in "$LOG"
     model="$M/$shape-$dtype.gguf"
-    [ -f "$model" ] || synth "$shape" "$dtype"
-    plan_path=$(plan "$shape" "$dtype" "$shape-eager")
+    if [ ! -f "$model" ]; then
+        # NAME-lN is the depth cut of the real-width shape NAME to N layers
+        if [[ "$shape" =~ ^(.*)-l([0-9]+)$ ]]; then
+            synth_cut "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "$dtype"
+        else
+            synth "$shape" "$dtype"
+        fi
+    fi
+    plan_path=$(plan "$shape" "$dtype" "$placement")
     csv="$LOG/ncu-$shape-$dtype.csv"
     per_step=$(ncu_run "$model" "$plan_path" 1 2>/dev/null | grep -c '"gpu__time_duration.sum"')
     ncu_run "$model" "$plan_path" "$steps" --launch-skip $(((steps - 1) * per_step)) --launch-count "$per_step" \
@@ -804,11 +817,13 @@ suite_launch() {
     wait $synth8b
     late "bench llama8b q4_1" ||
         bench "bench llama8b q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 multi/llama8b)" -n 128 --reps 3
-    late "bench llama8b-tp2-nccl q4_1" ||
+    if ! late "bench llama8b-tp2-nccl q4_1"; then
         bench "bench llama8b-tp2-nccl q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 multi/llama8b-tp2-nccl)" -n 128 --reps 3
+        memory_check "memory llama8b-tp2-nccl q4_1"
+    fi
     for cand in llama8b-tp2-nccl llama8b-pp2; do
         late "launch bench $cand q4_1" ||
-            launched_bench "launch bench $cand q4_1" 200 "$M/llama8b-q4_1.gguf" "$P/q4_1/$cand.plan.toml"
+            launched_bench "launch bench $cand q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 "multi/$cand")"
     done
     table
 }
@@ -829,8 +844,12 @@ suite_deepseek() {
     stamp index,name,driver_version,memory.total
     local ref cand shape rc lite=deepseek-v2-lite-l4 v3=deepseek-v3-l4
     nccl_on_path || row "nccl library" FAIL "python3 has no nvidia.nccl"
-    build_llamacpp >"$LOG/llama-build.log" 2>&1 &
-    local build=$!
+    # llama.cpp only when its source is carried (a speed-work run leaves it behind)
+    local build=
+    if [ -d .llama/llama.cpp ]; then
+        build_llamacpp >"$LOG/llama-build.log" 2>&1 &
+        build=$!
+    fi
     synth_cut deepseek-v3 4 q4_1 &
     local synth_v3=$!
     synth tiny-qwen3moe q8_0 &
@@ -850,18 +869,27 @@ suite_deepseek() {
     done
     late "launch gate multi/$lite-tp2" ||
         launched "launch gate multi/$lite-tp2 q4_1" 200 "$M/$lite-q4_1.gguf" "$ref" "$P/q4_1/$lite-tp2.plan.toml"
-    for cand in cuda/$lite multi/$lite-tp2; do
-        late "bench $cand q4_1" ||
-            bench "bench $cand q4_1" 200 "$M/$lite-q4_1.gguf" "$(plan $lite q4_1 "$cand")" -n 128 --reps 3
+    for cand in cuda/$lite multi/$lite-tp2 multi/$lite-pp2; do
+        late "bench $cand q4_1" && continue
+        bench "bench $cand q4_1" 200 "$M/$lite-q4_1.gguf" "$(plan $lite q4_1 "$cand")" -n 128 --reps 3
+        memory_check "memory $cand q4_1"
     done
-    wait $build
-    rc=$?
-    row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
-    late "llama-bench $lite q4_1" || llama_bench "llama-bench $lite q4_1" "$M/$lite-q4_1.gguf"
+    if [ -n "$build" ]; then
+        wait $build
+        rc=$?
+        row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+        late "llama-bench $lite q4_1" || llama_bench "llama-bench $lite q4_1" "$M/$lite-q4_1.gguf"
+    fi
     wait $synth_v3
-    late "bench $v3 q4_1" ||
+    if ! late "bench $v3 q4_1"; then
         bench "bench $v3 q4_1" 200 "$M/$v3-q4_1.gguf" "$(plan $v3 q4_1 cuda/$v3)" -n 128 --reps 3
-    late "llama-bench $v3 q4_1" || llama_bench "llama-bench $v3 q4_1" "$M/$v3-q4_1.gguf"
+        memory_check "memory $v3 q4_1"
+    fi
+    if [ -n "$build" ]; then
+        late "llama-bench $v3 q4_1" || llama_bench "llama-bench $v3 q4_1" "$M/$v3-q4_1.gguf"
+    else
+        row "llama.cpp" skip "its source was not carried (.llama/llama.cpp)"
+    fi
     table
 }
 
