@@ -276,13 +276,16 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
                 n => format!(", state {}", mib(n)),
             };
             s += &format!(
-                "device {}: {} of {} (weights {}, kv {}{state}, buffers {})\n",
+                "device {}: {} of {} (weights {}, kv {}{state}, buffers {}, runtime {}, transport {})
+",
                 d.device,
                 mib(d.total_bytes),
                 mib(d.memory_bytes),
                 mib(d.weight_bytes),
                 mib(d.kv_bytes),
-                mib(d.buffer_bytes)
+                mib(d.buffer_bytes),
+                mib(d.runtime_bytes),
+                mib(d.transport_bytes)
             );
         }
     }

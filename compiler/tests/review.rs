@@ -41,8 +41,8 @@ programs:
     - run r1.run0 (2 phases): load_hidden, layers 8..16: attn_pre attn_core attn_out ffn, store_hidden
     + run r1.run0 (2 phases): load_hidden, layers 9..16: attn_pre attn_core attn_out ffn, store_hidden
 bytes per device:
-  device 0: 2378.6 MiB -> 2636.6 MiB (+258.0 MiB; weights +130.0 MiB, kv +128.0 MiB, buffers +0.0 MiB)
-  device 1: 2065.5 MiB -> 1807.5 MiB (-258.0 MiB; weights -130.0 MiB, kv -128.0 MiB, buffers +0.0 MiB)
+  device 0: 2909.6 MiB -> 3167.6 MiB (+258.0 MiB; weights +130.0 MiB, kv +128.0 MiB, buffers +0.0 MiB)
+  device 1: 2596.5 MiB -> 2338.5 MiB (-258.0 MiB; weights -130.0 MiB, kv -128.0 MiB, buffers +0.0 MiB)
 ";
     assert_eq!(semantic_diff(&old, &new), expected);
     assert_eq!(semantic_diff(&old, &old), "");
