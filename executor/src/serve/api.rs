@@ -251,23 +251,62 @@ mod tests {
         let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
         assert_eq!(r.input, Input::Prompt("Hi".into()));
         assert_eq!((r.temperature, r.top_p, r.max_tokens), (0.0, 0.5, Some(3)));
-        assert_eq!((r.stop, r.seed, r.stream), (vec!["a".into(), "b".into()], Some(9), true));
+        assert_eq!(
+            (r.stop, r.seed, r.stream),
+            (vec!["a".into(), "b".into()], Some(9), true)
+        );
     }
 
     #[test]
     fn every_refusal_names_its_field() {
         let cases = [
             (r#"{"prompt": 5}"#, Endpoint::Completions, Some("prompt")),
-            (r#"{"prompt": "x", "max_tokens": 0}"#, Endpoint::Completions, Some("max_tokens")),
-            (r#"{"prompt": "x", "max_tokens": "3"}"#, Endpoint::Completions, Some("max_tokens")),
-            (r#"{"prompt": "x", "temperature": 3}"#, Endpoint::Completions, Some("temperature")),
-            (r#"{"prompt": "x", "top_p": 0}"#, Endpoint::Completions, Some("top_p")),
-            (r#"{"prompt": "x", "n": 2}"#, Endpoint::Completions, Some("n")),
-            (r#"{"prompt": "x", "stop": [1]}"#, Endpoint::Completions, Some("stop")),
-            (r#"{"prompt": "x", "stream": "yes"}"#, Endpoint::Completions, Some("stream")),
-            (r#"{"prompt": "x", "model": "other"}"#, Endpoint::Completions, Some("model")),
+            (
+                r#"{"prompt": "x", "max_tokens": 0}"#,
+                Endpoint::Completions,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"prompt": "x", "max_tokens": "3"}"#,
+                Endpoint::Completions,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"prompt": "x", "temperature": 3}"#,
+                Endpoint::Completions,
+                Some("temperature"),
+            ),
+            (
+                r#"{"prompt": "x", "top_p": 0}"#,
+                Endpoint::Completions,
+                Some("top_p"),
+            ),
+            (
+                r#"{"prompt": "x", "n": 2}"#,
+                Endpoint::Completions,
+                Some("n"),
+            ),
+            (
+                r#"{"prompt": "x", "stop": [1]}"#,
+                Endpoint::Completions,
+                Some("stop"),
+            ),
+            (
+                r#"{"prompt": "x", "stream": "yes"}"#,
+                Endpoint::Completions,
+                Some("stream"),
+            ),
+            (
+                r#"{"prompt": "x", "model": "other"}"#,
+                Endpoint::Completions,
+                Some("model"),
+            ),
             (r#"{"messages": []}"#, Endpoint::Chat, Some("messages")),
-            (r#"{"messages": [{"role": "user"}]}"#, Endpoint::Chat, Some("messages[0].content")),
+            (
+                r#"{"messages": [{"role": "user"}]}"#,
+                Endpoint::Chat,
+                Some("messages[0].content"),
+            ),
             (r#"{"prompt": "x""#, Endpoint::Completions, None),
             (r#"[1]"#, Endpoint::Completions, None),
         ];

@@ -170,7 +170,10 @@ mod tests {
             "memra_kv_positions_total 200",
             "# TYPE memra_tokens_per_second gauge",
         ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
         }
     }
 }

@@ -125,20 +125,23 @@ impl App {
         let (field, tokens) = match &request.input {
             Input::Prompt(text) => ("prompt", self.tokenizer.encode(text, true)),
             Input::Chat(messages) => {
-                let template = self.template.as_ref().map_err(|why| {
-                    ApiError::invalid("messages", format!("messages: {why}"))
-                })?;
+                let template = self
+                    .template
+                    .as_ref()
+                    .map_err(|why| ApiError::invalid("messages", format!("messages: {why}")))?;
                 let text = template
                     .render(messages, true)
                     .map_err(|e| ApiError::invalid("messages", format!("messages: {e:#}")))?;
                 ("messages", self.tokenizer.encode(&text, false))
             }
         };
-        let tokens =
-            tokens.map_err(|e| ApiError::invalid(field, format!("{field}: {e:#}")))?;
+        let tokens = tokens.map_err(|e| ApiError::invalid(field, format!("{field}: {e:#}")))?;
         let (p, c) = (tokens.len(), self.max_context);
         if p == 0 {
-            return Err(ApiError::invalid(field, format!("{field}: no tokens to continue")));
+            return Err(ApiError::invalid(
+                field,
+                format!("{field}: no tokens to continue"),
+            ));
         }
         if p >= c {
             let mut e = ApiError::invalid(
@@ -362,7 +365,12 @@ impl Streaming {
 
 /// Answers with server-sent events: one chunk per piece of text, a last chunk with the
 /// finish reason and usage, then `data: [DONE]`.
-fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop, tally: Tally) -> Response {
+fn stream(
+    shape: Shape,
+    rx: UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    tally: Tally,
+) -> Response {
     let mut pending = VecDeque::new();
     if shape.endpoint == Endpoint::Chat {
         let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});

@@ -28,7 +28,11 @@ impl StopMatcher {
     /// Adds generated text; releases what can no longer start a stop string.
     pub fn push(&mut self, text: &str) -> Released {
         self.held.push_str(text);
-        let first = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
         if let Some(at) = first {
             self.held.truncate(at);
             return Released {
@@ -59,7 +63,9 @@ impl StopMatcher {
             .filter(|&n| held.is_char_boundary(held.len() - n))
             .find(|&n| {
                 let tail = &held[held.len() - n..];
-                self.stops.iter().any(|s| s.len() > n && s.starts_with(tail))
+                self.stops
+                    .iter()
+                    .any(|s| s.len() > n && s.starts_with(tail))
             })
             .unwrap_or(0)
     }

@@ -28,7 +28,12 @@ pub struct Tally {
 
 impl Tally {
     /// Starts the account of a request to `path`, counted under `endpoint`.
-    pub fn new(metrics: &Arc<Metrics>, method: &'static str, path: &str, endpoint: &'static str) -> Tally {
+    pub fn new(
+        metrics: &Arc<Metrics>,
+        method: &'static str,
+        path: &str,
+        endpoint: &'static str,
+    ) -> Tally {
         Tally {
             metrics: metrics.clone(),
             method,
