@@ -235,3 +235,177 @@ impl<F: FnMut() -> Result<Session>> Engine<F> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::atomic::AtomicUsize;
+
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    use super::*;
+    use crate::engine::{Decoder, StepInput, StepOutput};
+    use crate::text::TokenizerSpec;
+
+    /// A byte-level vocabulary: end of text (id 0) and the 256 byte symbols.
+    fn tokenizer() -> Arc<Tokenizer> {
+        let mut tokens = vec!["<|endoftext|>".to_owned()];
+        let mut bytes: Vec<String> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        bytes.sort();
+        tokens.extend(bytes);
+        let spec = TokenizerSpec {
+            model: "gpt2".into(),
+            pre: Some("smollm".into()),
+            token_types: [3].into_iter().chain([1; 256]).collect(),
+            tokens,
+            eos: Some(0),
+            ..TokenizerSpec::default()
+        };
+        Arc::new(Tokenizer::from_spec(&spec).unwrap())
+    }
+
+    /// An engine whose logits always pick `token`, failing at position `fail_at` if given;
+    /// with `ticks`, each step waits for one.
+    struct Fixed {
+        token: u32,
+        fail_at: Option<u32>,
+        ticks: Option<Receiver<()>>,
+        outputs: VecDeque<StepOutput>,
+    }
+
+    impl Fixed {
+        fn new(token: u32, fail_at: Option<u32>, ticks: Option<Receiver<()>>) -> Fixed {
+            Fixed {
+                token,
+                fail_at,
+                ticks,
+                outputs: VecDeque::new(),
+            }
+        }
+    }
+
+    impl Decoder for Fixed {
+        fn submit(&mut self, input: StepInput) -> Result<()> {
+            if let Some(ticks) = &self.ticks {
+                ticks.recv()?;
+            }
+            if Some(input.pos) == self.fail_at {
+                anyhow::bail!("the device fell over at position {}", input.pos);
+            }
+            let mut logits = vec![0.0; 257];
+            logits[self.token as usize] = 1.0;
+            self.outputs.push_back(StepOutput {
+                step: 0,
+                pos: input.pos,
+                token: self.token,
+                logits,
+            });
+            Ok(())
+        }
+        fn next_output(&mut self) -> Result<StepOutput> {
+            Ok(self.outputs.pop_front().unwrap())
+        }
+        fn in_flight(&self) -> u64 {
+            self.outputs.len() as u64
+        }
+    }
+
+    fn job(tokens: Vec<u32>, max_tokens: usize) -> (Job, UnboundedReceiver<Event>) {
+        let (events, rx) = unbounded_channel();
+        let job = Job {
+            tokens,
+            max_tokens,
+            sampler: SamplerConfig::GREEDY,
+            stop: Vec::new(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            events,
+        };
+        (job, rx)
+    }
+
+    fn events(mut rx: UnboundedReceiver<Event>) -> Vec<Event> {
+        let mut all = Vec::new();
+        while let Some(e) = rx.blocking_recv() {
+            let last = matches!(e, Event::Done(_) | Event::Failed(_));
+            all.push(e);
+            if last {
+                break;
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn an_engine_error_fails_its_request_and_the_next_gets_a_new_engine() {
+        let tokenizer = tokenizer();
+        let a = tokenizer.encode("a", false).unwrap()[0];
+        let opened = Arc::new(AtomicUsize::new(0));
+        let count = opened.clone();
+        let open = move || {
+            // The first engine fails at position 3, the reopened one never.
+            let first = count.fetch_add(1, Ordering::Relaxed) == 0;
+            Ok(Session::new(Fixed::new(a, first.then_some(3), None), 2))
+        };
+        let metrics = Arc::new(Metrics::new(1, 16));
+        let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
+        let (failing, rx_failing) = job(vec![a, a], 5);
+        let (next, rx_next) = job(vec![a], 3);
+        scheduler.submit(failing).unwrap();
+        scheduler.submit(next).unwrap();
+        let failed = events(rx_failing);
+        assert!(
+            matches!(failed.last(), Some(Event::Failed(m)) if m.contains("position 3")),
+            "{failed:?}"
+        );
+        let done = events(rx_next);
+        assert_eq!(
+            done,
+            [
+                Event::Text("a".into()),
+                Event::Text("a".into()),
+                Event::Text("a".into()),
+                Event::Done(Finish {
+                    reason: FinishReason::Length,
+                    prompt_tokens: 1,
+                    completion_tokens: 3,
+                }),
+            ]
+        );
+        assert_eq!(opened.load(Ordering::Relaxed), 2);
+        assert_eq!(metrics.queued.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_cancelled_job_is_dropped_before_its_next_step() {
+        let tokenizer = tokenizer();
+        let a = tokenizer.encode("a", false).unwrap()[0];
+        let (tick, ticks) = channel();
+        let mut ticks = Some(ticks);
+        let open = move || Ok(Session::new(Fixed::new(a, None, ticks.take()), 1));
+        let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1, 64))).unwrap();
+        // Cancelled while queued: never decoded, its channel closes without an event.
+        let (queued, mut rx) = job(vec![a], 50);
+        queued.cancel.store(true, Ordering::Relaxed);
+        scheduler.submit(queued).unwrap();
+        assert_eq!(rx.blocking_recv(), None);
+        // Cancelled after its first token: the step under way is its last and sends nothing.
+        let (running, mut rx) = job(vec![a], 50);
+        let cancel = running.cancel.clone();
+        scheduler.submit(running).unwrap();
+        tick.send(()).unwrap();
+        assert_eq!(rx.blocking_recv(), Some(Event::Text("a".into())));
+        cancel.store(true, Ordering::Relaxed);
+        for _ in 0..50 {
+            tick.send(()).unwrap();
+        }
+        let done = Finish {
+            reason: FinishReason::Length,
+            prompt_tokens: 1,
+            completion_tokens: 1,
+        };
+        assert_eq!(rx.blocking_recv(), Some(Event::Done(done)));
+    }
+}
