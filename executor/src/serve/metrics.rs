@@ -18,14 +18,11 @@ pub struct Metrics {
     /// Sequence slots of the KV cache in use.
     pub slots_used: AtomicUsize,
     slots_total: usize,
-    /// KV rows (positions) the running sequences hold.
-    pub positions_used: AtomicUsize,
-    positions_total: usize,
 }
 
 impl Metrics {
-    /// Zeroed metrics for a plan with `slots` sequence slots of `context` positions each.
-    pub fn new(slots: usize, context: usize) -> Metrics {
+    /// Zeroed metrics for a plan with `slots` sequence slots.
+    pub fn new(slots: usize) -> Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
@@ -34,8 +31,6 @@ impl Metrics {
             queued: AtomicUsize::new(0),
             slots_used: AtomicUsize::new(0),
             slots_total: slots,
-            positions_used: AtomicUsize::new(0),
-            positions_total: slots * context,
         }
     }
 
@@ -130,18 +125,6 @@ impl Metrics {
             "Sequence slots of the KV cache (the plan's runtime.max_sequences).",
             &plain(self.slots_total.to_string()),
         );
-        metric(
-            "memra_kv_positions_used",
-            "gauge",
-            "KV cache rows the running sequences hold.",
-            &load(&self.positions_used),
-        );
-        metric(
-            "memra_kv_positions_total",
-            "gauge",
-            "KV cache rows: slots times runtime.max_context.",
-            &plain(self.positions_total.to_string()),
-        );
         out
     }
 }
@@ -152,7 +135,7 @@ mod tests {
 
     #[test]
     fn the_exposition_lists_counts_by_label() {
-        let m = Metrics::new(2, 100);
+        let m = Metrics::new(2);
         m.count_request("/v1/completions", 200);
         m.count_request("/v1/completions", 200);
         m.count_request("/v1/completions", 400);
@@ -167,7 +150,6 @@ mod tests {
             "memra_generated_tokens_total 1",
             "memra_queue_length 3",
             "memra_kv_slots_total 2",
-            "memra_kv_positions_total 200",
             "# TYPE memra_tokens_per_second gauge",
         ] {
             assert!(

@@ -51,7 +51,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Resul
         .path()
         .file_stem()
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
-    let metrics = Arc::new(Metrics::new(max_sequences, max_context));
+    let metrics = Arc::new(Metrics::new(max_sequences));
     let scheduler = Scheduler::start(
         move || Ok(Session::new(open(&plan, options)?, in_flight)),
         tokenizer.clone(),

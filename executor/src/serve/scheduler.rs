@@ -153,7 +153,6 @@ impl<F: FnMut() -> Result<Session>> Engine<F> {
             self.metrics.slots_used.store(1, Ordering::Relaxed);
             let result = self.decode(&job);
             self.metrics.slots_used.store(0, Ordering::Relaxed);
-            self.metrics.positions_used.store(0, Ordering::Relaxed);
             let event = match result {
                 Ok(finish) => Event::Done(finish),
                 Err(e) => {
@@ -194,10 +193,7 @@ impl<F: FnMut() -> Result<Session>> Engine<F> {
                 let _ = job.events.send(Event::Text(text));
             }
         };
-        let mut positions = session.history().len();
         session.continue_sampled(&job.tokens, job.max_tokens, &mut sampler, |token| {
-            positions += 1;
-            metrics.positions_used.store(positions, Ordering::Relaxed);
             if gone() {
                 return Ok(Flow::Stop);
             }
@@ -349,7 +345,7 @@ mod tests {
             let first = count.fetch_add(1, Ordering::Relaxed) == 0;
             Ok(Session::new(Fixed::new(a, first.then_some(3), None), 2))
         };
-        let metrics = Arc::new(Metrics::new(1, 16));
+        let metrics = Arc::new(Metrics::new(1));
         let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
         let (failing, rx_failing) = job(vec![a, a], 5);
         let (next, rx_next) = job(vec![a], 3);
@@ -385,7 +381,7 @@ mod tests {
         let (tick, ticks) = channel();
         let mut ticks = Some(ticks);
         let open = move || Ok(Session::new(Fixed::new(a, None, ticks.take()), 1));
-        let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1, 64))).unwrap();
+        let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1))).unwrap();
         // Cancelled while queued: never decoded, its channel closes without an event.
         let (queued, mut rx) = job(vec![a], 50);
         queued.cancel.store(true, Ordering::Relaxed);
