@@ -4,6 +4,13 @@
 //! cancellation flag (set when the client goes away), so a dropped request frees its
 //! sequence at the next step. An engine error fails only its own request: the engine is
 //! reopened before the next job.
+//!
+//! Continuous batching slots in here and nowhere else: the loop becomes "admit queued jobs
+//! into free KV slots (up to `runtime.max_sequences`), run one batched step over the active
+//! sequences, sample each row with its own `Sampler`, send each row's text, retire the rows
+//! that finished or were cancelled". A job's per-sequence state (sampler, stream decoder,
+//! stop matcher, cancellation flag, event channel) is already its own, and the HTTP side,
+//! `Job` and `Event` do not change.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
