@@ -8,6 +8,8 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::{root, smollm2};
 use serde_json::{json, Value};
@@ -18,6 +20,8 @@ const PLAN: &str = "plans/smollm2.plan.toml";
 struct Server {
     child: Child,
     port: u16,
+    /// Its stderr lines after the listening line: one per request.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -42,9 +46,14 @@ impl Server {
                 break digits.parse().unwrap();
             }
         };
-        // Keep reading the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        let server = Server { child, port };
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let server = Server { child, port, log };
         let (status, body) = server.get("/health");
         assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
         server
@@ -121,6 +130,27 @@ impl Server {
         text.lines()
             .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
             .map_or(0.0, |v| v.parse().unwrap())
+    }
+}
+
+impl Server {
+    /// Waits (up to 5 s) until `n` log lines start with `prefix`; fails with the log if
+    /// another number do.
+    fn assert_logged(&self, prefix: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log.lock().unwrap().clone();
+            let count = log.iter().filter(|l| l.starts_with(prefix)).count();
+            if count == n {
+                return;
+            }
+            assert!(
+                count < n && Instant::now() < deadline,
+                "{count} lines `{prefix}`, want {n}:\n{}",
+                log.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -390,6 +420,9 @@ fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
     assert_eq!(count("/v1/completions", 400), 8.0);
     assert_eq!(count("/v1/completions", 404), 1.0);
     assert_eq!(count("/v1/chat/completions", 400), 2.0);
+    server.assert_logged("POST /v1/completions 400 prompt=0 generated=0 ", 8);
+    server.assert_logged("GET /v1/nothing 404 ", 1);
     // The server still answers after all of them.
     assert_eq!(server.complete("The capital of France is", 2), " Paris.");
+    server.assert_logged("POST /v1/completions 200 prompt=5 generated=2 ", 1);
 }

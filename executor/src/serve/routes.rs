@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -97,8 +97,8 @@ async fn models(State(app): State<Arc<App>>) -> Response {
     .into_response()
 }
 
-async fn no_route(State(app): State<Arc<App>>, uri: Uri) -> Response {
-    let mut tally = Tally::new(&app.metrics, "-", uri.path(), "other");
+async fn no_route(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), uri.path(), "other");
     tally.status = 404;
     ApiError::no_route(uri.path()).into_response()
 }

@@ -13,7 +13,7 @@ pub const CLIENT_GONE: u16 = 499;
 /// The log line and metric of one request, written on drop.
 pub struct Tally {
     metrics: Arc<Metrics>,
-    method: &'static str,
+    method: String,
     path: String,
     /// The endpoint label in the metrics (`other` for paths without an endpoint).
     endpoint: &'static str,
@@ -28,15 +28,10 @@ pub struct Tally {
 
 impl Tally {
     /// Starts the account of a request to `path`, counted under `endpoint`.
-    pub fn new(
-        metrics: &Arc<Metrics>,
-        method: &'static str,
-        path: &str,
-        endpoint: &'static str,
-    ) -> Tally {
+    pub fn new(metrics: &Arc<Metrics>, method: &str, path: &str, endpoint: &'static str) -> Tally {
         Tally {
             metrics: metrics.clone(),
-            method,
+            method: method.to_owned(),
             path: path.to_owned(),
             endpoint,
             started: Instant::now(),
