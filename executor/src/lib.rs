@@ -15,6 +15,7 @@ pub mod program;
 pub mod reduce;
 pub mod rope;
 pub mod sample;
+pub mod serve;
 pub mod session;
 pub mod text;
 pub mod weights;

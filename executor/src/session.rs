@@ -5,6 +5,7 @@
 use anyhow::{bail, Result};
 
 use crate::engine::{Decoder, StepInput, StepOutput};
+use crate::sample::Sampler;
 
 /// What a step's callback tells the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +51,13 @@ impl Session {
         max_new: usize,
         on_step: impl FnMut(&StepOutput, bool) -> Result<Flow>,
     ) -> Result<Vec<u32>> {
+        let common = self.keep_prefix_of(tokens);
+        self.run(&tokens[common..], max_new, on_step)
+    }
+
+    /// Truncates the history to its longest common prefix with `tokens`, leaving at least one
+    /// token of `tokens` to decode; returns the prefix length.
+    fn keep_prefix_of(&mut self, tokens: &[u32]) -> usize {
         let common = self
             .history
             .iter()
@@ -58,7 +66,67 @@ impl Session {
             .count()
             .min(tokens.len().saturating_sub(1));
         self.history.truncate(common);
-        self.run(&tokens[common..], max_new, on_step)
+        common
+    }
+
+    /// As `continue_with`, but the host picks every generated token from the step's logits
+    /// with `sampler` (a per-request sampler, whatever the engine's was opened with) and feeds
+    /// it back as the next step's token. `on_step` sees `None` after each prompt step but the
+    /// last and each generated token after; it may stop at any of them (a cancelled request
+    /// stops during its prompt). Returns the generated tokens.
+    pub fn continue_sampled(
+        &mut self,
+        tokens: &[u32],
+        max_new: usize,
+        sampler: &mut Sampler,
+        mut on_step: impl FnMut(Option<u32>) -> Result<Flow>,
+    ) -> Result<Vec<u32>> {
+        if tokens.is_empty() {
+            bail!("the prompt is empty; at least one token is needed");
+        }
+        let common = self.keep_prefix_of(tokens);
+        let prompt = &tokens[common..];
+        let (mut fed, mut done) = (0usize, 0usize);
+        let mut stopped = false;
+        let mut logits = None;
+        while done < fed || (fed < prompt.len() && !stopped) {
+            while !stopped && fed < prompt.len() && self.engine.in_flight() < self.window {
+                self.engine.submit(StepInput {
+                    pos: (common + fed) as u32,
+                    token: Some(prompt[fed]),
+                })?;
+                fed += 1;
+            }
+            let out = self.engine.next_output()?;
+            done += 1;
+            if stopped {
+                continue;
+            }
+            if done == prompt.len() {
+                logits = Some(out.logits);
+            } else if on_step(None)? == Flow::Stop {
+                stopped = true;
+            }
+        }
+        self.history.extend_from_slice(&prompt[..done]);
+        let mut generated = Vec::new();
+        let Some(mut logits) = logits else {
+            return Ok(generated);
+        };
+        while generated.len() < max_new {
+            let token = sampler.sample(&logits);
+            generated.push(token);
+            if on_step(Some(token))? == Flow::Stop || generated.len() == max_new {
+                break;
+            }
+            let out = self.engine.step(StepInput {
+                pos: self.history.len() as u32,
+                token: Some(token),
+            })?;
+            self.history.push(token);
+            logits = out.logits;
+        }
+        Ok(generated)
     }
 
     /// Decodes `prompt` (one step per token, after the history) and then generates up to

@@ -1,6 +1,7 @@
 //! The `memra-run` command line: argument definitions, shared setup (plan, model, engine,
 //! tokenizer) and dispatch to the subcommands in `text` (generate, chat), `tools`
-//! (perplexity, gate, compare, bench) and `launch` (one process per device).
+//! (perplexity, gate, compare, bench), `launch` (one process per device) and `serve` (the
+//! HTTP server).
 //!
 //! A subcommand given `--process P --processes W --rendezvous ADDR` joins the world of W
 //! processes first and runs the ranks of its device; only the process holding the plan's
@@ -8,6 +9,7 @@
 //! finish, or, when its command fails, by telling the others why.
 
 mod launch;
+mod serve;
 mod text;
 mod tools;
 
@@ -140,6 +142,20 @@ enum Command {
         /// The subcommand and its arguments without the plan, after `--`.
         #[arg(last = true, required = true, value_name = "SUBCOMMAND [ARGS]")]
         command: Vec<String>,
+    },
+    /// Serve the plan over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions
+    /// (streamed or not), /v1/models, /health and /metrics; one sequence decodes at a time.
+    Serve {
+        /// The execution plan.
+        plan: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on; 0 picks a free one (the address is printed).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        #[command(flatten)]
+        run: RunArgs,
     },
     /// Decode speed: -n tokens after a one-token prompt, --reps times after a warm-up.
     Bench {
@@ -330,7 +346,8 @@ impl Command {
             | Command::Gate { plan, run, .. }
             | Command::Compare { plan, run, .. }
             | Command::Bench { plan, run, .. } => Some((plan, run)),
-            Command::Launch { .. } => None,
+            // serve refuses process options itself: it runs in one process.
+            Command::Launch { .. } | Command::Serve { .. } => None,
         }
     }
 
@@ -432,6 +449,12 @@ fn run(command: Command) -> Result<ExitCode> {
             json,
             run,
         } => tools::bench(&plan, n_predict, reps, json, &run),
+        Command::Serve {
+            plan,
+            host,
+            port,
+            run,
+        } => serve::serve(&plan, host, port, &run),
         Command::Launch { plan, command } => launch::launch(&plan, &command),
     }
 }

@@ -1,0 +1,322 @@
+//! The OpenAI request bodies this server accepts, read field by field from JSON so that every
+//! refusal names its field: `/v1/completions` (a prompt) and `/v1/chat/completions` (messages).
+//! Fields the server does not use (`user`, `logprobs`, `stream_options`, ...) are ignored.
+
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use crate::text::Message;
+
+/// Most stop strings a request may give (as OpenAI allows).
+const MAX_STOPS: usize = 4;
+
+/// What a request asks to continue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A completion's prompt text.
+    Prompt(String),
+    /// A chat's conversation, rendered with the model's template.
+    Chat(Vec<Message>),
+}
+
+/// A validated request, before tokenization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The prompt or the conversation.
+    pub input: Input,
+    /// Softmax temperature in [0, 2]; 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1].
+    pub top_p: f32,
+    /// Most tokens to generate; `None`: up to the context.
+    pub max_tokens: Option<usize>,
+    /// Strings that end the text (not included).
+    pub stop: Vec<String>,
+    /// Seed of the sampler; `None`: one per request.
+    pub seed: Option<u64>,
+    /// Server-sent events instead of one body.
+    pub stream: bool,
+}
+
+/// Which endpoint a body was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/chat/completions`.
+    Chat,
+}
+
+/// Reads a request body for `endpoint`; `model` is the id this server serves.
+pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::malformed(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(fields) = value else {
+        return Err(ApiError::malformed(format!(
+            "the body must be a JSON object, got {}",
+            kind(&value)
+        )));
+    };
+    let f = Fields(&fields);
+    if let Some(asked) = f.string("model")? {
+        if asked != model {
+            return Err(ApiError::unknown_model(&asked, model));
+        }
+    }
+    if let Some(n) = f.integer("n")? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n: only 1 choice per request is supported, got {n}"),
+            ));
+        }
+    }
+    let input = match endpoint {
+        Endpoint::Completions => Input::Prompt(
+            f.string("prompt")?
+                .ok_or_else(|| ApiError::invalid("prompt", "prompt: a string is required"))?,
+        ),
+        Endpoint::Chat => Input::Chat(messages(f.0.get("messages"))?),
+    };
+    let temperature = f.number("temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature: must be in [0, 2], got {temperature}"),
+        ));
+    }
+    let top_p = f.number("top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            "top_p",
+            format!("top_p: must be in (0, 1], got {top_p}"),
+        ));
+    }
+    let max_tokens = match f.integer("max_tokens")? {
+        None => None,
+        Some(m) if m >= 1 => Some(usize::try_from(m).unwrap_or(usize::MAX)),
+        Some(m) => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!("max_tokens: must be at least 1, got {m}"),
+            ))
+        }
+    };
+    let seed = f.integer("seed")?.map(|s| s as u64);
+    Ok(Request {
+        input,
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        max_tokens,
+        stop: stops(f.0.get("stop"))?,
+        seed,
+        stream: f.boolean("stream")?.unwrap_or(false),
+    })
+}
+
+/// The JSON type of a value, as a refusal names it.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Typed access to the body's optional fields; `null` counts as absent.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl Fields<'_> {
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    fn wrong(name: &str, want: &str, got: &Value) -> ApiError {
+        ApiError::invalid(name, format!("{name}: expected {want}, got {}", kind(got)))
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, ApiError> {
+        self.get(name)
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| Self::wrong(name, "a string", v))
+            })
+            .transpose()
+    }
+
+    fn number(&self, name: &str) -> Result<Option<f64>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_f64().ok_or_else(|| Self::wrong(name, "a number", v)))
+            .transpose()
+    }
+
+    fn integer(&self, name: &str) -> Result<Option<i64>, ApiError> {
+        self.get(name)
+            .map(|v| {
+                v.as_i64()
+                    .or_else(|| v.as_u64().map(|u| u as i64))
+                    .ok_or_else(|| Self::wrong(name, "an integer", v))
+            })
+            .transpose()
+    }
+
+    fn boolean(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_bool().ok_or_else(|| Self::wrong(name, "a boolean", v)))
+            .transpose()
+    }
+}
+
+/// `messages`: a non-empty array of `{role, content}` with string fields.
+fn messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages: an array of {role, content} objects is required",
+        ));
+    };
+    let Value::Array(items) = value else {
+        return Err(Fields::wrong("messages", "an array", value));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages: at least one message is required",
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let Value::Object(m) = item else {
+                return Err(Fields::wrong(&format!("messages[{i}]"), "an object", item));
+            };
+            let field = |name: &str| {
+                let path = format!("messages[{i}].{name}");
+                match m.get(name) {
+                    Some(Value::String(s)) => Ok(s.clone()),
+                    Some(v) => Err(Fields::wrong(&path, "a string", v)),
+                    None => Err(ApiError::invalid(
+                        &path,
+                        format!("{path}: a string is required"),
+                    )),
+                }
+            };
+            Ok(Message::new(field("role")?, field("content")?))
+        })
+        .collect()
+}
+
+/// `stop`: a string or an array of at most `MAX_STOPS` strings.
+fn stops(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let want = "a string or an array of strings";
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) if items.len() > MAX_STOPS => Err(ApiError::invalid(
+            "stop",
+            format!(
+                "stop: at most {MAX_STOPS} stop strings are allowed, got {}",
+                items.len()
+            ),
+        )),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| Fields::wrong("stop", want, v))
+            })
+            .collect(),
+        Some(v) => Err(Fields::wrong("stop", want, v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(body: &str, endpoint: Endpoint) -> ApiError {
+        parse(body.as_bytes(), endpoint, "m").unwrap_err()
+    }
+
+    #[test]
+    fn a_full_completion_request_is_read() {
+        let body = r#"{"model": "m", "prompt": "Hi", "temperature": 0, "top_p": 0.5,
+            "max_tokens": 3, "stop": ["a", "b"], "seed": 9, "n": 1, "stream": true, "user": "x"}"#;
+        let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
+        assert_eq!(r.input, Input::Prompt("Hi".into()));
+        assert_eq!((r.temperature, r.top_p, r.max_tokens), (0.0, 0.5, Some(3)));
+        assert_eq!(
+            (r.stop, r.seed, r.stream),
+            (vec!["a".into(), "b".into()], Some(9), true)
+        );
+    }
+
+    #[test]
+    fn every_refusal_names_its_field() {
+        let cases = [
+            (r#"{"prompt": 5}"#, Endpoint::Completions, Some("prompt")),
+            (
+                r#"{"prompt": "x", "max_tokens": 0}"#,
+                Endpoint::Completions,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"prompt": "x", "max_tokens": "3"}"#,
+                Endpoint::Completions,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"prompt": "x", "temperature": 3}"#,
+                Endpoint::Completions,
+                Some("temperature"),
+            ),
+            (
+                r#"{"prompt": "x", "top_p": 0}"#,
+                Endpoint::Completions,
+                Some("top_p"),
+            ),
+            (
+                r#"{"prompt": "x", "n": 2}"#,
+                Endpoint::Completions,
+                Some("n"),
+            ),
+            (
+                r#"{"prompt": "x", "stop": [1]}"#,
+                Endpoint::Completions,
+                Some("stop"),
+            ),
+            (
+                r#"{"prompt": "x", "stream": "yes"}"#,
+                Endpoint::Completions,
+                Some("stream"),
+            ),
+            (
+                r#"{"prompt": "x", "model": "other"}"#,
+                Endpoint::Completions,
+                Some("model"),
+            ),
+            (r#"{"messages": []}"#, Endpoint::Chat, Some("messages")),
+            (
+                r#"{"messages": [{"role": "user"}]}"#,
+                Endpoint::Chat,
+                Some("messages[0].content"),
+            ),
+            (r#"{"prompt": "x""#, Endpoint::Completions, None),
+            (r#"[1]"#, Endpoint::Completions, None),
+        ];
+        for (body, endpoint, param) in cases {
+            let e = refusal(body, endpoint);
+            assert_eq!(e.param.as_deref(), param, "{body}: {}", e.message);
+            assert!(e.status.is_client_error(), "{body}");
+            if let Some(p) = param {
+                assert!(e.message.starts_with(p), "{body}: {}", e.message);
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The OpenAI error body every failed request gets:
+//! `{"error": {"message", "type", "param", "code"}}`, with the HTTP status beside it.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// A request's failure: what the client is told and with which status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Lowercase sentence naming the field and what is allowed.
+    pub message: String,
+    /// The request field at fault, if one is.
+    pub param: Option<String>,
+    /// A short machine-readable code.
+    pub code: &'static str,
+}
+
+impl ApiError {
+    /// A 400 for field `param`.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: Some(param.to_owned()),
+            code: "invalid_value",
+        }
+    }
+
+    /// A 400 for a body that is not a JSON object.
+    pub fn malformed(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: None,
+            code: "invalid_json",
+        }
+    }
+
+    /// A 404 for a model this server does not serve.
+    pub fn unknown_model(asked: &str, served: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("model: `{asked}` is not served here; this server serves `{served}`"),
+            param: Some("model".to_owned()),
+            code: "model_not_found",
+        }
+    }
+
+    /// A 404 for a path without an endpoint.
+    pub fn no_route(path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("no endpoint at {path}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions"),
+            param: None,
+            code: "not_found",
+        }
+    }
+
+    /// A 500 for a request the engine failed on.
+    pub fn engine(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            param: None,
+            code: "engine_error",
+        }
+    }
+
+    /// The error object (`{"error": ...}`), as a body or a stream's last event.
+    pub fn body(&self) -> serde_json::Value {
+        let kind = if self.status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}

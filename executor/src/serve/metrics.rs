@@ -1,0 +1,161 @@
+//! The server's counters and gauges, and their Prometheus text exposition for `GET /metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Everything `/metrics` reports; shared by the HTTP handlers and the engine thread.
+pub struct Metrics {
+    /// Requests answered, by (endpoint, HTTP status).
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    /// f64 bits: generated tokens per second of the last finished sequence, after its first.
+    tokens_per_second: AtomicU64,
+    /// Requests waiting for the engine.
+    pub queued: AtomicUsize,
+    /// Sequence slots of the KV cache in use.
+    pub slots_used: AtomicUsize,
+    slots_total: usize,
+}
+
+impl Metrics {
+    /// Zeroed metrics for a plan with `slots` sequence slots.
+    pub fn new(slots: usize) -> Metrics {
+        Metrics {
+            requests: Mutex::new(BTreeMap::new()),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            tokens_per_second: AtomicU64::new(0f64.to_bits()),
+            queued: AtomicUsize::new(0),
+            slots_used: AtomicUsize::new(0),
+            slots_total: slots,
+        }
+    }
+
+    /// Counts one answered request.
+    pub fn count_request(&self, endpoint: &str, status: u16) {
+        let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        *requests.entry((endpoint.to_owned(), status)).or_insert(0) += 1;
+    }
+
+    /// Counts a sequence's prompt tokens when the engine takes it.
+    pub fn count_prompt(&self, tokens: usize) {
+        self.prompt_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one generated token.
+    pub fn count_generated(&self) {
+        self.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records the decode speed of a finished sequence.
+    pub fn set_tokens_per_second(&self, rate: f64) {
+        self.tokens_per_second
+            .store(rate.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let requests: Vec<(String, String)> = self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((endpoint, status), n)| {
+                (
+                    format!("{{endpoint=\"{endpoint}\",status=\"{status}\"}}"),
+                    n.to_string(),
+                )
+            })
+            .collect();
+        let plain = |v: String| vec![(String::new(), v)];
+        let load = |a: &AtomicUsize| plain(a.load(Ordering::Relaxed).to_string());
+        metric(
+            "memra_requests_total",
+            "counter",
+            "Requests answered, by endpoint and HTTP status.",
+            &requests,
+        );
+        metric(
+            "memra_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of the sequences the engine took.",
+            &plain(self.prompt_tokens.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "memra_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            &plain(self.generated_tokens.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "memra_tokens_per_second",
+            "gauge",
+            "Generated tokens per second of the last finished sequence, after its first token.",
+            &plain(format!(
+                "{:.3}",
+                f64::from_bits(self.tokens_per_second.load(Ordering::Relaxed))
+            )),
+        );
+        metric(
+            "memra_queue_length",
+            "gauge",
+            "Requests waiting for the engine.",
+            &load(&self.queued),
+        );
+        metric(
+            "memra_kv_slots_used",
+            "gauge",
+            "Sequence slots of the KV cache in use.",
+            &load(&self.slots_used),
+        );
+        metric(
+            "memra_kv_slots_total",
+            "gauge",
+            "Sequence slots of the KV cache (the plan's runtime.max_sequences).",
+            &plain(self.slots_total.to_string()),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_lists_counts_by_label() {
+        let m = Metrics::new(2);
+        m.count_request("/v1/completions", 200);
+        m.count_request("/v1/completions", 200);
+        m.count_request("/v1/completions", 400);
+        m.count_prompt(7);
+        m.count_generated();
+        m.queued.store(3, Ordering::Relaxed);
+        let text = m.render();
+        for line in [
+            "memra_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2",
+            "memra_requests_total{endpoint=\"/v1/completions\",status=\"400\"} 1",
+            "memra_prompt_tokens_total 7",
+            "memra_generated_tokens_total 1",
+            "memra_queue_length 3",
+            "memra_kv_slots_total 2",
+            "# TYPE memra_tokens_per_second gauge",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
+        }
+    }
+}

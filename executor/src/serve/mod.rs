@@ -1,0 +1,90 @@
+//! `memra-run serve`: an OpenAI-compatible HTTP server over one engine.
+//!
+//! Threads: tokio's workers run the HTTP side (`routes`: parse and validate with `api`,
+//! tokenize, answer or stream); one engine thread (`scheduler`) owns the session and decodes
+//! the queued jobs, one sequence at a time for now, checking each job's cancellation flag
+//! between steps. `metrics` is shared by both; `tally` logs and counts each request.
+
+mod api;
+mod error;
+mod metrics;
+mod routes;
+mod scheduler;
+mod stop;
+mod tally;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+
+use crate::engine::{open, EngineOptions};
+use crate::plan_load::LoadedPlan;
+use crate::session::Session;
+use crate::text::{ChatTemplate, Tokenizer};
+use metrics::Metrics;
+use routes::{router, App};
+use scheduler::Scheduler;
+
+/// Where the server listens.
+pub struct Listen {
+    /// Host name or address.
+    pub host: String,
+    /// TCP port; 0 picks a free one (the address is printed).
+    pub port: u16,
+}
+
+/// Opens `plan` on the engine thread and serves it until the process is stopped. The engine
+/// samples nothing itself (`options.sampler` is ignored): each request's sampler runs on
+/// the host over the step's logits.
+pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Result<()> {
+    let runtime = &plan.plan.runtime;
+    let (max_context, max_sequences, in_flight) = (
+        runtime.max_context as usize,
+        runtime.max_sequences as usize,
+        runtime.in_flight,
+    );
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&plan.gguf)?);
+    let template = ChatTemplate::from_gguf(&plan.gguf, &tokenizer).map_err(|e| format!("{e:#}"));
+    let model = plan
+        .gguf
+        .path()
+        .file_stem()
+        .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
+    let metrics = Arc::new(Metrics::new(max_sequences));
+    let scheduler = Scheduler::start(
+        move || Ok(Session::new(open(&plan, options)?, in_flight)),
+        tokenizer.clone(),
+        metrics.clone(),
+    )?;
+    let app = Arc::new(App {
+        scheduler,
+        tokenizer,
+        template,
+        metrics,
+        model,
+        max_context,
+        max_sequences,
+        next_id: AtomicU64::new(0),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_io()
+        .enable_time()
+        .build()
+        .context("starting the HTTP runtime")?;
+    runtime.block_on(async {
+        let at = format!("{}:{}", listen.host, listen.port);
+        let listener = tokio::net::TcpListener::bind(&at)
+            .await
+            .with_context(|| format!("cannot listen on {at}"))?;
+        let local = listener.local_addr().context("reading the bound address")?;
+        eprintln!(
+            "serving {} on http://{local} (runtime.max_sequences {max_sequences}, one sequence decodes at a time)",
+            app.model
+        );
+        axum::serve(listener, router(app))
+            .await
+            .map_err(|e| anyhow!("the HTTP server stopped: {e}"))
+    })
+}

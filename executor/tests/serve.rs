@@ -1,0 +1,428 @@
+//! `memra-run serve` driven over HTTP on the CPU backend with the real SmolLM2: greedy text
+//! equals `memra-run generate`, chat, streamed chunks equal the whole body, concurrent
+//! requests equal their one-at-a-time text, a dropped stream frees the engine, and every bad
+//! request gets its 4xx naming the field and is counted in /metrics.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{root, smollm2};
+use serde_json::{json, Value};
+
+const PLAN: &str = "plans/smollm2.plan.toml";
+
+/// A running server, stopped when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    /// Its stderr lines after the listening line: one per request.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// Starts `memra-run serve` on a free port (one kernel thread: tests share CI's two
+    /// cores) and waits until /health answers.
+    fn start() -> Server {
+        smollm2("smollm2");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memra-run"))
+            .current_dir(root())
+            .args(["serve", PLAN, "--port", "0", "-t", "1"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let port = loop {
+            let line = lines
+                .next()
+                .expect("the server exited before listening")
+                .unwrap();
+            if let Some(at) = line.split("http://127.0.0.1:").nth(1) {
+                let digits: String = at.chars().take_while(char::is_ascii_digit).collect();
+                break digits.parse().unwrap();
+            }
+        };
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let server = Server { child, port, log };
+        let (status, body) = server.get("/health");
+        assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
+        server
+    }
+
+    fn connect(&self, method: &str, path: &str, body: &str) -> TcpStream {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        s
+    }
+
+    /// Status and body text of one request.
+    fn raw(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut response = Vec::new();
+        self.connect(method, path, body)
+            .read_to_end(&mut response)
+            .unwrap();
+        let response = String::from_utf8(response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        (
+            status,
+            if chunked {
+                dechunk(body)
+            } else {
+                body.to_owned()
+            },
+        )
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let (status, body) = self.raw("GET", path, "");
+        (status, serde_json::from_str(&body).unwrap())
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.raw("POST", path, &body.to_string());
+        let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        (status, value)
+    }
+
+    /// The text of a greedy completion of `prompt`, `n` tokens long.
+    fn complete(&self, prompt: &str, n: usize) -> String {
+        let (status, body) = self.post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": n, "temperature": 0}),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["choices"][0]["text"].as_str().unwrap().to_owned()
+    }
+
+    /// The data lines of a streamed request, `[DONE]` included.
+    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let (status, text) = self.raw("POST", path, &body.to_string());
+        assert_eq!(status, 200, "{text}");
+        text.split("\n\n")
+            .filter_map(|event| event.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The value of an unlabelled or labelled sample in /metrics.
+    fn metric(&self, sample: &str) -> f64 {
+        let (status, text) = self.raw("GET", "/metrics", "");
+        assert_eq!(status, 200);
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.parse().unwrap())
+    }
+}
+
+impl Server {
+    /// Waits (up to 5 s) until `n` log lines start with `prefix`; fails with the log if
+    /// another number do.
+    fn assert_logged(&self, prefix: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log.lock().unwrap().clone();
+            let count = log.iter().filter(|l| l.starts_with(prefix)).count();
+            if count == n {
+                return;
+            }
+            assert!(
+                count < n && Instant::now() < deadline,
+                "{count} lines `{prefix}`, want {n}:\n{}",
+                log.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The body of a chunked transfer encoding.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+}
+
+/// `memra-run generate`'s greedy text of `n` tokens after `prompt`.
+fn generate(prompt: &str, n: usize) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-run"))
+        .current_dir(root())
+        .args(["generate", PLAN, "-p", prompt, "-n", &n.to_string()])
+        .args(["--temp", "0", "-t", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.strip_suffix('\n').unwrap().to_owned()
+}
+
+#[test]
+fn a_greedy_completion_equals_generate() {
+    let server = Server::start();
+    let prompt = "The capital of France is";
+    let (status, body) = server.post(
+        "/v1/completions",
+        &json!({"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": prompt, "max_tokens": 6,
+                "temperature": 0, "n": 1, "seed": 3}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], generate(prompt, 6));
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["object"], "text_completion");
+    let usage = &body["usage"];
+    assert_eq!(
+        (
+            usage["completion_tokens"].as_u64(),
+            usage["total_tokens"].as_u64()
+        ),
+        (Some(6), Some(6 + usage["prompt_tokens"].as_u64().unwrap()))
+    );
+    let (_, models) = server.get("/v1/models");
+    assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(models["data"][0]["max_context"], 2048);
+}
+
+#[test]
+fn streamed_chunks_concatenate_to_the_whole_text() {
+    let server = Server::start();
+    let chat = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                      "max_tokens": 6, "temperature": 0});
+    let (status, whole) = server.post("/v1/chat/completions", &chat);
+    assert_eq!(status, 200, "{whole}");
+    let reply = whole["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!reply.is_empty());
+    assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
+
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let lines = server.stream("/v1/chat/completions", &streamed);
+    assert_eq!(lines.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = lines[..lines.len() - 1]
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, reply);
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        last["choices"][0]["finish_reason"],
+        whole["choices"][0]["finish_reason"]
+    );
+    assert_eq!(last["usage"], whole["usage"]);
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+
+    let prompt =
+        json!({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "stream": true});
+    let lines = server.stream("/v1/completions", &prompt);
+    let text: String = lines[..lines.len() - 1]
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(text, server.complete("Once upon a time", 5));
+}
+
+#[test]
+fn a_stop_string_ends_the_text_before_it() {
+    let server = Server::start();
+    let full = server.complete("The capital of France is", 6);
+    let (at, _) = full.char_indices().nth(3).unwrap();
+    let stop = &full[at..at + 2];
+    let (status, body) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "stop": [stop]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], full[..full.find(stop).unwrap()]);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn concurrent_requests_each_equal_their_text_alone() {
+    let server = Server::start();
+    let prompts = [
+        "The capital of France is",
+        "One, two, three,",
+        "def add(a, b):",
+        "The sky is",
+    ];
+    let alone: Vec<String> = prompts.iter().map(|p| server.complete(p, 4)).collect();
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| s.spawn(|| server.complete(p, 4)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+}
+
+#[test]
+fn a_dropped_stream_frees_the_engine_for_the_next_request() {
+    let server = Server::start();
+    let before = server.complete("The sky is", 4);
+    let generated = server.metric("memra_generated_tokens_total");
+    let long = json!({"prompt": "Tell me a long story.", "max_tokens": 1000, "temperature": 0, "stream": true});
+    let mut stream = server.connect("POST", "/v1/completions", &long.to_string());
+    let mut first = [0u8; 512];
+    let n = stream.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    drop(stream);
+    assert_eq!(server.complete("The sky is", 4), before);
+    let spent = server.metric("memra_generated_tokens_total") - generated;
+    assert!(
+        spent < 200.0,
+        "the dropped stream went on for {spent} tokens"
+    );
+    let gone = "memra_requests_total{endpoint=\"/v1/completions\",status=\"499\"}";
+    assert_eq!(server.metric(gone), 1.0);
+    assert_eq!(server.metric("memra_kv_slots_used"), 0.0);
+}
+
+#[test]
+fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
+    let server = Server::start();
+    let long_prompt = "word ".repeat(3000);
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        ("/v1/completions", r#"{"prompt": "x""#.into(), 400, None),
+        (
+            "/v1/completions",
+            r#"{"prompt": 7}"#.into(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "temperature": "hot"}"#.into(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "model": "gpt-4"}"#.into(),
+            404,
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "n": 3}"#.into(),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "max_tokens": 0}"#.into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "max_tokens": 5000}"#.into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": long_prompt}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "stop": {"a": 1}}"#.into(),
+            400,
+            Some("stop"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": []}"#.into(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": 1}]}"#.into(),
+            400,
+            Some("messages[0].content"),
+        ),
+    ];
+    for (path, body, status, param) in &cases {
+        let (got, text) = server.raw("POST", path, body);
+        let error: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let error = &error["error"];
+        assert_eq!(got, *status, "{body}: {error}");
+        assert_eq!(error["param"].as_str(), *param, "{body}: {error}");
+        let message = error["message"].as_str().unwrap();
+        if let Some(param) = param {
+            assert!(message.starts_with(param), "{body}: {message}");
+        }
+        assert!(
+            error["type"].is_string() && error["code"].is_string(),
+            "{error}"
+        );
+    }
+    let (status, body) = server.get("/v1/nothing");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let count = |path: &str, status: u16| {
+        server.metric(&format!(
+            "memra_requests_total{{endpoint=\"{path}\",status=\"{status}\"}}"
+        ))
+    };
+    assert_eq!(count("/v1/completions", 400), 8.0);
+    assert_eq!(count("/v1/completions", 404), 1.0);
+    assert_eq!(count("/v1/chat/completions", 400), 2.0);
+    server.assert_logged("POST /v1/completions 400 prompt=0 generated=0 ", 8);
+    server.assert_logged("GET /v1/nothing 404 ", 1);
+    // The server still answers after all of them.
+    assert_eq!(server.complete("The capital of France is", 2), " Paris.");
+    server.assert_logged("POST /v1/completions 200 prompt=5 generated=2 ", 1);
+}
