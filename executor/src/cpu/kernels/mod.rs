@@ -10,6 +10,10 @@
 //! holding K/d columns and calling `matvec` with chunks/d chunks therefore gets exactly one
 //! subtree of the 1-rank result.
 //!
+//! `matmul` is the same product for a batch of token rows (prefill): every row of its result
+//! has the bits `matvec` gives that token alone; it only shares each weight tile between the
+//! tokens while it is in cache.
+//!
 //! Dot-product strategy: quantized weights (q4_0, q4_1, q8_0, q4_k, q6_k) multiply an 8-bit
 //! copy of `x` quantized per block like llama.cpp does (`act`), so each block reduces to an
 //! exact integer sum followed by a fixed sequence of f32 operations; float weights (f32, f16,
@@ -21,6 +25,7 @@ mod attention;
 mod elementwise;
 mod float;
 mod kquant;
+mod matmul;
 mod mla;
 mod moe;
 mod pool;
@@ -38,6 +43,8 @@ use memra_gguf::GgmlType;
 
 pub use attention::{attention, KvCache, KvDtype};
 pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
+pub use matmul::matmul;
+pub(crate) use matmul::matmul_with;
 pub use mla::{latent_attention, LatentCache};
 pub use moe::{combine_into, Gating, Router};
 pub use pool::Pool;
@@ -121,36 +128,7 @@ pub(crate) fn matvec_with(
     y: &mut [f32],
     simd: bool,
 ) {
-    assert_eq!(
-        x.len(),
-        w.cols,
-        "matvec: x has {} values for {} columns",
-        x.len(),
-        w.cols
-    );
-    assert_eq!(
-        y.len(),
-        w.rows,
-        "matvec: y has {} values for {} rows",
-        y.len(),
-        w.rows
-    );
-    assert_eq!(
-        w.data.len(),
-        w.rows * w.row_bytes(),
-        "matvec: weight byte count"
-    );
-    assert!(
-        chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
-        "matvec: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
-    );
-    let block = w.dtype.block_size();
-    assert!(
-        w.cols.is_multiple_of(chunks * block),
-        "matvec: {} columns do not split into {chunks} chunks of whole {} blocks",
-        w.cols,
-        w.dtype
-    );
+    check_product("matvec", w, x.len(), y.len(), 1, chunks);
     let rb = w.row_bytes();
     match w.dtype {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
@@ -172,6 +150,46 @@ pub(crate) fn matvec_with(
         }
         other => unreachable!("invariant: {other} weights are rejected by Weight::new"),
     }
+}
+
+/// Panics unless `x_len`/`y_len` hold `tokens` rows of `w.cols`/`w.rows` values and `chunks`
+/// cuts K into a power of two (at most `MAX_CHUNKS`) of whole blocks.
+fn check_product(
+    kernel: &str,
+    w: &Weight,
+    x_len: usize,
+    y_len: usize,
+    tokens: usize,
+    chunks: usize,
+) {
+    assert_eq!(
+        x_len,
+        tokens * w.cols,
+        "{kernel}: x has {x_len} values for {tokens} rows of {} columns",
+        w.cols
+    );
+    assert_eq!(
+        y_len,
+        tokens * w.rows,
+        "{kernel}: y has {y_len} values for {tokens} rows of {} outputs",
+        w.rows
+    );
+    assert_eq!(
+        w.data.len(),
+        w.rows * w.row_bytes(),
+        "{kernel}: weight byte count"
+    );
+    assert!(
+        chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
+        "{kernel}: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
+    );
+    let block = w.dtype.block_size();
+    assert!(
+        w.cols.is_multiple_of(chunks * block),
+        "{kernel}: {} columns do not split into {chunks} chunks of whole {} blocks",
+        w.cols,
+        w.dtype
+    );
 }
 
 /// Dequantizes row `token` of `w` (an embedding table) into `out`, bit-exact with ggml.
