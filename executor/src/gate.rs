@@ -96,7 +96,7 @@ pub fn decode_all(
     let engine = open(loaded, options)?;
     let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
     let mut outs = Vec::new();
-    session.run(prompt, n, |out, _| {
+    session.run(prompt, n, 0, |out, _| {
         outs.push(out.clone());
         Ok(Flow::Continue)
     })?;

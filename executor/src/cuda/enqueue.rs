@@ -77,7 +77,7 @@ impl CudaOps<'_> {
     fn send_inputs(
         &mut self,
         t: u64,
-        input: StepInput,
+        input: &StepInput,
         embeds: bool,
         s: &Arc<CudaStream>,
     ) -> Result<()> {
@@ -93,7 +93,7 @@ impl CudaOps<'_> {
         };
         up(&mut ring.pos[slot], input.pos, rank.pos())?;
         if embeds {
-            match (input.token, rank.token_input()) {
+            match (input.token(), rank.token_input()) {
                 (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
                 (None, Some(b)) => copy(s, &rank.rx_slot(b, b.recv_slot(t)), &rank.token().cast())?,
                 // the rank samples the token it embeds next: it is already in place
@@ -157,7 +157,7 @@ impl RankOps for CudaOps<'_> {
         .map_err(|e| anyhow!("cuda backend: peer copy of boundary {id}: {e:?}"))
     }
 
-    fn readback(&mut self, stream: &str, t: u64, _: StepInput) -> Result<()> {
+    fn readback(&mut self, stream: &str, t: u64, _: &StepInput) -> Result<()> {
         if self.ri != self.readback.rank {
             bail!("invariant: readback on the reading rank");
         }
@@ -178,7 +178,7 @@ impl RankOps for CudaOps<'_> {
         at: usize,
         b: &Block,
         t: u64,
-        input: StepInput,
+        input: &StepInput,
     ) -> Result<Entered> {
         let embeds = b.work.contains(&Work::Embed);
         if !self.inputs_sent {
@@ -210,7 +210,7 @@ impl RankOps for CudaOps<'_> {
         Ok(Entered::Done)
     }
 
-    fn work(&mut self, stream: &str, work: Work, t: u64, _: StepInput, _: bool) -> Result<bool> {
+    fn work(&mut self, stream: &str, work: Work, t: u64, _: &StepInput, _: bool) -> Result<bool> {
         let s = self.stream(stream)?;
         self.ranks[self.ri].work(work, t, &s)?;
         Ok(true)

@@ -44,7 +44,6 @@ use memra_gguf::GgmlType;
 pub use attention::{attention, KvCache, KvDtype};
 pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
 pub use matmul::matmul;
-pub(crate) use matmul::matmul_with;
 pub use mla::{latent_attention, LatentCache};
 pub use moe::{combine_into, Gating, Router};
 pub use pool::Pool;

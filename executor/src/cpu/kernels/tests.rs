@@ -7,6 +7,7 @@ use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
 use super::act::{quantize_q8, quantize_q8k};
+use super::matmul::matmul_with;
 use super::reference::{effective_x, matvec_row};
 use super::*;
 
