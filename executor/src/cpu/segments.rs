@@ -10,8 +10,8 @@ use anyhow::{bail, Result};
 use memra_compiler::plan::reduction_chunks;
 
 use super::kernels::{
-    self, attention, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KvCache,
-    LatentCache, Pool, Rotation, Router, Weight,
+    self, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KvCache, LatentCache,
+    Pool, Rotation, Router, Weight,
 };
 use super::layer::{Gated, GqaWeights, MlaWeights, MoeWeights, QueryPath};
 use crate::geometry::RankGeometry;
@@ -92,6 +92,9 @@ impl Ctx<'_> {
         }
     }
 }
+
+/// Query rows per attention task: each cached row is widened once per task.
+const ATTENTION_ROWS: usize = 8;
 
 /// `v` with length `n` (its buffer is kept between tokens).
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -187,18 +190,11 @@ pub(super) fn gqa_core(c: &Ctx, kv: &mut KvCache, q_width: usize, a: &mut Activa
     let heads = q_width / c.geo.head_dim;
     let att = sized(&mut a.att, a.q.len());
     let (q, kv, pos) = (&a.q, &*kv, c.pos);
-    c.pool.split_mut(att, q_width, &|off, piece| {
-        for (j, out) in piece.chunks_exact_mut(q_width).enumerate() {
-            let i = off / q_width + j;
-            attention(
-                &q[i * q_width..(i + 1) * q_width],
-                kv,
-                heads,
-                pos + i + 1,
-                out,
-            );
-        }
-    });
+    c.pool
+        .split_mut(att, q_width * ATTENTION_ROWS, &|off, piece| {
+            let rows = off..off + piece.len();
+            kernels::attention_rows(&q[rows], kv, heads, pos + off / q_width, piece);
+        });
 }
 
 /// MLA: norm, query, latent and rope key, rope on the rope parts, and each head's no-rope

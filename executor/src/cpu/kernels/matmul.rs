@@ -1,7 +1,7 @@
 //! The matrix-matrix product of prefill: `Y = X W^T` for a batch of token rows, blocked so
 //! that a tile of weight rows is read from memory once and used for every token while it
 //! sits in cache. Each (token, row) value is computed by the matvec's own row code (the
-//! q4_0/q4_1/q8_0 tiles two tokens at a time, `q32::rows_pair`), so a token's outputs have
+//! q4_0/q4_1/q8_0 tiles four tokens at a time, `q32::rows_tokens`), so a token's outputs have
 //! the bits `matvec` gives it alone: a row's bits do not depend on the batch it rode in.
 
 use memra_gguf::GgmlType;
@@ -88,15 +88,9 @@ pub(crate) fn matmul_with(
                 }
             }
             Rows::Q8(xs) => {
-                let mut t = 0;
-                while t + 2 <= tokens {
-                    let (ya, yb) = (piece(t), piece(t + 1));
-                    q32::rows_pair(w.dtype, wt, rb, &xs[t], &xs[t + 1], chunks, ya, yb, simd);
-                    t += 2;
-                }
-                if t < tokens {
-                    q32::rows(w.dtype, wt, rb, &xs[t], chunks, piece(t), simd);
-                }
+                let xs: Vec<&[BlockQ8]> = xs.iter().map(Vec::as_slice).collect();
+                let mut ys: Vec<&mut [f32]> = (0..tokens).map(piece).collect();
+                q32::rows_tokens(w.dtype, wt, rb, &xs, chunks, &mut ys, simd);
             }
             Rows::Q8K(xs) => {
                 for (t, xt) in xs.iter().enumerate() {

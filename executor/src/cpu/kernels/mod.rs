@@ -41,7 +41,7 @@ mod tests_ops;
 use anyhow::{bail, Result};
 use memra_gguf::GgmlType;
 
-pub use attention::{attention, KvCache, KvDtype};
+pub use attention::{attention, attention_rows, KvCache, KvDtype};
 pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
 pub use matmul::matmul;
 pub use mla::{latent_attention, LatentCache};
