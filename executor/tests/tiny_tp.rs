@@ -118,3 +118,34 @@ fn prompts_in_several_chunks_are_bit_identical_in_every_plan() {
         assert_eq!(report.steps, LONG_PROMPT.len() + GENERATED - 1, "{name}");
     }
 }
+
+#[test]
+fn sampled_text_does_not_depend_on_how_the_prompt_is_cut() {
+    use memra_executor::sample::SamplerConfig;
+    use memra_executor::session::{Flow, Session};
+    let sampled = |plan: &LoadedPlan| {
+        let options = memra_executor::cpu::EngineOptions {
+            sampler: SamplerConfig {
+                temperature: 0.9,
+                top_k: 40,
+                top_p: 0.95,
+                seed: 7,
+            },
+            ..common::options(Arm::Serial)
+        };
+        let mut session = Session::new(open(plan, options).unwrap(), 1);
+        let last = LONG_PROMPT.len() - 1;
+        session
+            .run(&LONG_PROMPT, 24, last, |_, _| Ok(Flow::Continue))
+            .unwrap()
+    };
+    let chunked = sampled(&tiny_tp("tiny-tp"));
+    let one_by_one = sampled(&variant(
+        "tt-sampled-chunk1",
+        "[[0]]",
+        "prefill_chunk = 1",
+        "graphs",
+    ));
+    assert_eq!(chunked.len(), 24);
+    assert_eq!(chunked, one_by_one);
+}

@@ -332,12 +332,20 @@ pub fn bench(
         let share = copy.map_or(String::new(), |c| {
             format!(" = {:.1}% of the {c:.0} GB/s device copy", 100.0 * gbs / c)
         });
+        // the prompt part only when one was asked for, so the decode line keeps its shape
+        let prefill = if prompt > 0 {
+            format!(
+                "prompt {} tokens ({chunk}): {pp:.1} ± {pp_sd:.1} tok/s, time to first token {ttft_ms:.1} ms; ",
+                ids.len()
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{}: {on}, capture {capture}, placement {}, {} reps: prompt {} tokens ({chunk}): {pp:.1} ± {pp_sd:.1} tok/s, time to first token {ttft_ms:.1} ms; {n} tokens: {mean:.1} ± {sd:.1} tok/s ({:.3} ms/token), {:.1} MB/token, {gbs:.1} GB/s{share}",
+            "{}: {on}, capture {capture}, placement {}, {prefill}{n} tokens x {} reps: {mean:.1} ± {sd:.1} tok/s ({:.3} ms/token), {:.1} MB/token, {gbs:.1} GB/s{share}",
             plan.display(),
             p.placement_hash,
             rates.len(),
-            ids.len(),
             1000.0 / mean,
             bytes as f64 / 1e6,
         );
