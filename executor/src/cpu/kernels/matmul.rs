@@ -1,12 +1,15 @@
 //! The matrix-matrix product of prefill: `Y = X W^T` for a batch of token rows, blocked so
 //! that a tile of weight rows is read from memory once and used for every token while it
-//! sits in cache. Each (token, row) value is computed by the matvec's own row code (the
-//! q4_0/q4_1/q8_0 tiles four tokens at a time, `q32::rows_tokens`), so a token's outputs have
-//! the bits `matvec` gives it alone: a row's bits do not depend on the batch it rode in.
+//! sits in cache. Each (token, row) value is computed by the matvec's operations in the
+//! matvec's order (q4_0/q4_1 eight rows at a time from a repacked tile, `q4pack`; q8_0 four
+//! rows times four tokens, `q32::rows_tokens`; the rest by the matvec's own row code), so a
+//! token's outputs have the bits `matvec` gives it alone: a row's bits do not depend on the
+//! batch it rode in.
 
 use memra_gguf::GgmlType;
 
 use super::act::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
+use super::q4pack::Packed8;
 use super::{check_product, float, kquant, matvec_with, q32, simd_available, Pool, Weight};
 
 /// Weight rows per task: a tile of them stays in the core's cache while every token passes.
@@ -88,9 +91,20 @@ pub(crate) fn matmul_with(
                 }
             }
             Rows::Q8(xs) => {
+                // q4 weights eight rows at a time through the repacked kernel; the rows left
+                // over and q8_0 through the matvec's rows
+                let q4 = matches!(w.dtype, GgmlType::Q4_0 | GgmlType::Q4_1);
+                let packed = if q4 { (r1 - r0) / 8 * 8 } else { 0 };
+                for g in (0..packed).step_by(8) {
+                    let p = Packed8::new(w.dtype == GgmlType::Q4_1, &wt[g * rb..], rb, xs[0].len());
+                    for (t, xt) in xs.iter().enumerate() {
+                        piece(t)[g..g + 8].copy_from_slice(&p.rows(xt, chunks, simd));
+                    }
+                }
                 let xs: Vec<&[BlockQ8]> = xs.iter().map(Vec::as_slice).collect();
-                let mut ys: Vec<&mut [f32]> = (0..tokens).map(piece).collect();
-                q32::rows_tokens(w.dtype, wt, rb, &xs, chunks, &mut ys, simd);
+                let mut ys: Vec<&mut [f32]> =
+                    (0..tokens).map(|t| &mut piece(t)[packed..]).collect();
+                q32::rows_tokens(w.dtype, &wt[packed * rb..], rb, &xs, chunks, &mut ys, simd);
             }
             Rows::Q8K(xs) => {
                 for (t, xt) in xs.iter().enumerate() {

@@ -30,6 +30,7 @@ mod mla;
 mod moe;
 mod pool;
 mod q32;
+mod q4pack;
 pub(crate) mod reference;
 mod rope;
 
@@ -213,14 +214,17 @@ pub const MAX_CHUNKS: usize = 1 << 16;
 /// when bit `l` of `count` is set (a binary counter), which yields ((c0 + c1) + (c2 + c3))
 /// + ... for a power-of-two count with a few hundred bytes of stack.
 pub(crate) struct Tree<const N: usize> {
-    slots: [[f32; N]; 17],
+    /// Slot `l` is initialized exactly while bit `l` of `count` is set; left uninitialized
+    /// otherwise, since the kernels build a tree per row and zeroing 17 slots cost more than
+    /// reducing a short row.
+    slots: [std::mem::MaybeUninit<[f32; N]>; 17],
     count: usize,
 }
 
 impl<const N: usize> Tree<N> {
     pub(crate) fn new() -> Self {
         Tree {
-            slots: [[0.0; N]; 17],
+            slots: [const { std::mem::MaybeUninit::uninit() }; 17],
             count: 0,
         }
     }
@@ -228,12 +232,14 @@ impl<const N: usize> Tree<N> {
     pub(crate) fn push(&mut self, mut v: [f32; N]) {
         let mut level = 0;
         while self.count >> level & 1 == 1 {
-            for (v, l) in v.iter_mut().zip(self.slots[level]) {
+            // SAFETY: bit `level` of `count` is set, so slot `level` holds a finished subtree
+            let left = unsafe { self.slots[level].assume_init() };
+            for (v, l) in v.iter_mut().zip(left) {
                 *v += l;
             }
             level += 1;
         }
-        self.slots[level] = v;
+        self.slots[level] = std::mem::MaybeUninit::new(v);
         self.count += 1;
     }
 
@@ -242,7 +248,8 @@ impl<const N: usize> Tree<N> {
             self.count.is_power_of_two(),
             "invariant: a power-of-two number of chunks was pushed"
         );
-        self.slots[self.count.trailing_zeros() as usize]
+        // SAFETY: `count` is a power of two, so its one set bit marks the whole tree's slot
+        unsafe { self.slots[self.count.trailing_zeros() as usize].assume_init() }
     }
 }
 
