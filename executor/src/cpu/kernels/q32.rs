@@ -238,7 +238,7 @@ fn rows4xp_avx2<const K: u8, const P: usize>(
     let mut trees = [(); P].map(|()| Tree::<8>::new());
     for c in 0..chunks {
         let mut acc = [_mm256_setzero_ps(); P];
-        for b in c * per..(c + 1) * per {
+        for (b, _) in x[0].iter().enumerate().skip(c * per).take(per) {
             // SAFETY: each row is `rb >= nb * bb` bytes long, so block `b` of rows 0..4 lies
             // inside `w`; the activation quants are 32-byte aligned by `BlockQ8`'s repr
             unsafe {

@@ -84,9 +84,9 @@ impl Packed8 {
                     }
                     let mut v = (self.d[b][row] * xb.d) * isum as f32;
                     if self.q4_1 {
-                        v = v + self.m[b][row] * xb.s;
+                        v += self.m[b][row] * xb.s;
                     }
-                    *acc = *acc + v;
+                    *acc += v;
                 }
             }
             tree.push(acc);
@@ -105,8 +105,7 @@ impl Packed8 {
         let mut tree = Tree::<8>::new();
         for c in 0..chunks {
             let mut acc = _mm256_setzero_ps();
-            for b in c * per..(c + 1) * per {
-                let xb = &x[b];
+            for (b, xb) in x.iter().enumerate().skip(c * per).take(per) {
                 // SAFETY: `quants` holds 8 groups of 32 bytes per block and `xb.qs` 32 bytes,
                 // checked above; `d` and `m` hold 8 floats per block
                 unsafe {
