@@ -22,8 +22,16 @@
 #   llamacpp                  Qwen3-30B-A3B q4_1 decode, memra against llama.cpp's llama-bench on
 #                             the same file (llama.cpp built there from the pruned source the
 #                             caller carries in .llama/llama.cpp, CUDA, sm_90)
+#   launch [SECONDS]          on 2 GPUs, one process per GPU (memra-run launch, NCCL): gates of
+#                             TP-2, PP-2, PP-2 x TP-2 (llama1b), TP-2 and PP-2 (tiny MoE/MLA),
+#                             a one-shot group across processes refused, llama8b q4_1 speed
+#   deepseek [SECONDS]        on 2 GPUs: tiny MoE/MLA TP-2 and PP-2 across the GPUs, a
+#                             DeepSeek-V2-Lite-shaped 4-layer cut gated (graphs, TP-2, PP-3,
+#                             across GPUs, one process per GPU), its speed and a
+#                             DeepSeek-V3-shaped 4-layer cut's against llama.cpp
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
-#   ncu-token SHAPE DTYPE [STEPS]   Nsight Compute time of each kernel of one decode step
+#   ncu-token SHAPE DTYPE [STEPS] [PLACEMENT]   Nsight Compute time of each kernel of one
+#                             decode step (SHAPE-eager by default; SHAPE NAME-lN: a depth cut)
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
 #   moe [SECONDS]             qwen3moe and deepseek2 on CUDA: self-test, tiny-qwen3moe gates
 #                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
@@ -87,6 +95,9 @@ table() { # packs the logs, prints the rows last, exits 1 when a row failed
 synth() { # shape dtype: writes the synthetic model $M/SHAPE-DTYPE.gguf
     "$BIN/memra-synth" --shape "$1" --dtype "$2" -o "$M/$1-$2.gguf" 2>"$LOG/synth-$1-$2.log"
 }
+synth_cut() { # shape layers dtype: the depth cut $M/SHAPE-lLAYERS-DTYPE.gguf of a real-width shape
+    "$BIN/memra-synth" --shape "$1" --layers "$2" --dtype "$3" -o "$M/$1-l$2-$3.gguf" 2>"$LOG/synth-$1-l$2-$3.log"
+}
 plan() { # shape dtype placement (under plans/synthetic): compiles it for $M/SHAPE-DTYPE.gguf
     # into $P/DTYPE/ and prints the plan's path; a failure is logged, and the run of the plan
     # then fails its row
@@ -108,13 +119,28 @@ gate() { # row seconds model reference candidate [memra-run gate options]
     dt=$((($(date +%s%N) - t) / 100000000))
     result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)|[0-9]+ of [0-9]+ runs differed' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
 }
-bench() { # row seconds model plan [memra-run bench options]
-    local name=$1 secs=$2 model=$3 plan=$4 out rc
+bench() { # row seconds model plan [memra-run bench options]; the output stays in $bench_out
+    local name=$1 secs=$2 model=$3 plan=$4 rc
     shift 4
-    out=$(limit "$secs" "$BIN/memra-run" bench --backend cuda "$@" --model "$model" "$plan" 2>&1)
+    bench_out=$(limit "$secs" "$BIN/memra-run" bench --backend cuda "$@" --model "$model" "$plan" 2>&1)
     rc=$?
-    echo "$out" >>"$LOG/bench.log"
-    result "$name" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
+    echo "$bench_out" >>"$LOG/bench.log"
+    result "$name" $rc "$bench_out" "$(echo "$bench_out" | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
+}
+memory_check() { # row: each device of the last bench: the memory in use on the device (this
+    # process's context included; the device is otherwise idle) within 3% of the plan's bytes
+    local lines bad
+    lines=$(echo "$bench_out" | grep "MiB in use on the device")
+    if [ -z "$lines" ]; then
+        row "$1" FAIL "no memory report"
+        return
+    fi
+    bad=$(echo "$lines" | awk '{ u = $(NF-12); p = $(NF-1); d = (u - p) / p; if (d > 0.03 || d < -0.03) print }')
+    if [ -z "$bad" ]; then
+        row "$1" ok "$(echo "$lines" | awk '{ printf "dev %s %s/%s MiB (%+.1f%%) ", $2, $(NF-12), $(NF-1), 100 * ($(NF-12) - $(NF-1)) / $(NF-1) }')"
+    else
+        row "$1" FAIL "$(echo "$bad" | head -1 | cut -c1-200)"
+    fi
 }
 against_cpu() { # row tolerance model plan [steps, default 64] [compare options]: greedy
     # steps of CUDA against the CPU backend
@@ -123,6 +149,38 @@ against_cpu() { # row tolerance model plan [steps, default 64] [compare options]
     rc=$?
     echo "$out" >"$LOG/compare.log"
     result "$1" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //' | cut -c1-200)"
+}
+launched() { # row seconds model reference candidate: the gate with one process per device
+    # (memra-run launch), every process on its own GPU
+    local name=$1 secs=$2 model=$3 ref=$4 cand=$5 t out rc dt
+    t=$(date +%s%N)
+    out=$(limit "$secs" "$BIN/memra-run" launch "$cand" -- gate --backend cuda --model "$model" --reference "$ref" 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG/launch.log"
+    dt=$((($(date +%s%N) - t) / 100000000))
+    result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
+}
+launched_bench() { # row seconds model plan: bench with one process per device
+    local out rc
+    out=$(limit "$2" "$BIN/memra-run" launch "$4" -- bench --backend cuda -n 128 --reps 3 --model "$3" 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG/bench.log"
+    result "$1" $rc "$out" "$(echo "$out" | grep -E 'tok/s' | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
+}
+build_llamacpp() { # builds llama-bench into /tmp/llama-build from the carried .llama/llama.cpp
+    [ -d .llama/llama.cpp ] || { echo "no .llama/llama.cpp: carry it (see suite_llamacpp)"; return 1; }
+    cmake -S .llama/llama.cpp -B /tmp/llama-build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
+        cmake --build /tmp/llama-build --target llama-bench -j "$(nproc)"
+}
+llama_bench() { # row model: llama.cpp's batch-1 decode of 128 tokens on GPU 0
+    local out rc
+    # one GPU, as memra: llama.cpp would split the layers over every visible device
+    out=$(CUDA_VISIBLE_DEVICES=0 limit 300 /tmp/llama-build/bin/llama-bench -m "$2" -p 0 -n 128 -fa 1 -ngl 99 -r 3 -o md 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG/llama-bench.txt"
+    result "$1" $rc "$out" "$(echo "$out" | grep 'tg128' | tr -s ' ' | cut -c1-200)"
 }
 memcheck() { # self-test binary: it under compute-sanitizer memcheck; the exit status is its
     compute-sanitizer --tool memcheck --error-exitcode 3 "$1" >"$LOG/memcheck.log" 2>&1
@@ -401,7 +459,7 @@ suite_real() {
 #   - the peer-access matrix (nvidia-smi) and device-to-device copy bandwidth per pair;
 #   - gates against the 1-rank eager run on device 0, llama1b-shaped q8_0: PP-2 on devices
 #     0,1; PP-4 uneven on 0..3; TP-2 on 0,1; TP-4 on 0..3; PP-2 x TP-2 on 0..3; each plan's
-#     memory per device (as the engine measured it) checked against the plan's bytes;
+#     memory in use per device within 3% of the plan's bytes;
 #   - llama8b-shaped q4_1 and f16: decode latency of TP-2 and TP-4 and tokens/s of PP-2 and
 #     PP-4 against one GPU (one sequence; the executor decodes one sequence at a time);
 #   - a pair of devices without P2P refused by name, when the machine has one.
@@ -455,18 +513,8 @@ PY
     for cand in llama1b-pp2 llama1b-pp4 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2; do
         fits "$cand" || continue
         gate "gate $cand q8_0" 200 "$M/llama1b-q8_0.gguf" "$ref" "$(plan llama1b q8_0 "multi/$cand")"
-        # bench prints "device D (...): ranks ...: X MiB taken, plan Y MiB" per device; taken
-        # may exceed the plan by the context, streams and pinned rings, not by more than 10% +
-        # 256 MiB
-        out=$(limit 100 "$BIN/memra-run" bench --backend cuda -n 32 --reps 1 --model "$M/llama1b-q8_0.gguf" \
-            "$P/q8_0/$cand.plan.toml" 2>&1)
-        echo "$out" >>"$LOG/memory.log"
-        bad=$(echo "$out" | awk '/MiB taken, plan/ { t = $(NF-4); p = $(NF-1); if (t > p * 1.1 + 256 || t < p * 0.9) print }')
-        if [ -z "$bad" ] && echo "$out" | grep -q "MiB taken"; then
-            row "memory $cand" ok "$(echo "$out" | grep -c 'MiB taken') devices within 10% + 256 MiB of the plan"
-        else
-            row "memory $cand" FAIL "$(echo "${bad:-no memory report}" | head -1)"
-        fi
+        bench "bench $cand q8_0" 100 "$M/llama1b-q8_0.gguf" "$P/q8_0/$cand.plan.toml" -n 32 --reps 1
+        memory_check "memory $cand"
     done
 
     # 3. llama8b speed: TP latency and PP throughput against one GPU
@@ -547,22 +595,14 @@ suite_tp() {
 suite_llamacpp() {
     logs_in /tmp/memra-llamacpp
     stamp name,driver_version,memory.total
-    local model="$M/qwen3-30b-a3b-q4_1.gguf" out rc
-    [ -d .llama/llama.cpp ] || { row "llama.cpp source" FAIL "carry .llama (see the suite's comment)"; table; }
-    (cmake -S .llama/llama.cpp -B /tmp/llama-build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
-        cmake --build /tmp/llama-build --target llama-bench -j "$(nproc)") >"$LOG/llama-build.log" 2>&1 &
+    local model="$M/qwen3-30b-a3b-q4_1.gguf" rc
+    build_llamacpp >"$LOG/llama-build.log" 2>&1 &
     local build=$!
     synth qwen3-30b-a3b q4_1
     wait $build
     rc=$?
     row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
-    # one GPU, as memra: llama.cpp would split the layers over every visible device
-    out=$(CUDA_VISIBLE_DEVICES=0 limit 300 /tmp/llama-build/bin/llama-bench -m "$model" -p 0 -n 128 -fa 1 -ngl 99 -r 3 -o md 2>&1)
-    rc=$?
-    echo "$out" >"$LOG/llama-bench.txt"
-    result "llama-bench qwen3-30b-a3b q4_1" $rc "$out" "$(echo "$out" | grep 'tg128' | tr -s ' ' | cut -c1-200)"
+    llama_bench "llama-bench qwen3-30b-a3b q4_1" "$model"
     bench "memra qwen3-30b-a3b q4_1" 300 "$model" "$(plan qwen3-30b-a3b q4_1 cuda/qwen3-30b-a3b)" -n 128 --reps 3
     table
 }
@@ -600,14 +640,21 @@ suite_profile() {
 # with `memra-run bench`.
 suite_ncu_token() {
     if [ $# -lt 2 ]; then
-        echo "usage: scripts/gpu.sh ncu-token SHAPE DTYPE [STEPS]" >&2
+        echo "usage: scripts/gpu.sh ncu-token SHAPE DTYPE [STEPS] [PLACEMENT]" >&2
         exit 2
     fi
-    local shape=$1 dtype=$2 steps=${3:-64} model plan_path csv per_step
+    local shape=$1 dtype=$2 steps=${3:-64} placement=${4:-$1-eager} model plan_path csv per_step
     logs_in "$LOG"
     model="$M/$shape-$dtype.gguf"
-    [ -f "$model" ] || synth "$shape" "$dtype"
-    plan_path=$(plan "$shape" "$dtype" "$shape-eager")
+    if [ ! -f "$model" ]; then
+        # NAME-lN is the depth cut of the real-width shape NAME to N layers
+        if [[ "$shape" =~ ^(.*)-l([0-9]+)$ ]]; then
+            synth_cut "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "$dtype"
+        else
+            synth "$shape" "$dtype"
+        fi
+    fi
+    plan_path=$(plan "$shape" "$dtype" "$placement")
     csv="$LOG/ncu-$shape-$dtype.csv"
     per_step=$(ncu_run "$model" "$plan_path" 1 2>/dev/null | grep -c '"gpu__time_duration.sum"')
     ncu_run "$model" "$plan_path" "$steps" --launch-skip $(((steps - 1) * per_step)) --launch-count "$per_step" \
@@ -727,9 +774,128 @@ suite_moe() {
     table
 }
 
+# One process per GPU (memra-run launch) on 2 GPUs, every process with its NCCL communicators:
+#   - gates against the 1-rank eager run (one process, device 0), every logit bit, both arms:
+#     llama1b-shaped q8_0 TP-2 (NCCL), PP-2, PP-2 x TP-2 with two ranks per GPU (NCCL);
+#     tiny-qwen3moe and tiny-deepseek2-lite q8_0 TP-2 (NCCL) and PP-2;
+#   - a one-shot group across processes refused by name;
+#   - llama8b-shaped q4_1 decode: one GPU, TP-2 NCCL in one process, TP-2 NCCL and PP-2 with
+#     one process per GPU.
+# SECONDS defaults to 300.
+suite_launch() {
+    BUDGET=${1:-300}
+    P=/tmp/memra-plans-launch
+    logs_in /tmp/memra-launch
+    stamp index,name,driver_version
+    local ref cand shape out
+    nccl_on_path || row "nccl library" FAIL "python3 has no nvidia.nccl"
+    synth llama1b q8_0 &
+    synth tiny-qwen3moe q8_0 &
+    synth tiny-deepseek2-lite q8_0 &
+    wait
+    synth llama8b q4_1 &
+    local synth8b=$!
+    ref=$(plan llama1b q8_0 llama1b-eager)
+    for cand in multi/llama1b-tp2-nccl multi/llama1b-pp2 multi/llama1b-pp2-tp2-2dev-nccl; do
+        late "launch gate $cand" ||
+            launched "launch gate $cand" 200 "$M/llama1b-q8_0.gguf" "$ref" "$(plan llama1b q8_0 "$cand")"
+    done
+    out=$(limit 60 "$BIN/memra-run" launch "$(plan llama1b q8_0 multi/llama1b-tp2)" -- generate --backend cuda \
+        -n 4 --temp 0 -p hello --model "$M/llama1b-q8_0.gguf" 2>&1)
+    if echo "$out" | grep -q "spans processes"; then
+        row "launch one-shot refused" ok "$(echo "$out" | grep -m1 -o 'group [0-9]* spans processes[^;]*')"
+    else
+        row "launch one-shot refused" FAIL "$(echo "$out" | tail -1 | cut -c1-300)"
+    fi
+    for shape in tiny-qwen3moe tiny-deepseek2-lite; do
+        ref=$(plan $shape q8_0 cuda/$shape-eager)
+        for cand in multi/$shape-tp2-nccl multi/$shape-pp2; do
+            late "launch gate $cand" ||
+                launched "launch gate $cand" 150 "$M/$shape-q8_0.gguf" "$ref" "$(plan $shape q8_0 "$cand")"
+        done
+    done
+    wait $synth8b
+    late "bench llama8b q4_1" ||
+        bench "bench llama8b q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 multi/llama8b)" -n 128 --reps 3
+    if ! late "bench llama8b-tp2-nccl q4_1"; then
+        bench "bench llama8b-tp2-nccl q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 multi/llama8b-tp2-nccl)" -n 128 --reps 3
+        memory_check "memory llama8b-tp2-nccl q4_1"
+    fi
+    for cand in llama8b-tp2-nccl llama8b-pp2; do
+        late "launch bench $cand q4_1" ||
+            launched_bench "launch bench $cand q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 "multi/$cand")"
+    done
+    table
+}
+
+# DeepSeek-style models at real width and across GPUs (2 GPUs):
+#   - tiny-qwen3moe and tiny-deepseek2-lite q8_0 TP-2 and PP-2 across devices 0,1 (one process);
+#   - a DeepSeek-V2-Lite-shaped depth cut (4 layers, q4_1) gated against its 1-rank eager run:
+#     graphs, TP-2 and PP-3 uneven on device 0, TP-2 (NCCL) and PP-2 across devices 0,1 in one
+#     process and TP-2 with one process per GPU; its decode speed and memory per device;
+#   - decode speed of the V2-Lite cut and of a DeepSeek-V3-shaped depth cut (4 layers: three
+#     dense, one MoE; q4_1), memra against llama.cpp's llama-bench on the same files (built
+#     there from the carried .llama/llama.cpp).
+# SECONDS defaults to 420.
+suite_deepseek() {
+    BUDGET=${1:-420}
+    P=/tmp/memra-plans-deepseek
+    logs_in /tmp/memra-deepseek
+    stamp index,name,driver_version,memory.total
+    local ref cand shape rc lite=deepseek-v2-lite-l4 v3=deepseek-v3-l4
+    nccl_on_path || row "nccl library" FAIL "python3 has no nvidia.nccl"
+    # llama.cpp only when its source is carried (a speed-work run leaves it behind)
+    local build=
+    if [ -d .llama/llama.cpp ]; then
+        build_llamacpp >"$LOG/llama-build.log" 2>&1 &
+        build=$!
+    fi
+    synth_cut deepseek-v3 4 q4_1 &
+    local synth_v3=$!
+    synth tiny-qwen3moe q8_0 &
+    synth tiny-deepseek2-lite q8_0 &
+    synth_cut deepseek-v2-lite 4 q4_1
+    for shape in tiny-qwen3moe tiny-deepseek2-lite; do
+        ref=$(plan $shape q8_0 cuda/$shape-eager)
+        for cand in multi/$shape-tp2 multi/$shape-pp2; do
+            late "gate $cand q8_0" ||
+                gate "gate $cand q8_0" 150 "$M/$shape-q8_0.gguf" "$ref" "$(plan $shape q8_0 "$cand")"
+        done
+    done
+    ref=$(plan $lite q4_1 cuda/$lite-eager)
+    for cand in cuda/$lite cuda/$lite-tp2 cuda/$lite-pp3 multi/$lite-tp2 multi/$lite-pp2; do
+        late "gate $cand q4_1" ||
+            gate "gate $cand q4_1" 200 "$M/$lite-q4_1.gguf" "$ref" "$(plan $lite q4_1 "$cand")"
+    done
+    late "launch gate multi/$lite-tp2" ||
+        launched "launch gate multi/$lite-tp2 q4_1" 200 "$M/$lite-q4_1.gguf" "$ref" "$P/q4_1/$lite-tp2.plan.toml"
+    for cand in cuda/$lite multi/$lite-tp2 multi/$lite-pp2; do
+        late "bench $cand q4_1" && continue
+        bench "bench $cand q4_1" 200 "$M/$lite-q4_1.gguf" "$(plan $lite q4_1 "$cand")" -n 128 --reps 3
+        memory_check "memory $cand q4_1"
+    done
+    if [ -n "$build" ]; then
+        wait $build
+        rc=$?
+        row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+        late "llama-bench $lite q4_1" || llama_bench "llama-bench $lite q4_1" "$M/$lite-q4_1.gguf"
+    fi
+    wait $synth_v3
+    if ! late "bench $v3 q4_1"; then
+        bench "bench $v3 q4_1" 200 "$M/$v3-q4_1.gguf" "$(plan $v3 q4_1 cuda/$v3)" -n 128 --reps 3
+        memory_check "memory $v3 q4_1"
+    fi
+    if [ -n "$build" ]; then
+        late "llama-bench $v3 q4_1" || llama_bench "llama-bench $v3 q4_1" "$M/$v3-q4_1.gguf"
+    else
+        row "llama.cpp" skip "its source was not carried (.llama/llama.cpp)"
+    fi
+    table
+}
+
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | llamacpp | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

@@ -273,13 +273,15 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
     for d in &plan.devices {
         if d.total_bytes > 0 {
             s += &format!(
-                "device {}: {} of {} (weights {}, kv {}, buffers {})\n",
+                "device {}: {} of {} (weights {}, kv {}, buffers {}, runtime {}, transport {})\n",
                 d.device,
                 mib(d.total_bytes),
                 mib(d.memory_bytes),
                 mib(d.weight_bytes),
                 mib(d.kv_bytes),
-                mib(d.buffer_bytes)
+                mib(d.buffer_bytes),
+                mib(d.runtime_bytes),
+                mib(d.transport_bytes)
             );
         }
     }

@@ -225,9 +225,6 @@ pub trait Decoder {
 pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decoder>> {
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
-        Backend::Cuda if options.world.is_some() => {
-            bail!("the cuda engine does not run one process per device yet; run the plan in one process")
-        }
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),
     })
 }

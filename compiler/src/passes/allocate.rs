@@ -6,7 +6,7 @@
 use super::{RankInfo, Topology};
 use crate::model::{ModelMeta, ShardRule, TensorMeta, TensorSite};
 use crate::placement::Placement;
-use crate::plan::{AttentionSplit, Buffer, BufferKind, DeviceUse, Split, WeightShard};
+use crate::plan::{AttentionSplit, Buffer, BufferKind, Collective, DeviceUse, Split, WeightShard};
 
 /// The weight shards a rank holds, in the model's tensor order.
 pub fn weights(model: &ModelMeta, rank: &RankInfo, attention: AttentionSplit) -> Vec<WeightShard> {
@@ -230,6 +230,15 @@ fn score_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64
     heads * u64::from(placement.max_context)
 }
 
+/// What the CUDA runtime takes on each device it opens before any plan buffer: the context
+/// with memra's kernels, measured as the device's memory in use less the engine's allocations
+/// on an H200 (CUDA 13.0, driver 580; 530.8 MiB with every plan measured, `bench/memory.md`).
+pub const CUDA_RUNTIME_BYTES: u64 = 531 << 20;
+/// What one NCCL communicator (a tensor-parallel group's, `collective = "nccl"`) takes on
+/// each member's device: NCCL's buffers and its proxy's mappings, measured on two H200 joined
+/// by NVLink (NCCL 2.28, 862 MiB; `bench/memory.md`).
+pub const NCCL_COMMUNICATOR_BYTES: u64 = 862 << 20;
+
 /// Bytes asked of each declared device, sorted by device.
 pub fn device_use(
     placement: &Placement,
@@ -246,9 +255,15 @@ pub fn device_use(
                 weight_bytes: 0,
                 kv_bytes: 0,
                 buffer_bytes: 0,
+                runtime_bytes: 0,
+                transport_bytes: 0,
                 total_bytes: 0,
             };
-            for (_, weights, buffers) in ranks.iter().filter(|(i, ..)| i.device == device) {
+            for (info, weights, buffers) in ranks.iter().filter(|(i, ..)| i.device == device) {
+                u.runtime_bytes = CUDA_RUNTIME_BYTES;
+                if info.tp_degree > 1 && placement.collective == Collective::Nccl {
+                    u.transport_bytes += NCCL_COMMUNICATOR_BYTES;
+                }
                 u.weight_bytes += weights.iter().map(|w| w.bytes).sum::<u64>();
                 for b in buffers {
                     let bytes = b.total_bytes();
@@ -258,7 +273,8 @@ pub fn device_use(
                     }
                 }
             }
-            u.total_bytes = u.weight_bytes + u.kv_bytes + u.buffer_bytes;
+            u.total_bytes =
+                u.weight_bytes + u.kv_bytes + u.buffer_bytes + u.runtime_bytes + u.transport_bytes;
             u
         })
         .collect()

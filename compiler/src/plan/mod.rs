@@ -72,6 +72,11 @@ pub struct DeviceUse {
     pub weight_bytes: u64,
     pub kv_bytes: u64,
     pub buffer_bytes: u64,
+    /// The CUDA runtime's own memory on the device (context and kernels), when a rank uses it.
+    pub runtime_bytes: u64,
+    /// The transport's: one NCCL communicator per tensor-parallel rank on the device with
+    /// `collective = "nccl"`.
+    pub transport_bytes: u64,
     pub total_bytes: u64,
 }
 

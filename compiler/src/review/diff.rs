@@ -291,17 +291,27 @@ fn devices(old: &Plan, new: &Plan) -> Vec<String> {
     for d in &new.devices {
         all.entry(d.device).or_default().1 = Some(d);
     }
+    // the runtime's and the transport's bytes change with the ranks of a device only
+    let changed = |what: &str, a: u64, b: u64| {
+        if a == b {
+            String::new()
+        } else {
+            format!(", {what} {}", delta(a, b))
+        }
+    };
     let mut out = Vec::new();
     for (device, pair) in all {
         match pair {
             (Some(a), Some(b)) if a.total_bytes != b.total_bytes => out.push(format!(
-                "device {device}: {} -> {} ({}; weights {}, kv {}, buffers {})",
+                "device {device}: {} -> {} ({}; weights {}, kv {}, buffers {}{}{})",
                 size(a.total_bytes),
                 size(b.total_bytes),
                 delta(a.total_bytes, b.total_bytes),
                 delta(a.weight_bytes, b.weight_bytes),
                 delta(a.kv_bytes, b.kv_bytes),
-                delta(a.buffer_bytes, b.buffer_bytes)
+                delta(a.buffer_bytes, b.buffer_bytes),
+                changed("runtime", a.runtime_bytes, b.runtime_bytes),
+                changed("transport", a.transport_bytes, b.transport_bytes)
             )),
             (Some(a), None) => out.push(format!(
                 "device {device}: removed ({})",

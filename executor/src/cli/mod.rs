@@ -14,7 +14,7 @@ mod tools;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use memra_compiler::plan::Plan;
 
@@ -260,9 +260,6 @@ impl RunArgs {
         let Some(w) = self.processes else {
             return Ok(());
         };
-        if self.backend == BackendArg::Cuda {
-            bail!("--backend cuda does not run one process per device yet; run the plan in one process (without launch or --process)");
-        }
         let text = std::fs::read_to_string(plan)
             .with_context(|| format!("cannot read plan {}", plan.display()))?;
         let parsed = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan.display()))?;

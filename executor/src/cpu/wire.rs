@@ -277,17 +277,10 @@ impl Wire {
 
     /// Hands the readback's token of `out` to every other process.
     pub fn publish(&self, out: &StepOutput) -> Result<()> {
-        if let Some(r) = &self.remote {
-            for &p in r.routes.others() {
-                let body = Body::Token {
-                    step: out.step,
-                    pos: out.pos,
-                    token: out.token,
-                };
-                r.link.send(p, body)?;
-            }
+        match &self.remote {
+            Some(r) => crate::dist::broadcast(&r.link, out),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// How many messages from other processes the wire has taken so far.

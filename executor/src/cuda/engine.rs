@@ -29,8 +29,10 @@ use super::device::CudaDevice;
 use super::enqueue::{CudaOps, InputRing, Readback, RunGraphs};
 use super::graph::capture;
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
+use super::p2p::{check_groups, Crossings};
 use super::rank::RankDevice;
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
+use crate::dist::{Link, ProcessMap, TokenInbox};
 use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Program};
@@ -47,10 +49,18 @@ pub struct Engine {
     boundaries: Vec<Boundary>,
     events: BTreeMap<String, Vec<CudaEvent>>,
     inputs: Vec<InputRing>,
-    readback: Readback,
+    /// The readback ring, in the process holding the readback rank.
+    readback: Option<Readback>,
+    /// With a world: the engine's link and, without the readback rank, the tokens it sends.
+    remote: Option<(Link, Option<Arc<TokenInbox>>)>,
+    crossings: Crossings,
+    /// Submitted steps not yet returned: (step, position).
+    pending: VecDeque<(u64, u32)>,
     arm: Arm,
     next_step: u64,
     max_context: u32,
+    /// Steps that may be in flight: the plan's `runtime.in_flight`.
+    ring: usize,
     failed: bool,
     report: Vec<String>,
 }
@@ -84,12 +94,11 @@ impl Engine {
         if options.reduce_order != ReduceOrder::Tree {
             bail!("the cuda backend combines all-reduce partials in the plan's tree only");
         }
-        let readers: Vec<usize> = plan
+        let readers: Vec<u32> = plan
             .ranks
             .iter()
-            .enumerate()
-            .filter(|(_, r)| r.program.iter().any(|s| matches!(s, Step::Readback { .. })))
-            .map(|(i, _)| i)
+            .filter(|r| r.program.iter().any(|s| matches!(s, Step::Readback { .. })))
+            .map(|r| r.rank)
             .collect();
         if readers.len() != 1 {
             bail!(
@@ -98,13 +107,23 @@ impl Engine {
             );
         }
         check_phases(plan)?;
-        let devices = open_devices(plan)?;
+        let map = ProcessMap::of(plan);
+        let (local, link) = match options.world {
+            None => (plan.ranks.iter().map(|r| r.rank).collect(), None),
+            Some(world) => {
+                map.check(world.processes())?;
+                check_groups(plan, &map)?;
+                let link = world.open(plan)?;
+                (map.ranks(plan, world.process()), Some(link))
+            }
+        };
+        let devices = open_devices(plan, &local)?;
         let free_before: BTreeMap<u32, usize> = devices
             .iter()
             .map(|(&d, dev)| Ok((d, dev.memory()?.0)))
             .collect::<Result<_>>()?;
         let mut ranks = Vec::new();
-        for r in &plan.ranks {
+        for r in plan.ranks.iter().filter(|r| local.contains(&r.rank)) {
             let weights = RankWeights::load(loaded, r)?;
             let dev = devices[&r.device].clone();
             ranks.push(
@@ -112,7 +131,11 @@ impl Engine {
                     .map_err(|e| anyhow!("rank {} on device {}: {e:#}", r.rank, r.device))?,
             );
         }
-        connect_groups(plan, &mut ranks)?;
+        connect_groups(plan, &mut ranks, options.world.map(|w| (w, &map)))?;
+        let crossings = match options.world {
+            Some(world) => Crossings::connect(plan, &map, world, &ranks)?,
+            None => Crossings::default(),
+        };
         let events = make_events(plan, &ranks)?;
         let ring = plan.runtime.in_flight.max(1) as usize;
         let mut inputs = Vec::new();
@@ -130,24 +153,33 @@ impl Engine {
                     .collect::<Result<_>>()?,
             });
         }
-        let reader = &ranks[readers[0]];
-        let vocab = reader.logits().len();
-        let readback = Readback {
-            rank: readers[0],
-            logits: (0..ring)
-                .map(|_| pinned(&reader.dev, vocab))
-                .collect::<Result<_>>()?,
-            token: (0..ring)
-                .map(|_| pinned(&reader.dev, 1))
-                .collect::<Result<_>>()?,
-            done: (0..ring)
-                .map(|_| reader.dev.new_event(false))
-                .collect::<Result<_>>()?,
-            pending: VecDeque::new(),
+        let readback = match ranks.iter().position(|r| r.rank == readers[0]) {
+            Some(ri) => {
+                let reader = &ranks[ri];
+                let vocab = reader.logits().len();
+                Some(Readback {
+                    rank: ri,
+                    logits: (0..ring)
+                        .map(|_| pinned(&reader.dev, vocab))
+                        .collect::<Result<_>>()?,
+                    token: (0..ring)
+                        .map(|_| pinned(&reader.dev, 1))
+                        .collect::<Result<_>>()?,
+                    done: (0..ring)
+                        .map(|_| reader.dev.new_event(false))
+                        .collect::<Result<_>>()?,
+                })
+            }
+            None => None,
         };
+        let remote = link.map(|link| {
+            let inbox = readback.is_none().then(|| TokenInbox::attached(&link));
+            (link, inbox)
+        });
         let runs = plan
             .ranks
             .iter()
+            .filter(|r| local.contains(&r.rank))
             .map(|r| {
                 r.program
                     .iter()
@@ -175,19 +207,19 @@ impl Engine {
         let report = memory_report(plan, &devices, &free_before)?;
         Ok(Engine {
             runs,
-            programs: plan
-                .ranks
-                .iter()
-                .map(|r| Program::of(plan, r.rank))
-                .collect(),
+            programs: local.iter().map(|&r| Program::of(plan, r)).collect(),
             boundaries: plan.boundaries.clone(),
             ranks,
             events,
             inputs,
             readback,
+            remote,
+            crossings,
+            pending: VecDeque::new(),
             arm: options.arm,
             next_step: 0,
             max_context: plan.runtime.max_context,
+            ring,
             failed: false,
             report,
         })
@@ -202,7 +234,8 @@ impl Engine {
             events: &self.events,
             boundaries: &self.boundaries,
             inputs: &mut self.inputs[ri],
-            readback: &mut self.readback,
+            readback: self.readback.as_mut(),
+            crossings: &self.crossings,
             inputs_sent: false,
         }
     }
@@ -265,36 +298,46 @@ impl Engine {
 
     fn take(&mut self) -> Result<StepOutput> {
         let (step, pos) = self
-            .readback
             .pending
             .pop_front()
             .ok_or_else(|| anyhow!("no decode step is in flight"))?;
-        let slot = (step % self.readback.logits.len() as u64) as usize;
+        let Some(rb) = &self.readback else {
+            let inbox = self.remote.as_ref().and_then(|(_, inbox)| inbox.as_ref());
+            let out = inbox
+                .ok_or_else(|| anyhow!("invariant: a process without the readback has an inbox"))?
+                .next()?;
+            if (out.step, out.pos) != (step, pos) {
+                bail!("the readback process sent step {} (position {}) where this process waits for step {step} (position {pos}); every process must run the same command", out.step, out.pos);
+            }
+            return Ok(out);
+        };
+        let slot = (step % rb.logits.len() as u64) as usize;
         let wait = |e| {
             anyhow!("cuda backend: step {step}: the device failed before its readback: {e:?} (a collective traps after 30 s without its peers)")
         };
-        self.readback.done[slot].synchronize().map_err(wait)?;
-        let logits = self.readback.logits[slot]
-            .as_slice()
-            .map_err(wait)?
-            .to_vec();
-        let token = self.readback.token[slot].as_slice().map_err(wait)?[0];
-        Ok(StepOutput {
+        rb.done[slot].synchronize().map_err(wait)?;
+        let logits = rb.logits[slot].as_slice().map_err(wait)?.to_vec();
+        let token = rb.token[slot].as_slice().map_err(wait)?[0];
+        let out = StepOutput {
             step,
             pos,
             token,
             logits,
-        })
+        };
+        if let Some((link, _)) = &self.remote {
+            crate::dist::broadcast(link, &out)?;
+        }
+        Ok(out)
     }
 }
 
 impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
         input.check(self.failed, self.next_step, self.max_context, 1)?;
-        if self.readback.pending.len() >= self.readback.logits.len() {
+        if self.pending.len() >= self.ring {
             bail!(
                 "{} steps are in flight, the plan's runtime.in_flight; take an output first",
-                self.readback.pending.len()
+                self.pending.len()
             );
         }
         let t = self.next_step;
@@ -318,12 +361,14 @@ impl Decoder for Engine {
             .map(|_| ())
             .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
         }
-        self.readback.pending.push_back((t, input.pos));
+        self.pending.push_back((t, input.pos));
         if result.is_ok() && self.arm == Arm::Serial {
-            let slot = (t % self.readback.logits.len() as u64) as usize;
-            result = self.readback.done[slot]
-                .synchronize()
-                .map_err(|e| anyhow!("cuda backend: step {t}: {e:?}"));
+            if let Some(rb) = &self.readback {
+                let slot = (t % rb.logits.len() as u64) as usize;
+                result = rb.done[slot]
+                    .synchronize()
+                    .map_err(|e| anyhow!("cuda backend: step {t}: {e:?}"));
+            }
         }
         if result.is_err() {
             self.failed = true;
@@ -340,7 +385,7 @@ impl Decoder for Engine {
     }
 
     fn in_flight(&self) -> u64 {
-        self.readback.pending.len() as u64
+        self.pending.len() as u64
     }
 
     fn prompt_mode(&self) -> PromptMode {
@@ -354,6 +399,10 @@ impl Decoder for Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        if !self.failed {
+            // an error here leaves a send waiting; the streams' synchronize below reports it
+            let _ = self.crossings.drain(&self.ranks, self.next_step);
+        }
         for rank in &self.ranks {
             for s in rank.streams.values() {
                 // a failed device reports its error where the step was taken; nothing to add

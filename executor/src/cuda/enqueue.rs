@@ -6,7 +6,7 @@
 //! ring. The rank's first block takes the step's inputs (position, and a prompt token on the
 //! ranks that embed) through a small pinned ring in stream order.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
@@ -15,6 +15,7 @@ use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
 use memra_compiler::plan::{event_slot, Boundary};
 
 use super::graph::Graph;
+use super::p2p::Crossings;
 use super::rank::{copy, RankDevice};
 use super::span::Span;
 use crate::engine::StepInput;
@@ -44,8 +45,6 @@ pub(super) struct Readback {
     pub(super) logits: Vec<PinnedHostSlice<f32>>,
     pub(super) token: Vec<PinnedHostSlice<u32>>,
     pub(super) done: Vec<CudaEvent>,
-    /// Submitted steps not yet returned: (step, position).
-    pub(super) pending: VecDeque<(u64, u32)>,
 }
 
 /// What each program entry does on CUDA for one rank at one step: enqueue it on its stream.
@@ -56,7 +55,10 @@ pub(super) struct CudaOps<'a> {
     pub(super) events: &'a BTreeMap<String, Vec<CudaEvent>>,
     pub(super) boundaries: &'a [Boundary],
     pub(super) inputs: &'a mut InputRing,
-    pub(super) readback: &'a mut Readback,
+    /// The readback ring, in the process holding the readback rank.
+    pub(super) readback: Option<&'a mut Readback>,
+    /// Boundaries to ranks of other processes.
+    pub(super) crossings: &'a Crossings,
     pub(super) inputs_sent: bool,
 }
 
@@ -106,19 +108,27 @@ impl CudaOps<'_> {
 
 impl RankOps for CudaOps<'_> {
     fn wait(&mut self, stream: &str, event: &str, _: usize, t: u64, _: bool) -> Result<bool> {
-        self.stream(stream)?
-            .wait(self.event(event, t)?)
-            .map_err(|e| anyhow!("waiting for `{event}`: {e:?}"))?;
+        let s = self.stream(stream)?;
+        match self.crossings.wait(&s, event, t) {
+            Some(crossed) => crossed?,
+            None => s
+                .wait(self.event(event, t)?)
+                .map_err(|e| anyhow!("waiting for `{event}`: {e:?}"))?,
+        }
         Ok(true)
     }
 
     fn record(&mut self, stream: &str, event: &str, t: u64) -> Result<()> {
         self.event(event, t)?
             .record(&*self.stream(stream)?)
-            .map_err(|e| anyhow!("recording `{event}`: {e:?}"))
+            .map_err(|e| anyhow!("recording `{event}`: {e:?}"))?;
+        self.crossings.recorded(self.ranks, event, t)
     }
 
     fn copy(&mut self, stream: &str, id: u32, t: u64) -> Result<()> {
+        if let Some(crossed) = self.crossings.copy(self.ranks, id, t) {
+            return crossed;
+        }
         let s = self.stream(stream)?;
         let b = self
             .boundaries
@@ -158,12 +168,12 @@ impl RankOps for CudaOps<'_> {
     }
 
     fn readback(&mut self, stream: &str, t: u64, _: &StepInput) -> Result<()> {
-        if self.ri != self.readback.rank {
-            bail!("invariant: readback on the reading rank");
-        }
-        let s = self.stream(stream)?;
+        let rb = match self.readback.as_deref_mut() {
+            Some(rb) if rb.rank == self.ri => rb,
+            _ => bail!("invariant: readback on the reading rank"),
+        };
+        let s = self.ranks[self.ri].stream(stream)?.clone();
         let rank = &self.ranks[self.ri];
-        let rb = &mut *self.readback;
         let slot = (t % rb.logits.len() as u64) as usize;
         s.memcpy_dtoh(&rank.logits(), &mut rb.logits[slot])
             .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))

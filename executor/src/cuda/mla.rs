@@ -1,8 +1,9 @@
 //! Multi-head latent attention (deepseek2) on a CUDA rank: the layer's weights, the rank's MLA
 //! buffers and f16 latent caches, and the `mla_pre` and `mla_core` segments, with the math of
 //! the CPU backend's `segments::mla_pre` and `mla_core`. The plain projections (the query path,
-//! `attn_kv_a_mqa`) and the per-head absorbed products through `attn_k_b` and `attn_v_b` are
-//! ordinary matvecs with the canonical chunk counts of a whole K, so every plan reduces in the
+//! `attn_kv_a_mqa`) are ordinary matvecs and the per-head absorbed products through `attn_k_b`
+//! and `attn_v_b` one expert-mode matvec each (a grid row per head, the heads' matrices as a
+//! stack), all with the canonical chunk counts of a whole K, so every plan reduces in the
 //! same order; rope (YaRN included) and the latent attention are kernels/mla.cu. The position
 //! is read from device memory throughout, so the segments are captured like any other.
 
@@ -13,13 +14,13 @@ use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::{Mixer, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
-use super::moe::full_chunks;
-use super::ops::{DeviceWeight, Norm, RopeStyle};
+use super::moe::{full_chunks, DeviceStack};
+use super::ops::{DeviceWeight, ExpertSel, Norm, RopeStyle};
 use super::rank::upload_matrix;
 use super::span::Span;
 use crate::geometry::RankGeometry;
 use crate::rope::{mla_kq_scale, Yarn};
-use crate::weights::{RankWeights, Stack};
+use crate::weights::RankWeights;
 
 /// Threads of a latent attention block (MLA_THREADS in kernels/mla.cu).
 const MLA_THREADS: u32 = 256;
@@ -39,23 +40,13 @@ pub(super) enum QueryPath {
 }
 
 /// One MLA layer's weights on the device: this rank's heads of the query, `attn_k_b` and
-/// `attn_v_b` (one matrix per head), and the whole `attn_kv_a_mqa` and its norm.
+/// `attn_v_b` (a stack of one matrix per head), and the whole `attn_kv_a_mqa` and its norm.
 pub(super) struct MlaWeights {
     pub q: QueryPath,
     pub kv_a: DeviceWeight,
     pub kv_a_norm: DeviceBuffer<f32>,
-    pub k_b: Vec<DeviceWeight>,
-    pub v_b: Vec<DeviceWeight>,
-}
-
-/// Each matrix of a stack this rank holds, uploaded on its own.
-fn heads(dev: &CudaDevice, s: &Arc<CudaStream>, st: &Stack) -> Result<Vec<DeviceWeight>> {
-    (st.first..st.first + st.count)
-        .map(|i| {
-            let m = st.matrix(i).expect("invariant: a held matrix");
-            DeviceWeight::upload(dev, s, st.dtype, m, st.rows, st.cols)
-        })
-        .collect()
+    pub k_b: DeviceStack,
+    pub v_b: DeviceStack,
 }
 
 impl MlaWeights {
@@ -98,8 +89,8 @@ impl MlaWeights {
             q,
             kv_a,
             kv_a_norm,
-            k_b: heads(dev, s, &k_b)?,
-            v_b: heads(dev, s, &v_b)?,
+            k_b: DeviceStack::upload(dev, s, &k_b)?,
+            v_b: DeviceStack::upload(dev, s, &v_b)?,
         };
         let sh = m.shape();
         if sh.heads == 0 || sh.width > MAX_LATENT_WIDTH || sh.width <= sh.kvl {
@@ -130,18 +121,18 @@ impl MlaWeights {
     }
 
     fn shape(&self) -> Shape {
-        let heads = self.k_b.len();
-        let kvl = self.k_b.first().map_or(0, |w| w.rows);
+        let heads = self.k_b.count;
+        let kvl = self.k_b.weight.rows;
         let q_rows = self.q_rows();
         Shape {
             heads,
             kvl,
-            nope: self.k_b.first().map_or(0, |w| w.cols),
+            nope: self.k_b.weight.cols,
             width: self.kv_a.rows,
             head_q: q_rows / heads.max(1),
             q_rows,
-            v: self.v_b.first().map_or(0, |w| w.rows),
-            v_b_cols: self.v_b.first().map_or(0, |w| w.cols),
+            v: self.v_b.weight.rows,
+            v_b_cols: self.v_b.weight.cols,
         }
     }
 
@@ -184,6 +175,8 @@ pub(super) struct MlaState {
     q_lat: DeviceBuffer<f32>,
     lat: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
+    /// The ids of the heads this rank holds, in order: the slots of the absorbed products.
+    head_ids: DeviceBuffer<i32>,
     /// By the rank's layer index; `None` for GQA layers.
     caches: Vec<Option<DeviceBuffer<u16>>>,
     capacity: usize,
@@ -212,6 +205,18 @@ impl MlaState {
             .map(|m| m.q_lora())
             .max()
             .unwrap_or(0);
+        let held: Vec<(usize, usize)> = layers
+            .iter()
+            .flatten()
+            .map(|m| (m.k_b.first, m.k_b.count))
+            .collect();
+        if held.windows(2).any(|w| w[0] != w[1]) {
+            bail!("the rank holds different heads in different MLA layers: {held:?}");
+        }
+        let (first, count) = held[0];
+        let head_ids: Vec<i32> = (first..first + count)
+            .map(|h| i32::try_from(h).expect("invariant: head ids fit in i32"))
+            .collect();
         let capacity = plan.runtime.max_context as usize;
         let d = plan.model.embedding as usize;
         let mut caches = Vec::new();
@@ -231,6 +236,7 @@ impl MlaState {
             q_lat: dev.alloc(s, most(|x| x.heads * x.width))?,
             lat: dev.alloc(s, most(|x| x.heads * x.kvl))?,
             scores: dev.alloc(s, most(|x| x.heads) * capacity)?,
+            head_ids: dev.upload(s, &head_ids)?,
             caches,
             capacity,
             kq_scale: mla_kq_scale(plan.model.rope_yarn.as_ref(), plan.model.head_dim as usize),
@@ -310,12 +316,9 @@ impl MlaState {
             sh.width,
             sh.heads,
         )?;
-        for (h, k_b) in m.k_b.iter().enumerate() {
-            let qh = q.sub(h * sh.head_q, sh.nope);
-            let mut out = q_lat.sub(h * sh.width, kvl);
-            dev.matvec(s, k_b, &qh, full_chunks(k_b), &mut out)?;
-        }
-        Ok(())
+        let sel = self.heads(&m.k_b, sh.head_q, sh.width);
+        let k_b = &m.k_b.weight;
+        dev.matvec_experts(s, &[k_b], &q, full_chunks(k_b), &q_lat, sel)
     }
 
     /// `mla_core`: the cache write and latent attention, then each head's value into `att`.
@@ -352,11 +355,25 @@ impl MlaState {
                 sh.v
             );
         }
-        for (h, v_b) in m.v_b.iter().enumerate() {
-            let l = lat.sub(h * sh.kvl, sh.kvl);
-            dev.matvec(s, v_b, &l, full_chunks(v_b), &mut att.sub(h * sh.v, sh.v))?;
+        let sel = self.heads(&m.v_b, sh.kvl, sh.v);
+        let v_b = &m.v_b.weight;
+        dev.matvec_experts(s, &[v_b], &lat, full_chunks(v_b), att, sel)
+    }
+
+    /// Every head of `stack` as the slots of one expert-mode matvec: head `h` reads
+    /// `x[h * x_stride..]` and writes `y[h * y_stride..]`; each head's bits are those of a
+    /// matvec with its matrix alone.
+    fn heads(&self, stack: &DeviceStack, x_stride: usize, y_stride: usize) -> ExpertSel {
+        ExpertSel {
+            ids: Span::of(&self.head_ids).addr(),
+            weights: 0,
+            slots: stack.count,
+            first: stack.first,
+            count: stack.count,
+            stride: stack.stride,
+            x_stride,
+            y_stride,
         }
-        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

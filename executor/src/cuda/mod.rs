@@ -17,6 +17,7 @@ mod mla;
 mod moe;
 mod nccl;
 pub mod ops;
+mod p2p;
 mod rank;
 pub mod selftest;
 mod setup;

@@ -4,18 +4,22 @@
 //! the logits are bit for bit those of the one-shot kernels and of one rank. NCCL is loaded at
 //! run time like the driver (libnccl.so on the library path); NCCL's launches are capturable,
 //! so the collectives stay inside the rank's graphs. A group is one NCCL communicator with
-//! one rank per device (`ncclCommInitAll` in one process); the placement validation refuses
-//! NCCL for a group with two ranks on one device.
+//! one rank per device: `ncclCommInitAll` when its members run in one process, one
+//! `ncclCommInitRank` per process over an id the world shares when they run in several
+//! (`memra-run launch`); the placement validation refuses NCCL for a group with two ranks on
+//! one device.
 
+use std::ffi::c_char;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use cudarc::nccl::{group_end, group_start, Comm};
+use cudarc::nccl::{group_end, group_start, Comm, Id};
 
 use super::collective::{postfix, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::span::Span;
+use crate::dist::World;
 use crate::reduce::Tree;
 
 /// Threads per block of the combine kernel (COMBINE_THREADS in kernels/collective.cu).
@@ -42,10 +46,10 @@ pub fn check_library() -> Result<()> {
     }
 }
 
-/// Creates one communicator for a group whose members run on `streams` (member order, one
-/// device each) and warms every connection with one grouped all-gather, so later calls from
-/// one host thread never wait for a member the thread has not reached yet. `cap` is the
-/// longest vector a collective carries.
+/// Creates one communicator for a group whose members all run in this process on `streams`
+/// (member order, one device each) and warms every connection with one grouped all-gather,
+/// so later calls from one host thread never wait for a member the thread has not reached
+/// yet. `cap` is the longest vector a collective carries.
 pub fn connect(
     devices: &[CudaDevice],
     streams: &[Arc<CudaStream>],
@@ -56,37 +60,104 @@ pub fn connect(
     let comms = Comm::from_devices(streams.to_vec())
         .map_err(|e| anyhow!("cuda backend: nccl communicator setup: {e:?}"))?;
     let members = comms.len();
-    let mut ops = Vec::new();
-    postfix(tree, &mut ops);
-    let mut out = Vec::new();
-    for (me, (comm, dev)) in comms.into_iter().zip(devices).enumerate() {
-        let s = &streams[me];
-        out.push(NcclMember {
-            gathered: dev.alloc(s, members * cap)?,
-            tree: dev.upload(s, &ops)?,
-            tree_len: ops.len(),
-            members,
-            me,
-            comm,
-            dev: dev.clone(),
-        });
-    }
+    let out = comms
+        .into_iter()
+        .zip(devices)
+        .enumerate()
+        .map(|(me, (comm, dev))| NcclMember::new(dev, comm, tree, cap, members, me))
+        .collect::<Result<Vec<_>>>()?;
+    warm_up(&out)?;
+    Ok(out)
+}
+
+/// Joins this process's one member `me` of a group of `members` whose other members run in
+/// other processes, over the communicator `id` names, and warms its connections.
+pub fn join(
+    dev: &CudaDevice,
+    stream: Arc<CudaStream>,
+    id: Id,
+    me: usize,
+    members: usize,
+    tree: &Tree,
+    cap: usize,
+) -> Result<NcclMember> {
+    check_library()?;
+    stream.context().bind_to_thread()?;
+    let comm = Comm::from_rank(stream, me, members, id)
+        .map_err(|e| anyhow!("cuda backend: nccl communicator setup: {e:?}"))?;
+    let member = NcclMember::new(dev, comm, tree, cap, members, me)?;
+    warm_up(std::slice::from_ref(&member))?;
+    Ok(member)
+}
+
+/// An NCCL id made by process `root` and handed to every process of the world; every
+/// process calls it for the same communicators in the same order.
+pub fn shared_id(world: &World, root: u32) -> Result<Id> {
+    check_library()?;
+    let mine = if world.process() == root {
+        let id = Id::new().map_err(|e| anyhow!("cuda backend: nccl id: {e:?}"))?;
+        Some(id.internal().iter().map(|&c| c as u8).collect())
+    } else {
+        None
+    };
+    let bytes = world.share(root, mine)?;
+    let internal: [c_char; 128] = bytes
+        .iter()
+        .map(|&b| b as c_char)
+        .collect::<Vec<_>>()
+        .try_into()
+        .map_err(|_| {
+            anyhow!(
+                "process {root} shared an nccl id of {} bytes; an id has 128",
+                bytes.len()
+            )
+        })?;
+    Ok(Id::uninit(internal))
+}
+
+/// One grouped all-gather over `members`' communicators, then waits for it.
+fn warm_up(members: &[NcclMember]) -> Result<()> {
     group_start().map_err(|e| anyhow!("cuda backend: nccl group start: {e:?}"))?;
-    for m in &out {
+    for m in members {
+        let cap = m.gathered.len() / m.members;
         let part = Span::of(&m.gathered).sub(m.me * cap, cap);
         m.comm
             .all_gather(&part, &mut Span::of(&m.gathered))
             .map_err(|e| anyhow!("cuda backend: nccl warm-up all-gather: {e:?}"))?;
     }
     group_end().map_err(|e| anyhow!("cuda backend: nccl group end: {e:?}"))?;
-    for s in streams {
-        s.synchronize()
+    for m in members {
+        m.comm
+            .stream()
+            .synchronize()
             .map_err(|e| anyhow!("cuda backend: nccl warm-up: {e:?}"))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 impl NcclMember {
+    fn new(
+        dev: &CudaDevice,
+        comm: Comm,
+        tree: &Tree,
+        cap: usize,
+        members: usize,
+        me: usize,
+    ) -> Result<NcclMember> {
+        let s = comm.stream();
+        let mut ops = Vec::new();
+        postfix(tree, &mut ops);
+        Ok(NcclMember {
+            gathered: dev.alloc(&s, members * cap)?,
+            tree: dev.upload(&s, &ops)?,
+            tree_len: ops.len(),
+            members,
+            me,
+            comm,
+            dev: dev.clone(),
+        })
+    }
+
     /// Enqueues the collective `what` of this member's `part` into `out`: NCCL gathers every
     /// member's part (into `out` itself for member 0's gather), then a sum combines them in
     /// the tree.

@@ -12,6 +12,7 @@ use memra_compiler::plan::{Collective, Op, Plan, Step};
 use super::device::CudaDevice;
 use super::nccl;
 use super::rank::RankDevice;
+use crate::dist::{ProcessMap, World};
 use crate::program::Binder;
 use crate::reduce::Tree;
 
@@ -46,16 +47,20 @@ pub(super) fn check_phases(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Opens every device the plan uses and enables peer access between each pair that a
+/// Opens every device of the `local` ranks and enables peer access between each pair that a
 /// boundary or a tensor-parallel group connects; a pair without P2P is refused by name.
-pub(super) fn open_devices(plan: &Plan) -> Result<BTreeMap<u32, CudaDevice>> {
+pub(super) fn open_devices(plan: &Plan, local: &[u32]) -> Result<BTreeMap<u32, CudaDevice>> {
     let mut devices = BTreeMap::new();
-    for r in &plan.ranks {
+    for r in plan.ranks.iter().filter(|r| local.contains(&r.rank)) {
         if let std::collections::btree_map::Entry::Vacant(e) = devices.entry(r.device) {
             e.insert(CudaDevice::open(r.device as usize)?);
         }
     }
-    let device_of = |rank: u32| plan.rank(rank).map(|r| r.device);
+    let device_of = |rank: u32| {
+        plan.rank(rank)
+            .filter(|r| local.contains(&r.rank))
+            .map(|r| r.device)
+    };
     let mut pairs = BTreeSet::new();
     for b in &plan.boundaries {
         if let (Some(a), Some(c)) = (device_of(b.from_rank), device_of(b.to_rank)) {
@@ -83,18 +88,46 @@ pub(super) fn open_devices(plan: &Plan) -> Result<BTreeMap<u32, CudaDevice>> {
 }
 
 /// Connects every group over its transport: the one-shot exchange addresses of all members to
-/// each member, or one NCCL communicator for the group.
-pub(super) fn connect_groups(plan: &Plan, ranks: &mut [RankDevice]) -> Result<()> {
+/// each member, or one NCCL communicator for the group. With a world (one process per
+/// device), `ranks` are this process's; a group spanning processes is one communicator over an
+/// id its first member's process shares, which every process takes in plan order.
+pub(super) fn connect_groups(
+    plan: &Plan,
+    ranks: &mut [RankDevice],
+    world: Option<(&World, &ProcessMap)>,
+) -> Result<()> {
     for g in &plan.groups {
         let tree = Tree::parse(&g.tree, &g.ranks)
             .map_err(|e| anyhow!("group {}: tree `{}`: {e}", g.group, g.tree))?;
-        let members = g
+        let local: Vec<Option<usize>> = g
             .ranks
             .iter()
-            .map(|&m| {
-                ranks.iter().position(|r| r.rank == m).ok_or_else(|| {
-                    anyhow!("group {} names rank {m}, which is not declared", g.group)
-                })
+            .map(|&m| ranks.iter().position(|r| r.rank == m))
+            .collect();
+        if let Some((world, map)) = world.filter(|_| local.iter().any(Option::is_none)) {
+            let id = nccl::shared_id(world, map.process_of(g.ranks[0]))?;
+            for (me, i) in local.iter().enumerate() {
+                let Some(i) = *i else { continue };
+                let rank = &mut ranks[i];
+                let member = nccl::join(
+                    &rank.dev.clone(),
+                    rank.work_stream(),
+                    id,
+                    me,
+                    g.ranks.len(),
+                    &tree,
+                    rank.collective_len(),
+                )
+                .map_err(|e| anyhow!("group {}: {e:#}", g.group))?;
+                rank.join_nccl(member);
+            }
+            continue;
+        }
+        let members = local
+            .iter()
+            .zip(&g.ranks)
+            .map(|(i, m)| {
+                i.ok_or_else(|| anyhow!("group {} names rank {m}, which is not declared", g.group))
             })
             .collect::<Result<Vec<usize>>>()?;
         let devices: BTreeSet<usize> = members.iter().map(|&i| ranks[i].dev.ordinal()).collect();
@@ -142,7 +175,10 @@ pub(super) fn make_events(
 ) -> Result<BTreeMap<String, Vec<CudaEvent>>> {
     Binder::new(plan)?;
     let mut events = BTreeMap::new();
-    for (r, rank) in plan.ranks.iter().zip(ranks) {
+    for rank in ranks {
+        let r = plan
+            .rank(rank.rank)
+            .ok_or_else(|| anyhow!("invariant: rank {} is the plan's", rank.rank))?;
         for step in &r.program {
             let Step::Record { event, .. } = step else {
                 continue;
@@ -161,6 +197,9 @@ pub(super) fn make_events(
     Ok(events)
 }
 
+/// One line per device: what this engine took (free memory before its uploads less after),
+/// what the device has in use in all (this process's context included; the engine's own
+/// figure on an otherwise idle device) and what the plan counts.
 pub(super) fn memory_report(
     plan: &Plan,
     devices: &BTreeMap<u32, CudaDevice>,
@@ -169,7 +208,8 @@ pub(super) fn memory_report(
     let mib = |b: f64| b / (1024.0 * 1024.0);
     let mut lines = Vec::new();
     for (&d, dev) in devices {
-        let taken = free_before[&d].saturating_sub(dev.memory()?.0);
+        let (free, total) = dev.memory()?;
+        let taken = free_before[&d].saturating_sub(free);
         let ranks: Vec<String> = plan
             .ranks
             .iter()
@@ -182,10 +222,11 @@ pub(super) fn memory_report(
             .find(|u| u.device == d)
             .map_or(0, |u| u.total_bytes);
         lines.push(format!(
-            "device {d} ({}, {}): ranks {}: {:.1} MiB taken, plan {:.1} MiB",
+            "device {d} ({}, {}): ranks {}: {:.1} MiB in use on the device, {:.1} MiB taken, plan {:.1} MiB",
             dev.name(),
             dev.arch(),
             ranks.join(", "),
+            mib(total.saturating_sub(free) as f64),
             mib(taken as f64),
             mib(planned as f64)
         ));

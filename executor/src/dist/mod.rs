@@ -31,6 +31,7 @@
 mod frame;
 mod join;
 mod routes;
+mod tokens;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::BufReader;
@@ -43,6 +44,7 @@ use memra_compiler::plan::Plan;
 pub use frame::{Body, Part, Payload};
 pub use join::{JOIN_TIMEOUT, LISTENING};
 pub use routes::{ProcessMap, Routes, Takers};
+pub use tokens::{broadcast, TokenInbox};
 
 use frame::Msg;
 
@@ -295,6 +297,11 @@ impl Link {
     /// This process's index.
     pub fn process(&self) -> u32 {
         self.world.process()
+    }
+
+    /// The other processes of the world.
+    pub fn others(&self) -> Vec<u32> {
+        self.world.others().collect()
     }
 
     /// Hands the engine's messages to `to`, first those that came before.

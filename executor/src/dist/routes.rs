@@ -116,8 +116,6 @@ pub struct Routes {
     receivers: BTreeMap<u32, u32>,
     /// Per group: the process of each member, by member index.
     members: BTreeMap<u32, Vec<u32>>,
-    /// Every process but this one.
-    others: Vec<u32>,
 }
 
 impl Routes {
@@ -154,7 +152,6 @@ impl Routes {
                     )
                 })
                 .collect(),
-            others: (0..map.processes()).filter(|&p| p != me).collect(),
         }
     }
 
@@ -188,11 +185,6 @@ impl Routes {
             .iter()
             .for_each(|&p| *counts.entry(p).or_default() += 1);
         counts.into_iter().collect()
-    }
-
-    /// Every process but this one.
-    pub fn others(&self) -> &[u32] {
-        &self.others
     }
 }
 
@@ -238,6 +230,5 @@ mod tests {
         // The all-reduce is taken on both sides, the logits gather by rank 2 only.
         assert_eq!(p1.takers(1, Takers::All), [(0, 1), (1, 1)]);
         assert_eq!(p1.takers(1, Takers::First), [(0, 1)]);
-        assert_eq!(p1.others(), [0]);
     }
 }
