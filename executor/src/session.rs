@@ -71,7 +71,7 @@ impl Session {
             .min(tokens.len().saturating_sub(1));
         self.history.truncate(common);
         let rest = &tokens[common..];
-        self.run(rest, max_new, rest.len() - 1, on_step)
+        self.run(rest, max_new, rest.len().saturating_sub(1), on_step)
     }
 
     /// Decodes `prompt` (after the history; prefill steps of up to the engine's chunk) and then
