@@ -97,8 +97,13 @@ pub(crate) fn matmul_with(
                 let packed = if q4 { (r1 - r0) / 8 * 8 } else { 0 };
                 for g in (0..packed).step_by(8) {
                     let p = Packed8::new(w.dtype == GgmlType::Q4_1, &wt[g * rb..], rb, xs[0].len());
-                    for (t, xt) in xs.iter().enumerate() {
-                        piece(t)[g..g + 8].copy_from_slice(&p.rows(xt, chunks, simd));
+                    for t in (0..tokens).step_by(2) {
+                        let n = (tokens - t).min(2);
+                        let two = [xs[t].as_slice(), xs[t + n - 1].as_slice()];
+                        let v = p.rows(&two[..n], chunks, simd);
+                        for (j, v) in v.iter().enumerate().take(n) {
+                            piece(t + j)[g..g + 8].copy_from_slice(v);
+                        }
                     }
                 }
                 let xs: Vec<&[BlockQ8]> = xs.iter().map(Vec::as_slice).collect();

@@ -43,27 +43,43 @@ impl Packed8 {
                 if q4_1 {
                     p.m[b][row] = f16_at(block, q4_1::M);
                 }
-                let qs = &block[qs_at..qs_at + 16];
-                for k in 0..32 {
-                    // element k: low nibbles hold 0..16, high nibbles 16..32
-                    let q = if k < 16 { qs[k] & 15 } else { qs[k - 16] >> 4 };
-                    p.quants[8 * b + k / 4][4 * row + k % 4] = q;
+                // element k: low nibbles hold 0..16, high nibbles 16..32
+                let mut vals = [0u8; 32];
+                for (k, &q) in block[qs_at..qs_at + 16].iter().enumerate() {
+                    vals[k] = q & 15;
+                    vals[k + 16] = q >> 4;
+                }
+                for (g, four) in vals.chunks_exact(4).enumerate() {
+                    p.quants[8 * b + g][4 * row..4 * row + 4].copy_from_slice(four);
                 }
             }
         }
         p
     }
 
-    /// The eight rows' values for one token's activations `x`, reduced in `chunks` chunks as
-    /// `q32::rows` reduces them.
-    pub(crate) fn rows(&self, x: &[BlockQ8], chunks: usize, simd: bool) -> [f32; 8] {
+    /// The eight rows' values for each token's activations in `x` (one or two tokens),
+    /// reduced in `chunks` chunks as `q32::rows` reduces them.
+    pub(crate) fn rows(&self, x: &[&[BlockQ8]], chunks: usize, simd: bool) -> [[f32; 8]; 2] {
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: `simd` is set only when AVX2, FMA and F16C were detected
-            return unsafe { self.rows_avx2(x, chunks) };
+            return unsafe {
+                match x {
+                    [a, b] => self.rows_avx2::<2>([a, b], chunks),
+                    [a] => {
+                        let [v] = self.rows_avx2::<1>([a], chunks);
+                        [v, [0.0; 8]]
+                    }
+                    _ => unreachable!("invariant: one or two tokens"),
+                }
+            };
         }
         let _ = simd;
-        self.rows_scalar(x, chunks)
+        let mut out = [[0.0; 8]; 2];
+        for (o, x) in out.iter_mut().zip(x) {
+            *o = self.rows_scalar(x, chunks);
+        }
+        out
     }
 
     /// The scalar definition (also what machines without AVX2 run).
@@ -94,50 +110,59 @@ impl Packed8 {
         tree.finish()
     }
 
+    /// `T` tokens at once, each weight vector loaded once for all of them; the tokens'
+    /// accumulators are independent chains.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn rows_avx2(&self, x: &[BlockQ8], chunks: usize) -> [f32; 8] {
+    fn rows_avx2<const T: usize>(&self, x: [&[BlockQ8]; T], chunks: usize) -> [[f32; 8]; T] {
+        let nb = self.d.len();
         assert!(
-            self.d.len() == x.len() && self.quants.len() == 8 * x.len(),
+            x.iter().all(|x| x.len() == nb) && self.quants.len() == 8 * nb,
             "invariant: activations of the packed width"
         );
-        let per = x.len() / chunks;
-        let mut tree = Tree::<8>::new();
+        let per = nb / chunks;
+        let mut trees = [(); T].map(|()| Tree::<8>::new());
         for c in 0..chunks {
-            let mut acc = _mm256_setzero_ps();
-            for (b, xb) in x.iter().enumerate().skip(c * per).take(per) {
-                // SAFETY: `quants` holds 8 groups of 32 bytes per block and `xb.qs` 32 bytes,
-                // checked above; `d` and `m` hold 8 floats per block
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in c * per..(c + 1) * per {
+                // SAFETY: `quants` holds 8 groups of 32 bytes per block and each token's
+                // block 32 quant bytes, checked above; `d` and `m` hold 8 floats per block
                 unsafe {
                     let q = self.quants.as_ptr().add(8 * b).cast::<u8>();
-                    // a pair of products is at most 2 * 15 * 127, eight pairs fit an i16 lane
-                    let mut pairs = _mm256_setzero_si256();
+                    // a pair of products is at most 2 * 15 * 127: eight pairs fit an i16 lane
+                    let mut pairs = [_mm256_setzero_si256(); T];
                     for g in 0..8 {
                         let w = _mm256_loadu_si256(q.add(32 * g).cast());
-                        let xq = _mm256_set1_epi32(
-                            xb.qs.as_ptr().add(4 * g).cast::<i32>().read_unaligned(),
-                        );
-                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w, xq));
-                    }
-                    let mut isum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-                    if !self.q4_1 {
-                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xb.sum));
+                        for (p, x) in pairs.iter_mut().zip(&x) {
+                            let four = x[b].qs.as_ptr().add(4 * g).cast::<i32>().read_unaligned();
+                            let xq = _mm256_set1_epi32(four);
+                            *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(w, xq));
+                        }
                     }
                     let d = _mm256_loadu_ps(self.d[b].as_ptr());
-                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(xb.d));
-                    let mut v = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum));
-                    if self.q4_1 {
-                        let m = _mm256_loadu_ps(self.m[b].as_ptr());
-                        v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps(xb.s)));
+                    let m = _mm256_loadu_ps(self.m[b].as_ptr());
+                    for ((acc, p), x) in acc.iter_mut().zip(pairs).zip(&x) {
+                        let xb = &x[b];
+                        let mut isum = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                        if !self.q4_1 {
+                            isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xb.sum));
+                        }
+                        let dd = _mm256_mul_ps(d, _mm256_set1_ps(xb.d));
+                        let mut v = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum));
+                        if self.q4_1 {
+                            v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps(xb.s)));
+                        }
+                        *acc = _mm256_add_ps(*acc, v);
                     }
-                    acc = _mm256_add_ps(acc, v);
                 }
             }
-            let mut part = [0f32; 8];
-            // SAFETY: `part` holds eight floats
-            unsafe { _mm256_storeu_ps(part.as_mut_ptr(), acc) };
-            tree.push(part);
+            for (tree, acc) in trees.iter_mut().zip(acc) {
+                let mut part = [0f32; 8];
+                // SAFETY: `part` holds eight floats
+                unsafe { _mm256_storeu_ps(part.as_mut_ptr(), acc) };
+                tree.push(part);
+            }
         }
-        tree.finish()
+        trees.map(|t| t.finish())
     }
 }
