@@ -1,7 +1,6 @@
 // memra kernels: y = W x for batch-1 decode, every weight dtype. A persistent grid (a few
 // blocks per SM) splits the rows into contiguous runs of work items (4 rows, or 8 for the
-// planar 32-value block layouts); each block walks its run in rounds of 32 rows (more for rows
-// of fewer than 32 chunks, so a round holds as many chunk values), and its warps
+// planar 32-value block layouts); each block walks its run in rounds of 32 rows, and its warps
 // take the (item, chunk) pieces of work of a round in turn, so every warp streams the rows of
 // one item over one chunk at a time whatever the chunk count.
 //
@@ -25,7 +24,7 @@
 #define MATVEC_THREADS 512
 #define MATVEC_WARPS (MATVEC_THREADS / WARP)
 #define MATVEC_ROWS 4
-#define MATVEC_ROUND 8  // work items per round at 32 chunks; fewer chunks take proportionally more
+#define MATVEC_ROUND 8
 #define MATVEC_MAX_CHUNKS 32
 #define MATVEC_MAX_SEGS 3  // the fields of MatvecJob; must match MATVEC_MAX_SEGS in ops.rs
 // quant bytes of each weight of its run a block asks L2 for before it starts
@@ -478,8 +477,7 @@ __device__ __noinline__ void prefetch_run(const MatvecJob j, int i0, int i1, siz
 template <class P>
 __device__ __forceinline__ void matvec_run(MatvecJob j) {
     extern __shared__ uint4 act_smem[];
-    // per buffer: (item, half, row) by chunk, `chunks` values per row
-    __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS * 2 * MATVEC_MAX_CHUNKS];
+    __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS * 2][MATVEC_MAX_CHUNKS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int cols = j.cols, chunks = j.chunks, halves = j.swiglu ? 2 : 1;
     const size_t rb = P::row_bytes(cols), sb = P::scale_row_bytes(cols);
@@ -525,12 +523,9 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         __syncthreads();
     }
     const int len = cols / chunks;
-    // a round fills the chunk values' buffer whatever the chunk count: short rows (few chunks)
-    // take more items per round, so fewer rounds wait on their loads and barriers
-    const int per_round = MATVEC_ROUND * (MATVEC_MAX_CHUNKS / chunks);
     int buf = 0;
-    for (int round = i0; round < i1; round += per_round, buf ^= 1) {
-        const int ni = min(per_round, i1 - round);
+    for (int round = i0; round < i1; round += MATVEC_ROUND, buf ^= 1) {
+        const int ni = min(MATVEC_ROUND, i1 - round);
         for (int work = warp; work < ni * halves * chunks; work += MATVEC_WARPS) {
             const int ih = work / chunks, c = work - ih * chunks;
             const int item = ih / halves, h = ih - item * halves;
@@ -550,10 +545,10 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
             for (int r = 0; r < VALUES; ++r) {
                 if (P::SPLIT) {
                     const float v = half_warp_sum(acc[r]);
-                    if ((lane & 15) == 0) part[buf][(ih * MATVEC_ROWS + 2 * r + (lane >> 4)) * chunks + c] = v;
+                    if ((lane & 15) == 0) part[buf][ih * MATVEC_ROWS + 2 * r + (lane >> 4)][c] = v;
                 } else {
                     const float v = warp_sum(acc[r]);
-                    if (lane == 0) part[buf][(ih * MATVEC_ROWS + r) * chunks + c] = v;
+                    if (lane == 0) part[buf][ih * MATVEC_ROWS + r][c] = v;
                 }
             }
         }
@@ -564,10 +559,10 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
                 const int at = item * halves * MATVEC_ROWS + r;
-                const float total = chunk_tree(lane < chunks ? part[buf][at * chunks + lane] : 0.f, chunks);
+                const float total = chunk_tree(lane < chunks ? part[buf][at][lane] : 0.f, chunks);
                 float out = total;
                 if (j.swiglu) {
-                    const float up = chunk_tree(lane < chunks ? part[buf][(at + MATVEC_ROWS) * chunks + lane] : 0.f, chunks);
+                    const float up = chunk_tree(lane < chunks ? part[buf][at + MATVEC_ROWS][lane] : 0.f, chunks);
                     out = silu_mul(total, up);
                 }
                 const int row = row0 + r;

@@ -36,7 +36,9 @@
 #   moe [SECONDS]             qwen3moe and deepseek2 on CUDA: self-test, tiny-qwen3moe gates
 #                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
 #                             tiny-deepseek2-lite gates (graphs, TP-2, PP-2), CUDA vs CPU of
-#                             each, Qwen3-30B-A3B-shaped 8-layer q4_1 decode speed
+#                             each, the moe-wide gates, Qwen3-30B-A3B-shaped 8-layer q4_1 speed
+#   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
+#                             device 0: graphs, TP-2, TP-4, EP-4, PP-2
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -719,6 +721,23 @@ suite_final() {
 #   - CUDA against the CPU backend on tiny-qwen3moe, 64 greedy steps;
 #   - decode speed of a Qwen3-30B-A3B-shaped depth cut (8 layers, q4_1), one rank, graphs.
 # SECONDS defaults to 240.
+wide_moe_gates() { # the Qwen3-30B-A3B-shaped 8-layer q4_1 cut ($M/qwen3-30b-a3b-l8-q4_1.gguf)
+    # at real width against its 1-rank eager run on device 0: graphs, TP-2, TP-4, EP-4, PP-2
+    local big=qwen3-30b-a3b-l8 ref cand
+    ref=$(plan $big q4_1 cuda/$big-eager)
+    for cand in cuda/$big cuda/$big-tp2 cuda/$big-tp4 cuda/$big-ep4 cuda/$big-pp2; do
+        late "gate $cand q4_1" ||
+            gate "gate $cand q4_1" 200 "$M/$big-q4_1.gguf" "$ref" "$(plan $big q4_1 "$cand")"
+    done
+}
+suite_moe_wide() {
+    BUDGET=${1:-240}
+    logs_in /tmp/memra-moe-wide
+    stamp name,driver_version,memory.total
+    synth_cut qwen3-30b-a3b 8 q4_1
+    wide_moe_gates
+    table
+}
 suite_moe() {
     BUDGET=${1:-240}
     logs_in /tmp/memra-moe
@@ -769,6 +788,7 @@ suite_moe() {
         done
     done
     wait $synth_big
+    wide_moe_gates
     late "bench $big q4_1" ||
         bench "bench $big q4_1" 150 "$M/$big-q4_1.gguf" "$(plan $big q4_1 cuda/$big)" -n 128 --reps 3
     table
@@ -895,7 +915,7 @@ suite_deepseek() {
 
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

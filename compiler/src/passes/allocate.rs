@@ -236,7 +236,7 @@ fn score_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64
 pub const CUDA_RUNTIME_BYTES: u64 = 531 << 20;
 /// What one NCCL communicator (a tensor-parallel group's, `collective = "nccl"`) takes on
 /// each member's device: NCCL's buffers and its proxy's mappings, measured on two H200 joined
-/// by NVLink (NCCL 2.28, 862 MiB; `bench/memory.md`).
+/// by NVLink (the image's nvidia-nccl-cu13, 862 MiB; `bench/memory.md`).
 pub const NCCL_COMMUNICATOR_BYTES: u64 = 862 << 20;
 
 /// Bytes asked of each declared device, sorted by device.

@@ -14,8 +14,9 @@ use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::{Mixer, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
+use super::matvec::{ExpertSel, Norm};
 use super::moe::{full_chunks, DeviceStack};
-use super::ops::{DeviceWeight, ExpertSel, Norm, RopeStyle};
+use super::ops::{DeviceWeight, RopeStyle};
 use super::rank::upload_matrix;
 use super::span::Span;
 use crate::geometry::RankGeometry;

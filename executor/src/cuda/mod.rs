@@ -13,6 +13,7 @@ pub mod device;
 pub mod engine;
 mod enqueue;
 pub mod graph;
+mod matvec;
 mod mla;
 mod moe;
 mod nccl;
@@ -26,7 +27,8 @@ pub mod span;
 pub use device::{check_driver, device_count, CudaDevice, DeviceBuffer};
 pub use engine::Engine;
 pub use graph::{capture, CaptureError, CaptureStep, Graph};
-pub use ops::{DeviceKv, DeviceWeight, Norm, RopeStyle, MAX_CHUNKS, MAX_HEAD_DIM};
+pub use matvec::{Norm, MAX_CHUNKS};
+pub use ops::{DeviceKv, DeviceWeight, RopeStyle, MAX_HEAD_DIM};
 pub use span::Span;
 
 pub use cudarc::driver::{CudaEvent, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};

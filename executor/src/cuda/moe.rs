@@ -14,7 +14,8 @@ use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::{reduction_chunks, FfnKind, Gating, MoeSummary, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
-use super::ops::{DeviceWeight, ExpertSel, Norm, Planes};
+use super::matvec::{ExpertSel, Norm};
+use super::ops::{DeviceWeight, Planes};
 use super::rank::upload_matrix;
 use super::span::Span;
 use crate::weights::{RankWeights, Stack};

@@ -259,3 +259,50 @@ pub(super) fn check_groups(plan: &Plan, map: &ProcessMap) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memra_compiler::plan::Collective;
+
+    /// PP-2 x TP-2 with one rank of each stage on each of two devices: both groups span the
+    /// two processes.
+    fn two_ranks_per_device() -> Plan {
+        let text = include_str!("../../../plans/synthetic/tiny-tp-pp2-tp2-2dev.plan.toml");
+        Plan::from_toml(text).unwrap()
+    }
+
+    #[test]
+    fn one_shot_groups_across_processes_are_refused_by_name() {
+        let plan = two_ranks_per_device();
+        let map = ProcessMap::of(&plan);
+        let e = check_groups(&plan, &map).unwrap_err().to_string();
+        assert!(
+            e.starts_with("group 0 spans processes") && e.contains("collective = \"nccl\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn nccl_groups_across_processes_are_taken() {
+        let mut plan = two_ranks_per_device();
+        for g in &mut plan.groups {
+            g.collective = Collective::Nccl;
+        }
+        assert!(check_groups(&plan, &ProcessMap::of(&plan)).is_ok());
+    }
+
+    #[test]
+    fn groups_inside_one_process_keep_the_one_shot_transport() {
+        // the same ranks all on device 0: one process holds both groups
+        let mut plan = two_ranks_per_device();
+        for r in &mut plan.ranks {
+            r.device = 0;
+        }
+        assert!(plan
+            .groups
+            .iter()
+            .all(|g| g.collective == Collective::Oneshot));
+        assert!(check_groups(&plan, &ProcessMap::of(&plan)).is_ok());
+    }
+}

@@ -26,9 +26,10 @@ use memra_compiler::plan::{
 
 use super::collective::{Collective, Exchange, Oneshot, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
+use super::matvec::Norm;
 use super::mla::{is_mla, MlaState, MlaWeights};
 use super::moe::{FfnWeights, MoeState};
-use super::ops::{DeviceKv, DeviceWeight, Norm};
+use super::ops::{DeviceKv, DeviceWeight};
 use super::span::Span;
 use crate::geometry::RankGeometry;
 use crate::program::Work;

@@ -92,3 +92,56 @@ pub fn broadcast(link: &Link, out: &StepOutput) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(step: u64) -> Body {
+        Body::Token {
+            step,
+            pos: step as u32 + 5,
+            token: 100 + step as u32,
+        }
+    }
+
+    #[test]
+    fn tokens_come_out_in_the_order_they_arrived() {
+        let inbox = TokenInbox::default();
+        inbox.deliver(1, token(0));
+        inbox.deliver(1, token(1));
+        let (a, b) = (inbox.next().unwrap(), inbox.next().unwrap());
+        assert_eq!((a.step, a.pos, a.token), (0, 5, 100));
+        assert_eq!((b.step, b.pos, b.token), (1, 6, 101));
+        assert!(a.logits.is_empty());
+    }
+
+    #[test]
+    fn a_waiting_take_ends_with_the_worlds_failure() {
+        let inbox = Arc::new(TokenInbox::default());
+        let waiter = {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || inbox.next())
+        };
+        inbox.fail("process 1 died");
+        let e = waiter.join().unwrap().unwrap_err().to_string();
+        assert_eq!(e, "process 1 died");
+    }
+
+    #[test]
+    fn another_message_than_a_token_fails_the_inbox() {
+        let inbox = TokenInbox::default();
+        inbox.deliver(
+            2,
+            Body::Record {
+                event: "b0.ready".into(),
+                step: 0,
+            },
+        );
+        let e = inbox.next().unwrap_err().to_string();
+        assert!(
+            e.starts_with("process 2 sent Record") && e.contains("same backend"),
+            "{e}"
+        );
+    }
+}

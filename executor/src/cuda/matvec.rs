@@ -1,0 +1,378 @@
+//! The matrix-vector products of batch-1 decode (kernels/matvec.cu): the launch helpers of
+//! every form (plain, several weights in one launch, residual, SwiGLU, the experts of an MoE
+//! layer), and the one job every form becomes. The numerics contract (chunked K, a fixed tree)
+//! is the kernel file's; this side checks shapes and picks the grid.
+
+use anyhow::{Context, Result};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig};
+use memra_gguf::GgmlType;
+
+use super::device::{CudaDevice, DeviceBuffer};
+use super::ops::{int, ptr, ptr_mut, DeviceWeight};
+use super::span::Span;
+
+/// Rows per matvec work item and threads per block; must match MATVEC_ROWS and
+/// MATVEC_THREADS in kernels/matvec.cu.
+const MATVEC_ROWS: usize = 4;
+const MATVEC_THREADS: usize = 512;
+/// Matvec blocks per SM (the kernels' `__launch_bounds__` minimum).
+const MATVEC_BLOCKS_PER_SM: usize = 2;
+/// Shared memory every matvec block holds statically: the chunk values (kernels/matvec.cu)
+/// and block_rms_scale's partial sums (kernels/common.cuh), rounded up.
+const MATVEC_STATIC_SHARED: usize = (16 << 10) + 128;
+/// Shared memory a block may take without raising the kernel's dynamic limit.
+const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - MATVEC_STATIC_SHARED;
+/// Most weights one matvec launch takes (MATVEC_MAX_SEGS in kernels/matvec.cu).
+pub const MATVEC_MAX_SEGS: usize = 3;
+
+/// What a matvec launch does with each row's value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    /// Store it.
+    Plain,
+    /// Store residual + value (the address of the residual).
+    Residual(u64),
+    /// Two weights (gate, up): store silu(gate) * up.
+    SwiGlu,
+}
+
+/// An RMS norm a matvec launch applies to x first (`x / sqrt(mean(x^2) + eps) * weight`, the
+/// bits of `rms_norm`): every block normalizes x into its shared memory, so the normalized
+/// vector never goes through device memory and the norm costs no launch of its own.
+#[derive(Clone, Copy)]
+pub struct Norm<'a> {
+    /// The norm's weight, one value per column.
+    pub weight: &'a DeviceBuffer<f32>,
+    /// The epsilon under the square root.
+    pub eps: f32,
+}
+
+/// The kernel parameter of a matvec launch (`MatvecJob` in kernels/matvec.cu, C layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MatvecJob {
+    w: [u64; MATVEC_MAX_SEGS],
+    y: [u64; MATVEC_MAX_SEGS],
+    rows: [i32; MATVEC_MAX_SEGS],
+    segs: i32,
+    cols: i32,
+    chunks: i32,
+    swiglu: i32,
+    x: u64,
+    residual: u64,
+    norm: u64,
+    eps: f32,
+    xn_offset: i32,
+    experts: u64,
+    expert_weights: u64,
+    expert_bytes: i64,
+    expert_first: i32,
+    expert_count: i32,
+    x_stride: i32,
+    y_stride: i32,
+}
+
+/// Expert mode of a matvec launch (kernels/matvec.cu): one grid row per selected expert, the
+/// weights being stacks of `count` matrices `stride` bytes apart whose first is expert
+/// `first`; ids (and, for a weighted launch, weights) are read from device memory.
+#[derive(Clone, Copy)]
+pub(super) struct ExpertSel {
+    /// Device address of the selected expert ids (`slots` i32 values).
+    pub ids: u64,
+    /// Device address of their weights (`slots` f32 values), or 0: rows are not weighted and
+    /// experts held elsewhere leave their rows unwritten.
+    pub weights: u64,
+    /// Selected experts (the grid's rows).
+    pub slots: usize,
+    /// The first expert the stacks hold, and how many.
+    pub first: usize,
+    pub count: usize,
+    /// Bytes from one expert's matrix to the next.
+    pub stride: usize,
+    /// Values from one slot's x to the next (0: all read the same x), and from one y to the next.
+    pub x_stride: usize,
+    pub y_stride: usize,
+}
+
+// SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
+unsafe impl DeviceRepr for MatvecJob {}
+/// Largest chunk count the matvec tree (one lane per chunk) and tree_sum support.
+pub const MAX_CHUNKS: usize = 32;
+/// Shared bytes of a matvec block's 8-bit copy of x: K quants plus, per 32 values, the scale
+/// and scaled sum (q8_0, q4_0, q4_1) or, per 256 values, the scale (q4_k, q6_k); float weights
+/// read x itself.
+fn matvec_act_bytes(dtype: GgmlType, cols: usize) -> usize {
+    match dtype {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => cols + cols / 32 * 8,
+        GgmlType::Q4_K | GgmlType::Q6_K => cols + cols / 256 * 4,
+        _ => 0,
+    }
+}
+
+impl CudaDevice {
+    /// `y = W x` with K reduced in `chunks` chunks combined in a balanced tree (the numerics
+    /// contract of kernels/matvec.cu, identical in structure to the CPU backend's). Quantized
+    /// weights multiply x quantized to 8 bits per block exactly as the CPU backend does it.
+    ///
+    /// Panics unless `x` has `w.cols` values, `y` has `w.rows`, `chunks` is a power of two of
+    /// at most `MAX_CHUNKS` and each chunk is a whole number of blocks; `x` must be 16-byte
+    /// aligned (buffer starts are).
+    pub fn matvec(
+        &self,
+        stream: &CudaStream,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        chunks: usize,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let out = (ptr_mut(stream, y), y.len());
+        self.matvec_job(stream, &[w], x, None, chunks, &[out], Epilogue::Plain, None)
+    }
+
+    /// `y[i] = W[i] x` for up to `MATVEC_MAX_SEGS` weights of one dtype and K in one launch
+    /// (q, k and v), x normalized first when `norm` is given: each row's bits are those of
+    /// `rms_norm` then `matvec` with its weight alone.
+    pub fn matvec_many(
+        &self,
+        stream: &CudaStream,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        norm: Option<Norm>,
+        chunks: usize,
+        ys: &[Span<f32>],
+    ) -> Result<()> {
+        let outs: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
+        self.matvec_job(stream, ws, x, norm, chunks, &outs, Epilogue::Plain, None)
+    }
+
+    /// `y = residual + W x` in one launch (`y` may be `residual`): the add after a
+    /// row-parallel matvec, with the bits of `matvec` followed by `add`.
+    pub fn matvec_residual(
+        &self,
+        stream: &CudaStream,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        chunks: usize,
+        residual: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert_eq!(
+            residual.len(),
+            w.rows,
+            "matvec: residual has {} values for {} rows",
+            residual.len(),
+            w.rows
+        );
+        let r = ptr(stream, residual);
+        let out = (ptr_mut(stream, y), y.len());
+        self.matvec_job(
+            stream,
+            &[w],
+            x,
+            None,
+            chunks,
+            &[out],
+            Epilogue::Residual(r),
+            None,
+        )
+    }
+
+    /// `y = silu(gate x) * (up x)` in one launch (x normalized first when `norm` is given),
+    /// with the bits of the two matvecs followed by the CPU backend's `silu_mul` expression.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_swiglu(
+        &self,
+        stream: &CudaStream,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        norm: Option<Norm>,
+        chunks: usize,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert_eq!(gate.rows, up.rows, "matvec: gate and up rows differ");
+        let out = (ptr_mut(stream, y), y.len());
+        self.matvec_job(
+            stream,
+            &[gate, up],
+            x,
+            norm,
+            chunks,
+            &[out, out],
+            Epilogue::SwiGlu,
+            None,
+        )
+    }
+
+    /// The selected experts' products (`sel`): with two weights (gate and up stacks),
+    /// `y[slot] = silu(gate_e x) * (up_e x)`; with one (down), `y[slot] = (W_e x[slot]) *
+    /// weight[slot]`, `-0.0` where this rank does not hold expert `e`. `x` and `y` hold
+    /// `sel.slots` vectors `sel.x_stride` / `sel.y_stride` apart. Each row's bits are those of
+    /// `matvec` with expert `e`'s matrix alone (then the CPU's `silu_mul` or scale).
+    pub(super) fn matvec_experts(
+        &self,
+        stream: &CudaStream,
+        ws: &[&DeviceWeight],
+        x: &Span<f32>,
+        chunks: usize,
+        y: &Span<f32>,
+        sel: ExpertSel,
+    ) -> Result<()> {
+        let w0 = ws[0];
+        assert!(
+            x.len() >= (sel.slots - 1) * sel.x_stride + w0.cols
+                && y.len() >= (sel.slots - 1) * sel.y_stride + w0.rows,
+            "matvec_experts: x or y too short for {} slots",
+            sel.slots
+        );
+        let (epilogue, outs) = if ws.len() == 2 {
+            (Epilogue::SwiGlu, vec![(y.addr(), w0.rows); 2])
+        } else {
+            (Epilogue::Plain, vec![(y.addr(), w0.rows)])
+        };
+        let x = x.sub(0, w0.cols);
+        self.matvec_job(stream, ws, &x, None, chunks, &outs, epilogue, Some(sel))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matvec_job(
+        &self,
+        stream: &CudaStream,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        norm: Option<Norm>,
+        chunks: usize,
+        ys: &[(u64, usize)],
+        epilogue: Epilogue,
+        sel: Option<ExpertSel>,
+    ) -> Result<()> {
+        assert!(
+            (1..=MATVEC_MAX_SEGS).contains(&ws.len()) && ys.len() == ws.len(),
+            "matvec: 1 to {MATVEC_MAX_SEGS} weights, one output each"
+        );
+        let w0 = ws[0];
+        assert!(
+            ws.iter().all(|w| w.dtype == w0.dtype && w.cols == w0.cols),
+            "matvec: fused weights must share dtype and columns"
+        );
+        assert_eq!(
+            x.len(),
+            w0.cols,
+            "matvec: x has {} values for {} columns",
+            x.len(),
+            w0.cols
+        );
+        for (w, &(_, len)) in ws.iter().zip(ys) {
+            let rows = if epilogue == Epilogue::SwiGlu {
+                w0.rows
+            } else {
+                w.rows
+            };
+            assert_eq!(len, rows, "matvec: y has {len} values for {rows} rows");
+        }
+        assert!(
+            chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
+            "matvec: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
+        );
+        assert!(
+            w0.cols.is_multiple_of(chunks * w0.dtype.block_size()),
+            "matvec: {} columns do not split into {chunks} chunks of whole {} blocks",
+            w0.cols,
+            w0.dtype
+        );
+        let xp = ptr(stream, x);
+        if let Some(n) = &norm {
+            assert_eq!(
+                n.weight.len(),
+                w0.cols,
+                "matvec: the norm has {} values for {} columns",
+                n.weight.len(),
+                w0.cols
+            );
+        }
+        // the normalized x sits after the 8-bit copy of x, 16-byte aligned
+        let act = matvec_act_bytes(w0.dtype, w0.cols);
+        let xn_offset = act.next_multiple_of(16);
+        let smem = if norm.is_some() {
+            xn_offset + w0.cols * 4
+        } else {
+            act
+        };
+        let mut job = MatvecJob {
+            w: [0; MATVEC_MAX_SEGS],
+            y: [0; MATVEC_MAX_SEGS],
+            rows: [0; MATVEC_MAX_SEGS],
+            segs: int(ws.len()),
+            cols: int(w0.cols),
+            chunks: int(chunks),
+            swiglu: i32::from(epilogue == Epilogue::SwiGlu),
+            x: xp,
+            residual: match epilogue {
+                Epilogue::Residual(r) => r,
+                _ => 0,
+            },
+            norm: norm.map_or(0, |n| ptr(stream, n.weight)),
+            eps: norm.map_or(0.0, |n| n.eps),
+            xn_offset: int(xn_offset),
+            experts: sel.map_or(0, |e| e.ids),
+            expert_weights: sel.map_or(0, |e| e.weights),
+            expert_bytes: sel.map_or(0, |e| e.stride as i64),
+            expert_first: sel.map_or(0, |e| int(e.first)),
+            expert_count: sel.map_or(0, |e| int(e.count)),
+            x_stride: sel.map_or(0, |e| int(e.x_stride)),
+            y_stride: sel.map_or(0, |e| int(e.y_stride)),
+        };
+        if let Some(e) = sel {
+            assert!(
+                e.stride.is_multiple_of(16) && e.slots > 0,
+                "matvec: expert matrices must be 16-byte aligned, one slot at least"
+            );
+        }
+        for (i, (w, &(y, _))) in ws.iter().zip(ys).enumerate() {
+            job.w[i] = ptr(stream, &w.data);
+            job.y[i] = y;
+            job.rows[i] = int(w.rows);
+            assert!(
+                job.w[i].is_multiple_of(16),
+                "matvec: w must be 16-byte aligned"
+            );
+        }
+        assert!(xp.is_multiple_of(16), "matvec: x must be 16-byte aligned");
+        let name = format!("matvec_{}", w0.dtype.name());
+        if smem > MATVEC_PLAIN_DYNAMIC {
+            // raised to the device's limit, not to this launch's need: a lower limit set by a
+            // later launch would make an earlier, larger one fail
+            let limit = self.max_shared_per_block()? - MATVEC_STATIC_SHARED;
+            if smem > limit {
+                anyhow::bail!(
+                    "cuda backend: {name} with K = {} needs {smem} bytes of shared memory; this device allows {limit}",
+                    w0.cols
+                );
+            }
+            self.function(&name)
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    int(limit),
+                )
+                .with_context(|| {
+                    format!("cuda backend: allowing {name} {limit} bytes of shared memory")
+                })?;
+        }
+        let items: usize = match epilogue {
+            Epilogue::SwiGlu => w0.rows.div_ceil(MATVEC_ROWS),
+            _ => ws.iter().map(|w| w.rows.div_ceil(MATVEC_ROWS)).sum(),
+        };
+        // expert mode: the persistent grid's blocks are shared among the slots' rows
+        let slots = sel.map_or(1, |e| e.slots);
+        let blocks = items.min((MATVEC_BLOCKS_PER_SM * self.sm_count()?).div_ceil(slots));
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, slots as u32, 1),
+            block_dim: (MATVEC_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        self.launch(stream, &name, cfg, |a| {
+            a.arg(&job);
+        })
+    }
+}
