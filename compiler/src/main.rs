@@ -229,7 +229,7 @@ fn mib(bytes: u64) -> String {
 fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
     let m = &plan.model;
     let mut s = format!(
-        "{} -> {}\nmodel {} ({}, {} layers, fingerprint {}), placement {}, capture {:?}\n",
+        "{} -> {}\nmodel {} ({}, {} layers, fingerprint {}), placement {}, capture {:?}, prefill chunk {}\n",
         placement.display(),
         out.display(),
         m.name,
@@ -237,7 +237,8 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
         m.layers,
         m.fingerprint,
         plan.placement_hash,
-        plan.runtime.capture
+        plan.runtime.capture,
+        plan.runtime.prefill_chunk
     );
     for r in &plan.ranks {
         let runs = r

@@ -41,8 +41,8 @@ programs:
     - run r1.run0 (2 phases): load_hidden, layers 8..16: attn_pre attn_core attn_out ffn, store_hidden
     + run r1.run0 (2 phases): load_hidden, layers 9..16: attn_pre attn_core attn_out ffn, store_hidden
 bytes per device:
-  device 0: 2909.6 MiB -> 3167.6 MiB (+258.0 MiB; weights +130.0 MiB, kv +128.0 MiB, buffers +0.0 MiB)
-  device 1: 2596.5 MiB -> 2338.5 MiB (-258.0 MiB; weights -130.0 MiB, kv -128.0 MiB, buffers +0.0 MiB)
+  device 0: 3025.4 MiB -> 3283.4 MiB (+258.0 MiB; weights +130.0 MiB, kv +128.0 MiB, buffers +0.0 MiB)
+  device 1: 2728.3 MiB -> 2470.2 MiB (-258.0 MiB; weights -130.0 MiB, kv -128.0 MiB, buffers +0.0 MiB)
 ";
     assert_eq!(semantic_diff(&old, &new), expected);
     assert_eq!(semantic_diff(&old, &old), "");
@@ -60,8 +60,8 @@ fn an_island_appears_with_its_reason_and_a_transport_change_shows() {
         "rank 2 moved: device 2 -> 0",
         "rank 2: runs split (1 -> 2) islands 0 -> 1",
         "+ island r2.island0 (forced: nan hunt): layers 20..22: attn_pre attn_core attn_out all_reduce ffn all_reduce",
-        "- b0 hidden rank 0 -> rank 2, peer_copy, 2 slots, lag 0",
-        "+ b0 hidden rank 0 -> rank 2, device_copy, 2 slots, lag 0",
+        "- b0 hidden rank 0 -> rank 2, peer_copy, 2 slots of 512 token rows, lag 0",
+        "+ b0 hidden rank 0 -> rank 2, device_copy, 2 slots of 512 token rows, lag 0",
     ] {
         assert!(diff.contains(needle), "missing `{needle}` in:\n{diff}");
     }

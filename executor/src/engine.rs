@@ -7,6 +7,8 @@
 //! the readback rank gets the logits, the others each step's token (so their sessions take
 //! the same stop decisions) and empty logits.
 
+use std::sync::Arc;
+
 use anyhow::{bail, Result};
 use memra_compiler::plan::Plan;
 
@@ -86,47 +88,116 @@ impl EngineOptions {
     }
 }
 
-/// What the host feeds one decode step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the host feeds one step: a decode step (one row) or a prefill step (a prompt chunk of
+/// up to the plan's `runtime.prefill_chunk` rows of one sequence, at consecutive positions).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepInput {
-    /// Position of the token in the sequence (its KV-cache row).
+    /// Position of the step's first row (its KV-cache row); row `i` sits at `pos + i`.
     pub pos: u32,
-    /// The token to embed (a prompt token), or `None` to embed the token sampled at the
-    /// previous step.
-    pub token: Option<u32>,
+    /// The prompt tokens to embed, one per row; empty: one row that embeds the token sampled
+    /// at the previous step.
+    pub tokens: Arc<[u32]>,
+    /// The first row whose logits come back (the last row's always do).
+    pub logits_from: u32,
 }
 
 impl StepInput {
-    /// Refuses a step an engine cannot take: after an earlier failure, at a position past the
-    /// plan's `max_context`, or a first step without a prompt token.
-    pub fn check(&self, failed: bool, next_step: u64, max_context: u32) -> Result<()> {
+    /// A step that embeds the token sampled at the previous step.
+    pub fn sampled(pos: u32) -> StepInput {
+        StepInput {
+            pos,
+            tokens: Arc::from(Vec::new()),
+            logits_from: 0,
+        }
+    }
+
+    /// A step of prompt `tokens` from `pos` on, returning the logits of rows `logits_from..`.
+    pub fn prompt(pos: u32, tokens: &[u32], logits_from: u32) -> StepInput {
+        StepInput {
+            pos,
+            tokens: Arc::from(tokens),
+            logits_from,
+        }
+    }
+
+    /// Rows of the step.
+    pub fn rows(&self) -> u32 {
+        (self.tokens.len() as u32).max(1)
+    }
+
+    /// The prompt token of a one-row step; `None` when it embeds the sampled token.
+    pub fn token(&self) -> Option<u32> {
+        self.tokens.first().copied()
+    }
+
+    /// Refuses a step an engine cannot take: after an earlier failure, more rows than the
+    /// engine takes at once, a row past the plan's `max_context`, logits from a row the step
+    /// does not have, or a first step without a prompt token.
+    pub fn check(
+        &self,
+        failed: bool,
+        next_step: u64,
+        max_context: u32,
+        max_rows: u32,
+    ) -> Result<()> {
         if failed {
             bail!("the engine stopped after an earlier error");
         }
-        if self.pos >= max_context {
+        if self.rows() > max_rows {
             bail!(
-                "position {} is beyond the plan's runtime.max_context {max_context}",
-                self.pos
+                "a step of {} rows; this engine takes at most {max_rows} per step",
+                self.rows()
             );
         }
-        if next_step == 0 && self.token.is_none() {
+        let last = u64::from(self.pos) + u64::from(self.rows()) - 1;
+        if last >= u64::from(max_context) {
+            bail!("position {last} is beyond the plan's runtime.max_context {max_context}");
+        }
+        if self.logits_from >= self.rows() {
+            bail!(
+                "logits from row {} of a step of {} rows",
+                self.logits_from,
+                self.rows()
+            );
+        }
+        if next_step == 0 && self.tokens.is_empty() {
             bail!("the first decode step needs a prompt token");
         }
         Ok(())
     }
 }
 
-/// What one decode step gives back to the host.
+/// What one step gives back to the host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepOutput {
-    /// Decode step number, counting from 0.
+    /// Step number, counting from 0.
     pub step: u64,
-    /// Position the step decoded.
+    /// Position of the step's first row.
     pub pos: u32,
-    /// The token sampled from the logits.
+    /// The token sampled from the last row's logits.
     pub token: u32,
-    /// Logits over the whole vocabulary; empty in a process without the readback rank.
+    /// Logits over the whole vocabulary of rows `logits_from..` of the step, one row after
+    /// another; empty in a process without the readback rank.
     pub logits: Vec<f32>,
+}
+
+/// How an engine takes a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptMode {
+    /// Prefill steps of up to this many rows.
+    Chunks(u32),
+    /// One row per step, and why.
+    TokenByToken(&'static str),
+}
+
+impl PromptMode {
+    /// Most rows of one step.
+    pub fn rows(self) -> u32 {
+        match self {
+            PromptMode::Chunks(rows) => rows,
+            PromptMode::TokenByToken(_) => 1,
+        }
+    }
 }
 
 /// A plan loaded onto a backend, decoding one step per `submit`.
@@ -137,6 +208,8 @@ pub trait Decoder {
     fn next_output(&mut self) -> Result<StepOutput>;
     /// Number of submitted steps whose results have not been taken.
     fn in_flight(&self) -> u64;
+    /// How the engine takes a prompt.
+    fn prompt_mode(&self) -> PromptMode;
     /// Lines describing where the engine runs (devices, memory), for `bench`.
     fn report(&self) -> Vec<String> {
         Vec::new()
@@ -165,6 +238,9 @@ impl<D: Decoder + ?Sized> Decoder for Box<D> {
     }
     fn in_flight(&self) -> u64 {
         (**self).in_flight()
+    }
+    fn prompt_mode(&self) -> PromptMode {
+        (**self).prompt_mode()
     }
     fn report(&self) -> Vec<String> {
         (**self).report()

@@ -21,7 +21,8 @@ use crate::session::{Flow, Session};
 pub struct Mismatch {
     /// The arm of the candidate run.
     pub arm: Arm,
-    /// Decode step.
+    /// Row of the run: a prompt token's, then a generated token's (the decode step when the
+    /// prompt runs token by token).
     pub step: u64,
     /// What differs: a logit's vocabulary index, or the sampled token.
     pub what: Difference,
@@ -96,7 +97,7 @@ pub fn decode_all(
     let engine = open(loaded, options)?;
     let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
     let mut outs = Vec::new();
-    session.run(prompt, n, |out, _| {
+    session.run(prompt, n, 0, |out, _| {
         outs.push(out.clone());
         Ok(Flow::Continue)
     })?;
@@ -105,10 +106,11 @@ pub fn decode_all(
 
 /// The first difference between two runs' outputs.
 pub fn first_mismatch(arm: Arm, reference: &[StepOutput], got: &[StepOutput]) -> Option<Mismatch> {
-    for (r, g) in reference.iter().zip(got) {
+    // a row's index is its step in token-by-token numbering, however the prompt was cut
+    for (i, (r, g)) in reference.iter().zip(got).enumerate() {
         let at = |what| Mismatch {
             arm,
-            step: r.step,
+            step: i as u64,
             what,
         };
         if r.logits.len() != g.logits.len() {

@@ -75,7 +75,7 @@ pub fn perplexity(
         }
         session.reset();
         let mut i = 0usize;
-        session.run(&chunk, 0, |out, _| {
+        session.run(&chunk, 0, first, |out, _| {
             // A process without the readback rank has no logits; it only keeps in step.
             if i >= first && i + 1 < n_ctx && !out.logits.is_empty() {
                 total.add(&out.logits, chunk[i + 1]);

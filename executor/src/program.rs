@@ -193,7 +193,7 @@ pub trait RankOps {
     /// The copy of boundary `boundary`'s slot for step `t` on `stream`.
     fn copy(&mut self, stream: &str, boundary: u32, t: u64) -> Result<()>;
     /// The step's logits and token to the host.
-    fn readback(&mut self, stream: &str, t: u64, input: StepInput) -> Result<()>;
+    fn readback(&mut self, stream: &str, t: u64, input: &StepInput) -> Result<()>;
     /// Entering block `at` (its program index) on `stream`.
     fn enter(
         &mut self,
@@ -201,7 +201,7 @@ pub trait RankOps {
         at: usize,
         block: &Block,
         t: u64,
-        input: StepInput,
+        input: &StepInput,
     ) -> Result<Entered>;
     /// One work item of a block on `stream`.
     fn work(
@@ -209,7 +209,7 @@ pub trait RankOps {
         stream: &str,
         work: Work,
         t: u64,
-        input: StepInput,
+        input: &StepInput,
         block: bool,
     ) -> Result<bool>;
 }
@@ -230,7 +230,7 @@ pub fn walk<R: RankOps + ?Sized>(
     ops: &mut R,
     cursor: &mut Cursor,
     t: u64,
-    input: StepInput,
+    input: &StepInput,
     block: bool,
     progressed: &mut bool,
 ) -> Result<bool> {
@@ -279,7 +279,7 @@ pub fn run_block<R: RankOps + ?Sized>(
     stream: &str,
     b: &Block,
     t: u64,
-    input: StepInput,
+    input: &StepInput,
 ) -> Result<()> {
     for &w in &b.work {
         if !ops.work(stream, w, t, input, true)? {

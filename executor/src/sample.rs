@@ -69,6 +69,11 @@ impl Sampler {
         }
     }
 
+    /// Moves the random stream past `draws` picks that were never made.
+    pub fn skip(&mut self, draws: u64) {
+        self.step += draws;
+    }
+
     /// Picks the next token from `logits`.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let step = self.step;

@@ -1,6 +1,14 @@
 //! A decoding session on an engine: the tokens whose keys and values the caches hold, and the
-//! host loop that feeds prompt tokens one decode step at a time, lets generated tokens flow
-//! back through the plan's sampler, and keeps up to `in_flight` steps enqueued ahead.
+//! host loop that feeds a prompt as prefill steps (chunks of as many tokens as the engine takes
+//! at once; one token per step on an engine without prefill), lets generated tokens flow back
+//! through the plan's sampler one decode step at a time, and keeps up to `in_flight` steps
+//! enqueued ahead.
+//!
+//! The host sees one output per token row whichever way the prompt was cut: its logits (when
+//! asked for), and the token the sequence continues with (the next prompt token, or the
+//! sampled one from the prompt's last row on).
+
+use std::collections::VecDeque;
 
 use anyhow::{bail, Result};
 
@@ -21,15 +29,18 @@ pub struct Session {
     engine: Box<dyn Decoder>,
     history: Vec<u32>,
     window: u64,
+    chunk: usize,
 }
 
 impl Session {
     /// A fresh session; at most `in_flight` steps are enqueued ahead of the host.
     pub fn new(engine: impl Decoder + 'static, in_flight: u32) -> Session {
+        let chunk = engine.prompt_mode().rows().max(1) as usize;
         Session {
             engine: Box::new(engine),
             history: Vec::new(),
             window: u64::from(in_flight.max(1)),
+            chunk,
         }
     }
 
@@ -44,7 +55,8 @@ impl Session {
     }
 
     /// Feeds `tokens` after the history, reusing the longest cached prefix: for a chat whose
-    /// whole conversation is re-rendered every turn, only the new part is decoded.
+    /// whole conversation is re-rendered every turn, only the new part is decoded. Only the
+    /// logits of generating rows are asked for.
     pub fn continue_with(
         &mut self,
         tokens: &[u32],
@@ -52,7 +64,8 @@ impl Session {
         on_step: impl FnMut(&StepOutput, bool) -> Result<Flow>,
     ) -> Result<Vec<u32>> {
         let common = self.keep_prefix_of(tokens);
-        self.run(&tokens[common..], max_new, on_step)
+        let rest = &tokens[common..];
+        self.run(rest, max_new, rest.len().saturating_sub(1), on_step)
     }
 
     /// Truncates the history to its longest common prefix with `tokens`, leaving at least one
@@ -71,9 +84,10 @@ impl Session {
 
     /// As `continue_with`, but the host picks every generated token from the step's logits
     /// with `sampler` (a per-request sampler, whatever the engine's was opened with) and feeds
-    /// it back as the next step's token. `on_step` sees `None` after each prompt step but the
-    /// last and each generated token after; it may stop at any of them (a cancelled request
-    /// stops during its prompt). Returns the generated tokens.
+    /// it back as the next step's token. The prompt goes as prefill steps, one at a time;
+    /// `on_step` sees `None` after each prompt step but the last and each generated token
+    /// after; it may stop at any of them (a cancelled request stops during its prompt).
+    /// Returns the generated tokens.
     pub fn continue_sampled(
         &mut self,
         tokens: &[u32],
@@ -86,29 +100,25 @@ impl Session {
         }
         let common = self.keep_prefix_of(tokens);
         let prompt = &tokens[common..];
-        let (mut fed, mut done) = (0usize, 0usize);
-        let mut stopped = false;
+        let mut fed = 0usize;
         let mut logits = None;
-        while done < fed || (fed < prompt.len() && !stopped) {
-            while !stopped && fed < prompt.len() && self.engine.in_flight() < self.window {
-                self.engine.submit(StepInput {
-                    pos: (common + fed) as u32,
-                    token: Some(prompt[fed]),
-                })?;
-                fed += 1;
-            }
-            let out = self.engine.next_output()?;
-            done += 1;
-            if stopped {
-                continue;
-            }
-            if done == prompt.len() {
+        while fed < prompt.len() {
+            let rows = self.chunk.min(prompt.len() - fed);
+            // only the chunk's last row's logits: they pick the first token
+            let input = StepInput::prompt(
+                (common + fed) as u32,
+                &prompt[fed..fed + rows],
+                (rows - 1) as u32,
+            );
+            let out = self.engine.step(input)?;
+            fed += rows;
+            self.history.extend_from_slice(&prompt[fed - rows..fed]);
+            if fed == prompt.len() {
                 logits = Some(out.logits);
             } else if on_step(None)? == Flow::Stop {
-                stopped = true;
+                break;
             }
         }
-        self.history.extend_from_slice(&prompt[..done]);
         let mut generated = Vec::new();
         let Some(mut logits) = logits else {
             return Ok(generated);
@@ -119,24 +129,25 @@ impl Session {
             if on_step(Some(token))? == Flow::Stop || generated.len() == max_new {
                 break;
             }
-            let out = self.engine.step(StepInput {
-                pos: self.history.len() as u32,
-                token: Some(token),
-            })?;
+            let pos = self.history.len() as u32;
+            let out = self.engine.step(StepInput::prompt(pos, &[token], 0))?;
             self.history.push(token);
             logits = out.logits;
         }
         Ok(generated)
     }
 
-    /// Decodes `prompt` (one step per token, after the history) and then generates up to
-    /// `max_new` tokens. `on_step` sees every step's output and whether it generated a token
-    /// (the last prompt step and all later ones do); it may stop generation. Returns the
-    /// generated tokens. With `max_new == 0` every prompt step is only scored.
+    /// Decodes `prompt` (after the history; prefill steps of up to the engine's chunk) and then
+    /// generates up to `max_new` tokens. `on_step` sees one output per row and whether it
+    /// generated a token (the prompt's last row and all later ones do); it may stop
+    /// generation. Rows before prompt index `score_from` come without logits (an engine with
+    /// prefill never computes them). Returns the generated tokens. With `max_new == 0` every
+    /// prompt row is only scored.
     pub fn run(
         &mut self,
         prompt: &[u32],
         max_new: usize,
+        score_from: usize,
         mut on_step: impl FnMut(&StepOutput, bool) -> Result<Flow>,
     ) -> Result<Vec<u32>> {
         if prompt.is_empty() {
@@ -145,34 +156,69 @@ impl Session {
         let p = prompt.len();
         let total = if max_new == 0 { p } else { p + max_new - 1 };
         let base = self.history.len();
-        let (mut submitted, mut received) = (0usize, 0usize);
+        // the first row of a step whose logits are asked for: prompt rows from `score_from`
+        let logits_from =
+            |first: usize, rows: usize| score_from.saturating_sub(first).min(rows - 1);
+        let mut next = 0usize;
+        let mut pending: VecDeque<(usize, usize)> = VecDeque::new();
         let mut generated = Vec::new();
         let mut stopped = false;
-        // Steps whose cache rows are valid for the next call: all that ran before a stop.
+        // Rows whose cache entries are valid for the next call: all that ran before a stop.
         let mut valid = 0usize;
-        while received < submitted || (submitted < total && !stopped) {
-            while !stopped && submitted < total && self.engine.in_flight() < self.window {
-                let token = prompt.get(submitted).copied();
-                self.engine.submit(StepInput {
-                    pos: (base + submitted) as u32,
-                    token,
-                })?;
-                submitted += 1;
+        while !pending.is_empty() || (next < total && !stopped) {
+            while !stopped && next < total && self.engine.in_flight() < self.window {
+                let pos = (base + next) as u32;
+                let (input, rows) = if next < p {
+                    let rows = self.chunk.min(p - next);
+                    let from = logits_from(next, rows) as u32;
+                    (
+                        StepInput::prompt(pos, &prompt[next..next + rows], from),
+                        rows,
+                    )
+                } else {
+                    (StepInput::sampled(pos), 1)
+                };
+                self.engine.submit(input)?;
+                pending.push_back((next, rows));
+                next += rows;
             }
             let out = self.engine.next_output()?;
-            let i = received;
-            received += 1;
+            let (first, rows) = pending
+                .pop_front()
+                .expect("invariant: an output answers a submitted step");
             if stopped {
                 continue;
             }
-            valid = received;
-            let generates = max_new > 0 && i + 1 >= p;
-            if generates {
-                generated.push(out.token);
-            }
-            if on_step(&out, generates)? == Flow::Stop || (generates && generated.len() == max_new)
-            {
-                stopped = true;
+            let from = if first < p {
+                logits_from(first, rows)
+            } else {
+                0
+            };
+            let vocab = out.logits.len() / (rows - from);
+            for r in 0..rows {
+                let i = first + r;
+                valid = i + 1;
+                let logits = if i >= score_from && r >= from && vocab > 0 {
+                    out.logits[(r - from) * vocab..(r - from + 1) * vocab].to_vec()
+                } else {
+                    Vec::new()
+                };
+                let row = StepOutput {
+                    step: out.step,
+                    pos: out.pos + r as u32,
+                    token: prompt.get(i + 1).copied().unwrap_or(out.token),
+                    logits,
+                };
+                let generates = max_new > 0 && i + 1 >= p;
+                if generates {
+                    generated.push(out.token);
+                }
+                if on_step(&row, generates)? == Flow::Stop
+                    || (generates && generated.len() == max_new)
+                {
+                    stopped = true;
+                    break;
+                }
             }
         }
         // The cache holds the prompt and every generated token that was embedded before the

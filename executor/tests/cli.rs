@@ -1,6 +1,7 @@
 //! `memra-run` as a user runs it: greedy generation streams the continuation, a seed repeats
 //! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built and
-//! refuses the layer kinds it does not run yet.
+//! refuses the layer kinds it does not run yet, bench reports prefill speed and time to first
+//! token.
 
 mod common;
 
@@ -158,4 +159,33 @@ fn teacher_forced_compare_feeds_the_reference_sequence() {
         text.contains("max relative logit error 0.000e0") && text.ends_with(": ok\n"),
         "{text}"
     );
+}
+
+#[test]
+fn bench_reports_prefill_speed_and_time_to_first_token() {
+    smollm2("smollm2");
+    let args = [
+        "bench",
+        "plans/smollm2.plan.toml",
+        "--prompt",
+        "16",
+        "-n",
+        "2",
+        "--reps",
+        "1",
+        "-t",
+        "1",
+    ];
+    let text = stdout(&memra_run(&args));
+    assert!(
+        text.contains("prompt 16 tokens (prefill chunks of 512): ")
+            && text.contains("time to first token"),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&memra_run(&[&args[..], &["--json"]].concat()))).unwrap();
+    assert_eq!(json["prompt_tokens"], 16);
+    assert_eq!(json["prompt_mode"], "prefill chunks of 512");
+    assert!(json["prefill_tok_s"].as_f64().unwrap() > 0.0, "{json}");
+    assert!(json["ttft_ms"].as_f64().unwrap() > 0.0, "{json}");
 }

@@ -47,12 +47,12 @@ fn another_plan_format_version_is_refused() {
     let plan = scratch("future.plan.toml");
     std::fs::write(
         &plan,
-        text.replacen("format_version = 1", "format_version = 99", 1),
+        text.replacen("format_version = 2", "format_version = 99", 1),
     )
     .unwrap();
     let err = load_err(&plan, None);
     assert!(
-        err.contains("plan format version 99 is not supported; this build reads version 1"),
+        err.contains("plan format version 99 is not supported; this build reads version 2"),
         "{err}"
     );
 }

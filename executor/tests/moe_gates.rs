@@ -6,7 +6,8 @@
 //! arms: tensor parallelism (heads and experts split, kv heads copied where ranks outnumber
 //! them, KDA heads split with their state), expert parallelism (attention replicated, experts
 //! split), pipeline cuts. The committed plans are checked against a fresh
-//! compile, since the compiler's golden test cannot write the synthetic models.
+//! compile, since the compiler's golden test cannot write the synthetic models. The cpu runs
+//! their prompts token by token (no batched MoE/MLA/KDA segments yet) and says so.
 
 mod common;
 
@@ -15,6 +16,7 @@ use common::{
     synth_model,
 };
 use memra_executor::cpu::Arm;
+use memra_executor::engine::{open, PromptMode};
 use memra_executor::plan_load::{load, LoadedPlan};
 
 /// Prompt tokens (the synthetic models have no tokenizer).
@@ -185,4 +187,16 @@ fn a_wrong_reduction_order_fails_the_moe_gate() {
     let candidate = f32_plan("ds2-f32-tp4", "[0, 1, 2, 3]");
     assert_bit_identical("ds2-f32-tp4", &reference, &candidate, &PROMPT, GENERATED);
     reversed_fold_mismatch(&reference, &candidate, &PROMPT, GENERATED);
+}
+
+#[test]
+fn moe_and_mla_prompts_run_token_by_token_with_the_reason() {
+    for name in ["tiny-qwen3moe", "tiny-deepseek2"] {
+        let plan = synthetic(name);
+        let engine = open(&plan, common::options(Arm::Serial)).unwrap();
+        match engine.prompt_mode() {
+            PromptMode::TokenByToken(why) => assert!(why.contains("moe or mla"), "{name}: {why}"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! Pass 9, allocate: each rank's weight shards, its buffers (scratch, KV cache of its attention
 //! layers, recurrent state of its KDA layers, static run IO, boundary slots) and, per device,
-//! the bytes its ranks ask for.
+//! the bytes its ranks ask for. Buffers that hold something per token get a row per token of
+//! a prefill chunk, so memory fit is checked at the largest step.
 
 use super::{RankInfo, Topology};
 use crate::model::{Mixer, ModelMeta, ShardRule, TensorMeta, TensorSite};
@@ -109,16 +110,36 @@ pub fn buffers(
     let n = u64::from(rank.tp_degree);
     let r = rank.rank;
     let act_elems = activation_elems(model, placement, rank);
-    let buffer = |name: String, kind, bytes, slots| Buffer {
+    // what a step holds per token has a row per token of a prefill chunk
+    let chunk = placement.prefill_chunk;
+    let buffer = |name: String, kind, bytes, tokens, slots| Buffer {
         name,
         kind,
         bytes,
+        tokens,
         slots,
     };
     let mut out = vec![
-        buffer(format!("r{r}.act"), BufferKind::Scratch, act_elems * 4, 1),
-        buffer(format!("r{r}.pos"), BufferKind::Io, 4, 1),
+        buffer(
+            format!("r{r}.act"),
+            BufferKind::Scratch,
+            act_elems * 4,
+            chunk,
+            1,
+        ),
+        // a chunk's rows sit at consecutive positions from this one
+        buffer(format!("r{r}.pos"), BufferKind::Io, 4, 1, 1),
     ];
+    if !rank.layers.is_empty() {
+        let scores = score_elems(model, placement, rank) * 4;
+        out.push(buffer(
+            format!("r{r}.scores"),
+            BufferKind::Scratch,
+            scores,
+            1,
+            1,
+        ));
+    }
     if !rank.layers.is_empty() {
         let kv_per_token = model.kv_bytes_per_token_layer(placement.kv_dtype);
         // the MLA latent is every head's; split kv heads are divided, copied ones are not
@@ -136,7 +157,7 @@ pub fn buffers(
                 * u64::from(placement.max_sequences)
                 * kv_per_token
                 / kv_split;
-            out.push(buffer(format!("r{r}.kv"), BufferKind::Kv, kv, 1));
+            out.push(buffer(format!("r{r}.kv"), BufferKind::Kv, kv, 1, 1));
         }
         if let (Some(k), true) = (&model.kda, kda_layers > 0) {
             // one f32 state per KDA layer, head and sequence, updated in place in stream
@@ -149,42 +170,51 @@ pub fn buffers(
                 * u64::from(placement.max_sequences)
                 * k.state_elems(heads)
                 * 4;
-            out.push(buffer(format!("r{r}.state"), BufferKind::State, state, 1));
+            out.push(buffer(
+                format!("r{r}.state"),
+                BufferKind::State,
+                state,
+                1,
+                1,
+            ));
         }
     }
     if rank.embed || rank.sampler {
-        // One token per sequence in flight.
+        // One token per sequence in flight; a prefill step's prompt chunk.
         out.push(buffer(
             format!("r{r}.token"),
             BufferKind::Io,
             4,
+            chunk,
             placement.max_sequences,
         ));
     }
     if rank.head {
         let vocab = u64::from(model.vocab);
         let logits = if rank.sampler { vocab } else { vocab / n };
+        // a prefill step may read back every row's logits (perplexity scores them)
         out.push(buffer(
             format!("r{r}.logits"),
             BufferKind::Io,
             logits * 4,
+            chunk,
             1,
         ));
     }
     for b in &topo.boundaries {
         if b.from_rank == r {
-            out.push(buffer(b.tx(), BufferKind::Slot, b.bytes, b.slots));
+            out.push(buffer(b.tx(), BufferKind::Slot, b.bytes, b.tokens, b.slots));
         }
         if b.to_rank == r {
-            out.push(buffer(b.rx(), BufferKind::Slot, b.bytes, b.slots));
+            out.push(buffer(b.rx(), BufferKind::Slot, b.bytes, b.tokens, b.slots));
         }
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
-/// f32 activations of one rank: the residual stream and norms, the mixer's inputs, outputs
-/// and scores, the FFN's hidden widths and, for MoE, the router logits and one row per
+/// f32 activations of one token row on one rank: the residual stream and norms, the mixer's
+/// inputs and outputs, the FFN's hidden widths and, for MoE, the router logits and one row per
 /// selected expert plus the shared experts' row (the all-reduce payload).
 fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64 {
     let n = u64::from(rank.tp_degree);
@@ -219,7 +249,18 @@ fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -
         }
         None => (u64::from(model.ffn) / n, 0),
     };
-    3 * d + mixer + attn_out + 2 * ffn + moe + heads * u64::from(placement.max_context)
+    3 * d + mixer + attn_out + 2 * ffn + moe
+}
+
+/// f32 attention scores of one query row over the whole context, per head: attention takes a
+/// chunk's queries a few at a time, so this does not grow with the chunk.
+fn score_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64 {
+    let all_heads = u64::from(model.heads);
+    let heads = match placement.attention {
+        AttentionSplit::Heads => all_heads / u64::from(rank.tp_degree),
+        AttentionSplit::Replicated => all_heads,
+    };
+    heads * u64::from(placement.max_context)
 }
 
 /// What the CUDA runtime takes on each device it opens before any plan buffer: the context
@@ -259,7 +300,7 @@ pub fn device_use(
                 }
                 u.weight_bytes += weights.iter().map(|w| w.bytes).sum::<u64>();
                 for b in buffers {
-                    let bytes = b.bytes * u64::from(b.slots);
+                    let bytes = b.total_bytes();
                     match b.kind {
                         BufferKind::Kv => u.kv_bytes += bytes,
                         BufferKind::State => u.state_bytes += bytes,

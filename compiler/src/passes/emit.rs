@@ -92,6 +92,7 @@ pub fn emit(
             max_sequences: placement.max_sequences,
             kv_dtype: placement.kv_dtype.name().to_string(),
             in_flight: placement.in_flight,
+            prefill_chunk: placement.prefill_chunk,
             capture: placement.capture,
         },
         devices,

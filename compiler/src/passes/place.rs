@@ -1,7 +1,8 @@
 //! Pass 6, place: connect the stages. Each rank of stage s+1 receives the hidden state from
 //! rank `tp_index mod degree` of stage s; every first-stage rank but the sampler receives the
 //! sampled token from the sampler. Boundaries on one device use a device copy, across devices
-//! a peer copy. The sampler gets a readback on its own stream.
+//! a peer copy. The sampler gets a readback on its own stream. A hidden-state boundary
+//! carries every token row of a prefill chunk; the token boundary one sampled token.
 
 use super::Topology;
 use crate::graph::{DecodeGraph, Node, NodeKind, StreamKind};
@@ -48,13 +49,15 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
         };
         // A token waits for its sequence's next turn: one slot per sequence in flight, plus
         // one so the sampler never waits for a slot the receiver still holds.
-        let (elems, name, lag, slots) = match carries {
-            Carries::Hidden => (d, "hidden", 0, HIDDEN_SLOTS),
+        // A prefill step hands over every row of its chunk, but only the last row's token.
+        let (elems, name, lag, slots, tokens) = match carries {
+            Carries::Hidden => (d, "hidden", 0, HIDDEN_SLOTS, placement.prefill_chunk),
             Carries::Token => (
                 1,
                 "token",
                 placement.max_sequences,
                 placement.max_sequences + 1,
+                1,
             ),
         };
         let compute = |rank, kind| Node {
@@ -83,6 +86,7 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
             from_rank: from,
             to_rank: to,
             bytes: elems * 4,
+            tokens,
             slots,
             lag,
             transport,

@@ -130,7 +130,7 @@ pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
             (
                 u.device,
                 format!(
-                    "device {} needs {:.2} GiB (weights {:.2}, kv {:.2}, buffers {:.2}, runtime {:.2}, transport {:.2}) but declares {:.2} GiB; lower runtime.max_context or runtime.max_sequences, or spread the model over more devices",
+                    "device {} needs {:.2} GiB (weights {:.2}, kv {:.2}, buffers {:.2}, runtime {:.2}, transport {:.2}) but declares {:.2} GiB; lower runtime.max_context, runtime.max_sequences or runtime.prefill_chunk, or spread the model over more devices",
                     u.device,
                     gib(u.total_bytes),
                     gib(u.weight_bytes),
@@ -143,6 +143,61 @@ pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
             )
         })
         .collect()
+}
+
+/// A prefill step runs the decode program on up to `runtime.prefill_chunk` token rows: every
+/// buffer holds at most that many, a hidden-state boundary exactly that many (a chunk's rows
+/// all cross it), a token boundary one, and a boundary's slot buffers as many as it carries.
+fn token_rows(plan: &Plan) -> Vec<String> {
+    let chunk = plan.runtime.prefill_chunk;
+    let mut errors = Vec::new();
+    if chunk == 0 || chunk > plan.runtime.max_context {
+        errors.push(format!(
+            "runtime.prefill_chunk {chunk} must be in 1..={}",
+            plan.runtime.max_context
+        ));
+    }
+    for b in &plan.boundaries {
+        let want = match b.carries {
+            Carries::Hidden => chunk,
+            Carries::Token => 1,
+        };
+        if b.tokens != want {
+            errors.push(format!(
+                "boundary {} carries {} token rows of {}; it must carry {want}",
+                b.boundary,
+                b.tokens,
+                b.carries.name()
+            ));
+        }
+        for r in &plan.ranks {
+            for buf in r
+                .buffers
+                .iter()
+                .filter(|x| x.name == b.tx() || x.name == b.rx())
+            {
+                if buf.tokens != b.tokens || buf.bytes != b.bytes {
+                    errors.push(format!(
+                        "rank {} buffer `{}` holds {} rows of {} bytes but boundary {} carries {} rows of {}",
+                        r.rank, buf.name, buf.tokens, buf.bytes, b.boundary, b.tokens, b.bytes
+                    ));
+                }
+            }
+        }
+    }
+    for r in &plan.ranks {
+        for buf in r
+            .buffers
+            .iter()
+            .filter(|x| x.tokens == 0 || x.tokens > chunk)
+        {
+            errors.push(format!(
+                "rank {} buffer `{}` holds {} token rows; allowed: 1..={chunk} (runtime.prefill_chunk)",
+                r.rank, buf.name, buf.tokens
+            ));
+        }
+    }
+    errors
 }
 
 /// One access of a step to a buffer.
@@ -317,6 +372,7 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
         }
     }
     errors.extend(state_sizes(plan));
+    errors.extend(token_rows(plan));
     // Happens-before, by vector clocks over every (rank, stream).
     let mut stream_ix: BTreeMap<(u32, &str), usize> = BTreeMap::new();
     for r in &plan.ranks {

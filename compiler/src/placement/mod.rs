@@ -13,6 +13,9 @@ use toml::Spanned;
 
 mod validate;
 
+/// Prompt tokens per prefill step when the placement names none (capped by the context).
+pub const DEFAULT_PREFILL_CHUNK: u32 = 512;
+
 pub use validate::even_split;
 use validate::validate;
 
@@ -57,6 +60,7 @@ struct RawRuntime {
     max_sequences: Option<Spanned<i64>>,
     kv_dtype: Option<Spanned<String>>,
     in_flight: Option<Spanned<i64>>,
+    prefill_chunk: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -129,6 +133,8 @@ pub struct Placement {
     pub max_sequences: u32,
     pub kv_dtype: Dtype,
     pub in_flight: u32,
+    /// Most prompt tokens of one prefill step.
+    pub prefill_chunk: u32,
     pub stages: Vec<Stage>,
     pub capture: CaptureMode,
     pub forced_eager: Vec<ForcedEager>,
@@ -151,6 +157,10 @@ impl Placement {
             self.capture,
             self.transport
         );
+        // only a non-default chunk enters the text, so older placements keep their hash
+        if self.prefill_chunk != DEFAULT_PREFILL_CHUNK.min(self.max_context) {
+            s += &format!("prefill_chunk={}\n", self.prefill_chunk);
+        }
         // only a non-default collective enters the text, so older placements keep their hash
         if self.collective != Collective::Oneshot {
             s += &format!("collective={}\n", self.collective.name());

@@ -3,7 +3,7 @@
 
 use super::{
     Collective, ForcedEager, Placement, RawCapture, RawParallel, RawPipeline, RawPlacement,
-    RawTransport, Stage, TransportChoice,
+    RawTransport, Stage, TransportChoice, DEFAULT_PREFILL_CHUNK,
 };
 use crate::diag::Collector;
 use crate::model::{Dtype, Mixer, ModelMeta};
@@ -16,6 +16,8 @@ use toml::Spanned;
 const MAX_CONTEXT: i64 = 1 << 24;
 const MAX_SEQUENCES: i64 = 4096;
 const MAX_IN_FLIGHT: i64 = 64;
+/// Largest prefill chunk: a chunk's rows are counted in 16 bits by the executors.
+const MAX_PREFILL_CHUNK: i64 = 32768;
 const MAX_DEVICE_ID: i64 = 1023;
 const MAX_MEMORY_GIB: f64 = 1_048_576.0;
 /// Context used when the placement names none (capped by the model's own).
@@ -59,6 +61,13 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
     let in_flight = rt.and_then(|r| r.in_flight.as_ref()).map_or(Some(1), |v| {
         int_in(c, v, "runtime.in_flight", 1, MAX_IN_FLIGHT)
     });
+    // a chunk longer than the context could never be filled
+    let chunk_cap = i64::from(max_context.unwrap_or(1)).min(MAX_PREFILL_CHUNK);
+    let prefill_chunk = rt
+        .and_then(|r| r.prefill_chunk.as_ref())
+        .map_or(Some(DEFAULT_PREFILL_CHUNK.min(chunk_cap as u32)), |v| {
+            int_in(c, v, "runtime.prefill_chunk", 1, chunk_cap)
+        });
     let kv_dtype = match rt.and_then(|r| r.kv_dtype.as_ref()) {
         None => Dtype::F16,
         Some(v) => match Dtype::from_name(v.get_ref()) {
@@ -90,6 +99,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
         max_sequences: max_sequences.unwrap_or(1),
         kv_dtype,
         in_flight: in_flight.unwrap_or(1),
+        prefill_chunk: prefill_chunk.unwrap_or(1),
         stages,
         capture,
         forced_eager,

@@ -4,15 +4,19 @@
 //! and model always give the same bytes (sorted vectors, no node indices, no timestamps). The
 //! executor depends on this module only; nothing here knows about petgraph or CUDA.
 //!
-//! Each rank's `program` is the ordered list of steps it enqueues for one decode step. Decode
-//! step `t` serves sequence `t % max_sequences` (round-robin, so several sequences are in flight
-//! across pipeline stages). Steps that touch a boundary slot use `Boundary::send_slot` or
-//! `recv_slot`; boundary events are per slot too.
+//! Each rank's `program` is the ordered list of steps it enqueues for one step: a decode step
+//! (one token) or a prefill step (a prompt chunk of up to `runtime.prefill_chunk` tokens of one
+//! sequence). Both walk the same program: every op works on rows of tokens, so a prefill step
+//! is the decode step with a `tokens` dimension on the buffers that carry activations
+//! (`Buffer::tokens`, `Boundary::tokens`); the schedule, its events and its verification are
+//! the same. Step `t` serves sequence `t % max_sequences` (round-robin, so several sequences
+//! are in flight across pipeline stages). Steps that touch a boundary slot use
+//! `Boundary::send_slot` or `recv_slot`; boundary events are per slot too.
 
 use serde::{Deserialize, Serialize};
 
 /// Version of the plan format; the executor refuses any other.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Slots of a hidden-state boundary (double buffering).
 pub const HIDDEN_SLOTS: u32 = 2;
@@ -43,6 +47,8 @@ pub struct RuntimeSettings {
     pub kv_dtype: String,
     /// Decode steps the host may enqueue ahead of the readback it has consumed.
     pub in_flight: u32,
+    /// Most prompt tokens one prefill step takes (the rows of the `tokens` buffers).
+    pub prefill_chunk: u32,
     pub capture: CaptureMode,
 }
 
@@ -192,7 +198,12 @@ pub struct Boundary {
     pub carries: Carries,
     pub from_rank: u32,
     pub to_rank: u32,
+    /// Bytes of one token row.
     pub bytes: u64,
+    /// Token rows a slot holds: `runtime.prefill_chunk` for the hidden state, 1 for the
+    /// sampled token (one per step, prefill or decode).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tokens: u32,
     pub slots: u32,
     /// Decode steps between a send and its receive: 0 for the hidden state; for the token,
     /// the number of sequences decoded round-robin (a sequence's next token is embedded
@@ -305,14 +316,34 @@ pub enum BufferKind {
     Slot,
 }
 
-/// A device buffer owned by a rank.
+/// A device buffer owned by a rank: `slots` slots of `tokens` rows of `bytes` each.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Buffer {
     pub name: String,
     pub kind: BufferKind,
+    /// Bytes of one token row (of the whole buffer when it has no token rows).
     pub bytes: u64,
+    /// Token rows per slot: `runtime.prefill_chunk` for what a prefill step holds per token
+    /// (activations, tokens, logits, hidden-state slots), 1 (not written) for the rest.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tokens: u32,
     pub slots: u32,
+}
+
+impl Buffer {
+    /// Bytes of the whole buffer, every slot and token row.
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes * u64::from(self.tokens) * u64::from(self.slots)
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
 }
 
 /// A slice of one model tensor held by a rank.

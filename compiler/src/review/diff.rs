@@ -65,6 +65,7 @@ fn header(old: &Plan, new: &Plan) -> Vec<String> {
     changed("max_sequences", a.max_sequences, b.max_sequences, &mut out);
     changed("kv_dtype", &a.kv_dtype, &b.kv_dtype, &mut out);
     changed("in_flight", a.in_flight, b.in_flight, &mut out);
+    changed("prefill_chunk", a.prefill_chunk, b.prefill_chunk, &mut out);
     changed(
         "capture",
         format!("{:?}", a.capture),
@@ -215,13 +216,14 @@ fn programs(old: &Plan, new: &Plan) -> Vec<String> {
 
 fn boundary_line(b: &Boundary) -> String {
     format!(
-        "b{} {} rank {} -> rank {}, {}, {} slots, lag {}",
+        "b{} {} rank {} -> rank {}, {}, {} slots of {} token rows, lag {}",
         b.boundary,
         b.carries.name(),
         b.from_rank,
         b.to_rank,
         b.transport.name(),
         b.slots,
+        b.tokens,
         b.lag
     )
 }

@@ -22,7 +22,7 @@ use memra_compiler::plan::Plan;
 
 use crate::cpu::ReduceOrder;
 use crate::dist::{ProcessMap, World, PEER_FAILED};
-use crate::engine::{open, Arm, Backend, EngineOptions};
+use crate::engine::{open, Arm, Backend, Decoder, EngineOptions, PromptMode};
 use crate::plan_load::{load, LoadedPlan};
 use crate::sample::SamplerConfig;
 use crate::session::Session;
@@ -157,11 +157,15 @@ enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Decode speed: -n tokens after a one-token prompt, --reps times after a warm-up.
+    /// Speed: a --prompt of N tokens (prefill tok/s and time to first token, like
+    /// `llama-bench -p N`), then -n decoded tokens (decode tok/s), --reps times after a warm-up.
     Bench {
         /// The execution plan.
         plan: PathBuf,
-        /// Tokens per repetition.
+        /// Prompt tokens per repetition (0: a one-token prompt, decode speed only).
+        #[arg(long, default_value_t = 0)]
+        prompt: usize,
+        /// Tokens generated per repetition.
         #[arg(short = 'n', long, default_value_t = 128)]
         n_predict: usize,
         /// Timed repetitions.
@@ -327,13 +331,25 @@ fn start(plan: &Path, run: &RunArgs, sampler: SamplerConfig) -> Result<Loaded> {
     let tokenizer = Tokenizer::from_gguf(&plan.gguf)?;
     let options = run.options(sampler);
     let engine = open(&plan, options)?;
+    let prints = options.holds_readback(&plan.plan);
+    notice_prompt_mode(&*engine, &plan.plan, prints);
     let session = Session::new(engine, plan.plan.runtime.in_flight);
     Ok(Loaded {
-        prints: options.holds_readback(&plan.plan),
+        prints,
         plan,
         session,
         tokenizer,
     })
+}
+
+/// Says on stderr when the engine runs prompts token by token although the plan has prefill
+/// steps, and why: the difference in speed is never silent.
+fn notice_prompt_mode(engine: &dyn Decoder, plan: &Plan, prints: bool) {
+    if let PromptMode::TokenByToken(why) = engine.prompt_mode() {
+        if prints && plan.runtime.prefill_chunk > 1 {
+            eprintln!("notice: prompts run token by token ({why})");
+        }
+    }
 }
 
 impl Command {
@@ -444,11 +460,12 @@ fn run(command: Command) -> Result<ExitCode> {
         } => tools::compare(&plan, &prompt, n_predict, tolerance, teacher_forced, &run),
         Command::Bench {
             plan,
+            prompt,
             n_predict,
             reps,
             json,
             run,
-        } => tools::bench(&plan, n_predict, reps, json, &run),
+        } => tools::bench(&plan, prompt, n_predict, reps, json, &run),
         Command::Serve {
             plan,
             host,

@@ -52,7 +52,8 @@ pub fn generate(
     let started = Instant::now();
     let mut first: Option<Instant> = None;
     let mut on_token = stream(&loaded.tokenizer, loaded.prints);
-    let generated = loaded.session.run(&ids, n, |out, generates| {
+    let last = ids.len().saturating_sub(1);
+    let generated = loaded.session.run(&ids, n, last, |out, generates| {
         if !generates {
             return Ok(Flow::Continue);
         }

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use memra_gguf::progress::{Progress, Unit};
 
 use super::{start, RunArgs};
-use crate::engine::{open, Arm, Backend, EngineOptions};
+use crate::engine::{open, Arm, Backend, EngineOptions, PromptMode};
 use crate::gate::{decode_all, gate_repeated};
 use crate::perplexity::perplexity as run_perplexity;
 use crate::sample::SamplerConfig;
@@ -235,45 +235,76 @@ fn cuda_copy_bandwidth(plan: &memra_compiler::plan::Plan) -> Result<f64> {
     dev.copy_bandwidth(&stream)
 }
 
-/// `bench`: decode speed, mean ± sd over `reps` timed runs after one warm-up run; the weight
-/// bytes a token reads give the achieved bandwidth, on CUDA next to the device's measured
-/// copy bandwidth.
-pub fn bench(plan: &Path, n: usize, reps: usize, json: bool, run: &RunArgs) -> Result<ExitCode> {
+/// Mean and sample standard deviation.
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+    let var = xs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (xs.len().max(2) - 1) as f64;
+    (mean, var.sqrt())
+}
+
+/// `bench`: prefill and decode speed, mean ± sd over `reps` timed runs after one warm-up run.
+/// A run feeds a prompt of `prompt` tokens (at least one; spread over the vocabulary, as
+/// `llama-bench` uses random ones) and generates `n`: prefill tok/s is the prompt over the
+/// time to first token, decode tok/s the tokens after the first over their time. The weight
+/// bytes a token reads give the decode's achieved bandwidth, on CUDA next to the device's
+/// measured copy bandwidth.
+pub fn bench(
+    plan: &Path,
+    prompt: usize,
+    n: usize,
+    reps: usize,
+    json: bool,
+    run: &RunArgs,
+) -> Result<ExitCode> {
     let loaded = run.load(plan)?;
     let options = run.options(SamplerConfig::GREEDY);
     let engine = open(&loaded, options)?;
     let prints = options.holds_readback(&loaded.plan);
+    super::notice_prompt_mode(&*engine, &loaded.plan, prints);
+    let mode = engine.prompt_mode();
     for line in engine.report().into_iter().filter(|_| prints) {
         eprintln!("{line}");
     }
     let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
     let n = n.max(2);
-    let mut rates = Vec::new();
+    let vocab = u64::from(loaded.plan.model.vocab.max(1));
+    let ids: Vec<u32> = (0..prompt.max(1) as u64)
+        .map(|i| ((1 + i * 7919) % vocab) as u32)
+        .collect();
+    let (mut rates, mut prefill, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     for rep in 0..=reps.max(1) {
         session.reset();
+        let start = Instant::now();
         let mut first: Option<Instant> = None;
-        let generated = session.run(&[0], n, |_, generates| {
+        let generated = session.run(&ids, n, ids.len() - 1, |_, generates| {
             if generates {
                 first.get_or_insert_with(Instant::now);
             }
             Ok(Flow::Continue)
         })?;
-        let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+        let first = first.unwrap_or(start);
+        let secs = first.elapsed().as_secs_f64();
+        let to_first = (first - start).as_secs_f64();
         // The first repetition warms caches and thread pools and is not counted.
         if rep > 0 {
             rates.push((generated.len() - 1) as f64 / secs.max(1e-9));
+            prefill.push(ids.len() as f64 / to_first.max(1e-9));
+            ttft.push(to_first * 1000.0);
         }
     }
     if !prints {
         return Ok(ExitCode::SUCCESS);
     }
-    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-    let var =
-        rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;
-    let sd = var.sqrt();
+    let (mean, sd) = mean_sd(&rates);
+    let (pp, pp_sd) = mean_sd(&prefill);
+    let (ttft_ms, _) = mean_sd(&ttft);
     let on = match options.backend {
         Backend::Cpu => format!("cpu {} threads", options.threads),
         Backend::Cuda => "cuda".to_string(),
+    };
+    let chunk = match mode {
+        PromptMode::Chunks(rows) => format!("prefill chunks of {rows}"),
+        PromptMode::TokenByToken(_) => "token by token".to_string(),
     };
     let p = &loaded.plan;
     let bytes = p.weight_bytes_per_token();
@@ -285,11 +316,13 @@ pub fn bench(plan: &Path, n: usize, reps: usize, json: bool, run: &RunArgs) -> R
     let capture = format!("{:?}", p.runtime.capture).to_lowercase();
     if json {
         println!(
-            "{{\"plan\": {:?}, \"placement_hash\": {:?}, \"backend\": {:?}, \"capture\": {:?}, \"tokens\": {n}, \"reps\": {}, \"tok_s\": {mean:.2}, \"tok_s_sd\": {sd:.2}, \"ms_per_token\": {:.4}, \"weight_bytes_per_token\": {bytes}, \"gb_s\": {gbs:.1}, \"copy_gb_s\": {}, \"share_of_copy\": {}}}",
+            "{{\"plan\": {:?}, \"placement_hash\": {:?}, \"backend\": {:?}, \"capture\": {:?}, \"prompt_tokens\": {}, \"prompt_mode\": {:?}, \"prefill_tok_s\": {pp:.2}, \"prefill_tok_s_sd\": {pp_sd:.2}, \"ttft_ms\": {ttft_ms:.3}, \"tokens\": {n}, \"reps\": {}, \"tok_s\": {mean:.2}, \"tok_s_sd\": {sd:.2}, \"ms_per_token\": {:.4}, \"weight_bytes_per_token\": {bytes}, \"gb_s\": {gbs:.1}, \"copy_gb_s\": {}, \"share_of_copy\": {}}}",
             plan.display().to_string(),
             p.placement_hash,
             on,
             capture,
+            ids.len(),
+            chunk,
             rates.len(),
             1000.0 / mean,
             copy.map_or("null".into(), |c| format!("{c:.1}")),
@@ -299,8 +332,17 @@ pub fn bench(plan: &Path, n: usize, reps: usize, json: bool, run: &RunArgs) -> R
         let share = copy.map_or(String::new(), |c| {
             format!(" = {:.1}% of the {c:.0} GB/s device copy", 100.0 * gbs / c)
         });
+        // the prompt part only when one was asked for, so the decode line keeps its shape
+        let prefill = if prompt > 0 {
+            format!(
+                "prompt {} tokens ({chunk}): {pp:.1} ± {pp_sd:.1} tok/s, time to first token {ttft_ms:.1} ms; ",
+                ids.len()
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{}: {on}, capture {capture}, placement {}, {n} tokens x {} reps: {mean:.1} ± {sd:.1} tok/s ({:.3} ms/token), {:.1} MB/token, {gbs:.1} GB/s{share}",
+            "{}: {on}, capture {capture}, placement {}, {prefill}{n} tokens x {} reps: {mean:.1} ± {sd:.1} tok/s ({:.3} ms/token), {:.1} MB/token, {gbs:.1} GB/s{share}",
             plan.display(),
             p.placement_hash,
             rates.len(),

@@ -4,6 +4,10 @@
 //! and sampling. Everything here belongs to one rank: its weight shards, activations, caches of
 //! its layers, logits, token and received slots. The segment bodies live in `segments`.
 //!
+//! A step holds one token row (decode) or a prompt chunk's rows (prefill): every op works on
+//! all rows, each row computed as it would be alone, so prefill logits are decode's bits.
+//! MoE, MLA and KDA segments take one row (the engine runs their prompts token by token).
+//!
 //! Row-parallel products (attention output, FFN down) and the routed experts leave a partial
 //! sum in `partial`; on a tensor-parallel rank the all-reduce adds the group's sum to the
 //! residual, on a single rank the segment adds it at once. Row-parallel K is reduced in the
@@ -46,6 +50,8 @@ pub struct RankCompute {
     embed: Option<Matrix>,
     head: Option<(Vec<f32>, HeadRows)>,
     geo: RankGeometry,
+    /// Values of one row of the residual stream.
+    hidden: usize,
     act: Activations,
     token: u32,
     sampler: Sampler,
@@ -147,11 +153,13 @@ impl RankCompute {
             embed,
             head,
             geo: RankGeometry::of(plan, rank),
+            hidden: m.embedding as usize,
             act: Activations::default(),
             token: 0,
             sampler: Sampler::new(sampler),
             rx: BTreeMap::new(),
         };
+        c.act.rows = 1;
         c.act.x = vec![0.0; d];
         c.act.xn = vec![0.0; d];
         c.act.partial = vec![0.0; d];
@@ -170,7 +178,7 @@ impl RankCompute {
         self.token
     }
 
-    /// The residual stream.
+    /// The residual stream, every row.
     pub fn hidden(&self) -> &[f32] {
         &self.act.x
     }
@@ -180,7 +188,8 @@ impl RankCompute {
         &self.act.partial
     }
 
-    /// The logits: the gathered vocabulary on a group's first rank, else this rank's slice.
+    /// The logits of the rows the head ran on, one row after another: the gathered vocabulary
+    /// on a group's first rank, else this rank's slice.
     pub fn logits(&self) -> &[f32] {
         self.act.full_logits.as_deref().unwrap_or(&self.act.logits)
     }
@@ -206,39 +215,44 @@ impl RankCompute {
         }
     }
 
-    /// Loads the residual stream from `rx[slot]` of `boundary`.
+    /// Loads the residual stream (every row the sender held) from `rx[slot]` of `boundary`.
     pub fn load_hidden(&mut self, boundary: u32, slot: u32) -> Result<()> {
+        let d = self.hidden;
         match self
             .rx
             .get(&boundary)
             .and_then(|s| s.get(slot as usize))
             .and_then(Option::as_ref)
         {
-            Some(Payload::Hidden(h)) if h.len() == self.act.x.len() => {
-                self.act.x.copy_from_slice(h);
+            Some(Payload::Hidden(h)) if !h.is_empty() && h.len() % d == 0 => {
+                self.act.rows = h.len() / d;
+                self.act.x.clear();
+                self.act.x.extend_from_slice(h);
                 Ok(())
             }
             _ => bail!(
-                "no hidden state of {} values arrived on boundary {boundary} slot {slot}",
-                self.act.x.len()
+                "no hidden state of rows of {d} values arrived on boundary {boundary} slot {slot}"
             ),
         }
     }
 
-    /// Looks up the embedding of `token`.
-    pub fn embed(&mut self, token: u32) -> Result<()> {
+    /// Looks up the embeddings of `tokens`, one row each.
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<()> {
         let e = self
             .embed
             .as_ref()
             .ok_or_else(|| anyhow!("embed on a rank without token_embd"))?;
-        if token as usize >= e.rows {
-            bail!(
-                "token {token} is outside the vocabulary of {} tokens",
-                e.rows
-            );
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= e.rows) {
+            bail!("token {bad} is outside the vocabulary of {} tokens", e.rows);
         }
-        self.token = token;
-        kernels::embed_row(&view(e), token as usize, &mut self.act.x);
+        let &last = tokens.last().ok_or_else(|| anyhow!("embed of no tokens"))?;
+        self.token = last;
+        let d = e.cols;
+        self.act.rows = tokens.len();
+        self.act.x.resize(tokens.len() * d, 0.0);
+        for (row, &t) in self.act.x.chunks_exact_mut(d).zip(tokens) {
+            kernels::embed_row(&view(e), t as usize, row);
+        }
         Ok(())
     }
 
@@ -252,10 +266,22 @@ impl RankCompute {
         let lw = &self.layers[li];
         let cache = &mut self.caches[li];
         let a = &mut self.act;
-        if pos as usize >= cache.capacity() {
+        let last = pos as usize + a.rows.max(1) - 1;
+        if last >= cache.capacity() {
             bail!(
-                "position {pos} is beyond runtime.max_context {}",
+                "position {last} is beyond runtime.max_context {}",
                 cache.capacity()
+            );
+        }
+        let batched = matches!(
+            segment,
+            Segment::AttnPre | Segment::AttnCore | Segment::AttnOut | Segment::Ffn
+        );
+        if a.rows > 1 && !batched {
+            bail!(
+                "segment `{}` takes one token row on the cpu, not {}",
+                segment.name(),
+                a.rows
             );
         }
         let c = Ctx {
@@ -267,8 +293,8 @@ impl RankCompute {
             (Segment::AttnPre, MixerWeights::Gqa(g), ..) => {
                 segments::gqa_pre(&c, &lw.attn_norm, g, a)
             }
-            (Segment::AttnCore, MixerWeights::Gqa(_), _, Cache::Kv(kv)) => {
-                segments::gqa_core(&c, kv, a)
+            (Segment::AttnCore, MixerWeights::Gqa(g), _, Cache::Kv(kv)) => {
+                segments::gqa_core(&c, kv, g.q.rows, a)
             }
             (Segment::MlaPre, MixerWeights::Mla(m), ..) => {
                 segments::mla_pre(&c, &lw.attn_norm, m, a)
@@ -308,14 +334,25 @@ impl RankCompute {
         segments::finish_with(&mut self.act, sum);
     }
 
-    /// Final norm and this rank's vocab rows.
-    pub fn head(&mut self) -> Result<()> {
+    /// Final norm and this rank's vocab rows, for the step's rows from `from` on.
+    pub fn head(&mut self, from: usize) -> Result<()> {
         let (norm, rows) = self
             .head
             .as_ref()
             .ok_or_else(|| anyhow!("head on a rank without the head"))?;
         let a = &mut self.act;
-        rms_norm(&a.x, norm, self.geo.eps, &mut a.xn);
+        let d = norm.len();
+        if from >= a.rows {
+            bail!("logits from row {from} of a step of {} rows", a.rows);
+        }
+        let n = a.rows - from;
+        a.xn.resize(n * d, 0.0);
+        for (x, xn) in a.x[from * d..]
+            .chunks_exact(d)
+            .zip(a.xn.chunks_exact_mut(d))
+        {
+            rms_norm(x, norm, self.geo.eps, xn);
+        }
         let w = match rows {
             HeadRows::Own(m) => view(m),
             HeadRows::Tied { start, end } => {
@@ -332,23 +369,37 @@ impl RankCompute {
             }
         };
         let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize;
-        kernels::matvec(&self.pool, &w, &a.xn, chunks, &mut a.logits);
+        a.logits.resize(n * w.rows, 0.0);
+        kernels::matmul(&self.pool, &w, &a.xn, chunks, &mut a.logits);
+        a.logits_rows = n;
         a.full_logits = None;
         Ok(())
     }
 
-    /// Concatenates the group's vocab slices (in member order) into the full logits.
+    /// Joins the group's vocab slices (in member order) into the full logits, row by row.
     pub fn set_full_logits(&mut self, parts: &[Vec<f32>]) {
-        self.act.full_logits = Some(parts.concat());
+        let n = self.act.logits_rows.max(1);
+        let mut full = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+        for row in 0..n {
+            for p in parts {
+                let w = p.len() / n;
+                full.extend_from_slice(&p[row * w..(row + 1) * w]);
+            }
+        }
+        self.act.full_logits = Some(full);
     }
 
-    /// Picks the next token from the logits.
+    /// Picks the next token from the last row's logits. The draws token-by-token decoding
+    /// would have taken at the step's earlier rows are skipped, so the sampled text does not
+    /// depend on how the prompt was cut into steps.
     pub fn sample(&mut self) -> Result<()> {
         let logits = self.act.full_logits.as_deref().unwrap_or(&self.act.logits);
         if logits.is_empty() {
             bail!("sample on a rank without logits");
         }
-        self.token = self.sampler.sample(logits);
+        let vocab = logits.len() / self.act.logits_rows.max(1);
+        self.sampler.skip(self.act.rows.max(1) as u64 - 1);
+        self.token = self.sampler.sample(&logits[logits.len() - vocab..]);
         Ok(())
     }
 }

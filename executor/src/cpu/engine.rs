@@ -19,14 +19,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{anyhow, bail, Result};
-use memra_compiler::plan::Step;
+use memra_compiler::plan::{Plan, Step};
 
 use super::compute::RankCompute;
 use super::kernels::Pool;
 use super::rank::RankRunner;
 use super::wire::{Remote, Wire};
 use crate::dist::{ProcessMap, Routes};
-use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
+use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::program::Binder;
 use crate::weights::RankWeights;
@@ -47,6 +47,7 @@ pub struct Engine {
     next_step: u64,
     in_flight: u64,
     max_context: u32,
+    prompt_mode: PromptMode,
     failed: bool,
 }
 
@@ -122,6 +123,7 @@ impl Engine {
             next_step: 0,
             in_flight: 0,
             max_context: plan.runtime.max_context,
+            prompt_mode: prompt_mode(plan),
             failed: false,
         })
     }
@@ -130,15 +132,20 @@ impl Engine {
 impl Decoder for Engine {
     /// Enqueues one decode step; its result comes from `next_output`, in order.
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        input.check(self.failed, self.next_step, self.max_context)?;
+        input.check(
+            self.failed,
+            self.next_step,
+            self.max_context,
+            self.prompt_mode.rows(),
+        )?;
         let t = self.next_step;
         self.next_step += 1;
         self.in_flight += 1;
         let result = match &mut self.ranks {
-            Ranks::Serial(runners) => run_serial(runners, &self.wire, t, input),
+            Ranks::Serial(runners) => run_serial(runners, &self.wire, t, &input),
             Ranks::Pipelined { inputs, .. } => inputs
                 .iter()
-                .try_for_each(|tx| tx.send((t, input)))
+                .try_for_each(|tx| tx.send((t, input.clone())))
                 .map_err(|_| anyhow!("a rank thread has stopped")),
         };
         if result.is_err() {
@@ -173,6 +180,22 @@ impl Decoder for Engine {
     fn in_flight(&self) -> u64 {
         self.in_flight
     }
+
+    fn prompt_mode(&self) -> PromptMode {
+        self.prompt_mode
+    }
+}
+
+/// Prefill steps of the plan's `runtime.prefill_chunk` rows for dense layers; MoE, MLA and
+/// KDA layers have no batched segments on the cpu yet, so their prompts run token by token.
+fn prompt_mode(plan: &Plan) -> PromptMode {
+    let m = &plan.model;
+    if m.moe.is_some() || m.mla.is_some() || m.kda.is_some() {
+        return PromptMode::TokenByToken(
+            "the cpu backend has no batched moe, mla or kda segments yet",
+        );
+    }
+    PromptMode::Chunks(plan.runtime.prefill_chunk.max(1))
 }
 
 impl Drop for Engine {
@@ -192,9 +215,9 @@ impl Drop for Engine {
 /// Runs step `t` on every rank: each in plan order until it finishes or would wait, round
 /// after round, until all finish. A round in which no rank moves is a deadlock of the plan,
 /// unless ranks of other processes have yet to send what this process's ranks wait for.
-fn run_serial(runners: &mut [RankRunner], wire: &Wire, t: u64, input: StepInput) -> Result<()> {
+fn run_serial(runners: &mut [RankRunner], wire: &Wire, t: u64, input: &StepInput) -> Result<()> {
     for r in runners.iter_mut() {
-        r.begin(t, input);
+        r.begin(t, input.clone());
     }
     loop {
         let seen = wire.generation();

@@ -133,9 +133,10 @@ impl RankRunner {
     /// Runs actions until the step is done (`Ok(true)`) or, without `block`, until the next
     /// action would wait (`Ok(false)`); returns whether any action ran in `progressed`.
     pub fn advance(&mut self, block: bool, progressed: &mut bool) -> Result<bool> {
-        let Some((t, input)) = self.step else {
+        let Some((t, input)) = &self.step else {
             return Ok(true);
         };
+        let t = *t;
         let done = walk(
             &self.program,
             &mut self.ops,
@@ -173,7 +174,7 @@ impl RankOps for CpuOps {
         Ok(())
     }
 
-    fn readback(&mut self, _: &str, t: u64, input: StepInput) -> Result<()> {
+    fn readback(&mut self, _: &str, t: u64, input: &StepInput) -> Result<()> {
         let out = StepOutput {
             step: t,
             pos: input.pos,
@@ -186,11 +187,18 @@ impl RankOps for CpuOps {
         Ok(())
     }
 
-    fn enter(&mut self, _: &str, _: usize, _: &Block, _: u64, _: StepInput) -> Result<Entered> {
+    fn enter(&mut self, _: &str, _: usize, _: &Block, _: u64, _: &StepInput) -> Result<Entered> {
         Ok(Entered::Walk)
     }
 
-    fn work(&mut self, _: &str, work: Work, t: u64, input: StepInput, block: bool) -> Result<bool> {
+    fn work(
+        &mut self,
+        _: &str,
+        work: Work,
+        t: u64,
+        input: &StepInput,
+        block: bool,
+    ) -> Result<bool> {
         match work {
             Work::AllReduce => self.all_reduce(block),
             Work::GatherLogits => self.gather(block),
@@ -207,20 +215,18 @@ impl CpuOps {
             .ok_or_else(|| anyhow!("copy of boundary {id}, which does not end at this rank"))
     }
 
-    fn compute_work(&mut self, work: Work, t: u64, input: StepInput) -> Result<()> {
+    fn compute_work(&mut self, work: Work, t: u64, input: &StepInput) -> Result<()> {
         match work {
+            Work::Embed if !input.tokens.is_empty() => self.compute.embed(&input.tokens),
             Work::Embed => {
-                let token = match input.token {
-                    Some(token) => token,
-                    None => match self.incoming.iter().find(|b| b.carries == Carries::Token) {
-                        Some(b) => self.compute.received_token(b.boundary, b.recv_slot(t))?,
-                        None => self.compute.token(),
-                    },
+                let token = match self.incoming.iter().find(|b| b.carries == Carries::Token) {
+                    Some(b) => self.compute.received_token(b.boundary, b.recv_slot(t))?,
+                    None => self.compute.token(),
                 };
-                self.compute.embed(token)
+                self.compute.embed(&[token])
             }
             Work::Segment { layer, segment } => self.compute.segment(layer, segment, input.pos),
-            Work::Head => self.compute.head(),
+            Work::Head => self.compute.head(input.logits_from as usize),
             Work::Sample => self.compute.sample(),
             Work::LoadHidden => {
                 let b = self

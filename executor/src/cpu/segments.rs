@@ -1,6 +1,8 @@
 //! The layer segments of the CPU backend, one function per segment kind, each over one
-//! layer's weights and the rank's activations: GQA (`attn_pre`, `attn_core`), MLA (`mla_pre`,
-//! `mla_core`), KDA (`kda_pre`, `kda_core`), the output projection, the dense FFN and the three MoE segments. A segment
+//! layer's weights and the rank's activations (one or more token rows; the GQA and dense FFN
+//! segments batch the rows of a prefill step, each row computed as alone): GQA (`attn_pre`,
+//! `attn_core`), MLA (`mla_pre`, `mla_core`), KDA (`kda_pre`, `kda_core`), the output
+//! projection, the dense FFN and the three MoE segments. A segment
 //! that ends in a partial sum leaves it in `Activations::partial` with what it holds
 //! (`Pending`), so the group's all-reduce, or the segment itself on a lone rank, finishes it
 //! the same way everywhere (`finish`).
@@ -9,8 +11,8 @@ use anyhow::{bail, Result};
 use memra_compiler::plan::reduction_chunks;
 
 use super::kernels::{
-    self, attention, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KdaState,
-    KvCache, LatentCache, Pool, Rotation, Router, Weight,
+    self, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KdaState, KvCache,
+    LatentCache, Pool, Rotation, Router, Weight,
 };
 use super::layer::{Gated, GqaWeights, KdaWeights, MlaWeights, MoeWeights, QueryPath};
 use crate::geometry::RankGeometry;
@@ -26,9 +28,12 @@ pub(super) enum Pending {
     Experts { k: usize, shared: bool },
 }
 
-/// Activations of one rank; vectors grow to what a segment needs on first use.
+/// Activations of one rank, `rows` token rows of each; vectors grow to what a segment needs
+/// on first use.
 #[derive(Default)]
 pub(super) struct Activations {
+    /// Token rows of the step (1 for decode).
+    pub rows: usize,
     pub x: Vec<f32>,
     pub xn: Vec<f32>,
     pub q: Vec<f32>,
@@ -55,8 +60,10 @@ pub(super) struct Activations {
     /// MoE: router logits and the selected experts with their weights.
     pub logits_e: Vec<f32>,
     pub route: Vec<(usize, f32)>,
-    /// This rank's vocab slice of the logits, and the gathered logits on a group's first rank.
+    /// This rank's vocab slice of the logits of `logits_rows` rows, and the gathered logits
+    /// on a group's first rank.
     pub logits: Vec<f32>,
+    pub logits_rows: usize,
     pub full_logits: Option<Vec<f32>>,
 }
 
@@ -97,6 +104,9 @@ impl Ctx<'_> {
     }
 }
 
+/// Query rows per attention task: each cached row is widened once per task.
+const ATTENTION_ROWS: usize = 8;
+
 /// `v` with length `n` (its buffer is kept between tokens).
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
@@ -122,18 +132,28 @@ fn stacked(s: &Stack, index: usize) -> Option<Weight<'_>> {
     })
 }
 
-/// A product whose K is the full input: every row computed as on one rank.
+/// A product whose K is the full input, for every token row of `x`: every row computed as on
+/// one rank.
 pub(super) fn full_k(pool: &Pool, w: &Weight, x: &[f32], y: &mut [f32]) {
     let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize;
-    kernels::matvec(pool, w, x, chunks, y);
+    kernels::matmul(pool, w, x, chunks, y);
 }
 
-/// A product over this rank's share of K: the canonical subtree when `chunks` is given.
+/// A product over this rank's share of K, for every token row of `x`: the canonical subtree
+/// when `chunks` is given.
 fn row_parallel(pool: &Pool, m: &Matrix, x: &[f32], chunks: Option<usize>, y: &mut [f32]) {
     let w = view(m);
     let chunks = chunks
         .unwrap_or_else(|| reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize);
-    kernels::matvec(pool, &w, x, chunks.max(1), y);
+    kernels::matmul(pool, &w, x, chunks.max(1), y);
+}
+
+/// RMS norm of every row of `x` (rows of `w.len()` values) into `out`.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.resize(x.len(), 0.0);
+    for (x, o) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+        rms_norm(x, w, eps, o);
+    }
 }
 
 /// RMS norm of each `hd`-long head of `v` with the shared weight `w` (qwen3's q/k norms).
@@ -145,16 +165,18 @@ fn per_head_norm(v: &mut [f32], w: &[f32], eps: f32, hd: usize) {
     }
 }
 
-/// GQA: norm, q/k/v (+biases, q/k norms), rope.
+/// GQA: norm, q/k/v (+biases, q/k norms), rope; row `i` at position `pos + i`.
 pub(super) fn gqa_pre(c: &Ctx, norm: &[f32], g: &GqaWeights, a: &mut Activations) {
-    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
-    full_k(c.pool, &view(&g.q), &a.xn, sized(&mut a.q, g.q.rows));
-    full_k(c.pool, &view(&g.k), &a.xn, sized(&mut a.k, g.k.rows));
-    full_k(c.pool, &view(&g.v), &a.xn, sized(&mut a.v, g.v.rows));
+    let t = a.rows;
+    norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
+    full_k(c.pool, &view(&g.q), &a.xn, sized(&mut a.q, t * g.q.rows));
+    full_k(c.pool, &view(&g.k), &a.xn, sized(&mut a.k, t * g.k.rows));
+    full_k(c.pool, &view(&g.v), &a.xn, sized(&mut a.v, t * g.v.rows));
     if let Some([bq, bk, bv]) = &g.biases {
-        kernels::add(&mut a.q, bq);
-        kernels::add(&mut a.k, bk);
-        kernels::add(&mut a.v, bv);
+        for (v, b) in [(&mut a.q, bq), (&mut a.k, bk), (&mut a.v, bv)] {
+            v.chunks_exact_mut(b.len())
+                .for_each(|row| kernels::add(row, b));
+        }
     }
     let hd = c.geo.head_dim;
     if let Some([nq, nk]) = &g.qk_norm {
@@ -162,22 +184,34 @@ pub(super) fn gqa_pre(c: &Ctx, norm: &[f32], g: &GqaWeights, a: &mut Activations
         per_head_norm(&mut a.k, nk, c.geo.eps, hd);
     }
     let r = c.rotation();
-    rope_part(&mut a.q, hd, 0..hd, c.pos, &r);
-    rope_part(&mut a.k, hd, 0..hd, c.pos, &r);
+    for (v, width) in [(&mut a.q, g.q.rows), (&mut a.k, g.k.rows)] {
+        for (i, row) in v.chunks_exact_mut(width).enumerate() {
+            rope_part(row, hd, 0..hd, c.pos + i, &r);
+        }
+    }
 }
 
-/// GQA: cache write and attention over the cache.
-pub(super) fn gqa_core(c: &Ctx, kv: &mut KvCache, a: &mut Activations) {
-    kv.write(c.pos, &a.k, &a.v);
-    let heads = a.q.len() / c.geo.head_dim;
+/// GQA: cache writes of every row, then each row's attention over the cache up to its own
+/// position (causal), rows spread over the pool's threads.
+pub(super) fn gqa_core(c: &Ctx, kv: &mut KvCache, q_width: usize, a: &mut Activations) {
+    let kw = a.k.len() / a.rows;
+    for (i, (k, v)) in a.k.chunks_exact(kw).zip(a.v.chunks_exact(kw)).enumerate() {
+        kv.write(c.pos + i, k, v);
+    }
+    let heads = q_width / c.geo.head_dim;
     let att = sized(&mut a.att, a.q.len());
-    attention(&a.q, kv, heads, c.pos + 1, att);
+    let (q, kv, pos) = (&a.q, &*kv, c.pos);
+    c.pool
+        .split_mut(att, q_width * ATTENTION_ROWS, &|off, piece| {
+            let rows = off..off + piece.len();
+            kernels::attention_rows(&q[rows], kv, heads, pos + off / q_width, piece);
+        });
 }
 
 /// MLA: norm, query, latent and rope key, rope on the rope parts, and each head's no-rope
 /// query absorbed into the latent space through its `attn_k_b` matrix.
 pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations) {
-    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     match &m.q {
         QueryPath::Direct(q) => full_k(c.pool, &view(q), &a.xn, sized(&mut a.q, q.rows)),
         QueryPath::LowRank { a: qa, norm, b } => {
@@ -303,22 +337,24 @@ pub(super) fn attn_out(c: &Ctx, o: &Matrix, a: &mut Activations) {
     }
 }
 
-/// `silu(gate . x) * (up . x)` into `a.gate`, then the down projection (`chunks`) into `out`.
+/// `silu(gate . x) * (up . x)` into `a.gate`, then the down projection (`chunks`) into `out`,
+/// for every row of `a.xn`.
 fn gated(c: &Ctx, g: &Gated, chunks: Option<usize>, a: &mut Activations, out: &mut [f32]) {
+    let t = a.xn.len() / g.gate.cols;
     full_k(
         c.pool,
         &view(&g.gate),
         &a.xn,
-        sized(&mut a.gate, g.gate.rows),
+        sized(&mut a.gate, t * g.gate.rows),
     );
-    full_k(c.pool, &view(&g.up), &a.xn, sized(&mut a.up, g.up.rows));
+    full_k(c.pool, &view(&g.up), &a.xn, sized(&mut a.up, t * g.up.rows));
     silu_mul(&mut a.gate, &a.up);
     row_parallel(c.pool, &g.down, &a.gate, chunks, out);
 }
 
 /// A dense FFN: norm, gated product, down projection (this rank's columns).
 pub(super) fn dense_ffn(c: &Ctx, norm: &[f32], g: &Gated, a: &mut Activations) {
-    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     let mut out = std::mem::take(&mut a.partial);
     out.resize(a.x.len(), 0.0);
     gated(c, g, c.geo.row_chunks.map(|r| r.1), a, &mut out);
@@ -337,7 +373,7 @@ pub(super) fn moe_router(
     router: &Router,
     a: &mut Activations,
 ) {
-    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     full_k(
         c.pool,
         &view(&e.router),

@@ -33,7 +33,7 @@ use super::p2p::{check_groups, Crossings};
 use super::rank::RankDevice;
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
-use crate::engine::{Arm, Decoder, EngineOptions, StepInput, StepOutput};
+use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Program};
 use crate::reduce::ReduceOrder;
@@ -251,7 +251,7 @@ impl Engine {
     /// idle. Capturing inline would end a capture and instantiate while earlier ranks' replayed
     /// collectives spin for a member that the host has not enqueued yet; the driver may
     /// synchronize the device there, and the collectives would wait on the host forever.
-    fn capture_due(&mut self, t: u64, input: StepInput) -> Result<()> {
+    fn capture_due(&mut self, t: u64, input: &StepInput) -> Result<()> {
         let due: Vec<(usize, usize)> = (0..self.ranks.len())
             .flat_map(|ri| (0..self.programs[ri].entries.len()).map(move |i| (ri, i)))
             .filter(|&(ri, i)| {
@@ -339,7 +339,7 @@ impl Engine {
 
 impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        input.check(self.failed, self.next_step, self.max_context)?;
+        input.check(self.failed, self.next_step, self.max_context, 1)?;
         if self.pending.len() >= self.ring {
             bail!(
                 "{} steps are in flight, the plan's runtime.in_flight; take an output first",
@@ -348,7 +348,7 @@ impl Decoder for Engine {
         }
         let t = self.next_step;
         self.next_step += 1;
-        let mut result = self.capture_due(t, input);
+        let mut result = self.capture_due(t, &input);
         let programs = self.programs.clone();
         for (ri, program) in programs.iter().enumerate() {
             if result.is_err() {
@@ -360,7 +360,7 @@ impl Decoder for Engine {
                 &mut self.ops(ri),
                 &mut cursor,
                 t,
-                input,
+                &input,
                 true,
                 &mut false,
             )
@@ -392,6 +392,10 @@ impl Decoder for Engine {
 
     fn in_flight(&self) -> u64 {
         self.pending.len() as u64
+    }
+
+    fn prompt_mode(&self) -> PromptMode {
+        PromptMode::TokenByToken("the cuda backend has no batched prefill kernels yet")
     }
 
     fn report(&self) -> Vec<String> {

@@ -79,7 +79,7 @@ impl CudaOps<'_> {
     fn send_inputs(
         &mut self,
         t: u64,
-        input: StepInput,
+        input: &StepInput,
         embeds: bool,
         s: &Arc<CudaStream>,
     ) -> Result<()> {
@@ -95,7 +95,7 @@ impl CudaOps<'_> {
         };
         up(&mut ring.pos[slot], input.pos, rank.pos())?;
         if embeds {
-            match (input.token, rank.token_input()) {
+            match (input.token(), rank.token_input()) {
                 (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
                 (None, Some(b)) => copy(s, &rank.rx_slot(b, b.recv_slot(t)), &rank.token().cast())?,
                 // the rank samples the token it embeds next: it is already in place
@@ -167,7 +167,7 @@ impl RankOps for CudaOps<'_> {
         .map_err(|e| anyhow!("cuda backend: peer copy of boundary {id}: {e:?}"))
     }
 
-    fn readback(&mut self, stream: &str, t: u64, _: StepInput) -> Result<()> {
+    fn readback(&mut self, stream: &str, t: u64, _: &StepInput) -> Result<()> {
         let rb = match self.readback.as_deref_mut() {
             Some(rb) if rb.rank == self.ri => rb,
             _ => bail!("invariant: readback on the reading rank"),
@@ -188,7 +188,7 @@ impl RankOps for CudaOps<'_> {
         at: usize,
         b: &Block,
         t: u64,
-        input: StepInput,
+        input: &StepInput,
     ) -> Result<Entered> {
         let embeds = b.work.contains(&Work::Embed);
         if !self.inputs_sent {
@@ -220,7 +220,7 @@ impl RankOps for CudaOps<'_> {
         Ok(Entered::Done)
     }
 
-    fn work(&mut self, stream: &str, work: Work, t: u64, _: StepInput, _: bool) -> Result<bool> {
+    fn work(&mut self, stream: &str, work: Work, t: u64, _: &StepInput, _: bool) -> Result<bool> {
         let s = self.stream(stream)?;
         self.ranks[self.ri].work(work, t, &s)?;
         Ok(true)

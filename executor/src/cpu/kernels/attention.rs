@@ -1,4 +1,4 @@
-//! Single-token attention over a KV cache: grouped-query heads, scores scaled by
+//! Attention over a KV cache, for one query row or a prefill step's consecutive rows: grouped-query heads, scores scaled by
 //! `1 / sqrt(head_dim)`, softmax in f32 with max subtraction. The cache stores f32, f16 or
 //! bf16 (narrowed with round-to-nearest-even on write); each cached row is widened once per
 //! KV head and shared by the query heads of its group.
@@ -145,44 +145,72 @@ impl KvCache {
 }
 
 /// `out[h] = softmax(q[h] . k[0..n_ctx_used] / sqrt(head_dim)) . v[0..n_ctx_used]` for every
-/// query head `h`; query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+/// query head `h`; query head `h` reads KV head `h / (n_heads / n_kv_heads)`. One query row:
+/// `attention_rows` with the row at position `n_ctx_used - 1`.
 pub fn attention(q: &[f32], kv: &KvCache, n_heads: usize, n_ctx_used: usize, out: &mut [f32]) {
+    check_positions("attention", n_ctx_used, kv.capacity);
+    attention_rows(q, kv, n_heads, n_ctx_used - 1, out);
+}
+
+/// Causal attention of consecutive query rows: row `i` of `q` (`n_heads * head_dim` values)
+/// sits at position `first + i` and attends to positions `0..=first + i`. Each cached row is
+/// widened once for every query row that reads it; each (row, head) runs the operations of a
+/// lone query in the same order, so a row's bits do not depend on the rows beside it.
+pub fn attention_rows(q: &[f32], kv: &KvCache, n_heads: usize, first: usize, out: &mut [f32]) {
     let hd = kv.head_dim;
+    let width = n_heads * hd;
     assert!(
         n_heads.is_multiple_of(kv.n_kv_heads),
         "attention: {n_heads} heads do not group over {} kv heads",
         kv.n_kv_heads
     );
     assert!(
-        q.len() == n_heads * hd && out.len() == n_heads * hd,
-        "attention: q and out must have n_heads * head_dim values"
+        q.len() == out.len() && !q.is_empty() && q.len().is_multiple_of(width),
+        "attention: q and out must hold rows of n_heads * head_dim values"
     );
-    check_positions("attention", n_ctx_used, kv.capacity);
+    let rows = q.len() / width;
+    let n_max = first + rows;
+    check_positions("attention", n_max, kv.capacity);
     let group = n_heads / kv.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     // The products run in the cache's dtype: q and the probabilities are narrowed to it.
     let narrow = |x: f32| kv.k.round(x);
     let q: Vec<f32> = q.iter().map(|&x| narrow(x)).collect();
     let mut row = vec![0f32; hd];
-    let mut scores = vec![0f32; group * n_ctx_used];
+    // scores of (query row i, group head g) over positions: at (i * group + g) * n_max
+    let mut scores = vec![0f32; rows * group * n_max];
+    // the query rows that read position `pos`: those at `pos` or later
+    let readers = |pos: usize| pos.saturating_sub(first)..rows;
     for kvh in 0..kv.n_kv_heads {
-        let heads = kvh * group..(kvh + 1) * group;
-        for pos in 0..n_ctx_used {
+        for pos in 0..n_max {
             kv.k.read(pos, kvh * hd, &mut row);
-            for (g, h) in heads.clone().enumerate() {
-                scores[g * n_ctx_used + pos] = dot(&q[h * hd..(h + 1) * hd], &row) * scale;
+            for i in readers(pos) {
+                for g in 0..group {
+                    let h = kvh * group + g;
+                    let qh = &q[i * width + h * hd..i * width + (h + 1) * hd];
+                    scores[(i * group + g) * n_max + pos] = dot(qh, &row) * scale;
+                }
             }
         }
-        for s in scores.chunks_exact_mut(n_ctx_used) {
-            softmax(s);
+        for i in 0..rows {
+            let n = first + i + 1;
+            for g in 0..group {
+                let at = (i * group + g) * n_max;
+                softmax(&mut scores[at..at + n]);
+                let h = kvh * group + g;
+                out[i * width + h * hd..i * width + (h + 1) * hd].fill(0.0);
+            }
         }
-        out[heads.start * hd..heads.end * hd].fill(0.0);
-        for pos in 0..n_ctx_used {
+        for pos in 0..n_max {
             kv.v.read(pos, kvh * hd, &mut row);
-            for (g, h) in heads.clone().enumerate() {
-                let p = narrow(scores[g * n_ctx_used + pos]);
-                for (o, &v) in out[h * hd..(h + 1) * hd].iter_mut().zip(&row) {
-                    *o += p * v;
+            for i in readers(pos) {
+                for g in 0..group {
+                    let h = kvh * group + g;
+                    let p = narrow(scores[(i * group + g) * n_max + pos]);
+                    let o = &mut out[i * width + h * hd..i * width + (h + 1) * hd];
+                    for (o, &v) in o.iter_mut().zip(&row) {
+                        *o += p * v;
+                    }
                 }
             }
         }

@@ -10,6 +10,10 @@
 //! holding K/d columns and calling `matvec` with chunks/d chunks therefore gets exactly one
 //! subtree of the 1-rank result.
 //!
+//! `matmul` is the same product for a batch of token rows (prefill): every row of its result
+//! has the bits `matvec` gives that token alone; it only shares each weight tile between the
+//! tokens while it is in cache.
+//!
 //! Dot-product strategy: quantized weights (q4_0, q4_1, q8_0, q4_k, q6_k) multiply an 8-bit
 //! copy of `x` quantized per block like llama.cpp does (`act`), so each block reduces to an
 //! exact integer sum followed by a fixed sequence of f32 operations; float weights (f32, f16,
@@ -22,10 +26,12 @@ mod elementwise;
 mod float;
 mod kda;
 mod kquant;
+mod matmul;
 mod mla;
 mod moe;
 mod pool;
 mod q32;
+mod q4pack;
 pub(crate) mod reference;
 mod rope;
 
@@ -37,11 +43,12 @@ mod tests_ops;
 use anyhow::{bail, Result};
 use memra_gguf::GgmlType;
 
-pub use attention::{attention, KvCache, KvDtype};
+pub use attention::{attention, attention_rows, KvCache, KvDtype};
 pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
 pub use kda::{
     conv_step, decay_gate, delta_rule, gated_norm, l2_norm_heads, sigmoid, DeltaInputs, KdaState,
 };
+pub use matmul::matmul;
 pub use mla::{latent_attention, LatentCache};
 pub use moe::{combine_into, Gating, Router};
 pub use pool::Pool;
@@ -125,36 +132,7 @@ pub(crate) fn matvec_with(
     y: &mut [f32],
     simd: bool,
 ) {
-    assert_eq!(
-        x.len(),
-        w.cols,
-        "matvec: x has {} values for {} columns",
-        x.len(),
-        w.cols
-    );
-    assert_eq!(
-        y.len(),
-        w.rows,
-        "matvec: y has {} values for {} rows",
-        y.len(),
-        w.rows
-    );
-    assert_eq!(
-        w.data.len(),
-        w.rows * w.row_bytes(),
-        "matvec: weight byte count"
-    );
-    assert!(
-        chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
-        "matvec: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
-    );
-    let block = w.dtype.block_size();
-    assert!(
-        w.cols.is_multiple_of(chunks * block),
-        "matvec: {} columns do not split into {chunks} chunks of whole {} blocks",
-        w.cols,
-        w.dtype
-    );
+    check_product("matvec", w, x.len(), y.len(), 1, chunks);
     let rb = w.row_bytes();
     match w.dtype {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
@@ -176,6 +154,46 @@ pub(crate) fn matvec_with(
         }
         other => unreachable!("invariant: {other} weights are rejected by Weight::new"),
     }
+}
+
+/// Panics unless `x_len`/`y_len` hold `tokens` rows of `w.cols`/`w.rows` values and `chunks`
+/// cuts K into a power of two (at most `MAX_CHUNKS`) of whole blocks.
+fn check_product(
+    kernel: &str,
+    w: &Weight,
+    x_len: usize,
+    y_len: usize,
+    tokens: usize,
+    chunks: usize,
+) {
+    assert_eq!(
+        x_len,
+        tokens * w.cols,
+        "{kernel}: x has {x_len} values for {tokens} rows of {} columns",
+        w.cols
+    );
+    assert_eq!(
+        y_len,
+        tokens * w.rows,
+        "{kernel}: y has {y_len} values for {tokens} rows of {} outputs",
+        w.rows
+    );
+    assert_eq!(
+        w.data.len(),
+        w.rows * w.row_bytes(),
+        "{kernel}: weight byte count"
+    );
+    assert!(
+        chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
+        "{kernel}: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
+    );
+    let block = w.dtype.block_size();
+    assert!(
+        w.cols.is_multiple_of(chunks * block),
+        "{kernel}: {} columns do not split into {chunks} chunks of whole {} blocks",
+        w.cols,
+        w.dtype
+    );
 }
 
 /// Dequantizes row `token` of `w` (an embedding table) into `out`, bit-exact with ggml.
@@ -200,14 +218,17 @@ pub const MAX_CHUNKS: usize = 1 << 16;
 /// when bit `l` of `count` is set (a binary counter), which yields ((c0 + c1) + (c2 + c3))
 /// + ... for a power-of-two count with a few hundred bytes of stack.
 pub(crate) struct Tree<const N: usize> {
-    slots: [[f32; N]; 17],
+    /// Slot `l` is initialized exactly while bit `l` of `count` is set; left uninitialized
+    /// otherwise, since the kernels build a tree per row and zeroing 17 slots cost more than
+    /// reducing a short row.
+    slots: [std::mem::MaybeUninit<[f32; N]>; 17],
     count: usize,
 }
 
 impl<const N: usize> Tree<N> {
     pub(crate) fn new() -> Self {
         Tree {
-            slots: [[0.0; N]; 17],
+            slots: [const { std::mem::MaybeUninit::uninit() }; 17],
             count: 0,
         }
     }
@@ -215,12 +236,14 @@ impl<const N: usize> Tree<N> {
     pub(crate) fn push(&mut self, mut v: [f32; N]) {
         let mut level = 0;
         while self.count >> level & 1 == 1 {
-            for (v, l) in v.iter_mut().zip(self.slots[level]) {
+            // SAFETY: bit `level` of `count` is set, so slot `level` holds a finished subtree
+            let left = unsafe { self.slots[level].assume_init() };
+            for (v, l) in v.iter_mut().zip(left) {
                 *v += l;
             }
             level += 1;
         }
-        self.slots[level] = v;
+        self.slots[level] = std::mem::MaybeUninit::new(v);
         self.count += 1;
     }
 
@@ -229,7 +252,8 @@ impl<const N: usize> Tree<N> {
             self.count.is_power_of_two(),
             "invariant: a power-of-two number of chunks was pushed"
         );
-        self.slots[self.count.trailing_zeros() as usize]
+        // SAFETY: `count` is a power of two, so its one set bit marks the whole tree's slot
+        unsafe { self.slots[self.count.trailing_zeros() as usize].assume_init() }
     }
 }
 

@@ -3,6 +3,9 @@
 //! value is then `(d_w * d_x) * isum` (plus `m_w * s_x` for q4_1), and blocks accumulate
 //! in order in f32. The AVX2 code runs four rows at once, sharing each activation block, and
 //! performs exactly those f32 operations lane-wise, so it matches the scalar code bit for bit.
+//! `rows_tokens` serves the matrix-matrix product: four rows times four tokens per pass,
+//! each weight block unpacked once for all of them, and every (row, token) value computed by the
+//! same operations as `rows`, so a token's row has the same bits in a batch as alone.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -68,6 +71,67 @@ fn rows_k<const K: u8>(
         *y = reduce_row(x.len(), chunks, |b| {
             block_value::<K>(&row[b * block_bytes(K)..], &x[b])
         });
+    }
+}
+
+/// `rows` for several tokens' activations at once, token `t`'s values into `y[t]`: the same
+/// bits as one `rows` call per token. Tokens go four at a time through the four-row kernel,
+/// then two, then one.
+pub(crate) fn rows_tokens(
+    dtype: GgmlType,
+    w: &[u8],
+    rb: usize,
+    x: &[&[BlockQ8]],
+    chunks: usize,
+    y: &mut [&mut [f32]],
+    simd: bool,
+) {
+    match dtype {
+        GgmlType::Q4_0 => tokens_k::<Q4_0>(w, rb, x, chunks, y, simd),
+        GgmlType::Q4_1 => tokens_k::<Q4_1>(w, rb, x, chunks, y, simd),
+        GgmlType::Q8_0 => tokens_k::<Q8_0>(w, rb, x, chunks, y, simd),
+        other => unreachable!("invariant: {other} is not a 32-value block quant"),
+    }
+}
+
+fn tokens_k<const K: u8>(
+    w: &[u8],
+    rb: usize,
+    x: &[&[BlockQ8]],
+    chunks: usize,
+    y: &mut [&mut [f32]],
+    simd: bool,
+) {
+    let mut t = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        let rows = y.first().map_or(0, |y| y.len()) / 4 * 4;
+        while t + 2 <= x.len() {
+            let p = if t + 4 <= x.len() { 2 } else { 1 };
+            for r in (0..rows).step_by(4) {
+                let w4 = &w[r * rb..(r + 4) * rb];
+                // SAFETY: `simd` is set only when AVX2, FMA and F16C were detected
+                let v = unsafe {
+                    if p == 2 {
+                        rows4xp_avx2::<K, 2>(w4, rb, &x[t..t + 4], chunks)
+                    } else {
+                        let [a] = rows4xp_avx2::<K, 1>(w4, rb, &x[t..t + 2], chunks);
+                        [a, [0.0; 8]]
+                    }
+                };
+                for (j, v) in v.iter().enumerate().take(p) {
+                    y[t + 2 * j][r..r + 4].copy_from_slice(&v[..4]);
+                    y[t + 2 * j + 1][r..r + 4].copy_from_slice(&v[4..]);
+                }
+            }
+            for j in t..t + 2 * p {
+                rows_k::<K>(&w[rows * rb..], rb, x[j], chunks, &mut y[j][rows..], simd);
+            }
+            t += 2 * p;
+        }
+    }
+    for j in t..x.len() {
+        rows_k::<K>(w, rb, x[j], chunks, y[j], simd);
     }
 }
 
@@ -150,6 +214,124 @@ fn rows4_avx2<const K: u8>(w: &[u8], rb: usize, x: &[BlockQ8], chunks: usize) ->
         tree.push(part);
     }
     tree.finish()
+}
+
+/// Four rows times `2 * P` tokens; in result `j`, lanes 0..4 are token `2j`'s rows and 4..8
+/// token `2j + 1`'s. Each lane runs the f32 operations of `rows4_avx2`'s lane for its (row,
+/// token), in the same order; the `P` accumulators are independent chains.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows4xp_avx2<const K: u8, const P: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[&[BlockQ8]],
+    chunks: usize,
+) -> [[f32; 8]; P] {
+    let bb = block_bytes(K);
+    let nb = x[0].len();
+    assert!(
+        w.len() >= 4 * rb && rb >= nb * bb && x.len() == 2 * P && x.iter().all(|x| x.len() == nb),
+        "invariant: four whole rows, 2P tokens of one width"
+    );
+    let base = w.as_ptr();
+    let per = nb / chunks;
+    let mut trees = [(); P].map(|()| Tree::<8>::new());
+    for c in 0..chunks {
+        let mut acc = [_mm256_setzero_ps(); P];
+        for (b, _) in x[0].iter().enumerate().skip(c * per).take(per) {
+            // SAFETY: each row is `rb >= nb * bb` bytes long, so block `b` of rows 0..4 lies
+            // inside `w`; the activation quants are 32-byte aligned by `BlockQ8`'s repr
+            unsafe {
+                let p = [0, 1, 2, 3].map(|i| base.add(i * rb + b * bb));
+                let wv = p.map(|p| weight_quants::<K>(p));
+                let (d, m) = scales::<K>(p);
+                let (d, m) = (_mm256_set_m128(d, d), _mm256_set_m128(m, m));
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let (xa, xb) = (&x[2 * j][b], &x[2 * j + 1][b]);
+                    let qa = _mm256_load_si256(xa.qs.as_ptr().cast());
+                    let qb = _mm256_load_si256(xb.qs.as_ptr().cast());
+                    let dots = [
+                        quant_dot::<K>(wv[0], qa),
+                        quant_dot::<K>(wv[1], qa),
+                        quant_dot::<K>(wv[2], qa),
+                        quant_dot::<K>(wv[3], qa),
+                        quant_dot::<K>(wv[0], qb),
+                        quant_dot::<K>(wv[1], qb),
+                        quant_dot::<K>(wv[2], qb),
+                        quant_dot::<K>(wv[3], qb),
+                    ];
+                    let mut isum = hsum8_epi32(dots);
+                    if K == Q4_0 {
+                        let off = _mm256_set_m128i(
+                            _mm_set1_epi32(8 * xb.sum),
+                            _mm_set1_epi32(8 * xa.sum),
+                        );
+                        isum = _mm256_sub_epi32(isum, off);
+                    }
+                    let xd = _mm256_set_m128(_mm_set1_ps(xb.d), _mm_set1_ps(xa.d));
+                    let mut v = _mm256_mul_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(isum));
+                    if K == Q4_1 {
+                        let xs = _mm256_set_m128(_mm_set1_ps(xb.s), _mm_set1_ps(xa.s));
+                        v = _mm256_add_ps(v, _mm256_mul_ps(m, xs));
+                    }
+                    *acc = _mm256_add_ps(*acc, v);
+                }
+            }
+        }
+        for (tree, acc) in trees.iter_mut().zip(acc) {
+            let mut part = [0f32; 8];
+            // SAFETY: `part` holds eight floats
+            unsafe { _mm256_storeu_ps(part.as_mut_ptr(), acc) };
+            tree.push(part);
+        }
+    }
+    trees.map(|t| t.finish())
+}
+
+/// A weight block's quants as 32 bytes: q4's nibbles (low half first), q8's signed values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weight_quants<const K: u8>(p: *const u8) -> __m256i {
+    if K == Q8_0 {
+        unsafe { _mm256_loadu_si256(p.add(q8_0::QS.start).cast()) }
+    } else {
+        let at = if K == Q4_0 {
+            q4_0::QS.start
+        } else {
+            q4_1::QS.start
+        };
+        let q = unsafe { _mm_loadu_si128(p.add(at).cast()) };
+        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+    }
+}
+
+/// `block_dot` on quants `weight_quants` already unpacked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quant_dot<const K: u8>(wq: __m256i, xq: __m256i) -> __m256i {
+    let pairs = if K == Q8_0 {
+        _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
+    } else {
+        _mm256_maddubs_epi16(wq, xq)
+    };
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+/// The lane sums of eight vectors, in their order (exact integer arithmetic).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn hsum8_epi32(v: [__m256i; 8]) -> __m256i {
+    let a = _mm256_hadd_epi32(v[0], v[1]);
+    let b = _mm256_hadd_epi32(v[2], v[3]);
+    let c = _mm256_hadd_epi32(v[4], v[5]);
+    let d = _mm256_hadd_epi32(v[6], v[7]);
+    // per 128-bit half: the four vectors' sums over that half
+    let e = _mm256_hadd_epi32(a, b);
+    let f = _mm256_hadd_epi32(c, d);
+    let lo = _mm256_permute2x128_si256::<0x20>(e, f);
+    let hi = _mm256_permute2x128_si256::<0x31>(e, f);
+    _mm256_add_epi32(lo, hi)
 }
 
 /// Eight i32 lanes whose sum is the block's weight-quant times activation-quant dot

@@ -7,6 +7,7 @@ use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
 use super::act::{quantize_q8, quantize_q8k};
+use super::matmul::matmul_with;
 use super::reference::{effective_x, matvec_row};
 use super::*;
 
@@ -205,5 +206,32 @@ fn embed_row_is_the_dequantized_row() {
         let mut out = vec![f32::NAN; cols];
         embed_row(&w, 3, &mut out);
         assert_eq!(bits(&out), bits(&all[3 * cols..4 * cols]), "{dtype}");
+    }
+}
+
+#[test]
+fn matmul_rows_are_the_matvec_bits_of_each_token() {
+    for (t, &dtype) in memra_gguf::SUPPORTED.iter().enumerate() {
+        // rows not a multiple of the tile or of four; token counts that take the four-, two-
+        // and one-token paths; fresh inputs
+        for tokens in [2, 7] {
+            let (rows, cols) = (45, cols_for(dtype));
+            let bytes = random_weight(dtype, rows, cols, 300 + t as u64);
+            let w = Weight::new(dtype, &bytes, rows, cols).unwrap();
+            let x = random(tokens * cols, 400 + t as u64);
+            for (threads, chunks, simd) in [(1, 1, false), (2, 2, true), (2, 8, simd_available())] {
+                let mut want = Vec::new();
+                for xt in x.chunks_exact(cols) {
+                    want.extend(run(threads, &w, xt, chunks, simd));
+                }
+                let mut got = vec![f32::NAN; tokens * rows];
+                matmul_with(&Pool::new(threads), &w, &x, chunks, &mut got, simd);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{dtype} tokens {tokens} threads {threads} chunks {chunks} simd {simd}"
+                );
+            }
+        }
     }
 }

@@ -187,3 +187,40 @@ fn pool_runs_every_index_once_and_reraises_panics() {
     });
     assert!(v.iter().enumerate().all(|(i, &x)| x == i + 1));
 }
+
+#[test]
+fn attention_rows_give_each_row_its_lone_query_bits() {
+    let (n_heads, n_kv, hd, cap) = (6, 2, 40, 24);
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
+        let mut kv = KvCache::new(dtype, n_kv, hd, cap);
+        for pos in 0..cap {
+            let (k, v) = (
+                random(n_kv * hd, 300 + pos as u64),
+                random(n_kv * hd, 400 + pos as u64),
+            );
+            kv.write(pos, &k, &v);
+        }
+        let width = n_heads * hd;
+        // rows 5..16: a cached prefix of five positions, then eleven causal rows
+        let (first, rows) = (5, 11);
+        let q = random(rows * width, 11);
+        let mut got = vec![f32::NAN; rows * width];
+        attention_rows(&q, &kv, n_heads, first, &mut got);
+        for i in 0..rows {
+            let mut want = vec![f32::NAN; width];
+            attention(
+                &q[i * width..(i + 1) * width],
+                &kv,
+                n_heads,
+                first + i + 1,
+                &mut want,
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got[i * width..(i + 1) * width]),
+                bits(&want),
+                "{dtype:?} row {i}"
+            );
+        }
+    }
+}
