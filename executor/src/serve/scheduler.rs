@@ -247,7 +247,7 @@ mod tests {
     use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
     use super::*;
-    use crate::engine::{Decoder, StepInput, StepOutput};
+    use crate::engine::{Decoder, PromptMode, StepInput, StepOutput};
     use crate::text::TokenizerSpec;
 
     /// A byte-level vocabulary: end of text (id 0) and the 256 byte symbols.
@@ -313,6 +313,9 @@ mod tests {
         }
         fn in_flight(&self) -> u64 {
             self.outputs.len() as u64
+        }
+        fn prompt_mode(&self) -> PromptMode {
+            PromptMode::TokenByToken("a test engine of one row per step")
         }
     }
 
