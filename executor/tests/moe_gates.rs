@@ -190,12 +190,14 @@ fn a_wrong_reduction_order_fails_the_moe_gate() {
 }
 
 #[test]
-fn moe_and_mla_prompts_run_token_by_token_with_the_reason() {
-    for name in ["tiny-qwen3moe", "tiny-deepseek2"] {
+fn moe_mla_and_kda_prompts_run_token_by_token_with_the_reason() {
+    for name in ["tiny-qwen3moe", "tiny-deepseek2", "tiny-kimi-linear"] {
         let plan = synthetic(name);
         let engine = open(&plan, common::options(Arm::Serial)).unwrap();
         match engine.prompt_mode() {
-            PromptMode::TokenByToken(why) => assert!(why.contains("moe or mla"), "{name}: {why}"),
+            PromptMode::TokenByToken(why) => {
+                assert!(why.contains("moe, mla or kda"), "{name}: {why}")
+            }
             other => panic!("{name}: {other:?}"),
         }
     }
