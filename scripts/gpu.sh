@@ -131,17 +131,20 @@ bench() { # row seconds model plan [memra-run bench options]; the output stays i
 }
 memory_check() { # row: each device of the last bench: the memory in use on the device (this
     # process's context included; the device is otherwise idle) within 3% of the plan's bytes
-    local lines bad
+    # for one token row per step (the cuda engine runs prompts token by token)
+    local lines table bad
     lines=$(echo "$bench_out" | grep "MiB in use on the device")
     if [ -z "$lines" ]; then
         row "$1" FAIL "no memory report"
         return
     fi
-    bad=$(echo "$lines" | awk '{ u = $(NF-12); p = $(NF-1); d = (u - p) / p; if (d > 0.03 || d < -0.03) print }')
+    # device, in use, planned for one row per step
+    table=$(echo "$lines" | sed -E 's/^device ([0-9]+) .*: ([0-9.]+) MiB in use on the device, .*, ([0-9.]+) MiB of it for one row per step.*/\1 \2 \3/')
+    bad=$(echo "$table" | awk '{ d = ($2 - $3) / $3; if (d > 0.03 || d < -0.03) print }')
     if [ -z "$bad" ]; then
-        row "$1" ok "$(echo "$lines" | awk '{ printf "dev %s %s/%s MiB (%+.1f%%) ", $2, $(NF-12), $(NF-1), 100 * ($(NF-12) - $(NF-1)) / $(NF-1) }')"
+        row "$1" ok "$(echo "$table" | awk '{ printf "dev %s %s/%s MiB (%+.1f%%) ", $1, $2, $3, 100 * ($2 - $3) / $3 }')"
     else
-        row "$1" FAIL "$(echo "$bad" | head -1 | cut -c1-200)"
+        row "$1" FAIL "in use / planned (one row): $(echo "$bad" | head -1)"
     fi
 }
 against_cpu() { # row tolerance model plan [steps, default 64] [compare options]: greedy

@@ -199,7 +199,9 @@ pub(super) fn make_events(
 
 /// One line per device: what this engine took (free memory before its uploads less after),
 /// what the device has in use in all (this process's context included; the engine's own
-/// figure on an otherwise idle device) and what the plan counts.
+/// figure on an otherwise idle device), what the plan counts, and what it counts for one token
+/// row per step (the plan sizes activations for a prefill chunk; this engine runs prompts
+/// token by token).
 pub(super) fn memory_report(
     plan: &Plan,
     devices: &BTreeMap<u32, CudaDevice>,
@@ -221,14 +223,23 @@ pub(super) fn memory_report(
             .iter()
             .find(|u| u.device == d)
             .map_or(0, |u| u.total_bytes);
+        // the prefill step's token rows past the first: this engine runs one row per step
+        let rows: u64 = plan
+            .ranks
+            .iter()
+            .filter(|r| r.device == d)
+            .flat_map(|r| &r.buffers)
+            .map(|b| b.bytes * u64::from(b.tokens.saturating_sub(1)) * u64::from(b.slots))
+            .sum();
         lines.push(format!(
-            "device {d} ({}, {}): ranks {}: {:.1} MiB in use on the device, {:.1} MiB taken, plan {:.1} MiB",
+            "device {d} ({}, {}): ranks {}: {:.1} MiB in use on the device, {:.1} MiB taken, plan {:.1} MiB, {:.1} MiB of it for one row per step (prompts run token by token here)",
             dev.name(),
             dev.arch(),
             ranks.join(", "),
             mib(total.saturating_sub(free) as f64),
             mib(taken as f64),
-            mib(planned as f64)
+            mib(planned as f64),
+            mib(planned.saturating_sub(rows) as f64)
         ));
     }
     Ok(lines)
