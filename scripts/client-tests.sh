@@ -19,19 +19,24 @@ URL="${1%/}"
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
 VENV="${MEMRA_CLIENTS_VENV:-$REPO_ROOT/.venv-clients}"
-OPENAI_SPEC="openai>=1"
+OPENAI_SPEC="openai>=1,<4" # tested with 3.57.0
 
 command -v curl >/dev/null 2>&1 || die "curl is required (apt-get install curl)"
 command -v python3 >/dev/null 2>&1 || die "python3 is required (apt-get install python3 python3-venv)"
 
 if ! "$VENV/bin/python" -c "import openai" >/dev/null 2>&1; then
     log "installing $OPENAI_SPEC into $VENV"
-    rm -rf "$VENV"
+    if [[ -e "$VENV" ]]; then
+        [[ -f "$VENV/pyvenv.cfg" ]] || die "$VENV exists and is not a virtualenv; not touching it"
+        rm -rf "$VENV"
+    fi
     python3 -m venv "$VENV" >&2 \
-        || die "python3 -m venv $VENV failed: python3's venv module (with ensurepip) is required (apt-get install python3-venv)"
+        || die "python3 -m venv $VENV failed (python3 needs its venv module with ensurepip: apt-get install python3-venv)"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$OPENAI_SPEC" >&2 \
         || die "pip install $OPENAI_SPEC failed (is the package index reachable?)"
 fi
+# The server is local: no proxy for it (pip above may have needed one).
+export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 log "openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)') against $URL"
 
 exec "$VENV/bin/python" "$SCRIPT_DIR/client_tests.py" "$URL"
