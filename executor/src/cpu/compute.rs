@@ -273,10 +273,7 @@ impl RankCompute {
                 cache.capacity()
             );
         }
-        let batched = matches!(
-            segment,
-            Segment::AttnPre | Segment::AttnCore | Segment::AttnOut | Segment::Ffn
-        );
+        let batched = !matches!(segment, Segment::KdaPre | Segment::KdaCore);
         if a.rows > 1 && !batched {
             bail!(
                 "segment `{}` takes one token row on the cpu, not {}",
