@@ -228,7 +228,13 @@ fn moe_and_mla_prefill_gives_the_bits_of_token_by_token_decoding() {
     // f32 weights keep a last-bit change of any row (q8_0 activations may absorb it)
     let chunked = f32_plan("ds2-f32-c256", "[0]", "");
     let one_by_one = f32_plan("ds2-f32-c1", "[0]", "prefill_chunk = 1");
-    assert_bit_identical("ds2-f32 chunk 1", &chunked, &one_by_one, &LONG_PROMPT, GENERATED);
+    assert_bit_identical(
+        "ds2-f32 chunk 1",
+        &chunked,
+        &one_by_one,
+        &LONG_PROMPT,
+        GENERATED,
+    );
 }
 
 #[test]
@@ -252,7 +258,13 @@ fn moe_and_mla_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
     }
     let reference = f32_plan("ds2-f32-ref", "[0]", "");
     let candidate = f32_plan("ds2-f32-tp4-c4", "[0, 1, 2, 3]", "prefill_chunk = 4");
-    assert_bit_identical("ds2-f32-tp4 chunk 4", &reference, &candidate, &LONG_PROMPT, GENERATED);
+    assert_bit_identical(
+        "ds2-f32-tp4 chunk 4",
+        &reference,
+        &candidate,
+        &LONG_PROMPT,
+        GENERATED,
+    );
 }
 
 #[test]

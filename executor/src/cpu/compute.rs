@@ -6,7 +6,7 @@
 //!
 //! A step holds one token row (decode) or a prompt chunk's rows (prefill): every op works on
 //! all rows, each row computed as it would be alone, so prefill logits are decode's bits.
-//! MoE, MLA and KDA segments take one row (the engine runs their prompts token by token).
+//! KDA segments take one row (the engine runs kimi-linear prompts token by token).
 //!
 //! Row-parallel products (attention output, FFN down) and the routed experts leave a partial
 //! sum in `partial`; on a tensor-parallel rank the all-reduce adds the group's sum to the

@@ -221,7 +221,10 @@ fn gather(src: &[f32], stride: usize, cols: std::ops::Range<usize>, dst: &mut Ve
 /// Scatters the rows of `src` (rows of `cols.len()` values) into part `cols` of every row of
 /// `dst` (rows of `stride` values).
 fn scatter(src: &[f32], dst: &mut [f32], stride: usize, cols: std::ops::Range<usize>) {
-    for (s, row) in src.chunks_exact(cols.len()).zip(dst.chunks_exact_mut(stride)) {
+    for (s, row) in src
+        .chunks_exact(cols.len())
+        .zip(dst.chunks_exact_mut(stride))
+    {
         row[cols.clone()].copy_from_slice(s);
     }
 }
