@@ -58,7 +58,7 @@ pub(super) struct Activations {
     pub kda_low: Vec<f32>,
     pub kda_g: Vec<f32>,
     pub kda_beta: Vec<f32>,
-    /// MoE: router logits and the selected experts with their weights.
+    /// MoE: router logits and the selected experts with their weights, `top_k` per row.
     pub logits_e: Vec<f32>,
     pub route: Vec<(usize, f32)>,
     /// This rank's vocab slice of the logits of `logits_rows` rows, and the gathered logits
