@@ -7,7 +7,10 @@
 //! them, KDA heads split with their state), expert parallelism (attention replicated, experts
 //! split), pipeline cuts. The committed plans are checked against a fresh
 //! compile, since the compiler's golden test cannot write the synthetic models. The cpu runs
-//! their prompts token by token (no batched MoE/MLA/KDA segments yet) and says so.
+//! qwen3moe and deepseek2 prompts as prefill steps, so these gates hold every plan's prefill
+//! logits to the 1-rank plan's; prefill gives the bits of token-by-token decoding, and a
+//! prompt cut into chunks of 4 the bits of one chunk in every plan. kimi-linear prompts run
+//! token by token (no batched KDA segments yet), with the reason.
 
 mod common;
 
@@ -167,7 +170,7 @@ fn kimi_linear_pp2_is_bit_identical() {
 
 /// The f32 tiny-deepseek2 model in one rank and in `devices`: with q8_0 weights a last-bit
 /// change of the residual rarely survives the 8-bit activations, with f32 weights it does.
-fn f32_plan(name: &str, devices: &str) -> memra_executor::plan_load::LoadedPlan {
+fn f32_plan(name: &str, devices: &str, runtime: &str) -> LoadedPlan {
     let model = synth_model(
         "tiny-deepseek2",
         "f32",
@@ -176,29 +179,98 @@ fn f32_plan(name: &str, devices: &str) -> memra_executor::plan_load::LoadedPlan 
     );
     let ids: Vec<u32> = (0..devices.matches(',').count() as u32 + 1).collect();
     let text = format!(
-        "[model]\ngguf = {model:?}\n\n[[devices]]\nids = {ids:?}\nmemory_gib = 8\n\n[runtime]\nmax_context = 256\n\n[pipeline]\ndevices = [{devices}]\n"
+        "[model]\ngguf = {model:?}\n\n[[devices]]\nids = {ids:?}\nmemory_gib = 8\n\n[runtime]\nmax_context = 256\n{runtime}\n\n[pipeline]\ndevices = [{devices}]\n"
     );
     compile_scratch(name, &text)
 }
 
 #[test]
 fn a_wrong_reduction_order_fails_the_moe_gate() {
-    let reference = f32_plan("ds2-f32", "[0]");
-    let candidate = f32_plan("ds2-f32-tp4", "[0, 1, 2, 3]");
+    let reference = f32_plan("ds2-f32", "[0]", "");
+    let candidate = f32_plan("ds2-f32-tp4", "[0, 1, 2, 3]", "");
     assert_bit_identical("ds2-f32-tp4", &reference, &candidate, &PROMPT, GENERATED);
     reversed_fold_mismatch(&reference, &candidate, &PROMPT, GENERATED);
 }
 
+/// A prompt longer than the small chunks below, so it takes several prefill steps.
+const LONG_PROMPT: [u32; 11] = [254, 72, 101, 108, 108, 111, 7, 99, 250, 3, 64];
+
+/// The committed placement `plans/synthetic/{name}.toml` with `runtime` lines added,
+/// compiled in a scratch directory (its model written first).
+fn variant(name: &str, runtime: &str) -> LoadedPlan {
+    synthetic(name);
+    let text = std::fs::read_to_string(root().join(format!("plans/synthetic/{name}.toml")))
+        .unwrap()
+        .replace(
+            "gguf = \"../../models/",
+            &format!("gguf = \"{}/models/", root().display()),
+        )
+        .replace("[runtime]\n", &format!("[runtime]\n{runtime}\n"));
+    let tag = runtime.replace([' ', '='], "");
+    compile_scratch(&format!("{name}-{tag}"), &text)
+}
+
+fn mode(plan: &LoadedPlan) -> PromptMode {
+    open(plan, common::options(Arm::Serial))
+        .unwrap()
+        .prompt_mode()
+}
+
 #[test]
-fn moe_mla_and_kda_prompts_run_token_by_token_with_the_reason() {
-    for name in ["tiny-qwen3moe", "tiny-deepseek2", "tiny-kimi-linear"] {
-        let plan = synthetic(name);
-        let engine = open(&plan, common::options(Arm::Serial)).unwrap();
-        match engine.prompt_mode() {
-            PromptMode::TokenByToken(why) => {
-                assert!(why.contains("moe, mla or kda"), "{name}: {why}")
-            }
-            other => panic!("{name}: {other:?}"),
-        }
+fn moe_and_mla_prefill_gives_the_bits_of_token_by_token_decoding() {
+    for name in ["tiny-qwen3moe", "tiny-deepseek2", "tiny-deepseek2-lite"] {
+        let chunked = synthetic(name);
+        let one_by_one = variant(name, "prefill_chunk = 1");
+        assert_eq!(mode(&chunked), PromptMode::Chunks(256), "{name}");
+        assert_eq!(mode(&one_by_one), PromptMode::Chunks(1), "{name}");
+        assert_bit_identical(name, &chunked, &one_by_one, &LONG_PROMPT, GENERATED);
+    }
+    // f32 weights keep a last-bit change of any row (q8_0 activations may absorb it)
+    let chunked = f32_plan("ds2-f32-c256", "[0]", "");
+    let one_by_one = f32_plan("ds2-f32-c1", "[0]", "prefill_chunk = 1");
+    assert_bit_identical(
+        "ds2-f32 chunk 1",
+        &chunked,
+        &one_by_one,
+        &LONG_PROMPT,
+        GENERATED,
+    );
+}
+
+#[test]
+fn moe_and_mla_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
+    for name in PLANS.iter().filter(|n| !n.starts_with("tiny-kimi-linear")) {
+        let reference = MODELS
+            .iter()
+            .map(|m| m.0)
+            .find(|prefix| name == prefix || name.starts_with(&format!("{prefix}-")))
+            .unwrap();
+        let candidate = variant(name, "prefill_chunk = 4");
+        assert_eq!(mode(&candidate), PromptMode::Chunks(4), "{name}");
+        let report = assert_bit_identical(
+            name,
+            &synthetic(reference),
+            &candidate,
+            &LONG_PROMPT,
+            GENERATED,
+        );
+        assert_eq!(report.steps, LONG_PROMPT.len() + GENERATED - 1, "{name}");
+    }
+    let reference = f32_plan("ds2-f32-ref", "[0]", "");
+    let candidate = f32_plan("ds2-f32-tp4-c4", "[0, 1, 2, 3]", "prefill_chunk = 4");
+    assert_bit_identical(
+        "ds2-f32-tp4 chunk 4",
+        &reference,
+        &candidate,
+        &LONG_PROMPT,
+        GENERATED,
+    );
+}
+
+#[test]
+fn kimi_linear_prompts_run_token_by_token_with_the_reason() {
+    match mode(&synthetic("tiny-kimi-linear")) {
+        PromptMode::TokenByToken(why) => assert!(why.contains("kda"), "{why}"),
+        other => panic!("tiny-kimi-linear: {other:?}"),
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! A step holds one token row (decode) or a prompt chunk's rows (prefill): every op works on
 //! all rows, each row computed as it would be alone, so prefill logits are decode's bits.
-//! MoE, MLA and KDA segments take one row (the engine runs their prompts token by token).
+//! KDA segments take one row (the engine runs kimi-linear prompts token by token).
 //!
 //! Row-parallel products (attention output, FFN down) and the routed experts leave a partial
 //! sum in `partial`; on a tensor-parallel rank the all-reduce adds the group's sum to the
@@ -273,10 +273,7 @@ impl RankCompute {
                 cache.capacity()
             );
         }
-        let batched = matches!(
-            segment,
-            Segment::AttnPre | Segment::AttnCore | Segment::AttnOut | Segment::Ffn
-        );
+        let batched = !matches!(segment, Segment::KdaPre | Segment::KdaCore);
         if a.rows > 1 && !batched {
             bail!(
                 "segment `{}` takes one token row on the cpu, not {}",

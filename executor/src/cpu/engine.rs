@@ -186,14 +186,12 @@ impl Decoder for Engine {
     }
 }
 
-/// Prefill steps of the plan's `runtime.prefill_chunk` rows for dense layers; MoE, MLA and
-/// KDA layers have no batched segments on the cpu yet, so their prompts run token by token.
+/// Prefill steps of the plan's `runtime.prefill_chunk` rows for dense, GQA, MLA and MoE
+/// layers; KDA layers have no batched segments on the cpu yet, so their prompts run token by
+/// token.
 fn prompt_mode(plan: &Plan) -> PromptMode {
-    let m = &plan.model;
-    if m.moe.is_some() || m.mla.is_some() || m.kda.is_some() {
-        return PromptMode::TokenByToken(
-            "the cpu backend has no batched moe, mla or kda segments yet",
-        );
+    if plan.model.kda.is_some() {
+        return PromptMode::TokenByToken("the cpu backend has no batched kda segments yet");
     }
     PromptMode::Chunks(plan.runtime.prefill_chunk.max(1))
 }

@@ -1,6 +1,7 @@
 //! The layer segments of the CPU backend, one function per segment kind, each over one
 //! layer's weights and the rank's activations (one or more token rows; the GQA and dense FFN
-//! segments batch the rows of a prefill step, each row computed as alone): GQA (`attn_pre`,
+//! segments batch the rows of a prefill step, each row computed as alone; so do the MLA and
+//! MoE segments, the MoE rows grouped by expert): GQA (`attn_pre`,
 //! `attn_core`), MLA (`mla_pre`, `mla_core`), KDA (`kda_pre`, `kda_core`), the output
 //! projection, the dense FFN and the three MoE segments. A segment
 //! that ends in a partial sum leaves it in `Activations::partial` with what it holds
@@ -57,7 +58,7 @@ pub(super) struct Activations {
     pub kda_low: Vec<f32>,
     pub kda_g: Vec<f32>,
     pub kda_beta: Vec<f32>,
-    /// MoE: router logits and the selected experts with their weights.
+    /// MoE: router logits and the selected experts with their weights, `top_k` per row.
     pub logits_e: Vec<f32>,
     pub route: Vec<(usize, f32)>,
     /// This rank's vocab slice of the logits of `logits_rows` rows, and the gathered logits
@@ -208,44 +209,78 @@ pub(super) fn gqa_core(c: &Ctx, kv: &mut KvCache, q_width: usize, a: &mut Activa
         });
 }
 
+/// Gathers part `cols` of every row (rows of `stride` values) of `src` into `dst`, rows of
+/// `cols.len()` values.
+fn gather(src: &[f32], stride: usize, cols: std::ops::Range<usize>, dst: &mut Vec<f32>) {
+    dst.clear();
+    for row in src.chunks_exact(stride) {
+        dst.extend_from_slice(&row[cols.clone()]);
+    }
+}
+
+/// Scatters the rows of `src` (rows of `cols.len()` values) into part `cols` of every row of
+/// `dst` (rows of `stride` values).
+fn scatter(src: &[f32], dst: &mut [f32], stride: usize, cols: std::ops::Range<usize>) {
+    for (s, row) in src
+        .chunks_exact(cols.len())
+        .zip(dst.chunks_exact_mut(stride))
+    {
+        row[cols.clone()].copy_from_slice(s);
+    }
+}
+
 /// MLA: norm, query, latent and rope key, rope on the rope parts, and each head's no-rope
-/// query absorbed into the latent space through its `attn_k_b` matrix.
+/// query absorbed into the latent space through its `attn_k_b` matrix; row `i` at position
+/// `pos + i`, each head's matrix read once for all rows.
 pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations) {
+    let t = a.rows.max(1);
     norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     match &m.q {
-        QueryPath::Direct(q) => full_k(c.pool, &view(q), &a.xn, sized(&mut a.q, q.rows)),
+        QueryPath::Direct(q) => full_k(c.pool, &view(q), &a.xn, sized(&mut a.q, t * q.rows)),
         QueryPath::LowRank { a: qa, norm, b } => {
-            full_k(c.pool, &view(qa), &a.xn, sized(&mut a.k, qa.rows));
-            rms_norm(&a.k, norm, c.geo.eps, sized(&mut a.q_a, qa.rows));
-            full_k(c.pool, &view(b), &a.q_a, sized(&mut a.q, b.rows));
+            full_k(c.pool, &view(qa), &a.xn, sized(&mut a.k, t * qa.rows));
+            norm_rows(&a.k, norm, c.geo.eps, &mut a.q_a);
+            full_k(c.pool, &view(b), &a.q_a, sized(&mut a.q, t * b.rows));
         }
     }
     let (heads, kvl, nope) = (m.k_b.count, m.k_b.rows, m.k_b.cols);
     let width = m.kv_a.rows;
-    full_k(c.pool, &view(&m.kv_a), &a.xn, sized(&mut a.v, width));
-    let row = sized(&mut a.kv_row, width);
-    rms_norm(&a.v[..kvl], &m.kv_a_norm, c.geo.eps, &mut row[..kvl]);
-    row[kvl..].copy_from_slice(&a.v[kvl..]);
-    let head_q = a.q.len() / heads;
-    if m.rope {
-        let r = c.rotation();
-        rope_part(row, width, kvl..width, c.pos, &r);
-        rope_part(&mut a.q, head_q, nope..head_q, c.pos, &r);
-    }
-    let q_lat = sized(&mut a.q_lat, heads * width);
-    for (h, (ql, q)) in q_lat
+    full_k(c.pool, &view(&m.kv_a), &a.xn, sized(&mut a.v, t * width));
+    let rows = sized(&mut a.kv_row, t * width);
+    let q_width = a.q.len() / t;
+    let head_q = q_width / heads;
+    let r = c.rotation();
+    for (i, ((row, v), q)) in rows
         .chunks_exact_mut(width)
-        .zip(a.q.chunks_exact(head_q))
+        .zip(a.v.chunks_exact(width))
+        .zip(a.q.chunks_exact_mut(q_width))
         .enumerate()
     {
+        rms_norm(&v[..kvl], &m.kv_a_norm, c.geo.eps, &mut row[..kvl]);
+        row[kvl..].copy_from_slice(&v[kvl..]);
+        if m.rope {
+            rope_part(row, width, kvl..width, c.pos + i, &r);
+            rope_part(q, head_q, nope..head_q, c.pos + i, &r);
+        }
+    }
+    let lat_width = heads * width;
+    sized(&mut a.q_lat, t * lat_width);
+    let (mut q_nope, mut absorbed) = (Vec::new(), Vec::new());
+    for h in 0..heads {
         let k_b = stacked(&m.k_b, m.k_b.first + h).expect("invariant: a held head");
-        full_k(c.pool, &k_b, &q[..nope], &mut ql[..kvl]);
-        ql[kvl..].copy_from_slice(&q[nope..]);
+        let head = h * head_q;
+        gather(&a.q, q_width, head..head + nope, &mut q_nope);
+        full_k(c.pool, &k_b, &q_nope, sized(&mut absorbed, t * kvl));
+        let out = h * width;
+        scatter(&absorbed, &mut a.q_lat, lat_width, out..out + kvl);
+        gather(&a.q, q_width, head + nope..head + head_q, &mut q_nope);
+        scatter(&q_nope, &mut a.q_lat, lat_width, out + kvl..out + width);
     }
 }
 
-/// MLA: the token's latent row into the cache, attention over the latent cache, and each
-/// head's latent output mapped to its value through its `attn_v_b` matrix.
+/// MLA: every row's latent row into the cache, then each row's attention over the latent
+/// cache up to its own position (causal, rows spread over the pool's threads), and each
+/// head's latent outputs mapped to its values through its `attn_v_b` matrix.
 pub(super) fn mla_core(
     c: &Ctx,
     m: &MlaWeights,
@@ -253,19 +288,33 @@ pub(super) fn mla_core(
     kq_scale: f32,
     a: &mut Activations,
 ) {
-    cache.write(c.pos, &a.kv_row);
+    let t = a.rows.max(1);
+    let width = a.kv_row.len() / t;
+    for (i, row) in a.kv_row.chunks_exact(width).enumerate() {
+        cache.write(c.pos + i, row);
+    }
     let (heads, kvl) = (m.v_b.count, m.v_b.cols);
-    let lat = sized(&mut a.lat, heads * kvl);
-    latent_attention(&a.q_lat, cache, heads, c.pos + 1, kq_scale, lat);
+    let lat_row = heads * kvl;
+    let lat = sized(&mut a.lat, t * lat_row);
+    let (q_lat, cache, pos) = (&a.q_lat, &*cache, c.pos);
+    let q_row = q_lat.len() / t;
+    c.pool.split_mut(lat, lat_row, &|off, piece| {
+        let first = off / lat_row;
+        for (i, out) in piece.chunks_exact_mut(lat_row).enumerate() {
+            let row = first + i;
+            let q = &q_lat[row * q_row..(row + 1) * q_row];
+            latent_attention(q, cache, heads, pos + row + 1, kq_scale, out);
+        }
+    });
     let v = m.v_b.rows;
-    let att = sized(&mut a.att, heads * v);
-    for (h, (o, l)) in att
-        .chunks_exact_mut(v)
-        .zip(a.lat.chunks_exact(kvl))
-        .enumerate()
-    {
+    let att_row = heads * v;
+    sized(&mut a.att, t * att_row);
+    let (mut l, mut o) = (Vec::new(), Vec::new());
+    for h in 0..heads {
         let v_b = stacked(&m.v_b, m.v_b.first + h).expect("invariant: a held head");
-        full_k(c.pool, &v_b, l, o);
+        gather(&a.lat, lat_row, h * kvl..(h + 1) * kvl, &mut l);
+        full_k(c.pool, &v_b, &l, sized(&mut o, t * v));
+        scatter(&o, &mut a.att, att_row, h * v..(h + 1) * v);
     }
 }
 
@@ -365,7 +414,8 @@ pub(super) fn dense_ffn(c: &Ctx, norm: &[f32], g: &Gated, a: &mut Activations) {
     }
 }
 
-/// MoE: norm, router logits (whole on every rank, so every rank picks the same experts).
+/// MoE: norm, router logits (whole on every rank, so every rank picks the same experts),
+/// then each row's route: `top_k` (expert, weight) pairs per row, one row after another.
 pub(super) fn moe_router(
     c: &Ctx,
     norm: &[f32],
@@ -373,26 +423,46 @@ pub(super) fn moe_router(
     router: &Router,
     a: &mut Activations,
 ) {
+    let t = a.rows.max(1);
+    let n = e.router.rows;
     norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     full_k(
         c.pool,
         &view(&e.router),
         &a.xn,
-        sized(&mut a.logits_e, e.router.rows),
+        sized(&mut a.logits_e, t * n),
     );
-    a.route = router.route(&a.logits_e, e.bias.as_deref());
+    a.route.clear();
+    for logits in a.logits_e.chunks_exact(n) {
+        let route = router.route(logits, e.bias.as_deref());
+        a.route.extend(route);
+    }
 }
 
-/// MoE: one weighted row per selected expert this rank holds, `-0.0` for the others (see
-/// `kernels::moe`); finished at once on a lone rank without shared experts.
+/// MoE: per row, one weighted row per selected expert this rank holds, `-0.0` for the
+/// others (see `kernels::moe`); finished at once on a lone rank without shared experts. The
+/// rows are grouped by expert, so each expert's matrices are read once for the step; each
+/// row's product is the one it would have alone.
 pub(super) fn moe_experts(c: &Ctx, e: &MoeWeights, a: &mut Activations) -> Result<()> {
-    let d = a.x.len();
-    let k = a.route.len();
+    let t = a.rows.max(1);
+    let d = a.x.len() / t;
+    let k = a.route.len() / t;
     let shared = e.shared.is_some();
+    let per = (k + usize::from(shared)) * d;
     let mut rows = std::mem::take(&mut a.partial);
-    rows.resize((k + usize::from(shared)) * d, 0.0);
+    rows.resize(t * per, 0.0);
     let route = std::mem::take(&mut a.route);
-    for (row, &(expert, weight)) in rows.chunks_exact_mut(d).zip(&route) {
+    // (expert, [(row of the step, slot of the row, weight)]), experts in ascending order
+    let mut by_expert: std::collections::BTreeMap<usize, Vec<(usize, usize, f32)>> =
+        Default::default();
+    for (i, &(expert, weight)) in route.iter().enumerate() {
+        by_expert
+            .entry(expert)
+            .or_default()
+            .push((i / k, i % k, weight));
+    }
+    let (mut xin, mut out) = (Vec::new(), Vec::new());
+    for (expert, uses) in by_expert {
         let (Some(gate), Some(up), Some(down)) = (
             stacked(&e.gate, expert),
             stacked(&e.up, expert),
@@ -401,14 +471,26 @@ pub(super) fn moe_experts(c: &Ctx, e: &MoeWeights, a: &mut Activations) -> Resul
             if (e.gate.first..e.gate.first + e.gate.count).contains(&expert) {
                 bail!("expert {expert} is held for gate but not for up and down");
             }
-            row.fill(-0.0);
+            for &(row, slot, _) in &uses {
+                rows[row * per + slot * d..][..d].fill(-0.0);
+            }
             continue;
         };
-        full_k(c.pool, &gate, &a.xn, sized(&mut a.gate, gate.rows));
-        full_k(c.pool, &up, &a.xn, sized(&mut a.up, up.rows));
+        let n = uses.len();
+        xin.clear();
+        for &(row, ..) in &uses {
+            xin.extend_from_slice(&a.xn[row * d..(row + 1) * d]);
+        }
+        full_k(c.pool, &gate, &xin, sized(&mut a.gate, n * gate.rows));
+        full_k(c.pool, &up, &xin, sized(&mut a.up, n * up.rows));
         silu_mul(&mut a.gate, &a.up);
-        full_k(c.pool, &down, &a.gate, row);
-        row.iter_mut().for_each(|v| *v *= weight);
+        full_k(c.pool, &down, &a.gate, sized(&mut out, n * d));
+        for (o, &(row, slot, weight)) in out.chunks_exact(d).zip(&uses) {
+            let dst = &mut rows[row * per + slot * d..][..d];
+            dst.iter_mut()
+                .zip(o)
+                .for_each(|(dst, &v)| *dst = v * weight);
+        }
     }
     a.route = route;
     a.partial = rows;
@@ -419,14 +501,22 @@ pub(super) fn moe_experts(c: &Ctx, e: &MoeWeights, a: &mut Activations) -> Resul
     Ok(())
 }
 
-/// MoE: the shared experts, split like a dense FFN, into the last row of the expert rows.
+/// MoE: the shared experts, split like a dense FFN, into the last row of each row's expert
+/// rows.
 pub(super) fn moe_shared(c: &Ctx, e: &MoeWeights, a: &mut Activations) -> Result<()> {
     let (Some(g), Pending::Experts { k, shared: true }) = (&e.shared, a.pending) else {
         bail!("moe_shared without shared experts after moe_experts");
     };
-    let d = a.x.len();
+    let t = a.rows.max(1);
+    let d = a.x.len() / t;
     let mut rows = std::mem::take(&mut a.partial);
-    gated(c, g, c.geo.row_chunks.map(|r| r.1), a, &mut rows[k * d..]);
+    if t == 1 {
+        gated(c, g, c.geo.row_chunks.map(|r| r.1), a, &mut rows[k * d..]);
+    } else {
+        let mut out = vec![0.0; t * d];
+        gated(c, g, c.geo.row_chunks.map(|r| r.1), a, &mut out);
+        scatter(&out, &mut rows, (k + 1) * d, k * d..(k + 1) * d);
+    }
     a.partial = rows;
     if c.geo.tp_degree == 1 {
         finish(a);
@@ -446,6 +536,12 @@ pub(super) fn finish(a: &mut Activations) {
 pub(super) fn finish_with(a: &mut Activations, sum: &[f32]) {
     match a.pending {
         Pending::Hidden => kernels::add(&mut a.x, sum),
-        Pending::Experts { k, shared } => combine_into(sum, k, shared, &mut a.x),
+        Pending::Experts { k, shared } => {
+            let d = a.x.len() / a.rows.max(1);
+            let per = (k + usize::from(shared)) * d;
+            for (sum, x) in sum.chunks_exact(per).zip(a.x.chunks_exact_mut(d)) {
+                combine_into(sum, k, shared, x);
+            }
+        }
     }
 }
