@@ -5,62 +5,31 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{root, smollm2};
+use common::{root, ServeProcess};
 use serde_json::{json, Value};
 
 const PLAN: &str = "plans/smollm2.plan.toml";
 
-/// A running server, stopped when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-    /// Its stderr lines after the listening line: one per request.
-    log: Arc<Mutex<Vec<String>>>,
-}
+/// A running server and the requests the tests send it.
+struct Server(ServeProcess);
 
 impl Server {
     /// Starts `memra-run serve` on a free port (one kernel thread: tests share CI's two
     /// cores) and waits until /health answers.
     fn start() -> Server {
-        smollm2("smollm2");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_memra-run"))
-            .current_dir(root())
-            .args(["serve", PLAN, "--port", "0", "-t", "1"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let port = loop {
-            let line = lines
-                .next()
-                .expect("the server exited before listening")
-                .unwrap();
-            if let Some(at) = line.split("http://127.0.0.1:").nth(1) {
-                let digits: String = at.chars().take_while(char::is_ascii_digit).collect();
-                break digits.parse().unwrap();
-            }
-        };
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let server = Server { child, port, log };
+        let server = Server(ServeProcess::start(1));
         let (status, body) = server.get("/health");
         assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
         server
     }
 
     fn connect(&self, method: &str, path: &str, body: &str) -> TcpStream {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut s = TcpStream::connect(("127.0.0.1", self.0.port)).unwrap();
         write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -139,7 +108,7 @@ impl Server {
     fn assert_logged(&self, prefix: &str, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let log = self.log.lock().unwrap().clone();
+            let log = self.0.log.lock().unwrap().clone();
             let count = log.iter().filter(|l| l.starts_with(prefix)).count();
             if count == n {
                 return;
@@ -151,13 +120,6 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -151,3 +151,62 @@ pub fn reversed_fold_mismatch(
     assert!(matches!(m.what, Difference::Logit { .. }), "{m}");
     m
 }
+
+/// A running `memra-run serve` of the real SmolLM2 plan on a free port, killed when dropped.
+pub struct ServeProcess {
+    child: std::process::Child,
+    /// The port it listens on.
+    pub port: u16,
+    /// Its stderr lines after the listening line: one per request.
+    pub log: std::sync::Arc<Mutex<Vec<String>>>,
+}
+
+impl ServeProcess {
+    /// Starts the server with `threads` kernel threads and returns once it listens (the
+    /// engine is open before the port is bound).
+    pub fn start(threads: u32) -> ServeProcess {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        smollm2("smollm2");
+        let threads = threads.to_string();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memra-run"))
+            .current_dir(root())
+            .args([
+                "serve",
+                "plans/smollm2.plan.toml",
+                "--port",
+                "0",
+                "-t",
+                &threads,
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let port = loop {
+            let line = lines
+                .next()
+                .expect("the server exited before listening")
+                .unwrap();
+            if let Some(at) = line.split("http://127.0.0.1:").nth(1) {
+                let digits: String = at.chars().take_while(char::is_ascii_digit).collect();
+                break digits.parse().unwrap();
+            }
+        };
+        let log = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        ServeProcess { child, port, log }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
