@@ -277,7 +277,7 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
                 n => format!(", state {}", mib(n)),
             };
             s += &format!(
-                "device {}: {} of {} (weights {}, kv {}{state}, buffers {}, runtime {}, transport {})
+                "device {}: {} of {} (weights {}, kv {}{state}, buffers {}, cuda runtime {}, transport {})
 ",
                 d.device,
                 mib(d.total_bytes),

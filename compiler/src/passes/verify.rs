@@ -130,7 +130,7 @@ pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
             (
                 u.device,
                 format!(
-                    "device {} needs {:.2} GiB (weights {:.2}, kv {:.2}, buffers {:.2}, runtime {:.2}, transport {:.2}) but declares {:.2} GiB; lower runtime.max_context, runtime.max_sequences or runtime.prefill_chunk, or spread the model over more devices",
+                    "device {} needs {:.2} GiB (weights {:.2}, kv {:.2}, buffers {:.2}, cuda runtime {:.2}, transport {:.2}) but declares {:.2} GiB; lower runtime.max_context, runtime.max_sequences or runtime.prefill_chunk, or spread the model over more devices",
                     u.device,
                     gib(u.total_bytes),
                     gib(u.weight_bytes),

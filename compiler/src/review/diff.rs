@@ -311,7 +311,7 @@ fn devices(old: &Plan, new: &Plan) -> Vec<String> {
                 delta(a.kv_bytes, b.kv_bytes),
                 changed("state", a.state_bytes, b.state_bytes),
                 delta(a.buffer_bytes, b.buffer_bytes),
-                changed("runtime", a.runtime_bytes, b.runtime_bytes),
+                changed("cuda runtime", a.runtime_bytes, b.runtime_bytes),
                 changed("transport", a.transport_bytes, b.transport_bytes)
             )),
             (Some(a), None) => out.push(format!(
