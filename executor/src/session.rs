@@ -84,8 +84,8 @@ impl Session {
 
     /// As `continue_with`, but the host picks every generated token from the step's logits
     /// with `sampler` (a per-request sampler, whatever the engine's was opened with) and feeds
-    /// it back as the next step's token. The prompt goes as prefill steps, one at a time;
-    /// `on_step` sees `None` after each prompt step but the last and each generated token
+    /// it back as the next step's token. The prompt goes through `run`, scored at its last row
+    /// only; `on_step` sees `None` after each prompt row but the last and each generated token
     /// after; it may stop at any of them (a cancelled request stops during its prompt).
     /// Returns the generated tokens.
     pub fn continue_sampled(
@@ -100,25 +100,16 @@ impl Session {
         }
         let common = self.keep_prefix_of(tokens);
         let prompt = &tokens[common..];
-        let mut fed = 0usize;
+        let last = (common + prompt.len() - 1) as u32;
         let mut logits = None;
-        while fed < prompt.len() {
-            let rows = self.chunk.min(prompt.len() - fed);
-            // only the chunk's last row's logits: they pick the first token
-            let input = StepInput::prompt(
-                (common + fed) as u32,
-                &prompt[fed..fed + rows],
-                (rows - 1) as u32,
-            );
-            let out = self.engine.step(input)?;
-            fed += rows;
-            self.history.extend_from_slice(&prompt[fed - rows..fed]);
-            if fed == prompt.len() {
-                logits = Some(out.logits);
-            } else if on_step(None)? == Flow::Stop {
-                break;
+        self.run(prompt, 0, prompt.len() - 1, |row, _| {
+            if row.pos == last {
+                logits = Some(row.logits.clone());
+                Ok(Flow::Continue)
+            } else {
+                on_step(None)
             }
-        }
+        })?;
         let mut generated = Vec::new();
         let Some(mut logits) = logits else {
             return Ok(generated);
