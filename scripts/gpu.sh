@@ -111,23 +111,40 @@ plan() { # shape dtype placement (under plans/synthetic): compiles it for $M/SHA
         echo "compile $3 $2 failed" >>"$LOG/compile.log"
     echo "$out"
 }
-gate() { # row seconds model reference candidate [memra-run gate options]
-    local name=$1 secs=$2 model=$3 ref=$4 cand=$5 t out rc dt
-    shift 5
+gate() { # row seconds model reference candidate [memra-run gate options]: one process
+    gate_with "" "$@"
+}
+launched() { # the same, one process per device of the candidate (memra-run launch)
+    gate_with launch "$@"
+}
+gate_with() { # how ("" or launch) row seconds model reference candidate [gate options]
+    local how=$1 name=$2 secs=$3 model=$4 ref=$5 cand=$6 t out rc dt
+    shift 6
+    local args=(gate --backend cuda "$@" --model "$model" --reference "$ref")
+    if [ "$how" = launch ]; then args=(launch "$cand" -- "${args[@]}"); else args+=("$cand"); fi
     t=$(date +%s%N)
-    out=$(limit "$secs" "$BIN/memra-run" gate --backend cuda "$@" --model "$model" --reference "$ref" "$cand" 2>&1)
+    out=$(limit "$secs" "$BIN/memra-run" "${args[@]}" 2>&1)
     rc=$?
     echo "$out" >>"$LOG/gates.log"
     dt=$((($(date +%s%N) - t) / 100000000))
     result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)|[0-9]+ of [0-9]+ runs differed' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
 }
-bench() { # row seconds model plan [memra-run bench options]; the output stays in $bench_out
-    local name=$1 secs=$2 model=$3 plan=$4 rc
-    shift 4
-    bench_out=$(limit "$secs" "$BIN/memra-run" bench --backend cuda "$@" --model "$model" "$plan" 2>&1)
+bench() { # row seconds model plan [memra-run bench options]: one process; the output stays
+    # in $bench_out
+    bench_with "" "$@"
+}
+launched_bench() { # row seconds model plan: bench -n 128 --reps 3, one process per device
+    bench_with launch "$@" -n 128 --reps 3
+}
+bench_with() { # how ("" or launch) row seconds model plan [bench options]
+    local how=$1 name=$2 secs=$3 model=$4 plan=$5 rc
+    shift 5
+    local args=(bench --backend cuda "$@" --model "$model")
+    if [ "$how" = launch ]; then args=(launch "$plan" -- "${args[@]}"); else args+=("$plan"); fi
+    bench_out=$(limit "$secs" "$BIN/memra-run" "${args[@]}" 2>&1)
     rc=$?
     echo "$bench_out" >>"$LOG/bench.log"
-    result "$name" $rc "$bench_out" "$(echo "$bench_out" | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
+    result "$name" $rc "$bench_out" "$(echo "$bench_out" | grep 'tok/s' | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
 }
 memory_check() { # row: each device of the last bench: the memory in use on the device (this
     # process's context included; the device is otherwise idle) within 3% of the plan's bytes
@@ -154,23 +171,6 @@ against_cpu() { # row tolerance model plan [steps, default 64] [compare options]
     rc=$?
     echo "$out" >"$LOG/compare.log"
     result "$1" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //' | cut -c1-200)"
-}
-launched() { # row seconds model reference candidate: the gate with one process per device
-    # (memra-run launch), every process on its own GPU
-    local name=$1 secs=$2 model=$3 ref=$4 cand=$5 t out rc dt
-    t=$(date +%s%N)
-    out=$(limit "$secs" "$BIN/memra-run" launch "$cand" -- gate --backend cuda --model "$model" --reference "$ref" 2>&1)
-    rc=$?
-    echo "$out" >>"$LOG/launch.log"
-    dt=$((($(date +%s%N) - t) / 100000000))
-    result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
-}
-launched_bench() { # row seconds model plan: bench with one process per device
-    local out rc
-    out=$(limit "$2" "$BIN/memra-run" launch "$4" -- bench --backend cuda -n 128 --reps 3 --model "$3" 2>&1)
-    rc=$?
-    echo "$out" >>"$LOG/bench.log"
-    result "$1" $rc "$out" "$(echo "$out" | grep -E 'tok/s' | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
 }
 build_llamacpp() { # builds llama-bench into /tmp/llama-build from the carried .llama/llama.cpp
     [ -d .llama/llama.cpp ] || { echo "no .llama/llama.cpp: carry it (see suite_llamacpp)"; return 1; }
