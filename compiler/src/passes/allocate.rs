@@ -281,6 +281,7 @@ pub fn device_use(
         .devices
         .iter()
         .map(|(&device, &memory_bytes)| {
+            let used = ranks.iter().any(|(i, ..)| i.device == device);
             let mut u = DeviceUse {
                 device,
                 host: placement.hosts.get(&device).cloned(),
@@ -289,12 +290,11 @@ pub fn device_use(
                 kv_bytes: 0,
                 state_bytes: 0,
                 buffer_bytes: 0,
-                runtime_bytes: 0,
+                runtime_bytes: if used { CUDA_RUNTIME_BYTES } else { 0 },
                 transport_bytes: 0,
                 total_bytes: 0,
             };
             for (info, weights, buffers) in ranks.iter().filter(|(i, ..)| i.device == device) {
-                u.runtime_bytes = CUDA_RUNTIME_BYTES;
                 if info.tp_degree > 1 && placement.collective == Collective::Nccl {
                     u.transport_bytes += NCCL_COMMUNICATOR_BYTES;
                 }
