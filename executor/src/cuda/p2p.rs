@@ -263,14 +263,10 @@ pub(super) fn check_groups(plan: &Plan, map: &ProcessMap) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dist::two_ranks_per_device;
     use memra_compiler::plan::Collective;
 
-    /// PP-2 x TP-2 with one rank of each stage on each of two devices: both groups span the
-    /// two processes.
-    fn two_ranks_per_device() -> Plan {
-        let text = include_str!("../../../plans/synthetic/tiny-tp-pp2-tp2-2dev.plan.toml");
-        Plan::from_toml(text).unwrap()
-    }
+    // two_ranks_per_device: PP-2 x TP-2 over two devices, so both groups span the two processes
 
     #[test]
     fn one_shot_groups_across_processes_are_refused_by_name() {

@@ -33,6 +33,9 @@ mod join;
 mod routes;
 mod tokens;
 
+#[cfg(test)]
+pub(crate) use routes::tests::two_ranks_per_device;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::BufReader;
 use std::net::{Shutdown, TcpStream};

@@ -189,11 +189,12 @@ impl Routes {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// PP-2 x TP-2 with one rank of each stage on each of two devices.
-    fn two_ranks_per_device() -> Plan {
+    /// PP-2 x TP-2 with one rank of each stage on each of two devices (the tests of other
+    /// modules that need processes holding two ranks use it too).
+    pub(crate) fn two_ranks_per_device() -> Plan {
         let text = include_str!("../../../plans/synthetic/tiny-tp-pp2-tp2-2dev.plan.toml");
         Plan::from_toml(text).unwrap()
     }
