@@ -110,7 +110,7 @@ pub(super) fn connect_groups(
                 let Some(i) = *i else { continue };
                 let rank = &mut ranks[i];
                 let member = nccl::join(
-                    &rank.dev.clone(),
+                    &rank.dev,
                     rank.work_stream(),
                     id,
                     me,
