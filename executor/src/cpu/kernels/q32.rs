@@ -339,23 +339,7 @@ fn hsum8_epi32(v: [__m256i; 8]) -> __m256i {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_dot<const K: u8>(p: *const u8, xq: __m256i) -> __m256i {
-    let ones = _mm256_set1_epi16(1);
-    let pairs = if K == Q8_0 {
-        // maddubs wants one unsigned operand: |w| times x carrying w's sign
-        let wq = unsafe { _mm256_loadu_si256(p.add(q8_0::QS.start).cast()) };
-        _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
-    } else {
-        let at = if K == Q4_0 {
-            q4_0::QS.start
-        } else {
-            q4_1::QS.start
-        };
-        let q = unsafe { _mm_loadu_si128(p.add(at).cast()) };
-        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-        let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-        _mm256_maddubs_epi16(nib, xq)
-    };
-    _mm256_madd_epi16(pairs, ones)
+    quant_dot::<K>(unsafe { weight_quants::<K>(p) }, xq)
 }
 
 /// The four rows' lane sums, as one vector (exact integer arithmetic).
