@@ -14,7 +14,10 @@
 // its collective s finished reading (stream order; every kernel waits for its predecessor
 // before it ends, so completion is ordered), so nobody overwrites an inbox still being read.
 // A wait that outlasts `timeout_ns` traps (a launch failure the host reports) instead of
-// hanging the GPU.
+// hanging the GPU. Block b takes slices b, b + grid, ...: members on their own devices launch
+// a block per slice; members sharing a device launch few blocks (collective.rs), because
+// their spinning blocks hold registers that the peers' kernels they wait for need, and
+// enough of them starve those kernels of every SM (a deadlock the timeout turns into a trap).
 #include "common.cuh"
 
 #define COLL_THREADS 256
@@ -84,11 +87,11 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     all_reduce_f32(const u64* peers, const int* tree, int ntree, int members, int me, int n,
                    int cap, const float* part, float* x, u64* seq, int early, u64 timeout_ns) {
     const u64 s = begin(seq, early);
-    const int i = blockIdx.x * COLL_SLICE + threadIdx.x;
-    if (i < n) push(peers, members, me, cap, part, i, s);
-    if (i < n) {
-        const u64* inbox = (const u64*)peers[me];
-        const u64 start = globaltimer();
+    const int stride = gridDim.x * COLL_SLICE;
+    for (int i = blockIdx.x * COLL_SLICE + threadIdx.x; i < n; i += stride) push(peers, members, me, cap, part, i, s);
+    const u64* inbox = (const u64*)peers[me];
+    const u64 start = globaltimer();
+    for (int i = blockIdx.x * COLL_SLICE + threadIdx.x; i < n; i += stride) {
         float stack[COLL_MAX_MEMBERS];
         int sp = 0;
         for (int k = 0; k < ntree; ++k) {
@@ -113,16 +116,15 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     gather_f32(const u64* peers, const int* tree, int ntree, int members, int me, int n,
                int cap, const float* part, float* full, u64* seq, int early, u64 timeout_ns) {
     const u64 s = begin(seq, early);
-    const int i = blockIdx.x * COLL_SLICE + threadIdx.x;
-    if (i < n) {
-        push(peers, members, me, cap, part, i, s);
-        const u64* inbox = (const u64*)peers[me];
-        const u64 start = globaltimer();
+    const int stride = gridDim.x * COLL_SLICE;
+    for (int i = blockIdx.x * COLL_SLICE + threadIdx.x; i < n; i += stride) push(peers, members, me, cap, part, i, s);
+    const u64* inbox = (const u64*)peers[me];
+    const u64 start = globaltimer();
+    for (int i = blockIdx.x * COLL_SLICE + threadIdx.x; i < n; i += stride)
         for (int m = 0; m < members; ++m) {
             const float v = arrived(inbox, members, m, cap, i, s, start, timeout_ns);
             if (me == 0) full[(size_t)m * n + i] = v;
         }
-    }
     end(seq, s);
 }
 

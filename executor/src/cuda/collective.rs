@@ -98,7 +98,14 @@ pub struct Oneshot {
     me: usize,
     /// Every member on its own device: the next kernel may launch while this one waits.
     early: i32,
+    /// Most blocks a launch takes: a block per slice on own devices; members sharing a
+    /// device take one block per `SHARED_SMS_PER_BLOCK * members` SMs each, so the blocks
+    /// spinning for peers never hold the SMs those peers' kernels need.
+    max_blocks: usize,
 }
+
+/// SMs per spinning block of a member, over the members, when members share a device.
+const SHARED_SMS_PER_BLOCK: usize = 4;
 
 /// The tree in postfix: a member index pushes, -1 adds the top two (left + right).
 pub(super) fn postfix(tree: &Tree, out: &mut Vec<i32>) {
@@ -145,6 +152,11 @@ impl Oneshot {
             me,
             exchange,
             early: i32::from(own_devices),
+            max_blocks: if own_devices {
+                usize::MAX
+            } else {
+                (dev.sm_count()? / (SHARED_SMS_PER_BLOCK * all.len())).max(1)
+            },
         })
     }
 
@@ -183,7 +195,7 @@ impl Oneshot {
         );
         let (pp, op) = (part.addr(), out.addr());
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(SLICE).max(1) as u32, 1, 1),
+            grid_dim: (n.div_ceil(SLICE).clamp(1, self.max_blocks) as u32, 1, 1),
             block_dim: (SLICE as u32, 1, 1),
             shared_mem_bytes: 0,
         };
