@@ -1,7 +1,8 @@
 // memra kernels: single-token attention over an f16 KV cache, fused with the rotary position
 // embedding of q and k and the cache write of the current position. The position comes from
 // device memory, so captured graphs replay at every step: attention_f16 attends over positions
-// 0..=*pos (clamped to the capacity).
+// 0..=*pos (clamped to the capacity). A prefill step's token rows are grid rows: row y attends
+// over 0..=*pos + y, each row with the bits of the decode step at its position.
 //
 // Cache layout: `capacity` positions of `n_kv_heads * head_dim` halves (K and V separately).
 // Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads). One block
@@ -33,15 +34,6 @@ __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
     return r;
 }
 
-// Pair (x0, x1) of pair index i rotated to the angle `angle0 * theta_scale^i`.
-__device__ __forceinline__ float2 rotate(float x0, float x1, int i, float angle0, float theta_scale) {
-    float angle = angle0;
-    for (int k = 0; k < i; ++k) angle = __fmul_rn(angle, theta_scale);
-    float s, c;
-    sincosf(angle, &s, &c);
-    return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
-}
-
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attention_f16(float* q, const float* k, const float* v, u16* k_cache, u16* v_cache, float* out,
                   float* scores, const u32* pos, int n_heads, int n_kv_heads, int head_dim,
@@ -57,7 +49,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     const int h = blockIdx.x, group = n_heads / n_kv_heads;
     const int kvh = h / group;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 p_now = *pos;
+    // token row blockIdx.y of a prefill step sits at *pos + blockIdx.y; kv_store_rows_f16 has
+    // written the rows before it to the cache, with the bits this block writes for its own
+    const size_t q_row = (size_t)n_heads * head_dim, kv_row = (size_t)n_kv_heads * head_dim;
+    q += blockIdx.y * q_row;
+    out += blockIdx.y * q_row;
+    k += blockIdx.y * kv_row;
+    v += blockIdx.y * kv_row;
+    const u32 p_now = *pos + blockIdx.y;
     const int n_ctx = min((int)p_now + 1, capacity);
     // the current position is in the window unless the cache is full
     const int now = p_now < (u32)capacity ? (int)p_now : -1;
@@ -78,8 +77,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     u16* k_slot = k_cache + (size_t)max(now, 0) * row + (size_t)kvh * head_dim;
     for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
         const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float2 rq = rotate(qrow[a], qrow[b], i, (float)p_now, theta_scale);
-        const float2 rk = rotate(krow[a], krow[b], i, (float)p_now, theta_scale);
+        const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)p_now, theta_scale);
+        const float2 rk = rope_pair(krow[a], krow[b], i, (float)p_now, theta_scale);
         qrow[a] = rq.x;
         qrow[b] = rq.y;
         qh[a] = round_f16(rq.x);

@@ -159,6 +159,15 @@ __device__ float block_rms_scale(const float* x, int n, float eps) {
     return scale;
 }
 
+// Pair (x0, x1) of pair index i rotated to the angle `angle0 * theta_scale^i`.
+__device__ __forceinline__ float2 rope_pair(float x0, float x1, int i, float angle0, float theta_scale) {
+    float angle = angle0;
+    for (int k = 0; k < i; ++k) angle = __fmul_rn(angle, theta_scale);
+    float s, c;
+    sincosf(angle, &s, &c);
+    return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+}
+
 // The SiLU-gated product of the FFN: silu(g) * u with silu(g) = g / (1 + exp(-g)).
 __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;

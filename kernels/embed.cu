@@ -1,7 +1,9 @@
-// memra kernels: embedding lookup: dequantizes row `*token` of a table (in the device layout of
-// DeviceWeight::upload) into f32, bit-exact with memra_gguf::dequantize. The token is read from device memory (written by the sampler
-// or a boundary copy), so a captured graph embeds whatever token the previous step chose. A
-// token outside the table writes NaNs rather than reading out of bounds.
+// memra kernels: embedding lookup: grid row y dequantizes row `token[y]` of a table (in the
+// device layout of DeviceWeight::upload) into row y of `out` as f32, bit-exact with
+// memra_gguf::dequantize; a decode step has one row, a prefill step one per prompt token. The
+// tokens are read from device memory (written by the sampler or a boundary copy), so a
+// captured graph embeds whatever token the previous step chose. A token outside the table
+// writes NaNs rather than reading out of bounds.
 #include "common.cuh"
 
 #define EMBED(name, deq, BLOCK, QS, S)                                                         \
@@ -10,8 +12,8 @@
         overlap_with_neighbours();                                                             \
         const int i = blockIdx.x * blockDim.x + threadIdx.x;                                   \
         if (i >= cols) return;                                                                 \
-        const u32 t = *token;                                                                  \
-        out[i] = t < (u32)rows ? deq(weight_row<BLOCK, QS, S>(table, rows, cols, (int)t), i)   \
+        const u32 t = token[blockIdx.y];                                                       \
+        out[(size_t)blockIdx.y * cols + i] = t < (u32)rows ? deq(weight_row<BLOCK, QS, S>(table, rows, cols, (int)t), i)   \
                                : __int_as_float(0x7fc00000);                                   \
     }
 

@@ -37,6 +37,11 @@
 #                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
 #                             tiny-deepseek2-lite gates (graphs, TP-2, PP-2), CUDA vs CPU of
 #                             each, the moe-wide gates, Qwen3-30B-A3B-shaped 8-layer q4_1 speed
+#   prefill [SECONDS]         the cuda prefill: self-test (products over token rows, attention
+#                             rows against decode), llama1b gates over a two-chunk prompt
+#                             (graphs, PP-2, TP-2, TP-4, PP-2 x TP-2), CUDA vs CPU over the
+#                             prompt, llama8b pp512 (q4_1, q8_0, f16) and llama1b q4_1, the
+#                             time to first token of 4096 tokens, llama8b decode
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
 #                             device 0: graphs, TP-2, TP-4, EP-4, PP-2
 #
@@ -148,20 +153,21 @@ bench_with() { # how ("" or launch) row seconds model plan [bench options]
 }
 memory_check() { # row: each device of the last bench: the memory in use on the device (this
     # process's context included; the device is otherwise idle) within 3% of the plan's bytes
-    # for one token row per step (the cuda engine runs prompts token by token)
+    # for the engine's token rows per step (a prefill chunk, or one where prompts run token by
+    # token)
     local lines table bad
     lines=$(echo "$bench_out" | grep "MiB in use on the device")
     if [ -z "$lines" ]; then
         row "$1" FAIL "no memory report"
         return
     fi
-    # device, in use, planned for one row per step
-    table=$(echo "$lines" | sed -E 's/^device ([0-9]+) .*: ([0-9.]+) MiB in use on the device, .*, ([0-9.]+) MiB of it for one row per step.*/\1 \2 \3/')
+    # device, in use, planned for the engine's rows per step
+    table=$(echo "$lines" | sed -E 's/^device ([0-9]+) .*: ([0-9.]+) MiB in use on the device, .*, ([0-9.]+) MiB of it for steps of .*/\1 \2 \3/')
     bad=$(echo "$table" | awk '{ d = ($2 - $3) / $3; if (d > 0.03 || d < -0.03) print }')
     if [ -z "$bad" ]; then
         row "$1" ok "$(echo "$table" | awk '{ printf "dev %s %s/%s MiB (%+.1f%%) ", $1, $2, $3, 100 * ($2 - $3) / $3 }')"
     else
-        row "$1" FAIL "in use / planned (one row): $(echo "$bad" | head -1)"
+        row "$1" FAIL "in use / planned: $(echo "$bad" | head -1)"
     fi
 }
 against_cpu() { # row tolerance model plan [steps, default 64] [compare options]: greedy
@@ -735,6 +741,52 @@ wide_moe_gates() { # the Qwen3-30B-A3B-shaped 8-layer q4_1 cut ($M/qwen3-30b-a3b
             gate "gate $cand q4_1" 200 "$M/$big-q4_1.gguf" "$ref" "$(plan $big q4_1 "$cand")"
     done
 }
+suite_prefill() {
+    BUDGET=${1:-420}
+    logs_in /tmp/memra-prefill
+    stamp name,driver_version,memory.total
+    synth smol135m q8_0 &
+    synth llama1b q8_0 &
+    synth llama1b q4_1 &
+    synth llama8b q4_1 &
+    local synth8b=$! rc dtype ref cand prompt
+    limit 200 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    grep -E "^(gemm|attention_f16 .*prefill)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    wait $synth8b
+    synth llama8b q8_0 &
+    synth llama8b f16 &
+    # about 600 tokens of the synthetic tokenizer: a 512-row chunk and a shorter one, tiles
+    # cut mid-way
+    prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    for dtype in q8_0 q4_1; do
+        ref=$(plan llama1b $dtype llama1b-eager)
+        for cand in llama1b llama1b-pp2 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2; do
+            late "prefill gate $cand $dtype" && continue
+            gate "prefill gate $cand $dtype" 150 "$M/llama1b-$dtype.gguf" "$ref" \
+                "$(plan llama1b $dtype $cand)" -p "$prompt" -n 8
+        done
+    done
+    late "cuda vs cpu smol135m q8_0 prefill" ||
+        against_cpu "cuda vs cpu smol135m q8_0 prefill" 5e-2 "$M/smol135m-q8_0.gguf" \
+            "$(plan smol135m q8_0 smol135m)" 16 --teacher-forced -p "$prompt"
+    wait
+    for dtype in q4_1 q8_0 f16; do
+        late "pp512 llama8b $dtype" ||
+            bench "pp512 llama8b $dtype" 150 "$M/llama8b-$dtype.gguf" "$(plan llama8b $dtype llama8b)" \
+                --prompt 512 -n 16 --reps 3
+    done
+    memory_check "memory llama8b f16"
+    late "pp512 llama1b q4_1" ||
+        bench "pp512 llama1b q4_1" 100 "$M/llama1b-q4_1.gguf" "$(plan llama1b q4_1 llama1b)" --prompt 512 -n 16 --reps 3
+    late "ttft 4096 llama8b q4_1" ||
+        bench "ttft 4096 llama8b q4_1" 150 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b-ctx8k)" \
+            --prompt 4096 -n 2 --reps 2
+    late "decode llama8b q4_1" ||
+        bench "decode llama8b q4_1" 100 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b)" -n 128 --reps 3
+    table
+}
 suite_moe_wide() {
     BUDGET=${1:-240}
     logs_in /tmp/memra-moe-wide
@@ -920,7 +972,7 @@ suite_deepseek() {
 
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

@@ -48,6 +48,23 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("norm.cu", ["rms_norm_f32"]),
+    kernel_file!(
+        "gemm.cu",
+        [
+            "gemm_f32",
+            "gemm_f16",
+            "gemm_bf16",
+            "gemm_q8_0",
+            "gemm_q4_0",
+            "gemm_q4_1",
+            "gemm_q4_k",
+            "gemm_q6_k",
+            "to_f16_f32",
+            "swiglu_rows_f32",
+            "add_rows_f32",
+            "kv_store_rows_f16",
+        ]
+    ),
     kernel_file!("attention.cu", ["attention_f16"]),
     kernel_file!("elementwise.cu", ["add_f32"]),
     kernel_file!(

@@ -30,7 +30,8 @@ use super::enqueue::{CudaOps, InputRing, Readback, RunGraphs};
 use super::graph::capture;
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::p2p::{check_groups, Crossings};
-use super::rank::RankDevice;
+use super::prefill::prefill_rows;
+use super::rank::{RankDevice, Rows};
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
 use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepOutput};
@@ -54,8 +55,10 @@ pub struct Engine {
     /// With a world: the engine's link and, without the readback rank, the tokens it sends.
     remote: Option<(Link, Option<Arc<TokenInbox>>)>,
     crossings: Crossings,
-    /// Submitted steps not yet returned: (step, position).
-    pending: VecDeque<(u64, u32)>,
+    /// Submitted steps not yet returned: (step, position, rows of logits).
+    pending: VecDeque<(u64, u32, usize)>,
+    /// How the engine takes prompts: chunks of token rows, or token by token and why.
+    prompt: PromptMode,
     arm: Arm,
     next_step: u64,
     max_context: u32,
@@ -123,6 +126,11 @@ impl Engine {
                 (map.ranks(plan, world.process()), Some(link))
             }
         };
+        let prompt = match prefill_rows(plan, options.world.is_none()) {
+            Ok(rows) => PromptMode::Chunks(rows),
+            Err(why) => PromptMode::TokenByToken(why),
+        };
+        let max_rows = prompt.rows() as usize;
         let devices = open_devices(plan, &local)?;
         let free_before: BTreeMap<u32, usize> = devices
             .iter()
@@ -133,7 +141,7 @@ impl Engine {
             let weights = RankWeights::load(loaded, r)?;
             let dev = devices[&r.device].clone();
             ranks.push(
-                RankDevice::new(plan, r.rank, dev, weights, s)
+                RankDevice::new(plan, r.rank, dev, weights, s, max_rows)
                     .map_err(|e| anyhow!("rank {} on device {}: {e:#}", r.rank, r.device))?,
             );
         }
@@ -152,7 +160,7 @@ impl Engine {
                     .map(|_| pinned(&rank.dev, 1))
                     .collect::<Result<_>>()?,
                 token: (0..n)
-                    .map(|_| pinned(&rank.dev, 1))
+                    .map(|_| pinned(&rank.dev, max_rows))
                     .collect::<Result<_>>()?,
                 done: (0..n)
                     .map(|_| rank.dev.new_event(false))
@@ -162,7 +170,7 @@ impl Engine {
         let readback = match ranks.iter().position(|r| r.rank == readers[0]) {
             Some(ri) => {
                 let reader = &ranks[ri];
-                let vocab = reader.logits().len();
+                let vocab = reader.logits(max_rows).len();
                 Some(Readback {
                     rank: ri,
                     logits: (0..ring)
@@ -210,7 +218,7 @@ impl Engine {
                     .map_err(|e| anyhow!("cuda backend: rank {} setup: {e:?}", rank.rank))?;
             }
         }
-        let report = memory_report(plan, &devices, &free_before)?;
+        let report = memory_report(plan, &devices, &free_before, prompt.rows())?;
         Ok(Engine {
             runs,
             programs: local.iter().map(|&r| Program::of(plan, r)).collect(),
@@ -222,6 +230,7 @@ impl Engine {
             remote,
             crossings,
             pending: VecDeque::new(),
+            prompt,
             arm: options.arm,
             next_step: 0,
             max_context: plan.runtime.max_context,
@@ -231,8 +240,8 @@ impl Engine {
         })
     }
 
-    /// The walk's view of rank `ri` for one step.
-    fn ops(&mut self, ri: usize) -> CudaOps<'_> {
+    /// The walk's view of rank `ri` for one step of `rows` token rows.
+    fn ops(&mut self, ri: usize, rows: Rows) -> CudaOps<'_> {
         CudaOps {
             ri,
             ranks: &mut self.ranks,
@@ -243,6 +252,7 @@ impl Engine {
             readback: self.readback.as_mut(),
             crossings: &self.crossings,
             inputs_sent: false,
+            rows,
         }
     }
 
@@ -261,7 +271,8 @@ impl Engine {
                 })
             })
             .collect();
-        if due.is_empty() {
+        // a run's graph holds a decode step's launches: a prefill step captures nothing
+        if due.is_empty() || input.rows() > 1 {
             return Ok(());
         }
         self.synchronize_all()?;
@@ -272,7 +283,7 @@ impl Engine {
             };
             let stream = self.ranks[ri].stream(stream_name)?.clone();
             let rank = self.ranks[ri].rank;
-            let mut ops = self.ops(ri);
+            let mut ops = self.ops(ri, Rows::ONE);
             let graph = capture(&stream, || {
                 run_block(&mut ops, stream_name, block, t, input)
             })
@@ -303,7 +314,7 @@ impl Engine {
     }
 
     fn take(&mut self) -> Result<StepOutput> {
-        let (step, pos) = self
+        let (step, pos, rows) = self
             .pending
             .pop_front()
             .ok_or_else(|| anyhow!("no decode step is in flight"))?;
@@ -322,7 +333,8 @@ impl Engine {
             anyhow!("cuda backend: step {step}: the device failed before its readback: {e:?} (a collective traps after 30 s without its peers)")
         };
         rb.done[slot].synchronize().map_err(wait)?;
-        let logits = rb.logits[slot].as_slice().map_err(wait)?.to_vec();
+        let all = rb.logits[slot].as_slice().map_err(wait)?;
+        let logits = all[..all.len() / self.prompt.rows() as usize * rows].to_vec();
         let token = rb.token[slot].as_slice().map_err(wait)?[0];
         let out = StepOutput {
             step,
@@ -339,7 +351,16 @@ impl Engine {
 
 impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        input.check(self.failed, self.next_step, self.max_context, 1)?;
+        input.check(
+            self.failed,
+            self.next_step,
+            self.max_context,
+            self.prompt.rows(),
+        )?;
+        let rows = Rows {
+            rows: input.rows() as usize,
+            logits_from: input.logits_from as usize,
+        };
         if self.pending.len() >= self.ring {
             bail!(
                 "{} steps are in flight, the plan's runtime.in_flight; take an output first",
@@ -357,7 +378,7 @@ impl Decoder for Engine {
             let mut cursor = Cursor::default();
             result = walk(
                 program,
-                &mut self.ops(ri),
+                &mut self.ops(ri, rows),
                 &mut cursor,
                 t,
                 &input,
@@ -367,7 +388,7 @@ impl Decoder for Engine {
             .map(|_| ())
             .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
         }
-        self.pending.push_back((t, input.pos));
+        self.pending.push_back((t, input.pos, rows.out()));
         if result.is_ok() && self.arm == Arm::Serial {
             if let Some(rb) = &self.readback {
                 let slot = (t % rb.logits.len() as u64) as usize;
@@ -395,7 +416,7 @@ impl Decoder for Engine {
     }
 
     fn prompt_mode(&self) -> PromptMode {
-        PromptMode::TokenByToken("the cuda backend has no batched prefill kernels yet")
+        self.prompt
     }
 
     fn report(&self) -> Vec<String> {

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
-use memra_compiler::plan::{event_slot, Boundary};
+use memra_compiler::plan::{event_slot, Boundary, Carries};
 
 use super::graph::Graph;
 use super::p2p::Crossings;
-use super::rank::{copy, RankDevice};
+use super::rank::{copy, RankDevice, Rows};
 use super::span::Span;
 use crate::engine::StepInput;
 use crate::program::{Block, Entered, RankOps, Work};
@@ -60,6 +60,8 @@ pub(super) struct CudaOps<'a> {
     /// Boundaries to ranks of other processes.
     pub(super) crossings: &'a Crossings,
     pub(super) inputs_sent: bool,
+    /// The step's token rows.
+    pub(super) rows: Rows,
 }
 
 impl CudaOps<'_> {
@@ -75,7 +77,7 @@ impl CudaOps<'_> {
             .ok_or_else(|| anyhow!("event `{event}` slot {slot} is never recorded"))
     }
 
-    /// Writes the step's position, and the token when the block embeds, in stream order.
+    /// Writes the step's position, and the tokens when the block embeds, in stream order.
     fn send_inputs(
         &mut self,
         t: u64,
@@ -88,18 +90,29 @@ impl CudaOps<'_> {
         let slot = (t % ring.pos.len() as u64) as usize;
         let host = |e| anyhow!("cuda backend: input ring: {e:?}");
         ring.done[slot].synchronize().map_err(host)?;
-        let up = |h: &mut PinnedHostSlice<u32>, value: u32, dst: Span<u32>| -> Result<()> {
-            h.as_mut_slice().map_err(host)?[0] = value;
-            s.memcpy_htod(h, &mut dst.clone())
+        let up = |h: &mut PinnedHostSlice<u32>, values: &[u32], dst: Span<u32>| -> Result<()> {
+            let staged = &mut h.as_mut_slice().map_err(host)?[..values.len()];
+            staged.copy_from_slice(values);
+            assert_eq!(dst.len(), values.len(), "invariant: one token a row");
+            s.context().bind_to_thread()?;
+            // SAFETY: `staged` is pinned host memory of dst.len() values that stays unwritten
+            // until the ring slot's event (recorded after this copy) has completed
+            unsafe { cu::memcpy_htod_async(dst.addr(), staged, s.cu_stream()) }
                 .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
         };
-        up(&mut ring.pos[slot], input.pos, rank.pos())?;
+        up(&mut ring.pos[slot], &[input.pos], rank.pos())?;
         if embeds {
-            match (input.token(), rank.token_input()) {
-                (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
-                (None, Some(b)) => copy(s, &rank.rx_slot(b, b.recv_slot(t)), &rank.token().cast())?,
+            match (input.tokens.is_empty(), rank.token_input()) {
+                (false, _) => up(
+                    &mut ring.token[slot],
+                    &input.tokens,
+                    rank.tokens(input.tokens.len()),
+                )?,
+                (true, Some(b)) => {
+                    copy(s, &rank.rx_slot(b, b.recv_slot(t), 1), &rank.token().cast())?
+                }
                 // the rank samples the token it embeds next: it is already in place
-                (None, None) => {}
+                (true, None) => {}
             }
         }
         ring.done[slot].record(s).map_err(host)
@@ -147,7 +160,12 @@ impl RankOps for CudaOps<'_> {
                 )
             })?;
         let slot = b.recv_slot(t);
-        let (src, dst) = (from.tx_slot(b, slot), to.rx_slot(b, slot));
+        let rows = if b.carries == Carries::Hidden {
+            self.rows.rows
+        } else {
+            1
+        };
+        let (src, dst) = (from.tx_slot(b, slot, rows), to.rx_slot(b, slot, rows));
         if from.dev.ordinal() == to.dev.ordinal() {
             return copy(&s, &src, &dst);
         }
@@ -175,10 +193,17 @@ impl RankOps for CudaOps<'_> {
         let s = self.ranks[self.ri].stream(stream)?.clone();
         let rank = &self.ranks[self.ri];
         let slot = (t % rb.logits.len() as u64) as usize;
-        s.memcpy_dtoh(&rank.logits(), &mut rb.logits[slot])
+        let logits = rank.logits(self.rows.out());
+        let err = |e| anyhow!("cuda backend: readback: {e:?}");
+        let host = &mut rb.logits[slot].as_mut_slice().map_err(err)?[..logits.len()];
+        s.context().bind_to_thread()?;
+        // SAFETY: `host` is pinned memory of the ring slot, read by the host only after the
+        // slot's event (recorded below) has completed; `logits` is a live device span of its
+        // length
+        unsafe { cu::memcpy_dtoh_async(host, logits.addr(), s.cu_stream()) }
             .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))
             .and_then(|_| rb.done[slot].record(&s))
-            .map_err(|e| anyhow!("cuda backend: readback: {e:?}"))
+            .map_err(err)
     }
 
     /// The rank's first block takes the step's inputs; a run replays its graph once captured.
@@ -191,6 +216,7 @@ impl RankOps for CudaOps<'_> {
         input: &StepInput,
     ) -> Result<Entered> {
         let embeds = b.work.contains(&Work::Embed);
+        let prefill = self.rows.rows > 1;
         if !self.inputs_sent {
             let s = self.stream(stream)?;
             self.send_inputs(t, input, embeds, &s)?;
@@ -198,7 +224,8 @@ impl RankOps for CudaOps<'_> {
         } else if embeds {
             bail!("embed after the rank's first run or island is not supported");
         }
-        let Some(run) = self.runs[at].as_mut() else {
+        // a run's graph holds one token row's launches: a prefill step walks the run eagerly
+        let Some(run) = self.runs[at].as_mut().filter(|_| !prefill) else {
             return Ok(Entered::Walk);
         };
         let p = (t % run.phases) as usize;
@@ -222,7 +249,7 @@ impl RankOps for CudaOps<'_> {
 
     fn work(&mut self, stream: &str, work: Work, t: u64, _: &StepInput, _: bool) -> Result<bool> {
         let s = self.stream(stream)?;
-        self.ranks[self.ri].work(work, t, &s)?;
+        self.ranks[self.ri].work(work, t, self.rows, &s)?;
         Ok(true)
     }
 }

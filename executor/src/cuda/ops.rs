@@ -148,11 +148,11 @@ pub use crate::rope::RopeStyle;
 pub const MAX_HEAD_DIM: usize = 256;
 /// Cache capacities (positions) up to which attention keeps its scores in shared memory
 /// (32 KiB, within the default dynamic limit).
-const ATTN_SMEM_POSITIONS: usize = 8192;
+pub const ATTN_SMEM_POSITIONS: usize = 8192;
 /// The most candidates the device sampler keeps (`SAMPLE_MAX_K` in kernels/sample.cu).
 pub const MAX_TOP_K: usize = 256;
 
-fn grid(n: usize, threads: usize) -> LaunchConfig {
+pub(super) fn grid(n: usize, threads: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(threads).max(1) as u32, 1, 1),
         block_dim: (threads as u32, 1, 1),
@@ -219,7 +219,8 @@ impl CudaDevice {
     }
 
     /// Attention of the query heads in `q` (heads of `kv.head_dim`) over positions `0..=pos[0]`
-    /// of `kv`, scale `1 / sqrt(head_dim)`, into `out`, with the rotary embedding and the cache
+    /// of `kv` (with several token rows in k, v, q and out: row `r` over `0..=pos[0] + r`, its
+    /// earlier rows already in the cache by `kv_store_rows`), scale `1 / sqrt(head_dim)`, into `out`, with the rotary embedding and the cache
     /// write in the same launch: q and k are rotated to position `pos[0]` (q in place; k is
     /// left as it is), and the rotated k and v are stored as f16 at that position of `kv`
     /// (nothing is stored at a position past the capacity). The scores stay in shared memory
@@ -243,14 +244,15 @@ impl CudaDevice {
             hd <= MAX_HEAD_DIM && hd.is_multiple_of(4),
             "attention: head_dim {hd} is not a multiple of 4 up to {MAX_HEAD_DIM}"
         );
-        let n_heads = q.len() / hd;
+        let rows = k.len() / row;
         assert!(
-            q.len() == n_heads * hd && out.len() == q.len() && !pos.is_empty(),
-            "attention: q and out must hold whole heads of {hd}; pos must hold a position"
+            rows > 0 && k.len() == rows * row && v.len() == k.len(),
+            "attention: k and v must hold whole rows of {row} values"
         );
+        let n_heads = q.len() / (rows * hd);
         assert!(
-            k.len() == row && v.len() == row,
-            "attention: k and v must have {row} values"
+            q.len() == rows * n_heads * hd && out.len() == q.len() && !pos.is_empty(),
+            "attention: q and out must hold whole heads of {hd} per row; pos must hold a position"
         );
         assert!(
             n_heads.is_multiple_of(kv.n_kv_heads),
@@ -259,8 +261,8 @@ impl CudaDevice {
         );
         let in_smem = kv.capacity <= ATTN_SMEM_POSITIONS;
         assert!(
-            in_smem || scores.len() >= n_heads * kv.capacity,
-            "attention: scores needs n_heads * capacity values"
+            in_smem || (rows == 1 && scores.len() >= n_heads * kv.capacity),
+            "attention: scores needs n_heads * capacity values, and several rows need the scores in shared memory"
         );
         let scale = 1.0 / (hd as f32).sqrt();
         let (theta, style) = rope;
@@ -278,7 +280,7 @@ impl CudaDevice {
         let op = ptr_mut(stream, out);
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
         let cfg = LaunchConfig {
-            grid_dim: (n_heads as u32, 1, 1),
+            grid_dim: (n_heads as u32, rows as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: if in_smem { 4 * cap as u32 } else { 0 },
         };
@@ -335,7 +337,8 @@ impl CudaDevice {
         })
     }
 
-    /// Dequantizes row `token[0]` of the embedding table into `out` (NaNs if out of range).
+    /// Dequantizes row `token[r]` of the embedding table into row `r` of `out` (NaNs if out of
+    /// range), for each row of `out`.
     pub fn embed(
         &self,
         stream: &CudaStream,
@@ -343,12 +346,13 @@ impl CudaDevice {
         token: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        assert_eq!(
+        let tokens = out.len() / table.cols;
+        assert!(
+            tokens > 0 && out.len() == tokens * table.cols && token.len() >= tokens,
+            "embed: out has {} values for {} columns and {} tokens",
             out.len(),
             table.cols,
-            "embed: out has {} values for {} columns",
-            out.len(),
-            table.cols
+            token.len()
         );
         let name = format!("embed_{}", table.dtype.name());
         let (tp, kp, op) = (
@@ -357,7 +361,9 @@ impl CudaDevice {
             ptr_mut(stream, out),
         );
         let (cols, rows) = (int(table.cols), int(table.rows));
-        self.launch(stream, &name, grid(table.cols, 256), |a| {
+        let mut cfg = grid(table.cols, 256);
+        cfg.grid_dim.1 = tokens as u32;
+        self.launch(stream, &name, cfg, |a| {
             a.arg(&tp).arg(&kp).arg(&op).arg(&cols).arg(&rows);
         })
     }

@@ -222,7 +222,8 @@ impl Crossings {
 
 impl Crossing {
     fn send(&self, rank: &RankDevice, slot: u32) -> Result<()> {
-        let span = rank.tx_slot(&self.boundary, slot);
+        // one process per GPU runs one token row a step (prefill::prefill_rows)
+        let span = rank.tx_slot(&self.boundary, slot, 1);
         self.comm.send(&span, 1).map_err(|e| {
             anyhow!(
                 "cuda backend: nccl send of boundary {}: {e:?}",
@@ -232,7 +233,7 @@ impl Crossing {
     }
 
     fn recv(&self, rank: &RankDevice, slot: u32) -> Result<()> {
-        let mut span = rank.rx_slot(&self.boundary, slot);
+        let mut span = rank.rx_slot(&self.boundary, slot, 1);
         self.comm.recv(&mut span, 0).map(|_| ()).map_err(|e| {
             anyhow!(
                 "cuda backend: nccl receive of boundary {}: {e:?}",

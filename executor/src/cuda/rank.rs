@@ -37,32 +37,32 @@ use crate::sample::SamplerConfig;
 use crate::weights::{Matrix, RankWeights};
 
 /// One GQA layer's attention weights on the device.
-struct GqaWeights {
-    q: DeviceWeight,
-    k: DeviceWeight,
-    v: DeviceWeight,
-    biases: Option<[DeviceBuffer<f32>; 3]>,
-    qk_norm: Option<[DeviceBuffer<f32>; 2]>,
+pub(super) struct GqaWeights {
+    pub q: DeviceWeight,
+    pub k: DeviceWeight,
+    pub v: DeviceWeight,
+    pub biases: Option<[DeviceBuffer<f32>; 3]>,
+    pub qk_norm: Option<[DeviceBuffer<f32>; 2]>,
 }
 
 /// A layer's attention weights besides the norm and the output projection.
-enum MixerWeights {
+pub(super) enum MixerWeights {
     Gqa(Box<GqaWeights>),
     Mla(Box<MlaWeights>),
 }
 
 /// One layer's weights on the device.
-struct LayerWeights {
-    attn_norm: DeviceBuffer<f32>,
-    mixer: MixerWeights,
-    o: DeviceWeight,
-    ffn_norm: DeviceBuffer<f32>,
-    ffn: FfnWeights,
+pub(super) struct LayerWeights {
+    pub attn_norm: DeviceBuffer<f32>,
+    pub mixer: MixerWeights,
+    pub o: DeviceWeight,
+    pub ffn_norm: DeviceBuffer<f32>,
+    pub ffn: FfnWeights,
 }
 
 /// What the pending partial sum holds (the CPU backend's `segments::Pending`).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Pending {
+pub(super) enum Pending {
     /// A partial of the residual update in `partial`.
     Hidden,
     /// The MoE rows in `MoeState::rows`.
@@ -77,21 +77,25 @@ enum HeadRows {
     Embedding,
 }
 
-/// A rank's activation and IO buffers.
-struct Buffers {
-    x: DeviceBuffer<f32>,
-    xn: DeviceBuffer<f32>,
-    q: DeviceBuffer<f32>,
-    k: DeviceBuffer<f32>,
-    v: DeviceBuffer<f32>,
-    att: DeviceBuffer<f32>,
-    partial: DeviceBuffer<f32>,
-    gate: DeviceBuffer<f32>,
+/// A rank's activation and IO buffers: the activations, tokens and logits hold `rows` token
+/// rows (a prefill step's; one when prompts run token by token), the rest one row.
+pub(super) struct Buffers {
+    pub x: DeviceBuffer<f32>,
+    pub xn: DeviceBuffer<f32>,
+    pub q: DeviceBuffer<f32>,
+    pub k: DeviceBuffer<f32>,
+    pub v: DeviceBuffer<f32>,
+    pub att: DeviceBuffer<f32>,
+    pub partial: DeviceBuffer<f32>,
+    pub gate: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
-    logits: DeviceBuffer<f32>,
+    pub logits: DeviceBuffer<f32>,
     full_logits: Option<DeviceBuffer<f32>>,
-    pos: DeviceBuffer<u32>,
+    pub pos: DeviceBuffer<u32>,
     token: DeviceBuffer<u32>,
+    /// A prefill step's f16 activation rows, the up projection's rows and the chunk partials
+    /// of a row-parallel product (empty when prompts run token by token).
+    pub rows: Option<super::prefill::RowBuffers>,
     /// The sampler's draw counter, advanced by the sampling kernel.
     step: DeviceBuffer<u64>,
 }
@@ -104,15 +108,19 @@ pub struct RankDevice {
     pub dev: CudaDevice,
     /// The rank's streams by plan name.
     pub streams: BTreeMap<String, Arc<CudaStream>>,
-    layers: Vec<LayerWeights>,
+    pub(super) layers: Vec<LayerWeights>,
     /// By layer index; `None` for MLA layers (their latent caches are in `mla`).
-    kv: Vec<Option<DeviceKv>>,
+    pub(super) kv: Vec<Option<DeviceKv>>,
     mla: Option<MlaState>,
     embed: Option<DeviceWeight>,
     head: Option<(DeviceBuffer<f32>, HeadRows)>,
-    geo: RankGeometry,
+    pub(super) geo: RankGeometry,
     sampler: SamplerConfig,
-    buf: Buffers,
+    pub(super) buf: Buffers,
+    /// Token rows a step may have: the prefill chunk, or 1.
+    pub(super) max_rows: usize,
+    /// Vocab rows of this rank's head (one row of `logits`).
+    vocab_rows: usize,
     tx: BTreeMap<u32, DeviceBuffer<u8>>,
     rx: BTreeMap<u32, DeviceBuffer<u8>>,
     outgoing: Vec<Boundary>,
@@ -121,7 +129,27 @@ pub struct RankDevice {
     collective: Option<Collective>,
     moe: Option<MoeState>,
     /// Set as segments are enqueued, read by the all-reduce that follows them.
-    pending: Pending,
+    pub(super) pending: Pending,
+}
+
+/// The token rows of the step being enqueued: `rows` rows, logits from row `logits_from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rows {
+    pub rows: usize,
+    pub logits_from: usize,
+}
+
+impl Rows {
+    /// A decode step's single row.
+    pub const ONE: Rows = Rows {
+        rows: 1,
+        logits_from: 0,
+    };
+
+    /// Rows whose logits come back.
+    pub fn out(self) -> usize {
+        self.rows - self.logits_from
+    }
 }
 
 /// Uploads a weight matrix taken from the rank's shards.
@@ -134,14 +162,16 @@ pub(super) fn upload_matrix(
 }
 
 impl RankDevice {
-    /// Uploads rank `rank`'s shards to `dev` and allocates its buffers; the allocation stream
-    /// is the rank's first stream; a sampling rank picks tokens as `sampler` says.
+    /// Uploads rank `rank`'s shards to `dev` and allocates its buffers for steps of up to
+    /// `max_rows` token rows; the allocation stream is the rank's first stream; a sampling
+    /// rank picks tokens as `sampler` says.
     pub fn new(
         plan: &Plan,
         rank: u32,
         dev: CudaDevice,
         mut w: RankWeights,
         sampler: SamplerConfig,
+        max_rows: usize,
     ) -> Result<RankDevice> {
         let r = plan.rank(rank).expect("invariant: a rank of the plan");
         let m = &plan.model;
@@ -298,38 +328,50 @@ impl RankDevice {
             .group
             .and_then(|g| plan.groups.iter().find(|x| x.group == g));
         let group_len = group.map_or(1, |g| g.ranks.len());
+        let gate_rows = layers
+            .iter()
+            .map(|l| l.ffn.gate_rows())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let n = max_rows;
         let buf = Buffers {
-            x: dev.alloc(&s, d)?,
-            xn: dev.alloc(&s, d)?,
-            q: dev.alloc(&s, nq)?,
-            k: dev.alloc(&s, nk)?,
-            v: dev.alloc(&s, nk)?,
-            att: dev.alloc(&s, n_att)?,
-            partial: dev.alloc(&s, d)?,
-            gate: dev.alloc(
-                &s,
-                layers
-                    .iter()
-                    .map(|l| l.ffn.gate_rows())
-                    .max()
-                    .unwrap_or(1)
-                    .max(1),
-            )?,
+            x: dev.alloc(&s, n * d)?,
+            xn: dev.alloc(&s, n * d)?,
+            q: dev.alloc(&s, n * nq)?,
+            k: dev.alloc(&s, n * nk)?,
+            v: dev.alloc(&s, n * nk)?,
+            att: dev.alloc(&s, n * n_att)?,
+            partial: dev.alloc(&s, n * d)?,
+            gate: dev.alloc(&s, n * gate_rows)?,
             scores: dev.alloc(&s, (nq / hd).max(1) * ctx)?,
-            logits: dev.alloc(&s, logits_len)?,
+            logits: dev.alloc(&s, n * logits_len)?,
             full_logits: if r.head && group_len > 1 && r.tp_index == 0 {
-                Some(dev.alloc(&s, logits_len * group_len)?)
+                Some(dev.alloc(&s, n * logits_len * group_len)?)
             } else {
                 None
             },
             pos: dev.alloc(&s, 1)?,
-            token: dev.alloc(&s, 1)?,
+            token: dev.alloc(&s, n)?,
             step: dev.alloc(&s, 1)?,
+            rows: if n > 1 {
+                let widest = layers
+                    .iter()
+                    .flat_map(|l| [l.o.cols, l.o.rows, gate_rows])
+                    .chain([d])
+                    .max()
+                    .unwrap_or(d);
+                Some(super::prefill::RowBuffers::new(
+                    &dev, &s, n, widest, gate_rows, d,
+                )?)
+            } else {
+                None
+            },
         };
         let (mut tx, mut rx) = (BTreeMap::new(), BTreeMap::new());
         let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
         for b in &plan.boundaries {
-            let bytes = (b.bytes * u64::from(b.slots)) as usize;
+            let bytes = slot_bytes(b, max_rows) * b.slots as usize;
             if b.from_rank == rank {
                 tx.insert(b.boundary, dev.alloc(&s, bytes)?);
                 outgoing.push(b.clone());
@@ -349,7 +391,7 @@ impl RankDevice {
             Some(g) if g.collective == PlanCollective::Oneshot => Some(Exchange::new(
                 &dev,
                 &s,
-                d.max(logits_len).max(moe_len),
+                (n * d).max(logits_len).max(moe_len),
                 group_len,
             )?),
             _ => None,
@@ -366,6 +408,8 @@ impl RankDevice {
             geo,
             sampler,
             buf,
+            max_rows,
+            vocab_rows: logits_len,
             tx,
             rx,
             outgoing,
@@ -406,10 +450,11 @@ impl RankDevice {
         self.collective = Some(Collective::Nccl(member));
     }
 
-    /// The longest vector this rank's collectives carry (hidden state or logits slice).
+    /// The longest vector this rank's collectives carry (the hidden state of every row, one
+    /// row's logits slice or the MoE rows).
     pub fn collective_len(&self) -> usize {
         let moe = self.moe.as_ref().map_or(0, |e| e.rows.len());
-        self.buf.x.len().max(self.buf.logits.len()).max(moe)
+        self.buf.x.len().max(self.vocab_rows).max(moe)
     }
 
     /// The rank's first stream: buffers are allocated on it and its work runs on it (the
@@ -434,24 +479,34 @@ impl RankDevice {
         Span::of(&self.buf.pos)
     }
 
-    /// The token input/output (one value): embed reads it, sample writes it.
+    /// The tokens of the step's rows: embed reads them, sample writes the first.
+    pub fn tokens(&self, rows: usize) -> Span<u32> {
+        Span::of(&self.buf.token).sub(0, rows)
+    }
+
+    /// The sampled token (the first of the token rows).
     pub fn token(&self) -> Span<u32> {
-        Span::of(&self.buf.token)
+        self.tokens(1)
     }
 
-    /// The logits the host reads back: the gathered vocabulary on a group's first rank.
-    pub fn logits(&self) -> Span<f32> {
-        Span::of(self.buf.full_logits.as_ref().unwrap_or(&self.buf.logits))
+    /// The logits the host reads back, `rows` rows of the whole vocabulary: the gathered
+    /// vocabulary on a group's first rank.
+    pub fn logits(&self, rows: usize) -> Span<f32> {
+        let all = Span::of(self.buf.full_logits.as_ref().unwrap_or(&self.buf.logits));
+        let per = all.len() / self.max_rows;
+        all.sub(0, rows * per)
     }
 
-    /// Slot `slot` of boundary `boundary`'s send buffer on this rank.
-    pub fn tx_slot(&self, b: &Boundary, slot: u32) -> Span<u8> {
-        slot_span(&self.tx[&b.boundary], b, slot)
+    /// The first `rows` token rows of slot `slot` of boundary `boundary`'s send buffer on
+    /// this rank.
+    pub fn tx_slot(&self, b: &Boundary, slot: u32, rows: usize) -> Span<u8> {
+        slot_span(&self.tx[&b.boundary], b, slot, self.max_rows, rows)
     }
 
-    /// Slot `slot` of boundary `boundary`'s receive buffer on this rank.
-    pub fn rx_slot(&self, b: &Boundary, slot: u32) -> Span<u8> {
-        slot_span(&self.rx[&b.boundary], b, slot)
+    /// The first `rows` token rows of slot `slot` of boundary `boundary`'s receive buffer on
+    /// this rank.
+    pub fn rx_slot(&self, b: &Boundary, slot: u32, rows: usize) -> Span<u8> {
+        slot_span(&self.rx[&b.boundary], b, slot, self.max_rows, rows)
     }
 
     /// The incoming token boundary, if the rank embeds tokens fed back from a later stage.
@@ -459,22 +514,40 @@ impl RankDevice {
         self.incoming.iter().find(|b| b.carries == Carries::Token)
     }
 
-    /// Enqueues the kernels of one work item for decode step `t` on `s`.
-    pub fn work(&mut self, work: Work, t: u64, s: &Arc<CudaStream>) -> Result<()> {
-        self.launch(work, t, s)
+    /// Enqueues the kernels of one work item of decode step `t` (its token `rows`) on `s`.
+    pub fn work(&mut self, work: Work, t: u64, rows: Rows, s: &Arc<CudaStream>) -> Result<()> {
+        if rows.rows > self.max_rows {
+            bail!(
+                "rank {}: a step of {} token rows; it holds {}",
+                self.rank,
+                rows.rows,
+                self.max_rows
+            );
+        }
+        self.launch(work, t, rows, s)
             .map_err(|e| anyhow!("rank {} {work}: {e:#}", self.rank))
     }
 
-    fn launch(&mut self, work: Work, t: u64, s: &Arc<CudaStream>) -> Result<()> {
+    /// The first `rows` rows of `buf`, rows of `per` values.
+    pub(super) fn rows_of<T>(buf: &DeviceBuffer<T>, rows: usize, per: usize) -> Span<T> {
+        Span::of(buf).sub(0, rows * per)
+    }
+
+    fn launch(&mut self, work: Work, t: u64, rows: Rows, s: &Arc<CudaStream>) -> Result<()> {
         let b = &self.buf;
         let dev = &self.dev;
+        let d = self.buf.x.len() / self.max_rows;
+        let x = Self::rows_of(&b.x, rows.rows, d);
         match work {
             Work::Embed => {
                 let table = self
                     .embed
                     .as_ref()
                     .ok_or_else(|| anyhow!("embed on a rank without token_embd"))?;
-                dev.embed(s, table, &self.token(), &mut Span::of(&b.x))
+                dev.embed(s, table, &self.tokens(rows.rows), &mut x.clone())
+            }
+            Work::Segment { layer, segment } if rows.rows > 1 => {
+                self.prefill_segment(layer, segment, rows.rows, s)
             }
             Work::Segment { layer, segment } => self.segment(layer, segment, s),
             Work::AllReduce => {
@@ -482,25 +555,17 @@ impl RankDevice {
                 match (self.pending, &self.moe) {
                     (Pending::Experts, Some(e)) => {
                         // over the zeroed sum: each expert row is its holder's value plus -0.0s
-                        let n = e.row_count() * b.x.len();
+                        let n = e.row_count() * d;
                         let sum = Span::of(&e.sum).sub(0, n);
                         c.run(Reduce::Sum, &Span::of(&e.rows).sub(0, n), &sum)?;
-                        e.combine(dev, s, &Span::of(&b.x), true)
+                        e.combine(dev, s, &x, true)
                     }
-                    _ => c.run(Reduce::Sum, &Span::of(&b.partial), &Span::of(&b.x)),
+                    _ => c.run(Reduce::Sum, &Self::rows_of(&b.partial, rows.rows, d), &x),
                 }
             }
+            Work::Head if rows.rows > 1 => self.prefill_head(rows, s),
             Work::Head => {
-                let (norm, rows) = self
-                    .head
-                    .as_ref()
-                    .ok_or_else(|| anyhow!("head on a rank without the head"))?;
-                let w = match rows {
-                    HeadRows::Own(w) => w,
-                    HeadRows::Embedding => {
-                        self.embed.as_ref().expect("invariant: kept for the head")
-                    }
-                };
+                let (norm, w) = self.head_weights()?;
                 let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64);
                 let norm = Norm {
                     weight: norm,
@@ -509,43 +574,52 @@ impl RankDevice {
                 dev.matvec_many(
                     s,
                     &[w],
-                    &Span::of(&b.x),
+                    &x,
                     Some(norm),
                     chunks as usize,
-                    &[Span::of(&b.logits)],
+                    &[Self::rows_of(&b.logits, 1, self.vocab_rows)],
                 )
             }
             Work::GatherLogits => {
+                // a row at a time: member slices of one row are contiguous in the gathered row
                 let c = self.collective(s)?;
-                c.run(Reduce::Gather, &Span::of(&b.logits), &self.logits())
+                let (n, full) = (self.vocab_rows, self.logits(rows.out()));
+                let per = full.len() / rows.out();
+                for r in 0..rows.out() {
+                    let part = Span::of(&b.logits).sub(r * n, n);
+                    c.run(Reduce::Gather, &part, &full.sub(r * per, per))?;
+                }
+                Ok(())
             }
-            Work::Sample if self.sampler.is_greedy() => {
-                dev.argmax(s, &self.logits(), &mut self.token())
+            Work::Sample => {
+                let all = self.logits(rows.out());
+                let per = all.len() / rows.out();
+                let last = all.sub((rows.out() - 1) * per, per);
+                if self.sampler.is_greedy() {
+                    dev.argmax(s, &last, &mut self.token())
+                } else {
+                    dev.sample(
+                        s,
+                        &last,
+                        &self.sampler,
+                        &mut Span::of(&b.step),
+                        &mut self.token(),
+                    )
+                }
             }
-            Work::Sample => dev.sample(
-                s,
-                &self.logits(),
-                &self.sampler,
-                &mut Span::of(&b.step),
-                &mut self.token(),
-            ),
             Work::LoadHidden => {
                 let bd = self.incoming_of(Carries::Hidden)?;
-                copy(
-                    s,
-                    &self.rx_slot(bd, bd.recv_slot(t)),
-                    &Span::of(&b.x).cast(),
-                )
+                copy(s, &self.rx_slot(bd, bd.recv_slot(t), rows.rows), &x.cast())
             }
             Work::StoreHidden | Work::StoreToken => {
-                let (carries, src) = if work == Work::StoreHidden {
-                    (Carries::Hidden, Span::of(&b.x).cast())
+                let (carries, src, n) = if work == Work::StoreHidden {
+                    (Carries::Hidden, x.cast(), rows.rows)
                 } else {
-                    (Carries::Token, self.token().cast())
+                    (Carries::Token, self.token().cast(), 1)
                 };
                 let mut sent = false;
                 for bd in self.outgoing.iter().filter(|x| x.carries == carries) {
-                    copy(s, &src, &self.tx_slot(bd, bd.send_slot(t)))?;
+                    copy(s, &src, &self.tx_slot(bd, bd.send_slot(t), n))?;
                     sent = true;
                 }
                 if !sent {
@@ -554,6 +628,19 @@ impl RankDevice {
                 Ok(())
             }
         }
+    }
+
+    /// The final norm and the head's vocab rows.
+    pub(super) fn head_weights(&self) -> Result<(&DeviceBuffer<f32>, &DeviceWeight)> {
+        let (norm, rows) = self
+            .head
+            .as_ref()
+            .ok_or_else(|| anyhow!("head on a rank without the head"))?;
+        let w = match rows {
+            HeadRows::Own(w) => w,
+            HeadRows::Embedding => self.embed.as_ref().expect("invariant: kept for the head"),
+        };
+        Ok((norm, w))
     }
 
     /// The rank's collectives, which were set up on its work stream: `s` must be that one.
@@ -582,13 +669,21 @@ impl RankDevice {
         let lw = &self.layers[li];
         let b = &self.buf;
         let dev = &self.dev;
-        let (x, xn) = (Span::of(&b.x), Span::of(&b.xn));
+        let d = b.x.len() / self.max_rows;
+        let (x, xn) = (Self::rows_of(&b.x, 1, d), Self::rows_of(&b.xn, 1, d));
         let gqa = match &lw.mixer {
             MixerWeights::Gqa(g) => Some(g),
             MixerWeights::Mla(_) => None,
         };
         let (q, k, v) = gqa.map_or_else(
-            || (Span::of(&b.q), Span::of(&b.k), Span::of(&b.v)),
+            || {
+                let n = self.max_rows;
+                (
+                    Self::rows_of(&b.q, 1, b.q.len() / n),
+                    Self::rows_of(&b.k, 1, b.k.len() / n),
+                    Self::rows_of(&b.v, 1, b.v.len() / n),
+                )
+            },
             |g| {
                 (
                     Span::of(&b.q).sub(0, g.q.rows),
@@ -611,7 +706,7 @@ impl RankDevice {
             if !reduced {
                 dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone())
             } else {
-                dev.matvec(s, w, input, chunks, &mut Span::of(&b.partial))
+                dev.matvec(s, w, input, chunks, &mut Self::rows_of(&b.partial, 1, d))
             }
         };
         match seg {
@@ -757,8 +852,27 @@ impl RankDevice {
     }
 }
 
-fn slot_span(buf: &DeviceBuffer<u8>, b: &Boundary, slot: u32) -> Span<u8> {
-    Span::of(buf).sub(slot as usize * b.bytes as usize, b.bytes as usize)
+/// Bytes of one slot of `b` on an engine of steps of up to `max_rows` token rows: a hidden
+/// state slot holds every row of a step (the plan's `tokens` rows at most), a token slot one.
+fn slot_bytes(b: &Boundary, max_rows: usize) -> usize {
+    b.bytes as usize * max_rows.min(b.tokens as usize).max(1)
+}
+
+fn slot_span(
+    buf: &DeviceBuffer<u8>,
+    b: &Boundary,
+    slot: u32,
+    max_rows: usize,
+    rows: usize,
+) -> Span<u8> {
+    let size = slot_bytes(b, max_rows);
+    let used = b.bytes as usize * rows;
+    assert!(
+        used <= size,
+        "invariant: {rows} rows fit a slot of boundary {}",
+        b.boundary
+    );
+    Span::of(buf).sub(slot as usize * size, used)
 }
 
 /// A device-to-device copy of `src` into `dst` (both on `s`'s device) in `s`'s order.

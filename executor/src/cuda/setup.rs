@@ -199,13 +199,14 @@ pub(super) fn make_events(
 
 /// One line per device: what this engine took (free memory before its uploads less after),
 /// what the device has in use in all (this process's context included; the engine's own
-/// figure on an otherwise idle device), what the plan counts, and what it counts for one token
-/// row per step (the plan sizes activations for a prefill chunk; this engine runs prompts
-/// token by token).
+/// figure on an otherwise idle device), what the plan counts, and what it counts for steps of
+/// the engine's `max_rows` token rows (the plan sizes activations for a prefill chunk; an
+/// engine that runs prompts token by token holds one row).
 pub(super) fn memory_report(
     plan: &Plan,
     devices: &BTreeMap<u32, CudaDevice>,
     free_before: &BTreeMap<u32, usize>,
+    max_rows: u32,
 ) -> Result<Vec<String>> {
     let mib = |b: f64| b / (1024.0 * 1024.0);
     let mut lines = Vec::new();
@@ -223,16 +224,20 @@ pub(super) fn memory_report(
             .iter()
             .find(|u| u.device == d)
             .map_or(0, |u| u.total_bytes);
-        // the prefill step's token rows past the first: this engine runs one row per step
+        // the prefill step's token rows past the engine's
         let rows: u64 = plan
             .ranks
             .iter()
             .filter(|r| r.device == d)
             .flat_map(|r| &r.buffers)
-            .map(|b| b.bytes * u64::from(b.tokens.saturating_sub(1)) * u64::from(b.slots))
+            .map(|b| {
+                b.bytes
+                    * u64::from(b.tokens.saturating_sub(max_rows.min(b.tokens)))
+                    * u64::from(b.slots)
+            })
             .sum();
         lines.push(format!(
-            "device {d} ({}, {}): ranks {}: {:.1} MiB in use on the device, {:.1} MiB taken, plan {:.1} MiB, {:.1} MiB of it for one row per step (prompts run token by token here)",
+            "device {d} ({}, {}): ranks {}: {:.1} MiB in use on the device, {:.1} MiB taken, plan {:.1} MiB, {:.1} MiB of it for steps of {max_rows} token rows",
             dev.name(),
             dev.arch(),
             ranks.join(", "),

@@ -4,7 +4,9 @@
 //! gives the same bits), graph capture and replay against the eager result, the device sampler
 //! token for token against the CPU one, MoE routing and experts against the CPU kernels (and
 //! an MoE layer's graph replay), MLA's rope and latent attention against the CPU kernels (and
-//! their graph replay), and optionally the achieved bandwidth of the matvec kernels
+//! their graph replay), the prefill kernels over token rows (the tensor-core product per dtype,
+//! its chunks' tensor-parallel bit-exactness, attention rows bit for bit against decode steps),
+//! and optionally the achieved bandwidth of the matvec kernels
 //! on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by
 //! `cargo run --release --example cuda_selftest`; it needs a GPU and is never part of
 //! `cargo test`.
@@ -15,6 +17,7 @@ pub mod collective;
 mod exact;
 mod mla;
 mod moe;
+mod rows;
 mod sampling;
 
 use std::sync::Arc;
@@ -195,6 +198,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         exact::run(&mut cx)?;
         moe::run(&mut cx)?;
         mla::run(&mut cx)?;
+        rows::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }
     if opts.bench {

@@ -1,0 +1,264 @@
+//! A prefill step on a CUDA rank: the decode program's segments over every token row of a
+//! prompt chunk. Products are tensor-core GEMMs over f16 activation rows (`rows.rs`); a
+//! row-parallel product (attention output, FFN down) is computed per canonical reduction chunk
+//! and combined in the canonical tree, so a tensor-parallel rank's chunks are a subtree and the
+//! group's all-reduce completes the sum one rank computes: every plan's prefill gives the same
+//! bits. A weight whose chunks are not whole 32-value GEMM steps takes the decode matvec row by
+//! row instead (the same choice on every rank, since the chunk length does not depend on the
+//! split). Attention writes every row's k and v to the cache first, then runs the decode
+//! attention kernel with a grid row per token row, each over its own causal prefix: those rows
+//! have the bits of the decode steps at their positions. Prefill covers dense GQA layers in
+//! one process; other plans run prompts token by token (`prefill_rows` says why).
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::CudaStream;
+use memra_compiler::plan::{reduction_chunks, FfnKind, Plan, Segment};
+
+use super::device::{CudaDevice, DeviceBuffer};
+use super::mla::is_mla;
+use super::moe::FfnWeights;
+use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
+use super::rank::{MixerWeights, Pending, RankDevice, Rows};
+use super::rows::GEMM_DEPTH;
+use super::span::Span;
+
+/// The token rows a step of `plan` may have on CUDA: the plan's prefill chunk, or why prompts
+/// run token by token.
+pub fn prefill_rows(plan: &Plan, one_process: bool) -> Result<u32, &'static str> {
+    let m = &plan.model;
+    if !one_process {
+        return Err("the cuda backend prefills in one process; with one process per GPU prompts run token by token");
+    }
+    if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
+        return Err("the cuda prefill attention keeps its scores in shared memory, up to 8192 positions of context");
+    }
+    let dense_gqa =
+        (0..m.layers).all(|l| !is_mla(plan, l) && m.layer_kind(l).ffn == FfnKind::Dense);
+    if !dense_gqa || m.architecture == "kimi-linear" {
+        return Err("the cuda prefill kernels cover dense GQA layers; MoE, MLA and KDA prompts run token by token");
+    }
+    Ok(plan.runtime.prefill_chunk.max(1))
+}
+
+/// A rank's buffers for prefill steps only.
+pub(super) struct RowBuffers {
+    /// f16 activation rows, as wide as the widest product input.
+    a16: DeviceBuffer<u16>,
+    /// The up projection of the FFN rows.
+    up: DeviceBuffer<f32>,
+    /// Chunk partials of a row-parallel product: up to `MAX_ROW_CHUNKS` of rows x hidden.
+    parts: DeviceBuffer<f32>,
+}
+
+/// Most canonical reduction chunks (`reduction_chunks`).
+const MAX_ROW_CHUNKS: usize = 8;
+
+impl RowBuffers {
+    pub fn new(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        rows: usize,
+        widest: usize,
+        gate_rows: usize,
+        d: usize,
+    ) -> Result<RowBuffers> {
+        Ok(RowBuffers {
+            a16: dev.alloc(s, rows * widest)?,
+            up: dev.alloc(s, rows * gate_rows)?,
+            parts: dev.alloc(s, MAX_ROW_CHUNKS * rows * d)?,
+        })
+    }
+}
+
+impl RankDevice {
+    /// `out` (rows x `w.rows`) = the `rows` rows of `input` (rows x `w.cols`) times `w`,
+    /// combined over `chunks` reduction chunks in the canonical tree.
+    fn product(
+        &self,
+        s: &Arc<CudaStream>,
+        w: &DeviceWeight,
+        input: &Span<f32>,
+        rows: usize,
+        chunks: usize,
+        out: &Span<f32>,
+    ) -> Result<()> {
+        let dev = &self.dev;
+        let rb = self.row_buffers()?;
+        if !(w.cols / chunks).is_multiple_of(GEMM_DEPTH) {
+            // the decode matvec, one row at a time: its chunk tree is the canonical one too
+            for r in 0..rows {
+                let x = input.sub(r * w.cols, w.cols);
+                dev.matvec(s, w, &x, chunks, &mut out.sub(r * w.rows, w.rows))?;
+            }
+            return Ok(());
+        }
+        let mut a16 = Span::of(&rb.a16).sub(0, rows * w.cols);
+        dev.to_f16(s, input, &mut a16)?;
+        if chunks == 1 {
+            return dev.gemm(s, w, &a16, rows, 1, &mut out.clone());
+        }
+        let mut parts = Span::of(&rb.parts).sub(0, chunks * rows * w.rows);
+        dev.gemm(s, w, &a16, rows, chunks, &mut parts)?;
+        dev.tree_sum(s, &parts, chunks, &mut out.clone())
+    }
+
+    fn row_buffers(&self) -> Result<&RowBuffers> {
+        self.buf
+            .rows
+            .as_ref()
+            .ok_or_else(|| anyhow!("a prefill step on a rank allocated for one token row"))
+    }
+
+    /// The row-parallel product into x: added at once on a lone rank, left in `partial` for
+    /// the group's all-reduce otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn row_parallel(
+        &self,
+        s: &Arc<CudaStream>,
+        w: &DeviceWeight,
+        input: &Span<f32>,
+        rows: usize,
+        chunks: Option<usize>,
+        reduced: bool,
+    ) -> Result<()> {
+        let d = self.buf.x.len() / self.max_rows;
+        let chunks = chunks
+            .unwrap_or_else(|| {
+                reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
+            })
+            .max(1);
+        let x = Self::rows_of(&self.buf.x, rows, d);
+        let partial = Self::rows_of(&self.buf.partial, rows, d);
+        self.product(s, w, input, rows, chunks, &partial)?;
+        if reduced {
+            Ok(())
+        } else {
+            self.dev.add(s, &x, &partial, &mut x.clone())
+        }
+    }
+
+    /// One segment of `layer` over `rows` token rows.
+    pub(super) fn prefill_segment(
+        &mut self,
+        layer: u32,
+        seg: Segment,
+        rows: usize,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let li = layer
+            .checked_sub(self.geo.first_layer)
+            .map(|i| i as usize)
+            .filter(|&i| i < self.layers.len())
+            .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
+        let lw = &self.layers[li];
+        let MixerWeights::Gqa(g) = &lw.mixer else {
+            bail!("a prefill step of layer {layer}, an MLA layer; its prompt runs token by token");
+        };
+        let b = &self.buf;
+        let dev = &self.dev;
+        let n = self.max_rows;
+        let d = b.x.len() / n;
+        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
+        let q = Self::rows_of(&b.q, rows, g.q.rows);
+        let (k, v) = (
+            Self::rows_of(&b.k, rows, g.k.rows),
+            Self::rows_of(&b.v, rows, g.v.rows),
+        );
+        let eps = self.geo.eps;
+        match seg {
+            Segment::AttnPre => {
+                dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
+                for (w, y) in [(&g.q, &q), (&g.k, &k), (&g.v, &v)] {
+                    self.product(s, w, &xn, rows, 1, y)?;
+                }
+                if let Some([bq, bk, bv]) = &g.biases {
+                    for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
+                        dev.add_rows(s, &mut y.clone(), bias)?;
+                    }
+                }
+                if let Some([nq, nk]) = &g.qk_norm {
+                    dev.rms_norm(s, &q, nq, eps, &mut q.clone())?;
+                    dev.rms_norm(s, &k, nk, eps, &mut k.clone())?;
+                }
+                Ok(())
+            }
+            Segment::AttnCore => {
+                let pos = Span::of(&b.pos);
+                let rope = (self.geo.theta, self.geo.rope);
+                let att = Self::rows_of(&b.att, rows, lw.o.cols);
+                let mut scores = Span::of(&b.q).sub(0, 0);
+                let kv = self.kv[li]
+                    .as_mut()
+                    .ok_or_else(|| anyhow!("attn_core on layer {layer}, an MLA layer"))?;
+                dev.kv_store_rows(s, &k, &v, kv, &pos, rope)?;
+                dev.attention(
+                    s,
+                    &mut q.clone(),
+                    &k,
+                    &v,
+                    kv,
+                    &pos,
+                    rope,
+                    &mut scores,
+                    &mut att.clone(),
+                )
+            }
+            Segment::AttnOut => {
+                let att = Self::rows_of(&b.att, rows, lw.o.cols);
+                self.pending = Pending::Hidden;
+                let (chunks, reduced) = (self.geo.row_chunks.map(|c| c.0), self.geo.attn_reduced);
+                self.row_parallel(s, &lw.o, &att, rows, chunks, reduced)
+            }
+            Segment::Ffn => {
+                let FfnWeights::Dense(ffn) = &lw.ffn else {
+                    bail!("ffn on layer {layer}, an MoE layer");
+                };
+                let f = ffn.gate.rows;
+                let gate = Self::rows_of(&b.gate, rows, f);
+                let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
+                dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
+                self.product(s, &ffn.gate, &xn, rows, 1, &gate)?;
+                self.product(s, &ffn.up, &xn, rows, 1, &up)?;
+                dev.swiglu_rows(s, &gate, &up, &mut gate.clone())?;
+                self.pending = Pending::Hidden;
+                let chunks = self.geo.row_chunks.map(|c| c.1);
+                self.row_parallel(s, &ffn.down, &gate, rows, chunks, self.geo.tp_degree > 1)
+            }
+            other => bail!(
+                "segment `{}` has no prefill kernels on the cuda backend",
+                other.name()
+            ),
+        }
+    }
+
+    /// The final norm and this rank's vocab rows of the head for the rows whose logits come
+    /// back, into the first rows of `logits`.
+    pub(super) fn prefill_head(&self, rows: Rows, s: &Arc<CudaStream>) -> Result<()> {
+        let (norm, w) = self.head_weights()?;
+        let d = self.buf.x.len() / self.max_rows;
+        let out = rows.out();
+        let x = Span::of(&self.buf.x).sub(rows.logits_from * d, out * d);
+        let xn = Self::rows_of(&self.buf.xn, out, d);
+        self.dev
+            .rms_norm(s, &x, norm, self.geo.eps, &mut xn.clone())?;
+        let logits = Self::rows_of(&self.buf.logits, out, w.rows);
+        self.product(s, w, &xn, out, 1, &logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_chunks_fit_the_partials_buffer() {
+        // the canonical reduction never has more chunks than the partials buffer holds
+        for k in [32u64, 576, 4096, 14336, 1 << 20] {
+            for block in [1u64, 32, 256] {
+                assert!(reduction_chunks(k, block) as usize <= MAX_ROW_CHUNKS);
+            }
+        }
+    }
+}

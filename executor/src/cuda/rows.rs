@@ -1,0 +1,148 @@
+//! Launch helpers of the kernels over a prefill step's token rows (kernels/gemm.cu): the
+//! tensor-core product of f16 activation rows with a weight in any dtype, per reduction chunk,
+//! and the small row kernels around it (narrowing to f16, the SiLU gate, bias rows, the cache
+//! write of every row before attention reads them).
+
+use anyhow::Result;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+
+use super::device::CudaDevice;
+use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
+
+/// Token rows and weight rows of one block's tile (GEMM_BM, GEMM_BN in kernels/gemm.cu).
+const TILE_ROWS: usize = 64;
+const TILE_COLS: usize = 128;
+/// Reduction depth of one step (GEMM_BK): a chunk is a whole number of steps.
+pub const GEMM_DEPTH: usize = 32;
+
+impl CudaDevice {
+    /// `y[z][t][n]` = chunk `z` of the product of f16 row `t` of `a` (`w.cols` values a row)
+    /// with weight row `n`, for the `chunks` equal chunks of the reduction (`y` holds `chunks`
+    /// blocks of `rows * w.rows` values; one chunk is the product itself).
+    pub fn gemm(
+        &self,
+        stream: &CudaStream,
+        w: &DeviceWeight,
+        a: &impl DevicePtr<u16>,
+        rows: usize,
+        chunks: usize,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert!(
+            chunks > 0 && w.cols.is_multiple_of(chunks * GEMM_DEPTH),
+            "gemm: {} columns do not split into {chunks} chunks of whole {GEMM_DEPTH}-value steps",
+            w.cols
+        );
+        assert!(
+            rows > 0 && a.len() >= rows * w.cols && y.len() == chunks * rows * w.rows,
+            "gemm: a must hold {rows} rows of {} values and y {chunks} x {rows} x {} values",
+            w.cols,
+            w.rows
+        );
+        let name = format!("gemm_{}", w.dtype.name());
+        let (ap, wp, yp) = (ptr(stream, a), ptr(stream, &w.data), ptr_mut(stream, y));
+        let (m, n, k, c) = (int(rows), int(w.rows), int(w.cols), int(chunks));
+        let cfg = LaunchConfig {
+            grid_dim: (
+                w.rows.div_ceil(TILE_COLS) as u32,
+                rows.div_ceil(TILE_ROWS) as u32,
+                chunks as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, &name, cfg, |l| {
+            l.arg(&ap).arg(&wp).arg(&yp).arg(&m).arg(&n).arg(&k).arg(&c);
+        })
+    }
+
+    /// `out = x` narrowed to f16 (round to nearest even).
+    pub fn to_f16(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<u16>,
+    ) -> Result<()> {
+        assert!(out.len() >= x.len(), "to_f16: out is shorter than x");
+        let (xp, op, n) = (ptr(stream, x), ptr_mut(stream, out), int(x.len()));
+        self.launch(stream, "to_f16_f32", grid(x.len(), 256), |l| {
+            l.arg(&xp).arg(&op).arg(&n);
+        })
+    }
+
+    /// `out = silu(gate) * up`, elementwise.
+    pub fn swiglu_rows(
+        &self,
+        stream: &CudaStream,
+        gate: &impl DevicePtr<f32>,
+        up: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        assert!(
+            gate.len() == up.len() && out.len() == gate.len(),
+            "swiglu_rows: lengths differ"
+        );
+        let (gp, up_, op, n) = (
+            ptr(stream, gate),
+            ptr(stream, up),
+            ptr_mut(stream, out),
+            int(gate.len()),
+        );
+        self.launch(stream, "swiglu_rows_f32", grid(gate.len(), 256), |l| {
+            l.arg(&gp).arg(&up_).arg(&op).arg(&n);
+        })
+    }
+
+    /// `x[t] += b` for every row `t` of `x` (rows of `b.len()` values).
+    pub fn add_rows(
+        &self,
+        stream: &CudaStream,
+        x: &mut impl DevicePtrMut<f32>,
+        b: &impl DevicePtr<f32>,
+    ) -> Result<()> {
+        assert!(
+            !b.is_empty() && x.len().is_multiple_of(b.len()),
+            "add_rows: x must hold whole rows of b"
+        );
+        let n = x.len();
+        let (xp, bp, cols, n) = (ptr_mut(stream, x), ptr(stream, b), int(b.len()), int(n));
+        self.launch(stream, "add_rows_f32", grid(n as usize, 256), |l| {
+            l.arg(&xp).arg(&bp).arg(&cols).arg(&n);
+        })
+    }
+
+    /// Writes each token row's k (rotated to position `pos[0] + row`, as `attention` rotates
+    /// it) and v into the cache at that position, narrowed to f16.
+    pub fn kv_store_rows(
+        &self,
+        stream: &CudaStream,
+        k: &impl DevicePtr<f32>,
+        v: &impl DevicePtr<f32>,
+        kv: &mut DeviceKv,
+        pos: &impl DevicePtr<u32>,
+        rope: (f32, RopeStyle),
+    ) -> Result<()> {
+        let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
+        let rows = k.len() / row;
+        assert!(
+            rows > 0 && k.len() == rows * row && v.len() == k.len() && !pos.is_empty(),
+            "kv_store_rows: k and v must hold whole rows of {row} values"
+        );
+        let (theta, style) = rope;
+        // the host computes the angle step as `attention` does, so the bits are the same
+        let theta_scale = theta.powf(-2.0 / hd as f32);
+        let neox = i32::from(style == RopeStyle::Neox);
+        let (kp, vp, pp) = (ptr(stream, k), ptr(stream, v), ptr(stream, pos));
+        let (kc, vc) = (ptr_mut(stream, &mut kv.k), ptr_mut(stream, &mut kv.v));
+        let (nkv, hdi, cap) = (int(kv.n_kv_heads), int(hd), int(kv.capacity));
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, kv.n_kv_heads as u32, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "kv_store_rows_f16", cfg, |l| {
+            l.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&pp);
+            l.arg(&nkv).arg(&hdi).arg(&cap).arg(&theta_scale).arg(&neox);
+        })
+    }
+}

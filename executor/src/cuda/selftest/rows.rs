@@ -1,0 +1,216 @@
+//! The prefill kernels over token rows: the tensor-core product against an f64 reference of
+//! the values it multiplies (activations and dequantized weights narrowed to f16), per dtype
+//! and at awkward sizes; the tensor-parallel property of its chunks (the chunks of a column
+//! half are bit for bit the full product's chunks); and a prefill step's attention rows bit for
+//! bit against the decode steps at the same positions (outputs and cache).
+
+use anyhow::Result;
+use memra_gguf::f16::{f16_to_f32, f32_to_f16};
+use memra_gguf::GgmlType;
+
+use super::{bit_mismatches, random, random_weight, Ctx};
+use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle};
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    for dtype in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        for (rows, n, k, chunks) in [(1, 131, 256, 1), (70, 131, 512, 2), (130, 256, 2048, 8)] {
+            gemm(cx, dtype, rows, n, k, chunks)?;
+        }
+    }
+    for dtype in [GgmlType::F16, GgmlType::Q4_1, GgmlType::Q8_0] {
+        gemm_halves(cx, dtype)?;
+    }
+    for (n_heads, n_kv, hd, p0, rows) in [(4, 2, 64, 5, 9), (8, 8, 128, 0, 70), (6, 2, 96, 31, 3)] {
+        attention_rows(cx, n_heads, n_kv, hd, p0, rows)?;
+    }
+    Ok(())
+}
+
+fn half(x: f32) -> f64 {
+    f64::from(f16_to_f32(f32_to_f16(x)))
+}
+
+/// `gemm_<dtype>` of `rows` rows into `chunks` partials against the f64 sums of each chunk.
+fn gemm(
+    cx: &mut Ctx,
+    dtype: GgmlType,
+    rows: usize,
+    n: usize,
+    k: usize,
+    chunks: usize,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (bytes, deq) = random_weight(&mut cx.rng, dtype, n, k)?;
+    let a = random(&mut cx.rng, rows * k, 1.0);
+    let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
+    let ad = dev.upload(s, &a)?;
+    let mut a16 = dev.alloc::<u16>(s, rows * k)?;
+    dev.to_f16(s, &ad, &mut a16)?;
+    let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
+    dev.gemm(s, &w, &a16, rows, chunks, &mut yd)?;
+    let y = dev.download(s, &yd)?;
+    let len = k / chunks;
+    let mut err = 0f64;
+    for z in 0..chunks {
+        for t in 0..rows {
+            for j in 0..n {
+                let (mut sum, mut scale) = (0f64, 0f64);
+                for i in z * len..(z + 1) * len {
+                    let p = half(a[t * k + i]) * half(deq[j * k + i]);
+                    sum += p;
+                    scale += p.abs();
+                }
+                let got = f64::from(y[(z * rows + t) * n + j]);
+                err = err.max((got - sum).abs() / scale.max(1e-30));
+            }
+        }
+    }
+    if y.iter().any(|v| !v.is_finite()) {
+        err = f64::NAN;
+    }
+    cx.report.tol(
+        &format!("gemm_{dtype}"),
+        format!("{rows}x{k} by {n}x{k} chunks={chunks}"),
+        err,
+        1e-5,
+        "rel|wx|",
+    );
+    Ok(())
+}
+
+/// The chunks of each column half of a weight (a tensor-parallel rank's share of a
+/// row-parallel product) equal the full product's chunks bit for bit.
+fn gemm_halves(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (rows, n, k, chunks) = (70, 96, 1024, 8);
+    let src = random(&mut cx.rng, n * k, 1.0);
+    let quantize = |cols: std::ops::Range<usize>| -> Result<Vec<u8>> {
+        let part: Vec<f32> = (0..n)
+            .flat_map(|j| src[j * k + cols.start..j * k + cols.end].to_vec())
+            .collect();
+        let size = dtype
+            .bytes_for(part.len() as u64)
+            .expect("invariant: whole blocks");
+        let mut bytes = vec![0u8; size as usize];
+        memra_gguf::quantize(dtype, &part, &mut bytes)?;
+        Ok(bytes)
+    };
+    let a = random(&mut cx.rng, rows * k, 1.0);
+    let run = |bytes: &[u8], cols: std::ops::Range<usize>, c: usize| -> Result<Vec<f32>> {
+        let w = DeviceWeight::upload(dev, s, dtype, bytes, n, cols.len())?;
+        let part: Vec<f32> = (0..rows)
+            .flat_map(|t| a[t * k + cols.start..t * k + cols.end].to_vec())
+            .collect();
+        let ad = dev.upload(s, &part)?;
+        let mut a16 = dev.alloc::<u16>(s, part.len())?;
+        dev.to_f16(s, &ad, &mut a16)?;
+        let mut yd = dev.alloc::<f32>(s, c * rows * n)?;
+        dev.gemm(s, &w, &a16, rows, c, &mut yd)?;
+        dev.download(s, &yd)
+    };
+    let full = run(&quantize(0..k)?, 0..k, chunks)?;
+    let lo = run(&quantize(0..k / 2)?, 0..k / 2, chunks / 2)?;
+    let hi = run(&quantize(k / 2..k)?, k / 2..k, chunks / 2)?;
+    let halves: Vec<f32> = lo.into_iter().chain(hi).collect();
+    cx.report.exact(
+        &format!("gemm_{dtype}"),
+        format!("column halves = full chunks, {rows}x{k} by {n}"),
+        bit_mismatches(&halves, &full),
+    );
+    Ok(())
+}
+
+/// A prefill step's attention over `rows` token rows from position `p0` against decode steps
+/// at the same positions: outputs, rotated q and cache, bit for bit.
+fn attention_rows(
+    cx: &mut Ctx,
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    p0: usize,
+    rows: usize,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (cap, row, qrow) = (p0 + rows + 3, n_kv * hd, n_heads * hd);
+    let rope = (10000.0, RopeStyle::Neox);
+    let total = p0 + rows;
+    let q = random(&mut cx.rng, total * qrow, 1.0);
+    let k = random(&mut cx.rng, total * row, 2.0);
+    let v = random(&mut cx.rng, total * row, 1.0);
+    let mut scores = dev.alloc::<f32>(s, 0)?;
+    // decode: one step per position
+    let mut kv_a = DeviceKv::new(dev, s, n_kv, hd, cap)?;
+    let mut kv_b = DeviceKv::new(dev, s, n_kv, hd, cap)?;
+    let mut want = Vec::new();
+    let mut pd = dev.alloc::<u32>(s, 1)?;
+    for p in 0..total {
+        dev.write(s, &[p as u32], &mut pd)?;
+        let mut qd = dev.upload(s, &q[p * qrow..(p + 1) * qrow])?;
+        let kd = dev.upload(s, &k[p * row..(p + 1) * row])?;
+        let vd = dev.upload(s, &v[p * row..(p + 1) * row])?;
+        let mut out = dev.alloc::<f32>(s, qrow)?;
+        for (kv, keep) in [(&mut kv_a, true), (&mut kv_b, false)] {
+            if !keep && p >= p0 {
+                continue;
+            }
+            let mut qc = dev.upload(s, &q[p * qrow..(p + 1) * qrow])?;
+            dev.attention(s, &mut qc, &kd, &vd, kv, &pd, rope, &mut scores, &mut out)?;
+            if keep {
+                qd = qc;
+            }
+        }
+        if p >= p0 {
+            want.extend(dev.download(s, &out)?);
+            want.extend(dev.download(s, &qd)?);
+        }
+    }
+    // prefill: the rows from p0 in one step
+    dev.write(s, &[p0 as u32], &mut pd)?;
+    let mut qd = dev.upload(s, &q[p0 * qrow..])?;
+    let kd = dev.upload(s, &k[p0 * row..])?;
+    let vd = dev.upload(s, &v[p0 * row..])?;
+    let mut out = dev.alloc::<f32>(s, rows * qrow)?;
+    dev.kv_store_rows(s, &kd, &vd, &mut kv_b, &pd, rope)?;
+    dev.attention(
+        s,
+        &mut qd,
+        &kd,
+        &vd,
+        &mut kv_b,
+        &pd,
+        rope,
+        &mut scores,
+        &mut out,
+    )?;
+    let (o, qr) = (dev.download(s, &out)?, dev.download(s, &qd)?);
+    let got: Vec<f32> = (0..rows)
+        .flat_map(|r| {
+            o[r * qrow..(r + 1) * qrow]
+                .iter()
+                .chain(&qr[r * qrow..(r + 1) * qrow])
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let cache = |kv: &DeviceKv| -> Result<Vec<u16>> {
+        let mut c = dev.download(s, &kv.k)?;
+        c.extend(dev.download(s, &kv.v)?);
+        Ok(c)
+    };
+    let (ca, cb) = (cache(&kv_a)?, cache(&kv_b)?);
+    let cache_diff = ca.iter().zip(&cb).filter(|(a, b)| a != b).count();
+    cx.report.exact(
+        "attention_f16",
+        format!("{rows} prefill rows from {p0} = decode, h={n_heads} kv={n_kv} hd={hd}"),
+        bit_mismatches(&got, &want) + cache_diff,
+    );
+    Ok(())
+}
