@@ -4,7 +4,8 @@
 //! gives the same bits), graph capture and replay against the eager result, the device sampler
 //! token for token against the CPU one, MoE routing and experts against the CPU kernels (and
 //! an MoE layer's graph replay), MLA's rope and latent attention against the CPU kernels (and
-//! their graph replay), and optionally the achieved bandwidth of the matvec kernels
+//! their graph replay), KDA's convolution and delta rule against the CPU kernels over several
+//! tokens (and their graph replay), and optionally the achieved bandwidth of the matvec kernels
 //! on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by
 //! `cargo run --release --example cuda_selftest`; it needs a GPU and is never part of
 //! `cargo test`.
@@ -13,6 +14,7 @@ mod bench;
 mod checks;
 pub mod collective;
 mod exact;
+mod kda;
 mod mla;
 mod moe;
 mod sampling;
@@ -195,6 +197,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         exact::run(&mut cx)?;
         moe::run(&mut cx)?;
         mla::run(&mut cx)?;
+        kda::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }
     if opts.bench {
