@@ -5,7 +5,8 @@
 // mla_rope_f32 rotates the rope part of n_vecs vectors from src into dst (both strided), at
 // the position in device memory, with YaRN when `yarn` is set: pair i's angle is
 // pos * theta_scale^i by repeated f32 multiplication, interpolated by freq_scale outside the
-// corrected dims and cos/sin scaled by mscale, step by step as rope.rs's Yarn::cos_sin.
+// corrected dims and cos/sin scaled by mscale, step by step as rope.rs's Yarn::cos_sin. With
+// `rotate` 0 it copies them unrotated (kimi-linear's MLA layers use no rope).
 //
 // mla_attention_f16 attends each head's latent-space query (kv_lora + rope values) over the
 // f16 latent cache rows 0..=*pos: the current position's row (`row_now`, the normalized
@@ -21,14 +22,23 @@
 #define MLA_MAX_WIDTH 1024
 
 extern "C" __global__ void mla_rope_f32(const float* src, int src_stride, float* dst, int dst_stride,
-                                        int n_vecs, int n_rot, const u32* pos, float theta_scale, int neox,
-                                        int yarn, float freq_scale, float corr_low, float corr_high,
+                                        int n_vecs, int n_rot, const u32* pos, float theta_scale, int rotate,
+                                        int neox, int yarn, float freq_scale, float corr_low, float corr_high,
                                         float mscale) {
     overlap_with_neighbours();
     const int half = n_rot / 2;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_vecs * half) return;
     const int vec = t / half, i = t % half;
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float* x = src + (size_t)vec * src_stride;
+    float* y = dst + (size_t)vec * dst_stride;
+    const float x0 = x[a], x1 = x[b];
+    if (!rotate) {
+        y[a] = x0;
+        y[b] = x1;
+        return;
+    }
     float angle = (float)*pos;
     for (int k = 0; k < i; ++k) angle = __fmul_rn(angle, theta_scale);
     float s, c;
@@ -43,10 +53,6 @@ extern "C" __global__ void mla_rope_f32(const float* src, int src_stride, float*
     } else {
         sincosf(angle, &s, &c);
     }
-    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float* x = src + (size_t)vec * src_stride;
-    float* y = dst + (size_t)vec * dst_stride;
-    const float x0 = x[a], x1 = x[b];
     y[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     y[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }

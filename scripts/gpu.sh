@@ -44,6 +44,9 @@
 #                             time to first token of 4096 tokens, llama8b decode
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
 #                             device 0: graphs, TP-2, TP-4, EP-4, PP-2
+#   kda [SECONDS]             kimi-linear (KDA + MLA + MoE) on CUDA: self-test, tiny-kimi-linear
+#                             gates (graphs, TP-2, TP-4, EP-2, PP-2, MLA layers eager on device
+#                             0) in f32 and q8_0, CUDA vs CPU of each
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -851,6 +854,43 @@ suite_moe() {
     table
 }
 
+# kimi-linear (KDA layers with an MLA layer every other, MoE FFNs) on the CUDA backend, on one
+# GPU; every plan is under plans/synthetic/cuda/ with device ids [0]:
+#   - the self-test (KDA's convolution and delta rule against the CPU kernels over several
+#     tokens and their graph replay, MLA's unrotated rope parts, every other kernel); its
+#     failing rows are printed before the table, each naming its case and worst value;
+#   - gates: tiny-kimi-linear f32 and q8_0, graphs, TP-2, TP-4 (KDA heads and their state
+#     split), EP-2 (every rank holds the whole state), PP-2 (a state per stage) and the MLA
+#     layers as eager islands between captured KDA runs, against the 1-rank eager CUDA run,
+#     every logit bit, both arms;
+#   - CUDA against the CPU backend: f32 within 1e-3 over 64 greedy steps, q8_0 teacher-forced
+#     within 5e-2 over 32 steps (the bounds and the reason of suite_moe).
+# SECONDS defaults to 240.
+suite_kda() {
+    BUDGET=${1:-240}
+    logs_in /tmp/memra-kda
+    stamp name,driver_version,memory.total
+    local dtype rc tol shape=tiny-kimi-linear synths=()
+    for dtype in f32 q8_0; do
+        synth $shape $dtype &
+        synths+=($!)
+    done
+    limit 150 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    grep -E "^(kda|  kda|mla rope|  mla rope)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    wait "${synths[@]}"
+    for dtype in f32 q8_0; do
+        gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-tp4 \
+            cuda/$shape-ep2 cuda/$shape-pp2 cuda/$shape-mla-eager
+        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced); fi
+        late "cuda vs cpu $shape $dtype" ||
+            against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
+                "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"
+    done
+    table
+}
+
 # One process per GPU (memra-run launch) on 2 GPUs, every process with its NCCL communicators:
 #   - gates against the 1-rank eager run (one process, device 0), every logit bit, both arms:
 #     llama1b-shaped q8_0 TP-2 (NCCL), PP-2, PP-2 x TP-2 with two ranks per GPU (NCCL);
@@ -972,7 +1012,7 @@ suite_deepseek() {
 
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | kda | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

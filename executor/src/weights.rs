@@ -184,6 +184,24 @@ impl RankWeights {
         Ok(matrix)
     }
 
+    /// Takes the f32 matrix shard `name` out as its values, row after row, and its columns
+    /// (the KDA convolutions, which are read as f32 only, as ggml's `ssm_conv`).
+    pub fn take_f32_rows(&mut self, name: &str) -> Result<(Vec<f32>, usize)> {
+        let m = self.take_matrix(name)?;
+        if m.dtype != GgmlType::F32 {
+            bail!(
+                "tensor `{name}` is stored as {}; the convolution reads f32 only (as ggml's ssm_conv)",
+                m.dtype
+            );
+        }
+        let values = m
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Ok((values, m.cols))
+    }
+
     /// Takes the stack of matrices `name` out.
     pub fn take_stack(&mut self, name: &str) -> Result<Stack> {
         self.stacks

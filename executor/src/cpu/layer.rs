@@ -10,7 +10,6 @@ use memra_compiler::plan::{FfnKind, Mixer, Plan};
 
 use super::kernels::Weight;
 use crate::weights::{Matrix, RankWeights, Stack};
-use memra_gguf::GgmlType;
 
 /// One layer's weights on this rank.
 pub(super) struct LayerWeights {
@@ -77,7 +76,7 @@ pub(super) struct MlaWeights {
 /// convolutions (`taps` f32 weights per channel), the low-rank decay gate (`f_a` whole, `f_b`
 /// rows of the held channels) with `dt_bias` and the per-head `a`, beta per head, the
 /// low-rank output gate, the per-head output norm and the output projection's columns.
-pub(super) struct KdaWeights {
+pub(crate) struct KdaWeights {
     pub q: Matrix,
     pub k: Matrix,
     pub v: Matrix,
@@ -105,21 +104,11 @@ impl KdaWeights {
         self.o_norm.len()
     }
 
-    fn take(l: u32, w: &mut RankWeights) -> Result<KdaWeights> {
+    /// Takes layer `l`'s KDA shards (`attn_output` included) out of `w`, checked to agree on
+    /// the held heads; the CUDA backend uploads what this loads.
+    pub(crate) fn take(l: u32, w: &mut RankWeights) -> Result<KdaWeights> {
         let name = |s: &str| format!("blk.{l}.{s}");
-        let mut conv = |p: &str| -> Result<(Vec<f32>, usize)> {
-            let t = name(&format!("ssm_conv1d_{p}.weight"));
-            let m = w.take_matrix(&t)?;
-            if m.dtype != GgmlType::F32 {
-                bail!("tensor `{t}` is stored as {}; the convolution reads f32 only (as ggml's ssm_conv)", m.dtype);
-            }
-            let values = m
-                .data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            Ok((values, m.cols))
-        };
+        let mut conv = |p: &str| w.take_f32_rows(&name(&format!("ssm_conv1d_{p}.weight")));
         let (cq, taps) = conv("q")?;
         let (ck, _) = conv("k")?;
         let (cv, _) = conv("v")?;

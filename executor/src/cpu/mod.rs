@@ -8,7 +8,7 @@
 mod compute;
 pub mod engine;
 pub mod kernels;
-mod layer;
+pub(crate) mod layer;
 mod rank;
 mod segments;
 mod wire;

@@ -84,6 +84,7 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("reduce.cu", ["tree_sum_f32"]),
     kernel_file!("moe.cu", ["moe_route_f32", "moe_combine_f32"]),
     kernel_file!("mla.cu", ["mla_rope_f32", "mla_attention_f16"]),
+    kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(
         "collective.cu",
         ["all_reduce_f32", "gather_f32", "combine_f32"]

@@ -81,12 +81,6 @@ impl Engine {
     /// Uploads every rank's shards to its device and prepares streams, events and rings.
     pub fn new(loaded: &LoadedPlan, options: EngineOptions) -> Result<Engine> {
         let plan = &loaded.plan;
-        if plan.model.kda.is_some() {
-            bail!(
-                "architecture `{}` has KDA (linear attention) layers, which the cuda backend does not run yet; use --backend cpu",
-                plan.model.architecture
-            );
-        }
         let s = options.sampler;
         if !s.is_greedy() && !(1..=MAX_TOP_K).contains(&s.top_k) {
             bail!(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use memra_compiler::plan::{Mixer, Plan};
+use memra_compiler::plan::Plan;
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{ExpertSel, Norm};
@@ -159,6 +159,8 @@ struct Shape {
 /// The rope of the MLA rope parts, as kernels/mla.cu takes it.
 #[derive(Clone, Copy)]
 struct Rope {
+    /// Whether the parts are rotated (kimi-linear's are copied as they are).
+    rotate: bool,
     theta: f32,
     neox: i32,
     yarn: Option<Yarn>,
@@ -243,6 +245,7 @@ impl MlaState {
             kq_scale: mla_kq_scale(plan.model.rope_yarn.as_ref(), plan.model.head_dim as usize),
             eps: geo.eps,
             rope: Rope {
+                rotate: plan.model.mla.as_ref().is_some_and(|m| m.rope),
                 theta: geo.theta,
                 neox: i32::from(geo.rope == RopeStyle::Neox),
                 yarn: geo.yarn,
@@ -390,7 +393,8 @@ impl MlaState {
     ) -> Result<()> {
         let r = self.rope;
         let theta_scale = r.theta.powf(-2.0 / n_rot as f32);
-        dev.mla_rope(s, src, dst, n_vecs, n_rot, pos, theta_scale, r.neox, r.yarn)
+        let rotation = r.rotate.then_some((theta_scale, r.neox, r.yarn));
+        dev.mla_rope(s, src, dst, n_vecs, n_rot, pos, rotation)
     }
 }
 
@@ -400,8 +404,9 @@ fn int(n: usize) -> i32 {
 
 impl CudaDevice {
     /// Rotates the first `n_rot` values of each of `n_vecs` vectors of `src` (`stride` apart)
-    /// into `dst` at position `pos[0]`, as `cpu::kernels::rope_part` with `theta_scale`
-    /// (`theta^(-2 / n_rot)`) and YaRN when given.
+    /// into `dst` at position `pos[0]`, as `cpu::kernels::rope_part` with `rotation`'s
+    /// `theta_scale` (`theta^(-2 / n_rot)`), neox flag and YaRN when given; without a
+    /// rotation, copies them as they are.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_rope(
         &self,
@@ -411,9 +416,7 @@ impl CudaDevice {
         n_vecs: usize,
         n_rot: usize,
         pos: &Span<u32>,
-        theta_scale: f32,
-        neox: i32,
-        yarn: Option<Yarn>,
+        rotation: Option<(f32, i32, Option<Yarn>)>,
     ) -> Result<()> {
         assert!(
             n_rot.is_multiple_of(2)
@@ -424,6 +427,8 @@ impl CudaDevice {
         );
         let (sp, dp, pp) = (src.0.addr(), dst.0.addr(), pos.addr());
         let (ss, ds, nv, nr) = (int(src.1), int(dst.1), int(n_vecs), int(n_rot));
+        let rotate = i32::from(rotation.is_some());
+        let (theta_scale, neox, yarn) = rotation.unwrap_or((1.0, 0, None));
         let y = yarn.unwrap_or(Yarn {
             freq_scale: 1.0,
             corr_dims: [0.0, 0.0],
@@ -444,7 +449,12 @@ impl CudaDevice {
                 .arg(&nv)
                 .arg(&nr)
                 .arg(&pp);
-            a.arg(&theta_scale).arg(&neox).arg(&on).arg(&fs).arg(&lo);
+            a.arg(&theta_scale)
+                .arg(&rotate)
+                .arg(&neox)
+                .arg(&on)
+                .arg(&fs);
+            a.arg(&lo);
             a.arg(&hi).arg(&ms);
         })
     }
@@ -494,9 +504,4 @@ impl CudaDevice {
             a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale);
         })
     }
-}
-
-/// Whether layer `l` of `plan` is an MLA layer.
-pub(super) fn is_mla(plan: &Plan, l: u32) -> bool {
-    plan.model.layer_kind(l).mixer == Mixer::Mla
 }

@@ -13,6 +13,7 @@ pub mod device;
 pub mod engine;
 mod enqueue;
 pub mod graph;
+mod kda;
 mod matvec;
 mod mla;
 mod moe;

@@ -14,10 +14,9 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::CudaStream;
-use memra_compiler::plan::{reduction_chunks, FfnKind, Plan, Segment};
+use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
 
 use super::device::{CudaDevice, DeviceBuffer};
-use super::mla::is_mla;
 use super::moe::FfnWeights;
 use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
 use super::rank::{MixerWeights, Pending, RankDevice, Rows};
@@ -34,9 +33,11 @@ pub fn prefill_rows(plan: &Plan, one_process: bool) -> Result<u32, &'static str>
     if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
         return Err("the cuda prefill attention keeps its scores in shared memory, up to 8192 positions of context");
     }
-    let dense_gqa =
-        (0..m.layers).all(|l| !is_mla(plan, l) && m.layer_kind(l).ffn == FfnKind::Dense);
-    if !dense_gqa || m.architecture == "kimi-linear" {
+    let dense_gqa = (0..m.layers).all(|l| {
+        let kind = m.layer_kind(l);
+        kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
+    });
+    if !dense_gqa {
         return Err("the cuda prefill kernels cover dense GQA layers; MoE, MLA and KDA prompts run token by token");
     }
     Ok(plan.runtime.prefill_chunk.max(1))
@@ -154,7 +155,9 @@ impl RankDevice {
             .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
         let lw = &self.layers[li];
         let MixerWeights::Gqa(g) = &lw.mixer else {
-            bail!("a prefill step of layer {layer}, an MLA layer; its prompt runs token by token");
+            bail!(
+                "a prefill step of layer {layer}, not a GQA layer; its prompt runs token by token"
+            );
         };
         let b = &self.buf;
         let dev = &self.dev;

@@ -12,7 +12,8 @@
 //! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
 //! shape (an error names them otherwise). The FFN half of a layer, dense or MoE (device-side
 //! routing, the experts' rows and their fixed-order combine), lives in `moe`; an MLA layer's
-//! attention (deepseek2, latent cache) in `mla`.
+//! attention (deepseek2, latent cache) in `mla`; a KDA layer's (kimi-linear, recurrent state)
+//! in `kda`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,13 +22,14 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{
-    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Plan, Segment,
+    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Mixer, Plan, Segment,
 };
 
 use super::collective::{Collective, Exchange, Oneshot, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
+use super::kda::{KdaState, KdaWeights};
 use super::matvec::Norm;
-use super::mla::{is_mla, MlaState, MlaWeights};
+use super::mla::{MlaState, MlaWeights};
 use super::moe::{FfnWeights, MoeState};
 use super::ops::{DeviceKv, DeviceWeight};
 use super::span::Span;
@@ -49,6 +51,7 @@ pub(super) struct GqaWeights {
 pub(super) enum MixerWeights {
     Gqa(Box<GqaWeights>),
     Mla(Box<MlaWeights>),
+    Kda(Box<KdaWeights>),
 }
 
 /// One layer's weights on the device.
@@ -109,9 +112,11 @@ pub struct RankDevice {
     /// The rank's streams by plan name.
     pub streams: BTreeMap<String, Arc<CudaStream>>,
     pub(super) layers: Vec<LayerWeights>,
-    /// By layer index; `None` for MLA layers (their latent caches are in `mla`).
+    /// By layer index; `None` for MLA and KDA layers (their caches and states are in `mla`
+    /// and `kda`).
     pub(super) kv: Vec<Option<DeviceKv>>,
     mla: Option<MlaState>,
+    kda: Option<KdaState>,
     embed: Option<DeviceWeight>,
     head: Option<(DeviceBuffer<f32>, HeadRows)>,
     pub(super) geo: RankGeometry,
@@ -195,36 +200,45 @@ impl RankDevice {
         for l in r.layers.start..r.layers.end {
             let n = |x: &str| format!("blk.{l}.{x}");
             let attn_norm = vec(&mut w, &n("attn_norm.weight"))?;
-            let mixer = if is_mla(plan, l) {
-                MixerWeights::Mla(Box::new(MlaWeights::take(plan, l, &mut w, &dev, &s)?))
-            } else {
-                MixerWeights::Gqa(Box::new(GqaWeights {
-                    q: mat(&mut w, &n("attn_q.weight"))?,
-                    k: mat(&mut w, &n("attn_k.weight"))?,
-                    v: mat(&mut w, &n("attn_v.weight"))?,
-                    biases: if m.qkv_bias {
-                        Some([
-                            vec(&mut w, &n("attn_q.bias"))?,
-                            vec(&mut w, &n("attn_k.bias"))?,
-                            vec(&mut w, &n("attn_v.bias"))?,
-                        ])
-                    } else {
-                        None
-                    },
-                    qk_norm: if m.qk_norm {
-                        Some([
-                            vec(&mut w, &n("attn_q_norm.weight"))?,
-                            vec(&mut w, &n("attn_k_norm.weight"))?,
-                        ])
-                    } else {
-                        None
-                    },
-                }))
+            let (mixer, o) = match m.layer_kind(l).mixer {
+                Mixer::Kda => {
+                    let (k, o) = KdaWeights::take(l, &mut w, &dev, &s)?;
+                    (MixerWeights::Kda(Box::new(k)), o)
+                }
+                Mixer::Mla => (
+                    MixerWeights::Mla(Box::new(MlaWeights::take(plan, l, &mut w, &dev, &s)?)),
+                    mat(&mut w, &n("attn_output.weight"))?,
+                ),
+                Mixer::Gqa => (
+                    MixerWeights::Gqa(Box::new(GqaWeights {
+                        q: mat(&mut w, &n("attn_q.weight"))?,
+                        k: mat(&mut w, &n("attn_k.weight"))?,
+                        v: mat(&mut w, &n("attn_v.weight"))?,
+                        biases: if m.qkv_bias {
+                            Some([
+                                vec(&mut w, &n("attn_q.bias"))?,
+                                vec(&mut w, &n("attn_k.bias"))?,
+                                vec(&mut w, &n("attn_v.bias"))?,
+                            ])
+                        } else {
+                            None
+                        },
+                        qk_norm: if m.qk_norm {
+                            Some([
+                                vec(&mut w, &n("attn_q_norm.weight"))?,
+                                vec(&mut w, &n("attn_k_norm.weight"))?,
+                            ])
+                        } else {
+                            None
+                        },
+                    })),
+                    mat(&mut w, &n("attn_output.weight"))?,
+                ),
             };
             layers.push(LayerWeights {
                 attn_norm,
                 mixer,
-                o: mat(&mut w, &n("attn_output.weight"))?,
+                o,
                 ffn_norm: vec(&mut w, &n("ffn_norm.weight"))?,
                 ffn: FfnWeights::take(plan, l, &mut w, &dev, &s)?,
             });
@@ -303,7 +317,7 @@ impl RankDevice {
             .iter()
             .map(|l| match &l.mixer {
                 MixerWeights::Mla(m) => Some(&**m),
-                MixerWeights::Gqa(_) => None,
+                _ => None,
             })
             .collect();
         let mla = MlaState::new(&dev, &s, plan, &geo, &mla_layers)?;
@@ -319,6 +333,15 @@ impl RankDevice {
             }
         }
         let d = m.embedding as usize;
+        let kda_layers: Vec<Option<&KdaWeights>> = layers
+            .iter()
+            .map(|l| match &l.mixer {
+                MixerWeights::Kda(k) => Some(&**k),
+                _ => None,
+            })
+            .collect();
+        // attn_output's columns were checked against the heads with the rest of the layer
+        let kda = KdaState::new(&dev, &s, d, geo.eps, &kda_layers)?;
         let logits_len = match &head {
             Some((_, HeadRows::Own(h))) => h.rows,
             Some((_, HeadRows::Embedding)) => m.vocab as usize,
@@ -403,6 +426,7 @@ impl RankDevice {
             layers,
             kv,
             mla,
+            kda,
             embed,
             head,
             geo,
@@ -673,7 +697,7 @@ impl RankDevice {
         let (x, xn) = (Self::rows_of(&b.x, 1, d), Self::rows_of(&b.xn, 1, d));
         let gqa = match &lw.mixer {
             MixerWeights::Gqa(g) => Some(g),
-            MixerWeights::Mla(_) => None,
+            _ => None,
         };
         let (q, k, v) = gqa.map_or_else(
             || {
@@ -712,7 +736,10 @@ impl RankDevice {
         match seg {
             Segment::MlaPre | Segment::MlaCore => {
                 let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
-                    bail!("segment `{}` on layer {layer}, a GQA layer", seg.name());
+                    bail!(
+                        "segment `{}` on layer {layer}, not an MLA layer",
+                        seg.name()
+                    );
                 };
                 let pos = Span::of(&b.pos);
                 if seg == Segment::MlaPre {
@@ -726,9 +753,23 @@ impl RankDevice {
                     state.core(dev, s, m, li, &pos, &att)
                 }
             }
+            Segment::KdaPre | Segment::KdaCore => {
+                let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
+                    bail!("segment `{}` on layer {layer}, not a KDA layer", seg.name());
+                };
+                if seg == Segment::KdaPre {
+                    let norm = Norm {
+                        weight: &lw.attn_norm,
+                        eps: self.geo.eps,
+                    };
+                    state.pre(dev, s, k, li, norm, &x)
+                } else {
+                    state.core(dev, s, k, li, &Span::of(&b.att).sub(0, lw.o.cols))
+                }
+            }
             Segment::AttnPre => {
                 let Some(lw) = gqa else {
-                    bail!("attn_pre on layer {layer}, an MLA layer");
+                    bail!("attn_pre on layer {layer}, not a GQA layer");
                 };
                 let norm_w = &self.layers[li].attn_norm;
                 let (ws, ys) = ([&lw.q, &lw.k, &lw.v], [q.clone(), k.clone(), v.clone()]);
@@ -764,7 +805,7 @@ impl RankDevice {
                 let pos = Span::of(&b.pos);
                 let kv = self.kv[li]
                     .as_mut()
-                    .ok_or_else(|| anyhow!("attn_core on layer {layer}, an MLA layer"))?;
+                    .ok_or_else(|| anyhow!("attn_core on layer {layer}, not a GQA layer"))?;
                 let att = Span::of(&b.att).sub(0, lw.o.cols);
                 dev.attention(
                     s,

@@ -1,5 +1,5 @@
 //! MLA on the device against the CPU backend: the rope of the rope parts (plain and YaRN,
-//! strided source and destination) against `rope_part`, the latent attention (cache write of
+//! strided source and destination) against `rope_part`, and their unrotated copy (kimi-linear), the latent attention (cache write of
 //! the current row, f16 cache, DeepSeek-sized and awkward shapes, a position past earlier
 //! rows) against `latent_attention`, and rope plus attention captured in a graph, replayed
 //! against eager bit for bit with the position read from device memory.
@@ -28,8 +28,10 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         (3, 16, 40, 80, 9, false),
     ] {
         let yarn = y.then(|| Yarn::of(&yarn, rot, 10000.0, true));
-        rope(cx, (n, rot, ss, ds, pos), yarn)?;
+        rope(cx, (n, rot, ss, ds, pos), true, yarn)?;
     }
+    // kimi-linear's MLA rotates nothing: the rope parts are copied bit for bit
+    rope(cx, (4, 32, 96, 288, 37), false, None)?;
     // (heads, kv_lora, rope, position, capacity)
     for case in [
         (4, 256, 32, 0, 16),
@@ -47,6 +49,7 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
 fn rope(
     cx: &mut Ctx,
     (n, rot, ss, ds, pos): (usize, usize, usize, usize, u32),
+    rotate: bool,
     yarn: Option<Yarn>,
 ) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
@@ -58,7 +61,9 @@ fn rope(
         style: RopeStyle::Normal,
         yarn,
     };
-    rope_part(&mut want, ss, 0..rot, pos as usize, &r);
+    if rotate {
+        rope_part(&mut want, ss, 0..rot, pos as usize, &r);
+    }
     let d_src = dev.upload(s, &src)?;
     let d_dst = dev.alloc::<f32>(s, n * ds)?;
     let d_pos = dev.upload(s, &[pos])?;
@@ -70,9 +75,7 @@ fn rope(
         n,
         rot,
         &Span::of(&d_pos),
-        theta_scale,
-        0,
-        yarn,
+        rotate.then_some((theta_scale, 0, yarn)),
     )?;
     let got = dev.download(s, &d_dst)?;
     let mut err = 0f64;
@@ -82,14 +85,14 @@ fn rope(
             err = err.max(f64::from((g - w).abs()));
         }
     }
-    let kind = if yarn.is_some() { "yarn" } else { "plain" };
-    cx.report.tol(
-        "mla rope",
-        format!("{n}x{rot} pos {pos} {kind}"),
-        err,
-        2e-5,
-        "abs",
-    );
+    let case = |kind: &str| format!("{n}x{rot} pos {pos} {kind}");
+    if !rotate {
+        cx.report
+            .tol("mla rope", case("unrotated copy"), err, 0.0, "abs");
+    } else {
+        let kind = if yarn.is_some() { "yarn" } else { "plain" };
+        cx.report.tol("mla rope", case(kind), err, 2e-5, "abs");
+    }
     Ok(())
 }
 
@@ -198,9 +201,7 @@ fn graph(cx: &mut Ctx) -> Result<()> {
             heads,
             rope,
             &pos_at,
-            theta_scale,
-            0,
-            yarn,
+            Some((theta_scale, 0, yarn)),
         )?;
         dev.mla_attention(
             s,

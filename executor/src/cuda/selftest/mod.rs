@@ -4,9 +4,10 @@
 //! gives the same bits), graph capture and replay against the eager result, the device sampler
 //! token for token against the CPU one, MoE routing and experts against the CPU kernels (and
 //! an MoE layer's graph replay), MLA's rope and latent attention against the CPU kernels (and
-//! their graph replay), the prefill kernels over token rows (the tensor-core product per dtype,
-//! its chunks' tensor-parallel bit-exactness, attention rows bit for bit against decode steps),
-//! and optionally the achieved bandwidth of the matvec kernels
+//! their graph replay), KDA's convolution and delta rule against the CPU kernels over several
+//! tokens (and their graph replay), the prefill kernels over token rows (the tensor-core
+//! product per dtype, its chunks' tensor-parallel bit-exactness, attention rows bit for bit
+//! against decode steps), and optionally the achieved bandwidth of the matvec kernels
 //! on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by
 //! `cargo run --release --example cuda_selftest`; it needs a GPU and is never part of
 //! `cargo test`.
@@ -15,6 +16,7 @@ mod bench;
 mod checks;
 pub mod collective;
 mod exact;
+mod kda;
 mod mla;
 mod moe;
 mod rows;
@@ -198,6 +200,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         exact::run(&mut cx)?;
         moe::run(&mut cx)?;
         mla::run(&mut cx)?;
+        kda::run(&mut cx)?;
         rows::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }

@@ -1,0 +1,409 @@
+//! Kimi delta attention (kimi-linear) on a CUDA rank: the layer's weights (loaded and checked by
+//! the CPU backend's `KdaWeights::take`, then uploaded), the rank's KDA buffers and per-layer
+//! state, and the `kda_pre` and `kda_core` segments with the math of the CPU backend's
+//! `segments::kda_pre` and `kda_core`. The projections are ordinary matvecs with the canonical
+//! chunk counts of a whole K (`attn_q/k/v`, `ssm_f_a`, `ssm_beta`, `ssm_g_a` read the normed
+//! input; `ssm_f_b` and `ssm_g_b` their low-rank outputs), all of them in `kda_pre`; the
+//! convolutions and q/k norms are `kda_conv_f32`, the gates, delta rule and gated output norm
+//! `kda_delta_f32` (kernels/kda.cu), so `kda_core` is one launch. The segments split the work
+//! differently from the CPU's, the values are the same.
+//!
+//! State: one buffer per KDA layer, the q, k and v convolution windows (per channel, oldest
+//! first, as the CPU's) then each held head's `d x d` recurrent state, key-major (the transpose
+//! of the CPU's layout, see kernels/kda.cu). It is zero at load and updated in place on the
+//! rank's compute stream, so its address never alternates and a step is capturable. A
+//! tensor-parallel rank holds whole heads (its shards of the head-split tensors) and their
+//! state, and every head is computed alone, so its bits are the 1-rank plan's.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
+
+use super::device::{CudaDevice, DeviceBuffer};
+use super::matvec::Norm;
+use super::moe::full_chunks;
+use super::ops::DeviceWeight;
+use super::rank::upload_matrix;
+use super::span::Span;
+use crate::cpu::layer::KdaWeights as HostKda;
+use crate::weights::RankWeights;
+
+/// The widest KDA head the kernels take (KDA_MAX_DIM in kernels/kda.cu).
+pub const MAX_KDA_HEAD_DIM: usize = 256;
+
+/// One KDA layer's weights on the device (all but `attn_output`, which the rank keeps).
+pub(super) struct KdaWeights {
+    q: DeviceWeight,
+    k: DeviceWeight,
+    v: DeviceWeight,
+    /// The q, k and v convolutions' taps, channel after channel, q channels first.
+    conv: DeviceBuffer<f32>,
+    taps: usize,
+    f_a: DeviceWeight,
+    f_b: DeviceWeight,
+    dt_bias: DeviceBuffer<f32>,
+    a: DeviceBuffer<f32>,
+    beta: DeviceWeight,
+    g_a: DeviceWeight,
+    g_b: DeviceWeight,
+    o_norm: DeviceBuffer<f32>,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl KdaWeights {
+    /// Takes layer `l`'s KDA shards out of `w` and uploads them; the second value is the
+    /// layer's `attn_output` columns.
+    pub fn take(
+        l: u32,
+        w: &mut RankWeights,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+    ) -> Result<(KdaWeights, DeviceWeight)> {
+        let host = HostKda::take(l, w)?;
+        let (heads, head_dim) = (host.heads(), host.head_dim());
+        if head_dim == 0 || head_dim > MAX_KDA_HEAD_DIM {
+            bail!("layer {l}: KDA heads of {head_dim} values; the cuda backend takes heads of 1 to {MAX_KDA_HEAD_DIM}");
+        }
+        let HostKda {
+            q,
+            k,
+            v,
+            conv,
+            taps,
+            f_a,
+            f_b,
+            dt_bias,
+            a,
+            beta,
+            g_a,
+            g_b,
+            o_norm,
+            o,
+        } = host;
+        let up = |m| upload_matrix(dev, s, m);
+        let kda = KdaWeights {
+            q: up(q)?,
+            k: up(k)?,
+            v: up(v)?,
+            conv: dev.upload(s, &conv.concat())?,
+            taps,
+            f_a: up(f_a)?,
+            f_b: up(f_b)?,
+            dt_bias: dev.upload(s, &dt_bias)?,
+            a: dev.upload(s, &a)?,
+            beta: up(beta)?,
+            g_a: up(g_a)?,
+            g_b: up(g_b)?,
+            o_norm: dev.upload(s, &o_norm)?,
+            heads,
+            head_dim,
+        };
+        Ok((kda, up(o)?))
+    }
+
+    /// Channels of q (and of k, v): the held heads' values.
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Values of the layer's state: the three windows, then the recurrent states.
+    fn state_len(&self) -> usize {
+        3 * self.width() * (self.taps - 1) + self.heads * self.head_dim * self.head_dim
+    }
+}
+
+/// A rank's KDA buffers (sized for its widest KDA layer) and one state per KDA layer.
+pub(super) struct KdaState {
+    xn: DeviceBuffer<f32>,
+    /// q, k, v projections, one after the other, before their convolutions.
+    projected: DeviceBuffer<f32>,
+    /// q, k, v after the convolutions (q and k normalized).
+    qkv: DeviceBuffer<f32>,
+    f_low: DeviceBuffer<f32>,
+    g_low: DeviceBuffer<f32>,
+    /// The raw decay (`ssm_f_b` output), the raw rate (`ssm_beta`) and the raw output gate.
+    f: DeviceBuffer<f32>,
+    beta: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    /// By the rank's layer index; `None` for other layers.
+    states: Vec<Option<DeviceBuffer<f32>>>,
+    eps: f32,
+}
+
+impl KdaState {
+    /// The state of a rank whose layers are `layers` (`Some` for KDA layers), if any is KDA;
+    /// `d` is the model's embedding width and `eps` its norms' epsilon.
+    pub fn new(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        d: usize,
+        eps: f32,
+        layers: &[Option<&KdaWeights>],
+    ) -> Result<Option<KdaState>> {
+        let held: Vec<&KdaWeights> = layers.iter().flatten().copied().collect();
+        if held.is_empty() {
+            return Ok(None);
+        }
+        let most = |f: fn(&KdaWeights) -> usize| held.iter().map(|&k| f(k)).max().unwrap_or(1);
+        let mut states = Vec::new();
+        for k in layers {
+            states.push(match k {
+                Some(k) => Some(dev.alloc(s, k.state_len())?),
+                None => None,
+            });
+        }
+        Ok(Some(KdaState {
+            xn: dev.alloc(s, d)?,
+            projected: dev.alloc(s, 3 * most(KdaWeights::width))?,
+            qkv: dev.alloc(s, 3 * most(KdaWeights::width))?,
+            f_low: dev.alloc(s, most(|k| k.f_a.rows))?,
+            g_low: dev.alloc(s, most(|k| k.g_a.rows))?,
+            f: dev.alloc(s, most(KdaWeights::width))?,
+            beta: dev.alloc(s, most(|k| k.heads))?,
+            gate: dev.alloc(s, most(KdaWeights::width))?,
+            states,
+            eps,
+        }))
+    }
+
+    /// `kda_pre`: every projection (the normed input's, then the low-rank gates' second
+    /// halves), then the convolutions (advancing layer `layer`'s windows) and the q/k norms.
+    pub fn pre(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        k: &KdaWeights,
+        layer: usize,
+        norm: Norm,
+        x: &Span<f32>,
+    ) -> Result<()> {
+        let width = k.width();
+        let projected = Span::of(&self.projected).sub(0, 3 * width);
+        let xn = Span::of(&self.xn).sub(0, x.len());
+        let (f_low, g_low) = (
+            Span::of(&self.f_low).sub(0, k.f_a.rows),
+            Span::of(&self.g_low).sub(0, k.g_a.rows),
+        );
+        let qkv_out = [0, 1, 2].map(|i| projected.sub(i * width, width));
+        self.products(dev, s, &[&k.q, &k.k, &k.v], x, norm, &xn, &qkv_out)?;
+        let low_out = [
+            f_low.clone(),
+            Span::of(&self.beta).sub(0, k.heads),
+            g_low.clone(),
+        ];
+        self.products(dev, s, &[&k.f_a, &k.beta, &k.g_a], x, norm, &xn, &low_out)?;
+        let f = Span::of(&self.f).sub(0, width);
+        dev.matvec(s, &k.f_b, &f_low, full_chunks(&k.f_b), &mut f.clone())?;
+        let gate = Span::of(&self.gate).sub(0, width);
+        dev.matvec(s, &k.g_b, &g_low, full_chunks(&k.g_b), &mut gate.clone())?;
+        let state = self.state(layer)?;
+        dev.kda_conv(
+            s,
+            &projected,
+            &Span::of(&k.conv),
+            &state.sub(0, 3 * width * (k.taps - 1)),
+            &Span::of(&self.qkv).sub(0, 3 * width),
+            (k.heads, k.head_dim, k.taps),
+            self.eps,
+        )
+    }
+
+    /// `kda_core`: the gates, the delta rule on layer `layer`'s recurrent states and the
+    /// gated output norm, into `att`.
+    pub fn core(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        k: &KdaWeights,
+        layer: usize,
+        att: &Span<f32>,
+    ) -> Result<()> {
+        let width = k.width();
+        if att.len() != width {
+            bail!(
+                "kda_core: {} output values for {} heads of {}",
+                att.len(),
+                k.heads,
+                k.head_dim
+            );
+        }
+        let state = self.state(layer)?;
+        let windows = 3 * width * (k.taps - 1);
+        let gates = KdaGates {
+            f: Span::of(&self.f).sub(0, width),
+            dt_bias: Span::of(&k.dt_bias),
+            a: Span::of(&k.a),
+            beta: Span::of(&self.beta).sub(0, k.heads),
+            gate: Span::of(&self.gate).sub(0, width),
+            norm: Span::of(&k.o_norm),
+        };
+        dev.kda_delta(
+            s,
+            &state.sub(windows, k.heads * k.head_dim * k.head_dim),
+            &Span::of(&self.qkv).sub(0, 3 * width),
+            &gates,
+            att,
+            (k.heads, k.head_dim),
+            self.eps,
+        )
+    }
+
+    fn state(&self, layer: usize) -> Result<Span<f32>> {
+        self.states[layer]
+            .as_ref()
+            .map(Span::of)
+            .ok_or_else(|| anyhow!("a KDA segment on a layer without KDA state"))
+    }
+
+    /// `ys[i] = ws[i] (rms_norm(x))`: one launch when the weights share dtype and chunk count
+    /// (the norm folded in), else the norm into `xn` and a matvec each; the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn products(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        ws: &[&DeviceWeight],
+        x: &Span<f32>,
+        norm: Norm,
+        xn: &Span<f32>,
+        ys: &[Span<f32>],
+    ) -> Result<()> {
+        let chunks = full_chunks(ws[0]);
+        if ws
+            .iter()
+            .all(|w| w.dtype == ws[0].dtype && full_chunks(w) == chunks)
+        {
+            return dev.matvec_many(s, ws, x, Some(norm), chunks, ys);
+        }
+        dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+        for (w, y) in ws.iter().zip(ys) {
+            dev.matvec(s, w, xn, full_chunks(w), &mut y.clone())?;
+        }
+        Ok(())
+    }
+}
+
+/// The per-channel and per-head inputs of `kda_delta` besides q, k, v and the state.
+pub(super) struct KdaGates {
+    /// The raw decay, `heads * d` (`ssm_f_b`'s output).
+    pub f: Span<f32>,
+    /// `ssm_dt.bias`, `heads * d`.
+    pub dt_bias: Span<f32>,
+    /// `ssm_a` (`-exp(A_log)`), one per head.
+    pub a: Span<f32>,
+    /// The raw rate, one per head (`ssm_beta`'s output).
+    pub beta: Span<f32>,
+    /// The raw output gate, `heads * d` (`ssm_g_b`'s output).
+    pub gate: Span<f32>,
+    /// `ssm_norm.weight`, `d`.
+    pub norm: Span<f32>,
+}
+
+fn int(n: usize) -> i32 {
+    i32::try_from(n).expect("invariant: kernel sizes fit in i32")
+}
+
+/// Threads of a block with one thread per value of a head.
+fn head_block(d: usize) -> u32 {
+    assert!(
+        (1..=MAX_KDA_HEAD_DIM).contains(&d),
+        "kda: heads of {d} values; 1 to {MAX_KDA_HEAD_DIM} are supported"
+    );
+    d.next_multiple_of(32) as u32
+}
+
+impl CudaDevice {
+    /// One token through the q, k and v convolutions (`cpu::kernels::conv_step` on each, `x`,
+    /// `window` and `out` holding q, k and v one after the other, `w` their taps), then
+    /// `l2_norm_heads` on the q and k heads, as the CPU runs them for `heads` heads of `hd`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn kda_conv(
+        &self,
+        s: &CudaStream,
+        x: &Span<f32>,
+        w: &Span<f32>,
+        window: &Span<f32>,
+        out: &Span<f32>,
+        (heads, hd, taps): (usize, usize, usize),
+        eps: f32,
+    ) -> Result<()> {
+        let channels = 3 * heads * hd;
+        assert!(
+            taps >= 2
+                && x.len() == channels
+                && out.len() == channels
+                && w.len() == channels * taps
+                && window.len() == channels * (taps - 1),
+            "kda_conv: {heads} heads of {hd}, {taps} taps: x {}, weights {}, window {}, out {}",
+            x.len(),
+            w.len(),
+            window.len(),
+            out.len()
+        );
+        // the CPU's l2_norm_heads constants, computed as it computes them
+        let n = hd as f32;
+        let (l2_eps, after) = (eps / n, 1.0 / n.sqrt());
+        let (xp, wp, winp, op) = (x.addr(), w.addr(), window.addr(), out.addr());
+        let (h, d, t) = (int(heads), int(hd), int(taps));
+        let cfg = LaunchConfig {
+            grid_dim: (3 * heads as u32, 1, 1),
+            block_dim: (head_block(hd), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(s, "kda_conv_f32", cfg, |a| {
+            a.arg(&xp).arg(&wp).arg(&winp).arg(&op);
+            a.arg(&h).arg(&d).arg(&t).arg(&l2_eps).arg(&after);
+        })
+    }
+
+    /// The decay gate and rate (`cpu::kernels::decay_gate`, `sigmoid`), the gated delta rule
+    /// on `heads` key-major states of `d x d` in `states` (`cpu::kernels::delta_rule`, in
+    /// place) and `gated_norm` with `eps`, of the q, k, v in `qkv`, into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn kda_delta(
+        &self,
+        s: &CudaStream,
+        states: &Span<f32>,
+        qkv: &Span<f32>,
+        g: &KdaGates,
+        out: &Span<f32>,
+        (heads, d): (usize, usize),
+        eps: f32,
+    ) -> Result<()> {
+        let width = heads * d;
+        assert!(
+            states.len() == heads * d * d
+                && qkv.len() == 3 * width
+                && [g.f.len(), g.dt_bias.len(), g.gate.len(), out.len()] == [width; 4]
+                && g.a.len() == heads
+                && g.beta.len() == heads
+                && g.norm.len() == d,
+            "kda_delta: {heads} heads of {d}: states {}, qkv {}, out {}",
+            states.len(),
+            qkv.len(),
+            out.len()
+        );
+        let scale = 1.0 / (d as f32).sqrt();
+        let (sp, qp, op) = (states.addr(), qkv.addr(), out.addr());
+        let (fp, dtp, ap, bp) = (g.f.addr(), g.dt_bias.addr(), g.a.addr(), g.beta.addr());
+        let (gp, np) = (g.gate.addr(), g.norm.addr());
+        let (h, dd) = (int(heads), int(d));
+        let cfg = LaunchConfig {
+            grid_dim: (heads as u32, 1, 1),
+            block_dim: (head_block(d), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(s, "kda_delta_f32", cfg, |a| {
+            a.arg(&sp).arg(&qp).arg(&fp).arg(&dtp).arg(&ap).arg(&bp);
+            a.arg(&gp)
+                .arg(&np)
+                .arg(&op)
+                .arg(&h)
+                .arg(&dd)
+                .arg(&scale)
+                .arg(&eps);
+        })
+    }
+}

@@ -1,0 +1,333 @@
+//! KDA on the device against the CPU backend: `kda_conv_f32` against `conv_step` and
+//! `l2_norm_heads`, `kda_delta_f32` against `decay_gate`, `sigmoid`, `delta_rule` and
+//! `gated_norm`, over several tokens so that the windows and recurrent states carry (awkward
+//! head counts and dims, 2 to 4 taps, decays on both branches of softplus); the windows must
+//! match bit for bit (they are copies of the inputs), the rest within a normwise relative
+//! bound (CUDA's expf and logf may round an ulp away from the host's). Then both kernels
+//! captured in a graph and replayed token by token against eager, bit for bit, the state
+//! included. Each row names the case, the worst token and value, and how many values differ
+//! in their bits, so a failure can be read from the table alone.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::exact::report_replay;
+use super::{bit_mismatches, random, Ctx};
+use crate::cpu::kernels::{
+    conv_step, decay_gate, delta_rule, gated_norm, l2_norm_heads, sigmoid, DeltaInputs, KdaState,
+};
+use crate::cuda::device::DeviceBuffer;
+use crate::cuda::kda::KdaGates;
+use crate::cuda::{capture, CudaDevice, CudaStream, Span};
+
+/// The epsilon of the q/k L2 norms and of the output norm (the model's `rms_eps`).
+const EPS: f32 = 1e-5;
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    // (heads, head dim, taps, tokens)
+    for case in [
+        (1, 32, 4, 6),
+        (4, 32, 4, 8),
+        (3, 64, 2, 5),
+        (2, 128, 4, 8),
+        (5, 96, 3, 6),
+        (2, 17, 4, 5),
+        (1, 256, 4, 4),
+    ] {
+        tokens(cx, case)?;
+    }
+    graph(cx)?;
+    Ok(())
+}
+
+/// A layer's fixed weights: the q, k, v taps (q channels first), `dt_bias`, `a` per head and
+/// the output norm.
+struct Layer {
+    heads: usize,
+    hd: usize,
+    taps: usize,
+    conv: Vec<f32>,
+    dt_bias: Vec<f32>,
+    a: Vec<f32>,
+    norm: Vec<f32>,
+}
+
+impl Layer {
+    fn new(cx: &mut Ctx, heads: usize, hd: usize, taps: usize) -> Layer {
+        let w = heads * hd;
+        Layer {
+            heads,
+            hd,
+            taps,
+            conv: random(&mut cx.rng, 3 * w * taps, 1.0),
+            dt_bias: random(&mut cx.rng, w, 1.0),
+            // -exp(A_log): negative, so every decay is at most 1
+            a: (0..heads)
+                .map(|_| -(0.525 + 0.475 * cx.rng.uniform()))
+                .collect(),
+            norm: random(&mut cx.rng, hd, 1.0),
+        }
+    }
+
+    fn width(&self) -> usize {
+        self.heads * self.hd
+    }
+}
+
+/// One token's inputs: the q, k, v projections, the raw decay, rate and output gate.
+struct Token {
+    x: Vec<f32>,
+    f: Vec<f32>,
+    b: Vec<f32>,
+    gate: Vec<f32>,
+}
+
+impl Token {
+    fn new(cx: &mut Ctx, l: &Layer) -> Token {
+        let w = l.width();
+        let mut f = random(&mut cx.rng, w, 2.0);
+        // the first channel of every head past softplus's linear threshold (x > 20)
+        for h in 0..l.heads {
+            f[h * l.hd] = 23.0 + cx.rng.uniform();
+        }
+        Token {
+            x: random(&mut cx.rng, 3 * w, 1.0),
+            f,
+            b: random(&mut cx.rng, l.heads, 3.0),
+            gate: random(&mut cx.rng, w, 3.0),
+        }
+    }
+}
+
+/// The CPU backend's token: the convolved q, k, v (q and k normalized) and the output.
+fn cpu_token(l: &Layer, st: &mut KdaState, t: &Token) -> (Vec<f32>, Vec<f32>) {
+    let (w, hd, taps) = (l.width(), l.hd, l.taps);
+    let mut qkv = vec![0f32; 3 * w];
+    for (which, out) in qkv.chunks_exact_mut(w).enumerate() {
+        let taps_of = &l.conv[which * w * taps..(which + 1) * w * taps];
+        let x = &t.x[which * w..(which + 1) * w];
+        conv_step(st.window_mut(which), taps_of, taps, x, out);
+    }
+    l2_norm_heads(&mut qkv[..2 * w], hd, EPS);
+    let mut g = t.f.clone();
+    decay_gate(&mut g, &l.dt_bias, &l.a, hd);
+    let beta: Vec<f32> = t.b.iter().map(|&b| sigmoid(b)).collect();
+    let mut out = vec![0f32; w];
+    let inputs = DeltaInputs {
+        q: &qkv[..w],
+        k: &qkv[w..2 * w],
+        v: &qkv[2 * w..],
+        g: &g,
+        beta: &beta,
+    };
+    delta_rule(st, &inputs, &mut out);
+    gated_norm(&mut out, &l.norm, &t.gate, EPS);
+    (qkv, out)
+}
+
+/// A layer's weights, token inputs, outputs and state on the device.
+struct OnDevice {
+    conv: DeviceBuffer<f32>,
+    dt_bias: DeviceBuffer<f32>,
+    a: DeviceBuffer<f32>,
+    norm: DeviceBuffer<f32>,
+    x: DeviceBuffer<f32>,
+    f: DeviceBuffer<f32>,
+    b: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    qkv: DeviceBuffer<f32>,
+    out: DeviceBuffer<f32>,
+    /// The windows, then the key-major recurrent states (the layout of `cuda::kda`).
+    state: DeviceBuffer<f32>,
+}
+
+impl OnDevice {
+    fn new(dev: &CudaDevice, s: &Arc<CudaStream>, l: &Layer) -> Result<OnDevice> {
+        let w = l.width();
+        Ok(OnDevice {
+            conv: dev.upload(s, &l.conv)?,
+            dt_bias: dev.upload(s, &l.dt_bias)?,
+            a: dev.upload(s, &l.a)?,
+            norm: dev.upload(s, &l.norm)?,
+            x: dev.alloc(s, 3 * w)?,
+            f: dev.alloc(s, w)?,
+            b: dev.alloc(s, l.heads)?,
+            gate: dev.alloc(s, w)?,
+            qkv: dev.alloc(s, 3 * w)?,
+            out: dev.alloc(s, w)?,
+            state: dev.alloc(s, windows(l) + l.heads * l.hd * l.hd)?,
+        })
+    }
+
+    fn feed(&mut self, dev: &CudaDevice, s: &Arc<CudaStream>, t: &Token) -> Result<()> {
+        dev.write(s, &t.x, &mut self.x)?;
+        dev.write(s, &t.f, &mut self.f)?;
+        dev.write(s, &t.b, &mut self.b)?;
+        dev.write(s, &t.gate, &mut self.gate)
+    }
+
+    /// The two launches of a token, as `KdaState::pre` and `core` make them.
+    fn enqueue(&self, dev: &CudaDevice, s: &CudaStream, l: &Layer) -> Result<()> {
+        let state = Span::of(&self.state);
+        let win = windows(l);
+        dev.kda_conv(
+            s,
+            &Span::of(&self.x),
+            &Span::of(&self.conv),
+            &state.sub(0, win),
+            &Span::of(&self.qkv),
+            (l.heads, l.hd, l.taps),
+            EPS,
+        )?;
+        let gates = KdaGates {
+            f: Span::of(&self.f),
+            dt_bias: Span::of(&self.dt_bias),
+            a: Span::of(&self.a),
+            beta: Span::of(&self.b),
+            gate: Span::of(&self.gate),
+            norm: Span::of(&self.norm),
+        };
+        dev.kda_delta(
+            s,
+            &state.sub(win, l.heads * l.hd * l.hd),
+            &Span::of(&self.qkv),
+            &gates,
+            &Span::of(&self.out),
+            (l.heads, l.hd),
+            EPS,
+        )
+    }
+}
+
+/// Values of the three convolution windows.
+fn windows(l: &Layer) -> usize {
+    3 * l.width() * (l.taps - 1)
+}
+
+/// The worst normwise relative error seen so far: where, and how many values differ in bits.
+#[derive(Default)]
+struct Worst {
+    err: f64,
+    at: String,
+    differ: usize,
+    values: usize,
+}
+
+impl Worst {
+    /// Adds `got` against `want`; `at(i)` names value `i`.
+    fn add(&mut self, got: &[f32], want: &[f32], at: impl Fn(usize) -> String) {
+        let scale = want.iter().fold(0f64, |m, &w| m.max(f64::from(w.abs())));
+        let scale = if scale > 0.0 { scale } else { 1.0 };
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let e = f64::from((g - w).abs()) / scale;
+            if e > self.err || e.is_nan() {
+                self.err = if e.is_nan() { f64::INFINITY } else { e };
+                self.at = format!("{} ({g} vs cpu {w})", at(i));
+            }
+        }
+        self.differ += bit_mismatches(got, want);
+        self.values += want.len();
+    }
+
+    fn case(&self, case: &str) -> String {
+        let at = if self.at.is_empty() {
+            String::new()
+        } else {
+            format!("; worst {}", self.at)
+        };
+        format!(
+            "{case}; {} of {} values differ in bits{at}",
+            self.differ, self.values
+        )
+    }
+}
+
+fn tokens(cx: &mut Ctx, (heads, hd, taps, n): (usize, usize, usize, usize)) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let l = Layer::new(cx, heads, hd, taps);
+    let w = l.width();
+    let mut host = KdaState::new(heads, hd, taps);
+    let mut d = OnDevice::new(dev, s, &l)?;
+    let (mut conv, mut out) = (Worst::default(), Worst::default());
+    for t in 0..n {
+        let tok = Token::new(cx, &l);
+        let (want_qkv, want_out) = cpu_token(&l, &mut host, &tok);
+        d.feed(dev, s, &tok)?;
+        d.enqueue(dev, s, &l)?;
+        let got_qkv = dev.download(s, &d.qkv)?;
+        let got_out = dev.download(s, &d.out)?;
+        conv.add(&got_qkv, &want_qkv, |i| {
+            let part = ["q", "k", "v"][i / w];
+            format!("token {t} {part} head {} value {}", i % w / hd, i % hd)
+        });
+        out.add(&got_out, &want_out, |i| {
+            format!("token {t} head {} value {}", i / hd, i % hd)
+        });
+    }
+    let case = format!("{heads}h x {hd}, {taps} taps, {n} tokens");
+    cx.report
+        .tol("kda conv", conv.case(&case), conv.err, 2e-6, "rel");
+    cx.report
+        .tol("kda delta", out.case(&case), out.err, 5e-5, "rel");
+    // the state after the last token: windows bit for bit, the recurrent states transposed
+    let got = dev.download(s, &d.state)?;
+    let win = windows(&l);
+    let want_windows: Vec<f32> = (0..3).flat_map(|k| host.window_mut(k).to_vec()).collect();
+    cx.report.exact(
+        "kda window",
+        format!("{case}, after the last token"),
+        bit_mismatches(&got[..win], &want_windows),
+    );
+    let cpu = host.states_mut();
+    let key_major: Vec<f32> = (0..heads * hd * hd)
+        .map(|n| {
+            let (h, r) = (n / (hd * hd), n % (hd * hd));
+            let (i, j) = (r / hd, r % hd);
+            cpu[h * hd * hd + j * hd + i]
+        })
+        .collect();
+    let mut state = Worst::default();
+    state.add(&got[win..], &key_major, |n| {
+        let (h, r) = (n / (hd * hd), n % (hd * hd));
+        format!("head {h} S[{}][{}]", r % hd, r / hd)
+    });
+    cx.report
+        .tol("kda state", state.case(&case), state.err, 2e-5, "rel");
+    Ok(())
+}
+
+fn graph(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (heads, hd, taps, steps) = (4, 64, 4, 6);
+    let l = Layer::new(cx, heads, hd, taps);
+    let toks: Vec<Token> = (0..steps).map(|_| Token::new(cx, &l)).collect();
+    let mut eager_run = OnDevice::new(dev, s, &l)?;
+    let mut eager = Vec::new();
+    for t in &toks {
+        eager_run.feed(dev, s, t)?;
+        eager_run.enqueue(dev, s, &l)?;
+        eager.extend(dev.download(s, &eager_run.out)?);
+    }
+    eager.extend(dev.download(s, &eager_run.state)?);
+    let mut replay_run = OnDevice::new(dev, s, &l)?;
+    s.synchronize()?;
+    let captured = capture(s, || replay_run.enqueue(dev, s, &l));
+    report_replay(
+        cx,
+        "kda graph",
+        format!("replay == eager, {steps} tokens and the state, {heads}h x {hd}"),
+        captured,
+        &eager,
+        |g| {
+            let mut replayed = Vec::new();
+            for t in &toks {
+                replay_run.feed(dev, s, t)?;
+                g.replay()?;
+                replayed.extend(dev.download(s, &replay_run.out)?);
+            }
+            replayed.extend(dev.download(s, &replay_run.state)?);
+            Ok(replayed)
+        },
+    )
+}

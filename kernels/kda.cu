@@ -1,0 +1,118 @@
+// memra kernels: Kimi delta attention (KDA) at decode, one token, with the semantics of the CPU
+// backend's cpu::kernels::kda (llama.cpp's ssm_conv and gated_delta_net). The projections
+// around them are ordinary matvecs; these kernels do the rest:
+//
+// kda_conv_f32 runs the depthwise causal convolution of q, k and v (stored one after the other:
+// 3 * heads heads of hd channels, their windows and tap weights in the same order) and SiLU,
+// moves each channel's window on by the new input, and L2-normalizes the q and k heads.
+//
+// kda_delta_f32 turns the raw decay and rate into g = a * softplus(f + dt_bias) and
+// beta = sigmoid(b), runs the gated delta rule on each head's d x d state (in place) and writes
+// rms_norm(o) * w * sigmoid(gate).
+//
+// Every value is computed with the CPU loops' float operations in their order, with explicit
+// round-to-nearest intrinsics so that no multiply-add is contracted into an FMA, and the f64
+// sums of the norms taken sequentially by one thread as the CPU does. The bits match the CPU's
+// except where expf and logf (CUDA's, within 2 ulp) round differently from the host libm's:
+// SiLU, softplus, the decay exp and the sigmoids; a differing exp then moves the state by an
+// ulp, which later tokens carry. Division and sqrt are IEEE (NVRTC's default -prec-div and
+// -prec-sqrt).
+//
+// The recurrent state is kept key-major on the device: S[j][i] (value row j, key column i) at
+// i * d + j, so that thread j, which owns value row j, reads and writes coalesced. Its address
+// never changes, and the per-step values are all in device memory, so a step is capturable.
+#include "common.cuh"
+
+// The widest head (threads of a block).
+#define KDA_MAX_DIM 256
+
+__device__ __forceinline__ float kda_sigmoid(float x) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
+}
+
+// The f32 scale 1 / sqrt(mean(v^2) + eps) of v[0..n), the squares summed in f64 in order.
+__device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += (double)__fmul_rn(v[i], v[i]);
+    const float mean = (float)(sum / (double)n);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+// One block per head of q, k and v (3 * heads blocks, q heads first), thread i its channel i.
+// x, out: 3 * heads * hd values; w: taps weights per channel; window: taps - 1 inputs per
+// channel, oldest first. l2_eps is eps / hd and after 1 / sqrt(hd), both computed by the host
+// as the CPU computes them.
+extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
+    kda_conv_f32(const float* x, const float* w, float* window, float* out, int heads, int hd, int taps,
+                 float l2_eps, float after) {
+    overlap_with_neighbours();
+    __shared__ float vals[KDA_MAX_DIM];
+    __shared__ float scale;
+    const int i = threadIdx.x;
+    const size_t c = (size_t)blockIdx.x * hd + i;
+    const int keep = taps - 1;
+    float v = 0.f;
+    if (i < hd) {
+        float* win = window + c * keep;
+        const float* wc = w + c * taps;
+        float sum = 0.f;
+        for (int t = 0; t < keep; ++t) sum = __fadd_rn(sum, __fmul_rn(win[t], wc[t]));
+        const float xc = x[c];
+        sum = __fadd_rn(sum, __fmul_rn(xc, wc[keep]));
+        v = __fdiv_rn(sum, __fadd_rn(1.0f, expf(-sum)));
+        for (int t = 0; t + 1 < keep; ++t) win[t] = win[t + 1];
+        win[keep - 1] = xc;
+        vals[i] = v;
+    }
+    // q and k heads are L2-normalized (a block-uniform branch)
+    if (blockIdx.x < 2 * heads) {
+        __syncthreads();
+        if (i == 0) scale = kda_rms_scale(vals, hd, l2_eps);
+        __syncthreads();
+        v = __fmul_rn(__fmul_rn(v, scale), after);
+    }
+    if (i < hd) out[c] = v;
+}
+
+// One block per head, thread j its value row j. qkv: the convolved q, k, v (3 * heads * d);
+// f: the raw decay (heads * d) before dt_bias and softplus; a: per head; b: the raw rate per
+// head; gate: the output gate before its sigmoid; norm_w: d weights; states: heads key-major
+// d x d states; out: heads * d. scale is 1 / sqrt(d) computed by the host.
+extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
+    kda_delta_f32(float* states, const float* qkv, const float* f, const float* dt_bias, const float* a,
+                  const float* b, const float* gate, const float* norm_w, float* out, int heads, int d,
+                  float scale, float eps) {
+    overlap_with_neighbours();
+    __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM], os[KDA_MAX_DIM];
+    __shared__ float norm_scale;
+    const int h = blockIdx.x, j = threadIdx.x;
+    const size_t width = (size_t)heads * d, at = (size_t)h * d;
+    if (j < d) {
+        qs[j] = qkv[at + j];
+        ks[j] = qkv[width + at + j];
+        const float x = __fadd_rn(f[at + j], dt_bias[at + j]);
+        const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
+        decay[j] = expf(__fmul_rn(sp, a[h]));
+    }
+    __syncthreads();
+    float o = 0.f;
+    if (j < d) {
+        const float beta = kda_sigmoid(b[h]);
+        float* s = states + at * d + j;
+        // delta = beta (v - (S decayed) . k); the decayed entry is recomputed below, same bits
+        float sk = 0.f;
+        for (int i = 0; i < d; ++i) sk = __fadd_rn(sk, __fmul_rn(__fmul_rn(s[(size_t)i * d], decay[i]), ks[i]));
+        const float delta = __fmul_rn(__fsub_rn(qkv[2 * width + at + j], sk), beta);
+        for (int i = 0; i < d; ++i) {
+            const float m = __fadd_rn(__fmul_rn(s[(size_t)i * d], decay[i]), __fmul_rn(ks[i], delta));
+            s[(size_t)i * d] = m;
+            o = __fadd_rn(o, __fmul_rn(m, qs[i]));
+        }
+        o = __fmul_rn(o, scale);
+        os[j] = o;
+    }
+    __syncthreads();
+    if (j == 0) norm_scale = kda_rms_scale(os, d, eps);
+    __syncthreads();
+    if (j < d) out[at + j] = __fmul_rn(__fmul_rn(__fmul_rn(o, norm_scale), norm_w[j]), kda_sigmoid(gate[at + j]));
+}
