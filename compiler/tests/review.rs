@@ -41,8 +41,8 @@ programs:
     - run r1.run0 (2 phases): load_hidden, layers 8..16: attn_pre attn_core attn_out ffn, store_hidden
     + run r1.run0 (2 phases): load_hidden, layers 9..16: attn_pre attn_core attn_out ffn, store_hidden
 bytes per device:
-  device 0: 3025.4 MiB -> 3283.4 MiB (+258.0 MiB; weights +130.0 MiB, kv +128.0 MiB, buffers +0.0 MiB)
-  device 1: 2728.3 MiB -> 2470.2 MiB (-258.0 MiB; weights -130.0 MiB, kv -128.0 MiB, buffers +0.0 MiB)
+  device 0: 3103.4 MiB -> 3361.4 MiB (+258.0 MiB; weights +130.0 MiB, kv +128.0 MiB, buffers +0.0 MiB)
+  device 1: 2806.3 MiB -> 2548.2 MiB (-258.0 MiB; weights -130.0 MiB, kv -128.0 MiB, buffers +0.0 MiB)
 ";
     assert_eq!(semantic_diff(&old, &new), expected);
     assert_eq!(semantic_diff(&old, &old), "");

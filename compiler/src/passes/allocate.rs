@@ -191,7 +191,12 @@ pub fn buffers(
     }
     if rank.head {
         let vocab = u64::from(model.vocab);
-        let logits = if rank.sampler { vocab } else { vocab / n };
+        // a group's sampler holds its own vocab rows and the gathered vocabulary
+        let logits = match (rank.sampler, n > 1) {
+            (true, true) => vocab + vocab / n,
+            (true, false) => vocab,
+            (false, _) => vocab / n,
+        };
         // a prefill step may read back every row's logits (perplexity scores them)
         out.push(buffer(
             format!("r{r}.logits"),
@@ -249,7 +254,10 @@ fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -
         }
         None => (u64::from(model.ffn) / n, 0),
     };
-    3 * d + mixer + attn_out + 2 * ffn + moe
+    // a prefill product's inputs narrowed to f16 (half a value each) and a row-parallel
+    // product's partials per canonical reduction chunk (at most 8, `reduction_chunks`)
+    let products = (d.max(mixer).max(attn_out).max(ffn)).div_ceil(2) + 8 * d;
+    3 * d + mixer + attn_out + 2 * ffn + moe + products
 }
 
 /// f32 attention scores of one query row over the whole context, per head: attention takes a

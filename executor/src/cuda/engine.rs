@@ -120,7 +120,7 @@ impl Engine {
                 (map.ranks(plan, world.process()), Some(link))
             }
         };
-        let prompt = match prefill_rows(plan, options.world.is_none()) {
+        let prompt = match prefill_rows(plan) {
             Ok(rows) => PromptMode::Chunks(rows),
             Err(why) => PromptMode::TokenByToken(why),
         };

@@ -135,11 +135,12 @@ impl RankOps for CudaOps<'_> {
         self.event(event, t)?
             .record(&*self.stream(stream)?)
             .map_err(|e| anyhow!("recording `{event}`: {e:?}"))?;
-        self.crossings.recorded(self.ranks, event, t)
+        self.crossings
+            .recorded(self.ranks, event, t, self.rows.rows)
     }
 
     fn copy(&mut self, stream: &str, id: u32, t: u64) -> Result<()> {
-        if let Some(crossed) = self.crossings.copy(self.ranks, id, t) {
+        if let Some(crossed) = self.crossings.copy(self.ranks, id, t, self.rows.rows) {
             return crossed;
         }
         let s = self.stream(stream)?;

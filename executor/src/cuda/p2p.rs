@@ -17,7 +17,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::Comm;
-use memra_compiler::plan::{Boundary, Plan, Step};
+use memra_compiler::plan::{Boundary, Carries, Plan, Step};
 
 use super::nccl::shared_id;
 use super::rank::RankDevice;
@@ -134,8 +134,8 @@ impl Crossings {
     fn warm_up(&self, ranks: &[RankDevice]) -> Result<()> {
         for c in self.by_boundary.values() {
             match &c.end {
-                End::Send { rank, .. } => c.send(&ranks[*rank], 0)?,
-                End::Recv { rank } => c.recv(&ranks[*rank], 0)?,
+                End::Send { rank, .. } => c.send(&ranks[*rank], 0, 1)?,
+                End::Recv { rank } => c.recv(&ranks[*rank], 0, 1)?,
             }
         }
         for c in self.by_boundary.values() {
@@ -175,16 +175,22 @@ impl Crossings {
         })
     }
 
-    /// After the record of `event` at step `t`: the send of the slot the step wrote, when
-    /// `event` is the ready record of a boundary to another process.
-    pub(super) fn recorded(&self, ranks: &[RankDevice], event: &str, t: u64) -> Result<()> {
+    /// After the record of `event` at step `t` (of `rows` token rows): the send of the slot
+    /// the step wrote, when `event` is the ready record of a boundary to another process.
+    pub(super) fn recorded(
+        &self,
+        ranks: &[RankDevice],
+        event: &str,
+        t: u64,
+        rows: usize,
+    ) -> Result<()> {
         let Some(c) = self.of_event(event) else {
             return Ok(());
         };
         match &c.end {
             End::Send { rank, sent } if event == c.boundary.ready() => {
                 let slot = c.boundary.send_slot(t);
-                c.send(&ranks[*rank], slot)?;
+                c.send(&ranks[*rank], slot, rows)?;
                 sent[slot as usize]
                     .record(&c.comm.stream())
                     .map_err(|e| anyhow!("recording the send of `{event}`: {e:?}"))
@@ -193,13 +199,19 @@ impl Crossings {
         }
     }
 
-    /// The copy of `boundary` at step `t` when its sender runs in another process: `Some`
-    /// with the receive.
-    pub(super) fn copy(&self, ranks: &[RankDevice], boundary: u32, t: u64) -> Option<Result<()>> {
+    /// The copy of `boundary` at step `t` (of `rows` token rows) when its sender runs in
+    /// another process: `Some` with the receive.
+    pub(super) fn copy(
+        &self,
+        ranks: &[RankDevice],
+        boundary: u32,
+        t: u64,
+        rows: usize,
+    ) -> Option<Result<()>> {
         let c = self.by_boundary.get(&boundary)?;
         Some(match c.end {
             End::Recv { .. } if t < u64::from(c.boundary.lag) => Ok(()),
-            End::Recv { rank } => c.recv(&ranks[rank], c.boundary.recv_slot(t)),
+            End::Recv { rank } => c.recv(&ranks[rank], c.boundary.recv_slot(t), rows),
             End::Send { .. } => Err(anyhow!(
                 "boundary {boundary} is copied by its sender, across processes"
             )),
@@ -212,7 +224,8 @@ impl Crossings {
         for c in self.by_boundary.values() {
             if let End::Recv { rank } = c.end {
                 for t in 0..steps.min(u64::from(c.boundary.lag)) {
-                    c.recv(&ranks[rank], c.boundary.recv_slot(t))?;
+                    // a boundary with lag carries the one sampled token a step
+                    c.recv(&ranks[rank], c.boundary.recv_slot(t), 1)?;
                 }
             }
         }
@@ -221,9 +234,18 @@ impl Crossings {
 }
 
 impl Crossing {
-    fn send(&self, rank: &RankDevice, slot: u32) -> Result<()> {
-        // one process per GPU runs one token row a step (prefill::prefill_rows)
-        let span = rank.tx_slot(&self.boundary, slot, 1);
+    /// The rows of a step's slot the boundary carries: every token row of the hidden state,
+    /// the one sampled token.
+    fn rows(&self, rows: usize) -> usize {
+        if self.boundary.carries == Carries::Hidden {
+            rows
+        } else {
+            1
+        }
+    }
+
+    fn send(&self, rank: &RankDevice, slot: u32, rows: usize) -> Result<()> {
+        let span = rank.tx_slot(&self.boundary, slot, self.rows(rows));
         self.comm.send(&span, 1).map_err(|e| {
             anyhow!(
                 "cuda backend: nccl send of boundary {}: {e:?}",
@@ -232,8 +254,8 @@ impl Crossing {
         })
     }
 
-    fn recv(&self, rank: &RankDevice, slot: u32) -> Result<()> {
-        let mut span = rank.rx_slot(&self.boundary, slot, 1);
+    fn recv(&self, rank: &RankDevice, slot: u32, rows: usize) -> Result<()> {
+        let mut span = rank.rx_slot(&self.boundary, slot, self.rows(rows));
         self.comm.recv(&mut span, 0).map(|_| ()).map_err(|e| {
             anyhow!(
                 "cuda backend: nccl receive of boundary {}: {e:?}",

@@ -7,8 +7,8 @@
 //! row instead (the same choice on every rank, since the chunk length does not depend on the
 //! split). Attention writes every row's k and v to the cache first, then runs the decode
 //! attention kernel with a grid row per token row, each over its own causal prefix: those rows
-//! have the bits of the decode steps at their positions. Prefill covers dense GQA layers in
-//! one process; other plans run prompts token by token (`prefill_rows` says why).
+//! have the bits of the decode steps at their positions. Prefill covers dense GQA layers;
+//! other plans run prompts token by token (`prefill_rows` says why).
 
 use std::sync::Arc;
 
@@ -25,11 +25,8 @@ use super::span::Span;
 
 /// The token rows a step of `plan` may have on CUDA: the plan's prefill chunk, or why prompts
 /// run token by token.
-pub fn prefill_rows(plan: &Plan, one_process: bool) -> Result<u32, &'static str> {
+pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     let m = &plan.model;
-    if !one_process {
-        return Err("the cuda backend prefills in one process; with one process per GPU prompts run token by token");
-    }
     if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
         return Err("the cuda prefill attention keeps its scores in shared memory, up to 8192 positions of context");
     }
