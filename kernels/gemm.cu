@@ -10,9 +10,10 @@
 // tile: the same rows and weights give the same bits on any rank.
 //
 // A block computes a 64 x 128 tile (8 warps as 2 x 4, each 32 x 32: two m16 by four n8
-// mma tiles) over 32-deep k steps: the activations go to shared memory as they are, the weight
+// mma tiles) over 64-deep k steps: the activations go to shared memory as they are, the weight
 // rows are dequantized there to f16 (the value of memra_gguf::dequantize, rounded to f16), then
-// ldmatrix feeds the mma.sync.m16n8k16 products. Rows past m and weight rows past n read as
+// ldmatrix feeds the mma.sync.m16n8k16 products; the next step's loads and dequantization go
+// to registers while the products run. Rows past m and weight rows past n read as
 // zero and are not stored.
 //
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
@@ -25,11 +26,11 @@
 
 #define GEMM_BM 64
 #define GEMM_BN 128
-#define GEMM_BK 32
+#define GEMM_BK 64
 #define GEMM_THREADS 256
-// shared-memory row stride in halves: 32 values and 8 of padding keep ldmatrix's eight rows
+// shared-memory row stride in halves: 64 values and 8 of padding keep ldmatrix's eight rows
 // on distinct banks and every row 16-byte aligned
-#define GEMM_LD 40
+#define GEMM_LD 72
 
 // Each policy's load16: values k .. k + 15 (k a multiple of 16) of weight row r as f16.
 struct GemmF16 {
@@ -104,7 +105,6 @@ __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, in
                                          int chunks) {
     __shared__ __align__(16) u16 as[GEMM_BM * GEMM_LD];
     __shared__ __align__(16) u16 bs[GEMM_BN * GEMM_LD];
-    overlap_with_neighbours();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp / 4, wn = warp % 4;
     const int t0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
@@ -117,25 +117,38 @@ __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, in
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-    // the loads of one k step: thread i copies 8 activations of row i / 4 and dequantizes 16
-    // weights of row i / 2
-    const int ar = threadIdx.x / 4, ak = (threadIdx.x % 4) * 8;
-    const int br = threadIdx.x / 2, bk = (threadIdx.x % 2) * 16;
-    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
-        uint4 av = make_uint4(0, 0, 0, 0);
-        if (t0 + ar < m) av = *(const uint4*)(a + (size_t)(t0 + ar) * k + k0 + ak);
-        __align__(16) u16 wv[16];
+    // the loads of one k step: thread i copies 16 activations of row i / 4 and dequantizes 32
+    // weights of row i / 2, into registers while the previous step's products run
+    const int ar = threadIdx.x / 4, ak = (threadIdx.x % 4) * 16;
+    const int br = threadIdx.x / 2, bk = (threadIdx.x % 2) * 32;
+    uint4 av[2];
+    __align__(16) u16 wv[32];
+    const auto load = [&](int k0) {
+        av[0] = av[1] = make_uint4(0, 0, 0, 0);
+        if (t0 + ar < m) {
+            const uint4* p = (const uint4*)(a + (size_t)(t0 + ar) * k + k0 + ak);
+            av[0] = p[0];
+            av[1] = p[1];
+        }
         if (n0 + br < n) {
             P::load16(w, n, k, n0 + br, k0 + bk, wv);
+            P::load16(w, n, k, n0 + br, k0 + bk + 16, wv + 16);
         } else {
 #pragma unroll
-            for (int j = 0; j < 16; ++j) wv[j] = 0;
+            for (int j = 0; j < 32; ++j) wv[j] = 0;
         }
+    };
+    // the weights are constant: only the activations wait for the previous kernel
+    overlap_with_neighbours();
+    load(k_begin);
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
         __syncthreads();  // the previous step's fragments are read
-        *(uint4*)(as + ar * GEMM_LD + ak) = av;
-        *(uint4*)(bs + br * GEMM_LD + bk) = *(const uint4*)wv;
-        *(uint4*)(bs + br * GEMM_LD + bk + 8) = *(const uint4*)(wv + 8);
+        *(uint4*)(as + ar * GEMM_LD + ak) = av[0];
+        *(uint4*)(as + ar * GEMM_LD + ak + 8) = av[1];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) *(uint4*)(bs + br * GEMM_LD + bk + 8 * j) = *(const uint4*)(wv + 8 * j);
         __syncthreads();
+        if (k0 + GEMM_BK < k_end) load(k0 + GEMM_BK);
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
             u32 af[2][4], bf[2][4];

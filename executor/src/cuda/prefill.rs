@@ -3,7 +3,7 @@
 //! row-parallel product (attention output, FFN down) is computed per canonical reduction chunk
 //! and combined in the canonical tree, so a tensor-parallel rank's chunks are a subtree and the
 //! group's all-reduce completes the sum one rank computes: every plan's prefill gives the same
-//! bits. A weight whose chunks are not whole 32-value GEMM steps takes the decode matvec row by
+//! bits. A weight whose chunks are not whole 64-value GEMM steps takes the decode matvec row by
 //! row instead (the same choice on every rank, since the chunk length does not depend on the
 //! split). Attention writes every row's k and v to the cache first, then runs the decode
 //! attention kernel with a grid row per token row, each over its own causal prefix: those rows

@@ -13,7 +13,7 @@ use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
 const TILE_ROWS: usize = 64;
 const TILE_COLS: usize = 128;
 /// Reduction depth of one step (GEMM_BK): a chunk is a whole number of steps.
-pub const GEMM_DEPTH: usize = 32;
+pub const GEMM_DEPTH: usize = 64;
 
 impl CudaDevice {
     /// `y[z][t][n]` = chunk `z` of the product of f16 row `t` of `a` (`w.cols` values a row)
