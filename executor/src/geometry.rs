@@ -29,6 +29,15 @@ pub struct RankGeometry {
 }
 
 impl RankGeometry {
+    /// The index among the rank's `held` layers of plan layer `layer`.
+    pub fn layer_index(&self, layer: u32, held: usize) -> anyhow::Result<usize> {
+        layer
+            .checked_sub(self.first_layer)
+            .map(|i| i as usize)
+            .filter(|&i| i < held)
+            .ok_or_else(|| anyhow::anyhow!("layer {layer} is not held by this rank"))
+    }
+
     /// The geometry of `rank` in `plan`.
     pub fn of(plan: &Plan, rank: u32) -> RankGeometry {
         let r = plan.rank(rank).expect("invariant: a rank of the plan");

@@ -258,11 +258,7 @@ impl RankCompute {
 
     /// Runs one segment of layer `layer` at sequence position `pos`.
     pub fn segment(&mut self, layer: u32, segment: Segment, pos: u32) -> Result<()> {
-        let li = layer
-            .checked_sub(self.geo.first_layer)
-            .map(|i| i as usize)
-            .filter(|&i| i < self.layers.len())
-            .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
+        let li = self.geo.layer_index(layer, self.layers.len())?;
         let lw = &self.layers[li];
         let cache = &mut self.caches[li];
         let a = &mut self.act;

@@ -145,11 +145,7 @@ impl RankDevice {
         rows: usize,
         s: &Arc<CudaStream>,
     ) -> Result<()> {
-        let li = layer
-            .checked_sub(self.geo.first_layer)
-            .map(|i| i as usize)
-            .filter(|&i| i < self.layers.len())
-            .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
+        let li = self.geo.layer_index(layer, self.layers.len())?;
         let lw = &self.layers[li];
         let MixerWeights::Gqa(g) = &lw.mixer else {
             bail!(
@@ -185,25 +181,8 @@ impl RankDevice {
                 Ok(())
             }
             Segment::AttnCore => {
-                let pos = Span::of(&b.pos);
-                let rope = (self.geo.theta, self.geo.rope);
                 let att = Self::rows_of(&b.att, rows, lw.o.cols);
-                let mut scores = Span::of(&b.q).sub(0, 0);
-                let kv = self.kv[li]
-                    .as_mut()
-                    .ok_or_else(|| anyhow!("attn_core on layer {layer}, an MLA layer"))?;
-                dev.kv_store_rows(s, &k, &v, kv, &pos, rope)?;
-                dev.attention(
-                    s,
-                    &mut q.clone(),
-                    &k,
-                    &v,
-                    kv,
-                    &pos,
-                    rope,
-                    &mut scores,
-                    &mut att.clone(),
-                )
+                self.attend(li, [&q, &k, &v, &att], s)
             }
             Segment::AttnOut => {
                 let att = Self::rows_of(&b.att, rows, lw.o.cols);

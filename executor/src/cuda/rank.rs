@@ -654,6 +654,37 @@ impl RankDevice {
         }
     }
 
+    /// Attention of layer `li` over the token rows of `[q, k, v, out]` (rope, the cache write
+    /// and attention in one launch; with several rows every row's k and v go to the cache
+    /// first, so each row reads the rows before it as its decode step would).
+    pub(super) fn attend(
+        &mut self,
+        li: usize,
+        [q, k, v, out]: [&Span<f32>; 4],
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let pos = Span::of(&self.buf.pos);
+        let rope = (self.geo.theta, self.geo.rope);
+        let kv = self.kv[li]
+            .as_mut()
+            .ok_or_else(|| anyhow!("attention on a layer that is not a GQA layer"))?;
+        let several = k.len() > kv.n_kv_heads * kv.head_dim;
+        if several {
+            self.dev.kv_store_rows(s, k, v, kv, &pos, rope)?;
+        }
+        self.dev.attention(
+            s,
+            &mut q.clone(),
+            k,
+            v,
+            kv,
+            &pos,
+            rope,
+            &mut Span::of(&self.buf.scores),
+            &mut out.clone(),
+        )
+    }
+
     /// The final norm and the head's vocab rows.
     pub(super) fn head_weights(&self) -> Result<(&DeviceBuffer<f32>, &DeviceWeight)> {
         let (norm, rows) = self
@@ -685,11 +716,7 @@ impl RankDevice {
     }
 
     fn segment(&mut self, layer: u32, seg: Segment, s: &Arc<CudaStream>) -> Result<()> {
-        let li = layer
-            .checked_sub(self.geo.first_layer)
-            .map(|i| i as usize)
-            .filter(|&i| i < self.layers.len())
-            .ok_or_else(|| anyhow!("layer {layer} is not held by this rank"))?;
+        let li = self.geo.layer_index(layer, self.layers.len())?;
         let lw = &self.layers[li];
         let b = &self.buf;
         let dev = &self.dev;
@@ -802,22 +829,8 @@ impl RankDevice {
             Segment::AttnCore => {
                 // rope here rather than in AttnPre: it is fused with the cache write and the
                 // attention that reads it, and q and k are read by nothing else
-                let pos = Span::of(&b.pos);
-                let kv = self.kv[li]
-                    .as_mut()
-                    .ok_or_else(|| anyhow!("attn_core on layer {layer}, not a GQA layer"))?;
                 let att = Span::of(&b.att).sub(0, lw.o.cols);
-                dev.attention(
-                    s,
-                    &mut q.clone(),
-                    &k,
-                    &v,
-                    kv,
-                    &pos,
-                    (self.geo.theta, self.geo.rope),
-                    &mut Span::of(&b.scores),
-                    &mut att.clone(),
-                )
+                self.attend(li, [&q, &k, &v, &att], s)
             }
             Segment::AttnOut => {
                 let att = Span::of(&b.att).sub(0, lw.o.cols);
