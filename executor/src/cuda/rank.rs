@@ -32,6 +32,7 @@ use super::matvec::Norm;
 use super::mla::{MlaState, MlaWeights};
 use super::moe::{FfnWeights, MoeState};
 use super::ops::{DeviceKv, DeviceWeight};
+use super::rows::FLASH_HEAD_DIMS;
 use super::span::Span;
 use crate::geometry::RankGeometry;
 use crate::program::Work;
@@ -654,9 +655,11 @@ impl RankDevice {
         }
     }
 
-    /// Attention of layer `li` over the token rows of `[q, k, v, out]` (rope, the cache write
-    /// and attention in one launch; with several rows every row's k and v go to the cache
-    /// first, so each row reads the rows before it as its decode step would).
+    /// Attention of layer `li` over the token rows of `[q, k, v, out]`: one row by the decode
+    /// kernel (rope, the cache write and attention in one launch); several rows write every
+    /// row's k and v to the cache first, then attend on the tensor cores (head dims of
+    /// `FLASH_HEAD_DIMS`) or by the decode kernel with a grid row per token row (each row
+    /// with its decode step's bits).
     pub(super) fn attend(
         &mut self,
         li: usize,
@@ -668,9 +671,14 @@ impl RankDevice {
         let kv = self.kv[li]
             .as_mut()
             .ok_or_else(|| anyhow!("attention on a layer that is not a GQA layer"))?;
-        let several = k.len() > kv.n_kv_heads * kv.head_dim;
-        if several {
+        let rows = k.len() / (kv.n_kv_heads * kv.head_dim);
+        if rows > 1 {
             self.dev.kv_store_rows(s, k, v, kv, &pos, rope)?;
+            if FLASH_HEAD_DIMS.contains(&kv.head_dim) {
+                return self
+                    .dev
+                    .flash_attention(s, q, kv, &pos, rows, rope, &mut out.clone());
+            }
         }
         self.dev.attention(
             s,

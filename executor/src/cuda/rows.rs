@@ -1,7 +1,8 @@
 //! Launch helpers of the kernels over a prefill step's token rows (kernels/gemm.cu): the
 //! tensor-core product of f16 activation rows with a weight in any dtype, per reduction chunk,
-//! and the small row kernels around it (narrowing to f16, the SiLU gate, bias rows, the cache
-//! write of every row before attention reads them).
+//! the small row kernels around it (narrowing to f16, the SiLU gate, bias rows, the cache
+//! write of every row before attention reads them), and causal attention of the rows on the
+//! tensor cores (kernels/flash.cu).
 
 use anyhow::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
@@ -143,6 +144,67 @@ impl CudaDevice {
         self.launch(stream, "kv_store_rows_f16", cfg, |l| {
             l.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&pp);
             l.arg(&nkv).arg(&hdi).arg(&cap).arg(&theta_scale).arg(&neox);
+        })
+    }
+}
+
+/// Head dimensions the tensor-core attention takes (`flash_attention_hd*`).
+pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Query rows of one block of it (FA_ROWS in kernels/flash.cu).
+const FLASH_ROWS: usize = 64;
+
+impl CudaDevice {
+    /// Causal attention of the `rows` token rows of `q` (whole heads of `kv.head_dim`, one of
+    /// `FLASH_HEAD_DIMS`; row `r` at position `pos[0] + r`, rotated here as `attention`
+    /// rotates it) over the cache `kv_store_rows` wrote, scale `1 / sqrt(head_dim)`, into
+    /// `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attention(
+        &self,
+        stream: &CudaStream,
+        q: &impl DevicePtr<f32>,
+        kv: &DeviceKv,
+        pos: &impl DevicePtr<u32>,
+        rows: usize,
+        rope: (f32, RopeStyle),
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let hd = kv.head_dim;
+        assert!(
+            FLASH_HEAD_DIMS.contains(&hd),
+            "flash_attention: head_dim {hd} is not one of {FLASH_HEAD_DIMS:?}"
+        );
+        let n_heads = q.len() / (rows.max(1) * hd);
+        assert!(
+            rows > 0
+                && q.len() == rows * n_heads * hd
+                && out.len() == q.len()
+                && n_heads.is_multiple_of(kv.n_kv_heads)
+                && !pos.is_empty(),
+            "flash_attention: q and out must hold {rows} rows of whole heads grouping over the kv heads"
+        );
+        let (theta, style) = rope;
+        // the host computes the angle step as `attention` does
+        let theta_scale = theta.powf(-2.0 / hd as f32);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let neox = i32::from(style == RopeStyle::Neox);
+        let (qp, kc, vc, op, pp) = (
+            ptr(stream, q),
+            ptr(stream, &kv.k),
+            ptr(stream, &kv.v),
+            ptr_mut(stream, out),
+            ptr(stream, pos),
+        );
+        let (m, nh, nkv) = (int(rows), int(n_heads), int(kv.n_kv_heads));
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(FLASH_ROWS) as u32, n_heads as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = format!("flash_attention_hd{hd}");
+        self.launch(stream, &name, cfg, |l| {
+            l.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&pp);
+            l.arg(&m).arg(&nh).arg(&nkv).arg(&scale).arg(&theta_scale).arg(&neox);
         })
     }
 }

@@ -1,8 +1,9 @@
 //! The prefill kernels over token rows: the tensor-core product against an f64 reference of
 //! the values it multiplies (activations and dequantized weights narrowed to f16), per dtype
 //! and at awkward sizes; the tensor-parallel property of its chunks (the chunks of a column
-//! half are bit for bit the full product's chunks); and a prefill step's attention rows bit for
-//! bit against the decode steps at the same positions (outputs and cache).
+//! half are bit for bit the full product's chunks); a prefill step's attention rows bit for
+//! bit against the decode steps at the same positions (outputs and cache); and the
+//! tensor-core attention of the rows against those rows.
 
 use anyhow::Result;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
@@ -31,6 +32,63 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for (n_heads, n_kv, hd, p0, rows) in [(4, 2, 64, 5, 9), (8, 8, 128, 0, 70), (6, 2, 96, 31, 3)] {
         attention_rows(cx, n_heads, n_kv, hd, p0, rows)?;
     }
+    for (n_heads, n_kv, hd, p0, rows) in [
+        (8, 2, 128, 0, 70),
+        (4, 4, 64, 37, 130),
+        (6, 2, 128, 200, 17),
+        (2, 1, 64, 0, 1),
+    ] {
+        flash_rows(cx, n_heads, n_kv, hd, p0, rows)?;
+    }
+    Ok(())
+}
+
+/// `flash_attention` of `rows` rows from position `p0` (a prefix of random cache rows before
+/// them) against the decode kernel's rows over the same cache: relative to the largest output.
+fn flash_rows(
+    cx: &mut Ctx,
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    p0: usize,
+    rows: usize,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (row, qrow) = (n_kv * hd, n_heads * hd);
+    let rope = (10000.0, RopeStyle::Normal);
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, p0 + rows + 5)?;
+    let mut pd = dev.alloc::<u32>(s, 1)?;
+    if p0 > 0 {
+        let (k, v) = (random(&mut cx.rng, p0 * row, 2.0), random(&mut cx.rng, p0 * row, 1.0));
+        let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
+        dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, rope)?;
+    }
+    dev.write(s, &[p0 as u32], &mut pd)?;
+    let q = random(&mut cx.rng, rows * qrow, 1.0);
+    let (k, v) = (random(&mut cx.rng, rows * row, 2.0), random(&mut cx.rng, rows * row, 1.0));
+    let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
+    dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, rope)?;
+    let qd = dev.upload(s, &q)?;
+    let mut fast = dev.upload(s, &vec![f32::NAN; rows * qrow])?;
+    dev.flash_attention(s, &qd, &kv, &pd, rows, rope, &mut fast)?;
+    let mut qc = dev.upload(s, &q)?;
+    let mut want = dev.alloc::<f32>(s, rows * qrow)?;
+    let mut scores = dev.alloc::<f32>(s, 0)?;
+    dev.attention(s, &mut qc, &kd, &vd, &mut kv, &pd, rope, &mut scores, &mut want)?;
+    let (got, want) = (dev.download(s, &fast)?, dev.download(s, &want)?);
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| f64::from((a - b).abs() / scale))
+        .fold(0f64, |m, e| if e.is_nan() || m.is_nan() { f64::NAN } else { m.max(e) });
+    cx.report.tol(
+        "flash_attention",
+        format!("{rows} rows from {p0}, h={n_heads} kv={n_kv} hd={hd}"),
+        err,
+        4e-3,
+        "rel max",
+    );
     Ok(())
 }
 
