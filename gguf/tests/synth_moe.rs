@@ -377,18 +377,18 @@ fn tiny_glm5_next_has_llama_cpp_tensors_and_keys() {
     assert_eq!(t("blk.3.hc_ffn_scale.weight"), (vec![3], GgmlType::F32));
     // KDA: ssm_a is 1-d; the low-rank gates stay unquantized
     assert_eq!(t("blk.0.ssm_a"), (vec![4], GgmlType::F32));
-    assert_eq!(t("blk.0.ssm_f_b.weight"), (vec![32, 128], GgmlType::F16));
+    assert_eq!(t("blk.0.ssm_f_b.weight"), (vec![32, 128], GgmlType::F32));
     assert_eq!(t("blk.0.attn_q.weight"), (vec![256, 128], GgmlType::Q8_0));
     // nope MLA with q-LoRA: the latent projection has no rope part
     assert_eq!(t("blk.1.attn_q_b.weight"), (vec![128, 256], GgmlType::Q8_0));
     assert_eq!(
         t("blk.1.attn_kv_a_mqa.weight"),
-        (vec![256, 128], GgmlType::F16)
+        (vec![256, 128], GgmlType::F32)
     );
     // the indexer and its k-pool compressor
     assert_eq!(
         t("blk.1.indexer.attn_q_b.weight"),
-        (vec![128, 64], GgmlType::F16)
+        (vec![128, 64], GgmlType::F32)
     );
     assert_eq!(
         t("blk.1.indexer_compressor_ape.weight"),

@@ -126,6 +126,8 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
             None => read_yarn(&keys)?,
         },
         kda,
+        dsa: None,
+        mhc: None,
         tensors: Vec::new(),
         fingerprint: fnv1a(&text, 0),
     };
@@ -149,6 +151,7 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
         groups_used: 1,
         norm_weights: true,
         weights_scale: 1.0,
+        clamp: None,
     };
     let moe = match architecture {
         Architecture::Mixtral => plain(
@@ -259,6 +262,8 @@ fn read_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
         head_dim: lin.u32("head_dim")?,
         conv_kernel,
         attention_layers,
+        gate_lower_bound: None,
+        l2_eps: None,
     })
 }
 

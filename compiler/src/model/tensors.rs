@@ -10,6 +10,19 @@ fn rule_for(suffix: &str) -> Option<ShardRule> {
         "attn_norm" | "ffn_norm" | "attn_q_norm" | "attn_k_norm" | "attn_q_a_norm"
         | "attn_kv_a_norm" | "attn_q_a" | "attn_kv_a_mqa" | "ffn_gate_inp" | "exp_probs_b"
         | "ssm_f_a" | "ssm_g_a" | "ssm_norm" => ShardRule::Replicated,
+        // mHC mixing and the DSA indexer: every rank computes them whole
+        "hc_attn_fn"
+        | "hc_attn_base"
+        | "hc_attn_scale"
+        | "hc_ffn_fn"
+        | "hc_ffn_base"
+        | "hc_ffn_scale"
+        | "indexer.k_norm"
+        | "indexer.proj"
+        | "indexer.attn_k"
+        | "indexer.attn_q_b"
+        | "indexer_compressor_gate"
+        | "indexer_compressor_ape" => ShardRule::Replicated,
         "attn_q" | "attn_k" | "attn_v" | "attn_q_b" | "ffn_gate" | "ffn_up" | "ffn_gate_shexp"
         | "ffn_up_shexp" => ShardRule::Rows,
         // KDA: every per-channel or per-head tensor is cut with its heads
@@ -60,10 +73,19 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
         };
         t("attn_norm.weight", vec![d]);
         t("ffn_norm.weight", vec![d]);
+        if let Some(m) = &meta.mhc {
+            let streams = u64::from(m.streams);
+            let mix = (2 + streams) * streams;
+            for which in ["attn", "ffn"] {
+                t(&format!("hc_{which}_fn.weight"), vec![mix, streams * d]);
+                t(&format!("hc_{which}_base.weight"), vec![mix]);
+                t(&format!("hc_{which}_scale.weight"), vec![3]);
+            }
+        }
         let kind = meta.layer_kind(layer);
         match (kind.mixer, &meta.mla) {
             (Mixer::Kda, _) => kda_tensors(meta, &mut t),
-            (Mixer::Mla, Some(mla)) => {
+            (Mixer::Mla | Mixer::Dsa, Some(mla)) => {
                 let (ql, kvl) = (u64::from(mla.q_lora_rank), u64::from(mla.kv_lora_rank));
                 let (nope, rope) = (
                     u64::from(mla.qk_nope_head_dim),
@@ -83,6 +105,19 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
                 t("attn_k_b.weight", vec![h, kvl, nope]);
                 t("attn_v_b.weight", vec![h, v, kvl]);
                 t("attn_output.weight", vec![d, h * v]);
+                if let (Mixer::Dsa, Some(x)) = (kind.mixer, &meta.dsa) {
+                    let (ih, id) = (u64::from(x.heads), u64::from(x.head_dim));
+                    t("indexer.k_norm.weight", vec![id]);
+                    t("indexer.k_norm.bias", vec![id]);
+                    t("indexer.proj.weight", vec![ih, d]);
+                    t("indexer.attn_k.weight", vec![id, d]);
+                    t("indexer.attn_q_b.weight", vec![ih * id, ql]);
+                    t("indexer_compressor_gate.weight", vec![id, d]);
+                    t(
+                        "indexer_compressor_ape.weight",
+                        vec![u64::from(x.kpool), id],
+                    );
+                }
             }
             _ => {
                 t("attn_q.weight", vec![h * hd, d]);

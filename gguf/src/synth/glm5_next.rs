@@ -3,8 +3,9 @@
 //! mHC residual streams, one leading dense FFN, then MoE layers with a shared expert, sigmoid
 //! routing with the selection bias and clamped SwiGLU. Keys and tensors are the ones
 //! llama.cpp's converter writes; the tensors llama.cpp's quantizer leaves unquantized for
-//! glm5-next (indexer, KDA low-rank gates, MLA latent projections) stay F16 in a quantized
-//! file, and the mHC, compressor, `ssm_a`, `ssm_dt` and `exp_probs_b` tensors are F32.
+//! glm5-next (indexer, KDA low-rank gates, MLA latent projections) stay F32 in a quantized
+//! file (a file quantized from an F32 conversion), and the mHC, compressor, `ssm_a`, `ssm_dt`
+//! and `exp_probs_b` tensors are F32.
 
 use super::deepseek2::Gating;
 use super::emit::{keyed, Spec};
@@ -130,11 +131,13 @@ impl Glm5NextShape {
     }
 }
 
-/// The type of the tensors llama.cpp's quantizer leaves alone for glm5-next: F16 under a
-/// block-quantized model dtype (quantized from an F16 file), the model dtype otherwise.
+/// The type of the tensors llama.cpp's quantizer leaves alone for glm5-next: F32 under a
+/// block-quantized model dtype (quantized from an F32 file, so no product of the model mixes
+/// f16-rounded activations, which ggml makes and memra does not, into 8-bit ones), the model
+/// dtype otherwise.
 fn exact(dtype: GgmlType) -> GgmlType {
     match dtype.block_size() > 1 {
-        true => GgmlType::F16,
+        true => GgmlType::F32,
         false => dtype,
     }
 }
