@@ -52,7 +52,7 @@ fn synthetic(name: &str) -> LoadedPlan {
     .unwrap()
 }
 
-const PLANS: [&str; 22] = [
+const PLANS: [&str; 24] = [
     "tiny-qwen3moe",
     "tiny-qwen3moe-tp2",
     "tiny-qwen3moe-tp4",
@@ -74,6 +74,8 @@ const PLANS: [&str; 22] = [
     "tiny-kimi-linear-mla-eager",
     "tiny-glm5-next",
     "tiny-glm5-next-tp2",
+    "tiny-glm5-next-tp4",
+    "tiny-glm5-next-ep2",
     "tiny-glm5-next-pp2",
 ];
 
@@ -176,6 +178,16 @@ fn kimi_linear_pp2_is_bit_identical() {
 #[test]
 fn glm5_next_tp2_is_bit_identical() {
     assert_gate_passes("tiny-glm5-next-tp2", "tiny-glm5-next");
+}
+
+#[test]
+fn glm5_next_tp4_is_bit_identical() {
+    assert_gate_passes("tiny-glm5-next-tp4", "tiny-glm5-next");
+}
+
+#[test]
+fn glm5_next_ep2_is_bit_identical() {
+    assert_gate_passes("tiny-glm5-next-ep2", "tiny-glm5-next");
 }
 
 #[test]

@@ -355,3 +355,32 @@ fn unnormalized_expert_weights_are_caught() {
         moe(m).norm_weights = false
     });
 }
+
+#[test]
+fn glm5_next_without_its_swiglu_clamp_is_caught() {
+    assert_caught("tiny-glm5-next-f32", "no SwiGLU clamp", |m| {
+        moe(m).clamp = None
+    });
+}
+
+#[test]
+fn glm5_next_with_the_softplus_decay_is_caught() {
+    assert_caught("tiny-glm5-next-f32", "softplus decay", |m| {
+        m.kda.as_mut().unwrap().gate_lower_bound = None
+    });
+}
+
+#[test]
+fn glm5_next_with_one_sinkhorn_iteration_is_caught() {
+    assert_caught("tiny-glm5-next-f32", "one Sinkhorn iteration", |m| {
+        m.mhc.as_mut().unwrap().sinkhorn_iters = 1
+    });
+}
+
+#[test]
+fn glm5_next_with_dense_attention_is_caught() {
+    // every complete pool selected: attention over every position, as plain MLA
+    assert_caught("tiny-glm5-next-f32", "dense attention", |m| {
+        m.dsa.as_mut().unwrap().top_k = 4096
+    });
+}
