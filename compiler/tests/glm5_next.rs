@@ -3,7 +3,7 @@
 //! indexer, mHC, clamp and bounded-decay facts, NextN blocks left out as llama.cpp leaves
 //! them for plain decoding, and clear errors for what memra does not run.
 
-use memra_compiler::model::{read_gguf, Dtype, Mixer, ModelMeta};
+use memra_compiler::model::{read_config, read_gguf, Dtype, Mixer, ModelMeta};
 use memra_compiler::plan::{ClampSummary, DsaSummary, FfnKind, Gating, MhcSummary};
 use memra_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use std::path::{Path, PathBuf};
@@ -164,6 +164,84 @@ fn what_memra_does_not_run_is_refused_by_name() {
     for (i, (key, value, want)) in cases.into_iter().enumerate() {
         let out = rewritten(&format!("refused-{i}"), &[(key, value)]);
         let err = format!("{:#}", read_gguf(&out).unwrap_err());
+        assert!(err.ends_with(want), "{err}");
+    }
+}
+
+/// The tiny model's hyperparameters as GLM-5.3-Flash's config.json spells them (the language
+/// model's keys in `text_config`).
+const TINY_CONFIG: &str = r#"{"model_type": "glm5_next", "text_config": {"hidden_size": 256,
+  "intermediate_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 4,
+  "num_attention_heads": 4, "n_routed_experts": 8, "num_experts_per_tok": 2,
+  "n_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+  "norm_topk_prob": true, "swiglu_limit": 2.0, "q_lora_rank": 128, "kv_lora_rank": 128,
+  "qk_nope_head_dim": 64, "qk_rope_head_dim": 0, "v_head_dim": 64, "mla_use_nope": true,
+  "vocab_size": 256, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+  "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+  "linear_attn_config": {"num_heads": 4, "head_dim": 32, "short_conv_kernel_size": 4,
+    "gate_lower_bound": -1.0},
+  "index_n_heads": 2, "index_head_dim": 32, "index_topk": 8, "index_kpool": 4,
+  "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6}}"#;
+
+fn config(tag: &str, text: &str) -> anyhow::Result<ModelMeta> {
+    let path = scratch(&format!("{tag}.json"));
+    std::fs::write(&path, text).unwrap();
+    read_config(&path, Dtype::Q8_0)
+}
+
+#[test]
+fn config_json_gives_the_gguf_facts() {
+    let from_gguf = read(&tiny_gguf("facts"));
+    let from_config = config("facts", TINY_CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(from_config.kda, from_gguf.kda);
+    assert_eq!(from_config.mla, from_gguf.mla);
+    assert_eq!(from_config.moe, from_gguf.moe);
+    assert_eq!(from_config.dsa, from_gguf.dsa);
+    assert_eq!(from_config.mhc, from_gguf.mhc);
+    assert_eq!(
+        (
+            from_config.layers,
+            from_config.kv_heads,
+            from_config.head_dim
+        ),
+        (from_gguf.layers, from_gguf.kv_heads, from_gguf.head_dim)
+    );
+    let shapes = |m: &ModelMeta| -> Vec<(String, Vec<u64>)> {
+        m.tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect()
+    };
+    assert_eq!(shapes(&from_config), shapes(&from_gguf));
+    // the converter's f32 tensors stay f32 under a quantized placement dtype
+    let hc = from_config
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.0.hc_attn_fn.weight")
+        .unwrap();
+    assert_eq!(hc.dtype, Dtype::F32);
+}
+
+#[test]
+fn config_json_refuses_what_memra_does_not_run() {
+    let cases = [
+        ("\"hc_mult\": 4", "\"hc_mult\": 2", "key `text_config.hc_mult` must be 4"),
+        (
+            "\"index_kpool\": 4",
+            "\"index_kpool\": 4, \"indexer_types\": [\"full\", \"shared\", \"full\", \"full\"]",
+            "key `text_config.indexer_types` must be an array of \"full\" (memra runs full indexers only)",
+        ),
+        (
+            "\"qk_rope_head_dim\": 0",
+            "\"qk_rope_head_dim\": 64",
+            "key `text_config.qk_rope_head_dim` must be 0 (glm5-next's MLA is nope-only)",
+        ),
+    ];
+    for (i, (from, to, want)) in cases.into_iter().enumerate() {
+        let err = format!(
+            "{:#}",
+            config(&format!("bad-{i}"), &TINY_CONFIG.replace(from, to)).unwrap_err()
+        );
         assert!(err.ends_with(want), "{err}");
     }
 }

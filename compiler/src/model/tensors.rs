@@ -205,16 +205,19 @@ pub fn tensor_meta(name: &str, dtype: Dtype, shape: Vec<u64>) -> Option<TensorMe
     })
 }
 
-/// Synthesize the tensor list of a config.json model: norms, biases, routers and KDA's
-/// convolutions in f32 (ggml's convolution reads only f32), matrices in `dtype`, and q8_0 for
+/// Synthesize the tensor list of a config.json model: norms, biases, routers, KDA's
+/// convolutions and glm5-next's mHC and compressor tensors in f32 (ggml's convolution reads only f32), matrices in `dtype`, and q8_0 for
 /// the short per-head rows that do not fill its blocks (MLA's per-head matrices and KDA's
 /// low-rank gates under a k-quant), as llama.cpp's quantizer falls back.
 pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
     let mut tensors: Vec<TensorMeta> = expected(meta)
         .into_iter()
         .map(|(name, shape)| {
-            let small =
-                shape.len() == 1 || name.contains("ffn_gate_inp") || name.contains("ssm_conv1d_");
+            // glm5-next's converter keeps the mHC and k-pool compressor tensors in f32 too
+            let small = shape.len() == 1
+                || ["ffn_gate_inp", "ssm_conv1d_", ".hc_", "indexer_compressor_"]
+                    .iter()
+                    .any(|s| name.contains(s));
             // per-head rows (MLA's k/v up-projections, KDA's low-rank gates) are short
             // (128); where they do not fill a k-quant block, llama.cpp's quantizer falls back
             let short = ["attn_k_b", "attn_v_b", "ssm_f_b", "ssm_g_b"]
