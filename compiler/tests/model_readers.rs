@@ -231,7 +231,7 @@ fn unknown_architectures_and_missing_keys_are_named() {
     let path = scratch("gpt2.gguf");
     std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
     let err = read_error(&path);
-    assert!(err.ends_with("architecture `gpt2` is not supported; supported: llama, qwen2, qwen3, qwen3moe, mixtral, deepseek2, kimi-linear"), "{err}");
+    assert!(err.ends_with("architecture `gpt2` is not supported; supported: llama, qwen2, qwen3, qwen3moe, mixtral, deepseek2, kimi-linear, glm5-next"), "{err}");
 
     let mut w = GgufWriter::new();
     w.add("general.architecture", Value::Str("llama".into()))

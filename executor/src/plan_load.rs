@@ -13,13 +13,14 @@ use memra_gguf::progress::{Progress, Unit};
 use memra_gguf::GgufFile;
 
 /// Architectures whose decode the CPU executor implements.
-const RUNNABLE_ARCHITECTURES: [&str; 6] = [
+const RUNNABLE_ARCHITECTURES: [&str; 7] = [
     "llama",
     "qwen2",
     "qwen3",
     "qwen3moe",
     "deepseek2",
     "kimi-linear",
+    "glm5-next",
 ];
 
 /// A verified plan and the model file it was compiled for.

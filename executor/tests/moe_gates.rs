@@ -2,15 +2,16 @@
 //! tiny-qwen3moe (GQA + softmax-routed experts), tiny-deepseek2 (MLA + sigmoid, grouped
 //! routing with a selection bias, shared experts and a leading dense layer) and
 //! tiny-kimi-linear (KDA layers with their convolution windows and recurrent states between
-//! MLA layers, + MoE) models gives logits bit-identical to the model's 1-rank plan, in both
+//! MLA layers, + MoE) and tiny-glm5-next (KDA and MLA over the DSA indexer's selection in
+//! mHC streams, + clamped MoE) models gives logits bit-identical to the model's 1-rank plan, in both
 //! arms: tensor parallelism (heads and experts split, kv heads copied where ranks outnumber
 //! them, KDA heads split with their state), expert parallelism (attention replicated, experts
 //! split), pipeline cuts. The committed plans are checked against a fresh
 //! compile, since the compiler's golden test cannot write the synthetic models. The cpu runs
 //! qwen3moe and deepseek2 prompts as prefill steps, so these gates hold every plan's prefill
 //! logits to the 1-rank plan's; prefill gives the bits of token-by-token decoding, and a
-//! prompt cut into chunks of 4 the bits of one chunk in every plan. kimi-linear prompts run
-//! token by token (no batched KDA segments yet), with the reason.
+//! prompt cut into chunks of 4 the bits of one chunk in every plan. kimi-linear and glm5-next
+//! prompts run token by token (no batched KDA segments yet), with the reason.
 
 mod common;
 
@@ -29,8 +30,9 @@ const GENERATED: usize = 10;
 
 /// The synthetic models of the gates: (plan name prefix, memra-synth shape, seed), longest
 /// prefix first; the seeds are the oracle's.
-const MODELS: [(&str, &str, u64); 4] = [
+const MODELS: [(&str, &str, u64); 5] = [
     ("tiny-kimi-linear", "tiny-kimi-linear", 16),
+    ("tiny-glm5-next", "tiny-glm5-next", 8),
     ("tiny-qwen3moe", "tiny-qwen3moe", 9),
     ("tiny-deepseek2-lite", "tiny-deepseek2-lite", 8),
     ("tiny-deepseek2", "tiny-deepseek2", 9),
@@ -50,7 +52,7 @@ fn synthetic(name: &str) -> LoadedPlan {
     .unwrap()
 }
 
-const PLANS: [&str; 19] = [
+const PLANS: [&str; 24] = [
     "tiny-qwen3moe",
     "tiny-qwen3moe-tp2",
     "tiny-qwen3moe-tp4",
@@ -70,6 +72,11 @@ const PLANS: [&str; 19] = [
     "tiny-kimi-linear-pp2",
     "tiny-kimi-linear-ep2",
     "tiny-kimi-linear-mla-eager",
+    "tiny-glm5-next",
+    "tiny-glm5-next-tp2",
+    "tiny-glm5-next-tp4",
+    "tiny-glm5-next-ep2",
+    "tiny-glm5-next-pp2",
 ];
 
 #[test]
@@ -168,6 +175,26 @@ fn kimi_linear_pp2_is_bit_identical() {
     assert_gate_passes("tiny-kimi-linear-pp2", "tiny-kimi-linear");
 }
 
+#[test]
+fn glm5_next_tp2_is_bit_identical() {
+    assert_gate_passes("tiny-glm5-next-tp2", "tiny-glm5-next");
+}
+
+#[test]
+fn glm5_next_tp4_is_bit_identical() {
+    assert_gate_passes("tiny-glm5-next-tp4", "tiny-glm5-next");
+}
+
+#[test]
+fn glm5_next_ep2_is_bit_identical() {
+    assert_gate_passes("tiny-glm5-next-ep2", "tiny-glm5-next");
+}
+
+#[test]
+fn glm5_next_pp2_is_bit_identical() {
+    assert_gate_passes("tiny-glm5-next-pp2", "tiny-glm5-next");
+}
+
 /// The f32 tiny-deepseek2 model in one rank and in `devices`: with q8_0 weights a last-bit
 /// change of the residual rarely survives the 8-bit activations, with f32 weights it does.
 fn f32_plan(name: &str, devices: &str, runtime: &str) -> LoadedPlan {
@@ -239,7 +266,9 @@ fn moe_and_mla_prefill_gives_the_bits_of_token_by_token_decoding() {
 
 #[test]
 fn moe_and_mla_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
-    for name in PLANS.iter().filter(|n| !n.starts_with("tiny-kimi-linear")) {
+    let batched =
+        |n: &&&str| !n.starts_with("tiny-kimi-linear") && !n.starts_with("tiny-glm5-next");
+    for name in PLANS.iter().filter(batched) {
         let reference = MODELS
             .iter()
             .map(|m| m.0)
@@ -268,9 +297,11 @@ fn moe_and_mla_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
 }
 
 #[test]
-fn kimi_linear_prompts_run_token_by_token_with_the_reason() {
-    match mode(&synthetic("tiny-kimi-linear")) {
-        PromptMode::TokenByToken(why) => assert!(why.contains("kda"), "{why}"),
-        other => panic!("tiny-kimi-linear: {other:?}"),
+fn kimi_linear_and_glm5_next_prompts_run_token_by_token_with_the_reason() {
+    for name in ["tiny-kimi-linear", "tiny-glm5-next"] {
+        match mode(&synthetic(name)) {
+            PromptMode::TokenByToken(why) => assert!(why.contains("kda"), "{why}"),
+            other => panic!("{name}: {other:?}"),
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The qwen3moe, deepseek2 and kimi-linear synthetic shapes: each tiny shape writes a file whose metadata
+//! The qwen3moe, deepseek2, kimi-linear and glm5-next synthetic shapes: each tiny shape writes a file whose metadata
 //! and tensor list (names, GGUF dims, storage types, in file order) are the ones llama.cpp
 //! reads, written out here independently of the generator; depth cuts keep the leading dense
 //! layers; and shape lookup lists every architecture's names.
@@ -281,12 +281,13 @@ fn model_lookup_covers_every_architecture() {
         e,
         "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
          llama8b-tp2-rank, tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
-         deepseek-v3, tiny-kimi-linear"
+         deepseek-v3, tiny-kimi-linear, tiny-glm5-next"
     );
     let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();
     assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
     assert_eq!(archs.iter().filter(|a| **a == "deepseek2").count(), 4);
     assert_eq!(archs.iter().filter(|a| **a == "kimi-linear").count(), 1);
+    assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 1);
     assert_eq!(
         synth::model("tiny").unwrap(),
         synth::Model::Llama(synth::shape("tiny").unwrap())
@@ -335,5 +336,65 @@ fn tiny_kimi_linear_has_llama_cpp_kda_tensors_and_keys() {
         (vec![64, 256, 4], GgmlType::Q8_0)
     );
     assert!(f.tensor("blk.1.ssm_a").is_none() && f.tensor("blk.1.attn_k.weight").is_none());
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn tiny_glm5_next_has_llama_cpp_tensors_and_keys() {
+    let (f, p) = write("tiny-glm5-next", GgmlType::Q8_0, None);
+    assert_eq!(f.architecture().unwrap(), "glm5-next");
+    let u = |k: &str| f.get_u32(&format!("glm5-next.{k}")).unwrap();
+    let kv: Vec<i128> = f
+        .get_array("glm5-next.attention.head_count_kv")
+        .unwrap()
+        .iter()
+        .map(|v| v.as_int().unwrap())
+        .collect();
+    assert_eq!(kv, [0, 1, 0, 1]);
+    assert_eq!(
+        [
+            u("attention.indexer.head_count"),
+            u("attention.indexer.key_length"),
+            u("attention.indexer.top_k"),
+            u("attention.indexer.kpool"),
+        ],
+        [2, 32, 8, 4]
+    );
+    assert_eq!(
+        [u("hyper_connection.count"), u("rope.dimension_count")],
+        [4, 0]
+    );
+    let t = |name: &str| {
+        let t = f.tensor(name).unwrap_or_else(|| panic!("{name}"));
+        (t.dims.clone(), t.dtype)
+    };
+    // mHC: fn {hc*n_embd, (2+hc)*hc}, base {(2+hc)*hc}, scale {3}, all F32
+    assert_eq!(
+        t("blk.0.hc_attn_fn.weight"),
+        (vec![1024, 24], GgmlType::F32)
+    );
+    assert_eq!(t("blk.3.hc_ffn_base.weight"), (vec![24], GgmlType::F32));
+    assert_eq!(t("blk.3.hc_ffn_scale.weight"), (vec![3], GgmlType::F32));
+    // KDA: ssm_a is 1-d; the low-rank gates stay unquantized
+    assert_eq!(t("blk.0.ssm_a"), (vec![4], GgmlType::F32));
+    assert_eq!(t("blk.0.ssm_f_b.weight"), (vec![32, 128], GgmlType::F32));
+    assert_eq!(t("blk.0.attn_q.weight"), (vec![256, 128], GgmlType::Q8_0));
+    // nope MLA with q-LoRA: the latent projection has no rope part
+    assert_eq!(t("blk.1.attn_q_b.weight"), (vec![128, 256], GgmlType::Q8_0));
+    assert_eq!(
+        t("blk.1.attn_kv_a_mqa.weight"),
+        (vec![256, 128], GgmlType::F32)
+    );
+    // the indexer and its k-pool compressor
+    assert_eq!(
+        t("blk.1.indexer.attn_q_b.weight"),
+        (vec![128, 64], GgmlType::F32)
+    );
+    assert_eq!(
+        t("blk.1.indexer_compressor_ape.weight"),
+        (vec![32, 4], GgmlType::F32)
+    );
+    assert_eq!(t("blk.1.indexer.k_norm.bias"), (vec![32], GgmlType::F32));
+    assert!(f.tensor("blk.0.indexer.proj.weight").is_none() && f.tensor("blk.1.ssm_a").is_none());
     let _ = std::fs::remove_file(p);
 }

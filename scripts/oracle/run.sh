@@ -23,10 +23,14 @@ mkdir -p testdata/oracle
 # activation flip of q8_0 (see executor/tests/oracle.rs), so 25 of 40 seeds part from
 # llama.cpp's q8_0 greedy path at a near tie within 48 steps; seed 16 is one of those that
 # keep it (margins 0.0085 / 0.0036 / 0.0066 logits in f32 / f16 / q8_0); in f32 all 40 seeds
-# agree on every token, within 3.7e-6
+# agree on every token, within 3.7e-6. tiny-glm5-next: seed 8 (margins 0.0361 / 0.0334 /
+# 0.0035); seed 2 had the widest margin, but in f16 and q8_0 its DSA indexer meets near ties
+# between the second- and third-best pool at three steps, where the 16-bit or 8-bit
+# activations pick the other pool (that step's logits move by up to 0.46; the next step
+# selects alike again and every token stays equal); seed 8 meets none in 48 steps
 ENTRIES=("$@")
 if [ ${#ENTRIES[@]} -eq 0 ]; then
-    ENTRIES=(tiny-qwen3moe:9 tiny-deepseek2:9 tiny-deepseek2-lite:8 tiny-kimi-linear:16)
+    ENTRIES=(tiny-qwen3moe:9 tiny-deepseek2:9 tiny-deepseek2-lite:8 tiny-kimi-linear:16 tiny-glm5-next:8)
 fi
 for entry in "${ENTRIES[@]}"; do
     shape=${entry%:*}

@@ -3,13 +3,15 @@
 
 use super::tensors::synthesize;
 use super::{exact, fnv1a, Architecture, Dtype, ModelMeta};
-use crate::plan::{Gating, KdaSummary, MlaSummary, MoeSummary, YarnSummary};
+use crate::plan::{
+    ClampSummary, DsaSummary, Gating, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
+};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
 
 /// HF `model_type` spellings and the architecture each maps to.
-const MODEL_TYPES: [(&str, Architecture); 8] = [
+const MODEL_TYPES: [(&str, Architecture); 9] = [
     ("llama", Architecture::Llama),
     ("qwen2", Architecture::Qwen2),
     ("qwen3", Architecture::Qwen3),
@@ -18,6 +20,7 @@ const MODEL_TYPES: [(&str, Architecture); 8] = [
     ("deepseek_v2", Architecture::Deepseek2),
     ("deepseek_v3", Architecture::Deepseek2),
     ("kimi_linear", Architecture::KimiLinear),
+    ("glm5_next", Architecture::Glm5Next),
 ];
 
 /// Read a config.json; weights are assumed to be stored in `dtype`.
@@ -40,12 +43,12 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     let obj = json
         .as_object()
         .ok_or_else(|| anyhow!("{}: expected a json object at the top", path.display()))?;
-    let keys = Keys {
+    let top = Keys {
         obj,
         path,
         prefix: String::new(),
     };
-    let model_type = keys.str("model_type")?;
+    let model_type = top.str("model_type")?;
     let architecture = MODEL_TYPES
         .iter()
         .find(|(name, _)| *name == model_type)
@@ -58,6 +61,19 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
                 names.join(", ")
             )
         })?;
+    // GLM-5.3-Flash's multimodal config keeps the language model's keys in `text_config`
+    let language = match architecture {
+        Architecture::Glm5Next => top.opt_object("text_config")?,
+        _ => None,
+    };
+    let keys = match language {
+        Some(text) => text,
+        None => Keys {
+            obj,
+            path,
+            prefix: String::new(),
+        },
+    };
     let embedding = keys.u32("hidden_size")?;
     let heads = keys.u32("num_attention_heads")?;
     let kv_heads = keys.opt_u32("num_key_value_heads")?.unwrap_or(heads);
@@ -82,12 +98,18 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
             v_head_dim: keys.u32("v_head_dim")?,
             rope: false,
         }),
+        Architecture::Glm5Next => Some(read_glm5_mla(&keys)?),
         _ => None,
     };
     let layers = keys.u32("num_hidden_layers")?;
     let kda = match architecture {
         Architecture::KimiLinear => Some(read_kda(&keys, layers, heads)?),
+        Architecture::Glm5Next => Some(read_glm5_kda(&keys, layers, heads)?),
         _ => None,
+    };
+    let (dsa, mhc) = match architecture {
+        Architecture::Glm5Next => (Some(read_dsa(&keys, layers)?), Some(read_mhc(&keys)?)),
+        _ => (None, None),
     };
     let head_dim = match &mla {
         Some(mla) => mla.qk_nope_head_dim + mla.qk_rope_head_dim,
@@ -126,6 +148,8 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
             None => read_yarn(&keys)?,
         },
         kda,
+        dsa,
+        mhc,
         tensors: Vec::new(),
         fingerprint: fnv1a(&text, 0),
     };
@@ -149,6 +173,7 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
         groups_used: 1,
         norm_weights: true,
         weights_scale: 1.0,
+        clamp: None,
     };
     let moe = match architecture {
         Architecture::Mixtral => plain(
@@ -216,9 +241,136 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
                 ..plain(keys.u32("num_experts")?, top_k, expert_ffn)
             }
         }
+        // GLM5-Next: DeepSeek's names, sigmoid routing with the selection bias, clamped SwiGLU
+        Architecture::Glm5Next => {
+            let expert_ffn = keys.u32("moe_intermediate_size")?;
+            let limit = keys.opt_f32("swiglu_limit")?.map(exact);
+            MoeSummary {
+                shared_expert_ffn: keys.opt_u32("n_shared_experts")?.unwrap_or(0) * expert_ffn,
+                dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
+                gating: Gating::Sigmoid,
+                probs_bias: true,
+                norm_weights: keys.opt_bool("norm_topk_prob")?.unwrap_or(false),
+                weights_scale: exact(keys.opt_f32("routed_scaling_factor")?.unwrap_or(1.0)),
+                clamp: limit.map(|l| ClampSummary {
+                    experts: l,
+                    shared: l,
+                }),
+                ..plain(
+                    keys.u32("n_routed_experts")?,
+                    keys.u32("num_experts_per_tok")?,
+                    expert_ffn,
+                )
+            }
+        }
         _ => return Ok(None),
     };
     Ok(Some(moe))
+}
+
+/// GLM5-Next's MLA: q-LoRA, no rope (`mla_use_nope`, `qk_rope_head_dim` 0).
+fn read_glm5_mla(keys: &Keys) -> Result<MlaSummary> {
+    if keys.opt_u32("qk_rope_head_dim")? != Some(0) {
+        return Err(keys.wrong("qk_rope_head_dim", "0 (glm5-next's MLA is nope-only)"));
+    }
+    Ok(MlaSummary {
+        q_lora_rank: keys.u32("q_lora_rank")?,
+        kv_lora_rank: keys.u32("kv_lora_rank")?,
+        qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
+        qk_rope_head_dim: 0,
+        v_head_dim: keys.u32("v_head_dim")?,
+        rope: false,
+    })
+}
+
+/// GLM5-Next's KDA facts: `layer_types` marks the `linear_attention` layers; the others are
+/// attention layers. `linear_attn_config` gives the head width, the taps and the optional
+/// decay bound; q and k are L2-normed with FLA's epsilon (1e-6), as llama.cpp's graph does.
+fn read_glm5_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
+    let allowed = format!("an array of {layers} layer types (\"linear_attention\" or another)");
+    let types = keys
+        .opt("layer_types", &allowed, Value::as_array)?
+        .ok_or_else(|| keys.missing("layer_types"))?;
+    if types.len() != layers as usize {
+        return Err(keys.wrong("layer_types", &allowed));
+    }
+    let mut attention_layers = Vec::new();
+    for (l, t) in types.iter().enumerate() {
+        match t.as_str() {
+            Some("linear_attention") => {}
+            Some(_) => attention_layers.push(l as u32),
+            None => return Err(keys.wrong("layer_types", &allowed)),
+        }
+    }
+    let lin = keys
+        .opt_object("linear_attn_config")?
+        .ok_or_else(|| keys.missing("linear_attn_config"))?;
+    if lin.opt_u32("num_heads")?.is_some_and(|n| n != heads) {
+        return Err(lin.wrong(
+            "num_heads",
+            &format!("num_attention_heads ({heads}), as llama.cpp reads glm5-next"),
+        ));
+    }
+    let conv_kernel = lin.u32("short_conv_kernel_size")?;
+    if conv_kernel < 2 {
+        return Err(lin.wrong("short_conv_kernel_size", "an integer of at least 2"));
+    }
+    Ok(KdaSummary {
+        head_dim: lin.u32("head_dim")?,
+        conv_kernel,
+        attention_layers,
+        gate_lower_bound: lin
+            .opt("gate_lower_bound", "a number", |v| {
+                v.as_f64().filter(|x| x.is_finite())
+            })?
+            .map(|b| exact(b as f32)),
+        l2_eps: Some(exact(1e-6)),
+    })
+}
+
+/// GLM5-Next's DSA indexer (`index_*`); as from a GGUF, shared-indexer layers are refused.
+fn read_dsa(keys: &Keys, layers: u32) -> Result<DsaSummary> {
+    let (kpool, top_k) = (keys.u32("index_kpool")?, keys.u32("index_topk")?);
+    if kpool < 2 || top_k < kpool || !top_k.is_multiple_of(kpool) {
+        return Err(keys.wrong(
+            "index_kpool",
+            &format!("at least 2 and a divisor of index_topk ({top_k})"),
+        ));
+    }
+    let full = "an array of \"full\" (memra runs full indexers only)";
+    if let Some(types) = keys.opt("indexer_types", full, Value::as_array)? {
+        if types
+            .iter()
+            .take(layers as usize)
+            .any(|t| t.as_str() != Some("full"))
+        {
+            return Err(keys.wrong("indexer_types", full));
+        }
+    }
+    Ok(DsaSummary {
+        heads: keys.u32("index_n_heads")?,
+        head_dim: keys.u32("index_head_dim")?,
+        top_k,
+        kpool,
+        select_tail: keys
+            .opt_bool("index_kpool_always_select_tail")?
+            .unwrap_or(true),
+        // the converter writes this layer-norm epsilon for every glm5-next file
+        norm_eps: exact(1e-6),
+    })
+}
+
+/// GLM5-Next's mHC (`hc_mult` must be 4, as llama.cpp requires).
+fn read_mhc(keys: &Keys) -> Result<MhcSummary> {
+    let streams = keys.u32("hc_mult")?;
+    if streams != 4 {
+        return Err(keys.wrong("hc_mult", "4"));
+    }
+    Ok(MhcSummary {
+        streams,
+        sinkhorn_iters: keys.u32("hc_sinkhorn_iters")?,
+        eps: exact(keys.f32("hc_eps")?),
+    })
 }
 
 /// Kimi's `linear_attn_config`: the KDA head size and convolution taps, and the full-attention
@@ -259,6 +411,8 @@ fn read_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
         head_dim: lin.u32("head_dim")?,
         conv_kernel,
         attention_layers,
+        gate_lower_bound: None,
+        l2_eps: None,
     })
 }
 

@@ -3,10 +3,12 @@
 //! bytes are never read.
 
 use super::tensors::{classify, expected, sort_tensors, tensor_meta};
-use super::{exact, Architecture, Dtype, ModelMeta};
-use crate::plan::{Gating, KdaSummary, MlaSummary, MoeSummary, YarnSummary};
+use super::{exact, Architecture, Dtype, ModelMeta, TensorSite};
+use crate::plan::{
+    ClampSummary, DsaSummary, Gating, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
+};
 use anyhow::{anyhow, bail, Result};
-use memra_gguf::GgufFile;
+use memra_gguf::{GgufFile, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -44,6 +46,24 @@ impl Keys<'_> {
             false => Ok(None),
         }
     }
+    /// An f32 key that may also be an array with one value per block, all equal.
+    fn opt_f32_uniform(&self, k: &str, path: &Path) -> Result<Option<f32>> {
+        if !self.has(k) {
+            return Ok(None);
+        }
+        let key = self.key(k);
+        let Ok(values) = self.file.get_array(&key) else {
+            return self.file.get_f32(&key).map(Some);
+        };
+        let values: Vec<Option<f64>> = values.iter().map(|v| v.as_float()).collect();
+        match values.first() {
+            Some(&Some(first)) if values.iter().all(|&v| v == Some(first)) => Ok(Some(first as f32)),
+            _ => bail!(
+                "{}: {key} must be one f32 or an array of one equal f32 per block; memra supports one limit for every layer",
+                path.display()
+            ),
+        }
+    }
 }
 
 /// Read a GGUF file's header into model metadata.
@@ -65,7 +85,18 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         arch: arch_name,
     };
     let embedding = keys.u32("embedding_length")?;
-    let layers = keys.u32("block_count")?;
+    let blocks = keys.u32("block_count")?;
+    // NextN (MTP) blocks follow the trunk; plain decoding never runs them
+    let nextn = keys.opt_u32("nextn_predict_layers")?.unwrap_or(0);
+    if nextn >= blocks {
+        bail!(
+            "{}: {} ({nextn}) must be below {} ({blocks})",
+            path.display(),
+            keys.key("nextn_predict_layers"),
+            keys.key("block_count")
+        );
+    }
+    let layers = blocks - nextn;
     let ffn = keys.u32("feed_forward_length")?;
     let context_length = keys.u32("context_length")?;
     let rms_eps = file.get_f32(&keys.key("attention.layer_norm_rms_epsilon"))?;
@@ -86,17 +117,37 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             .and_then(|v| u32::try_from(v).ok())
             .ok_or_else(|| anyhow!("{}: missing tensor `token_embd.weight`", path.display()))?,
     };
+    let glm5 = architecture == Architecture::Glm5Next;
     let kda = match architecture {
-        Architecture::KimiLinear => Some(read_kda(&keys, layers, path)?),
+        Architecture::KimiLinear | Architecture::Glm5Next => {
+            Some(read_kda(&keys, (layers, blocks), path)?)
+        }
         _ => None,
     };
     let mla = match architecture {
         Architecture::Deepseek2 => Some(read_mla(&keys, lite(layers, vocab), path)?),
-        Architecture::KimiLinear => Some(MlaSummary {
+        Architecture::KimiLinear | Architecture::Glm5Next => Some(MlaSummary {
             rope: false,
             ..read_mla(&keys, false, path)?
         }),
         _ => None,
+    };
+    if let (true, Some(m)) = (glm5, &mla) {
+        if m.qk_rope_head_dim != 0 {
+            bail!(
+                "{}: {} is {}; glm5-next's MLA is nope-only (0)",
+                path.display(),
+                keys.key("rope.dimension_count"),
+                m.qk_rope_head_dim
+            );
+        }
+    }
+    let (dsa, mhc) = match glm5 {
+        true => (
+            Some(read_dsa(&keys, layers, path)?),
+            Some(read_mhc(&keys, path)?),
+        ),
+        false => (None, None),
     };
     let moe = read_moe(&keys, architecture, (layers, vocab, ffn), path)?;
     let mut meta = ModelMeta {
@@ -130,11 +181,13 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         moe,
         mla,
         rope_yarn: match architecture {
-            // kimi-linear's MLA layers use no rope
-            Architecture::KimiLinear => None,
+            // kimi-linear's and glm5-next's MLA layers use no rope
+            Architecture::KimiLinear | Architecture::Glm5Next => None,
             _ => read_yarn(&keys, architecture, context_length)?,
         },
         kda,
+        dsa,
+        mhc,
         tensors: Vec::new(),
         fingerprint: crate::model::fnv1a(file.header_bytes(), 0),
     };
@@ -148,9 +201,10 @@ fn lite(layers: u32, vocab: u32) -> bool {
     matches!(layers, 26 | 27) || (layers == 48 && vocab == 128_256)
 }
 
-/// kimi-linear's KDA facts. Its converter marks each layer's mixer in the per-layer
-/// `attention.head_count_kv` array (0: KDA, nonzero: MLA), as llama.cpp reads it.
-fn read_kda(keys: &Keys, layers: u32, path: &Path) -> Result<KdaSummary> {
+/// kimi-linear's and glm5-next's KDA facts. The converter marks each block's mixer in the
+/// per-block `attention.head_count_kv` array (0: KDA, nonzero: MLA), as llama.cpp reads it;
+/// `(layers, blocks)` are the trunk layers and all blocks (NextN blocks included).
+fn read_kda(keys: &Keys, (layers, blocks): (u32, u32), path: &Path) -> Result<KdaSummary> {
     let key = keys.key("attention.head_count_kv");
     let per_layer = keys.file.get_array(&key).map_err(|_| {
         anyhow!(
@@ -158,15 +212,15 @@ fn read_kda(keys: &Keys, layers: u32, path: &Path) -> Result<KdaSummary> {
             path.display()
         )
     })?;
-    if per_layer.len() != layers as usize {
+    if per_layer.len() != blocks as usize {
         bail!(
-            "{}: {key} has {} entries; it must have one per layer ({layers})",
+            "{}: {key} has {} entries; it must have one per block ({blocks})",
             path.display(),
             per_layer.len()
         );
     }
     let mut attention_layers = Vec::new();
-    for (l, v) in per_layer.iter().enumerate() {
+    for (l, v) in per_layer.iter().enumerate().take(layers as usize) {
         match v.as_int() {
             Some(0) => {}
             Some(n) if n > 0 => attention_layers.push(l as u32),
@@ -190,6 +244,70 @@ fn read_kda(keys: &Keys, layers: u32, path: &Path) -> Result<KdaSummary> {
         head_dim,
         conv_kernel,
         attention_layers,
+        gate_lower_bound: keys.opt_f32("kda.gate_lower_bound")?.map(exact),
+        // glm5-next's graph L2-normalizes q and k with FLA's epsilon
+        l2_eps: (keys.arch == "glm5-next").then(|| exact(1e-6)),
+    })
+}
+
+/// glm5-next's DSA indexer facts. Every trunk layer must have a full indexer (an
+/// `attention.indexer.types` entry of false, a layer reusing the selection of the layer
+/// before, is refused by name).
+fn read_dsa(keys: &Keys, layers: u32, path: &Path) -> Result<DsaSummary> {
+    let kpool = keys.u32("attention.indexer.kpool")?;
+    let top_k = keys.u32("attention.indexer.top_k")?;
+    if kpool < 2 || top_k < kpool || !top_k.is_multiple_of(kpool) {
+        bail!(
+            "{}: {} ({kpool}) must be at least 2 and divide {} ({top_k})",
+            path.display(),
+            keys.key("attention.indexer.kpool"),
+            keys.key("attention.indexer.top_k")
+        );
+    }
+    let types = keys.key("attention.indexer.types");
+    if keys.file.metadata.contains_key(&types) {
+        let shared = keys
+            .file
+            .get_array(&types)?
+            .iter()
+            .take(layers as usize)
+            .position(|v| matches!(v, Value::Bool(false)) || v.as_int() == Some(0));
+        if let Some(l) = shared {
+            bail!(
+                "{}: {types}[{l}] is false (a layer sharing the indexer of the layer before); memra runs full indexers only",
+                path.display()
+            );
+        }
+    }
+    Ok(DsaSummary {
+        heads: keys.u32("attention.indexer.head_count")?,
+        head_dim: keys.u32("attention.indexer.key_length")?,
+        top_k,
+        kpool,
+        select_tail: keys
+            .opt_bool("attention.indexer.kpool_select_tail")?
+            .unwrap_or(false),
+        norm_eps: exact(
+            keys.opt_f32("attention.layer_norm_epsilon")?
+                .unwrap_or(1e-5),
+        ),
+    })
+}
+
+/// glm5-next's mHC facts; llama.cpp supports 4 streams only.
+fn read_mhc(keys: &Keys, path: &Path) -> Result<MhcSummary> {
+    let streams = keys.u32("hyper_connection.count")?;
+    if streams != 4 {
+        bail!(
+            "{}: {} is {streams}; supported: 4",
+            path.display(),
+            keys.key("hyper_connection.count")
+        );
+    }
+    Ok(MhcSummary {
+        streams,
+        sinkhorn_iters: keys.u32("hyper_connection.sinkhorn_iterations")?,
+        eps: exact(keys.file.get_f32(&keys.key("hyper_connection.epsilon"))?),
     })
 }
 
@@ -262,7 +380,8 @@ fn read_moe(
         .unwrap_or(ffn / top_k);
     let dense_layers = keys.opt_u32("leading_dense_block_count")?.unwrap_or(0);
     let kimi = arch == Architecture::KimiLinear;
-    let deepseek = arch == Architecture::Deepseek2 || kimi;
+    let glm5 = arch == Architecture::Glm5Next;
+    let deepseek = arch == Architecture::Deepseek2 || kimi || glm5;
     let glm_lite = !kimi && matches!(layers, 47 | 48) && vocab == 154_880;
     if kimi && !keys.has("expert_gating_func") {
         bail!(
@@ -272,7 +391,7 @@ fn read_moe(
         );
     }
     let gating = match (deepseek, keys.opt_u32("expert_gating_func")?) {
-        (true, None | Some(0)) if glm_lite => Gating::Sigmoid,
+        (true, None | Some(0)) if glm_lite || glm5 => Gating::Sigmoid,
         (false, _) | (true, None | Some(0 | 1)) => Gating::Softmax,
         (true, Some(2)) => Gating::Sigmoid,
         (true, Some(other)) => bail!(
@@ -302,6 +421,19 @@ fn read_moe(
         false => 0.0,
     };
     let probs_bias = format!("blk.{dense_layers}.exp_probs_b.bias");
+    let clamp = match glm5 {
+        true => {
+            let experts = keys.opt_f32_uniform("swiglu_clamp_exp", path)?;
+            let shared = keys
+                .opt_f32_uniform("swiglu_clamp_shexp", path)?
+                .or(experts);
+            // llama.cpp clamps only with a limit above 1e-6
+            let limit = |l: Option<f32>| l.filter(|&l| l > 1e-6).map_or(0.0, exact);
+            let (experts, shared) = (limit(experts), limit(shared));
+            (experts > 0.0 || shared > 0.0).then_some(ClampSummary { experts, shared })
+        }
+        false => None,
+    };
     Ok(Some(MoeSummary {
         experts,
         top_k,
@@ -309,7 +441,7 @@ fn read_moe(
         shared_expert_ffn: keys.opt_u32("expert_shared_count")?.unwrap_or(0) * expert_ffn,
         dense_layers,
         gating,
-        probs_bias: kimi || (deepseek && keys.file.tensor(&probs_bias).is_some()),
+        probs_bias: kimi || glm5 || (deepseek && keys.file.tensor(&probs_bias).is_some()),
         groups,
         groups_used,
         norm_weights: match deepseek && !kimi {
@@ -318,6 +450,7 @@ fn read_moe(
         },
         // llama.cpp scales only by a factor other than 0 and 1
         weights_scale: if scale == 0.0 { 1.0 } else { exact(scale) },
+        clamp,
     }))
 }
 
@@ -349,9 +482,16 @@ fn read_tensors(file: &GgufFile, meta: &ModelMeta, path: &Path) -> Result<Vec<su
     let expected: BTreeMap<String, Vec<u64>> = expected(meta).into_iter().collect();
     let mut tensors = Vec::new();
     for info in &file.tensors {
-        if classify(&info.name).is_none() {
-            // Tensors no op reads (rope frequency tables, say) are not loaded.
-            continue;
+        match classify(&info.name) {
+            // Tensors no op reads (rope frequency tables, say) are not loaded, nor are the
+            // NextN blocks' (numbered after the trunk, as llama.cpp skips them for decoding).
+            None => continue,
+            Some((TensorSite::Layer(l), _))
+                if l >= meta.layers && meta.architecture == Architecture::Glm5Next =>
+            {
+                continue
+            }
+            Some(_) => {}
         }
         let shape = crate::plan::logical_shape(&info.name, &info.dims);
         let want = expected.get(&info.name).ok_or_else(|| {

@@ -10,7 +10,9 @@ mod tensors;
 pub use config::read_config;
 pub use gguf::read_gguf;
 
-use crate::plan::{layer_kind, KdaSummary, MlaSummary, MoeSummary, YarnSummary};
+use crate::plan::{
+    layer_kind, DsaSummary, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
+};
 pub use crate::plan::{FfnKind, LayerKind, Mixer};
 
 /// Architectures the compiler can plan.
@@ -23,11 +25,12 @@ pub enum Architecture {
     Mixtral,
     Deepseek2,
     KimiLinear,
+    Glm5Next,
 }
 
 impl Architecture {
     /// Every supported architecture, for error messages.
-    pub const ALL: [Architecture; 7] = [
+    pub const ALL: [Architecture; 8] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
@@ -35,6 +38,7 @@ impl Architecture {
         Architecture::Mixtral,
         Architecture::Deepseek2,
         Architecture::KimiLinear,
+        Architecture::Glm5Next,
     ];
 
     /// The GGUF `general.architecture` spelling.
@@ -47,6 +51,7 @@ impl Architecture {
             Architecture::Mixtral => "mixtral",
             Architecture::Deepseek2 => "deepseek2",
             Architecture::KimiLinear => "kimi-linear",
+            Architecture::Glm5Next => "glm5-next",
         }
     }
 
@@ -201,6 +206,8 @@ pub struct ModelMeta {
     pub mla: Option<MlaSummary>,
     pub rope_yarn: Option<YarnSummary>,
     pub kda: Option<KdaSummary>,
+    pub dsa: Option<DsaSummary>,
+    pub mhc: Option<MhcSummary>,
     /// Sorted by site, then name.
     pub tensors: Vec<TensorMeta>,
     pub fingerprint: u64,
@@ -215,7 +222,7 @@ impl ModelMeta {
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
         layer_kind(
-            self.mla.is_some(),
+            (self.mla.is_some(), self.dsa.is_some()),
             self.kda.as_ref(),
             self.moe.as_ref(),
             layer,
@@ -243,14 +250,22 @@ impl ModelMeta {
             .count() as u32
     }
 
-    /// Bytes of K and V for one token of one layer at full width, in `kv` dtype.
+    /// Bytes of K and V for one token of one layer at full width, in `kv` dtype, plus the
+    /// DSA indexer's f32 row.
     pub fn kv_bytes_per_token_layer(&self, kv: Dtype) -> u64 {
         let elems = match &self.mla {
             // MLA caches the compressed latent plus the shared rope key.
             Some(mla) => u64::from(mla.kv_lora_rank + mla.qk_rope_head_dim),
             None => 2 * u64::from(self.kv_heads * self.head_dim),
         };
-        elems * kv.block_bytes() / kv.block_elems()
+        let indexer = self.dsa.as_ref().map_or(0, |d| 4 * d.cache_row());
+        elems * kv.block_bytes() / kv.block_elems() + indexer
+    }
+
+    /// Values of one token row of the residual: the embedding width times mHC's streams.
+    pub fn residual_width(&self) -> u64 {
+        let streams = self.mhc.as_ref().map_or(1, |m| m.streams);
+        u64::from(self.embedding) * u64::from(streams)
     }
 }
 

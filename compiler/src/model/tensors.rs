@@ -10,6 +10,19 @@ fn rule_for(suffix: &str) -> Option<ShardRule> {
         "attn_norm" | "ffn_norm" | "attn_q_norm" | "attn_k_norm" | "attn_q_a_norm"
         | "attn_kv_a_norm" | "attn_q_a" | "attn_kv_a_mqa" | "ffn_gate_inp" | "exp_probs_b"
         | "ssm_f_a" | "ssm_g_a" | "ssm_norm" => ShardRule::Replicated,
+        // mHC mixing and the DSA indexer: every rank computes them whole
+        "hc_attn_fn"
+        | "hc_attn_base"
+        | "hc_attn_scale"
+        | "hc_ffn_fn"
+        | "hc_ffn_base"
+        | "hc_ffn_scale"
+        | "indexer.k_norm"
+        | "indexer.proj"
+        | "indexer.attn_k"
+        | "indexer.attn_q_b"
+        | "indexer_compressor_gate"
+        | "indexer_compressor_ape" => ShardRule::Replicated,
         "attn_q" | "attn_k" | "attn_v" | "attn_q_b" | "ffn_gate" | "ffn_up" | "ffn_gate_shexp"
         | "ffn_up_shexp" => ShardRule::Rows,
         // KDA: every per-channel or per-head tensor is cut with its heads
@@ -60,10 +73,19 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
         };
         t("attn_norm.weight", vec![d]);
         t("ffn_norm.weight", vec![d]);
+        if let Some(m) = &meta.mhc {
+            let streams = u64::from(m.streams);
+            let mix = (2 + streams) * streams;
+            for which in ["attn", "ffn"] {
+                t(&format!("hc_{which}_fn.weight"), vec![mix, streams * d]);
+                t(&format!("hc_{which}_base.weight"), vec![mix]);
+                t(&format!("hc_{which}_scale.weight"), vec![3]);
+            }
+        }
         let kind = meta.layer_kind(layer);
         match (kind.mixer, &meta.mla) {
             (Mixer::Kda, _) => kda_tensors(meta, &mut t),
-            (Mixer::Mla, Some(mla)) => {
+            (Mixer::Mla | Mixer::Dsa, Some(mla)) => {
                 let (ql, kvl) = (u64::from(mla.q_lora_rank), u64::from(mla.kv_lora_rank));
                 let (nope, rope) = (
                     u64::from(mla.qk_nope_head_dim),
@@ -83,6 +105,19 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
                 t("attn_k_b.weight", vec![h, kvl, nope]);
                 t("attn_v_b.weight", vec![h, v, kvl]);
                 t("attn_output.weight", vec![d, h * v]);
+                if let (Mixer::Dsa, Some(x)) = (kind.mixer, &meta.dsa) {
+                    let (ih, id) = (u64::from(x.heads), u64::from(x.head_dim));
+                    t("indexer.k_norm.weight", vec![id]);
+                    t("indexer.k_norm.bias", vec![id]);
+                    t("indexer.proj.weight", vec![ih, d]);
+                    t("indexer.attn_k.weight", vec![id, d]);
+                    t("indexer.attn_q_b.weight", vec![ih * id, ql]);
+                    t("indexer_compressor_gate.weight", vec![id, d]);
+                    t(
+                        "indexer_compressor_ape.weight",
+                        vec![u64::from(x.kpool), id],
+                    );
+                }
             }
             _ => {
                 t("attn_q.weight", vec![h * hd, d]);
@@ -170,16 +205,19 @@ pub fn tensor_meta(name: &str, dtype: Dtype, shape: Vec<u64>) -> Option<TensorMe
     })
 }
 
-/// Synthesize the tensor list of a config.json model: norms, biases, routers and KDA's
-/// convolutions in f32 (ggml's convolution reads only f32), matrices in `dtype`, and q8_0 for
+/// Synthesize the tensor list of a config.json model: norms, biases, routers, KDA's
+/// convolutions and glm5-next's mHC and compressor tensors in f32 (ggml's convolution reads only f32), matrices in `dtype`, and q8_0 for
 /// the short per-head rows that do not fill its blocks (MLA's per-head matrices and KDA's
 /// low-rank gates under a k-quant), as llama.cpp's quantizer falls back.
 pub fn synthesize(meta: &ModelMeta, dtype: Dtype) -> Vec<TensorMeta> {
     let mut tensors: Vec<TensorMeta> = expected(meta)
         .into_iter()
         .map(|(name, shape)| {
-            let small =
-                shape.len() == 1 || name.contains("ffn_gate_inp") || name.contains("ssm_conv1d_");
+            // glm5-next's converter keeps the mHC and k-pool compressor tensors in f32 too
+            let small = shape.len() == 1
+                || ["ffn_gate_inp", "ssm_conv1d_", ".hc_", "indexer_compressor_"]
+                    .iter()
+                    .any(|s| name.contains(s));
             // per-head rows (MLA's k/v up-projections, KDA's low-rank gates) are short
             // (128); where they do not fill a k-quant block, llama.cpp's quantizer falls back
             let short = ["attn_k_b", "attn_v_b", "ssm_f_b", "ssm_g_b"]

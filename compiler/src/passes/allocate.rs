@@ -219,8 +219,9 @@ pub fn buffers(
 }
 
 /// f32 activations of one token row on one rank: the residual stream and norms, the mixer's
-/// inputs and outputs, the FFN's hidden widths and, for MoE, the router logits and one row per
-/// selected expert plus the shared experts' row (the all-reduce payload).
+/// inputs and outputs, the FFN's hidden widths, for MoE the router logits and one row per
+/// selected expert plus the shared experts' row (the all-reduce payload), mHC's other
+/// streams and mixing weights, and the DSA indexer's scores and selection.
 fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64 {
     let n = u64::from(rank.tp_degree);
     let d = u64::from(model.embedding);
@@ -257,7 +258,19 @@ fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -
     // a prefill product's inputs narrowed to f16 (half a value each) and a row-parallel
     // product's partials per canonical reduction chunk (at most 8, `reduction_chunks`)
     let products = (d.max(mixer).max(attn_out).max(ffn)).div_ceil(2) + 8 * d;
-    3 * d + mixer + attn_out + 2 * ffn + moe + products
+    // mHC: the other streams, the 24 mixes and the pre, post and combination weights
+    let mhc = model.mhc.as_ref().map_or(0, |m| {
+        let s = u64::from(m.streams);
+        (s - 1) * d + 2 * (2 + s) * s
+    });
+    // DSA: the indexer's queries, weights, key, gate and pooled key, every pool's score
+    // and the selected cells
+    let dsa = model.dsa.as_ref().map_or(0, |x| {
+        let (ih, id) = (u64::from(x.heads), u64::from(x.head_dim));
+        let pools = u64::from(placement.max_context) / u64::from(x.kpool);
+        ih * id + ih + 3 * id + pools + u64::from(x.top_k + x.kpool)
+    });
+    3 * d + mixer + attn_out + 2 * ffn + moe + mhc + dsa + products
 }
 
 /// f32 attention scores of one query row over the whole context, per head: attention takes a

@@ -6,14 +6,24 @@ use crate::model::{FfnKind, Mixer, ModelMeta};
 use crate::plan::Segment;
 
 /// The segments of `layer`, in order, for a one-rank run (no all-reduces): the layer
-/// schema's mixer, then its FFN.
+/// schema's mixer, then its FFN, each after its mHC mixing when the residual has streams.
 pub fn layer_segments(model: &ModelMeta, layer: u32) -> Vec<Segment> {
     let kind = model.layer_kind(layer);
-    let mut segs = match kind.mixer {
-        Mixer::Gqa => vec![Segment::AttnPre, Segment::AttnCore, Segment::AttnOut],
-        Mixer::Mla => vec![Segment::MlaPre, Segment::MlaCore, Segment::AttnOut],
-        Mixer::Kda => vec![Segment::KdaPre, Segment::KdaCore, Segment::AttnOut],
-    };
+    let mhc = model.mhc.is_some();
+    let mut segs = Vec::new();
+    if mhc {
+        segs.push(Segment::HcAttnPre);
+    }
+    segs.extend(match kind.mixer {
+        Mixer::Gqa => [Segment::AttnPre, Segment::AttnCore].as_slice(),
+        Mixer::Mla => &[Segment::MlaPre, Segment::MlaCore],
+        Mixer::Dsa => &[Segment::MlaPre, Segment::DsaSelect, Segment::MlaCore],
+        Mixer::Kda => &[Segment::KdaPre, Segment::KdaCore],
+    });
+    segs.push(Segment::AttnOut);
+    if mhc {
+        segs.push(Segment::HcFfnPre);
+    }
     match kind.ffn {
         FfnKind::Dense => segs.push(Segment::Ffn),
         FfnKind::Moe { shared } => {
@@ -32,6 +42,16 @@ pub fn segment_output(model: &ModelMeta, segment: Segment, heads: u32) -> (&'sta
     let d = u64::from(model.embedding);
     let heads = u64::from(heads);
     match segment {
+        // the sublayer's input: the streams weighted into one row
+        Segment::HcAttnPre | Segment::HcFfnPre => ("input", d),
+        Segment::DsaSelect => {
+            // the cells the token's softmax runs over
+            let x = model
+                .dsa
+                .as_ref()
+                .expect("invariant: dsa segments need dsa facts");
+            ("cells", u64::from(x.top_k + x.kpool - 1))
+        }
         Segment::AttnPre => {
             // a rank whose heads share kv heads with another rank holds a copy of them
             let kv = (u64::from(model.kv_heads) * heads / u64::from(model.heads)).max(1);
@@ -67,7 +87,7 @@ pub fn segment_output(model: &ModelMeta, segment: Segment, heads: u32) -> (&'sta
         | Segment::AllReduce
         | Segment::Ffn
         | Segment::MoeExperts
-        | Segment::MoeShared => ("hidden", d),
+        | Segment::MoeShared => ("hidden", model.residual_width()),
     }
 }
 
@@ -80,9 +100,8 @@ pub fn build(model: &ModelMeta) -> DecodeGraph {
         stream: StreamKind::Compute,
         eager: None,
     };
-    let d = u64::from(model.embedding);
     let mut prev = g.push(node(NodeKind::Embed));
-    let mut out = ("hidden", d);
+    let mut out = ("hidden", model.residual_width());
     for layer in 0..model.layers {
         for segment in layer_segments(model, layer) {
             let ix = g.push(node(NodeKind::Layer { layer, segment }));

@@ -164,6 +164,8 @@ fn summary(model: &ModelMeta, placement: &Placement, chunks: ReductionChunks) ->
         mla: model.mla.clone(),
         rope_yarn: model.rope_yarn.clone(),
         kda: model.kda.clone(),
+        dsa: model.dsa.clone(),
+        mhc: model.mhc.clone(),
     }
 }
 

@@ -12,7 +12,8 @@ use crate::plan::{Boundary, Carries, Transport, HIDDEN_SLOTS};
 
 /// Add boundaries and the readback to the sharded graph.
 pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placement: &Placement) {
-    let d = u64::from(model.embedding);
+    // the residual row: every mHC stream crosses the boundary
+    let d = model.residual_width();
     let mut pairs = Vec::new();
     for receiver in &topo.ranks {
         if receiver.stage == 0 {

@@ -54,7 +54,7 @@ pub fn shard(
             };
             let mut prev: Option<(NodeIndex, (&'static str, u64))> = None;
             let mut reduces = Vec::new();
-            let d = u64::from(model.embedding);
+            let d = model.residual_width();
             let heads = match placement.attention {
                 AttentionSplit::Heads => model.heads / tp,
                 AttentionSplit::Replicated => model.heads,

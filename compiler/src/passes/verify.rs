@@ -98,10 +98,11 @@ pub fn verify_graph(
                 DecodeGraph::label(to)
             ));
         }
-        if tensor.name == "hidden" && tensor.elems != u64::from(model.embedding) {
+        if tensor.name == "hidden" && tensor.elems != model.residual_width() {
             errors.push(format!(
                 "hidden state of {} elements, expected {}",
-                tensor.elems, model.embedding
+                tensor.elems,
+                model.residual_width()
             ));
         }
     }
@@ -291,8 +292,10 @@ fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, 
                     }
                     Op::Layers { segments, .. } => {
                         out.push(acc(act.clone(), true));
+                        // DSA's indexer rows live beside the latent rows
                         if segments.contains(&Segment::AttnCore)
                             || segments.contains(&Segment::MlaCore)
+                            || segments.contains(&Segment::DsaSelect)
                         {
                             out.push(acc(find(BufferKind::Kv, ".kv")?, true));
                         }

@@ -470,10 +470,14 @@ fn validate_capture(
                 (r, kinds.span(), field)
             }
             _ => {
+                let kinds: Vec<&str> = Mixer::ALL.iter().map(|m| m.name()).collect();
                 c.error(
                     entry.span(),
                     &format!("capture.eager[{i}]"),
-                    "give either `layers = [first, last]` or `kinds = [...]` (allowed kinds: gqa, mla, kda)",
+                    format!(
+                        "give either `layers = [first, last]` or `kinds = [...]` (allowed kinds: {})",
+                        kinds.join(", ")
+                    ),
                 );
                 continue;
             }

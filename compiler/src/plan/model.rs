@@ -1,7 +1,8 @@
 //! The model facts of a plan (`ModelSummary`) and the layer schema they imply: per layer a
-//! mixer (GQA, MLA or KDA linear attention) and an FFN (dense, or routed experts with or
-//! without shared experts), with the routing, MLA, KDA and YaRN facts an executor needs to run
-//! them.
+//! mixer (GQA, MLA, MLA over the DSA indexer's selection, or KDA linear attention) and an FFN
+//! (dense, or routed experts with or without shared experts), and model-wide the residual
+//! topology (one stream, or mHC's streams), with the routing, MLA, DSA, KDA, mHC and YaRN
+//! facts an executor needs to run them.
 
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +39,10 @@ pub struct ModelSummary {
     pub rope_yarn: Option<YarnSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kda: Option<KdaSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsa: Option<DsaSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mhc: Option<MhcSummary>,
 }
 
 /// Chunk counts of the canonical reduction order (see `reduction_chunks`).
@@ -71,6 +76,19 @@ pub struct MoeSummary {
     pub norm_weights: bool,
     /// Factor on the selected weights (1: none).
     pub weights_scale: f64,
+    /// SwiGLU clamp limits (glm5-next): `silu(min(gate, l)) * clamp(up, -l, l)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clamp: Option<ClampSummary>,
+}
+
+/// SwiGLU clamp limits, as llama.cpp applies them to glm5-next's FFNs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClampSummary {
+    /// The routed experts' limit.
+    pub experts: f64,
+    /// The shared experts' and the leading dense FFNs' limit.
+    pub shared: f64,
 }
 
 /// The token mixer of a layer.
@@ -83,11 +101,13 @@ pub enum Mixer {
     /// Kimi delta attention: a short causal convolution and a gated delta-rule recurrent
     /// state per head, no cache that grows with the context.
     Kda,
+    /// MLA without rope whose softmax runs over the cells the DSA indexer selects (glm5-next).
+    Dsa,
 }
 
 impl Mixer {
     /// Every mixer, for error messages.
-    pub const ALL: [Mixer; 3] = [Mixer::Gqa, Mixer::Mla, Mixer::Kda];
+    pub const ALL: [Mixer; 4] = [Mixer::Gqa, Mixer::Mla, Mixer::Kda, Mixer::Dsa];
 
     /// The name placements use (`[[capture.eager]] kinds`).
     pub fn name(self) -> &'static str {
@@ -95,6 +115,7 @@ impl Mixer {
             Mixer::Gqa => "gqa",
             Mixer::Mla => "mla",
             Mixer::Kda => "kda",
+            Mixer::Dsa => "dsa",
         }
     }
 }
@@ -116,17 +137,19 @@ pub struct LayerKind {
     pub ffn: FfnKind,
 }
 
-/// The schema rule: with KDA facts, KDA in every layer but the listed attention layers (MLA);
-/// otherwise MLA everywhere when the model has MLA facts; routed experts from layer
-/// `dense_layers` on when it has MoE facts, shared experts with them when their width is set.
+/// The schema rule: with KDA facts, KDA in every layer but the listed attention layers;
+/// attention layers are MLA when the model has MLA facts, MLA over the indexer's selection
+/// (DSA) when it has DSA facts too, GQA otherwise; routed experts from layer `dense_layers` on
+/// when it has MoE facts, shared experts with them when their width is set.
 pub fn layer_kind(
-    mla: bool,
+    (mla, dsa): (bool, bool),
     kda: Option<&KdaSummary>,
     moe: Option<&MoeSummary>,
     layer: u32,
 ) -> LayerKind {
     let mixer = match kda {
         Some(k) if !k.attention_layers.contains(&layer) => Mixer::Kda,
+        _ if mla && dsa => Mixer::Dsa,
         _ if mla => Mixer::Mla,
         _ => Mixer::Gqa,
     };
@@ -143,7 +166,7 @@ impl ModelSummary {
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
         layer_kind(
-            self.mla.is_some(),
+            (self.mla.is_some(), self.dsa.is_some()),
             self.kda.as_ref(),
             self.moe.as_ref(),
             layer,
@@ -199,6 +222,12 @@ pub struct KdaSummary {
     pub conv_kernel: u32,
     /// The layers that are full attention (MLA) instead of KDA, ascending.
     pub attention_layers: Vec<u32>,
+    /// glm5-next's bounded decay `g = lb * sigmoid(-a * x)` instead of `a * softplus(x)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_lower_bound: Option<f64>,
+    /// Epsilon of the q/k L2 norms when it is not the RMS epsilon (glm5-next: 1e-6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_eps: Option<f64>,
 }
 
 impl KdaSummary {
@@ -208,6 +237,42 @@ impl KdaSummary {
         let (h, d) = (u64::from(heads), u64::from(self.head_dim));
         3 * (u64::from(self.conv_kernel) - 1) * h * d + h * d * d
     }
+}
+
+/// The DSA indexer with k-pool compression (glm5-next): per token a key and a pool gate;
+/// every `kpool` consecutive tokens pool into one key (a softmax over the members per
+/// channel); the token's query scores the complete pools (`sum_h w_h relu(q_h . pool)`) and
+/// MLA attends to the members of the `top_k / kpool` best, plus, with `select_tail`, the
+/// tokens of the incomplete pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DsaSummary {
+    pub heads: u32,
+    pub head_dim: u32,
+    pub top_k: u32,
+    pub kpool: u32,
+    pub select_tail: bool,
+    /// Epsilon of the indexer key's layer norm.
+    pub norm_eps: f64,
+}
+
+impl DsaSummary {
+    /// f32 values the indexer caches per token: its key, its pool gate and the pooled key
+    /// (kept in the pool's last member's row).
+    pub fn cache_row(&self) -> u64 {
+        3 * u64::from(self.head_dim)
+    }
+}
+
+/// Manifold-constrained hyper-connections (glm5-next): the residual is `streams` rows of the
+/// embedding width; before each sublayer a learned, input-dependent map collapses them into
+/// its input, after it the output is spread back with a Sinkhorn-normalized mixing matrix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MhcSummary {
+    pub streams: u32,
+    pub sinkhorn_iters: u32,
+    pub eps: f64,
 }
 
 /// YaRN rope scaling, as llama.cpp applies it (`rope.scaling.*` keys).

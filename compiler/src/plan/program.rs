@@ -123,6 +123,14 @@ pub enum Segment {
     /// KDA: the gated delta rule over each head's recurrent state (updated in place), then the
     /// per-head RMS norm times the sigmoid output gate.
     KdaCore,
+    /// mHC before the mixer: the streams' mixing weights (pre, post, Sinkhorn-normalized
+    /// combination) and the mixer's input, the pre-weighted sum of the streams.
+    HcAttnPre,
+    /// mHC before the FFN, with the FFN's mixing weights.
+    HcFfnPre,
+    /// DSA: the indexer's key, gate and pooled keys into its cache, the pools' scores and the
+    /// cells the MLA softmax of this token runs over.
+    DsaSelect,
 }
 
 /// One entry of a run or island: model-level ops, or a layer range with its segments.
@@ -165,9 +173,12 @@ impl Segment {
             Segment::MlaCore => "mla_core",
             Segment::KdaPre => "kda_pre",
             Segment::KdaCore => "kda_core",
+            Segment::HcAttnPre => "hc_attn_pre",
+            Segment::HcFfnPre => "hc_ffn_pre",
+            Segment::DsaSelect => "dsa_select",
         }
     }
-    pub(super) const ALL: [Segment; 12] = [
+    pub(super) const ALL: [Segment; 15] = [
         Segment::AttnPre,
         Segment::AttnCore,
         Segment::AttnOut,
@@ -180,5 +191,8 @@ impl Segment {
         Segment::MlaCore,
         Segment::KdaPre,
         Segment::KdaCore,
+        Segment::HcAttnPre,
+        Segment::HcFfnPre,
+        Segment::DsaSelect,
     ];
 }

@@ -1,12 +1,13 @@
 //! A rank's compute state and its ops: embedding, the layer segments of every layer kind of
 //! the schema (GQA for llama, qwen2 with q/k/v biases, qwen3 and qwen3moe with per-head q/k
-//! norms; MLA for deepseek2; KDA and MLA for kimi-linear; dense or MoE FFNs, with shared experts), the vocab-parallel head
-//! and sampling. Everything here belongs to one rank: its weight shards, activations, caches of
+//! norms; MLA for deepseek2; KDA and MLA for kimi-linear; KDA and MLA over the DSA indexer's
+//! selection, in mHC streams, for glm5-next; dense or MoE FFNs, with shared experts), the
+//! vocab-parallel head and sampling. Everything here belongs to one rank: its weight shards, activations, caches of
 //! its layers, logits, token and received slots. The segment bodies live in `segments`.
 //!
 //! A step holds one token row (decode) or a prompt chunk's rows (prefill): every op works on
 //! all rows, each row computed as it would be alone, so prefill logits are decode's bits.
-//! KDA segments take one row (the engine runs kimi-linear prompts token by token).
+//! KDA and DSA segments take one row (the engine runs their models' prompts token by token).
 //!
 //! Row-parallel products (attention output, FFN down) and the routed experts leave a partial
 //! sum in `partial`; on a tensor-parallel rank the all-reduce adds the group's sum to the
@@ -21,9 +22,11 @@ use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::{reduction_chunks, Plan, Segment};
 
 use super::kernels::{
-    self, rms_norm, KdaState, KvCache, KvDtype, LatentCache, Pool, Router, Weight,
+    self, hc_mean, rms_norm, IndexerCache, KdaState, KvCache, KvDtype, LatentCache, Pool, Router,
+    Selection, Weight, STREAMS,
 };
 use super::layer::{FfnWeights, LayerWeights, MixerWeights};
+use super::mhc::{self, HcParams, HcState};
 use super::segments::{self, view, Activations, Cache, Ctx};
 use super::wire::Payload;
 use crate::geometry::RankGeometry;
@@ -47,6 +50,10 @@ pub struct RankCompute {
     router: Option<Router>,
     /// MLA's attention scale (YaRN's mscale squared over the head size).
     kq_scale: f32,
+    /// DSA's selection and the indexer key norm's epsilon.
+    dsa: Option<(Selection, f32)>,
+    /// mHC's Sinkhorn iterations and epsilon.
+    mhc: Option<HcParams>,
     embed: Option<Matrix>,
     head: Option<(Vec<f32>, HeadRows)>,
     geo: RankGeometry,
@@ -132,9 +139,14 @@ impl RankCompute {
                 MixerWeights::Mla(mla) => {
                     let kvl = mla.k_b.rows;
                     let rope = mla.kv_a.rows - kvl;
-                    Ok(Cache::Latent(LatentCache::new(
-                        kv_dtype, kvl, rope, capacity,
-                    )))
+                    let indexer = mla.indexer.as_ref().map(|x| {
+                        let id = x.k.rows;
+                        IndexerCache::new(id, x.ape.len() / id, capacity)
+                    });
+                    Ok(Cache::Latent(
+                        LatentCache::new(kv_dtype, kvl, rope, capacity),
+                        indexer,
+                    ))
                 }
                 MixerWeights::Kda(k) => Ok(Cache::Kda(
                     KdaState::new(k.heads(), k.head_dim(), k.taps),
@@ -144,16 +156,35 @@ impl RankCompute {
             .collect::<Result<Vec<_>>>()?;
         let router = m.moe.as_ref().map(Router::of);
         let d = m.embedding as usize;
+        let mhc = m.mhc.as_ref().map(|h| HcParams {
+            iters: h.sinkhorn_iters,
+            eps: h.eps as f32,
+        });
+        if m.mhc
+            .as_ref()
+            .is_some_and(|h| h.streams as usize != STREAMS)
+        {
+            bail!("model.mhc.streams must be {STREAMS} on the cpu");
+        }
+        let dsa = m.dsa.as_ref().map(|x| {
+            let how = Selection {
+                top_k: x.top_k as usize,
+                select_tail: x.select_tail,
+            };
+            (how, x.norm_eps as f32)
+        });
         let mut c = RankCompute {
             pool,
             layers,
             caches,
             router,
             kq_scale: mla_kq_scale(m.rope_yarn.as_ref(), hd),
+            dsa,
             embed,
             head,
             geo: RankGeometry::of(plan, rank),
-            hidden: m.embedding as usize,
+            hidden: d * if mhc.is_some() { STREAMS } else { 1 },
+            mhc,
             act: Activations::default(),
             token: 0,
             sampler: Sampler::new(sampler),
@@ -163,6 +194,9 @@ impl RankCompute {
         c.act.x = vec![0.0; d];
         c.act.xn = vec![0.0; d];
         c.act.partial = vec![0.0; d];
+        if c.mhc.is_some() {
+            c.act.hc = Some(HcState::default());
+        }
         if let Some((_, rows)) = &c.head {
             let n = match rows {
                 HeadRows::Own(m) => m.rows,
@@ -178,9 +212,12 @@ impl RankCompute {
         self.token
     }
 
-    /// The residual stream, every row.
+    /// The residual stream (mHC's streams), every row.
     pub fn hidden(&self) -> &[f32] {
-        &self.act.x
+        match &self.act.hc {
+            Some(hc) => &hc.streams,
+            None => &self.act.x,
+        }
     }
 
     /// The pending partial sum of the last row-parallel product.
@@ -226,8 +263,12 @@ impl RankCompute {
         {
             Some(Payload::Hidden(h)) if !h.is_empty() && h.len() % d == 0 => {
                 self.act.rows = h.len() / d;
-                self.act.x.clear();
-                self.act.x.extend_from_slice(h);
+                let x = match &mut self.act.hc {
+                    Some(hc) => &mut hc.streams,
+                    None => &mut self.act.x,
+                };
+                x.clear();
+                x.extend_from_slice(h);
                 Ok(())
             }
             _ => bail!(
@@ -253,6 +294,15 @@ impl RankCompute {
         for (row, &t) in self.act.x.chunks_exact_mut(d).zip(tokens) {
             kernels::embed_row(&view(e), t as usize, row);
         }
+        // mHC: every stream starts as the embedding
+        if let Some(hc) = &mut self.act.hc {
+            hc.streams.clear();
+            for row in self.act.x.chunks_exact(d) {
+                for _ in 0..STREAMS {
+                    hc.streams.extend_from_slice(row);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -269,7 +319,10 @@ impl RankCompute {
                 cache.capacity()
             );
         }
-        let batched = !matches!(segment, Segment::KdaPre | Segment::KdaCore);
+        let batched = !matches!(
+            segment,
+            Segment::KdaPre | Segment::KdaCore | Segment::DsaSelect
+        );
         if a.rows > 1 && !batched {
             bail!(
                 "segment `{}` takes one token row on the cpu, not {}",
@@ -292,8 +345,25 @@ impl RankCompute {
             (Segment::MlaPre, MixerWeights::Mla(m), ..) => {
                 segments::mla_pre(&c, &lw.attn_norm, m, a)
             }
-            (Segment::MlaCore, MixerWeights::Mla(m), _, Cache::Latent(lc)) => {
+            (Segment::MlaCore, MixerWeights::Mla(m), _, Cache::Latent(lc, _)) => {
                 segments::mla_core(&c, m, lc, self.kq_scale, a)
+            }
+            (Segment::DsaSelect, MixerWeights::Mla(m), _, Cache::Latent(_, Some(ic))) => {
+                let (how, eps) = self
+                    .dsa
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("dsa_select without model.dsa in the plan"))?;
+                segments::dsa_select(&c, m, ic, (how, *eps), a)?
+            }
+            (Segment::HcAttnPre | Segment::HcFfnPre, ..) => {
+                let (Some(hc), Some(p)) = (&lw.hc, self.mhc) else {
+                    bail!(
+                        "segment `{}` without mHC in the plan's model",
+                        segment.name()
+                    );
+                };
+                let w = &hc[usize::from(segment == Segment::HcFfnPre)];
+                mhc::hc_pre(&c, w, p, a)?
             }
             (Segment::KdaPre, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
                 segments::kda_pre(&c, &lw.attn_norm, k, st, a)
@@ -337,6 +407,16 @@ impl RankCompute {
         let d = norm.len();
         if from >= a.rows {
             bail!("logits from row {from} of a step of {} rows", a.rows);
+        }
+        // mHC: the head reads the mean of the streams
+        if let Some(hc) = &a.hc {
+            a.x.resize(a.rows * d, 0.0);
+            for (x, streams) in
+                a.x.chunks_exact_mut(d)
+                    .zip(hc.streams.chunks_exact(STREAMS * d))
+            {
+                hc_mean(streams, x);
+            }
         }
         let n = a.rows - from;
         a.xn.resize(n * d, 0.0);

@@ -1,14 +1,16 @@
 //! One layer's weights on a CPU rank, by the layer schema (`ModelSummary::layer_kind`): a
 //! mixer (GQA: q/k/v with optional biases and q/k norms; MLA: the query path, the latent and
-//! rope-key projection, the per-head k/v up-projections; KDA: q/k/v with their convolutions,
-//! the decay and output gates, beta and the output norm) and an FFN (dense, or a router with
-//! stacked experts and optional shared experts), each taken out of the rank's shards by name
+//! rope-key projection, the per-head k/v up-projections, and for DSA the indexer; KDA: q/k/v
+//! with their convolutions, the decay and output gates, beta and the output norm), an FFN
+//! (dense, or a router with stacked experts and optional shared experts) and, with mHC
+//! streams, each sublayer's mixing parameters; each taken out of the rank's shards by name
 //! and checked for the shapes the kernels need, so a bad file fails at load naming the tensor.
 
 use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::{FfnKind, Mixer, Plan};
+use memra_gguf::GgmlType;
 
-use super::kernels::Weight;
+use super::kernels::{Weight, MIXES, STREAMS};
 use crate::weights::{Matrix, RankWeights, Stack};
 
 /// One layer's weights on this rank.
@@ -17,6 +19,28 @@ pub(super) struct LayerWeights {
     pub mixer: MixerWeights,
     pub ffn_norm: Vec<f32>,
     pub ffn: FfnWeights,
+    /// mHC's mixing before the mixer and before the FFN.
+    pub hc: Option<[HcWeights; 2]>,
+}
+
+/// One sublayer's mHC parameters: the mixes' projection of the normed streams and its
+/// affine map.
+pub(super) struct HcWeights {
+    pub mixes: Matrix,
+    pub scale: Vec<f32>,
+    pub base: Vec<f32>,
+}
+
+/// The DSA indexer (whole on every rank): its query from the q-LoRA activations, its key
+/// (layer-normed) and pool gate from the normed input, the per-head weights and the pools'
+/// position terms (`kpool` rows of the head width).
+pub(super) struct IndexerWeights {
+    pub q_b: Matrix,
+    pub k: Matrix,
+    pub k_norm: (Vec<f32>, Vec<f32>),
+    pub gate: Matrix,
+    pub ape: Vec<f32>,
+    pub proj: Matrix,
 }
 
 /// The token mixer's weights.
@@ -68,8 +92,10 @@ pub(super) struct MlaWeights {
     pub k_b: Stack,
     pub v_b: Stack,
     pub o: Matrix,
-    /// Whether the rope parts are rotated (not for kimi-linear).
+    /// Whether the rope parts are rotated (not for kimi-linear and glm5-next).
     pub rope: bool,
+    /// DSA: the indexer whose selection the softmax runs over.
+    pub indexer: Option<Box<IndexerWeights>>,
 }
 
 /// Kimi delta attention over this rank's heads: q/k/v projections and their depthwise
@@ -91,6 +117,10 @@ pub(crate) struct KdaWeights {
     pub g_b: Matrix,
     pub o_norm: Vec<f32>,
     pub o: Matrix,
+    /// The bounded decay's lower bound (glm5-next), else softplus decay.
+    pub bound: Option<f32>,
+    /// The q/k L2 norms' epsilon when not the RMS epsilon.
+    pub l2_eps: Option<f32>,
 }
 
 impl KdaWeights {
@@ -106,7 +136,8 @@ impl KdaWeights {
 
     /// Takes layer `l`'s KDA shards (`attn_output` included) out of `w`, checked to agree on
     /// the held heads; the CUDA backend uploads what this loads.
-    pub(crate) fn take(l: u32, w: &mut RankWeights) -> Result<KdaWeights> {
+    pub(crate) fn take(plan: &Plan, l: u32, w: &mut RankWeights) -> Result<KdaWeights> {
+        let facts = plan.model.kda.as_ref();
         let name = |s: &str| format!("blk.{l}.{s}");
         let mut conv = |p: &str| w.take_f32_rows(&name(&format!("ssm_conv1d_{p}.weight")));
         let (cq, taps) = conv("q")?;
@@ -127,6 +158,8 @@ impl KdaWeights {
             g_b: w.take_matrix(&name("ssm_g_b.weight"))?,
             o_norm: w.take_vector(&name("ssm_norm.weight"))?,
             o: w.take_matrix(&name("attn_output.weight"))?,
+            bound: facts.and_then(|f| f.gate_lower_bound).map(|b| b as f32),
+            l2_eps: facts.and_then(|f| f.l2_eps).map(|e| e as f32),
         };
         k.check(l)?;
         Ok(k)
@@ -168,11 +201,94 @@ impl KdaWeights {
     }
 }
 
+impl HcWeights {
+    /// `blk.{l}.hc_{which}_{fn,scale,base}`, checked against the 24 mixes of 4 streams.
+    fn take(l: u32, which: &str, w: &mut RankWeights) -> Result<HcWeights> {
+        let name = |s: &str| format!("blk.{l}.hc_{which}_{s}.weight");
+        let h = HcWeights {
+            mixes: w.take_matrix(&name("fn"))?,
+            scale: w.take_vector(&name("scale"))?,
+            base: w.take_vector(&name("base"))?,
+        };
+        if h.mixes.rows != MIXES || h.base.len() != MIXES || h.scale.len() != 3 {
+            bail!(
+                "layer {l}: {} has {} rows, {} {} values and {} {}; mHC of {STREAMS} streams needs {MIXES}, {MIXES} and 3",
+                name("fn"),
+                h.mixes.rows,
+                name("base"),
+                h.base.len(),
+                name("scale"),
+                h.scale.len()
+            );
+        }
+        Ok(h)
+    }
+}
+
+impl IndexerWeights {
+    /// Layer `l`'s indexer, checked against the plan's `model.dsa`.
+    fn take(plan: &Plan, l: u32, w: &mut RankWeights) -> Result<IndexerWeights> {
+        let dsa = plan
+            .model
+            .dsa
+            .as_ref()
+            .ok_or_else(|| anyhow!("layer {l} is a DSA layer but the plan has no model.dsa"))?;
+        let name = |s: &str| format!("blk.{l}.{s}");
+        let x = IndexerWeights {
+            q_b: w.take_matrix(&name("indexer.attn_q_b.weight"))?,
+            k: w.take_matrix(&name("indexer.attn_k.weight"))?,
+            k_norm: (
+                w.take_vector(&name("indexer.k_norm.weight"))?,
+                w.take_vector(&name("indexer.k_norm.bias"))?,
+            ),
+            gate: w.take_matrix(&name("indexer_compressor_gate.weight"))?,
+            ape: f32_values(
+                w.take_matrix(&name("indexer_compressor_ape.weight"))?,
+                &name("indexer_compressor_ape.weight"),
+            )?,
+            proj: w.take_matrix(&name("indexer.proj.weight"))?,
+        };
+        let (ih, id, kp) = (
+            dsa.heads as usize,
+            dsa.head_dim as usize,
+            dsa.kpool as usize,
+        );
+        let sizes = [
+            ("indexer.attn_q_b.weight rows", x.q_b.rows, ih * id),
+            ("indexer.attn_k.weight rows", x.k.rows, id),
+            ("indexer.k_norm.weight", x.k_norm.0.len(), id),
+            ("indexer.k_norm.bias", x.k_norm.1.len(), id),
+            ("indexer_compressor_gate.weight rows", x.gate.rows, id),
+            ("indexer_compressor_ape.weight", x.ape.len(), kp * id),
+            ("indexer.proj.weight rows", x.proj.rows, ih),
+        ];
+        for (what, got, want) in sizes {
+            if got != want {
+                bail!("layer {l}: blk.{l}.{what} is {got}, expected {want} for {ih} indexer heads of {id} and pools of {kp}");
+            }
+        }
+        Ok(x)
+    }
+}
+
+/// The values of an f32 matrix `t`.
+fn f32_values(m: Matrix, t: &str) -> Result<Vec<f32>> {
+    if m.dtype != GgmlType::F32 {
+        bail!("tensor `{t}` is stored as {}; f32 is expected", m.dtype);
+    }
+    Ok(m.data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
 /// A gated SiLU FFN (a dense layer, or the shared experts).
 pub(super) struct Gated {
     pub gate: Matrix,
     pub up: Matrix,
     pub down: Matrix,
+    /// The SwiGLU clamp limit (glm5-next).
+    pub clamp: Option<f32>,
 }
 
 /// Routed experts: the router (whole on every rank) and this rank's experts.
@@ -183,6 +299,8 @@ pub(super) struct MoeWeights {
     pub up: Stack,
     pub down: Stack,
     pub shared: Option<Gated>,
+    /// The routed experts' SwiGLU clamp limit (glm5-next).
+    pub clamp: Option<f32>,
 }
 
 /// The FFN's weights.
@@ -227,7 +345,7 @@ impl LayerWeights {
                     o: w.take_matrix(&name("attn_output.weight"))?,
                 })
             }
-            Mixer::Mla => {
+            Mixer::Mla | Mixer::Dsa => {
                 let mla = m.mla.as_ref().ok_or_else(|| {
                     anyhow!("layer {l} is an MLA layer but the plan has no model.mla")
                 })?;
@@ -248,15 +366,26 @@ impl LayerWeights {
                     v_b: w.take_stack(&name("attn_v_b.weight"))?,
                     o: w.take_matrix(&name("attn_output.weight"))?,
                     rope: mla.rope,
+                    indexer: match kind.mixer {
+                        Mixer::Dsa => Some(Box::new(IndexerWeights::take(plan, l, w)?)),
+                        _ => None,
+                    },
                 })
             }
-            Mixer::Kda => MixerWeights::Kda(Box::new(KdaWeights::take(l, w)?)),
+            Mixer::Kda => MixerWeights::Kda(Box::new(KdaWeights::take(plan, l, w)?)),
         };
+        let clamp = m.moe.as_ref().and_then(|moe| moe.clamp.as_ref());
+        let limit = |l: Option<f64>| l.filter(|&l| l > 0.0).map(|l| l as f32);
+        let (clamp_experts, clamp_shared) = (
+            limit(clamp.map(|c| c.experts)),
+            limit(clamp.map(|c| c.shared)),
+        );
         let mut gated = |suffix: &str| -> Result<Gated> {
             Ok(Gated {
                 gate: w.take_matrix(&name(&format!("ffn_gate{suffix}.weight")))?,
                 up: w.take_matrix(&name(&format!("ffn_up{suffix}.weight")))?,
                 down: w.take_matrix(&name(&format!("ffn_down{suffix}.weight")))?,
+                clamp: clamp_shared,
             })
         };
         let ffn = match kind.ffn {
@@ -275,14 +404,23 @@ impl LayerWeights {
                     up: w.take_stack(&name("ffn_up_exps.weight"))?,
                     down: w.take_stack(&name("ffn_down_exps.weight"))?,
                     shared,
+                    clamp: clamp_experts,
                 }))
             }
+        };
+        let hc = match &m.mhc {
+            Some(_) => Some([
+                HcWeights::take(l, "attn", w)?,
+                HcWeights::take(l, "ffn", w)?,
+            ]),
+            None => None,
         };
         let lw = LayerWeights {
             attn_norm: w.take_vector(&name("attn_norm.weight"))?,
             mixer,
             ffn_norm: w.take_vector(&name("ffn_norm.weight"))?,
             ffn,
+            hc,
         };
         lw.check(l)?;
         Ok(lw)
@@ -301,6 +439,9 @@ impl LayerWeights {
                 }
                 matrices.extend([&m.kv_a, &m.o]);
                 stacks.extend([&m.k_b, &m.v_b]);
+                if let Some(x) = &m.indexer {
+                    matrices.extend([&x.q_b, &x.k, &x.gate, &x.proj]);
+                }
             }
             MixerWeights::Kda(k) => matrices.extend([
                 &k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.beta, &k.g_a, &k.g_b, &k.o,
@@ -318,6 +459,9 @@ impl LayerWeights {
                     bail!("layer {l}: expert gate/up rows ({}, {}) do not feed the down projection's {} columns", e.gate.rows, e.up.rows, e.down.cols);
                 }
             }
+        }
+        for h in self.hc.iter().flatten() {
+            matrices.push(&h.mixes);
         }
         for mat in matrices {
             Weight::new(mat.dtype, &mat.data, mat.rows, mat.cols)

@@ -2,8 +2,10 @@
 //! layer's weights and the rank's activations (one or more token rows; the GQA and dense FFN
 //! segments batch the rows of a prefill step, each row computed as alone; so do the MLA and
 //! MoE segments, the MoE rows grouped by expert): GQA (`attn_pre`,
-//! `attn_core`), MLA (`mla_pre`, `mla_core`), KDA (`kda_pre`, `kda_core`), the output
-//! projection, the dense FFN and the three MoE segments. A segment
+//! `attn_core`), MLA (`mla_pre`, `mla_core`), DSA (`dsa_select`), KDA (`kda_pre`,
+//! `kda_core`), mHC (`hc_pre`), the output projection, the dense FFN and the three MoE
+//! segments. With mHC streams the residual lives in `Activations::hc` and `x` holds the
+//! running sublayer's input; finishing a sublayer spreads its output over the streams. A segment
 //! that ends in a partial sum leaves it in `Activations::partial` with what it holds
 //! (`Pending`), so the group's all-reduce, or the segment itself on a lone rank, finishes it
 //! the same way everywhere (`finish`).
@@ -12,10 +14,12 @@ use anyhow::{bail, Result};
 use memra_compiler::plan::reduction_chunks;
 
 use super::kernels::{
-    self, combine_into, latent_attention, rms_norm, rope_part, silu_mul, KdaState, KvCache,
-    LatentCache, Pool, Rotation, Router, Weight,
+    self, combine_into, latent_attention, latent_attention_at, layer_norm, rms_norm, rope_part,
+    silu_mul, silu_mul_clamped, IndexerCache, KdaState, KvCache, LatentCache, Pool, Rotation,
+    Router, Selection, Weight,
 };
 use super::layer::{Gated, GqaWeights, KdaWeights, MlaWeights, MoeWeights, QueryPath};
+use super::mhc::HcState;
 use crate::geometry::RankGeometry;
 use crate::weights::{Matrix, Stack};
 
@@ -66,12 +70,22 @@ pub(super) struct Activations {
     pub logits: Vec<f32>,
     pub logits_rows: usize,
     pub full_logits: Option<Vec<f32>>,
+    /// mHC: the residual's streams and the running sublayer's mixing weights.
+    pub hc: Option<HcState>,
+    /// DSA: the indexer's queries, head weights, key and gate, and the cells the token's
+    /// softmax runs over.
+    pub idx_q: Vec<f32>,
+    pub idx_w: Vec<f32>,
+    pub idx_k: Vec<f32>,
+    pub idx_g: Vec<f32>,
+    pub cells: Vec<usize>,
 }
 
 /// A layer's state that the next token reads.
 pub(super) enum Cache {
     Kv(KvCache),
-    Latent(LatentCache),
+    /// MLA's latent rows, and DSA's indexer rows beside them.
+    Latent(LatentCache, Option<IndexerCache>),
     /// A KDA layer's windows and recurrent states, and the plan's context length (the state
     /// itself does not grow).
     Kda(KdaState, usize),
@@ -82,7 +96,7 @@ impl Cache {
     pub fn capacity(&self) -> usize {
         match self {
             Cache::Kv(c) => c.capacity(),
-            Cache::Latent(c) => c.capacity(),
+            Cache::Latent(c, _) => c.capacity(),
             Cache::Kda(_, capacity) => *capacity,
         }
     }
@@ -109,7 +123,7 @@ impl Ctx<'_> {
 const ATTENTION_ROWS: usize = 8;
 
 /// `v` with length `n` (its buffer is kept between tokens).
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+pub(super) fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     v
 }
@@ -150,7 +164,7 @@ fn row_parallel(pool: &Pool, m: &Matrix, x: &[f32], chunks: Option<usize>, y: &m
 }
 
 /// RMS norm of every row of `x` (rows of `w.len()` values) into `out`.
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+pub(super) fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     out.resize(x.len(), 0.0);
     for (x, o) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
         rms_norm(x, w, eps, o);
@@ -221,6 +235,10 @@ fn gather(src: &[f32], stride: usize, cols: std::ops::Range<usize>, dst: &mut Ve
 /// Scatters the rows of `src` (rows of `cols.len()` values) into part `cols` of every row of
 /// `dst` (rows of `stride` values).
 fn scatter(src: &[f32], dst: &mut [f32], stride: usize, cols: std::ops::Range<usize>) {
+    // an empty part (a nope-only MLA's rope part) has nothing to scatter
+    if cols.is_empty() {
+        return;
+    }
     for (s, row) in src
         .chunks_exact(cols.len())
         .zip(dst.chunks_exact_mut(stride))
@@ -298,12 +316,17 @@ pub(super) fn mla_core(
     let lat = sized(&mut a.lat, t * lat_row);
     let (q_lat, cache, pos) = (&a.q_lat, &*cache, c.pos);
     let q_row = q_lat.len() / t;
+    // DSA attends to the indexer's selection (one row), MLA to every position up to its own
+    let cells = m.indexer.as_ref().map(|_| a.cells.as_slice());
     c.pool.split_mut(lat, lat_row, &|off, piece| {
         let first = off / lat_row;
         for (i, out) in piece.chunks_exact_mut(lat_row).enumerate() {
             let row = first + i;
             let q = &q_lat[row * q_row..(row + 1) * q_row];
-            latent_attention(q, cache, heads, pos + row + 1, kq_scale, out);
+            match cells {
+                Some(cells) => latent_attention_at(q, cache, heads, cells, kq_scale, out),
+                None => latent_attention(q, cache, heads, pos + row + 1, kq_scale, out),
+            }
         }
     });
     let v = m.v_b.rows;
@@ -327,7 +350,7 @@ pub(super) fn kda_pre(
     st: &mut KdaState,
     a: &mut Activations,
 ) {
-    rms_norm(&a.x, norm, c.geo.eps, &mut a.xn);
+    norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     let (hd, width) = (k.head_dim(), k.q.rows);
     for (which, proj) in [&k.q, &k.k, &k.v].into_iter().enumerate() {
         full_k(c.pool, &view(proj), &a.xn, sized(&mut a.kda_x, width));
@@ -338,8 +361,9 @@ pub(super) fn kda_pre(
         };
         kernels::conv_step(st.window_mut(which), &k.conv[which], k.taps, &a.kda_x, out);
     }
-    kernels::l2_norm_heads(&mut a.q, hd, c.geo.eps);
-    kernels::l2_norm_heads(&mut a.k, hd, c.geo.eps);
+    let l2_eps = k.l2_eps.unwrap_or(c.geo.eps);
+    kernels::l2_norm_heads(&mut a.q, hd, l2_eps);
+    kernels::l2_norm_heads(&mut a.k, hd, l2_eps);
     full_k(c.pool, &view(&k.f_a), &a.xn, sized(&mut a.kda_low, hd));
     full_k(
         c.pool,
@@ -347,7 +371,10 @@ pub(super) fn kda_pre(
         &a.kda_low,
         sized(&mut a.kda_g, width),
     );
-    kernels::decay_gate(&mut a.kda_g, &k.dt_bias, &k.a, hd);
+    match k.bound {
+        Some(lb) => kernels::decay_gate_bounded(&mut a.kda_g, &k.dt_bias, &k.a, hd, lb),
+        None => kernels::decay_gate(&mut a.kda_g, &k.dt_bias, &k.a, hd),
+    }
     let beta = sized(&mut a.kda_beta, k.beta.rows);
     full_k(c.pool, &view(&k.beta), &a.xn, beta);
     beta.iter_mut().for_each(|b| *b = kernels::sigmoid(*b));
@@ -397,8 +424,16 @@ fn gated(c: &Ctx, g: &Gated, chunks: Option<usize>, a: &mut Activations, out: &m
         sized(&mut a.gate, t * g.gate.rows),
     );
     full_k(c.pool, &view(&g.up), &a.xn, sized(&mut a.up, t * g.up.rows));
-    silu_mul(&mut a.gate, &a.up);
+    swiglu(&mut a.gate, &a.up, g.clamp);
     row_parallel(c.pool, &g.down, &a.gate, chunks, out);
+}
+
+/// `silu(gate) * up`, clamped when the FFN has a limit.
+fn swiglu(gate: &mut [f32], up: &[f32], clamp: Option<f32>) {
+    match clamp {
+        Some(l) => silu_mul_clamped(gate, up, l),
+        None => silu_mul(gate, up),
+    }
 }
 
 /// A dense FFN: norm, gated product, down projection (this rank's columns).
@@ -483,7 +518,7 @@ pub(super) fn moe_experts(c: &Ctx, e: &MoeWeights, a: &mut Activations) -> Resul
         }
         full_k(c.pool, &gate, &xin, sized(&mut a.gate, n * gate.rows));
         full_k(c.pool, &up, &xin, sized(&mut a.up, n * up.rows));
-        silu_mul(&mut a.gate, &a.up);
+        swiglu(&mut a.gate, &a.up, e.clamp);
         full_k(c.pool, &down, &a.gate, sized(&mut out, n * d));
         for (o, &(row, slot, weight)) in out.chunks_exact(d).zip(&uses) {
             let dst = &mut rows[row * per + slot * d..][..d];
@@ -532,16 +567,59 @@ pub(super) fn finish(a: &mut Activations) {
     a.partial = sum;
 }
 
-/// `finish` with the group's reduced sum.
+/// `finish` with the group's reduced sum: added to the residual, or with mHC streams the
+/// sublayer's output (the combined experts) spread over the streams.
 pub(super) fn finish_with(a: &mut Activations, sum: &[f32]) {
-    match a.pending {
-        Pending::Hidden => kernels::add(&mut a.x, sum),
-        Pending::Experts { k, shared } => {
-            let d = a.x.len() / a.rows.max(1);
-            let per = (k + usize::from(shared)) * d;
-            for (sum, x) in sum.chunks_exact(per).zip(a.x.chunks_exact_mut(d)) {
-                combine_into(sum, k, shared, x);
+    if a.hc.is_none() {
+        match a.pending {
+            Pending::Hidden => kernels::add(&mut a.x, sum),
+            Pending::Experts { k, shared } => {
+                let d = a.x.len() / a.rows.max(1);
+                let per = (k + usize::from(shared)) * d;
+                for (sum, x) in sum.chunks_exact(per).zip(a.x.chunks_exact_mut(d)) {
+                    combine_into(sum, k, shared, x);
+                }
             }
         }
+        return;
+    };
+    super::mhc::finish_streams(a, sum);
+}
+
+/// DSA: the token's indexer key (layer-normed) and pool gate into the layer's indexer cache
+/// (pooling a completed pool), its indexer queries (from MLA's q-LoRA activations) and head
+/// weights, and the cells its MLA softmax runs over. Runs after `mla_pre` (its normed input
+/// and q-LoRA activations), on one token row.
+pub(super) fn dsa_select(
+    c: &Ctx,
+    m: &MlaWeights,
+    cache: &mut IndexerCache,
+    (how, norm_eps): (&Selection, f32),
+    a: &mut Activations,
+) -> Result<()> {
+    let Some(x) = &m.indexer else {
+        bail!("dsa_select on an MLA layer without an indexer");
+    };
+    if !matches!(m.q, QueryPath::LowRank { .. }) {
+        bail!("the DSA indexer reads the q-LoRA activations; this layer has a direct query");
     }
+    let (id, ih) = (x.k.rows, x.proj.rows);
+    full_k(c.pool, &view(&x.k), &a.xn, sized(&mut a.idx_k, id));
+    let mut key = vec![0.0; id];
+    layer_norm(&a.idx_k, &x.k_norm.0, &x.k_norm.1, norm_eps, &mut key);
+    full_k(c.pool, &view(&x.gate), &a.xn, sized(&mut a.idx_g, id));
+    cache.write(c.pos, &key, &a.idx_g, &x.ape);
+    full_k(c.pool, &view(&x.q_b), &a.q_a, sized(&mut a.idx_q, ih * id));
+    let w = sized(&mut a.idx_w, ih);
+    full_k(c.pool, &view(&x.proj), &a.xn, w);
+    let scale = 1.0 / ((id * ih) as f32).sqrt();
+    w.iter_mut().for_each(|v| *v *= scale);
+    cache.select(&a.idx_q, &a.idx_w, c.pos, how, &mut a.cells);
+    if a.cells.is_empty() {
+        bail!(
+            "position {}: the indexer selects no cell (no complete pool, and the plan's model.dsa.select_tail is false)",
+            c.pos
+        );
+    }
+    Ok(())
 }

@@ -66,7 +66,10 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("attention.cu", ["attention_f16"]),
-    kernel_file!("flash.cu", ["flash_attention_hd64", "flash_attention_hd128"]),
+    kernel_file!(
+        "flash.cu",
+        ["flash_attention_hd64", "flash_attention_hd128"]
+    ),
     kernel_file!("elementwise.cu", ["add_f32"]),
     kernel_file!(
         "embed.cu",

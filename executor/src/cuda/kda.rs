@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
+use memra_compiler::plan::Plan;
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
@@ -56,12 +57,16 @@ impl KdaWeights {
     /// Takes layer `l`'s KDA shards out of `w` and uploads them; the second value is the
     /// layer's `attn_output` columns.
     pub fn take(
+        plan: &Plan,
         l: u32,
         w: &mut RankWeights,
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
     ) -> Result<(KdaWeights, DeviceWeight)> {
-        let host = HostKda::take(l, w)?;
+        let host = HostKda::take(plan, l, w)?;
+        if host.bound.is_some() || host.l2_eps.is_some() {
+            bail!("layer {l}: KDA with a bounded decay or its own L2 epsilon (glm5-next) runs on the cpu backend only");
+        }
         let (heads, head_dim) = (host.heads(), host.head_dim());
         if head_dim == 0 || head_dim > MAX_KDA_HEAD_DIM {
             bail!("layer {l}: KDA heads of {head_dim} values; the cuda backend takes heads of 1 to {MAX_KDA_HEAD_DIM}");
@@ -81,6 +86,8 @@ impl KdaWeights {
             g_b,
             o_norm,
             o,
+            bound: _,
+            l2_eps: _,
         } = host;
         let up = |m| upload_matrix(dev, s, m);
         let kda = KdaWeights {

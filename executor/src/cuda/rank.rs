@@ -202,8 +202,11 @@ impl RankDevice {
             let n = |x: &str| format!("blk.{l}.{x}");
             let attn_norm = vec(&mut w, &n("attn_norm.weight"))?;
             let (mixer, o) = match m.layer_kind(l).mixer {
+                Mixer::Dsa => bail!(
+                    "layer {l}: sparse MLA with the DSA indexer (glm5-next) runs on the cpu backend only"
+                ),
                 Mixer::Kda => {
-                    let (k, o) = KdaWeights::take(l, &mut w, &dev, &s)?;
+                    let (k, o) = KdaWeights::take(plan, l, &mut w, &dev, &s)?;
                     (MixerWeights::Kda(Box::new(k)), o)
                 }
                 Mixer::Mla => (

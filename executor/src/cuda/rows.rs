@@ -204,7 +204,12 @@ impl CudaDevice {
         let name = format!("flash_attention_hd{hd}");
         self.launch(stream, &name, cfg, |l| {
             l.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&pp);
-            l.arg(&m).arg(&nh).arg(&nkv).arg(&scale).arg(&theta_scale).arg(&neox);
+            l.arg(&m)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&scale)
+                .arg(&theta_scale)
+                .arg(&neox);
         })
     }
 }

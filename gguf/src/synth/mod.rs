@@ -1,6 +1,7 @@
 //! Synthetic models with seeded random weights, for tests and benchmarks without downloads:
 //! `llama` (dense GQA), `qwen3moe` (GQA + MoE), `deepseek2` (MLA + MoE with shared
-//! experts) and `kimi-linear` (KDA linear attention and MLA + MoE), each with the tensor names, shapes, storage types and metadata keys llama.cpp's
+//! experts), `kimi-linear` (KDA linear attention and MLA + MoE) and `glm5-next` (KDA and
+//! sparse MLA in mHC residual streams + MoE), each with the tensor names, shapes, storage types and metadata keys llama.cpp's
 //! converter writes, so llama.cpp loads every file and serves as the oracle for it. Weights
 //! are uniform with a standard deviation of 1/sqrt(fan-in) (residual projections further
 //! divided by sqrt(2 * layers)) so activations stay in range through every layer; norms are
@@ -9,6 +10,7 @@
 mod deepseek2;
 mod emit;
 mod ffn;
+mod glm5_next;
 mod kimi_linear;
 mod llama;
 mod plan;
@@ -22,6 +24,7 @@ use crate::GgmlType;
 use emit::{write_spec, Spec};
 
 pub use deepseek2::{Deepseek2Shape, Gating, Routing, Yarn, DEEPSEEK2_SHAPES};
+pub use glm5_next::{Glm5NextShape, GLM5_NEXT_SHAPES, HC_MULT};
 pub use kimi_linear::{KimiLinearShape, KIMI_LINEAR_SHAPES};
 pub use llama::{shape, write_model, Shape, SHAPES};
 pub use qwen3moe::{Qwen3MoeShape, QWEN3MOE_SHAPES};
@@ -37,6 +40,8 @@ pub enum Model {
     Deepseek2(Deepseek2Shape),
     /// `kimi-linear`: KDA layers between MLA layers, a leading dense layer, MoE.
     KimiLinear(KimiLinearShape),
+    /// `glm5-next`: KDA layers between sparse (DSA) MLA layers, mHC streams, MoE.
+    Glm5Next(Glm5NextShape),
 }
 
 impl Model {
@@ -47,6 +52,7 @@ impl Model {
             Model::Qwen3Moe(s) => s.name,
             Model::Deepseek2(s) => s.name,
             Model::KimiLinear(s) => s.name,
+            Model::Glm5Next(s) => s.name,
         }
     }
 
@@ -57,6 +63,7 @@ impl Model {
             Model::Qwen3Moe(_) => "qwen3moe",
             Model::Deepseek2(_) => "deepseek2",
             Model::KimiLinear(_) => "kimi-linear",
+            Model::Glm5Next(_) => "glm5-next",
         }
     }
 
@@ -67,6 +74,7 @@ impl Model {
             Model::Qwen3Moe(s) => s.layers,
             Model::Deepseek2(s) => s.layers,
             Model::KimiLinear(s) => s.layers,
+            Model::Glm5Next(s) => s.layers,
         }
     }
 
@@ -85,6 +93,7 @@ impl Model {
             Model::Qwen3Moe(s) => Model::Qwen3Moe(Qwen3MoeShape { layers, ..s }),
             Model::Deepseek2(s) => Model::Deepseek2(s.with_layers(layers)?),
             Model::KimiLinear(s) => Model::KimiLinear(s.with_layers(layers)),
+            Model::Glm5Next(s) => Model::Glm5Next(s.with_layers(layers)),
         })
     }
 
@@ -94,6 +103,7 @@ impl Model {
             Model::Qwen3Moe(s) => qwen3moe::spec(s, dtype),
             Model::Deepseek2(s) => deepseek2::spec(s, dtype),
             Model::KimiLinear(s) => kimi_linear::spec(s, dtype),
+            Model::Glm5Next(s) => glm5_next::spec(s, dtype),
         }
     }
 
@@ -111,7 +121,13 @@ pub fn models() -> Vec<Model> {
     let qwen = QWEN3MOE_SHAPES.iter().map(|&s| Model::Qwen3Moe(s));
     let deepseek = DEEPSEEK2_SHAPES.iter().map(|&s| Model::Deepseek2(s));
     let kimi = KIMI_LINEAR_SHAPES.iter().map(|&s| Model::KimiLinear(s));
-    llama.chain(qwen).chain(deepseek).chain(kimi).collect()
+    let glm5 = GLM5_NEXT_SHAPES.iter().map(|&s| Model::Glm5Next(s));
+    llama
+        .chain(qwen)
+        .chain(deepseek)
+        .chain(kimi)
+        .chain(glm5)
+        .collect()
 }
 
 /// The shape called `name`, of any architecture; the error lists the known names.

@@ -24,6 +24,16 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate = silu(min(gate, l)) * clamp(up, -l, l)`: ggml's `swiglu_clamp`, glm5-next's FFNs
+/// with a limit `l`.
+pub fn silu_mul_clamped(gate: &mut [f32], up: &[f32], l: f32) {
+    assert_eq!(gate.len(), up.len(), "silu_mul_clamped: lengths differ");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(l);
+        *g = x / (1.0 + (-x).exp()) * u.clamp(-l, l);
+    }
+}
+
 /// `a += b`.
 pub fn add(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "add: lengths differ");

@@ -140,6 +140,18 @@ pub fn decay_gate(g: &mut [f32], dt_bias: &[f32], a: &[f32], hd: usize) {
     }
 }
 
+/// The bounded decay gate in place (glm5-next with `kda.gate_lower_bound` `lb`):
+/// `g[c] = lb * sigmoid(-((g[c] + dt_bias[c]) * a[c / hd]))`.
+pub fn decay_gate_bounded(g: &mut [f32], dt_bias: &[f32], a: &[f32], hd: usize, lb: f32) {
+    assert!(
+        g.len() == dt_bias.len() && g.len() == a.len() * hd,
+        "decay_gate_bounded: lengths differ"
+    );
+    for (c, (x, &b)) in g.iter_mut().zip(dt_bias).enumerate() {
+        *x = sigmoid(-((*x + b) * a[c / hd])) * lb;
+    }
+}
+
 /// Inputs of one token's delta rule over the held heads, all `heads * hd` long except
 /// `beta` (`heads`).
 pub struct DeltaInputs<'a> {

@@ -60,19 +60,54 @@ pub fn latent_attention(
     scale: f32,
     out: &mut [f32],
 ) {
+    check_positions("latent attention", n_ctx, cache.capacity);
+    attend(q, cache, n_heads, (0..n_ctx, n_ctx), scale, out);
+}
+
+/// `latent_attention` over the cache rows `cells` only (in that order): DSA's sparse
+/// attention over the indexer's selection.
+pub fn latent_attention_at(
+    q: &[f32],
+    cache: &LatentCache,
+    n_heads: usize,
+    cells: &[usize],
+    scale: f32,
+    out: &mut [f32],
+) {
+    if let Some(&last) = cells.iter().max() {
+        check_positions("sparse latent attention", last + 1, cache.capacity);
+    }
+    attend(
+        q,
+        cache,
+        n_heads,
+        (cells.iter().copied(), cells.len()),
+        scale,
+        out,
+    );
+}
+
+/// The attention of `latent_attention` over `n` cache rows that `cells` yields.
+fn attend<I: Iterator<Item = usize> + Clone>(
+    q: &[f32],
+    cache: &LatentCache,
+    n_heads: usize,
+    (cells, n_ctx): (I, usize),
+    scale: f32,
+    out: &mut [f32],
+) {
     let (w, kvl) = (cache.width, cache.kv_lora);
     assert!(
         q.len() == n_heads * w && out.len() == n_heads * kvl,
         "latent attention: q must hold n_heads rows of {w}, out n_heads rows of {kvl}"
     );
-    check_positions("latent attention", n_ctx, cache.capacity);
     let q: Vec<f32> = q.iter().map(|&x| cache.rows.round(x)).collect();
     let mut row = vec![0f32; w];
     let mut scores = vec![0f32; n_heads * n_ctx];
-    for pos in 0..n_ctx {
+    for (i, pos) in cells.clone().enumerate() {
         cache.rows.read(pos, 0, &mut row);
         for (h, qh) in q.chunks_exact(w).enumerate() {
-            scores[h * n_ctx + pos] = dot(qh, &row) * scale;
+            scores[h * n_ctx + i] = dot(qh, &row) * scale;
         }
     }
     for s in scores.chunks_exact_mut(n_ctx) {
@@ -80,10 +115,10 @@ pub fn latent_attention(
     }
     out.fill(0.0);
     let latent = &mut row[..kvl];
-    for pos in 0..n_ctx {
+    for (i, pos) in cells.enumerate() {
         cache.rows.read(pos, 0, latent);
         for (h, oh) in out.chunks_exact_mut(kvl).enumerate() {
-            let p = cache.rows.round(scores[h * n_ctx + pos]);
+            let p = cache.rows.round(scores[h * n_ctx + i]);
             for (o, &v) in oh.iter_mut().zip(latent.iter()) {
                 *o += p * v;
             }

@@ -1,7 +1,8 @@
 //! The CPU backend's compute kernels on f32 activations: quantized matvecs (AVX2 with a
 //! scalar fallback that computes the identical bits), norms, rope (with YaRN), attention over
 //! an f32, f16 or bf16 KV cache, MLA over a latent cache (`mla`), MoE routing and the expert
-//! combine (`moe`), and the element-wise helpers of a decode step.
+//! combine (`moe`), KDA (`kda`), the DSA indexer (`dsa`), mHC's residual streams (`mhc`), and
+//! the element-wise helpers of a decode step.
 //!
 //! Numerics contract of `matvec` (DESIGN.md "Numerics"): K is cut into `chunks` equal,
 //! block-aligned chunks; each chunk is reduced by accumulating its blocks in order in f32,
@@ -22,11 +23,13 @@
 
 pub(crate) mod act;
 mod attention;
+mod dsa;
 mod elementwise;
 mod float;
 mod kda;
 mod kquant;
 mod matmul;
+mod mhc;
 mod mla;
 mod moe;
 mod pool;
@@ -44,12 +47,15 @@ use anyhow::{bail, Result};
 use memra_gguf::GgmlType;
 
 pub use attention::{attention, attention_rows, KvCache, KvDtype};
-pub use elementwise::{add, argmax, rms_norm, silu_mul, softmax};
+pub use dsa::{layer_norm, IndexerCache, Selection};
+pub use elementwise::{add, argmax, rms_norm, silu_mul, silu_mul_clamped, softmax};
 pub use kda::{
-    conv_step, decay_gate, delta_rule, gated_norm, l2_norm_heads, sigmoid, DeltaInputs, KdaState,
+    conv_step, decay_gate, decay_gate_bounded, delta_rule, gated_norm, l2_norm_heads, sigmoid,
+    DeltaInputs, KdaState,
 };
 pub use matmul::matmul;
-pub use mla::{latent_attention, LatentCache};
+pub use mhc::{hc_collapse, hc_expand, hc_mean, hc_mix, HcAffine, HcMix, MIXES, STREAMS};
+pub use mla::{latent_attention, latent_attention_at, LatentCache};
 pub use moe::{combine_into, Gating, Router};
 pub use pool::Pool;
 pub use rope::{rope, rope_part, RopeStyle, Rotation, Yarn};

@@ -63,6 +63,7 @@ fn summary(
         groups_used: groups.1,
         norm_weights: norm,
         weights_scale: scale,
+        clamp: None,
     }
 }
 

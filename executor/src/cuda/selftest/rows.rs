@@ -59,13 +59,19 @@ fn flash_rows(
     let mut kv = DeviceKv::new(dev, s, n_kv, hd, p0 + rows + 5)?;
     let mut pd = dev.alloc::<u32>(s, 1)?;
     if p0 > 0 {
-        let (k, v) = (random(&mut cx.rng, p0 * row, 2.0), random(&mut cx.rng, p0 * row, 1.0));
+        let (k, v) = (
+            random(&mut cx.rng, p0 * row, 2.0),
+            random(&mut cx.rng, p0 * row, 1.0),
+        );
         let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
         dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, rope)?;
     }
     dev.write(s, &[p0 as u32], &mut pd)?;
     let q = random(&mut cx.rng, rows * qrow, 1.0);
-    let (k, v) = (random(&mut cx.rng, rows * row, 2.0), random(&mut cx.rng, rows * row, 1.0));
+    let (k, v) = (
+        random(&mut cx.rng, rows * row, 2.0),
+        random(&mut cx.rng, rows * row, 1.0),
+    );
     let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
     dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, rope)?;
     let qd = dev.upload(s, &q)?;
@@ -74,14 +80,30 @@ fn flash_rows(
     let mut qc = dev.upload(s, &q)?;
     let mut want = dev.alloc::<f32>(s, rows * qrow)?;
     let mut scores = dev.alloc::<f32>(s, 0)?;
-    dev.attention(s, &mut qc, &kd, &vd, &mut kv, &pd, rope, &mut scores, &mut want)?;
+    dev.attention(
+        s,
+        &mut qc,
+        &kd,
+        &vd,
+        &mut kv,
+        &pd,
+        rope,
+        &mut scores,
+        &mut want,
+    )?;
     let (got, want) = (dev.download(s, &fast)?, dev.download(s, &want)?);
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
     let err = got
         .iter()
         .zip(&want)
         .map(|(a, b)| f64::from((a - b).abs() / scale))
-        .fold(0f64, |m, e| if e.is_nan() || m.is_nan() { f64::NAN } else { m.max(e) });
+        .fold(0f64, |m, e| {
+            if e.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(e)
+            }
+        });
     cx.report.tol(
         "flash_attention",
         format!("{rows} rows from {p0}, h={n_heads} kv={n_kv} hd={hd}"),

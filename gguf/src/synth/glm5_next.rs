@@ -1,0 +1,332 @@
+//! Synthetic `glm5-next` shapes (GLM-5.3-Flash's layout, `docs/arch-glm5-next.md`): KDA layers
+//! between nope-MLA layers with q-LoRA and the k-pool DSA indexer, every layer inside four
+//! mHC residual streams, one leading dense FFN, then MoE layers with a shared expert, sigmoid
+//! routing with the selection bias and clamped SwiGLU. Keys and tensors are the ones
+//! llama.cpp's converter writes; the tensors llama.cpp's quantizer leaves unquantized for
+//! glm5-next (indexer, KDA low-rank gates, MLA latent projections) stay F32 in a quantized
+//! file (a file quantized from an F32 conversion), and the mHC, compressor, `ssm_a`, `ssm_dt`
+//! and `exp_probs_b` tensors are F32.
+
+use super::deepseek2::Gating;
+use super::emit::{keyed, Spec};
+use super::ffn::{gated, routed, Routed};
+use super::plan::{
+    f32_around, f32_uniform, matrix, norm, output_head, residual, token_embd, Block, Planned,
+};
+use crate::{GgmlType, Value};
+
+/// A GLM5-Next shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Glm5NextShape {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// Embedding width.
+    pub dim: u64,
+    /// Number of trunk blocks.
+    pub layers: u32,
+    /// Heads of every mixer (KDA and MLA).
+    pub heads: u32,
+    /// KDA head width (q, k and v).
+    pub kda_head: u64,
+    /// KDA convolution taps.
+    pub conv: u64,
+    /// KDA decay lower bound (the bounded decay form), or none.
+    pub gate_lower_bound: Option<f32>,
+    /// Every `attention_every`-th layer (counting from 1) is MLA.
+    pub attention_every: u32,
+    /// MLA query low-rank width.
+    pub q_lora_rank: u64,
+    /// MLA latent width.
+    pub kv_lora_rank: u64,
+    /// MLA per-head q/k width (no rope part).
+    pub qk_nope: u64,
+    /// MLA per-head v width.
+    pub v_head: u64,
+    /// DSA indexer heads.
+    pub indexer_heads: u32,
+    /// DSA indexer head width.
+    pub indexer_head: u64,
+    /// Cells the indexer selects (a multiple of `kpool`).
+    pub indexer_top_k: u32,
+    /// Tokens per pooled indexer key.
+    pub kpool: u32,
+    /// mHC Sinkhorn iterations.
+    pub sinkhorn_iters: u32,
+    /// mHC epsilon.
+    pub hc_eps: f32,
+    /// Hidden width of the leading dense layers.
+    pub ffn: u64,
+    /// Leading layers with a dense FFN.
+    pub dense_layers: u32,
+    /// Routed experts per MoE layer.
+    pub experts: u32,
+    /// Experts used per token.
+    pub experts_used: u32,
+    /// Hidden width of one expert (and of the shared expert).
+    pub expert_ffn: u64,
+    /// Shared experts.
+    pub shared_experts: u32,
+    /// `expert_weights_scale` (routed_scaling_factor).
+    pub weights_scale: f32,
+    /// SwiGLU clamp limit of every FFN (`swiglu_limit`).
+    pub swiglu_limit: f32,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// `context_length`.
+    pub context: u32,
+}
+
+/// mHC residual streams (llama.cpp supports 4 only).
+pub const HC_MULT: u64 = 4;
+
+/// The glm5-next shapes. The tiny one alternates KDA and MLA (layers 1 and 3 are MLA), so
+/// both pipeline stages of a cut at 2 hold both kinds; its indexer keeps 2 pools of 4 (plus
+/// the incomplete pool), so attention turns sparse from position 12 on; its clamp of 2
+/// clips a few percent of the SwiGLU inputs.
+pub const GLM5_NEXT_SHAPES: &[Glm5NextShape] = &[Glm5NextShape {
+    name: "tiny-glm5-next",
+    dim: 256,
+    layers: 4,
+    heads: 4,
+    kda_head: 32,
+    conv: 4,
+    gate_lower_bound: Some(-1.0),
+    attention_every: 2,
+    q_lora_rank: 128,
+    kv_lora_rank: 128,
+    qk_nope: 64,
+    v_head: 64,
+    indexer_heads: 2,
+    indexer_head: 32,
+    indexer_top_k: 8,
+    kpool: 4,
+    sinkhorn_iters: 20,
+    hc_eps: 1e-6,
+    ffn: 512,
+    dense_layers: 1,
+    experts: 8,
+    experts_used: 2,
+    expert_ffn: 256,
+    shared_experts: 1,
+    weights_scale: 2.5,
+    swiglu_limit: 2.0,
+    vocab: 256,
+    context: 4096,
+}];
+
+/// RMS-norm epsilon, and the indexer key's layer-norm epsilon the converter writes.
+const NORM_EPS: f32 = 1e-6;
+
+impl Glm5NextShape {
+    /// Whether layer `l` is an MLA (sparse attention) layer.
+    pub fn is_attention(&self, l: u32) -> bool {
+        (l + 1).is_multiple_of(self.attention_every)
+    }
+
+    /// This shape cut to its first `layers` blocks.
+    pub fn with_layers(mut self, layers: u32) -> Glm5NextShape {
+        self.layers = layers;
+        self.dense_layers = self.dense_layers.min(layers);
+        self
+    }
+}
+
+/// The type of the tensors llama.cpp's quantizer leaves alone for glm5-next: F32 under a
+/// block-quantized model dtype (quantized from an F32 file, so no product of the model mixes
+/// f16-rounded activations, which ggml makes and memra does not, into 8-bit ones), the model
+/// dtype otherwise.
+fn exact(dtype: GgmlType) -> GgmlType {
+    match dtype.block_size() > 1 {
+        true => GgmlType::F32,
+        false => dtype,
+    }
+}
+
+/// The mHC mixing parameters of one sublayer (`hc_attn` or `hc_ffn`).
+fn hc(s: &Glm5NextShape, b: &Block, which: &str) -> Vec<Planned> {
+    let mix = (2 + HC_MULT) * HC_MULT;
+    vec![
+        matrix(
+            b.name(&format!("hc_{which}_fn.weight")),
+            &[HC_MULT * s.dim, mix],
+            1.0,
+            GgmlType::F32,
+        ),
+        f32_uniform(b.name(&format!("hc_{which}_base.weight")), &[mix], 1.0),
+        f32_around(b.name(&format!("hc_{which}_scale.weight")), &[3], 1.0, 0.5),
+    ]
+}
+
+/// A KDA layer's mixer tensors of block `b` (its attention norm first).
+fn kda(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
+    let (h, hd) = (u64::from(s.heads), s.kda_head);
+    let w = h * hd;
+    let keep = |name: &str, dims: &[u64]| {
+        matrix(b.name(&format!("{name}.weight")), dims, 1.0, exact(dtype))
+    };
+    let mut p = vec![b.norm("attn_norm", s.dim)];
+    for x in ["q", "k", "v"] {
+        p.push(b.matrix(&format!("attn_{x}"), &[s.dim, w], 1.0));
+    }
+    // ggml's ssm_conv reads f32 weights only; taps of std 1/sqrt(taps)
+    let taps = 3f32.sqrt() / (s.conv as f32).sqrt();
+    for x in ["q", "k", "v"] {
+        let name = b.name(&format!("ssm_conv1d_{x}.weight"));
+        p.push(f32_uniform(name, &[s.conv, 1, w], taps));
+    }
+    p.push(keep("ssm_f_a", &[s.dim, hd]));
+    p.push(keep("ssm_f_b", &[hd, w]));
+    p.push(keep("ssm_beta", &[s.dim, h]));
+    // -exp(A_log) per head, a 1-d tensor in glm5-next
+    p.push(f32_around(b.name("ssm_a"), &[h], -0.6, 0.4));
+    p.push(f32_uniform(b.name("ssm_dt.bias"), &[w], 0.5));
+    p.push(keep("ssm_g_a", &[s.dim, hd]));
+    p.push(keep("ssm_g_b", &[hd, w]));
+    p.push(norm(b.name("ssm_norm.weight"), hd));
+    p.push(b.matrix("attn_output", &[w, s.dim], res));
+    p
+}
+
+/// A nope-MLA layer's mixer and indexer tensors of block `b` (its attention norm first).
+fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
+    let h = u64::from(s.heads);
+    let (r, kv, id) = (s.q_lora_rank, s.kv_lora_rank, s.indexer_head);
+    let ih = u64::from(s.indexer_heads);
+    let keep = |name: &str, dims: &[u64]| {
+        matrix(b.name(&format!("{name}.weight")), dims, 1.0, exact(dtype))
+    };
+    vec![
+        b.norm("attn_norm", s.dim),
+        b.norm("attn_q_a_norm", r),
+        b.norm("attn_kv_a_norm", kv),
+        b.matrix("attn_q_a", &[s.dim, r], 1.0),
+        b.matrix("attn_q_b", &[r, h * s.qk_nope], 1.0),
+        keep("attn_kv_a_mqa", &[s.dim, kv]),
+        // per head: k_b maps a q row into the latent, v_b maps the latent to a v row
+        keep("attn_k_b", &[s.qk_nope, kv, h]),
+        keep("attn_v_b", &[kv, s.v_head, h]),
+        b.matrix("attn_output", &[h * s.v_head, s.dim], res),
+        norm(b.name("indexer.k_norm.weight"), id),
+        f32_uniform(b.name("indexer.k_norm.bias"), &[id], 0.1),
+        keep("indexer.proj", &[s.dim, ih]),
+        keep("indexer.attn_k", &[s.dim, id]),
+        keep("indexer.attn_q_b", &[r, ih * id]),
+        matrix(
+            b.name("indexer_compressor_gate.weight"),
+            &[s.dim, id],
+            1.0,
+            GgmlType::F32,
+        ),
+        f32_uniform(
+            b.name("indexer_compressor_ape.weight"),
+            &[id, u64::from(s.kpool)],
+            1.0,
+        ),
+    ]
+}
+
+/// The tensors of `s` with matrices in `dtype`, in file order.
+fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
+    let res = residual(s.layers);
+    let experts = Routed {
+        experts: u64::from(s.experts),
+        ffn: s.expert_ffn,
+        probs_bias: true,
+    };
+    let shared = s.expert_ffn * u64::from(s.shared_experts);
+    let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
+    for l in 0..s.layers {
+        let b = Block::new(l, dtype);
+        p.extend(hc(s, &b, "attn"));
+        p.extend(hc(s, &b, "ffn"));
+        match s.is_attention(l) {
+            true => p.extend(mla(s, &b, dtype, res)),
+            false => p.extend(kda(s, &b, dtype, res)),
+        }
+        p.push(b.norm("ffn_norm", s.dim));
+        if l < s.dense_layers {
+            p.extend(gated(&b, "", s.dim, s.ffn, res));
+        } else {
+            p.extend(routed(&b, s.dim, &experts, res));
+            p.extend(gated(&b, "_shexp", s.dim, shared, res));
+        }
+    }
+    p.extend(output_head(s.dim, s.vocab, false, dtype));
+    p
+}
+
+/// The glm5-next metadata keys of `s`, in the converter's order: MLA runs absorbed (MQA over
+/// the latent, one kv head), KDA layers have 0 kv heads.
+fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
+    let kv_heads = (0..s.layers)
+        .map(|l| Value::U32(u32::from(s.is_attention(l))))
+        .collect();
+    let limits = || Value::Array((0..s.layers).map(|_| Value::F32(s.swiglu_limit)).collect());
+    let mut kv = vec![
+        ("general.architecture", Value::Str("glm5-next".into())),
+        (
+            "general.name",
+            Value::Str(format!("memra-synth {}", s.name)),
+        ),
+        ("block_count", Value::U32(s.layers)),
+        ("context_length", Value::U32(s.context)),
+        ("embedding_length", Value::U32(s.dim as u32)),
+        ("feed_forward_length", Value::U32(s.ffn as u32)),
+        ("attention.head_count", Value::U32(s.heads)),
+        ("attention.head_count_kv", Value::Array(kv_heads)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(NORM_EPS)),
+        ("expert_count", Value::U32(s.experts)),
+        ("expert_used_count", Value::U32(s.experts_used)),
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        ("attention.layer_norm_epsilon", Value::F32(NORM_EPS)),
+        ("ssm.conv_kernel", Value::U32(s.conv as u32)),
+        ("kda.head_dim", Value::U32(s.kda_head as u32)),
+    ];
+    if let Some(lb) = s.gate_lower_bound {
+        kv.push(("kda.gate_lower_bound", Value::F32(lb)));
+    }
+    kv.extend([
+        ("attention.q_lora_rank", Value::U32(s.q_lora_rank as u32)),
+        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
+        ("rope.dimension_count", Value::U32(0)),
+        ("attention.key_length", Value::U32(s.kv_lora_rank as u32)),
+        ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
+        ("attention.key_length_mla", Value::U32(s.qk_nope as u32)),
+        ("attention.value_length_mla", Value::U32(s.v_head as u32)),
+        ("attention.indexer.head_count", Value::U32(s.indexer_heads)),
+        (
+            "attention.indexer.key_length",
+            Value::U32(s.indexer_head as u32),
+        ),
+        ("attention.indexer.top_k", Value::U32(s.indexer_top_k)),
+        ("attention.indexer.kpool", Value::U32(s.kpool)),
+        ("attention.indexer.kpool_select_tail", Value::Bool(true)),
+        ("hyper_connection.count", Value::U32(HC_MULT as u32)),
+        (
+            "hyper_connection.sinkhorn_iterations",
+            Value::U32(s.sinkhorn_iters),
+        ),
+        ("hyper_connection.epsilon", Value::F32(s.hc_eps)),
+        ("leading_dense_block_count", Value::U32(s.dense_layers)),
+        (
+            "expert_feed_forward_length",
+            Value::U32(s.expert_ffn as u32),
+        ),
+        ("expert_shared_count", Value::U32(s.shared_experts)),
+        ("expert_weights_scale", Value::F32(s.weights_scale)),
+        ("expert_weights_norm", Value::Bool(true)),
+        ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
+        ("swiglu_clamp_exp", limits()),
+        ("swiglu_clamp_shexp", limits()),
+    ]);
+    keyed("glm5-next", kv)
+}
+
+/// The planned model of `s` with matrices in `dtype`.
+pub(crate) fn spec(s: &Glm5NextShape, dtype: GgmlType) -> Spec {
+    Spec {
+        metadata: metadata(s),
+        vocab: s.vocab,
+        tensors: plan(s, dtype),
+    }
+}
