@@ -33,7 +33,7 @@ use super::p2p::{check_groups, Crossings};
 use super::rank::RankDevice;
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
-use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepOutput};
+use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Program};
 use crate::reduce::ReduceOrder;
@@ -339,7 +339,12 @@ impl Engine {
 
 impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        input.check(self.failed, self.next_step, self.max_context, 1)?;
+        let limits = StepLimits {
+            max_context: self.max_context,
+            max_rows: 1,
+            sequences: 1,
+        };
+        input.check(self.failed, self.next_step, limits)?;
         if self.pending.len() >= self.ring {
             bail!(
                 "{} steps are in flight, the plan's runtime.in_flight; take an output first",
@@ -367,7 +372,7 @@ impl Decoder for Engine {
             .map(|_| ())
             .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
         }
-        self.pending.push_back((t, input.pos));
+        self.pending.push_back((t, input.pos()));
         if result.is_ok() && self.arm == Arm::Serial {
             if let Some(rb) = &self.readback {
                 let slot = (t % rb.logits.len() as u64) as usize;

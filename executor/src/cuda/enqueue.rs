@@ -93,7 +93,7 @@ impl CudaOps<'_> {
             s.memcpy_htod(h, &mut dst.clone())
                 .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
         };
-        up(&mut ring.pos[slot], input.pos, rank.pos())?;
+        up(&mut ring.pos[slot], input.pos(), rank.pos())?;
         if embeds {
             match (input.token(), rank.token_input()) {
                 (Some(token), _) => up(&mut ring.token[slot], token, rank.token())?,
