@@ -144,7 +144,8 @@ enum Command {
         command: Vec<String>,
     },
     /// Serve the plan over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions
-    /// (streamed or not), /v1/models, /health and /metrics; one sequence decodes at a time.
+    /// (streamed or not), /v1/models, /health and /metrics; up to runtime.max_sequences
+    /// sequences decode together.
     Serve {
         /// The execution plan.
         plan: PathBuf,
