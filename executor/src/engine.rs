@@ -173,7 +173,10 @@ impl StepInput {
 
     /// The tokens of every span, in row order (none for a step that embeds the sampled token).
     pub fn tokens(&self) -> Vec<u32> {
-        self.spans.iter().flat_map(|s| s.tokens.iter().copied()).collect()
+        self.spans
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect()
     }
 
     /// (slot, position) of every row, in row order.

@@ -59,10 +59,7 @@ fn together(plan: &LoadedPlan, arm: Arm, sequences: &[Sequence]) -> (Vec<Vec<Vec
         }
         widest = widest.max(batch.used());
         for done in batch.step().unwrap() {
-            let i = slot_of
-                .iter()
-                .position(|&s| s == Some(done.slot))
-                .unwrap();
+            let i = slot_of.iter().position(|&s| s == Some(done.slot)).unwrap();
             logits[i].push(done.logits.clone());
             if logits[i].len() == sequences[i].generate {
                 batch.leave(done.slot).unwrap();
@@ -99,8 +96,8 @@ fn assert_alone_equals_together(
         for (i, (want, got)) in alone.iter().zip(&got).enumerate() {
             assert_eq!(want.len(), got.len(), "{label} {arm:?} sequence {i}");
             for (t, (w, g)) in want.iter().zip(got).enumerate() {
-                let same = w.len() == g.len()
-                    && w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same =
+                    w.len() == g.len() && w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
                     "{label} {arm:?}: sequence {i} token {t}: logits differ from its run alone"

@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 
+use crate::batch::Batch;
 use crate::engine::{open, EngineOptions};
 use crate::plan_load::LoadedPlan;
-use crate::batch::Batch;
 use crate::text::{ChatTemplate, Tokenizer};
 use metrics::Metrics;
 use routes::{router, App};
@@ -41,10 +41,8 @@ pub struct Listen {
 /// the host over the step's logits.
 pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Result<()> {
     let runtime = &plan.plan.runtime;
-    let (max_context, max_sequences) = (
-        runtime.max_context as usize,
-        runtime.max_sequences as usize,
-    );
+    let (max_context, max_sequences) =
+        (runtime.max_context as usize, runtime.max_sequences as usize);
     let tokenizer = Arc::new(Tokenizer::from_gguf(&plan.gguf)?);
     let template = ChatTemplate::from_gguf(&plan.gguf, &tokenizer).map_err(|e| format!("{e:#}"));
     let model = plan

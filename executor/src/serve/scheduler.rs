@@ -238,6 +238,7 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
             .batch
             .as_mut()
             .expect("invariant: running sequences have a batch");
+        self.metrics.count_step(running.len());
         let stepped = batch.step();
         let done = match stepped {
             Ok(done) => done,
@@ -253,13 +254,19 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
         };
         let mut kept = Vec::with_capacity(running.len());
         for mut sequence in running {
+            // a client gone during the step gets nothing of it
+            if sequence.gone() {
+                self.leave(sequence, None);
+                continue;
+            }
             let Some(d) = done.iter().find(|d| d.slot == sequence.slot) else {
                 kept.push(sequence);
                 continue;
             };
             let fed = sequence.advance(&d.logits, &self.metrics).and_then(|next| {
                 let batch = self.batch.as_mut().expect("invariant: stepped above");
-                next.map(|token| batch.feed(sequence.slot, token)).transpose()
+                next.map(|token| batch.feed(sequence.slot, token))
+                    .transpose()
             });
             match fed {
                 Ok(Some(())) => kept.push(sequence),
@@ -277,11 +284,12 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
             // The slot is the sequence's own; freeing it cannot fail.
             let _ = batch.leave(sequence.slot);
         }
+        // counted before the client hears of the end
+        self.count_slots();
         match error {
             Some(message) => sequence.fail(&message),
             None => sequence.finish(&self.metrics),
         }
-        self.count_slots();
     }
 
     fn count_slots(&self) {
@@ -354,8 +362,7 @@ mod tests {
             if let Some(at) = input.rows_at().find(|r| Some(r.pos as u32) == self.fail_at) {
                 anyhow::bail!("the device fell over at position {}", at.pos);
             }
-            self.widest
-                .fetch_max(input.spans.len(), Ordering::Relaxed);
+            self.widest.fetch_max(input.spans.len(), Ordering::Relaxed);
             let mut logits = vec![0.0; 257 * input.spans.len()];
             for row in logits.chunks_exact_mut(257) {
                 row[self.token as usize] = 1.0;
@@ -479,7 +486,8 @@ mod tests {
     fn jobs_decode_together_up_to_the_slots_and_the_rest_wait() {
         let tokenizer = tokenizer();
         let a = tokenizer.encode("a", false).unwrap()[0];
-        let (tick, ticks) = channel();
+        // a step waits for a tick, handed over one at a time
+        let (tick, ticks) = std::sync::mpsc::sync_channel(0);
         let mut ticks = Some(ticks);
         let widest = Arc::new(AtomicUsize::new(0));
         let seen = widest.clone();
