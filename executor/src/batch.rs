@@ -2,8 +2,9 @@
 //! holds a sequence slot (its region of every KV cache, `runtime.max_sequences` of them) and
 //! the tokens its caches hold there. A `step` advances every sequence that has tokens to
 //! decode in one engine step: the generating sequences first (one row each: the token the
-//! host sampled and fed), then the prompts of joining sequences, in the order they joined,
-//! as chunks that fill the rest of the engine's rows per step. Sequences join (`join`) and
+//! host sampled and fed; taking turns when an engine takes fewer rows per step than there
+//! are sequences), then the prompts of joining sequences, in the order they joined, as
+//! chunks that fill the rest of the engine's rows per step. Sequences join (`join`) and
 //! leave (`leave`) between steps. The host samples each sequence's next token from the
 //! logits its step returns, so every sequence keeps its own sampler.
 //!
@@ -22,6 +23,7 @@ pub struct Batch {
     slots: Vec<Slot>,
     max_rows: usize,
     joins: u64,
+    steps: u64,
 }
 
 /// One sequence slot.
@@ -33,6 +35,8 @@ struct Slot {
     pending: Vec<u32>,
     /// When the sequence holding the slot joined; `None`: the slot is free.
     joined: Option<u64>,
+    /// The last step that carried the slot's rows.
+    stepped: u64,
 }
 
 /// What a step gave one sequence.
@@ -53,6 +57,7 @@ impl Batch {
             slots: (0..sequences.max(1)).map(|_| Slot::default()).collect(),
             max_rows,
             joins: 0,
+            steps: 0,
         }
     }
 
@@ -125,8 +130,16 @@ impl Batch {
         let mut order: Vec<usize> = (0..self.slots.len())
             .filter(|&i| !self.slots[i].pending.is_empty())
             .collect();
-        // generating sequences (one token pending) first, then prompts in joining order
-        order.sort_by_key(|&i| (self.slots[i].pending.len() > 1, self.slots[i].joined));
+        // generating sequences (one token pending) first, the longest waiting first (when
+        // fewer rows than sequences fit a step, they take turns), then prompts in joining
+        // order
+        order.sort_by_key(|&i| {
+            let s = &self.slots[i];
+            match s.pending.len() {
+                1 => (false, s.stepped, s.joined),
+                _ => (true, 0, s.joined),
+            }
+        });
         let mut spans = Vec::new();
         let mut room = self.max_rows;
         for i in order {
@@ -147,6 +160,7 @@ impl Batch {
             return Ok(Vec::new());
         }
         let out = self.engine.step(StepInput::of(spans.clone()))?;
+        self.steps += 1;
         if out.logits.is_empty() || out.logits.len() % spans.len() != 0 {
             bail!(
                 "a batched step returned {} logits for {} sequences; batching needs the process holding the readback rank",
@@ -161,6 +175,7 @@ impl Batch {
             let s = &mut self.slots[slot];
             let rows = span.tokens.len();
             s.history.extend(s.pending.drain(..rows));
+            s.stepped = self.steps;
             if s.pending.is_empty() {
                 done.push(SlotLogits {
                     slot,
