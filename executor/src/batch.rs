@@ -88,17 +88,22 @@ impl Batch {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.joined.is_none())
-            .max_by_key(|&(i, s)| (common_prefix(&s.history, tokens), std::cmp::Reverse(i)));
+            .max_by_key(|&(i, s)| (self.reuse(&s.history, tokens), std::cmp::Reverse(i)));
         let Some((slot, _)) = best else {
             return Ok(None);
         };
+        let common = self.reuse(&self.slots[slot].history, tokens);
         let s = &mut self.slots[slot];
-        let common = common_prefix(&s.history, tokens);
         s.history.truncate(common);
         s.pending = tokens[common..].to_vec();
         s.joined = Some(self.joins);
         self.joins += 1;
         Ok(Some(slot))
+    }
+
+    /// The tokens of `history` a sequence with prompt `tokens` reuses.
+    fn reuse(&self, history: &[u32], tokens: &[u32]) -> usize {
+        common_prefix(history, tokens, self.engine.rewinds())
     }
 
     /// Feeds the token the host picked for the sequence in `slot`: its next step decodes it.

@@ -320,6 +320,12 @@ pub trait Decoder {
     fn in_flight(&self) -> u64;
     /// How the engine takes a prompt.
     fn prompt_mode(&self) -> PromptMode;
+    /// Whether the state a sequence leaves can be cut back to any earlier position (a KV
+    /// cache can, a recurrent state cannot): whether a new sequence may reuse a cached
+    /// prefix shorter than what the cache holds.
+    fn rewinds(&self) -> bool {
+        true
+    }
     /// Lines describing where the engine runs (devices, memory), for `bench`.
     fn report(&self) -> Vec<String> {
         Vec::new()
@@ -360,6 +366,9 @@ impl<D: Decoder + ?Sized> Decoder for Box<D> {
     }
     fn prompt_mode(&self) -> PromptMode {
         (**self).prompt_mode()
+    }
+    fn rewinds(&self) -> bool {
+        (**self).rewinds()
     }
     fn report(&self) -> Vec<String> {
         (**self).report()

@@ -24,14 +24,21 @@ pub enum Flow {
 }
 
 /// How many tokens of `history` (what a cache holds) the next sequence `tokens` can reuse:
-/// their longest common prefix, leaving at least one token of `tokens` to decode.
-pub fn common_prefix(history: &[u32], tokens: &[u32]) -> usize {
-    history
+/// their longest common prefix, leaving at least one token of `tokens` to decode. On an
+/// engine that cannot cut its state back (`Decoder::rewinds`), only the whole history, else
+/// nothing.
+pub fn common_prefix(history: &[u32], tokens: &[u32], rewinds: bool) -> usize {
+    let common = history
         .iter()
         .zip(tokens)
         .take_while(|(a, b)| a == b)
         .count()
-        .min(tokens.len().saturating_sub(1))
+        .min(tokens.len().saturating_sub(1));
+    if rewinds || common == history.len() {
+        common
+    } else {
+        0
+    }
 }
 
 /// An engine (of any backend) plus the token history its caches hold.
@@ -81,7 +88,7 @@ impl Session {
     /// Truncates the history to its longest common prefix with `tokens`, leaving at least one
     /// token of `tokens` to decode; returns the prefix length.
     fn keep_prefix_of(&mut self, tokens: &[u32]) -> usize {
-        let common = common_prefix(&self.history, tokens);
+        let common = common_prefix(&self.history, tokens, self.engine.rewinds());
         self.history.truncate(common);
         common
     }

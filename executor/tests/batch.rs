@@ -10,7 +10,7 @@ mod common;
 use common::{compile_scratch, options, root, smollm2, synth_model, tiny_tp_model};
 use memra_executor::batch::Batch;
 use memra_executor::cpu::Arm;
-use memra_executor::engine::{open, Backend, EngineOptions};
+use memra_executor::engine::{open, Backend, EngineOptions, StepInput};
 use memra_executor::plan_load::LoadedPlan;
 use memra_executor::sample::argmax;
 use memra_executor::session::{Flow, Session};
@@ -195,6 +195,43 @@ fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kin
         };
         assert_alone_equals_together(name, &reference, &batched, &sequences(vocab, 4), least);
     }
+}
+
+#[test]
+fn a_prompt_again_in_the_slot_that_holds_it_equals_its_run_alone() {
+    tiny_tp_model();
+    synth_model(
+        "tiny-kimi-linear",
+        "q8_0",
+        16,
+        "models/tiny-kimi-linear-q8_0.gguf",
+    );
+    // the second sequence takes the first one's slot, which holds its prompt and more: a KV
+    // cache reuses the prompt, KDA's recurrent state cannot be cut back and starts over
+    for name in ["tiny-tp", "tiny-kimi-linear"] {
+        let reference = variant(name, "");
+        let batched = variant(name, "max_sequences = 4\nprefill_chunk = 6");
+        let prompt: Vec<u32> = vec![5, 9, 200, 31, 7];
+        let again = |joins_at| Sequence {
+            joins_at,
+            prompt: prompt.clone(),
+            generate: 5,
+        };
+        assert_alone_equals_together(name, &reference, &batched, &[again(0), again(40)], 1);
+    }
+}
+
+#[test]
+fn a_sampled_token_step_is_refused_where_the_token_crosses_stages_late() {
+    tiny_tp_model();
+    let plan = variant("tiny-tp-pp2", "max_sequences = 4");
+    let mut engine = open(&plan, options(Arm::Serial)).unwrap();
+    engine.step(StepInput::prompt(0, &[5, 9], 1)).unwrap();
+    let err = engine.step(StepInput::sampled(2)).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("feed every row its token"),
+        "{err:#}"
+    );
 }
 
 #[test]

@@ -53,6 +53,7 @@ pub struct Engine {
     /// Whether a step may embed the token sampled at the previous step: not where the token
     /// crosses stages with a lag of several steps (`runtime.max_sequences` > 1).
     feeds_sampled: bool,
+    rewinds: bool,
 }
 
 impl Engine {
@@ -134,6 +135,7 @@ impl Engine {
                 .boundaries
                 .iter()
                 .all(|b| b.carries != Carries::Token || b.lag == 1),
+            rewinds: plan.model.kda.is_none(),
         })
     }
 }
@@ -198,6 +200,11 @@ impl Decoder for Engine {
 
     fn prompt_mode(&self) -> PromptMode {
         self.prompt_mode
+    }
+
+    /// KDA layers keep a recurrent state, which cannot be cut back.
+    fn rewinds(&self) -> bool {
+        self.rewinds
     }
 }
 
