@@ -374,3 +374,68 @@ impl<D: Decoder + ?Sized> Decoder for Box<D> {
         (**self).report()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(slot: u32, pos: u32, tokens: &[u32]) -> Span {
+        Span {
+            slot,
+            pos,
+            tokens: tokens.to_vec(),
+            logits_from: tokens.len().max(1) as u32 - 1,
+        }
+    }
+
+    const LIMITS: StepLimits = StepLimits {
+        max_context: 64,
+        max_rows: 8,
+        sequences: 4,
+    };
+
+    #[test]
+    fn a_batched_step_lists_its_rows_and_logit_rows_span_after_span() {
+        let step = StepInput::of(vec![span(2, 10, &[7]), span(0, 0, &[1, 2, 3])]);
+        step.check(false, 5, LIMITS).unwrap();
+        assert_eq!(step.rows(), 4);
+        let at: Vec<(usize, usize)> = step.rows_at().map(|r| (r.slot, r.pos)).collect();
+        assert_eq!(at, [(2, 10), (0, 0), (0, 1), (0, 2)]);
+        assert_eq!(step.logit_rows(), [0, 3]);
+        assert_eq!(step.tokens(), [7, 1, 2, 3]);
+    }
+
+    #[test]
+    fn steps_an_engine_cannot_take_are_refused_by_name() {
+        let refusal = |spans: Vec<Span>| {
+            format!(
+                "{:#}",
+                StepInput::of(spans).check(false, 1, LIMITS).unwrap_err()
+            )
+        };
+        assert_eq!(
+            refusal(vec![span(4, 0, &[1])]),
+            "sequence slot 4 is not below the plan's runtime.max_sequences 4"
+        );
+        assert_eq!(
+            refusal(vec![span(1, 0, &[1]), span(1, 1, &[2])]),
+            "sequence slot 1 has two spans in one step"
+        );
+        assert_eq!(
+            refusal(vec![span(0, 3, &[]), span(1, 0, &[2])]),
+            "a row that embeds the sampled token must be alone in its step"
+        );
+        assert_eq!(
+            refusal(vec![span(0, 0, &[1; 5]), span(1, 0, &[2; 4])]),
+            "a step of 9 rows; this engine takes at most 8 per step"
+        );
+        assert_eq!(
+            refusal(vec![span(3, 63, &[1, 2])]),
+            "position 64 is beyond the plan's runtime.max_context 64"
+        );
+        assert_eq!(
+            refusal(Vec::new()),
+            "a step of no rows; at least one span is needed"
+        );
+    }
+}
