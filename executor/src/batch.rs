@@ -5,16 +5,21 @@
 //! host sampled and fed; taking turns when an engine takes fewer rows per step than there
 //! are sequences), then the prompts of joining sequences, in the order they joined, as
 //! chunks that fill the rest of the engine's rows per step. Sequences join (`join`) and
-//! leave (`leave`) between steps. The host samples each sequence's next token from the
+//! leave (`leave`) between steps. With the pipelined arm of a plan of several stages, that
+//! many steps are in flight, each over its own group of the sequences, so the stages work
+//! on different sequences at once (`window`). The host samples each sequence's next token from the
 //! logits its step returns, so every sequence keeps its own sampler.
 //!
 //! A slot is never cleared: a row attends only to its own slot's rows up to its position,
 //! all written by its own sequence. A joining prompt takes the free slot whose cached tokens
 //! share the longest prefix with it and decodes only the rest.
 
-use anyhow::{anyhow, bail, Result};
+use std::collections::VecDeque;
 
-use crate::engine::{Decoder, Span, StepInput};
+use anyhow::{anyhow, bail, Result};
+use memra_compiler::plan::Plan;
+
+use crate::engine::{Arm, Decoder, Span, StepInput};
 use crate::session::common_prefix;
 
 /// An engine decoding up to its plan's `runtime.max_sequences` sequences together.
@@ -22,6 +27,10 @@ pub struct Batch {
     engine: Box<dyn Decoder>,
     slots: Vec<Slot>,
     max_rows: usize,
+    /// Most steps in flight.
+    window: usize,
+    /// The spans of the steps in flight, oldest first.
+    flying: VecDeque<Vec<Span>>,
     joins: u64,
     steps: u64,
 }
@@ -37,6 +46,18 @@ struct Slot {
     joined: Option<u64>,
     /// The last step that carried the slot's rows.
     stepped: u64,
+    /// Whether a step in flight carries the slot's rows.
+    flying: bool,
+}
+
+/// What one engine step gave back.
+#[derive(Debug, Default)]
+pub struct Stepped {
+    /// Sequences the step carried.
+    pub sequences: usize,
+    /// Each sequence whose fed tokens are all decoded now, with the logits after its last,
+    /// in slot order.
+    pub done: Vec<SlotLogits>,
 }
 
 /// What a step gave one sequence.
@@ -49,13 +70,16 @@ pub struct SlotLogits {
 }
 
 impl Batch {
-    /// `engine` with `sequences` slots (its plan's `runtime.max_sequences`).
-    pub fn new(engine: impl Decoder + 'static, sequences: usize) -> Batch {
+    /// `engine` with `sequences` slots (its plan's `runtime.max_sequences`), keeping up to
+    /// `window` steps in flight (see `window`).
+    pub fn new(engine: impl Decoder + 'static, sequences: usize, window: usize) -> Batch {
         let max_rows = engine.prompt_mode().rows().max(1) as usize;
         Batch {
             engine: Box::new(engine),
             slots: (0..sequences.max(1)).map(|_| Slot::default()).collect(),
             max_rows,
+            window: window.max(1),
+            flying: VecDeque::new(),
             joins: 0,
             steps: 0,
         }
@@ -71,11 +95,6 @@ impl Batch {
         self.slots.iter().filter(|s| s.joined.is_some()).count()
     }
 
-    /// Whether a step has rows to decode.
-    pub fn has_work(&self) -> bool {
-        self.slots.iter().any(|s| !s.pending.is_empty())
-    }
-
     /// A new sequence with prompt `tokens` takes a free slot: the one whose cached tokens
     /// share the longest prefix with the prompt (the lowest of equals). `None` when every
     /// slot is taken.
@@ -87,7 +106,7 @@ impl Batch {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.joined.is_none())
+            .filter(|(_, s)| s.joined.is_none() && !s.flying)
             .max_by_key(|&(i, s)| (self.reuse(&s.history, tokens), std::cmp::Reverse(i)));
         let Some((slot, _)) = best else {
             return Ok(None);
@@ -128,43 +147,27 @@ impl Batch {
             .ok_or_else(|| anyhow!("sequence slot {slot} holds no sequence"))
     }
 
-    /// Runs one engine step over the sequences with tokens to decode and returns the logits
-    /// of each whose fed tokens are all decoded now, in slot order. A step with nothing to
-    /// decode returns nothing.
-    pub fn step(&mut self) -> Result<Vec<SlotLogits>> {
-        let mut order: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| !self.slots[i].pending.is_empty())
-            .collect();
-        // generating sequences (one token pending) first, the longest waiting first (when
-        // fewer rows than sequences fit a step, they take turns), then prompts in joining
-        // order
-        order.sort_by_key(|&i| {
-            let s = &self.slots[i];
-            match s.pending.len() {
-                1 => (false, s.stepped, s.joined),
-                _ => (true, 0, s.joined),
-            }
-        });
-        let mut spans = Vec::new();
-        let mut room = self.max_rows;
-        for i in order {
-            if room == 0 {
+    /// Runs the next engine step and returns what it gave back. Before, it submits steps
+    /// until the window is full, each over sequences with tokens to decode and none in
+    /// flight: one step of them all with a window of one, else about an equal share of them
+    /// per free place in the window. With nothing to decode it returns an empty step.
+    pub fn step(&mut self) -> Result<Stepped> {
+        while self.flying.len() < self.window {
+            let Some(spans) = self.next_spans() else {
                 break;
+            };
+            self.engine.submit(StepInput::of(spans.clone()))?;
+            for span in &spans {
+                let s = &mut self.slots[span.slot as usize];
+                s.pending.drain(..span.tokens.len());
+                s.flying = true;
             }
-            let s = &self.slots[i];
-            let rows = s.pending.len().min(room);
-            room -= rows;
-            spans.push(Span {
-                slot: i as u32,
-                pos: s.history.len() as u32,
-                tokens: s.pending[..rows].to_vec(),
-                logits_from: rows as u32 - 1,
-            });
+            self.flying.push_back(spans);
         }
-        if spans.is_empty() {
-            return Ok(Vec::new());
-        }
-        let out = self.engine.step(StepInput::of(spans.clone()))?;
+        let Some(spans) = self.flying.pop_front() else {
+            return Ok(Stepped::default());
+        };
+        let out = self.engine.next_output()?;
         self.steps += 1;
         if out.logits.is_empty() || out.logits.len() % spans.len() != 0 {
             bail!(
@@ -178,10 +181,11 @@ impl Batch {
         for (span, logits) in spans.iter().zip(out.logits.chunks_exact(vocab)) {
             let slot = span.slot as usize;
             let s = &mut self.slots[slot];
-            let rows = span.tokens.len();
-            s.history.extend(s.pending.drain(..rows));
+            // the cache holds the rows even of a sequence that left meanwhile
+            s.history.extend_from_slice(&span.tokens);
             s.stepped = self.steps;
-            if s.pending.is_empty() {
+            s.flying = false;
+            if s.pending.is_empty() && s.joined.is_some() {
                 done.push(SlotLogits {
                     slot,
                     logits: logits.to_vec(),
@@ -189,6 +193,58 @@ impl Batch {
             }
         }
         done.sort_by_key(|d| d.slot);
-        Ok(done)
+        Ok(Stepped {
+            sequences: spans.len(),
+            done,
+        })
+    }
+
+    /// The spans of the next step to submit, `None` when no sequence is ready.
+    fn next_spans(&self) -> Option<Vec<Span>> {
+        let mut ready: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].pending.is_empty() && !self.slots[i].flying)
+            .collect();
+        if ready.is_empty() {
+            return None;
+        }
+        // generating sequences (one token pending) first, the longest waiting first (when
+        // fewer rows than sequences fit a step, they take turns), then prompts in joining
+        // order
+        ready.sort_by_key(|&i| {
+            let s = &self.slots[i];
+            match s.pending.len() {
+                1 => (false, s.stepped, s.joined),
+                _ => (true, 0, s.joined),
+            }
+        });
+        let share = ready.len().div_ceil(self.window - self.flying.len());
+        let mut spans = Vec::new();
+        let mut room = self.max_rows;
+        for i in ready.into_iter().take(share) {
+            if room == 0 {
+                break;
+            }
+            let s = &self.slots[i];
+            let rows = s.pending.len().min(room);
+            room -= rows;
+            spans.push(Span {
+                slot: i as u32,
+                pos: s.history.len() as u32,
+                tokens: s.pending[..rows].to_vec(),
+                logits_from: rows as u32 - 1,
+            });
+        }
+        Some(spans)
+    }
+}
+
+/// Steps a batch keeps in flight on `plan` in `arm`: with the pipelined arm one per pipeline
+/// stage (at most the plan's `runtime.in_flight`), so every stage works on its own group of
+/// sequences at once; the serial arm runs its steps one at a time anyway.
+pub fn window(plan: &Plan, arm: Arm) -> usize {
+    let stages = plan.ranks.iter().map(|r| r.stage + 1).max().unwrap_or(1);
+    match arm {
+        Arm::Serial => 1,
+        Arm::Pipelined => stages.min(plan.runtime.in_flight).max(1) as usize,
     }
 }

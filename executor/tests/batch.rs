@@ -8,7 +8,7 @@
 mod common;
 
 use common::{compile_scratch, options, root, smollm2, synth_model, tiny_tp_model};
-use memra_executor::batch::Batch;
+use memra_executor::batch::{window, Batch};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, Backend, EngineOptions, StepInput};
 use memra_executor::plan_load::LoadedPlan;
@@ -43,7 +43,8 @@ fn alone(plan: &LoadedPlan, prompt: &[u32], generate: usize) -> Vec<Vec<f32>> {
 /// Returns them with the most sequences one step carried.
 fn together(plan: &LoadedPlan, arm: Arm, sequences: &[Sequence]) -> (Vec<Vec<Vec<f32>>>, usize) {
     let slots = plan.plan.runtime.max_sequences as usize;
-    let mut batch = Batch::new(open(plan, options(arm)).unwrap(), slots);
+    let window = window(&plan.plan, arm);
+    let mut batch = Batch::new(open(plan, options(arm)).unwrap(), slots, window);
     let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); sequences.len()];
     let mut slot_of: Vec<Option<usize>> = vec![None; sequences.len()];
     let mut next = 0;
@@ -58,7 +59,7 @@ fn together(plan: &LoadedPlan, arm: Arm, sequences: &[Sequence]) -> (Vec<Vec<Vec
             next += 1;
         }
         widest = widest.max(batch.used());
-        for done in batch.step().unwrap() {
+        for done in batch.step().unwrap().done {
             let i = slot_of.iter().position(|&s| s == Some(done.slot)).unwrap();
             logits[i].push(done.logits.clone());
             if logits[i].len() == sequences[i].generate {
@@ -175,18 +176,25 @@ fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kin
     ] {
         synth_model(shape, "q8_0", seed, &format!("models/{model}-q8_0.gguf"));
     }
-    // (reference plan, plan decoding together): PP with the token crossing stages, TP, PP x
-    // TP, MLA's latent cache with experts, KDA's state (token by token: one row per step)
-    for (reference, name) in [
-        ("tiny-tp", "tiny-tp"),
-        ("tiny-tp", "tiny-tp-pp2"),
-        ("tiny-tp", "tiny-tp-tp2"),
-        ("tiny-tp", "tiny-tp-pp2-tp2"),
-        ("tiny-deepseek2", "tiny-deepseek2-pp2"),
-        ("tiny-kimi-linear", "tiny-kimi-linear-pp2"),
+    // (reference plan, plan decoding together, its other runtime lines): PP with the token
+    // crossing stages, TP, PP x TP, MLA's latent cache with experts, KDA's state (token by
+    // token: one row per step); every PP plan with two steps in flight in the pipelined arm,
+    // each over its own group of sequences
+    for (reference, name, more) in [
+        ("tiny-tp", "tiny-tp", ""),
+        ("tiny-tp", "tiny-tp-pp2", ""),
+        ("tiny-tp", "tiny-tp-tp2", ""),
+        ("tiny-tp", "tiny-tp-pp2-tp2", ""),
+        ("tiny-deepseek2", "tiny-deepseek2-pp2", "in_flight = 2"),
+        ("tiny-kimi-linear", "tiny-kimi-linear-pp2", "in_flight = 2"),
     ] {
         let reference = variant(reference, "");
-        let batched = variant(name, "max_sequences = 4\nprefill_chunk = 6");
+        let batched = variant(
+            name,
+            &format!("max_sequences = 4\nprefill_chunk = 6\n{more}"),
+        );
+        let stages = if name.contains("-pp2") { 2 } else { 1 };
+        assert_eq!(window(&batched.plan, Arm::Pipelined), stages, "{name}");
         let vocab = reference.plan.model.vocab;
         let least = if name.starts_with("tiny-kimi-linear") {
             2

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 
 use super::tools::mean_sd;
 use super::RunArgs;
-use crate::batch::Batch;
+use crate::batch::{window, Batch};
 use crate::engine::{open, Backend};
 use crate::sample::{argmax, SamplerConfig};
 
@@ -52,7 +52,8 @@ pub fn bench_batch(
     for line in engine.report() {
         eprintln!("{line}");
     }
-    let mut engine = Batch::new(engine, slots);
+    let window = window(&loaded.plan, options.arm);
+    let mut engine = Batch::new(engine, slots, window);
     let n = n.max(2);
     let (prompt, vocab) = (prompt.max(1), u64::from(loaded.plan.model.vocab.max(1)));
     let mut measured = Vec::new();
@@ -113,7 +114,7 @@ fn decode_together(batch: &mut Batch, prompts: &[Vec<u32>], n: usize) -> Result<
     let mut started: Option<Instant> = None;
     let (mut after, mut steps_after) = (0usize, 0usize);
     while batch.used() > 0 {
-        let done = batch.step()?;
+        let done = batch.step()?.done;
         if started.is_some() {
             steps_after += 1;
             after += done.len();

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::batch::Batch;
+use crate::batch::{window, Batch};
 use crate::engine::{open, EngineOptions};
 use crate::plan_load::LoadedPlan;
 use crate::text::{ChatTemplate, Tokenizer};
@@ -52,7 +52,10 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Resul
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
     let metrics = Arc::new(Metrics::new(max_sequences));
     let scheduler = Scheduler::start(
-        move || Ok(Batch::new(open(&plan, options)?, max_sequences)),
+        move || {
+            let window = window(&plan.plan, options.arm);
+            Ok(Batch::new(open(&plan, options)?, max_sequences, window))
+        },
         tokenizer.clone(),
         metrics.clone(),
     )?;

@@ -238,10 +238,11 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
             .batch
             .as_mut()
             .expect("invariant: running sequences have a batch");
-        self.metrics.count_step(running.len());
-        let stepped = batch.step();
-        let done = match stepped {
-            Ok(done) => done,
+        let done = match batch.step() {
+            Ok(stepped) => {
+                self.metrics.count_step(stepped.sequences);
+                stepped.done
+            }
             Err(e) => {
                 let message = format!("{e:#}");
                 for sequence in running {
@@ -420,7 +421,7 @@ mod tests {
         let open = move || {
             // The first engine fails at position 3, the reopened one never.
             let first = count.fetch_add(1, Ordering::Relaxed) == 0;
-            Ok(Batch::new(Fixed::new(a, first.then_some(3), None), 1))
+            Ok(Batch::new(Fixed::new(a, first.then_some(3), None), 1, 1))
         };
         let metrics = Arc::new(Metrics::new(1));
         let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
@@ -457,7 +458,7 @@ mod tests {
         let a = tokenizer.encode("a", false).unwrap()[0];
         let (tick, ticks) = channel();
         let mut ticks = Some(ticks);
-        let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1));
+        let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
         let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1))).unwrap();
         // Cancelled while queued: never decoded, its channel closes without an event.
         let (queued, mut rx) = job(vec![a], 50);
@@ -495,7 +496,7 @@ mod tests {
             let mut engine = Fixed::new(a, None, ticks.take());
             engine.rows = 4;
             engine.widest = seen.clone();
-            Ok(Batch::new(engine, 2))
+            Ok(Batch::new(engine, 2, 1))
         };
         let metrics = Arc::new(Metrics::new(2));
         let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
