@@ -20,7 +20,7 @@ struct Rep {
     ttft_ms: f64,
     /// Tokens generated after that, over their time.
     tok_s: f64,
-    /// Time of one step after that: each sequence's time per token.
+    /// Each sequence's time per token after that.
     ms_per_token: f64,
 }
 
@@ -112,11 +112,10 @@ fn decode_together(batch: &mut Batch, prompts: &[Vec<u32>], n: usize) -> Result<
     }
     let mut generated = vec![0usize; batch.slots()];
     let mut started: Option<Instant> = None;
-    let (mut after, mut steps_after) = (0usize, 0usize);
+    let mut after = 0usize;
     while batch.used() > 0 {
         let done = batch.step()?.done;
         if started.is_some() {
-            steps_after += 1;
             after += done.len();
         }
         for d in done {
@@ -133,9 +132,10 @@ fn decode_together(batch: &mut Batch, prompts: &[Vec<u32>], n: usize) -> Result<
     }
     let started = started.expect("invariant: every sequence generated a token");
     let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let per_sequence = after as f64 / prompts.len() as f64;
     Ok(Rep {
         ttft_ms: (started - start).as_secs_f64() * 1000.0,
         tok_s: after as f64 / secs,
-        ms_per_token: secs * 1000.0 / steps_after.max(1) as f64,
+        ms_per_token: secs * 1000.0 / per_sequence.max(1.0),
     })
 }
