@@ -88,83 +88,193 @@ impl EngineOptions {
     }
 }
 
-/// What the host feeds one step: a decode step (one row) or a prefill step (a prompt chunk of
-/// up to the plan's `runtime.prefill_chunk` rows of one sequence, at consecutive positions).
+/// One sequence's rows in a step: consecutive positions of the sequence in KV slot `slot`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StepInput {
-    /// Position of the step's first row (its KV-cache row); row `i` sits at `pos + i`.
+pub struct Span {
+    /// The sequence's slot: its region of every KV cache and recurrent state, below the
+    /// plan's `runtime.max_sequences`.
+    pub slot: u32,
+    /// Position of the span's first row (its KV-cache row); row `i` sits at `pos + i`. A span
+    /// at position 0 starts a new sequence in its slot.
     pub pos: u32,
-    /// The prompt tokens to embed, one per row; empty: one row that embeds the token sampled
-    /// at the previous step.
-    pub tokens: Arc<[u32]>,
-    /// The first row whose logits come back (the last row's always do).
+    /// The tokens to embed, one per row; empty: one row that embeds the token sampled at the
+    /// previous step (only in a step of this one span).
+    pub tokens: Vec<u32>,
+    /// The first row of the span whose logits come back (the last row's always do).
     pub logits_from: u32,
 }
 
+impl Span {
+    /// Rows of the span.
+    pub fn rows(&self) -> u32 {
+        (self.tokens.len() as u32).max(1)
+    }
+}
+
+/// What the host feeds one step: the spans of the sequences it advances, their rows one
+/// after another. A decode step of one sequence is one span of one row, a prefill step one
+/// span of a prompt chunk (up to the plan's `runtime.prefill_chunk` rows), a batched step one
+/// span per sequence (a generated token, or a prompt chunk of a joining sequence). Every row
+/// is computed as it would be alone, so a sequence's logits do not depend on its company.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepInput {
+    /// The spans, in row order; at least one.
+    pub spans: Arc<[Span]>,
+}
+
 impl StepInput {
-    /// A step that embeds the token sampled at the previous step.
+    /// A step of sequence slot 0 that embeds the token sampled at the previous step.
     pub fn sampled(pos: u32) -> StepInput {
-        StepInput {
+        StepInput::of(vec![Span {
+            slot: 0,
             pos,
-            tokens: Arc::from(Vec::new()),
+            tokens: Vec::new(),
             logits_from: 0,
+        }])
+    }
+
+    /// A step of prompt `tokens` of sequence slot 0 from `pos` on, returning the logits of
+    /// rows `logits_from..`.
+    pub fn prompt(pos: u32, tokens: &[u32], logits_from: u32) -> StepInput {
+        StepInput::of(vec![Span {
+            slot: 0,
+            pos,
+            tokens: tokens.to_vec(),
+            logits_from,
+        }])
+    }
+
+    /// A step of `spans`.
+    pub fn of(spans: Vec<Span>) -> StepInput {
+        StepInput {
+            spans: Arc::from(spans),
         }
     }
 
-    /// A step of prompt `tokens` from `pos` on, returning the logits of rows `logits_from..`.
-    pub fn prompt(pos: u32, tokens: &[u32], logits_from: u32) -> StepInput {
-        StepInput {
-            pos,
-            tokens: Arc::from(tokens),
-            logits_from,
-        }
+    /// Position of the step's first row.
+    pub fn pos(&self) -> u32 {
+        self.spans.first().map_or(0, |s| s.pos)
     }
 
     /// Rows of the step.
     pub fn rows(&self) -> u32 {
-        (self.tokens.len() as u32).max(1)
+        self.spans.iter().map(Span::rows).sum()
     }
 
     /// The prompt token of a one-row step; `None` when it embeds the sampled token.
     pub fn token(&self) -> Option<u32> {
-        self.tokens.first().copied()
+        self.spans.first().and_then(|s| s.tokens.first().copied())
     }
 
-    /// Refuses a step an engine cannot take: after an earlier failure, more rows than the
-    /// engine takes at once, a row past the plan's `max_context`, logits from a row the step
-    /// does not have, or a first step without a prompt token.
-    pub fn check(
-        &self,
-        failed: bool,
-        next_step: u64,
-        max_context: u32,
-        max_rows: u32,
-    ) -> Result<()> {
+    /// Whether the step embeds the token sampled at the previous step.
+    pub fn embeds_sampled(&self) -> bool {
+        self.spans.iter().any(|s| s.tokens.is_empty())
+    }
+
+    /// The tokens of every span, in row order (none for a step that embeds the sampled token).
+    pub fn tokens(&self) -> Vec<u32> {
+        self.spans
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect()
+    }
+
+    /// (slot, position) of every row, in row order.
+    pub fn rows_at(&self) -> impl Iterator<Item = RowAt> + '_ {
+        self.spans.iter().flat_map(|s| {
+            (0..s.rows()).map(move |i| RowAt {
+                slot: s.slot as usize,
+                pos: (s.pos + i) as usize,
+            })
+        })
+    }
+
+    /// The rows of the step whose logits come back, in row order: each span's rows from its
+    /// `logits_from` on.
+    pub fn logit_rows(&self) -> Vec<usize> {
+        let mut rows = Vec::new();
+        let mut first = 0usize;
+        for s in self.spans.iter() {
+            let n = s.rows() as usize;
+            rows.extend(first + s.logits_from as usize..first + n);
+            first += n;
+        }
+        rows
+    }
+
+    /// Refuses a step an engine cannot take: after an earlier failure, no spans, more rows
+    /// than the engine takes at once, a slot outside the plan's `runtime.max_sequences` or
+    /// twice in one step, a row past the plan's `max_context`, logits from a row a span does
+    /// not have, a row that embeds the sampled token beside other rows, or a first step
+    /// without a prompt token.
+    pub fn check(&self, failed: bool, next_step: u64, limits: StepLimits) -> Result<()> {
         if failed {
             bail!("the engine stopped after an earlier error");
         }
-        if self.rows() > max_rows {
+        if self.spans.is_empty() {
+            bail!("a step of no rows; at least one span is needed");
+        }
+        if self.rows() > limits.max_rows {
             bail!(
-                "a step of {} rows; this engine takes at most {max_rows} per step",
-                self.rows()
+                "a step of {} rows; this engine takes at most {} per step",
+                self.rows(),
+                limits.max_rows
             );
         }
-        let last = u64::from(self.pos) + u64::from(self.rows()) - 1;
-        if last >= u64::from(max_context) {
-            bail!("position {last} is beyond the plan's runtime.max_context {max_context}");
+        for (i, s) in self.spans.iter().enumerate() {
+            if s.slot >= limits.sequences {
+                bail!(
+                    "sequence slot {} is not below the plan's runtime.max_sequences {}",
+                    s.slot,
+                    limits.sequences
+                );
+            }
+            if self.spans[..i].iter().any(|e| e.slot == s.slot) {
+                bail!("sequence slot {} has two spans in one step", s.slot);
+            }
+            let last = u64::from(s.pos) + u64::from(s.rows()) - 1;
+            if last >= u64::from(limits.max_context) {
+                bail!(
+                    "position {last} is beyond the plan's runtime.max_context {}",
+                    limits.max_context
+                );
+            }
+            if s.logits_from >= s.rows() {
+                bail!(
+                    "logits from row {} of a span of {} rows",
+                    s.logits_from,
+                    s.rows()
+                );
+            }
         }
-        if self.logits_from >= self.rows() {
-            bail!(
-                "logits from row {} of a step of {} rows",
-                self.logits_from,
-                self.rows()
-            );
+        if self.embeds_sampled() && self.spans.len() > 1 {
+            bail!("a row that embeds the sampled token must be alone in its step");
         }
-        if next_step == 0 && self.tokens.is_empty() {
+        if next_step == 0 && self.embeds_sampled() {
             bail!("the first decode step needs a prompt token");
         }
         Ok(())
     }
+}
+
+/// Where a row of a step sits: its sequence's slot and its position there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowAt {
+    /// The sequence slot.
+    pub slot: usize,
+    /// The position in the slot's caches.
+    pub pos: usize,
+}
+
+/// What one engine takes per step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// The plan's `runtime.max_context`.
+    pub max_context: u32,
+    /// Most rows of one step.
+    pub max_rows: u32,
+    /// Sequence slots: the plan's `runtime.max_sequences`.
+    pub sequences: u32,
 }
 
 /// What one step gives back to the host.
@@ -176,8 +286,8 @@ pub struct StepOutput {
     pub pos: u32,
     /// The token sampled from the last row's logits.
     pub token: u32,
-    /// Logits over the whole vocabulary of rows `logits_from..` of the step, one row after
-    /// another; empty in a process without the readback rank.
+    /// Logits over the whole vocabulary of the step's `logit_rows`, one row after another;
+    /// empty in a process without the readback rank.
     pub logits: Vec<f32>,
 }
 
@@ -210,6 +320,12 @@ pub trait Decoder {
     fn in_flight(&self) -> u64;
     /// How the engine takes a prompt.
     fn prompt_mode(&self) -> PromptMode;
+    /// Whether the state a sequence leaves can be cut back to any earlier position (a KV
+    /// cache can, a recurrent state cannot): whether a new sequence may reuse a cached
+    /// prefix shorter than what the cache holds.
+    fn rewinds(&self) -> bool {
+        true
+    }
     /// Lines describing where the engine runs (devices, memory), for `bench`.
     fn report(&self) -> Vec<String> {
         Vec::new()
@@ -221,8 +337,17 @@ pub trait Decoder {
     }
 }
 
-/// Loads `loaded` onto the backend `options` names.
+/// Loads `loaded` onto the backend `options` names. Only the cpu backend decodes several
+/// sequences together; a plan with more sequence slots is refused on the others here.
 pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decoder>> {
+    let sequences = loaded.plan.runtime.max_sequences;
+    if options.backend != Backend::Cpu && sequences != 1 {
+        bail!(
+            "{}: runtime.max_sequences is {sequences}; the {} backend runs one sequence (batched decode runs on the cpu backend; compile the placement with max_sequences = 1)",
+            loaded.path.display(),
+            options.backend.name()
+        );
+    }
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),
@@ -242,7 +367,75 @@ impl<D: Decoder + ?Sized> Decoder for Box<D> {
     fn prompt_mode(&self) -> PromptMode {
         (**self).prompt_mode()
     }
+    fn rewinds(&self) -> bool {
+        (**self).rewinds()
+    }
     fn report(&self) -> Vec<String> {
         (**self).report()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(slot: u32, pos: u32, tokens: &[u32]) -> Span {
+        Span {
+            slot,
+            pos,
+            tokens: tokens.to_vec(),
+            logits_from: tokens.len().max(1) as u32 - 1,
+        }
+    }
+
+    const LIMITS: StepLimits = StepLimits {
+        max_context: 64,
+        max_rows: 8,
+        sequences: 4,
+    };
+
+    #[test]
+    fn a_batched_step_lists_its_rows_and_logit_rows_span_after_span() {
+        let step = StepInput::of(vec![span(2, 10, &[7]), span(0, 0, &[1, 2, 3])]);
+        step.check(false, 5, LIMITS).unwrap();
+        assert_eq!(step.rows(), 4);
+        let at: Vec<(usize, usize)> = step.rows_at().map(|r| (r.slot, r.pos)).collect();
+        assert_eq!(at, [(2, 10), (0, 0), (0, 1), (0, 2)]);
+        assert_eq!(step.logit_rows(), [0, 3]);
+        assert_eq!(step.tokens(), [7, 1, 2, 3]);
+    }
+
+    #[test]
+    fn steps_an_engine_cannot_take_are_refused_by_name() {
+        let refusal = |spans: Vec<Span>| {
+            format!(
+                "{:#}",
+                StepInput::of(spans).check(false, 1, LIMITS).unwrap_err()
+            )
+        };
+        assert_eq!(
+            refusal(vec![span(4, 0, &[1])]),
+            "sequence slot 4 is not below the plan's runtime.max_sequences 4"
+        );
+        assert_eq!(
+            refusal(vec![span(1, 0, &[1]), span(1, 1, &[2])]),
+            "sequence slot 1 has two spans in one step"
+        );
+        assert_eq!(
+            refusal(vec![span(0, 3, &[]), span(1, 0, &[2])]),
+            "a row that embeds the sampled token must be alone in its step"
+        );
+        assert_eq!(
+            refusal(vec![span(0, 0, &[1; 5]), span(1, 0, &[2; 4])]),
+            "a step of 9 rows; this engine takes at most 8 per step"
+        );
+        assert_eq!(
+            refusal(vec![span(3, 63, &[1, 2])]),
+            "position 64 is beyond the plan's runtime.max_context 64"
+        );
+        assert_eq!(
+            refusal(Vec::new()),
+            "a step of no rows; at least one span is needed"
+        );
     }
 }

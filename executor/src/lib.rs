@@ -1,7 +1,9 @@
 //! memra executor: loads an execution plan and its model, runs the plan's ranks on a backend
 //! (the CPU reference or CUDA, both behind `engine::Decoder`), and offers the host-side pieces
-//! `memra-run` is built from: sampling, decoding sessions, the bit-identity gate and perplexity.
+//! `memra-run` is built from: sampling, decoding sessions, batches of sequences decoded
+//! together, the bit-identity gate and perplexity.
 //! `dist` lets one process per device run a plan together.
+pub mod batch;
 pub mod cli;
 pub mod cpu;
 pub mod cuda;

@@ -142,12 +142,6 @@ fn check_runnable(plan: &Plan) -> Result<()> {
             RUNNABLE_ARCHITECTURES.join(", ")
         );
     }
-    if plan.runtime.max_sequences != 1 {
-        bail!(
-            "runtime.max_sequences is {}; the executor runs one sequence",
-            plan.runtime.max_sequences
-        );
-    }
     if plan.model.mla.is_none()
         && (plan.model.heads == 0
             || plan.model.kv_heads == 0

@@ -13,7 +13,6 @@ use std::collections::VecDeque;
 use anyhow::{bail, Result};
 
 use crate::engine::{Decoder, StepInput, StepOutput};
-use crate::sample::Sampler;
 
 /// What a step's callback tells the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +21,24 @@ pub enum Flow {
     Continue,
     /// Stop after this step: its token is the last one generated.
     Stop,
+}
+
+/// How many tokens of `history` (what a cache holds) the next sequence `tokens` can reuse:
+/// their longest common prefix, leaving at least one token of `tokens` to decode. On an
+/// engine that cannot cut its state back (`Decoder::rewinds`), only the whole history, else
+/// nothing.
+pub fn common_prefix(history: &[u32], tokens: &[u32], rewinds: bool) -> usize {
+    let common = history
+        .iter()
+        .zip(tokens)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(tokens.len().saturating_sub(1));
+    if rewinds || common == history.len() {
+        common
+    } else {
+        0
+    }
 }
 
 /// An engine (of any backend) plus the token history its caches hold.
@@ -71,61 +88,9 @@ impl Session {
     /// Truncates the history to its longest common prefix with `tokens`, leaving at least one
     /// token of `tokens` to decode; returns the prefix length.
     fn keep_prefix_of(&mut self, tokens: &[u32]) -> usize {
-        let common = self
-            .history
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(tokens.len().saturating_sub(1));
+        let common = common_prefix(&self.history, tokens, self.engine.rewinds());
         self.history.truncate(common);
         common
-    }
-
-    /// As `continue_with`, but the host picks every generated token from the step's logits
-    /// with `sampler` (a per-request sampler, whatever the engine's was opened with) and feeds
-    /// it back as the next step's token. The prompt goes through `run`, scored at its last row
-    /// only; `on_step` sees `None` after each prompt row but the last and each generated token
-    /// after; it may stop at any of them (a cancelled request stops during its prompt).
-    /// Returns the generated tokens.
-    pub fn continue_sampled(
-        &mut self,
-        tokens: &[u32],
-        max_new: usize,
-        sampler: &mut Sampler,
-        mut on_step: impl FnMut(Option<u32>) -> Result<Flow>,
-    ) -> Result<Vec<u32>> {
-        if tokens.is_empty() {
-            bail!("the prompt is empty; at least one token is needed");
-        }
-        let common = self.keep_prefix_of(tokens);
-        let prompt = &tokens[common..];
-        let last = (common + prompt.len() - 1) as u32;
-        let mut logits = None;
-        self.run(prompt, 0, prompt.len() - 1, |row, _| {
-            if row.pos == last {
-                logits = Some(row.logits.clone());
-                Ok(Flow::Continue)
-            } else {
-                on_step(None)
-            }
-        })?;
-        let mut generated = Vec::new();
-        let Some(mut logits) = logits else {
-            return Ok(generated);
-        };
-        while generated.len() < max_new {
-            let token = sampler.sample(&logits);
-            generated.push(token);
-            if on_step(Some(token))? == Flow::Stop || generated.len() == max_new {
-                break;
-            }
-            let pos = self.history.len() as u32;
-            let out = self.engine.step(StepInput::prompt(pos, &[token], 0))?;
-            self.history.push(token);
-            logits = out.logits;
-        }
-        Ok(generated)
     }
 
     /// Decodes `prompt` (after the history; prefill steps of up to the engine's chunk) and then

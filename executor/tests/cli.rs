@@ -1,7 +1,7 @@
 //! `memra-run` as a user runs it: greedy generation streams the continuation, a seed repeats
 //! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built and
 //! refuses the layer kinds it does not run yet, bench reports prefill speed and time to first
-//! token.
+//! token, bench --batch the aggregate speed of sequences decoded together.
 
 mod common;
 
@@ -170,4 +170,45 @@ fn bench_reports_prefill_speed_and_time_to_first_token() {
     assert_eq!(json["prompt_mode"], "prefill chunks of 512");
     assert!(json["prefill_tok_s"].as_f64().unwrap() > 0.0, "{json}");
     assert!(json["ttft_ms"].as_f64().unwrap() > 0.0, "{json}");
+}
+
+#[test]
+fn bench_batch_reports_aggregate_speed_and_refuses_more_sequences_than_slots() {
+    smollm2("smollm2-batch8");
+    let args = [
+        "bench",
+        "plans/smollm2-batch8.plan.toml",
+        "--batch",
+        "3",
+        "--prompt",
+        "4",
+        "-n",
+        "3",
+        "--reps",
+        "1",
+        "-t",
+        "1",
+    ];
+    let text = stdout(&memra_run(&args));
+    assert!(
+        text.contains("batch 3, prompt 4 tokens each: ")
+            && text.contains("3 tokens x 3 sequences x 1 reps: ")
+            && text.contains("tok/s aggregate"),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&memra_run(&[&args[..], &["--json"]].concat()))).unwrap();
+    assert_eq!(json["batch"], 3);
+    let (all, each) = (
+        json["tok_s"].as_f64().unwrap(),
+        json["tok_s_per_sequence"].as_f64().unwrap(),
+    );
+    assert!(all > 0.0 && (all - 3.0 * each).abs() < 0.1, "{json}");
+    let out = memra_run(&["bench", "plans/smollm2.plan.toml", "--batch", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: --batch 2: plans/smollm2.plan.toml decodes 1..=1 sequences together (its runtime.max_sequences); compile the placement with max_sequences = 2 or more"),
+        "{err}"
+    );
 }

@@ -1,7 +1,8 @@
 //! `memra-run serve` driven over HTTP on the CPU backend with the real SmolLM2: greedy text
 //! equals `memra-run generate`, chat, streamed chunks equal the whole body, concurrent
-//! requests equal their one-at-a-time text, a dropped stream frees the engine, and every bad
-//! request gets its 4xx naming the field and is counted in /metrics.
+//! requests decode together (the plan's 8 sequence slots) and each equals its one-at-a-time
+//! text, a dropped stream frees the engine, and every bad request gets its 4xx naming the
+//! field and is counted in /metrics.
 
 mod common;
 
@@ -246,23 +247,38 @@ fn a_stop_string_ends_the_text_before_it() {
 }
 
 #[test]
-fn concurrent_requests_each_equal_their_text_alone() {
+fn concurrent_requests_decode_together_and_each_equals_its_text_alone() {
     let server = Server::start();
     let prompts = [
         "The capital of France is",
         "One, two, three,",
         "def add(a, b):",
         "The sky is",
+        "Once upon a time",
+        "My favourite colour is",
+        "import numpy as",
+        "Water boils at",
     ];
-    let alone: Vec<String> = prompts.iter().map(|p| server.complete(p, 4)).collect();
+    let steps = || server.metric("memra_steps_total");
+    let before = steps();
+    let alone: Vec<String> = prompts.iter().map(|p| server.complete(p, 8)).collect();
+    let steps_alone = steps() - before;
+    let before = steps();
     let together: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = prompts
             .iter()
-            .map(|p| s.spawn(|| server.complete(p, 4)))
+            .map(|p| s.spawn(|| server.complete(p, 8)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    let steps_together = steps() - before;
     assert_eq!(together, alone);
+    // one at a time: a prompt step and a step per generated token each; together they share
+    assert!(
+        steps_together <= steps_alone / 2.0,
+        "8 concurrent requests took {steps_together} steps, alone {steps_alone}"
+    );
+    assert_eq!(server.metric("memra_kv_slots_total"), 8.0);
 }
 
 #[test]

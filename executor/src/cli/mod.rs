@@ -1,13 +1,14 @@
 //! The `memra-run` command line: argument definitions, shared setup (plan, model, engine,
 //! tokenizer) and dispatch to the subcommands in `text` (generate, chat), `tools`
-//! (perplexity, gate, compare, bench), `launch` (one process per device) and `serve` (the
-//! HTTP server).
+//! (perplexity, gate, compare, bench), `batched` (bench --batch), `launch` (one process per
+//! device) and `serve` (the HTTP server).
 //!
 //! A subcommand given `--process P --processes W --rendezvous ADDR` joins the world of W
 //! processes first and runs the ranks of its device; only the process holding the plan's
 //! readback rank prints the command's output. It ends by waiting for every process to
 //! finish, or, when its command fails, by telling the others why.
 
+mod batched;
 mod launch;
 mod serve;
 mod text;
@@ -144,7 +145,8 @@ enum Command {
         command: Vec<String>,
     },
     /// Serve the plan over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions
-    /// (streamed or not), /v1/models, /health and /metrics; one sequence decodes at a time.
+    /// (streamed or not), /v1/models, /health and /metrics; up to runtime.max_sequences
+    /// sequences decode together.
     Serve {
         /// The execution plan.
         plan: PathBuf,
@@ -171,6 +173,10 @@ enum Command {
         /// Timed repetitions.
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Decode B sequences together (at most the plan's runtime.max_sequences), each a
+        /// --prompt then -n tokens: aggregate tok/s and each sequence's ms per token.
+        #[arg(long, value_name = "B")]
+        batch: Option<usize>,
         /// Print one JSON object instead of the line.
         #[arg(long)]
         json: bool,
@@ -463,9 +469,19 @@ fn run(command: Command) -> Result<ExitCode> {
             prompt,
             n_predict,
             reps,
+            batch: None,
             json,
             run,
         } => tools::bench(&plan, prompt, n_predict, reps, json, &run),
+        Command::Bench {
+            plan,
+            prompt,
+            n_predict,
+            reps,
+            batch: Some(batch),
+            json,
+            run,
+        } => batched::bench_batch(&plan, batch, prompt, n_predict, reps, json, &run),
         Command::Serve {
             plan,
             host,

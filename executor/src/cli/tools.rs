@@ -236,7 +236,7 @@ fn cuda_copy_bandwidth(plan: &memra_compiler::plan::Plan) -> Result<f64> {
 }
 
 /// Mean and sample standard deviation.
-fn mean_sd(xs: &[f64]) -> (f64, f64) {
+pub(super) fn mean_sd(xs: &[f64]) -> (f64, f64) {
     let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     let var = xs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (xs.len().max(2) - 1) as f64;
     (mean, var.sqrt())

@@ -29,6 +29,7 @@ use super::layer::{FfnWeights, LayerWeights, MixerWeights};
 use super::mhc::{self, HcParams, HcState};
 use super::segments::{self, view, Activations, Cache, Ctx};
 use super::wire::Payload;
+use crate::engine::RowAt;
 use crate::geometry::RankGeometry;
 use crate::rope::mla_kq_scale;
 use crate::sample::{Sampler, SamplerConfig};
@@ -122,6 +123,7 @@ impl RankCompute {
         };
         let capacity = plan.runtime.max_context as usize;
         let hd = m.head_dim as usize;
+        let slots = plan.runtime.max_sequences as usize;
         let caches = layers
             .iter()
             .map(|lw| match &lw.mixer {
@@ -129,29 +131,29 @@ impl RankCompute {
                     if g.q.rows % hd != 0 || g.k.rows % hd != 0 {
                         bail!("q/k shards are not whole heads of {hd} values");
                     }
-                    Ok(Cache::Kv(KvCache::new(
-                        kv_dtype,
-                        g.k.rows / hd,
-                        hd,
-                        capacity,
-                    )))
+                    let kv = || KvCache::new(kv_dtype, g.k.rows / hd, hd, capacity);
+                    Ok(Cache::Kv((0..slots).map(|_| kv()).collect()))
                 }
                 MixerWeights::Mla(mla) => {
                     let kvl = mla.k_b.rows;
                     let rope = mla.kv_a.rows - kvl;
-                    let indexer = mla.indexer.as_ref().map(|x| {
+                    let latent = || LatentCache::new(kv_dtype, kvl, rope, capacity);
+                    // DSA's indexer rows beside the latent ones, one cache per slot
+                    let indexers = mla.indexer.as_ref().map_or_else(Vec::new, |x| {
                         let id = x.k.rows;
-                        IndexerCache::new(id, x.ape.len() / id, capacity)
+                        (0..slots)
+                            .map(|_| IndexerCache::new(id, x.ape.len() / id, capacity))
+                            .collect()
                     });
                     Ok(Cache::Latent(
-                        LatentCache::new(kv_dtype, kvl, rope, capacity),
-                        indexer,
+                        (0..slots).map(|_| latent()).collect(),
+                        indexers,
                     ))
                 }
-                MixerWeights::Kda(k) => Ok(Cache::Kda(
-                    KdaState::new(k.heads(), k.head_dim(), k.taps),
-                    capacity,
-                )),
+                MixerWeights::Kda(k) => {
+                    let state = || KdaState::new(k.heads(), k.head_dim(), k.taps);
+                    Ok(Cache::Kda((0..slots).map(|_| state()).collect(), capacity))
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         let router = m.moe.as_ref().map(Router::of);
@@ -306,18 +308,34 @@ impl RankCompute {
         Ok(())
     }
 
-    /// Runs one segment of layer `layer` at sequence position `pos`.
-    pub fn segment(&mut self, layer: u32, segment: Segment, pos: u32) -> Result<()> {
+    /// Runs one segment of layer `layer` over the step's rows, row `i` at `at[i]`.
+    pub fn segment(&mut self, layer: u32, segment: Segment, at: &[RowAt]) -> Result<()> {
         let li = self.geo.layer_index(layer, self.layers.len())?;
         let lw = &self.layers[li];
         let cache = &mut self.caches[li];
         let a = &mut self.act;
-        let last = pos as usize + a.rows.max(1) - 1;
-        if last >= cache.capacity() {
+        if at.len() != a.rows.max(1) {
             bail!(
-                "position {last} is beyond runtime.max_context {}",
-                cache.capacity()
+                "a step of {} rows reached layer {layer} with {} rows",
+                at.len(),
+                a.rows
             );
+        }
+        for row in at {
+            if row.pos >= cache.capacity() {
+                bail!(
+                    "position {} is beyond runtime.max_context {}",
+                    row.pos,
+                    cache.capacity()
+                );
+            }
+            if row.slot >= cache.slots() {
+                bail!(
+                    "sequence slot {} is not below runtime.max_sequences {}",
+                    row.slot,
+                    cache.slots()
+                );
+            }
         }
         let batched = !matches!(
             segment,
@@ -333,7 +351,7 @@ impl RankCompute {
         let c = Ctx {
             pool: &self.pool,
             geo: &self.geo,
-            pos: pos as usize,
+            at,
         };
         match (segment, &lw.mixer, &lw.ffn, cache) {
             (Segment::AttnPre, MixerWeights::Gqa(g), ..) => {
@@ -348,7 +366,10 @@ impl RankCompute {
             (Segment::MlaCore, MixerWeights::Mla(m), _, Cache::Latent(lc, _)) => {
                 segments::mla_core(&c, m, lc, self.kq_scale, a)
             }
-            (Segment::DsaSelect, MixerWeights::Mla(m), _, Cache::Latent(_, Some(ic))) => {
+            (Segment::DsaSelect, MixerWeights::Mla(m), _, Cache::Latent(_, ic))
+                if !ic.is_empty() =>
+            {
+                let ic = &mut ic[at[0].slot];
                 let (how, eps) = self
                     .dsa
                     .as_ref()
@@ -366,10 +387,10 @@ impl RankCompute {
                 mhc::hc_pre(&c, w, p, a)?
             }
             (Segment::KdaPre, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
-                segments::kda_pre(&c, &lw.attn_norm, k, st, a)
+                segments::kda_pre(&c, &lw.attn_norm, k, &mut st[at[0].slot], a)
             }
             (Segment::KdaCore, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
-                segments::kda_core(&c, k, st, a)
+                segments::kda_core(&c, k, &mut st[at[0].slot], a)
             }
             (Segment::AttnOut, mixer, ..) => segments::attn_out(&c, mixer.o(), a),
             (Segment::Ffn, _, FfnWeights::Dense(g), _) => {
@@ -397,16 +418,16 @@ impl RankCompute {
         segments::finish_with(&mut self.act, sum);
     }
 
-    /// Final norm and this rank's vocab rows, for the step's rows from `from` on.
-    pub fn head(&mut self, from: usize) -> Result<()> {
+    /// Final norm and this rank's vocab rows, for the step's rows `which` (in order).
+    pub fn head(&mut self, which: &[usize]) -> Result<()> {
         let (norm, rows) = self
             .head
             .as_ref()
             .ok_or_else(|| anyhow!("head on a rank without the head"))?;
         let a = &mut self.act;
         let d = norm.len();
-        if from >= a.rows {
-            bail!("logits from row {from} of a step of {} rows", a.rows);
+        if let Some(&bad) = which.iter().find(|&&r| r >= a.rows) {
+            bail!("logits of row {bad} of a step of {} rows", a.rows);
         }
         // mHC: the head reads the mean of the streams
         if let Some(hc) = &a.hc {
@@ -418,13 +439,10 @@ impl RankCompute {
                 hc_mean(streams, x);
             }
         }
-        let n = a.rows - from;
+        let n = which.len();
         a.xn.resize(n * d, 0.0);
-        for (x, xn) in a.x[from * d..]
-            .chunks_exact(d)
-            .zip(a.xn.chunks_exact_mut(d))
-        {
-            rms_norm(x, norm, self.geo.eps, xn);
+        for (&row, xn) in which.iter().zip(a.xn.chunks_exact_mut(d)) {
+            rms_norm(&a.x[row * d..(row + 1) * d], norm, self.geo.eps, xn);
         }
         let w = match rows {
             HeadRows::Own(m) => view(m),

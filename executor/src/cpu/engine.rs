@@ -19,14 +19,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{anyhow, bail, Result};
-use memra_compiler::plan::{Plan, Step};
+use memra_compiler::plan::{Carries, Plan, Step};
 
 use super::compute::RankCompute;
 use super::kernels::Pool;
 use super::rank::RankRunner;
 use super::wire::{Remote, Wire};
 use crate::dist::{ProcessMap, Routes};
-use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepOutput};
+use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::program::Binder;
 use crate::weights::RankWeights;
@@ -47,8 +47,13 @@ pub struct Engine {
     next_step: u64,
     in_flight: u64,
     max_context: u32,
+    sequences: u32,
     prompt_mode: PromptMode,
     failed: bool,
+    /// Whether a step may embed the token sampled at the previous step: not where the token
+    /// crosses stages with a lag of several steps (`runtime.max_sequences` > 1).
+    feeds_sampled: bool,
+    rewinds: bool,
 }
 
 impl Engine {
@@ -123,8 +128,14 @@ impl Engine {
             next_step: 0,
             in_flight: 0,
             max_context: plan.runtime.max_context,
+            sequences: plan.runtime.max_sequences,
             prompt_mode: prompt_mode(plan),
             failed: false,
+            feeds_sampled: plan
+                .boundaries
+                .iter()
+                .all(|b| b.carries != Carries::Token || b.lag == 1),
+            rewinds: plan.model.kda.is_none(),
         })
     }
 }
@@ -132,12 +143,18 @@ impl Engine {
 impl Decoder for Engine {
     /// Enqueues one decode step; its result comes from `next_output`, in order.
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        input.check(
-            self.failed,
-            self.next_step,
-            self.max_context,
-            self.prompt_mode.rows(),
-        )?;
+        let limits = StepLimits {
+            max_context: self.max_context,
+            max_rows: self.prompt_mode.rows(),
+            sequences: self.sequences,
+        };
+        input.check(self.failed, self.next_step, limits)?;
+        if input.embeds_sampled() && !self.feeds_sampled {
+            bail!(
+                "a step that embeds the sampled token on a plan whose token crosses stages {} steps later (runtime.max_sequences); feed every row its token",
+                self.sequences
+            );
+        }
         let t = self.next_step;
         self.next_step += 1;
         self.in_flight += 1;
@@ -183,6 +200,11 @@ impl Decoder for Engine {
 
     fn prompt_mode(&self) -> PromptMode {
         self.prompt_mode
+    }
+
+    /// KDA layers keep a recurrent state, which cannot be cut back.
+    fn rewinds(&self) -> bool {
+        self.rewinds
     }
 }
 

@@ -13,7 +13,7 @@ use memra_compiler::plan::{Boundary, Carries, Plan};
 use super::compute::RankCompute;
 use super::wire::{Payload, Wire};
 use crate::dist::Takers;
-use crate::engine::{StepInput, StepOutput};
+use crate::engine::{RowAt, StepInput, StepOutput};
 use crate::program::{walk, Binder, Block, Cursor, Entered, Program, RankOps, Work};
 use crate::reduce::{ReduceOrder, Tree};
 
@@ -47,6 +47,8 @@ struct CpuOps {
     outgoing: Vec<Boundary>,
     incoming: Vec<Boundary>,
     readback: Sender<Result<StepOutput>>,
+    /// Slot and position of each row of the step (kept between segments).
+    at: Vec<RowAt>,
 }
 
 impl RankRunner {
@@ -109,6 +111,7 @@ impl RankRunner {
                 outgoing,
                 incoming,
                 readback,
+                at: Vec::new(),
             },
         })
     }
@@ -177,7 +180,7 @@ impl RankOps for CpuOps {
     fn readback(&mut self, _: &str, t: u64, input: &StepInput) -> Result<()> {
         let out = StepOutput {
             step: t,
-            pos: input.pos,
+            pos: input.pos(),
             token: self.compute.token(),
             logits: self.compute.logits().to_vec(),
         };
@@ -217,7 +220,7 @@ impl CpuOps {
 
     fn compute_work(&mut self, work: Work, t: u64, input: &StepInput) -> Result<()> {
         match work {
-            Work::Embed if !input.tokens.is_empty() => self.compute.embed(&input.tokens),
+            Work::Embed if !input.embeds_sampled() => self.compute.embed(&input.tokens()),
             Work::Embed => {
                 let token = match self.incoming.iter().find(|b| b.carries == Carries::Token) {
                     Some(b) => self.compute.received_token(b.boundary, b.recv_slot(t))?,
@@ -225,8 +228,12 @@ impl CpuOps {
                 };
                 self.compute.embed(&[token])
             }
-            Work::Segment { layer, segment } => self.compute.segment(layer, segment, input.pos),
-            Work::Head => self.compute.head(input.logits_from as usize),
+            Work::Segment { layer, segment } => {
+                self.at.clear();
+                self.at.extend(input.rows_at());
+                self.compute.segment(layer, segment, &self.at)
+            }
+            Work::Head => self.compute.head(&input.logit_rows()),
             Work::Sample => self.compute.sample(),
             Work::LoadHidden => {
                 let b = self

@@ -20,6 +20,7 @@ use super::kernels::{
 };
 use super::layer::{Gated, GqaWeights, KdaWeights, MlaWeights, MoeWeights, QueryPath};
 use super::mhc::HcState;
+use crate::engine::RowAt;
 use crate::geometry::RankGeometry;
 use crate::weights::{Matrix, Stack};
 
@@ -81,23 +82,34 @@ pub(super) struct Activations {
     pub cells: Vec<usize>,
 }
 
-/// A layer's state that the next token reads.
+/// A layer's state that the next token reads, one per sequence slot. No slot is ever
+/// cleared: a row reads only its own slot's positions up to its own, all written by its own
+/// sequence, and a KDA state restarts when a sequence starts at position 0.
 pub(super) enum Cache {
-    Kv(KvCache),
-    /// MLA's latent rows, and DSA's indexer rows beside them.
-    Latent(LatentCache, Option<IndexerCache>),
+    Kv(Vec<KvCache>),
+    /// MLA's latent rows, and DSA's indexer rows beside them (none without an indexer).
+    Latent(Vec<LatentCache>, Vec<IndexerCache>),
     /// A KDA layer's windows and recurrent states, and the plan's context length (the state
     /// itself does not grow).
-    Kda(KdaState, usize),
+    Kda(Vec<KdaState>, usize),
 }
 
 impl Cache {
-    /// Positions the cache holds.
+    /// Positions each slot holds.
     pub fn capacity(&self) -> usize {
         match self {
-            Cache::Kv(c) => c.capacity(),
-            Cache::Latent(c, _) => c.capacity(),
+            Cache::Kv(c) => c.first().map_or(0, KvCache::capacity),
+            Cache::Latent(c, _) => c.first().map_or(0, LatentCache::capacity),
             Cache::Kda(_, capacity) => *capacity,
+        }
+    }
+
+    /// Sequence slots.
+    pub fn slots(&self) -> usize {
+        match self {
+            Cache::Kv(c) => c.len(),
+            Cache::Latent(c, _) => c.len(),
+            Cache::Kda(c, _) => c.len(),
         }
     }
 }
@@ -106,7 +118,8 @@ impl Cache {
 pub(super) struct Ctx<'a> {
     pub pool: &'a Pool,
     pub geo: &'a RankGeometry,
-    pub pos: usize,
+    /// Slot and position of every row of the step.
+    pub at: &'a [RowAt],
 }
 
 impl Ctx<'_> {
@@ -180,7 +193,7 @@ fn per_head_norm(v: &mut [f32], w: &[f32], eps: f32, hd: usize) {
     }
 }
 
-/// GQA: norm, q/k/v (+biases, q/k norms), rope; row `i` at position `pos + i`.
+/// GQA: norm, q/k/v (+biases, q/k norms), rope; each row at its own position.
 pub(super) fn gqa_pre(c: &Ctx, norm: &[f32], g: &GqaWeights, a: &mut Activations) {
     let t = a.rows;
     norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
@@ -201,26 +214,52 @@ pub(super) fn gqa_pre(c: &Ctx, norm: &[f32], g: &GqaWeights, a: &mut Activations
     let r = c.rotation();
     for (v, width) in [(&mut a.q, g.q.rows), (&mut a.k, g.k.rows)] {
         for (i, row) in v.chunks_exact_mut(width).enumerate() {
-            rope_part(row, hd, 0..hd, c.pos + i, &r);
+            rope_part(row, hd, 0..hd, c.at[i].pos, &r);
         }
     }
 }
 
-/// GQA: cache writes of every row, then each row's attention over the cache up to its own
-/// position (causal), rows spread over the pool's threads.
-pub(super) fn gqa_core(c: &Ctx, kv: &mut KvCache, q_width: usize, a: &mut Activations) {
+/// GQA: cache writes of every row into its slot, then each row's attention over its slot's
+/// cache up to its own position (causal), rows spread over the pool's threads; consecutive
+/// rows of one sequence share each cached row's widening.
+pub(super) fn gqa_core(c: &Ctx, kv: &mut [KvCache], q_width: usize, a: &mut Activations) {
     let kw = a.k.len() / a.rows;
-    for (i, (k, v)) in a.k.chunks_exact(kw).zip(a.v.chunks_exact(kw)).enumerate() {
-        kv.write(c.pos + i, k, v);
+    for ((k, v), at) in a.k.chunks_exact(kw).zip(a.v.chunks_exact(kw)).zip(c.at) {
+        kv[at.slot].write(at.pos, k, v);
     }
     let heads = q_width / c.geo.head_dim;
     let att = sized(&mut a.att, a.q.len());
-    let (q, kv, pos) = (&a.q, &*kv, c.pos);
+    let (q, kv, at) = (&a.q, &*kv, c.at);
     c.pool
         .split_mut(att, q_width * ATTENTION_ROWS, &|off, piece| {
-            let rows = off..off + piece.len();
-            kernels::attention_rows(&q[rows], kv, heads, pos + off / q_width, piece);
+            let first = off / q_width;
+            let rows = &at[first..first + piece.len() / q_width];
+            for run in runs(rows) {
+                let start = rows[run.start];
+                let (from, to) = (run.start * q_width, run.end * q_width);
+                kernels::attention_rows(
+                    &q[off + from..off + to],
+                    &kv[start.slot],
+                    heads,
+                    start.pos,
+                    &mut piece[from..to],
+                );
+            }
         });
+}
+
+/// The runs of `rows` that are consecutive positions of one slot, as row ranges.
+fn runs(rows: &[RowAt]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, at) in rows.iter().enumerate() {
+        match out.last_mut() {
+            Some(run) if rows[i - 1].slot == at.slot && rows[i - 1].pos + 1 == at.pos => {
+                run.end = i + 1
+            }
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
 }
 
 /// Gathers part `cols` of every row (rows of `stride` values) of `src` into `dst`, rows of
@@ -249,7 +288,7 @@ fn scatter(src: &[f32], dst: &mut [f32], stride: usize, cols: std::ops::Range<us
 
 /// MLA: norm, query, latent and rope key, rope on the rope parts, and each head's no-rope
 /// query absorbed into the latent space through its `attn_k_b` matrix; row `i` at position
-/// `pos + i`, each head's matrix read once for all rows.
+/// its own position, each head's matrix read once for all rows.
 pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations) {
     let t = a.rows.max(1);
     norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
@@ -277,8 +316,8 @@ pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations
         rms_norm(&v[..kvl], &m.kv_a_norm, c.geo.eps, &mut row[..kvl]);
         row[kvl..].copy_from_slice(&v[kvl..]);
         if m.rope {
-            rope_part(row, width, kvl..width, c.pos + i, &r);
-            rope_part(q, head_q, nope..head_q, c.pos + i, &r);
+            rope_part(row, width, kvl..width, c.at[i].pos, &r);
+            rope_part(q, head_q, nope..head_q, c.at[i].pos, &r);
         }
     }
     let lat_width = heads * width;
@@ -296,25 +335,25 @@ pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations
     }
 }
 
-/// MLA: every row's latent row into the cache, then each row's attention over the latent
-/// cache up to its own position (causal, rows spread over the pool's threads), and each
-/// head's latent outputs mapped to its values through its `attn_v_b` matrix.
+/// MLA: every row's latent row into its slot's cache, then each row's attention over its
+/// slot's latent cache up to its own position (causal, rows spread over the pool's threads),
+/// and each head's latent outputs mapped to its values through its `attn_v_b` matrix.
 pub(super) fn mla_core(
     c: &Ctx,
     m: &MlaWeights,
-    cache: &mut LatentCache,
+    cache: &mut [LatentCache],
     kq_scale: f32,
     a: &mut Activations,
 ) {
     let t = a.rows.max(1);
     let width = a.kv_row.len() / t;
-    for (i, row) in a.kv_row.chunks_exact(width).enumerate() {
-        cache.write(c.pos + i, row);
+    for (row, at) in a.kv_row.chunks_exact(width).zip(c.at) {
+        cache[at.slot].write(at.pos, row);
     }
     let (heads, kvl) = (m.v_b.count, m.v_b.cols);
     let lat_row = heads * kvl;
     let lat = sized(&mut a.lat, t * lat_row);
-    let (q_lat, cache, pos) = (&a.q_lat, &*cache, c.pos);
+    let (q_lat, cache, at) = (&a.q_lat, &*cache, c.at);
     let q_row = q_lat.len() / t;
     // DSA attends to the indexer's selection (one row), MLA to every position up to its own
     let cells = m.indexer.as_ref().map(|_| a.cells.as_slice());
@@ -323,9 +362,10 @@ pub(super) fn mla_core(
         for (i, out) in piece.chunks_exact_mut(lat_row).enumerate() {
             let row = first + i;
             let q = &q_lat[row * q_row..(row + 1) * q_row];
+            let RowAt { slot, pos } = at[row];
             match cells {
-                Some(cells) => latent_attention_at(q, cache, heads, cells, kq_scale, out),
-                None => latent_attention(q, cache, heads, pos + row + 1, kq_scale, out),
+                Some(cells) => latent_attention_at(q, &cache[slot], heads, cells, kq_scale, out),
+                None => latent_attention(q, &cache[slot], heads, pos + 1, kq_scale, out),
             }
         }
     });
@@ -342,7 +382,8 @@ pub(super) fn mla_core(
 }
 
 /// KDA: norm, q/k/v each through its projection and its causal convolution (advancing the
-/// window state), q/k L2 norms, the decay gate per channel and beta per head.
+/// window state of the row's slot; a sequence starting at position 0 starts from zero
+/// state), q/k L2 norms, the decay gate per channel and beta per head.
 pub(super) fn kda_pre(
     c: &Ctx,
     norm: &[f32],
@@ -350,6 +391,9 @@ pub(super) fn kda_pre(
     st: &mut KdaState,
     a: &mut Activations,
 ) {
+    if c.at[0].pos == 0 {
+        st.reset();
+    }
     norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     let (hd, width) = (k.head_dim(), k.q.rows);
     for (which, proj) in [&k.q, &k.k, &k.v].into_iter().enumerate() {
@@ -608,17 +652,17 @@ pub(super) fn dsa_select(
     let mut key = vec![0.0; id];
     layer_norm(&a.idx_k, &x.k_norm.0, &x.k_norm.1, norm_eps, &mut key);
     full_k(c.pool, &view(&x.gate), &a.xn, sized(&mut a.idx_g, id));
-    cache.write(c.pos, &key, &a.idx_g, &x.ape);
+    let pos = c.at[0].pos;
+    cache.write(pos, &key, &a.idx_g, &x.ape);
     full_k(c.pool, &view(&x.q_b), &a.q_a, sized(&mut a.idx_q, ih * id));
     let w = sized(&mut a.idx_w, ih);
     full_k(c.pool, &view(&x.proj), &a.xn, w);
     let scale = 1.0 / ((id * ih) as f32).sqrt();
     w.iter_mut().for_each(|v| *v *= scale);
-    cache.select(&a.idx_q, &a.idx_w, c.pos, how, &mut a.cells);
+    cache.select(&a.idx_q, &a.idx_w, pos, how, &mut a.cells);
     if a.cells.is_empty() {
         bail!(
-            "position {}: the indexer selects no cell (no complete pool, and the plan's model.dsa.select_tail is false)",
-            c.pos
+            "position {pos}: the indexer selects no cell (no complete pool, and the plan's model.dsa.select_tail is false)"
         );
     }
     Ok(())

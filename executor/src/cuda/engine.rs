@@ -34,7 +34,7 @@ use super::prefill::prefill_rows;
 use super::rank::{RankDevice, Rows};
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
-use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepOutput};
+use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput};
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Program};
 use crate::reduce::ReduceOrder;
@@ -345,15 +345,16 @@ impl Engine {
 
 impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        input.check(
-            self.failed,
-            self.next_step,
-            self.max_context,
-            self.prompt.rows(),
-        )?;
+        let limits = StepLimits {
+            max_context: self.max_context,
+            max_rows: self.prompt.rows(),
+            sequences: 1,
+        };
+        input.check(self.failed, self.next_step, limits)?;
+        // one sequence: the step's rows are one span, its logits from a row on
         let rows = Rows {
             rows: input.rows() as usize,
-            logits_from: input.logits_from as usize,
+            logits_from: input.rows() as usize - input.logit_rows().len(),
         };
         if self.pending.len() >= self.ring {
             bail!(
@@ -382,7 +383,7 @@ impl Decoder for Engine {
             .map(|_| ())
             .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
         }
-        self.pending.push_back((t, input.pos, rows.out()));
+        self.pending.push_back((t, input.pos(), rows.out()));
         if result.is_ok() && self.arm == Arm::Serial {
             if let Some(rb) = &self.readback {
                 let slot = (t % rb.logits.len() as u64) as usize;

@@ -100,14 +100,11 @@ impl CudaOps<'_> {
             unsafe { cu::memcpy_htod_async(dst.addr(), staged, s.cu_stream()) }
                 .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
         };
-        up(&mut ring.pos[slot], &[input.pos], rank.pos())?;
+        up(&mut ring.pos[slot], &[input.pos()], rank.pos())?;
         if embeds {
-            match (input.tokens.is_empty(), rank.token_input()) {
-                (false, _) => up(
-                    &mut ring.token[slot],
-                    &input.tokens,
-                    rank.tokens(input.tokens.len()),
-                )?,
+            let tokens = input.tokens();
+            match (tokens.is_empty(), rank.token_input()) {
+                (false, _) => up(&mut ring.token[slot], &tokens, rank.tokens(tokens.len()))?,
                 (true, Some(b)) => {
                     copy(s, &rank.rx_slot(b, b.recv_slot(t), 1), &rank.token().cast())?
                 }

@@ -18,6 +18,9 @@ pub struct Metrics {
     /// Sequence slots of the KV cache in use.
     pub slots_used: AtomicUsize,
     slots_total: usize,
+    /// Engine steps, and the sequences they carried (their ratio is the mean batch).
+    steps: AtomicU64,
+    step_sequences: AtomicU64,
 }
 
 impl Metrics {
@@ -31,6 +34,8 @@ impl Metrics {
             queued: AtomicUsize::new(0),
             slots_used: AtomicUsize::new(0),
             slots_total: slots,
+            steps: AtomicU64::new(0),
+            step_sequences: AtomicU64::new(0),
         }
     }
 
@@ -49,6 +54,13 @@ impl Metrics {
     /// Counts one generated token.
     pub fn count_generated(&self) {
         self.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one engine step carrying `sequences` sequences.
+    pub fn count_step(&self, sequences: usize) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_sequences
+            .fetch_add(sequences as u64, Ordering::Relaxed);
     }
 
     /// Records the decode speed of a finished sequence.
@@ -125,6 +137,18 @@ impl Metrics {
             "Sequence slots of the KV cache (the plan's runtime.max_sequences).",
             &plain(self.slots_total.to_string()),
         );
+        metric(
+            "memra_steps_total",
+            "counter",
+            "Engine steps (each decodes every sequence in the batch).",
+            &plain(self.steps.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "memra_step_sequences_total",
+            "counter",
+            "Sequences the engine steps carried; over memra_steps_total, the mean batch.",
+            &plain(self.step_sequences.load(Ordering::Relaxed).to_string()),
+        );
         out
     }
 }
@@ -142,6 +166,8 @@ mod tests {
         m.count_prompt(7);
         m.count_generated();
         m.queued.store(3, Ordering::Relaxed);
+        m.count_step(2);
+        m.count_step(1);
         let text = m.render();
         for line in [
             "memra_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2",
@@ -150,6 +176,8 @@ mod tests {
             "memra_generated_tokens_total 1",
             "memra_queue_length 3",
             "memra_kv_slots_total 2",
+            "memra_steps_total 2",
+            "memra_step_sequences_total 3",
             "# TYPE memra_tokens_per_second gauge",
         ] {
             assert!(

@@ -1,15 +1,17 @@
 //! `memra-run serve`: an OpenAI-compatible HTTP server over one engine.
 //!
 //! Threads: tokio's workers run the HTTP side (`routes`: parse and validate with `api`,
-//! tokenize, answer or stream); one engine thread (`scheduler`) owns the session and decodes
-//! the queued jobs, one sequence at a time for now, checking each job's cancellation flag
-//! between steps. `metrics` is shared by both; `tally` logs and counts each request.
+//! tokenize, answer or stream); one engine thread (`scheduler`) owns the engine's batch and
+//! decodes up to `runtime.max_sequences` jobs together (continuous batching), checking each
+//! job's cancellation flag between steps; `sequence` is one job's sampler and text while it
+//! decodes. `metrics` is shared by both; `tally` logs and counts each request.
 
 mod api;
 mod error;
 mod metrics;
 mod routes;
 mod scheduler;
+mod sequence;
 mod stop;
 mod tally;
 
@@ -18,9 +20,9 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 
+use crate::batch::{window, Batch};
 use crate::engine::{open, EngineOptions};
 use crate::plan_load::LoadedPlan;
-use crate::session::Session;
 use crate::text::{ChatTemplate, Tokenizer};
 use metrics::Metrics;
 use routes::{router, App};
@@ -39,11 +41,8 @@ pub struct Listen {
 /// the host over the step's logits.
 pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Result<()> {
     let runtime = &plan.plan.runtime;
-    let (max_context, max_sequences, in_flight) = (
-        runtime.max_context as usize,
-        runtime.max_sequences as usize,
-        runtime.in_flight,
-    );
+    let (max_context, max_sequences) =
+        (runtime.max_context as usize, runtime.max_sequences as usize);
     let tokenizer = Arc::new(Tokenizer::from_gguf(&plan.gguf)?);
     let template = ChatTemplate::from_gguf(&plan.gguf, &tokenizer).map_err(|e| format!("{e:#}"));
     let model = plan
@@ -53,7 +52,10 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Resul
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
     let metrics = Arc::new(Metrics::new(max_sequences));
     let scheduler = Scheduler::start(
-        move || Ok(Session::new(open(&plan, options)?, in_flight)),
+        move || {
+            let window = window(&plan.plan, options.arm);
+            Ok(Batch::new(open(&plan, options)?, max_sequences, window))
+        },
         tokenizer.clone(),
         metrics.clone(),
     )?;
@@ -80,7 +82,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Resul
             .with_context(|| format!("cannot listen on {at}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
         eprintln!(
-            "serving {} on http://{local} (runtime.max_sequences {max_sequences}, one sequence decodes at a time)",
+            "serving {} on http://{local} (runtime.max_sequences {max_sequences}: sequences decoded together)",
             app.model
         );
         axum::serve(listener, router(app))

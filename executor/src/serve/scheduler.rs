@@ -1,30 +1,27 @@
-//! The engine thread and its queue. HTTP handlers send `Job`s through a channel; the thread
-//! owns the engine's session and decodes one sequence at a time, in arrival order, sending
-//! each piece of text back as an `Event`. Between two decode steps it checks the job's
-//! cancellation flag (set when the client goes away), so a dropped request frees its
-//! sequence at the next step. An engine error fails only its own request: the engine is
-//! reopened before the next job.
-//!
-//! Continuous batching slots in here and nowhere else: the loop becomes "admit queued jobs
-//! into free KV slots (up to `runtime.max_sequences`), run one batched step over the active
-//! sequences, sample each row with its own `Sampler`, send each row's text, retire the rows
-//! that finished or were cancelled". A job's per-sequence state (sampler, stream decoder,
-//! stop matcher, cancellation flag, event channel) is already its own, and the HTTP side,
-//! `Job` and `Event` do not change.
+//! The engine thread and its queue: continuous batching. HTTP handlers send `Job`s through a
+//! channel; the thread owns the engine's `Batch` and loops: retire the sequences whose
+//! clients went away (a dropped request frees its slot at the next step), admit waiting jobs
+//! into free sequence slots (up to `runtime.max_sequences`, in arrival order), run one step
+//! over every sequence in the batch (each generating sequence's next token, and the prompt
+//! chunks of joining ones), and let each sequence whose logits came back pick its token
+//! with its own sampler and send its text (`sequence`). A sequence's text does not depend
+//! on the company it decoded in: every row of a step is computed as it would be alone. An
+//! engine error fails the sequences of that step only: the engine is reopened for the next
+//! jobs.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::stop::StopMatcher;
-use crate::sample::{Sampler, SamplerConfig};
-use crate::session::{Flow, Session};
+use super::sequence::Sequence;
+use crate::batch::Batch;
+use crate::sample::SamplerConfig;
 use crate::text::Tokenizer;
 
 /// One request's sequence, as queued for the engine.
@@ -91,10 +88,10 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the engine thread: `open` makes a session on it (again after an engine
-    /// error). Returns once the first session is open, or with its error.
+    /// Starts the engine thread: `open` makes a batch on it (again after an engine error).
+    /// Returns once the first batch is open, or with its error.
     pub fn start(
-        open: impl FnMut() -> Result<Session> + Send + 'static,
+        open: impl FnMut() -> Result<Batch> + Send + 'static,
         tokenizer: Arc<Tokenizer>,
         metrics: Arc<Metrics>,
     ) -> Result<Scheduler> {
@@ -106,7 +103,7 @@ impl Scheduler {
             .spawn(move || {
                 let mut engine = Engine {
                     open,
-                    session: None,
+                    batch: None,
                     tokenizer,
                     metrics: thread_metrics,
                 };
@@ -138,104 +135,167 @@ impl Scheduler {
 /// The engine thread's state.
 struct Engine<F> {
     open: F,
-    session: Option<Session>,
+    batch: Option<Batch>,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
 }
 
-impl<F: FnMut() -> Result<Session>> Engine<F> {
+impl<F: FnMut() -> Result<Batch>> Engine<F> {
     fn reopen(&mut self) -> Result<()> {
-        self.session = None;
-        self.session = Some((self.open)()?);
+        self.batch = None;
+        self.batch = Some((self.open)()?);
         Ok(())
     }
 
-    /// Runs jobs until every sender is gone.
+    /// Runs jobs until every sender is gone and the last sequence has ended: between two
+    /// steps, retires the sequences whose clients are gone, admits waiting jobs into free
+    /// slots, then steps every sequence in the batch at once.
     fn serve(&mut self, jobs: Receiver<Job>) {
-        for job in jobs {
-            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-            if job.cancel.load(Ordering::Relaxed) {
+        let tokenizer = self.tokenizer.clone();
+        let mut waiting: VecDeque<Job> = VecDeque::new();
+        let mut running: Vec<Sequence> = Vec::new();
+        let mut listening = true;
+        loop {
+            if running.is_empty() && waiting.is_empty() {
+                match jobs.recv() {
+                    Ok(job) => waiting.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            while listening {
+                match jobs.try_recv() {
+                    Ok(job) => waiting.push_back(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => listening = false,
+                }
+            }
+            let (gone, kept) = running.into_iter().partition(Sequence::gone);
+            running = kept;
+            for sequence in gone {
+                self.leave(sequence, None);
+            }
+            if let Err(e) = self.admit(&mut waiting, &mut running, &tokenizer) {
+                // The engine could not be reopened: the waiting jobs fail one by one.
+                if let Some(job) = waiting.pop_front() {
+                    self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                    let _ = job.events.send(Event::Failed(format!("{e:#}")));
+                }
                 continue;
             }
-            self.metrics.slots_used.store(1, Ordering::Relaxed);
-            let result = self.decode(&job);
-            self.metrics.slots_used.store(0, Ordering::Relaxed);
-            let event = match result {
-                Ok(finish) => Event::Done(finish),
-                Err(e) => {
-                    // The request is answered first; the next one waits for the reopen.
-                    let _ = job.events.send(Event::Failed(format!("{e:#}")));
-                    if let Err(e) = self.reopen() {
-                        eprintln!("error: reopening the engine: {e:#}");
-                    }
-                    continue;
+            if running.is_empty() {
+                if !listening && waiting.is_empty() {
+                    return;
                 }
-            };
-            // A client that is gone no longer listens; nothing else to do.
-            let _ = job.events.send(event);
+                continue;
+            }
+            running = self.step(running);
         }
     }
 
-    /// Decodes one job, sending its text as it comes.
-    fn decode(&mut self, job: &Job) -> Result<Finish> {
-        if self.session.is_none() {
-            self.reopen()?;
+    /// Moves waiting jobs into free slots, in arrival order; a cancelled one is dropped.
+    fn admit<'t>(
+        &mut self,
+        waiting: &mut VecDeque<Job>,
+        running: &mut Vec<Sequence<'t>>,
+        tokenizer: &'t Tokenizer,
+    ) -> Result<()> {
+        while let Some(job) = waiting.pop_front() {
+            if job.cancel.load(Ordering::Relaxed) {
+                self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            if self.batch.is_none() {
+                waiting.push_front(job);
+                self.reopen()?;
+                continue;
+            }
+            let batch = self.batch.as_mut().expect("invariant: opened above");
+            match batch.join(&job.tokens) {
+                Ok(Some(slot)) => {
+                    self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                    self.metrics.count_prompt(job.tokens.len());
+                    running.push(Sequence::new(job, slot, tokenizer));
+                }
+                Ok(None) => {
+                    waiting.push_front(job);
+                    break;
+                }
+                Err(e) => {
+                    self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                    let _ = job.events.send(Event::Failed(format!("{e:#}")));
+                }
+            }
         }
-        let session = self
-            .session
+        self.count_slots();
+        Ok(())
+    }
+
+    /// One batched step: each sequence whose tokens are all decoded picks its next token
+    /// from its logits and goes on or ends. An engine error fails every running sequence
+    /// (the next admission reopens the engine).
+    fn step<'t>(&mut self, running: Vec<Sequence<'t>>) -> Vec<Sequence<'t>> {
+        let batch = self
+            .batch
             .as_mut()
-            .expect("invariant: a session was just opened");
-        let tokenizer = &*self.tokenizer;
-        let metrics = &*self.metrics;
-        metrics.count_prompt(job.tokens.len());
-        let mut sampler = Sampler::new(job.sampler);
-        let mut decoder = tokenizer.stream_decoder();
-        let mut stop = StopMatcher::new(job.stop.clone());
-        let mut reason = FinishReason::Length;
-        let mut completion = 0usize;
-        let mut first: Option<Instant> = None;
-        let gone = || job.cancel.load(Ordering::Relaxed) || job.events.is_closed();
-        let send = |text: String| {
-            if !text.is_empty() {
-                let _ = job.events.send(Event::Text(text));
+            .expect("invariant: running sequences have a batch");
+        let done = match batch.step() {
+            Ok(stepped) => {
+                self.metrics.count_step(stepped.sequences);
+                stepped.done
+            }
+            Err(e) => {
+                let message = format!("{e:#}");
+                for sequence in running {
+                    sequence.fail(&message);
+                }
+                self.batch = None;
+                self.count_slots();
+                return Vec::new();
             }
         };
-        session.continue_sampled(&job.tokens, job.max_tokens, &mut sampler, |token| {
-            if gone() {
-                return Ok(Flow::Stop);
+        let mut kept = Vec::with_capacity(running.len());
+        for mut sequence in running {
+            // a client gone during the step gets nothing of it
+            if sequence.gone() {
+                self.leave(sequence, None);
+                continue;
             }
-            let Some(token) = token else {
-                return Ok(Flow::Continue);
+            let Some(d) = done.iter().find(|d| d.slot == sequence.slot) else {
+                kept.push(sequence);
+                continue;
             };
-            if tokenizer.is_eog(token) {
-                reason = FinishReason::Stop;
-                return Ok(Flow::Stop);
+            let fed = sequence.advance(&d.logits, &self.metrics).and_then(|next| {
+                let batch = self.batch.as_mut().expect("invariant: stepped above");
+                next.map(|token| batch.feed(sequence.slot, token))
+                    .transpose()
+            });
+            match fed {
+                Ok(Some(())) => kept.push(sequence),
+                Ok(None) => self.leave(sequence, None),
+                Err(e) => self.leave(sequence, Some(format!("{e:#}"))),
             }
-            first.get_or_insert_with(Instant::now);
-            completion += 1;
-            metrics.count_generated();
-            let Some(text) = decoder.push(token)? else {
-                return Ok(Flow::Continue);
-            };
-            let released = stop.push(&text);
-            send(released.text);
-            if released.stopped {
-                reason = FinishReason::Stop;
-                return Ok(Flow::Stop);
-            }
-            Ok(Flow::Continue)
-        })?;
-        // A tail held for a stop string that never came is text after all.
-        send(stop.finish());
-        if let Some(first) = first.filter(|_| completion > 1) {
-            let seconds = first.elapsed().as_secs_f64().max(1e-9);
-            metrics.set_tokens_per_second((completion - 1) as f64 / seconds);
         }
-        Ok(Finish {
-            reason,
-            prompt_tokens: job.tokens.len(),
-            completion_tokens: completion,
-        })
+        self.count_slots();
+        kept
+    }
+
+    /// Frees `sequence`'s slot and ends its request (failed with `error` if given).
+    fn leave(&mut self, sequence: Sequence, error: Option<String>) {
+        if let Some(batch) = self.batch.as_mut() {
+            // The slot is the sequence's own; freeing it cannot fail.
+            let _ = batch.leave(sequence.slot);
+        }
+        // counted before the client hears of the end
+        self.count_slots();
+        match error {
+            Some(message) => sequence.fail(&message),
+            None => sequence.finish(&self.metrics),
+        }
+    }
+
+    fn count_slots(&self) {
+        let used = self.batch.as_ref().map_or(0, Batch::used);
+        self.metrics.slots_used.store(used, Ordering::Relaxed);
     }
 }
 
@@ -270,12 +330,15 @@ mod tests {
         Arc::new(Tokenizer::from_spec(&spec).unwrap())
     }
 
-    /// An engine whose logits always pick `token`, failing at position `fail_at` if given;
-    /// with `ticks`, each step waits for one.
+    /// An engine of up to `rows` rows per step whose logits always pick `token`, failing at
+    /// position `fail_at` if given; with `ticks`, each step waits for one. `widest` keeps the
+    /// most sequences one step carried.
     struct Fixed {
         token: u32,
         fail_at: Option<u32>,
         ticks: Option<Receiver<()>>,
+        rows: u32,
+        widest: Arc<AtomicUsize>,
         outputs: VecDeque<StepOutput>,
     }
 
@@ -285,6 +348,8 @@ mod tests {
                 token,
                 fail_at,
                 ticks,
+                rows: 1,
+                widest: Arc::default(),
                 outputs: VecDeque::new(),
             }
         }
@@ -295,14 +360,17 @@ mod tests {
             if let Some(ticks) = &self.ticks {
                 ticks.recv()?;
             }
-            if Some(input.pos) == self.fail_at {
-                anyhow::bail!("the device fell over at position {}", input.pos);
+            if let Some(at) = input.rows_at().find(|r| Some(r.pos as u32) == self.fail_at) {
+                anyhow::bail!("the device fell over at position {}", at.pos);
             }
-            let mut logits = vec![0.0; 257];
-            logits[self.token as usize] = 1.0;
+            self.widest.fetch_max(input.spans.len(), Ordering::Relaxed);
+            let mut logits = vec![0.0; 257 * input.spans.len()];
+            for row in logits.chunks_exact_mut(257) {
+                row[self.token as usize] = 1.0;
+            }
             self.outputs.push_back(StepOutput {
                 step: 0,
-                pos: input.pos,
+                pos: input.pos(),
                 token: self.token,
                 logits,
             });
@@ -315,7 +383,7 @@ mod tests {
             self.outputs.len() as u64
         }
         fn prompt_mode(&self) -> PromptMode {
-            PromptMode::TokenByToken("a test engine of one row per step")
+            PromptMode::Chunks(self.rows)
         }
     }
 
@@ -353,7 +421,7 @@ mod tests {
         let open = move || {
             // The first engine fails at position 3, the reopened one never.
             let first = count.fetch_add(1, Ordering::Relaxed) == 0;
-            Ok(Session::new(Fixed::new(a, first.then_some(3), None), 2))
+            Ok(Batch::new(Fixed::new(a, first.then_some(3), None), 1, 1))
         };
         let metrics = Arc::new(Metrics::new(1));
         let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
@@ -390,7 +458,7 @@ mod tests {
         let a = tokenizer.encode("a", false).unwrap()[0];
         let (tick, ticks) = channel();
         let mut ticks = Some(ticks);
-        let open = move || Ok(Session::new(Fixed::new(a, None, ticks.take()), 1));
+        let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
         let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1))).unwrap();
         // Cancelled while queued: never decoded, its channel closes without an event.
         let (queued, mut rx) = job(vec![a], 50);
@@ -413,5 +481,48 @@ mod tests {
             completion_tokens: 1,
         };
         assert_eq!(rx.blocking_recv(), Some(Event::Done(done)));
+    }
+
+    #[test]
+    fn jobs_decode_together_up_to_the_slots_and_the_rest_wait() {
+        let tokenizer = tokenizer();
+        let a = tokenizer.encode("a", false).unwrap()[0];
+        // a step waits for a tick, handed over one at a time
+        let (tick, ticks) = std::sync::mpsc::sync_channel(0);
+        let mut ticks = Some(ticks);
+        let widest = Arc::new(AtomicUsize::new(0));
+        let seen = widest.clone();
+        let open = move || {
+            let mut engine = Fixed::new(a, None, ticks.take());
+            engine.rows = 4;
+            engine.widest = seen.clone();
+            Ok(Batch::new(engine, 2, 1))
+        };
+        let metrics = Arc::new(Metrics::new(2));
+        let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
+        let receivers: Vec<_> = (0..3)
+            .map(|_| {
+                let (job, rx) = job(vec![a, a], 5);
+                scheduler.submit(job).unwrap();
+                rx
+            })
+            .collect();
+        let ticking = std::thread::spawn(move || while tick.send(()).is_ok() {});
+        for rx in receivers {
+            let all = events(rx);
+            assert_eq!(all.len(), 6, "{all:?}");
+            assert_eq!(
+                all.last(),
+                Some(&Event::Done(Finish {
+                    reason: FinishReason::Length,
+                    prompt_tokens: 2,
+                    completion_tokens: 5,
+                }))
+            );
+        }
+        assert_eq!(widest.load(Ordering::Relaxed), 2);
+        assert_eq!(metrics.slots_used.load(Ordering::Relaxed), 0);
+        drop(scheduler);
+        ticking.join().unwrap();
     }
 }

@@ -152,7 +152,8 @@ pub fn reversed_fold_mismatch(
     m
 }
 
-/// A running `memra-run serve` of the real SmolLM2 plan on a free port, killed when dropped.
+/// A running `memra-run serve` of the real SmolLM2 plan decoding up to 8 sequences together
+/// (`plans/smollm2-batch8.plan.toml`) on a free port, killed when dropped.
 pub struct ServeProcess {
     child: std::process::Child,
     /// The port it listens on.
@@ -167,13 +168,13 @@ impl ServeProcess {
     pub fn start(threads: u32) -> ServeProcess {
         use std::io::{BufRead, BufReader};
         use std::process::{Command, Stdio};
-        smollm2("smollm2");
+        smollm2("smollm2-batch8");
         let threads = threads.to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_memra-run"))
             .current_dir(root())
             .args([
                 "serve",
-                "plans/smollm2.plan.toml",
+                "plans/smollm2-batch8.plan.toml",
                 "--port",
                 "0",
                 "-t",

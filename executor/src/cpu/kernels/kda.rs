@@ -39,6 +39,12 @@ impl KdaState {
         }
     }
 
+    /// Zeroes the windows and recurrent states: a new sequence starts.
+    pub fn reset(&mut self) {
+        self.windows.iter_mut().for_each(|w| w.fill(0.0));
+        self.states.fill(0.0);
+    }
+
     /// Heads held.
     pub fn heads(&self) -> usize {
         self.heads

@@ -1,8 +1,9 @@
 //! The matrix-matrix product of prefill: `Y = X W^T` for a batch of token rows, blocked so
 //! that a tile of weight rows is read from memory once and used for every token while it
 //! sits in cache. Each (token, row) value is computed by the matvec's operations in the
-//! matvec's order (q4_0/q4_1 eight rows at a time from a repacked tile, `q4pack`; q8_0 four
-//! rows times four tokens, `q32::rows_tokens`; the rest by the matvec's own row code), so a
+//! matvec's order (q4_0/q4_1 eight rows at a time from a repacked tile, `q4pack`, for many
+//! tokens; q8_0, and q4_0/q4_1 for a few tokens, four rows times four tokens,
+//! `q32::rows_tokens`; the rest by the matvec's own row code), so a
 //! token's outputs have the bits `matvec` gives it alone: a row's bits do not depend on the
 //! batch it rode in.
 
@@ -14,6 +15,11 @@ use super::{check_product, float, kquant, matvec_with, q32, simd_available, Pool
 
 /// Weight rows per task: a tile of them stays in the core's cache while every token passes.
 const TILE_ROWS: usize = 32;
+
+/// Fewest tokens for which q4_0/q4_1 tiles are repacked: repacking costs about one pass over
+/// the weights, which a few tokens (a batched decode step) do not win back, so they take the
+/// four-row kernel over the file's layout (same bits either way).
+pub(super) const REPACK_MIN_TOKENS: usize = 64;
 
 /// `y[t] = W x[t]` for every token row `t` of `x` (`x.len() / w.cols` rows, `y` row-major
 /// with `w.rows` values per token), each row exactly as `matvec` computes it.
@@ -94,7 +100,11 @@ pub(crate) fn matmul_with(
                 // q4 weights eight rows at a time through the repacked kernel; the rows left
                 // over and q8_0 through the matvec's rows
                 let q4 = matches!(w.dtype, GgmlType::Q4_0 | GgmlType::Q4_1);
-                let packed = if q4 { (r1 - r0) / 8 * 8 } else { 0 };
+                let packed = if q4 && tokens >= REPACK_MIN_TOKENS {
+                    (r1 - r0) / 8 * 8
+                } else {
+                    0
+                };
                 for g in (0..packed).step_by(8) {
                     let p = Packed8::new(w.dtype == GgmlType::Q4_1, &wt[g * rb..], rb, xs[0].len());
                     for t in (0..tokens).step_by(2) {

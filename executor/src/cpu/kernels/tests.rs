@@ -7,7 +7,7 @@ use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
 use super::act::{quantize_q8, quantize_q8k};
-use super::matmul::matmul_with;
+use super::matmul::{matmul_with, REPACK_MIN_TOKENS};
 use super::reference::{effective_x, matvec_row};
 use super::*;
 
@@ -213,8 +213,8 @@ fn embed_row_is_the_dequantized_row() {
 fn matmul_rows_are_the_matvec_bits_of_each_token() {
     for (t, &dtype) in memra_gguf::SUPPORTED.iter().enumerate() {
         // rows not a multiple of the tile or of four; token counts that take the four-, two-
-        // and one-token paths; fresh inputs
-        for tokens in [2, 7] {
+        // and one-token paths, without and with repacked q4 tiles; fresh inputs
+        for tokens in [2, 7, REPACK_MIN_TOKENS + 3] {
             let (rows, cols) = (45, cols_for(dtype));
             let bytes = random_weight(dtype, rows, cols, 300 + t as u64);
             let w = Weight::new(dtype, &bytes, rows, cols).unwrap();

@@ -1,0 +1,250 @@
+//! Several sequences decoding together on one engine (continuous batching). Each sequence
+//! holds a sequence slot (its region of every KV cache, `runtime.max_sequences` of them) and
+//! the tokens its caches hold there. A `step` advances every sequence that has tokens to
+//! decode in one engine step: the generating sequences first (one row each: the token the
+//! host sampled and fed; taking turns when an engine takes fewer rows per step than there
+//! are sequences), then the prompts of joining sequences, in the order they joined, as
+//! chunks that fill the rest of the engine's rows per step. Sequences join (`join`) and
+//! leave (`leave`) between steps. With the pipelined arm of a plan of several stages, that
+//! many steps are in flight, each over its own group of the sequences, so the stages work
+//! on different sequences at once (`window`). The host samples each sequence's next token from the
+//! logits its step returns, so every sequence keeps its own sampler.
+//!
+//! A slot is never cleared: a row attends only to its own slot's rows up to its position,
+//! all written by its own sequence. A joining prompt takes the free slot whose cached tokens
+//! share the longest prefix with it and decodes only the rest.
+
+use std::collections::VecDeque;
+
+use anyhow::{anyhow, bail, Result};
+use memra_compiler::plan::Plan;
+
+use crate::engine::{Arm, Decoder, Span, StepInput};
+use crate::session::common_prefix;
+
+/// An engine decoding up to its plan's `runtime.max_sequences` sequences together.
+pub struct Batch {
+    engine: Box<dyn Decoder>,
+    slots: Vec<Slot>,
+    max_rows: usize,
+    /// Most steps in flight.
+    window: usize,
+    /// The spans of the steps in flight, oldest first.
+    flying: VecDeque<Vec<Span>>,
+    joins: u64,
+    steps: u64,
+}
+
+/// One sequence slot.
+#[derive(Default)]
+struct Slot {
+    /// Tokens at positions `0..len` of the slot's caches.
+    history: Vec<u32>,
+    /// Tokens fed and not decoded yet.
+    pending: Vec<u32>,
+    /// When the sequence holding the slot joined; `None`: the slot is free.
+    joined: Option<u64>,
+    /// The last step that carried the slot's rows.
+    stepped: u64,
+    /// Whether a step in flight carries the slot's rows.
+    flying: bool,
+}
+
+/// What one engine step gave back.
+#[derive(Debug, Default)]
+pub struct Stepped {
+    /// Sequences the step carried.
+    pub sequences: usize,
+    /// Each sequence whose fed tokens are all decoded now, with the logits after its last,
+    /// in slot order.
+    pub done: Vec<SlotLogits>,
+}
+
+/// What a step gave one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotLogits {
+    /// The sequence's slot.
+    pub slot: usize,
+    /// The logits after the last token fed to it.
+    pub logits: Vec<f32>,
+}
+
+impl Batch {
+    /// `engine` with `sequences` slots (its plan's `runtime.max_sequences`), keeping up to
+    /// `window` steps in flight (see `window`).
+    pub fn new(engine: impl Decoder + 'static, sequences: usize, window: usize) -> Batch {
+        let max_rows = engine.prompt_mode().rows().max(1) as usize;
+        Batch {
+            engine: Box::new(engine),
+            slots: (0..sequences.max(1)).map(|_| Slot::default()).collect(),
+            max_rows,
+            window: window.max(1),
+            flying: VecDeque::new(),
+            joins: 0,
+            steps: 0,
+        }
+    }
+
+    /// Sequence slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slots held by a sequence.
+    pub fn used(&self) -> usize {
+        self.slots.iter().filter(|s| s.joined.is_some()).count()
+    }
+
+    /// A new sequence with prompt `tokens` takes a free slot: the one whose cached tokens
+    /// share the longest prefix with the prompt (the lowest of equals). `None` when every
+    /// slot is taken.
+    pub fn join(&mut self, tokens: &[u32]) -> Result<Option<usize>> {
+        if tokens.is_empty() {
+            bail!("the prompt is empty; at least one token is needed");
+        }
+        let best = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.joined.is_none() && !s.flying)
+            .max_by_key(|&(i, s)| (self.reuse(&s.history, tokens), std::cmp::Reverse(i)));
+        let Some((slot, _)) = best else {
+            return Ok(None);
+        };
+        let common = self.reuse(&self.slots[slot].history, tokens);
+        let s = &mut self.slots[slot];
+        s.history.truncate(common);
+        s.pending = tokens[common..].to_vec();
+        s.joined = Some(self.joins);
+        self.joins += 1;
+        Ok(Some(slot))
+    }
+
+    /// The tokens of `history` a sequence with prompt `tokens` reuses.
+    fn reuse(&self, history: &[u32], tokens: &[u32]) -> usize {
+        common_prefix(history, tokens, self.engine.rewinds())
+    }
+
+    /// Feeds the token the host picked for the sequence in `slot`: its next step decodes it.
+    pub fn feed(&mut self, slot: usize, token: u32) -> Result<()> {
+        let s = self.held(slot)?;
+        s.pending.push(token);
+        Ok(())
+    }
+
+    /// The sequence in `slot` leaves; its tokens not decoded yet are dropped.
+    pub fn leave(&mut self, slot: usize) -> Result<()> {
+        let s = self.held(slot)?;
+        s.pending.clear();
+        s.joined = None;
+        Ok(())
+    }
+
+    fn held(&mut self, slot: usize) -> Result<&mut Slot> {
+        self.slots
+            .get_mut(slot)
+            .filter(|s| s.joined.is_some())
+            .ok_or_else(|| anyhow!("sequence slot {slot} holds no sequence"))
+    }
+
+    /// Runs the next engine step and returns what it gave back. Before, it submits steps
+    /// until the window is full, each over sequences with tokens to decode and none in
+    /// flight: one step of them all with a window of one, else about an equal share of them
+    /// per free place in the window. With nothing to decode it returns an empty step.
+    pub fn step(&mut self) -> Result<Stepped> {
+        while self.flying.len() < self.window {
+            let Some(spans) = self.next_spans() else {
+                break;
+            };
+            self.engine.submit(StepInput::of(spans.clone()))?;
+            for span in &spans {
+                let s = &mut self.slots[span.slot as usize];
+                s.pending.drain(..span.tokens.len());
+                s.flying = true;
+            }
+            self.flying.push_back(spans);
+        }
+        let Some(spans) = self.flying.pop_front() else {
+            return Ok(Stepped::default());
+        };
+        let out = self.engine.next_output()?;
+        self.steps += 1;
+        if out.logits.is_empty() || out.logits.len() % spans.len() != 0 {
+            bail!(
+                "a batched step returned {} logits for {} sequences; batching needs the process holding the readback rank",
+                out.logits.len(),
+                spans.len()
+            );
+        }
+        let vocab = out.logits.len() / spans.len();
+        let mut done = Vec::new();
+        for (span, logits) in spans.iter().zip(out.logits.chunks_exact(vocab)) {
+            let slot = span.slot as usize;
+            let s = &mut self.slots[slot];
+            // the cache holds the rows even of a sequence that left meanwhile
+            s.history.extend_from_slice(&span.tokens);
+            s.stepped = self.steps;
+            s.flying = false;
+            if s.pending.is_empty() && s.joined.is_some() {
+                done.push(SlotLogits {
+                    slot,
+                    logits: logits.to_vec(),
+                });
+            }
+        }
+        done.sort_by_key(|d| d.slot);
+        Ok(Stepped {
+            sequences: spans.len(),
+            done,
+        })
+    }
+
+    /// The spans of the next step to submit, `None` when no sequence is ready.
+    fn next_spans(&self) -> Option<Vec<Span>> {
+        let mut ready: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].pending.is_empty() && !self.slots[i].flying)
+            .collect();
+        if ready.is_empty() {
+            return None;
+        }
+        // generating sequences (one token pending) first, the longest waiting first (when
+        // fewer rows than sequences fit a step, they take turns), then prompts in joining
+        // order
+        ready.sort_by_key(|&i| {
+            let s = &self.slots[i];
+            match s.pending.len() {
+                1 => (false, s.stepped, s.joined),
+                _ => (true, 0, s.joined),
+            }
+        });
+        let share = ready.len().div_ceil(self.window - self.flying.len());
+        let mut spans = Vec::new();
+        let mut room = self.max_rows;
+        for i in ready.into_iter().take(share) {
+            if room == 0 {
+                break;
+            }
+            let s = &self.slots[i];
+            let rows = s.pending.len().min(room);
+            room -= rows;
+            spans.push(Span {
+                slot: i as u32,
+                pos: s.history.len() as u32,
+                tokens: s.pending[..rows].to_vec(),
+                logits_from: rows as u32 - 1,
+            });
+        }
+        Some(spans)
+    }
+}
+
+/// Steps a batch keeps in flight on `plan` in `arm`: with the pipelined arm one per pipeline
+/// stage (at most the plan's `runtime.in_flight`), so every stage works on its own group of
+/// sequences at once; the serial arm runs its steps one at a time anyway.
+pub fn window(plan: &Plan, arm: Arm) -> usize {
+    let stages = plan.ranks.iter().map(|r| r.stage + 1).max().unwrap_or(1);
+    match arm {
+        Arm::Serial => 1,
+        Arm::Pipelined => stages.min(plan.runtime.in_flight).max(1) as usize,
+    }
+}

@@ -1,0 +1,106 @@
+//! One request's sequence while it holds a sequence slot: its own sampler, the text decoder
+//! and stop matcher between its tokens and the client, and its counts. The scheduler hands
+//! it the logits each step leaves it; it picks the next token, sends the text that token
+//! releases and says whether the sequence goes on.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use anyhow::Result;
+
+use super::metrics::Metrics;
+use super::scheduler::{Event, Finish, FinishReason, Job};
+use super::stop::StopMatcher;
+use crate::sample::Sampler;
+use crate::text::{StreamDecoder, Tokenizer};
+
+/// A job decoding in a slot.
+pub(super) struct Sequence<'t> {
+    job: Job,
+    /// The slot of the batch it holds.
+    pub slot: usize,
+    sampler: Sampler,
+    tokenizer: &'t Tokenizer,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    reason: FinishReason,
+    /// Tokens sampled, an end-of-generation token included.
+    sampled: usize,
+    /// Tokens generated (an end-of-generation token is not counted).
+    completion: usize,
+    first: Option<Instant>,
+}
+
+impl<'t> Sequence<'t> {
+    /// `job`'s sequence in `slot`.
+    pub fn new(job: Job, slot: usize, tokenizer: &'t Tokenizer) -> Sequence<'t> {
+        Sequence {
+            sampler: Sampler::new(job.sampler),
+            stop: StopMatcher::new(job.stop.clone()),
+            job,
+            slot,
+            tokenizer,
+            decoder: tokenizer.stream_decoder(),
+            reason: FinishReason::Length,
+            sampled: 0,
+            completion: 0,
+            first: None,
+        }
+    }
+
+    /// Whether the client is gone (cancelled, or its event channel closed).
+    pub fn gone(&self) -> bool {
+        self.job.cancel.load(Ordering::Relaxed) || self.job.events.is_closed()
+    }
+
+    /// Picks the next token from `logits` and sends the text it releases. Returns the token
+    /// to decode next, or `None` when the sequence has ended (end of generation, a stop
+    /// string, `max_tokens`).
+    pub fn advance(&mut self, logits: &[f32], metrics: &Metrics) -> Result<Option<u32>> {
+        let token = self.sampler.sample(logits);
+        self.sampled += 1;
+        if self.tokenizer.is_eog(token) {
+            self.reason = FinishReason::Stop;
+            return Ok(None);
+        }
+        self.first.get_or_insert_with(Instant::now);
+        self.completion += 1;
+        metrics.count_generated();
+        if let Some(text) = self.decoder.push(token)? {
+            let released = self.stop.push(&text);
+            self.send(released.text);
+            if released.stopped {
+                self.reason = FinishReason::Stop;
+                return Ok(None);
+            }
+        }
+        Ok((self.sampled < self.job.max_tokens).then_some(token))
+    }
+
+    fn send(&self, text: String) {
+        if !text.is_empty() {
+            // A client that is gone no longer listens; nothing else to do.
+            let _ = self.job.events.send(Event::Text(text));
+        }
+    }
+
+    /// Ends the sequence: the text held for a stop string that never came, its rate, `Done`.
+    pub fn finish(mut self, metrics: &Metrics) {
+        let tail = self.stop.finish();
+        self.send(tail);
+        if let Some(first) = self.first.filter(|_| self.completion > 1) {
+            let seconds = first.elapsed().as_secs_f64().max(1e-9);
+            metrics.set_tokens_per_second((self.completion - 1) as f64 / seconds);
+        }
+        let _ = self.job.events.send(Event::Done(Finish {
+            reason: self.reason,
+            prompt_tokens: self.job.tokens.len(),
+            completion_tokens: self.completion,
+        }));
+    }
+
+    /// Fails the request with `message`.
+    pub fn fail(self, message: &str) {
+        let _ = self.job.events.send(Event::Failed(message.to_owned()));
+    }
+}

@@ -1,0 +1,258 @@
+//! The continuous-batching gate on the CPU backend: sequences decoded together (different
+//! prompts, joining at different steps, leaving early, their slots taken again by later
+//! sequences, every row at a different place in its step) get, at every generated token,
+//! the logits of their run alone with the one-sequence plan, bit for bit: the real SmolLM2,
+//! and the tiny synthetic models through pipeline stages, tensor-parallel groups, MLA's
+//! latent cache and KDA's recurrent state, in both arms.
+
+mod common;
+
+use common::{compile_scratch, options, root, smollm2, synth_model, tiny_tp_model};
+use memra_executor::batch::{window, Batch};
+use memra_executor::cpu::Arm;
+use memra_executor::engine::{open, Backend, EngineOptions, StepInput};
+use memra_executor::plan_load::LoadedPlan;
+use memra_executor::sample::argmax;
+use memra_executor::session::{Flow, Session};
+
+/// A sequence of the batch: the step it joins at (or later, when every slot is taken), its
+/// prompt and how many tokens it generates.
+struct Sequence {
+    joins_at: usize,
+    prompt: Vec<u32>,
+    generate: usize,
+}
+
+/// Greedy logits of each generated token of `prompt` decoded alone by `plan`.
+fn alone(plan: &LoadedPlan, prompt: &[u32], generate: usize) -> Vec<Vec<f32>> {
+    let engine = open(plan, options(Arm::Serial)).unwrap();
+    let mut session = Session::new(engine, 1);
+    let mut logits = Vec::new();
+    session
+        .run(prompt, generate, prompt.len() - 1, |row, generates| {
+            if generates {
+                logits.push(row.logits.clone());
+            }
+            Ok(Flow::Continue)
+        })
+        .unwrap();
+    logits
+}
+
+/// Greedy logits of each generated token of every sequence, all decoded together by `plan`.
+/// Returns them with the most sequences one step carried.
+fn together(plan: &LoadedPlan, arm: Arm, sequences: &[Sequence]) -> (Vec<Vec<Vec<f32>>>, usize) {
+    let slots = plan.plan.runtime.max_sequences as usize;
+    let window = window(&plan.plan, arm);
+    let mut batch = Batch::new(open(plan, options(arm)).unwrap(), slots, window);
+    let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); sequences.len()];
+    let mut slot_of: Vec<Option<usize>> = vec![None; sequences.len()];
+    let mut next = 0;
+    let mut widest = 0;
+    let mut step = 0;
+    while next < sequences.len() || batch.used() > 0 {
+        while next < sequences.len() && sequences[next].joins_at <= step {
+            let Some(slot) = batch.join(&sequences[next].prompt).unwrap() else {
+                break;
+            };
+            slot_of[next] = Some(slot);
+            next += 1;
+        }
+        widest = widest.max(batch.used());
+        for done in batch.step().unwrap().done {
+            let i = slot_of.iter().position(|&s| s == Some(done.slot)).unwrap();
+            logits[i].push(done.logits.clone());
+            if logits[i].len() == sequences[i].generate {
+                batch.leave(done.slot).unwrap();
+                slot_of[i] = None;
+            } else {
+                batch.feed(done.slot, argmax(&done.logits)).unwrap();
+            }
+        }
+        step += 1;
+    }
+    (logits, widest)
+}
+
+/// Fails unless every sequence decoded together by `batched` has, at every generated token,
+/// the logits it has alone with `reference`; `least` is the fewest sequences some step must
+/// have carried.
+fn assert_alone_equals_together(
+    label: &str,
+    reference: &LoadedPlan,
+    batched: &LoadedPlan,
+    sequences: &[Sequence],
+    least: usize,
+) {
+    let alone: Vec<_> = sequences
+        .iter()
+        .map(|s| alone(reference, &s.prompt, s.generate))
+        .collect();
+    for arm in [Arm::Serial, Arm::Pipelined] {
+        let (got, widest) = together(batched, arm, sequences);
+        assert!(
+            widest >= least,
+            "{label} {arm:?}: at most {widest} sequences decoded together"
+        );
+        for (i, (want, got)) in alone.iter().zip(&got).enumerate() {
+            assert_eq!(want.len(), got.len(), "{label} {arm:?} sequence {i}");
+            for (t, (w, g)) in want.iter().zip(got).enumerate() {
+                let same =
+                    w.len() == g.len() && w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{label} {arm:?}: sequence {i} token {t}: logits differ from its run alone"
+                );
+            }
+        }
+    }
+}
+
+/// Sequences over `vocab` tokens: different prompt lengths, joining at different steps,
+/// more of them than `slots`, so later ones wait and take the slots of those that left; the
+/// last repeats the first's prompt, reusing the prefix its slot holds.
+fn sequences(vocab: u32, slots: usize) -> Vec<Sequence> {
+    let mut out: Vec<Sequence> = (0..slots + 2)
+        .map(|i| {
+            let len = 1 + (i * 5) % 7;
+            let prompt = (0..len)
+                .map(|j| (17 + 31 * i as u32 + 7 * j as u32) % vocab)
+                .collect();
+            Sequence {
+                joins_at: [0, 0, 1, 3, 4, 4, 7, 9, 10, 12][i % 10],
+                prompt,
+                generate: 3 + (i * 3) % 5,
+            }
+        })
+        .collect();
+    let first = out[0].prompt.clone();
+    out.push(Sequence {
+        joins_at: 14,
+        prompt: first,
+        generate: 4,
+    });
+    out
+}
+
+#[test]
+fn smollm2_sequences_decoded_together_equal_their_runs_alone() {
+    let reference = smollm2("smollm2");
+    let batched = smollm2("smollm2-batch8");
+    assert_eq!(batched.plan.runtime.max_sequences, 8);
+    let texts = [
+        "The capital of France is",
+        "One, two, three,",
+        "def add(a, b):",
+        "The sky is",
+        "Once upon a time",
+    ];
+    let tokenizer = memra_executor::text::Tokenizer::from_gguf(&reference.gguf).unwrap();
+    let mut all = sequences(49152, 8);
+    for (s, text) in all.iter_mut().zip(texts) {
+        s.prompt = tokenizer.encode(text, false).unwrap();
+    }
+    assert_alone_equals_together("smollm2-batch8", &reference, &batched, &all, 5);
+}
+
+/// `plans/synthetic/{name}.toml` with `runtime` lines added, compiled in a scratch directory.
+fn variant(name: &str, runtime: &str) -> LoadedPlan {
+    let text = std::fs::read_to_string(root().join(format!("plans/synthetic/{name}.toml")))
+        .unwrap()
+        .replace(
+            "gguf = \"../../models/",
+            &format!("gguf = \"{}/models/", root().display()),
+        )
+        .replace("[runtime]\n", &format!("[runtime]\n{runtime}\n"));
+    let tag = runtime.replace([' ', '=', '\n'], "");
+    compile_scratch(&format!("batch-{name}-{tag}"), &text)
+}
+
+#[test]
+fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kind() {
+    tiny_tp_model();
+    for (model, shape, seed) in [
+        ("tiny-deepseek2", "tiny-deepseek2", 9),
+        ("tiny-kimi-linear", "tiny-kimi-linear", 16),
+    ] {
+        synth_model(shape, "q8_0", seed, &format!("models/{model}-q8_0.gguf"));
+    }
+    // (reference plan, plan decoding together, its other runtime lines): PP with the token
+    // crossing stages, TP, PP x TP, MLA's latent cache with experts, KDA's state (token by
+    // token: one row per step); every PP plan with two steps in flight in the pipelined arm,
+    // each over its own group of sequences
+    for (reference, name, more) in [
+        ("tiny-tp", "tiny-tp", ""),
+        ("tiny-tp", "tiny-tp-pp2", ""),
+        ("tiny-tp", "tiny-tp-tp2", ""),
+        ("tiny-tp", "tiny-tp-pp2-tp2", ""),
+        ("tiny-deepseek2", "tiny-deepseek2-pp2", "in_flight = 2"),
+        ("tiny-kimi-linear", "tiny-kimi-linear-pp2", "in_flight = 2"),
+    ] {
+        let reference = variant(reference, "");
+        let batched = variant(
+            name,
+            &format!("max_sequences = 4\nprefill_chunk = 6\n{more}"),
+        );
+        let stages = if name.contains("-pp2") { 2 } else { 1 };
+        assert_eq!(window(&batched.plan, Arm::Pipelined), stages, "{name}");
+        let vocab = reference.plan.model.vocab;
+        let least = if name.starts_with("tiny-kimi-linear") {
+            2
+        } else {
+            4
+        };
+        assert_alone_equals_together(name, &reference, &batched, &sequences(vocab, 4), least);
+    }
+}
+
+#[test]
+fn a_prompt_again_in_the_slot_that_holds_it_equals_its_run_alone() {
+    tiny_tp_model();
+    synth_model(
+        "tiny-kimi-linear",
+        "q8_0",
+        16,
+        "models/tiny-kimi-linear-q8_0.gguf",
+    );
+    // the second sequence takes the first one's slot, which holds its prompt and more: a KV
+    // cache reuses the prompt, KDA's recurrent state cannot be cut back and starts over
+    for name in ["tiny-tp", "tiny-kimi-linear"] {
+        let reference = variant(name, "");
+        let batched = variant(name, "max_sequences = 4\nprefill_chunk = 6");
+        let prompt: Vec<u32> = vec![5, 9, 200, 31, 7];
+        let again = |joins_at| Sequence {
+            joins_at,
+            prompt: prompt.clone(),
+            generate: 5,
+        };
+        assert_alone_equals_together(name, &reference, &batched, &[again(0), again(40)], 1);
+    }
+}
+
+#[test]
+fn a_sampled_token_step_is_refused_where_the_token_crosses_stages_late() {
+    tiny_tp_model();
+    let plan = variant("tiny-tp-pp2", "max_sequences = 4");
+    let mut engine = open(&plan, options(Arm::Serial)).unwrap();
+    engine.step(StepInput::prompt(0, &[5, 9], 1)).unwrap();
+    let err = engine.step(StepInput::sampled(2)).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("feed every row its token"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn a_plan_of_several_sequences_is_refused_on_cuda_by_name() {
+    let plan = smollm2("smollm2-batch8");
+    let options = EngineOptions {
+        backend: Backend::Cuda,
+        ..options(Arm::Serial)
+    };
+    let err = open(&plan, options).err().expect("cuda must refuse it");
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("runtime.max_sequences is 8; the cuda backend runs one sequence"),
+        "{message}"
+    );
+}
