@@ -184,6 +184,35 @@ __device__ __forceinline__ float chunk_tree(float v, int chunks) {
     return v;
 }
 
+// ---- tensor cores (sm_80 and later): ldmatrix fragments from shared memory and the
+// 16 x 8 x 16 f16 product with f32 accumulation, as kernels/gemm.cu and kernels/flash.cu use
+// them ----
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// Four 8 x 8 f16 matrices; lanes 8i .. 8i + 7 give matrix i's row addresses.
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c += a b for a 16 x 16 row-major f16 fragment a and a 16 x 8 column-major one (b0, b1).
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // ---- per-element dequantization, one value `i` of a row, in the device layout of
 // DeviceWeight::upload (executor/src/cuda/ops.rs): ggml's block layout, except that q8_0,
 // q4_0 and q4_1 matrices are stored in two planes, every block's quant bytes first (row-major

@@ -19,28 +19,6 @@
 #define FA_KEYS 64
 #define FA_THREADS 128
 
-__device__ __forceinline__ u32 fa_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void fa_ldmatrix_x4(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fa_smem(p)));
-}
-
-__device__ __forceinline__ void fa_ldmatrix_x4_trans(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fa_smem(p)));
-}
-
-__device__ __forceinline__ void fa_mma(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Two f32 values as an f16 pair (the lower index in the low half).
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
     return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
@@ -78,7 +56,7 @@ __device__ __forceinline__ void flash_run(const float* q, const u16* k_cache, co
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const int row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        fa_ldmatrix_x4(qf[kk], ks + row * LD + kk * 16 + 8 * (lane / 16));
+        ldmatrix_x4(qf[kk], ks + row * LD + kk * 16 + 8 * (lane / 16));
     }
 
     float o[D / 8][4];
@@ -115,9 +93,9 @@ __device__ __forceinline__ void flash_run(const float* q, const u16* k_cache, co
             for (int j = 0; j < FA_KEYS / 16; ++j) {
                 u32 bf[4];
                 const int row = j * 16 + (lane % 8) + 8 * (lane / 16);
-                fa_ldmatrix_x4(bf, ks + row * LD + kk * 16 + 8 * ((lane / 8) % 2));
-                fa_mma(sc[2 * j], qf[kk], bf[0], bf[1]);
-                fa_mma(sc[2 * j + 1], qf[kk], bf[2], bf[3]);
+                ldmatrix_x4(bf, ks + row * LD + kk * 16 + 8 * ((lane / 8) % 2));
+                mma_f16(sc[2 * j], qf[kk], bf[0], bf[1]);
+                mma_f16(sc[2 * j + 1], qf[kk], bf[2], bf[3]);
             }
         // scale, mask, online softmax per row
 #pragma unroll
@@ -169,9 +147,9 @@ __device__ __forceinline__ void flash_run(const float* q, const u16* k_cache, co
             for (int j = 0; j < D / 16; ++j) {
                 u32 bf[4];
                 const int row = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-                fa_ldmatrix_x4_trans(bf, vs + row * LD + j * 16 + 8 * (lane / 16));
-                fa_mma(o[2 * j], pa, bf[0], bf[1]);
-                fa_mma(o[2 * j + 1], pa, bf[2], bf[3]);
+                ldmatrix_x4_trans(bf, vs + row * LD + j * 16 + 8 * (lane / 16));
+                mma_f16(o[2 * j], pa, bf[0], bf[1]);
+                mma_f16(o[2 * j + 1], pa, bf[2], bf[3]);
             }
         }
     }

@@ -84,22 +84,6 @@ GEMM_GENERIC(GemmBF16, deq_bf16, 1, 2, 0)
 GEMM_GENERIC(GemmQ4_K, deq_q4_k, 256, 144, 0)
 GEMM_GENERIC(GemmQ6_K, deq_q6_k, 256, 210, 0)
 
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <class P>
 __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, int m, int n, int k,
                                          int chunks) {

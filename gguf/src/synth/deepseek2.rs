@@ -7,7 +7,7 @@
 use anyhow::{bail, Result};
 
 use super::emit::{keyed, Spec};
-use super::ffn::{gated, routed, Routed};
+use super::ffn::{deepseek_ffn, Routed};
 use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
 
@@ -321,12 +321,15 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
         let b = Block::new(l, dtype);
         p.extend(attention(&s.mla_dims(), &b, res));
         p.push(b.norm("ffn_norm", s.dim));
-        if l < s.dense_layers {
-            p.extend(gated(&b, "", s.dim, s.ffn, res));
-        } else {
-            p.extend(routed(&b, s.dim, &experts, res));
-            p.extend(gated(&b, "_shexp", s.dim, shared, res));
-        }
+        let dense = l < s.dense_layers;
+        p.extend(deepseek_ffn(
+            &b,
+            dense,
+            s.dim,
+            (s.ffn, shared),
+            &experts,
+            res,
+        ));
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));
     p

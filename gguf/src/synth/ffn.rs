@@ -45,3 +45,23 @@ pub(crate) fn routed(b: &Block, dim: u64, r: &Routed, res: f32) -> Vec<Planned> 
     p.push(b.matrix("ffn_down_exps", &[f, dim, e], res));
     p
 }
+
+/// The FFN half of a DeepSeek-style layer after its `ffn_norm`: a dense gated FFN of width
+/// `dense_ffn` in the leading dense layers, else the routed experts and the shared experts
+/// (width `shared_ffn`).
+pub(crate) fn deepseek_ffn(
+    b: &Block,
+    dense: bool,
+    dim: u64,
+    (dense_ffn, shared_ffn): (u64, u64),
+    experts: &Routed,
+    res: f32,
+) -> Vec<Planned> {
+    if dense {
+        gated(b, "", dim, dense_ffn, res)
+    } else {
+        let mut p = routed(b, dim, experts, res);
+        p.extend(gated(b, "_shexp", dim, shared_ffn, res));
+        p
+    }
+}

@@ -9,7 +9,7 @@
 
 use super::deepseek2::Gating;
 use super::emit::{keyed, Spec};
-use super::ffn::{gated, routed, Routed};
+use super::ffn::{deepseek_ffn, Routed};
 use super::plan::{
     f32_around, f32_uniform, matrix, norm, output_head, residual, token_embd, Block, Planned,
 };
@@ -244,12 +244,15 @@ fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
             false => p.extend(kda(s, &b, dtype, res)),
         }
         p.push(b.norm("ffn_norm", s.dim));
-        if l < s.dense_layers {
-            p.extend(gated(&b, "", s.dim, s.ffn, res));
-        } else {
-            p.extend(routed(&b, s.dim, &experts, res));
-            p.extend(gated(&b, "_shexp", s.dim, shared, res));
-        }
+        let dense = l < s.dense_layers;
+        p.extend(deepseek_ffn(
+            &b,
+            dense,
+            s.dim,
+            (s.ffn, shared),
+            &experts,
+            res,
+        ));
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));
     p

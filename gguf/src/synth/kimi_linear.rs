@@ -7,7 +7,7 @@
 
 use super::deepseek2::{attention, Gating, MlaDims};
 use super::emit::{keyed, Spec};
-use super::ffn::{gated, routed, Routed};
+use super::ffn::{deepseek_ffn, Routed};
 use super::plan::{
     f32_around, f32_uniform, norm, output_head, residual, token_embd, Block, Planned,
 };
@@ -159,12 +159,15 @@ fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
             false => p.extend(kda(s, &b, res)),
         }
         p.push(b.norm("ffn_norm", s.dim));
-        if l < s.dense_layers {
-            p.extend(gated(&b, "", s.dim, s.ffn, res));
-        } else {
-            p.extend(routed(&b, s.dim, &experts, res));
-            p.extend(gated(&b, "_shexp", s.dim, shared, res));
-        }
+        let dense = l < s.dense_layers;
+        p.extend(deepseek_ffn(
+            &b,
+            dense,
+            s.dim,
+            (s.ffn, shared),
+            &experts,
+            res,
+        ));
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));
     p
