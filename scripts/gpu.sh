@@ -38,8 +38,9 @@
 #                             tiny-deepseek2-lite gates (graphs, TP-2, PP-2), CUDA vs CPU of
 #                             each, the moe-wide gates, Qwen3-30B-A3B-shaped 8-layer q4_1 speed
 #   prefill [SECONDS]         the cuda prefill: self-test (products over token rows, attention
-#                             rows against decode), llama1b gates over a two-chunk prompt
-#                             (graphs, PP-2, TP-2, TP-4, PP-2 x TP-2), CUDA vs CPU over the
+#                             rows against decode, tensor-core attention), llama1b gates over a
+#                             two-chunk prompt (graphs, PP-2, TP-2, TP-4, PP-2 x TP-2; with two
+#                             GPUs also TP-2 and PP-2 one process per GPU), CUDA vs CPU over the
 #                             prompt, llama8b pp512 (q4_1, q8_0, f16) and llama1b q4_1, the
 #                             time to first token of 4096 tokens, llama8b decode
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
@@ -755,7 +756,7 @@ suite_prefill() {
     local synth8b=$! rc dtype ref cand prompt
     limit 200 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
     rc=$?
-    grep -E "^(gemm|attention_f16 .*prefill)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    grep -E "^(gemm|flash_attention|attention_f16 .*prefill)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait $synth8b
     synth llama8b q8_0 &
@@ -771,6 +772,15 @@ suite_prefill() {
                 "$(plan llama1b $dtype $cand)" -p "$prompt" -n 8
         done
     done
+    # one process per GPU (needs two): the boundary crossings and NCCL groups carry the rows
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+        ref=$(plan llama1b q4_1 llama1b-eager)
+        for cand in multi/llama1b-tp2-nccl multi/llama1b-pp2; do
+            late "launched prefill gate $cand" && continue
+            launched "launched prefill gate $cand" 150 "$M/llama1b-q4_1.gguf" "$ref" \
+                "$(plan llama1b q4_1 $cand)" -p "$prompt" -n 8
+        done
+    fi
     late "cuda vs cpu smol135m q8_0 prefill" ||
         against_cpu "cuda vs cpu smol135m q8_0 prefill" 5e-2 "$M/smol135m-q8_0.gguf" \
             "$(plan smol135m q8_0 smol135m)" 16 --teacher-forced -p "$prompt"
