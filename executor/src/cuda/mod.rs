@@ -9,6 +9,7 @@
 
 mod collective;
 pub mod compile;
+mod decode;
 pub mod device;
 pub mod engine;
 mod enqueue;

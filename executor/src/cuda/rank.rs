@@ -1,19 +1,13 @@
 //! One rank of a plan on a CUDA device: its weight shards (uploaded to that device only), its
-//! activations, KV cache (f16) of its layers, static IO buffers (position, token, logits), its
-//! boundary slot buffers and its collective exchange; everything mutable is its own, also when
-//! several ranks share a device. `enqueue` launches the kernels of a run's or island's ops on
-//! a stream, reading every per-step value (position, token, collective sequence) from device
-//! memory, so the same launches can be captured once and replayed. The math mirrors the CPU
-//! backend's `compute` (same chunk counts, same operations per value) so plans agree bit for
-//! bit; launches are fused where that keeps every bit (norms folded into the matvecs that read
-//! them, the residual add and the SiLU gate into matvec epilogues, rope and the cache write
-//! into attention, which moves rope from the attention-input segment to the attention-core
-//! one). q/k/v of mixed
-//! dtypes fall back to a norm launch and one matvec each; gate and up must share dtype and
-//! shape (an error names them otherwise). The FFN half of a layer, dense or MoE (device-side
-//! routing, the experts' rows and their fixed-order combine), lives in `moe`; an MLA layer's
-//! attention (deepseek2, latent cache) in `mla`; a KDA layer's (kimi-linear, recurrent state)
-//! in `kda`.
+//! activations, KV cache (f16) of its layers, static IO buffers (position, tokens, logits),
+//! its boundary slot buffers and its collective exchange; everything mutable is its own, also
+//! when several ranks share a device. `work` launches the kernels of one work item of a run
+//! or island on a stream, reading every per-step value (position, token, collective sequence)
+//! from device memory, so the same launches can be captured once and replayed. The math
+//! mirrors the CPU backend's `compute` (same chunk counts, same operations per value) so plans
+//! agree bit for bit. A decode step's layer segments are in `decode`, a prefill step's in
+//! `prefill`; the op families in `moe` (dense or MoE FFN), `mla` (deepseek2's latent
+//! attention) and `kda` (kimi-linear's recurrent state).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +16,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{
-    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Mixer, Plan, Segment,
+    reduction_chunks, Boundary, Carries, Collective as PlanCollective, Mixer, Plan,
 };
 
 use super::collective::{Collective, Exchange, Oneshot, Reduce};
@@ -116,8 +110,8 @@ pub struct RankDevice {
     /// By layer index; `None` for MLA and KDA layers (their caches and states are in `mla`
     /// and `kda`).
     pub(super) kv: Vec<Option<DeviceKv>>,
-    mla: Option<MlaState>,
-    kda: Option<KdaState>,
+    pub(super) mla: Option<MlaState>,
+    pub(super) kda: Option<KdaState>,
     embed: Option<DeviceWeight>,
     head: Option<(DeviceBuffer<f32>, HeadRows)>,
     pub(super) geo: RankGeometry,
@@ -133,7 +127,7 @@ pub struct RankDevice {
     incoming: Vec<Boundary>,
     exchange: Option<Exchange>,
     collective: Option<Collective>,
-    moe: Option<MoeState>,
+    pub(super) moe: Option<MoeState>,
     /// Set as segments are enqueued, read by the all-reduce that follows them.
     pub(super) pending: Pending,
 }
@@ -724,196 +718,6 @@ impl RankDevice {
             .iter()
             .find(|b| b.carries == carries)
             .ok_or_else(|| anyhow!("no incoming {} boundary", carries.name()))
-    }
-
-    fn segment(&mut self, layer: u32, seg: Segment, s: &Arc<CudaStream>) -> Result<()> {
-        let li = self.geo.layer_index(layer, self.layers.len())?;
-        let lw = &self.layers[li];
-        let b = &self.buf;
-        let dev = &self.dev;
-        let d = b.x.len() / self.max_rows;
-        let (x, xn) = (Self::rows_of(&b.x, 1, d), Self::rows_of(&b.xn, 1, d));
-        let gqa = match &lw.mixer {
-            MixerWeights::Gqa(g) => Some(g),
-            _ => None,
-        };
-        let (q, k, v) = gqa.map_or_else(
-            || {
-                let n = self.max_rows;
-                (
-                    Self::rows_of(&b.q, 1, b.q.len() / n),
-                    Self::rows_of(&b.k, 1, b.k.len() / n),
-                    Self::rows_of(&b.v, 1, b.v.len() / n),
-                )
-            },
-            |g| {
-                (
-                    Span::of(&b.q).sub(0, g.q.rows),
-                    Span::of(&b.k).sub(0, g.k.rows),
-                    Span::of(&b.v).sub(0, g.v.rows),
-                )
-            },
-        );
-        let chunks_of = |w: &DeviceWeight| {
-            reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
-        };
-        // the row-parallel product: added to x in the same launch on a lone rank, left in
-        // `partial` for the group's all-reduce otherwise
-        let row = |w: &DeviceWeight,
-                   input: &Span<f32>,
-                   chunks: Option<usize>,
-                   reduced: bool|
-         -> Result<()> {
-            let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
-            if !reduced {
-                dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone())
-            } else {
-                dev.matvec(s, w, input, chunks, &mut Self::rows_of(&b.partial, 1, d))
-            }
-        };
-        match seg {
-            Segment::MlaPre | Segment::MlaCore => {
-                let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
-                    bail!(
-                        "segment `{}` on layer {layer}, not an MLA layer",
-                        seg.name()
-                    );
-                };
-                let pos = Span::of(&b.pos);
-                if seg == Segment::MlaPre {
-                    let norm = Norm {
-                        weight: &lw.attn_norm,
-                        eps: self.geo.eps,
-                    };
-                    state.pre(dev, s, m, norm, &x, &pos)
-                } else {
-                    let att = Span::of(&b.att).sub(0, lw.o.cols);
-                    state.core(dev, s, m, li, &pos, &att)
-                }
-            }
-            Segment::KdaPre | Segment::KdaCore => {
-                let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
-                    bail!("segment `{}` on layer {layer}, not a KDA layer", seg.name());
-                };
-                if seg == Segment::KdaPre {
-                    let norm = Norm {
-                        weight: &lw.attn_norm,
-                        eps: self.geo.eps,
-                    };
-                    state.pre(dev, s, k, li, norm, &x)
-                } else {
-                    state.core(dev, s, k, li, &Span::of(&b.att).sub(0, lw.o.cols))
-                }
-            }
-            Segment::AttnPre => {
-                let Some(lw) = gqa else {
-                    bail!("attn_pre on layer {layer}, not a GQA layer");
-                };
-                let norm_w = &self.layers[li].attn_norm;
-                let (ws, ys) = ([&lw.q, &lw.k, &lw.v], [q.clone(), k.clone(), v.clone()]);
-                if ws
-                    .iter()
-                    .all(|w| w.dtype == lw.q.dtype && chunks_of(w) == chunks_of(&lw.q))
-                {
-                    let norm = Norm {
-                        weight: norm_w,
-                        eps: self.geo.eps,
-                    };
-                    dev.matvec_many(s, &ws, &x, Some(norm), chunks_of(&lw.q), &ys)?;
-                } else {
-                    dev.rms_norm(s, &x, norm_w, self.geo.eps, &mut xn.clone())?;
-                    for (w, y) in ws.iter().zip(ys) {
-                        dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
-                    }
-                }
-                if let Some([bq, bk, bv]) = &lw.biases {
-                    for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
-                        dev.add(s, y, bias, &mut y.clone())?;
-                    }
-                }
-                if let Some([nq, nk]) = &lw.qk_norm {
-                    dev.rms_norm(s, &q, nq, self.geo.eps, &mut q.clone())?;
-                    dev.rms_norm(s, &k, nk, self.geo.eps, &mut k.clone())?;
-                }
-                Ok(())
-            }
-            Segment::AttnCore => {
-                // rope here rather than in AttnPre: it is fused with the cache write and the
-                // attention that reads it, and q and k are read by nothing else
-                let att = Span::of(&b.att).sub(0, lw.o.cols);
-                self.attend(li, [&q, &k, &v, &att], s)
-            }
-            Segment::AttnOut => {
-                let att = Span::of(&b.att).sub(0, lw.o.cols);
-                self.pending = Pending::Hidden;
-                row(
-                    &lw.o,
-                    &att,
-                    self.geo.row_chunks.map(|c| c.0),
-                    self.geo.attn_reduced,
-                )
-            }
-            Segment::Ffn => {
-                let FfnWeights::Dense(ffn) = &lw.ffn else {
-                    bail!("ffn on layer {layer}, an MoE layer");
-                };
-                let g = Span::of(&b.gate).sub(0, ffn.gate.rows);
-                let (gw, uw) = (&ffn.gate, &ffn.up);
-                if gw.dtype == uw.dtype && gw.cols == uw.cols && gw.rows == uw.rows {
-                    let norm = Norm {
-                        weight: &lw.ffn_norm,
-                        eps: self.geo.eps,
-                    };
-                    dev.matvec_swiglu(s, gw, uw, &x, Some(norm), chunks_of(gw), &mut g.clone())?;
-                } else {
-                    bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
-                }
-                self.pending = Pending::Hidden;
-                row(
-                    &ffn.down,
-                    &g,
-                    self.geo.row_chunks.map(|c| c.1),
-                    self.geo.tp_degree > 1,
-                )
-            }
-            Segment::MoeRouter | Segment::MoeExperts | Segment::MoeShared => {
-                let (FfnWeights::Moe(e), Some(state)) = (&lw.ffn, &self.moe) else {
-                    bail!("segment `{}` on layer {layer}, a dense layer", seg.name());
-                };
-                let lone = self.geo.tp_degree == 1;
-                match seg {
-                    Segment::MoeRouter => {
-                        let norm = Norm {
-                            weight: &lw.ffn_norm,
-                            eps: self.geo.eps,
-                        };
-                        state.route(dev, s, e, norm, &x, &xn)
-                    }
-                    Segment::MoeExperts => {
-                        self.pending = Pending::Experts;
-                        state.experts(dev, s, e, &xn)?;
-                        if lone && e.shared.is_none() {
-                            state.combine(dev, s, &x, false)?;
-                        }
-                        Ok(())
-                    }
-                    _ => {
-                        let (Some(g), Pending::Experts) = (&e.shared, self.pending) else {
-                            bail!("moe_shared without shared experts after moe_experts");
-                        };
-                        state.shared(dev, s, g, &xn, self.geo.row_chunks.map(|c| c.1))?;
-                        if lone {
-                            state.combine(dev, s, &x, false)?;
-                        }
-                        Ok(())
-                    }
-                }
-            }
-            other => bail!(
-                "segment `{}` is not supported by the cuda backend",
-                other.name()
-            ),
-        }
     }
 }
 
