@@ -86,7 +86,9 @@ impl Tensor {
             .collect()
     }
 
-    /// Columns `cols` of rows `rows` of a `[.., row_len]` tensor, stored as `dtype`.
+    /// Columns `cols` of rows `rows` of a `[.., row_len]` tensor, stored as `dtype`. Large
+    /// shards are drawn by several threads, each over its own rows: every row's bytes depend
+    /// on the row alone, so the threads change nothing but the time.
     fn rows_bytes(
         &self,
         dtype: GgmlType,
@@ -98,14 +100,35 @@ impl Tensor {
         let row_bytes = dtype
             .bytes_for(width)
             .expect("invariant: splits keep blocks whole") as usize;
-        let mut out = vec![0u8; row_bytes * (rows.end - rows.start) as usize];
-        for (r, chunk) in rows.zip(out.chunks_exact_mut(row_bytes)) {
-            let first = r * row_len + cols.start;
-            quantize(dtype, &self.values(first, first + width), chunk)?;
-        }
+        let count = (rows.end - rows.start) as usize;
+        let mut out = vec![0u8; row_bytes * count];
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores.min(count * width as usize / THREAD_ELEMENTS).max(1);
+        let per_thread = count.div_ceil(threads).max(1);
+        let draw = |first_row: u64, part: &mut [u8]| -> Result<()> {
+            for (r, chunk) in (first_row..).zip(part.chunks_exact_mut(row_bytes)) {
+                let first = r * row_len + cols.start;
+                quantize(dtype, &self.values(first, first + width), chunk)?;
+            }
+            Ok(())
+        };
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = (rows.start..)
+                .step_by(per_thread)
+                .zip(out.chunks_mut(per_thread * row_bytes))
+                .map(|(first_row, part)| scope.spawn(move || draw(first_row, part)))
+                .collect();
+            parts.into_iter().try_for_each(|part| {
+                part.join()
+                    .expect("invariant: drawing and quantizing values does not panic")
+            })
+        })?;
         Ok(out)
     }
 }
+
+/// Elements a thread draws at least: smaller shards are drawn by fewer threads.
+const THREAD_ELEMENTS: usize = 1 << 20;
 
 /// The shard `shard` of a model of `layers` layers, drawn.
 pub(crate) fn shard(shard: &WeightShard, layers: u32) -> Result<Shard> {
