@@ -252,6 +252,28 @@ mod tests {
     }
 
     #[test]
+    fn threads_draw_the_bytes_one_thread_draws() {
+        // 4M elements: drawn whole by every core; 32-row shards (64K elements) by one thread
+        let (rows, cols) = (2048, 2048);
+        let name = "blk.0.attn_q.weight";
+        let whole = matrix(&shard_of(name, "q4_0", &[rows, cols], Split::Full));
+        for start in (0..rows).step_by(32) {
+            let end = start + 32;
+            let part = matrix(&shard_of(
+                name,
+                "q4_0",
+                &[rows, cols],
+                Split::Rows { start, end },
+            ));
+            assert_eq!(
+                part.data,
+                whole.rows_bytes(start as usize, end as usize),
+                "rows {start}..{end}"
+            );
+        }
+    }
+
+    #[test]
     fn an_expert_split_holds_the_whole_stacks_matrices() {
         let stack = |split| match shard(
             &shard_of("blk.1.ffn_up_exps.weight", "q8_0", &[4, 3, 64], split),
