@@ -169,19 +169,8 @@ fn what_memra_does_not_run_is_refused_by_name() {
 }
 
 /// The tiny model's hyperparameters as GLM-5.3-Flash's config.json spells them (the language
-/// model's keys in `text_config`).
-const TINY_CONFIG: &str = r#"{"model_type": "glm5_next", "text_config": {"hidden_size": 256,
-  "intermediate_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 4,
-  "num_attention_heads": 4, "n_routed_experts": 8, "num_experts_per_tok": 2,
-  "n_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
-  "norm_topk_prob": true, "swiglu_limit": 2.0, "q_lora_rank": 128, "kv_lora_rank": 128,
-  "qk_nope_head_dim": 64, "qk_rope_head_dim": 0, "v_head_dim": 64, "mla_use_nope": true,
-  "vocab_size": 256, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-  "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
-  "linear_attn_config": {"num_heads": 4, "head_dim": 32, "short_conv_kernel_size": 4,
-    "gate_lower_bound": -1.0},
-  "index_n_heads": 2, "index_head_dim": 32, "index_topk": 8, "index_kpool": 4,
-  "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6}}"#;
+/// model's keys in `text_config`); the executor's synthetic-weights tests run it too.
+const TINY_CONFIG: &str = include_str!("../../plans/models/tiny-glm5-next.json");
 
 fn config(tag: &str, text: &str) -> anyhow::Result<ModelMeta> {
     let path = scratch(&format!("{tag}.json"));

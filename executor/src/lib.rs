@@ -19,5 +19,6 @@ pub mod rope;
 pub mod sample;
 pub mod serve;
 pub mod session;
+pub mod synthetic;
 pub mod text;
 pub mod weights;

@@ -1,6 +1,7 @@
 //! Loading an execution plan for running: parse it (refusing other format versions), verify it
 //! with the compiler's own happens-before and ownership checks, open the model it names and
-//! refuse a model whose header fingerprint differs from the one the plan was compiled for.
+//! refuse a model whose header fingerprint differs from the one the plan was compiled for;
+//! or, for synthetic weights, open no model at all.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -23,15 +24,25 @@ const RUNNABLE_ARCHITECTURES: [&str; 7] = [
     "glm5-next",
 ];
 
-/// A verified plan and the model file it was compiled for.
+/// Where a plan's weights come from.
+#[derive(Debug)]
+pub enum Weights {
+    /// The model file the plan was compiled for (weights are mapped, not read).
+    File(GgufFile),
+    /// Seeded values drawn from the plan alone (`crate::synthetic`); there is no model file,
+    /// so no tokenizer either.
+    Synthetic,
+}
+
+/// A verified plan and where its weights come from.
 #[derive(Debug)]
 pub struct LoadedPlan {
     /// The plan as parsed.
     pub plan: Plan,
     /// Where the plan was read from.
     pub path: PathBuf,
-    /// The opened model (weights are mapped, not read).
-    pub gguf: GgufFile,
+    /// The model file, or synthetic weights.
+    pub weights: Weights,
     /// The weight load under way, shared by the ranks of one engine.
     weights_load: Mutex<WeightsLoad>,
 }
@@ -44,6 +55,18 @@ struct WeightsLoad {
 }
 
 impl LoadedPlan {
+    /// The model file; an error with synthetic weights, which have none (and so no tokenizer
+    /// or chat template).
+    pub fn gguf(&self) -> Result<&GgufFile> {
+        match &self.weights {
+            Weights::File(gguf) => Ok(gguf),
+            Weights::Synthetic => bail!(
+                "{}: runs on synthetic weights (--weights synthetic), which have no model file to read a tokenizer or chat template from; give token ids instead (bench, gate --tokens)",
+                self.path.display()
+            ),
+        }
+    }
+
     /// The progress of loading the weights of one engine's ranks. Engines load their ranks in
     /// plan order, so the first of them starts a new report: each engine opened on this plan
     /// (gate opens several) reports its own load.
@@ -93,18 +116,7 @@ pub fn fingerprint(gguf: &GgufFile) -> String {
 /// Reads and verifies the plan at `plan_path` and opens its model (`model` overrides the
 /// path the plan names).
 pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
-    let text = std::fs::read_to_string(plan_path)
-        .with_context(|| format!("cannot read plan {}", plan_path.display()))?;
-    let plan = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
-    let errors = verify_plan(&plan);
-    if !errors.is_empty() {
-        bail!(
-            "{}: the plan fails verification:\n  {}",
-            plan_path.display(),
-            errors.join("\n  ")
-        );
-    }
-    check_runnable(&plan).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
+    let plan = read_verified(plan_path)?;
     let model_path = model.map_or_else(|| default_model_path(plan_path, &plan), Path::to_path_buf);
     let gguf = GgufFile::open(&model_path).with_context(|| {
         format!(
@@ -121,16 +133,44 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
             plan_path.display()
         );
     }
+    Ok(loaded(plan, plan_path, Weights::File(gguf)))
+}
+
+/// Reads and verifies the plan at `plan_path` to run on synthetic weights: no model file is
+/// opened, so a plan compiled from a `config.json` runs too.
+pub fn load_synthetic(plan_path: &Path) -> Result<LoadedPlan> {
+    let plan = read_verified(plan_path)?;
+    Ok(loaded(plan, plan_path, Weights::Synthetic))
+}
+
+/// The plan at `plan_path`, parsed, verified and checked to be runnable.
+fn read_verified(plan_path: &Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(plan_path)
+        .with_context(|| format!("cannot read plan {}", plan_path.display()))?;
+    let plan = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
+    let errors = verify_plan(&plan);
+    if !errors.is_empty() {
+        bail!(
+            "{}: the plan fails verification:\n  {}",
+            plan_path.display(),
+            errors.join("\n  ")
+        );
+    }
+    check_runnable(&plan).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
+    Ok(plan)
+}
+
+fn loaded(plan: Plan, plan_path: &Path, weights: Weights) -> LoadedPlan {
     let ranks = plan.ranks.iter().map(|r| r.rank).collect();
-    Ok(LoadedPlan {
+    LoadedPlan {
         plan,
         path: plan_path.to_path_buf(),
-        gguf,
+        weights,
         weights_load: Mutex::new(WeightsLoad {
             ranks,
             progress: None,
         }),
-    })
+    }
 }
 
 /// Refuses plans that name features the CPU executor does not run.

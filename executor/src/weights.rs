@@ -1,5 +1,5 @@
-//! A rank's weights: exactly the shards its plan lists, copied out of the mapped GGUF into
-//! buffers the rank owns. Matrices keep their stored (quantized) bytes; a column split copies
+//! A rank's weights: exactly the shards its plan lists, copied out of the mapped GGUF (or
+//! drawn by `synthetic`) into buffers the rank owns. Matrices keep their stored (quantized) bytes; a column split copies
 //! each row's block-aligned column range. Vectors (norms, biases) are dequantized to f32.
 //! Three-dimensional tensors (stacked experts, MLA's per-head matrices) are stacks of
 //! matrices; an `experts a..b` or `heads a..b` split keeps matrices `a..b`.
@@ -15,7 +15,8 @@ use memra_compiler::plan::{Rank, Split, WeightShard};
 use memra_gguf::progress::Progress;
 use memra_gguf::{GgmlType, GgufFile, TensorInfo};
 
-use crate::plan_load::LoadedPlan;
+use crate::plan_load::{LoadedPlan, Weights};
+use crate::synthetic;
 
 /// A matrix shard in its stored type: `rows` outputs of `cols` inputs, row-major.
 #[derive(Debug)]
@@ -74,6 +75,17 @@ impl Stack {
     }
 }
 
+/// One shard as a rank holds it.
+#[derive(Debug)]
+pub(crate) enum Shard {
+    /// A vector's values (norms, biases), dequantized.
+    Vector(Vec<f32>),
+    /// A matrix in its stored type.
+    Matrix(Matrix),
+    /// A stack of matrices in their stored type.
+    Stack(Stack),
+}
+
 /// The shards one rank holds, by tensor name.
 #[derive(Debug)]
 pub struct RankWeights {
@@ -84,7 +96,8 @@ pub struct RankWeights {
 }
 
 impl RankWeights {
-    /// Loads every shard `rank` lists from the model of `loaded`.
+    /// Loads every shard `rank` lists from the model of `loaded`: read from its file, or
+    /// drawn from the plan alone when it runs on synthetic weights.
     pub fn load(loaded: &LoadedPlan, rank: &Rank) -> Result<RankWeights> {
         let mut out = RankWeights {
             matrices: BTreeMap::new(),
@@ -93,82 +106,47 @@ impl RankWeights {
             stacks: BTreeMap::new(),
         };
         for shard in &rank.weights {
-            out.load_shard(&loaded.gguf, shard)
+            let taken = match &loaded.weights {
+                Weights::File(gguf) => read_shard(gguf, shard),
+                Weights::Synthetic => synthetic::shard(shard, loaded.plan.model.layers),
+            };
+            taken
+                .and_then(|taken| out.insert(shard, taken))
                 .map_err(|e| anyhow!("rank {}: tensor `{}`: {e}", rank.rank, shard.tensor))?;
         }
         Ok(out)
     }
 
-    fn load_shard(&mut self, gguf: &GgufFile, shard: &WeightShard) -> Result<()> {
-        let info = gguf
-            .tensor(&shard.tensor)
-            .ok_or_else(|| anyhow!("not found in {}", gguf.path().display()))?;
-        if info.dtype.name() != shard.dtype {
-            bail!(
-                "the plan says {} but the model stores {}",
-                shard.dtype,
-                info.dtype
-            );
-        }
-        info.dtype.check_supported()?;
-        let logical = memra_compiler::plan::logical_shape(&shard.tensor, &info.dims);
-        if logical != shard.shape {
-            bail!(
-                "the plan says shape {:?} but the model has {:?}",
-                shard.shape,
-                logical
-            );
-        }
-        if shard.shape.len() == 1 {
-            let all = gguf.dequantize_tensor(info)?;
-            let values = match shard.split {
-                Split::Full => all,
-                Split::Rows { start, end } if end <= all.len() as u64 && start <= end => {
-                    all[start as usize..end as usize].to_vec()
-                }
-                other => bail!("split `{other}` does not apply to a vector"),
-            };
-            self.vectors.insert(shard.tensor.clone(), values);
-            self.progress.inc(shard.bytes);
-            return Ok(());
-        }
-        if shard.shape.len() == 3 {
-            let stack = stack(gguf, info, &shard.shape, shard.split)?;
-            if stack.data.len() as u64 != shard.bytes {
-                bail!(
-                    "the shard holds {} bytes but the plan says {}",
-                    stack.data.len(),
-                    shard.bytes
-                );
-            }
-            self.stacks.insert(shard.tensor.clone(), stack);
-            // no backend uploads a stack as it takes it yet: it counts whole when read
-            self.progress.inc(shard.bytes);
-            return Ok(());
-        }
-        if shard.shape.len() != 2 {
-            bail!(
-                "only vectors, matrices and stacks of matrices are supported, found {} dimensions",
-                shard.shape.len()
-            );
-        }
-        let matrix = match shard.split {
-            Split::Full => matrix_rows(gguf, info, 0, info.rows())?,
-            Split::Rows { start, end } => matrix_rows(gguf, info, start, end)?,
-            Split::Cols { start, end } => matrix_cols(gguf, info, start, end)?,
-            other @ (Split::Experts { .. } | Split::Heads { .. }) => {
-                bail!("split `{other}` applies to stacks of matrices, not to a matrix")
-            }
+    /// Keeps `taken` as `shard`, after checking its size against the plan's.
+    fn insert(&mut self, shard: &WeightShard, taken: Shard) -> Result<()> {
+        let name = shard.tensor.clone();
+        // a vector's bytes are its stored ones, dequantized on the way in
+        let held = match &taken {
+            Shard::Vector(_) => None,
+            Shard::Matrix(m) => Some(m.data.len() as u64),
+            Shard::Stack(s) => Some(s.data.len() as u64),
         };
-        if matrix.data.len() as u64 != shard.bytes {
+        if let Some(held) = held.filter(|&held| held != shard.bytes) {
             bail!(
-                "the shard holds {} bytes but the plan says {}",
-                matrix.data.len(),
+                "the shard holds {held} bytes but the plan says {}",
                 shard.bytes
             );
         }
-        self.progress.inc(shard.bytes / 2);
-        self.matrices.insert(shard.tensor.clone(), matrix);
+        match taken {
+            Shard::Vector(values) => {
+                self.vectors.insert(name, values);
+                self.progress.inc(shard.bytes);
+            }
+            Shard::Stack(stack) => {
+                self.stacks.insert(name, stack);
+                // no backend uploads a stack as it takes it yet: it counts whole when read
+                self.progress.inc(shard.bytes);
+            }
+            Shard::Matrix(matrix) => {
+                self.matrices.insert(name, matrix);
+                self.progress.inc(shard.bytes / 2);
+            }
+        }
         Ok(())
     }
 
@@ -229,6 +207,54 @@ impl RankWeights {
             .chain(self.stacks.keys())
             .map(String::as_str)
             .collect()
+    }
+}
+
+/// The shard `shard` read out of `gguf`, checked against the plan's dtype and shape.
+fn read_shard(gguf: &GgufFile, shard: &WeightShard) -> Result<Shard> {
+    let info = gguf
+        .tensor(&shard.tensor)
+        .ok_or_else(|| anyhow!("not found in {}", gguf.path().display()))?;
+    if info.dtype.name() != shard.dtype {
+        bail!(
+            "the plan says {} but the model stores {}",
+            shard.dtype,
+            info.dtype
+        );
+    }
+    info.dtype.check_supported()?;
+    let logical = memra_compiler::plan::logical_shape(&shard.tensor, &info.dims);
+    if logical != shard.shape {
+        bail!(
+            "the plan says shape {:?} but the model has {:?}",
+            shard.shape,
+            logical
+        );
+    }
+    match shard.shape.len() {
+        1 => {
+            let all = gguf.dequantize_tensor(info)?;
+            let values = match shard.split {
+                Split::Full => all,
+                Split::Rows { start, end } if end <= all.len() as u64 && start <= end => {
+                    all[start as usize..end as usize].to_vec()
+                }
+                other => bail!("split `{other}` does not apply to a vector"),
+            };
+            Ok(Shard::Vector(values))
+        }
+        2 => Ok(Shard::Matrix(match shard.split {
+            Split::Full => matrix_rows(gguf, info, 0, info.rows())?,
+            Split::Rows { start, end } => matrix_rows(gguf, info, start, end)?,
+            Split::Cols { start, end } => matrix_cols(gguf, info, start, end)?,
+            other @ (Split::Experts { .. } | Split::Heads { .. }) => {
+                bail!("split `{other}` applies to stacks of matrices, not to a matrix")
+            }
+        })),
+        3 => Ok(Shard::Stack(stack(gguf, info, &shard.shape, shard.split)?)),
+        n => bail!(
+            "only vectors, matrices and stacks of matrices are supported, found {n} dimensions"
+        ),
     }
 }
 

@@ -146,7 +146,7 @@ fn smollm2_sequences_decoded_together_equal_their_runs_alone() {
         "The sky is",
         "Once upon a time",
     ];
-    let tokenizer = memra_executor::text::Tokenizer::from_gguf(&reference.gguf).unwrap();
+    let tokenizer = memra_executor::text::Tokenizer::from_gguf(reference.gguf().unwrap()).unwrap();
     let mut all = sequences(49152, 8);
     for (s, text) in all.iter_mut().zip(texts) {
         s.prompt = tokenizer.encode(text, false).unwrap();

@@ -13,7 +13,7 @@ use memra_executor::text::Tokenizer;
 /// The 1-rank SmolLM2 plan and its tokenizer.
 fn smollm2_with_tokenizer() -> (LoadedPlan, Tokenizer) {
     let plan = smollm2("smollm2");
-    let tokenizer = Tokenizer::from_gguf(&plan.gguf).unwrap();
+    let tokenizer = Tokenizer::from_gguf(plan.gguf().unwrap()).unwrap();
     (plan, tokenizer)
 }
 

@@ -17,14 +17,14 @@ mod tools;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use memra_compiler::plan::Plan;
 
 use crate::cpu::ReduceOrder;
 use crate::dist::{ProcessMap, World, PEER_FAILED};
 use crate::engine::{open, Arm, Backend, Decoder, EngineOptions, PromptMode};
-use crate::plan_load::{load, LoadedPlan};
+use crate::plan_load::{load, load_synthetic, LoadedPlan};
 use crate::sample::SamplerConfig;
 use crate::session::Session;
 use crate::text::Tokenizer;
@@ -101,6 +101,15 @@ enum Command {
         /// Prompt text.
         #[arg(short, long, default_value = "The capital of France is")]
         prompt: String,
+        /// The prompt as comma-separated token ids instead of text (no tokenizer needed, as
+        /// with --weights synthetic).
+        #[arg(
+            long,
+            value_name = "IDS",
+            value_delimiter = ',',
+            conflicts_with = "prompt"
+        )]
+        tokens: Option<Vec<u32>>,
         /// Tokens to generate after the prompt.
         #[arg(short = 'n', long, default_value_t = 16)]
         n_predict: usize,
@@ -203,11 +212,27 @@ enum ArmArg {
     Pipelined,
 }
 
+/// Where the weights come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum WeightsArg {
+    /// The plan's GGUF file (or --model).
+    File,
+    /// Seeded pseudo-random values of each shard's dtype and shape, drawn from the plan
+    /// alone: no model file, so plans compiled from a config.json run; no tokenizer either.
+    Synthetic,
+}
+
 #[derive(Args, Clone)]
 struct RunArgs {
     /// Use this GGUF instead of the model the plan names; its fingerprint must match.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// file: read the model's tensors; synthetic: fill every shard with seeded values of the
+    /// dtype and shape the plan lists (the same values for a tensor in every plan of a
+    /// model, whatever the sharding), without opening a model file. Text commands need the
+    /// file's tokenizer; bench and gate --tokens run without one.
+    #[arg(long, value_enum, default_value = "file")]
+    weights: WeightsArg,
     /// Kernel threads in total [default: all cores].
     #[arg(short, long)]
     threads: Option<usize>,
@@ -273,7 +298,13 @@ impl SamplingArgs {
 
 impl RunArgs {
     fn load(&self, plan: &Path) -> Result<LoadedPlan> {
-        load(plan, self.model.as_deref())
+        match (self.weights, &self.model) {
+            (WeightsArg::File, model) => load(plan, model.as_deref()),
+            (WeightsArg::Synthetic, None) => load_synthetic(plan),
+            (WeightsArg::Synthetic, Some(_)) => {
+                bail!("--model: synthetic weights read no model file; drop --model or --weights synthetic")
+            }
+        }
     }
 
     /// Refuses process options that cannot run `plan`: another number of processes than its
@@ -334,7 +365,7 @@ struct Loaded {
 
 fn start(plan: &Path, run: &RunArgs, sampler: SamplerConfig) -> Result<Loaded> {
     let plan = run.load(plan)?;
-    let tokenizer = Tokenizer::from_gguf(&plan.gguf)?;
+    let tokenizer = Tokenizer::from_gguf(plan.gguf()?)?;
     let options = run.options(sampler);
     let engine = open(&plan, options)?;
     let prints = options.holds_readback(&plan.plan);
@@ -452,10 +483,17 @@ fn run(command: Command) -> Result<ExitCode> {
             plan,
             reference,
             prompt,
+            tokens,
             n_predict,
             repeat,
             run,
-        } => tools::gate(&plan, &reference, &prompt, n_predict, repeat, &run),
+        } => {
+            let prompt = match &tokens {
+                Some(ids) => tools::Prompt::Tokens(ids),
+                None => tools::Prompt::Text(&prompt),
+            };
+            tools::gate(&plan, &reference, prompt, n_predict, repeat, &run)
+        }
         Command::Compare {
             plan,
             prompt,

@@ -87,7 +87,7 @@ pub fn chat(
     run: &RunArgs,
 ) -> Result<ExitCode> {
     let mut loaded = start(plan, run, sampler)?;
-    let template = ChatTemplate::from_gguf(&loaded.plan.gguf, &loaded.tokenizer)?;
+    let template = ChatTemplate::from_gguf(loaded.plan.gguf()?, &loaded.tokenizer)?;
     let mut messages: Vec<Message> = system
         .map(|s| Message::new("system", s))
         .into_iter()

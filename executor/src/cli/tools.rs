@@ -12,6 +12,7 @@ use super::{start, RunArgs};
 use crate::engine::{open, Arm, Backend, EngineOptions, PromptMode};
 use crate::gate::{decode_all, gate_repeated};
 use crate::perplexity::perplexity as run_perplexity;
+use crate::plan_load::LoadedPlan;
 use crate::sample::SamplerConfig;
 use crate::session::{Flow, Session};
 use crate::text::Tokenizer;
@@ -74,20 +75,43 @@ pub fn perplexity(
     Ok(ExitCode::SUCCESS)
 }
 
+/// A prompt as text, or as token ids (no tokenizer needed).
+pub enum Prompt<'a> {
+    /// Text the model's tokenizer encodes.
+    Text(&'a str),
+    /// Token ids, each below the vocabulary size.
+    Tokens(&'a [u32]),
+}
+
+impl Prompt<'_> {
+    /// The prompt's token ids for the model of `loaded`.
+    fn ids(&self, loaded: &LoadedPlan) -> Result<Vec<u32>> {
+        match *self {
+            Prompt::Text(text) => Tokenizer::from_gguf(loaded.gguf()?)?.encode(text, true),
+            Prompt::Tokens(ids) => {
+                let vocab = loaded.plan.model.vocab;
+                if let Some(id) = ids.iter().find(|&&id| id >= vocab) {
+                    bail!("--tokens: token id {id} is not below the vocabulary size {vocab}");
+                }
+                Ok(ids.to_vec())
+            }
+        }
+    }
+}
+
 /// `gate`: exit status 1 and the first mismatch when any logit bit differs; with `repeat`,
 /// the number of candidate runs that differed.
 pub fn gate(
     plan: &Path,
     reference: &Path,
-    prompt: &str,
+    prompt: Prompt,
     n: usize,
     repeat: usize,
     run: &RunArgs,
 ) -> Result<ExitCode> {
     let candidate = run.load(plan)?;
     let reference = run.load(reference)?;
-    let tokenizer = Tokenizer::from_gguf(&candidate.gguf)?;
-    let ids = tokenizer.encode(prompt, true)?;
+    let ids = prompt.ids(&candidate)?;
     let options = run.options(SamplerConfig::GREEDY);
     let report = gate_repeated(&reference, &candidate, &ids, n, options, repeat)?;
     if !options.holds_readback(&candidate.plan) {
@@ -147,7 +171,7 @@ pub fn compare(
     run: &RunArgs,
 ) -> Result<ExitCode> {
     let loaded = run.load(plan)?;
-    let ids = Tokenizer::from_gguf(&loaded.gguf)?.encode(prompt, true)?;
+    let ids = Tokenizer::from_gguf(loaded.gguf()?)?.encode(prompt, true)?;
     let options = run.options(SamplerConfig::GREEDY);
     let cpu = EngineOptions {
         backend: Backend::Cpu,

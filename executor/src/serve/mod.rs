@@ -43,10 +43,10 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Resul
     let runtime = &plan.plan.runtime;
     let (max_context, max_sequences) =
         (runtime.max_context as usize, runtime.max_sequences as usize);
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&plan.gguf)?);
-    let template = ChatTemplate::from_gguf(&plan.gguf, &tokenizer).map_err(|e| format!("{e:#}"));
-    let model = plan
-        .gguf
+    let gguf = plan.gguf()?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(gguf)?);
+    let template = ChatTemplate::from_gguf(gguf, &tokenizer).map_err(|e| format!("{e:#}"));
+    let model = gguf
         .path()
         .file_stem()
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
