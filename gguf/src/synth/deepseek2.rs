@@ -7,7 +7,7 @@
 use anyhow::{bail, Result};
 
 use super::emit::{keyed, Spec};
-use super::ffn::{deepseek_ffn, Routed};
+use super::ffn::{DeepseekFfn, Routed};
 use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
 
@@ -310,26 +310,23 @@ pub(crate) fn attention(s: &MlaDims, b: &Block, res: f32) -> Vec<Planned> {
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let experts = Routed {
-        experts: u64::from(s.experts),
-        ffn: s.expert_ffn,
-        probs_bias: s.routing.probs_bias,
+    let ffn = DeepseekFfn {
+        dim: s.dim,
+        dense_layers: s.dense_layers,
+        dense_ffn: s.ffn,
+        experts: Routed {
+            experts: u64::from(s.experts),
+            ffn: s.expert_ffn,
+            probs_bias: s.routing.probs_bias,
+        },
+        shared_ffn: s.expert_ffn * u64::from(s.shared_experts),
+        res,
     };
-    let shared = s.expert_ffn * u64::from(s.shared_experts);
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
     for l in 0..s.layers {
         let b = Block::new(l, dtype);
         p.extend(attention(&s.mla_dims(), &b, res));
-        p.push(b.norm("ffn_norm", s.dim));
-        let dense = l < s.dense_layers;
-        p.extend(deepseek_ffn(
-            &b,
-            dense,
-            s.dim,
-            (s.ffn, shared),
-            &experts,
-            res,
-        ));
+        p.extend(ffn.tensors(&b, l));
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));
     p

@@ -46,22 +46,28 @@ pub(crate) fn routed(b: &Block, dim: u64, r: &Routed, res: f32) -> Vec<Planned> 
     p
 }
 
-/// The FFN half of a DeepSeek-style layer after its `ffn_norm`: a dense gated FFN of width
-/// `dense_ffn` in the leading dense layers, else the routed experts and the shared experts
-/// (width `shared_ffn`).
-pub(crate) fn deepseek_ffn(
-    b: &Block,
-    dense: bool,
-    dim: u64,
-    (dense_ffn, shared_ffn): (u64, u64),
-    experts: &Routed,
-    res: f32,
-) -> Vec<Planned> {
-    if dense {
-        gated(b, "", dim, dense_ffn, res)
-    } else {
-        let mut p = routed(b, dim, experts, res);
-        p.extend(gated(b, "_shexp", dim, shared_ffn, res));
+/// The FFN half of a DeepSeek-style model's layers: `ffn_norm`, then a dense gated FFN of
+/// width `dense_ffn` in the first `dense_layers` layers, else the routed experts and the
+/// shared experts of width `shared_ffn`; down projections divided by `res`.
+pub(crate) struct DeepseekFfn {
+    pub dim: u64,
+    pub dense_layers: u32,
+    pub dense_ffn: u64,
+    pub experts: Routed,
+    pub shared_ffn: u64,
+    pub res: f32,
+}
+
+impl DeepseekFfn {
+    /// The tensors of layer `l` (block `b`).
+    pub fn tensors(&self, b: &Block, l: u32) -> Vec<Planned> {
+        let mut p = vec![b.norm("ffn_norm", self.dim)];
+        if l < self.dense_layers {
+            p.extend(gated(b, "", self.dim, self.dense_ffn, self.res));
+        } else {
+            p.extend(routed(b, self.dim, &self.experts, self.res));
+            p.extend(gated(b, "_shexp", self.dim, self.shared_ffn, self.res));
+        }
         p
     }
 }

@@ -9,7 +9,7 @@
 
 use super::deepseek2::Gating;
 use super::emit::{keyed, Spec};
-use super::ffn::{deepseek_ffn, Routed};
+use super::ffn::{DeepseekFfn, Routed};
 use super::plan::{
     f32_around, f32_uniform, matrix, norm, output_head, residual, token_embd, Block, Planned,
 };
@@ -228,12 +228,18 @@ fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> 
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let experts = Routed {
-        experts: u64::from(s.experts),
-        ffn: s.expert_ffn,
-        probs_bias: true,
+    let ffn = DeepseekFfn {
+        dim: s.dim,
+        dense_layers: s.dense_layers,
+        dense_ffn: s.ffn,
+        experts: Routed {
+            experts: u64::from(s.experts),
+            ffn: s.expert_ffn,
+            probs_bias: true,
+        },
+        shared_ffn: s.expert_ffn * u64::from(s.shared_experts),
+        res,
     };
-    let shared = s.expert_ffn * u64::from(s.shared_experts);
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
     for l in 0..s.layers {
         let b = Block::new(l, dtype);
@@ -243,16 +249,7 @@ fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
             true => p.extend(mla(s, &b, dtype, res)),
             false => p.extend(kda(s, &b, dtype, res)),
         }
-        p.push(b.norm("ffn_norm", s.dim));
-        let dense = l < s.dense_layers;
-        p.extend(deepseek_ffn(
-            &b,
-            dense,
-            s.dim,
-            (s.ffn, shared),
-            &experts,
-            res,
-        ));
+        p.extend(ffn.tensors(&b, l));
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));
     p

@@ -7,7 +7,7 @@
 
 use super::deepseek2::{attention, Gating, MlaDims};
 use super::emit::{keyed, Spec};
-use super::ffn::{deepseek_ffn, Routed};
+use super::ffn::{DeepseekFfn, Routed};
 use super::plan::{
     f32_around, f32_uniform, norm, output_head, residual, token_embd, Block, Planned,
 };
@@ -144,12 +144,18 @@ fn kda(s: &KimiLinearShape, b: &Block, res: f32) -> Vec<Planned> {
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let experts = Routed {
-        experts: u64::from(s.experts),
-        ffn: s.expert_ffn,
-        probs_bias: true,
+    let ffn = DeepseekFfn {
+        dim: s.dim,
+        dense_layers: s.dense_layers,
+        dense_ffn: s.ffn,
+        experts: Routed {
+            experts: u64::from(s.experts),
+            ffn: s.expert_ffn,
+            probs_bias: true,
+        },
+        shared_ffn: s.expert_ffn * u64::from(s.shared_experts),
+        res,
     };
-    let shared = s.expert_ffn * u64::from(s.shared_experts);
     let mla = s.mla();
     let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
     for l in 0..s.layers {
@@ -158,16 +164,7 @@ fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
             true => p.extend(attention(&mla, &b, res)),
             false => p.extend(kda(s, &b, res)),
         }
-        p.push(b.norm("ffn_norm", s.dim));
-        let dense = l < s.dense_layers;
-        p.extend(deepseek_ffn(
-            &b,
-            dense,
-            s.dim,
-            (s.ffn, shared),
-            &experts,
-            res,
-        ));
+        p.extend(ffn.tensors(&b, l));
     }
     p.extend(output_head(s.dim, s.vocab, false, dtype));
     p
