@@ -25,7 +25,7 @@ impl RankDevice {
         let lw = &self.layers[li];
         let b = &self.buf;
         let dev = &self.dev;
-        let d = b.x.len() / self.max_rows;
+        let d = self.hidden_len();
         let (x, xn) = (Self::rows_of(&b.x, 1, d), Self::rows_of(&b.xn, 1, d));
         let gqa = match &lw.mixer {
             MixerWeights::Gqa(g) => Some(g),

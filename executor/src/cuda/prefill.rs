@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
 
 use super::device::{CudaDevice, DeviceBuffer};
@@ -71,35 +71,43 @@ impl RowBuffers {
 }
 
 impl RankDevice {
-    /// `out` (rows x `w.rows`) = the `rows` rows of `input` (rows x `w.cols`) times `w`,
-    /// combined over `chunks` reduction chunks in the canonical tree.
-    fn product(
+    /// For each `(w, out)`: `out` (rows x `w.rows`) = the `rows` rows of `input` (rows x
+    /// `w.cols`, the same for every weight) times `w`, combined over `chunks` reduction chunks
+    /// in the canonical tree. The input is narrowed to f16 once for all of them.
+    fn products(
         &self,
         s: &Arc<CudaStream>,
-        w: &DeviceWeight,
         input: &Span<f32>,
         rows: usize,
         chunks: usize,
-        out: &Span<f32>,
+        products: &[(&DeviceWeight, &Span<f32>)],
     ) -> Result<()> {
         let dev = &self.dev;
         let rb = self.row_buffers()?;
-        if !(w.cols / chunks).is_multiple_of(GEMM_DEPTH) {
-            // the decode matvec, one row at a time: its chunk tree is the canonical one too
-            for r in 0..rows {
-                let x = input.sub(r * w.cols, w.cols);
-                dev.matvec(s, w, &x, chunks, &mut out.sub(r * w.rows, w.rows))?;
+        let mut a16 = Span::of(&rb.a16).sub(0, input.len());
+        let mut narrowed = false;
+        for &(w, out) in products {
+            if !(w.cols / chunks).is_multiple_of(GEMM_DEPTH) {
+                // the decode matvec, one row at a time: its chunk tree is the canonical one too
+                for r in 0..rows {
+                    let x = input.sub(r * w.cols, w.cols);
+                    dev.matvec(s, w, &x, chunks, &mut out.sub(r * w.rows, w.rows))?;
+                }
+                continue;
             }
-            return Ok(());
+            if !narrowed {
+                dev.to_f16(s, input, &mut a16)?;
+                narrowed = true;
+            }
+            if chunks == 1 {
+                dev.gemm(s, w, &a16, rows, 1, &mut out.clone())?;
+            } else {
+                let mut parts = Span::of(&rb.parts).sub(0, chunks * rows * w.rows);
+                dev.gemm(s, w, &a16, rows, chunks, &mut parts)?;
+                dev.tree_sum(s, &parts, chunks, &mut out.clone())?;
+            }
         }
-        let mut a16 = Span::of(&rb.a16).sub(0, rows * w.cols);
-        dev.to_f16(s, input, &mut a16)?;
-        if chunks == 1 {
-            return dev.gemm(s, w, &a16, rows, 1, &mut out.clone());
-        }
-        let mut parts = Span::of(&rb.parts).sub(0, chunks * rows * w.rows);
-        dev.gemm(s, w, &a16, rows, chunks, &mut parts)?;
-        dev.tree_sum(s, &parts, chunks, &mut out.clone())
+        Ok(())
     }
 
     fn row_buffers(&self) -> Result<&RowBuffers> {
@@ -121,7 +129,7 @@ impl RankDevice {
         chunks: Option<usize>,
         reduced: bool,
     ) -> Result<()> {
-        let d = self.buf.x.len() / self.max_rows;
+        let d = self.hidden_len();
         let chunks = chunks
             .unwrap_or_else(|| {
                 reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
@@ -129,7 +137,7 @@ impl RankDevice {
             .max(1);
         let x = Self::rows_of(&self.buf.x, rows, d);
         let partial = Self::rows_of(&self.buf.partial, rows, d);
-        self.product(s, w, input, rows, chunks, &partial)?;
+        self.products(s, input, rows, chunks, &[(w, &partial)])?;
         if reduced {
             Ok(())
         } else {
@@ -154,8 +162,7 @@ impl RankDevice {
         };
         let b = &self.buf;
         let dev = &self.dev;
-        let n = self.max_rows;
-        let d = b.x.len() / n;
+        let d = self.hidden_len();
         let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
         let q = Self::rows_of(&b.q, rows, g.q.rows);
         let (k, v) = (
@@ -166,9 +173,7 @@ impl RankDevice {
         match seg {
             Segment::AttnPre => {
                 dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
-                for (w, y) in [(&g.q, &q), (&g.k, &k), (&g.v, &v)] {
-                    self.product(s, w, &xn, rows, 1, y)?;
-                }
+                self.products(s, &xn, rows, 1, &[(&g.q, &q), (&g.k, &k), (&g.v, &v)])?;
                 if let Some([bq, bk, bv]) = &g.biases {
                     for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
                         dev.add_rows(s, &mut y.clone(), bias)?;
@@ -198,8 +203,7 @@ impl RankDevice {
                 let gate = Self::rows_of(&b.gate, rows, f);
                 let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
                 dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
-                self.product(s, &ffn.gate, &xn, rows, 1, &gate)?;
-                self.product(s, &ffn.up, &xn, rows, 1, &up)?;
+                self.products(s, &xn, rows, 1, &[(&ffn.gate, &gate), (&ffn.up, &up)])?;
                 dev.swiglu_rows(s, &gate, &up, &mut gate.clone())?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
@@ -216,14 +220,14 @@ impl RankDevice {
     /// back, into the first rows of `logits`.
     pub(super) fn prefill_head(&self, rows: Rows, s: &Arc<CudaStream>) -> Result<()> {
         let (norm, w) = self.head_weights()?;
-        let d = self.buf.x.len() / self.max_rows;
+        let d = self.hidden_len();
         let out = rows.out();
         let x = Span::of(&self.buf.x).sub(rows.logits_from * d, out * d);
         let xn = Self::rows_of(&self.buf.xn, out, d);
         self.dev
             .rms_norm(s, &x, norm, self.geo.eps, &mut xn.clone())?;
         let logits = Self::rows_of(&self.buf.logits, out, w.rows);
-        self.product(s, w, &xn, out, 1, &logits)
+        self.products(s, &xn, out, 1, &[(w, &logits)])
     }
 }
 

@@ -550,6 +550,11 @@ impl RankDevice {
             .map_err(|e| anyhow!("rank {} {work}: {e:#}", self.rank))
     }
 
+    /// Values of one token row of the hidden state.
+    pub(super) fn hidden_len(&self) -> usize {
+        self.buf.x.len() / self.max_rows
+    }
+
     /// The first `rows` rows of `buf`, rows of `per` values.
     pub(super) fn rows_of<T>(buf: &DeviceBuffer<T>, rows: usize, per: usize) -> Span<T> {
         Span::of(buf).sub(0, rows * per)
@@ -558,7 +563,7 @@ impl RankDevice {
     fn launch(&mut self, work: Work, t: u64, rows: Rows, s: &Arc<CudaStream>) -> Result<()> {
         let b = &self.buf;
         let dev = &self.dev;
-        let d = self.buf.x.len() / self.max_rows;
+        let d = self.hidden_len();
         let x = Self::rows_of(&b.x, rows.rows, d);
         match work {
             Work::Embed => {
