@@ -192,3 +192,30 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
         out[(size_t)h * head_dim + d] = o;
     }
 }
+
+// kv_store_rows_f16, block (t, kv head): row t of a prefill step's k head rotated to position
+// *pos + t and its v head, narrowed to f16, into the cache at that position (positions past
+// the capacity are not written), with attention_f16's rotation and narrowing, so the step's
+// attention (attention_f16 over the rows, or flash.cu) reads the cache decode steps would
+// have written.
+extern "C" __global__ void kv_store_rows_f16(const float* k, const float* v, u16* k_cache, u16* v_cache,
+                                             const u32* pos, int n_kv_heads, int head_dim, int capacity,
+                                             float theta_scale, int neox) {
+    overlap_with_neighbours();
+    const int t = blockIdx.x, kvh = blockIdx.y;
+    const u32 p = *pos + (u32)t;
+    if (p >= (u32)capacity) return;
+    const size_t row = (size_t)n_kv_heads * head_dim;
+    const float* krow = k + (size_t)t * row + (size_t)kvh * head_dim;
+    const float* vrow = v + (size_t)t * row + (size_t)kvh * head_dim;
+    u16* kc = k_cache + (size_t)p * row + (size_t)kvh * head_dim;
+    u16* vc = v_cache + (size_t)p * row + (size_t)kvh * head_dim;
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float2 rk = rope_pair(krow[a], krow[b], i, (float)p, theta_scale);
+        kc[a] = f32_to_f16(rk.x);
+        kc[b] = f32_to_f16(rk.y);
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) vc[d] = f32_to_f16(vrow[d]);
+}

@@ -17,9 +17,6 @@
 // zero and are not stored.
 //
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
-// kv_store_rows_f16: the rotated k and the v of each token row written to its cache position,
-// with attention_f16's rotation and narrowing, so a prefill step's attention (attention_f16 over
-// the rows) reads the cache a decode step would have written.
 // swiglu_rows_f32: out = silu(gate) * up, elementwise (silu_mul).
 // add_rows_f32: x[t][i] += b[i] for every row t.
 #include "common.cuh"
@@ -196,28 +193,4 @@ extern "C" __global__ void add_rows_f32(float* x, const float* b, int cols, int 
     overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] + b[i % cols];
-}
-
-// Block (t, kv head): row t's k head rotated to position *pos + t and its v head, narrowed to
-// f16, into the cache at that position (positions past the capacity are not written).
-extern "C" __global__ void kv_store_rows_f16(const float* k, const float* v, u16* k_cache, u16* v_cache,
-                                             const u32* pos, int n_kv_heads, int head_dim, int capacity,
-                                             float theta_scale, int neox) {
-    overlap_with_neighbours();
-    const int t = blockIdx.x, kvh = blockIdx.y;
-    const u32 p = *pos + (u32)t;
-    if (p >= (u32)capacity) return;
-    const size_t row = (size_t)n_kv_heads * head_dim;
-    const float* krow = k + (size_t)t * row + (size_t)kvh * head_dim;
-    const float* vrow = v + (size_t)t * row + (size_t)kvh * head_dim;
-    u16* kc = k_cache + (size_t)p * row + (size_t)kvh * head_dim;
-    u16* vc = v_cache + (size_t)p * row + (size_t)kvh * head_dim;
-    const int half = head_dim / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float2 rk = rope_pair(krow[a], krow[b], i, (float)p, theta_scale);
-        kc[a] = f32_to_f16(rk.x);
-        kc[b] = f32_to_f16(rk.y);
-    }
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) vc[d] = f32_to_f16(vrow[d]);
 }

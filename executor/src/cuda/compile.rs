@@ -62,10 +62,9 @@ pub const FILES: &[KernelFile] = &[
             "to_f16_f32",
             "swiglu_rows_f32",
             "add_rows_f32",
-            "kv_store_rows_f16",
         ]
     ),
-    kernel_file!("attention.cu", ["attention_f16"]),
+    kernel_file!("attention.cu", ["attention_f16", "kv_store_rows_f16"]),
     kernel_file!(
         "flash.cu",
         ["flash_attention_hd64", "flash_attention_hd128"]

@@ -1,8 +1,8 @@
-//! Launch helpers of the kernels over a prefill step's token rows (kernels/gemm.cu): the
-//! tensor-core product of f16 activation rows with a weight in any dtype, per reduction chunk,
-//! the small row kernels around it (narrowing to f16, the SiLU gate, bias rows, the cache
-//! write of every row before attention reads them), and causal attention of the rows on the
-//! tensor cores (kernels/flash.cu).
+//! Launch helpers of the kernels over a prefill step's token rows: the tensor-core product of
+//! f16 activation rows with a weight in any dtype, per reduction chunk, and the small row
+//! kernels around it (kernels/gemm.cu: narrowing to f16, the SiLU gate, bias rows); the cache
+//! write of every row before attention reads them (kernels/attention.cu); causal attention of
+//! the rows on the tensor cores (kernels/flash.cu).
 
 use anyhow::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
