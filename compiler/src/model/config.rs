@@ -311,20 +311,14 @@ fn read_glm5_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
             &format!("num_attention_heads ({heads}), as llama.cpp reads glm5-next"),
         ));
     }
-    let conv_kernel = lin.u32("short_conv_kernel_size")?;
-    if conv_kernel < 2 {
-        return Err(lin.wrong("short_conv_kernel_size", "an integer of at least 2"));
-    }
     Ok(KdaSummary {
-        head_dim: lin.u32("head_dim")?,
-        conv_kernel,
-        attention_layers,
         gate_lower_bound: lin
             .opt("gate_lower_bound", "a number", |v| {
                 v.as_f64().filter(|x| x.is_finite())
             })?
             .map(|b| exact(b as f32)),
         l2_eps: Some(exact(1e-6)),
+        ..kda_summary(&lin, attention_layers)?
     })
 }
 
@@ -403,6 +397,12 @@ fn read_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
     }
     attention_layers.sort_unstable();
     attention_layers.dedup();
+    kda_summary(&lin, attention_layers)
+}
+
+/// The KDA facts both `linear_attn_config` readers share (kimi-linear's whole summary):
+/// `head_dim` and `short_conv_kernel_size`, with the layers that are attention instead.
+fn kda_summary(lin: &Keys, attention_layers: Vec<u32>) -> Result<KdaSummary> {
     let conv_kernel = lin.u32("short_conv_kernel_size")?;
     if conv_kernel < 2 {
         return Err(lin.wrong("short_conv_kernel_size", "an integer of at least 2"));
