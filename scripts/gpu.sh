@@ -42,7 +42,9 @@
 #                             two-chunk prompt (graphs, PP-2, TP-2, TP-4, PP-2 x TP-2; with two
 #                             GPUs also TP-2 and PP-2 one process per GPU), CUDA vs CPU over the
 #                             prompt, llama8b pp512 (q4_1, q8_0, f16) and llama1b q4_1, the
-#                             time to first token of 4096 tokens, llama8b decode
+#                             time to first token of 4096 tokens, llama8b decode; with
+#                             .llama/llama.cpp carried, llama.cpp's pp512 of the same four
+#                             files and its pp4096 of llama8b q4_1 (built while the gates run)
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
 #                             device 0: graphs, TP-2, TP-4, EP-4, PP-2
 #   kda [SECONDS]             kimi-linear (KDA + MLA + MoE) on CUDA: self-test, tiny-kimi-linear
@@ -189,13 +191,15 @@ build_llamacpp() { # builds llama-bench into /tmp/llama-build from the carried .
         -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
         cmake --build /tmp/llama-build --target llama-bench -j "$(nproc)"
 }
-llama_bench() { # row model: llama.cpp's batch-1 decode of 128 tokens on GPU 0
-    local out rc
+llama_bench() { # row model [llama-bench options, default: batch-1 decode of 128 tokens]: on GPU 0
+    local row=$1 model=$2 out rc
+    shift 2
+    [ $# -gt 0 ] || set -- -p 0 -n 128
     # one GPU, as memra: llama.cpp would split the layers over every visible device
-    out=$(CUDA_VISIBLE_DEVICES=0 limit 300 /tmp/llama-build/bin/llama-bench -m "$2" -p 0 -n 128 -fa 1 -ngl 99 -r 3 -o md 2>&1)
+    out=$(CUDA_VISIBLE_DEVICES=0 limit 300 /tmp/llama-build/bin/llama-bench -m "$model" "$@" -fa 1 -ngl 99 -r 3 -o md 2>&1)
     rc=$?
     echo "$out" >>"$LOG/llama-bench.txt"
-    result "$1" $rc "$out" "$(echo "$out" | grep 'tg128' | tr -s ' ' | cut -c1-200)"
+    result "$row" $rc "$out" "$(echo "$out" | grep -E ' (pp|tg)[0-9]+ ' | tr -s ' ' | cut -c1-200)"
 }
 memcheck() { # self-test binary: it under compute-sanitizer memcheck; the exit status is its
     compute-sanitizer --tool memcheck --error-exitcode 3 "$1" >"$LOG/memcheck.log" 2>&1
@@ -749,18 +753,25 @@ suite_prefill() {
     BUDGET=${1:-420}
     logs_in /tmp/memra-prefill
     stamp name,driver_version,memory.total
+    local build=""
+    if [ -d .llama/llama.cpp ]; then
+        build_llamacpp >"$LOG/llama-build.log" 2>&1 &
+        build=$!
+    fi
     synth smol135m q8_0 &
     synth llama1b q8_0 &
     synth llama1b q4_1 &
     synth llama8b q4_1 &
-    local synth8b=$! rc dtype ref cand prompt
+    local synth8b=$! rc dtype ref cand prompt model
     limit 200 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
     rc=$?
     grep -E "^(gemm|flash_attention|attention_f16 .*prefill)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait $synth8b
     synth llama8b q8_0 &
+    local synth8b_q8=$!
     synth llama8b f16 &
+    local synth8b_f16=$!
     # about 600 tokens of the synthetic tokenizer: a 512-row chunk and a shorter one, tiles
     # cut mid-way
     prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
@@ -784,7 +795,7 @@ suite_prefill() {
     late "cuda vs cpu smol135m q8_0 prefill" ||
         against_cpu "cuda vs cpu smol135m q8_0 prefill" 5e-2 "$M/smol135m-q8_0.gguf" \
             "$(plan smol135m q8_0 smol135m)" 16 --teacher-forced -p "$prompt"
-    wait
+    wait $synth8b_q8 $synth8b_f16 # not a bare wait: the llama.cpp build runs on
     for dtype in q4_1 q8_0 f16; do
         late "pp512 llama8b $dtype" ||
             bench "pp512 llama8b $dtype" 150 "$M/llama8b-$dtype.gguf" "$(plan llama8b $dtype llama8b)" \
@@ -798,6 +809,19 @@ suite_prefill() {
             --prompt 4096 -n 2 --reps 2
     late "decode llama8b q4_1" ||
         bench "decode llama8b q4_1" 100 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b)" -n 128 --reps 3
+    if [ -n "$build" ]; then
+        wait $build
+        rc=$?
+        row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+        for model in llama8b-q4_1 llama8b-q8_0 llama8b-f16 llama1b-q4_1; do
+            late "llama-bench pp512 $model" ||
+                llama_bench "llama-bench pp512 $model" "$M/$model.gguf" -p 512 -n 0
+        done
+        late "llama-bench pp4096 llama8b-q4_1" ||
+            llama_bench "llama-bench pp4096 llama8b-q4_1" "$M/llama8b-q4_1.gguf" -p 4096 -n 0
+    else
+        row "llama.cpp" skip "its source was not carried (.llama/llama.cpp)"
+    fi
     table
 }
 suite_moe_wide() {
