@@ -204,6 +204,25 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
                  : "r"(smem_addr(p)));
 }
 
+// Asynchronous copies of 16, 8 or 4 bytes from global to shared memory (sm_80 and later);
+// with `valid` false the destination gets zeros and `src` is not read. A thread's copies
+// since its last commit form a group; cp_async_wait<N> waits until at most N of its groups
+// are in flight.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // c += a b for a 16 x 16 row-major f16 fragment a and a 16 x 8 column-major one (b0, b1).
 __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(

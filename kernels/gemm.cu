@@ -1,6 +1,6 @@
 // memra kernels: the products of a prefill step's token rows, on the tensor cores.
 //
-// gemm_<dtype>: y[z][t][n] = sum over k in chunk z of a[t][k] * w[n][k], for the `t < m`
+// gemm128_<dtype>, gemm64_<dtype>: y[z][t][n] = sum over k in chunk z of a[t][k] * w[n][k], for the `t < m`
 // token rows of the f16 activations `a` (row-major, `k` values a row) and the `n` rows of a
 // weight in the device layout of DeviceWeight::upload. Chunk z covers k in
 // [z * k / chunks, (z + 1) * k / chunks): a row-parallel product's chunks are the plan's
@@ -9,134 +9,193 @@
 // a sequence of 16-deep f16 tensor-core products accumulated in f32 in k order, whatever its
 // tile: the same rows and weights give the same bits on any rank.
 //
-// A block computes a 64 x 128 tile (8 warps as 2 x 4, each 32 x 32: two m16 by four n8
-// mma tiles) over 64-deep k steps: the activations go to shared memory as they are, the weight
-// rows are dequantized there to f16 (the value of memra_gguf::dequantize, rounded to f16), then
-// ldmatrix feeds the mma.sync.m16n8k16 products; the next step's loads and dequantization go
-// to registers while the products run. Rows past m and weight rows past n read as
-// zero and are not stored.
+// A block computes a GEMM_BM x 128 tile (GEMM_BM = 128, or 64 where the larger tiles would not
+// fill the device; 8 warps as 2 x 4, each (GEMM_BM / 2) x 32) over 64-deep k steps, with
+// GEMM_STAGES steps in flight: the activations and the weights' stored bytes of a step are
+// copied to shared memory asynchronously (cp.async) GEMM_STAGES - 1 steps ahead; f16 weights
+// feed ldmatrix from there, the quantized planar layouts (q8_0, q4_0, q4_1) are dequantized
+// from there into an f16 tile (the value of memra_gguf::dequantize, rounded to f16), and
+// every other layout is dequantized from global memory into that tile when its step comes.
+// ldmatrix then feeds the mma.sync.m16n8k16 products. Rows past m and weight rows past n
+// read as zero and are not stored. The host sizes the dynamic shared memory with the same
+// numbers (gemm_shared_bytes in executor/src/cuda/rows.rs).
 //
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
 // swiglu_rows_f32: out = silu(gate) * up, elementwise (silu_mul).
 // add_rows_f32: x[t][i] += b[i] for every row t.
 #include "common.cuh"
 
-#define GEMM_BM 64
 #define GEMM_BN 128
 #define GEMM_BK 64
+#define GEMM_STAGES 3
 #define GEMM_THREADS 256
-// shared-memory row stride in halves: 64 values and 8 of padding keep ldmatrix's eight rows
-// on distinct banks and every row 16-byte aligned
+// shared-memory row stride of an f16 tile in halves: 64 values and 8 of padding keep
+// ldmatrix's eight rows on distinct banks and every row 16-byte aligned
 #define GEMM_LD 72
 
-// Each policy's load16: values k .. k + 15 (k a multiple of 16) of weight row r as f16.
+// A weight layout's policy. RAW: the bytes of one weight row's k step kept in a stage (0:
+// the layout is dequantized from global memory, not staged); copy: thread `half` (0 or 1) of
+// the pair that serves weight row r issues its share of the asynchronous copies of step k0
+// (`valid` false: zeros); dequant32: values 32 * half .. 32 * half + 31 of the staged row (or,
+// unstaged, of row r at step k0) as f16.
 struct GemmF16 {
-    static __device__ __forceinline__ void load16(const u8* w, int rows, int cols, int r, int k, u16* out) {
-        const uint4* p = (const uint4*)(w + ((size_t)r * cols + k) * 2);
-        *(uint4*)out = p[0];
-        *(uint4*)(out + 8) = p[1];
+    static constexpr int RAW = 2 * GEMM_LD;  // the staged row is the f16 tile's row
+    static __device__ __forceinline__ void copy(const u8* w, int rows, int cols, int r, int k0, u8* dst,
+                                                int half, bool valid) {
+        const u8* src = w + ((size_t)r * cols + k0) * 2;
+#pragma unroll
+        for (int j = half; j < 8; j += 2) cp_async16(dst + 16 * j, valid ? src + 16 * j : w, valid);
     }
 };
 
-struct GemmQ8_0 {
-    static __device__ __forceinline__ void load16(const u8* w, int rows, int cols, int r, int k, u16* out) {
-        const WeightRow row = weight_row<32, 32, 2>(w, rows, cols, r);
-        const float d = f16_to_f32(ld_u16(row.s + 2 * (k / 32)));
-        const uint4 qv = *(const uint4*)(row.q + k);
-        const i8* q = (const i8*)&qv;
+// q8_0, q4_0 and q4_1 in their two planes: a step's quant bytes (QB, 16-byte aligned) then its
+// two blocks' scale bytes (SB)
+template <int QS, int S>
+struct GemmPlanar {
+    static constexpr int QB = 2 * QS, SB = 2 * S;
+    static constexpr int RAW = (QB + SB + 15) / 16 * 16;
+    static __device__ __forceinline__ void copy(const u8* w, int rows, int cols, int r, int k0, u8* dst,
+                                                int half, bool valid) {
+        const WeightRow row = weight_row<32, QS, S>(w, rows, cols, r);
+        const u8* q = row.q + (k0 / 32) * QS;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) out[j] = f32_to_f16((float)q[j] * d);
+        for (int j = half; j < QB / 16; j += 2) cp_async16(dst + 16 * j, valid ? q + 16 * j : w, valid);
+        if (half == 1) {
+            const u8* sc = valid ? row.s + (k0 / 32) * S : w;
+            if (SB == 8) cp_async8(dst + QB, sc, valid);
+            else cp_async4(dst + QB, sc, valid);
+        }
+    }
+};
+
+struct GemmQ8_0 : GemmPlanar<32, 2> {
+    static __device__ __forceinline__ void dequant32(const u8* raw, int half, u16* out) {
+        const float d = f16_to_f32(*(const u16*)(raw + QB + 2 * half));
+        const uint4 q0 = *(const uint4*)(raw + 32 * half), q1 = *(const uint4*)(raw + 32 * half + 16);
+        const i8* a = (const i8*)&q0;
+        const i8* b = (const i8*)&q1;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            out[j] = f32_to_f16((float)a[j] * d);
+            out[16 + j] = f32_to_f16((float)b[j] * d);
+        }
     }
 };
 
 template <bool MIN>
-struct GemmQ4 {
-    static __device__ __forceinline__ void load16(const u8* w, int rows, int cols, int r, int k, u16* out) {
-        const WeightRow row = weight_row<32, 16, MIN ? 4 : 2>(w, rows, cols, r);
-        const u8* sc = row.s + (MIN ? 4 : 2) * (k / 32);
-        const float d = f16_to_f32(ld_u16(sc));
-        const float m = MIN ? f16_to_f32(ld_u16(sc + 2)) : 0.f;
-        const uint4 qv = *(const uint4*)(row.q + 16 * (k / 32));
+struct GemmQ4 : GemmPlanar<16, MIN ? 4 : 2> {
+    using Base = GemmPlanar<16, MIN ? 4 : 2>;
+    static __device__ __forceinline__ void dequant32(const u8* raw, int half, u16* out) {
+        const u8* sc = raw + Base::QB + (MIN ? 4 : 2) * half;
+        const float d = f16_to_f32(*(const u16*)sc);
+        const float m = MIN ? f16_to_f32(*(const u16*)(sc + 2)) : 0.f;
+        const uint4 qv = *(const uint4*)(raw + 16 * half);
         const u8* q = (const u8*)&qv;
-        const int shift = (k % 32) ? 4 : 0;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const int v = (q[j] >> shift) & 15;
+        for (int j = 0; j < 32; ++j) {
+            const int v = j < 16 ? (q[j] & 15) : (q[j - 16] >> 4);
             out[j] = f32_to_f16(MIN ? __fadd_rn(__fmul_rn((float)v, d), m) : (float)(v - 8) * d);
         }
     }
 };
 
-// Every other layout: per-value dequantization (common.cuh), 16 at a time.
-#define GEMM_GENERIC(name, deq, BLOCK, QS, S)                                                      \
-    struct name {                                                                                  \
-        static __device__ __forceinline__ void load16(const u8* w, int rows, int cols, int r, int k, \
-                                                      u16* out) {                                  \
-            const WeightRow row = weight_row<BLOCK, QS, S>(w, rows, cols, r);                      \
-            _Pragma("unroll") for (int j = 0; j < 16; ++j) out[j] = f32_to_f16(deq(row, k + j));   \
-        }                                                                                          \
-    };
-GEMM_GENERIC(GemmF32, deq_f32, 1, 4, 0)
-GEMM_GENERIC(GemmBF16, deq_bf16, 1, 2, 0)
-GEMM_GENERIC(GemmQ4_K, deq_q4_k, 256, 144, 0)
-GEMM_GENERIC(GemmQ6_K, deq_q6_k, 256, 210, 0)
+// Every other layout: per-value dequantization from global memory (common.cuh).
+template <int BLOCK, int QS, int S, float (*DEQ)(WeightRow, int)>
+struct GemmUnstaged {
+    static constexpr int RAW = 0;
+    static __device__ __forceinline__ void load32(const u8* w, int rows, int cols, int r, int k, u16* out) {
+        const WeightRow row = weight_row<BLOCK, QS, S>(w, rows, cols, r);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) out[j] = f32_to_f16(DEQ(row, k + j));
+    }
+};
+using GemmF32 = GemmUnstaged<1, 4, 0, deq_f32>;
+using GemmBF16 = GemmUnstaged<1, 2, 0, deq_bf16>;
+using GemmQ4_K = GemmUnstaged<256, 144, 0, deq_q4_k>;
+using GemmQ6_K = GemmUnstaged<256, 210, 0, deq_q6_k>;
 
+// Whether policy P's staged row is itself the f16 tile row.
 template <class P>
+__device__ constexpr bool gemm_direct_f16() { return P::RAW == 2 * GEMM_LD; }
+
+template <class P, int BM>
 __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, int m, int n, int k,
                                          int chunks) {
-    __shared__ __align__(16) u16 as[GEMM_BM * GEMM_LD];
-    __shared__ __align__(16) u16 bs[GEMM_BN * GEMM_LD];
+    constexpr int MI = BM / 32;  // m16 tiles of a warp
+    constexpr int RAW = P::RAW;
+    constexpr bool DIRECT = gemm_direct_f16<P>();
+    extern __shared__ __align__(16) u8 smem[];
+    u16* as = (u16*)smem;                                                     // [STAGES][BM][LD]
+    u8* raw = smem + GEMM_STAGES * BM * GEMM_LD * 2;                          // [STAGES][BN][RAW]
+    u16* bt = (u16*)(raw + GEMM_STAGES * GEMM_BN * RAW);                      // [BN][LD]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp / 4, wn = warp % 4;
-    const int t0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
+    const int t0 = blockIdx.y * BM, n0 = blockIdx.x * GEMM_BN;
     const int len = k / chunks, z = blockIdx.z;
-    const int k_begin = z * len, k_end = k_begin + len;
-    float acc[2][4][4];
+    const int k_begin = z * len, steps = len / GEMM_BK;
+    float acc[MI][4][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-    // the loads of one k step: thread i copies 16 activations of row i / 4 and dequantizes 32
-    // weights of row i / 2, into registers while the previous step's products run
-    const int ar = threadIdx.x / 4, ak = (threadIdx.x % 4) * 16;
-    const int br = threadIdx.x / 2, bk = (threadIdx.x % 2) * 32;
-    uint4 av[2];
-    __align__(16) u16 wv[32];
-    const auto load = [&](int k0) {
-        av[0] = av[1] = make_uint4(0, 0, 0, 0);
-        if (t0 + ar < m) {
-            const uint4* p = (const uint4*)(a + (size_t)(t0 + ar) * k + k0 + ak);
-            av[0] = p[0];
-            av[1] = p[1];
-        }
-        if (n0 + br < n) {
-            P::load16(w, n, k, n0 + br, k0 + bk, wv);
-            P::load16(w, n, k, n0 + br, k0 + bk + 16, wv + 16);
-        } else {
+    // weight row br is served by threads 2 br and 2 br + 1
+    const int br = threadIdx.x / 2, bhalf = threadIdx.x % 2;
+    const bool brow_valid = n0 + br < n;
+    // the copies of step s into its stage: activation rows in 16-byte pieces, then the weights'
+    // stored bytes
+    const auto issue = [&](int s) {
+        const int slot = s % GEMM_STAGES, k0 = k_begin + s * GEMM_BK;
+        u16* ad = as + slot * BM * GEMM_LD;
 #pragma unroll
-            for (int j = 0; j < 32; ++j) wv[j] = 0;
+        for (int p = threadIdx.x; p < BM * 8; p += GEMM_THREADS) {
+            const int r = p / 8, c = (p % 8) * 8;
+            const bool valid = t0 + r < m;
+            cp_async16(ad + r * GEMM_LD + c, valid ? a + (size_t)(t0 + r) * k + k0 + c : a, valid);
         }
+        if constexpr (RAW > 0) P::copy(w, n, k, n0 + br, k0, raw + (slot * GEMM_BN + br) * RAW, bhalf, brow_valid);
     };
-    // the weights are constant: only the activations wait for the previous kernel
+    // the weights are constant, but the copies are issued together: the activations wait for
+    // the previous kernel
     overlap_with_neighbours();
-    load(k_begin);
-    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_BK) {
-        __syncthreads();  // the previous step's fragments are read
-        *(uint4*)(as + ar * GEMM_LD + ak) = av[0];
-        *(uint4*)(as + ar * GEMM_LD + ak + 8) = av[1];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) *(uint4*)(bs + br * GEMM_LD + bk + 8 * j) = *(const uint4*)(wv + 8 * j);
-        __syncthreads();
-        if (k0 + GEMM_BK < k_end) load(k0 + GEMM_BK);
+    for (int s = 0; s < GEMM_STAGES - 1; ++s) {
+        if (s < steps) issue(s);
+        cp_async_commit();
+    }
+    for (int s = 0; s < steps; ++s) {
+        const int slot = s % GEMM_STAGES;
+        cp_async_wait<GEMM_STAGES - 2>();
+        __syncthreads();  // step s is in its stage; every warp is done with step s - 1
+        const u16* bs;
+        if constexpr (DIRECT) {
+            bs = (const u16*)(raw + slot * GEMM_BN * RAW);
+        } else {
+            __align__(16) u16 v[32];
+            if constexpr (RAW > 0) {
+                P::dequant32(raw + (slot * GEMM_BN + br) * RAW, bhalf, v);
+            } else if (brow_valid) {
+                P::load32(w, n, k, n0 + br, k_begin + s * GEMM_BK + 32 * bhalf, v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) v[j] = 0;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) *(uint4*)(bt + br * GEMM_LD + 32 * bhalf + 8 * j) = *(const uint4*)(v + 8 * j);
+            __syncthreads();
+            bs = bt;
+        }
+        if (s + GEMM_STAGES - 1 < steps) issue(s + GEMM_STAGES - 1);
+        cp_async_commit();
+        const u16* at = as + slot * BM * GEMM_LD;
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
-            u32 af[2][4], bf[2][4];
+            u32 af[MI][4], bf[2][4];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int row = wm * 32 + i * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-                ldmatrix_x4(af[i], as + row * GEMM_LD + kk + 8 * (lane / 16));
+            for (int i = 0; i < MI; ++i) {
+                const int row = wm * (BM / 2) + i * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+                ldmatrix_x4(af[i], at + row * GEMM_LD + kk + 8 * (lane / 16));
             }
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
@@ -144,38 +203,44 @@ __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, in
                 ldmatrix_x4(bf[j], bs + row * GEMM_LD + kk + 8 * ((lane / 8) % 2));
             }
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) mma_f16(acc[i][j], af[i], bf[j / 2][2 * (j % 2)], bf[j / 2][2 * (j % 2) + 1]);
         }
     }
+    cp_async_wait<0>();
     float* out = y + (size_t)z * m * n;
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int t = t0 + wm * 32 + i * 16 + lane / 4 + 8 * (e / 2);
+                const int t = t0 + wm * (BM / 2) + i * 16 + lane / 4 + 8 * (e / 2);
                 const int c = n0 + wn * 32 + j * 8 + 2 * (lane % 4) + (e % 2);
                 if (t < m && c < n) out[(size_t)t * n + c] = acc[i][j][e];
             }
 }
 
-#define GEMM(name, P)                                                                              \
+// gemm<BM>_<dtype>: the product with GEMM_BM = BM
+#define GEMM(dtype, P)                                                                             \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                     \
-        name(const u16* a, const u8* w, float* y, int m, int n, int k, int chunks) {               \
-        gemm_run<P>(a, w, y, m, n, k, chunks);                                                     \
+        gemm128_##dtype(const u16* a, const u8* w, float* y, int m, int n, int k, int chunks) {    \
+        gemm_run<P, 128>(a, w, y, m, n, k, chunks);                                                \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                     \
+        gemm64_##dtype(const u16* a, const u8* w, float* y, int m, int n, int k, int chunks) {     \
+        gemm_run<P, 64>(a, w, y, m, n, k, chunks);                                                 \
     }
 
-GEMM(gemm_f32, GemmF32)
-GEMM(gemm_f16, GemmF16)
-GEMM(gemm_bf16, GemmBF16)
-GEMM(gemm_q8_0, GemmQ8_0)
-GEMM(gemm_q4_0, GemmQ4<false>)
-GEMM(gemm_q4_1, GemmQ4<true>)
-GEMM(gemm_q4_k, GemmQ4_K)
-GEMM(gemm_q6_k, GemmQ6_K)
+GEMM(f32, GemmF32)
+GEMM(f16, GemmF16)
+GEMM(bf16, GemmBF16)
+GEMM(q8_0, GemmQ8_0)
+GEMM(q4_0, GemmQ4<false>)
+GEMM(q4_1, GemmQ4<true>)
+GEMM(q4_k, GemmQ4_K)
+GEMM(q6_k, GemmQ6_K)
 
 extern "C" __global__ void to_f16_f32(const float* x, u16* out, int n) {
     overlap_with_neighbours();

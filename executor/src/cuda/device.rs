@@ -11,7 +11,9 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
-use cudarc::driver::sys::{self, CUdevice_attribute, CUevent_flags, CUresult};
+use cudarc::driver::sys::{
+    self, CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUresult,
+};
 use cudarc::driver::{
     self, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
     DeviceRepr, LaunchConfig, ValidAsZeroBits,
@@ -226,6 +228,30 @@ impl CudaDevice {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .context("cuda backend: reading the shared memory limit")?;
         Ok(n as usize)
+    }
+
+    /// Lets kernel `name` (with `static_bytes` of static shared memory) take `bytes` of dynamic
+    /// shared memory at launch: the kernel's limit is raised to the device's, not to this
+    /// launch's need, since a lower limit set by a later launch would make an earlier, larger
+    /// one fail. Launches within the default 48 KiB need no call.
+    pub fn allow_dynamic_shared(
+        &self,
+        name: &str,
+        static_bytes: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        let limit = self.max_shared_per_block()? - static_bytes;
+        if bytes > limit {
+            bail!("cuda backend: {name} needs {bytes} bytes of shared memory; this device allows {limit}");
+        }
+        self.function(name)
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(limit).expect("invariant: a device's shared memory fits in i32"),
+            )
+            .with_context(|| {
+                format!("cuda backend: allowing {name} {limit} bytes of shared memory")
+            })
     }
 
     /// Free and total device memory in bytes.

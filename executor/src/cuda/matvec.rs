@@ -4,7 +4,6 @@
 //! is the kernel file's; this side checks shapes and picks the grid.
 
 use anyhow::{Context, Result};
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
@@ -341,23 +340,8 @@ impl CudaDevice {
         assert!(xp.is_multiple_of(16), "matvec: x must be 16-byte aligned");
         let name = format!("matvec_{}", w0.dtype.name());
         if smem > MATVEC_PLAIN_DYNAMIC {
-            // raised to the device's limit, not to this launch's need: a lower limit set by a
-            // later launch would make an earlier, larger one fail
-            let limit = self.max_shared_per_block()? - MATVEC_STATIC_SHARED;
-            if smem > limit {
-                anyhow::bail!(
-                    "cuda backend: {name} with K = {} needs {smem} bytes of shared memory; this device allows {limit}",
-                    w0.cols
-                );
-            }
-            self.function(&name)
-                .set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    int(limit),
-                )
-                .with_context(|| {
-                    format!("cuda backend: allowing {name} {limit} bytes of shared memory")
-                })?;
+            self.allow_dynamic_shared(&name, MATVEC_STATIC_SHARED, smem)
+                .with_context(|| format!("{name} with K = {}", w0.cols))?;
         }
         let items: usize = match epilogue {
             Epilogue::SwiGlu => w0.rows.div_ceil(MATVEC_ROWS),

@@ -6,15 +6,39 @@
 
 use anyhow::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+use memra_gguf::GgmlType;
 
 use super::device::CudaDevice;
 use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
 
-/// Token rows and weight rows of one block's tile (GEMM_BM, GEMM_BN in kernels/gemm.cu).
-const TILE_ROWS: usize = 64;
+/// Weight rows of one block's tile (GEMM_BN in kernels/gemm.cu); its token rows are 128, or
+/// 64 where tiles of 128 would leave streaming multiprocessors idle.
 const TILE_COLS: usize = 128;
 /// Reduction depth of one step (GEMM_BK): a chunk is a whole number of steps.
 pub const GEMM_DEPTH: usize = 64;
+/// Steps in flight (GEMM_STAGES) and the f16 tile row stride in halves (GEMM_LD).
+const GEMM_STAGES: usize = 3;
+const GEMM_LD: usize = 72;
+
+/// The dynamic shared memory of `gemm<tile_rows>_<dtype>`, as kernels/gemm.cu lays it out:
+/// the activation stages, the weight stages (a row's stored bytes of one step, padded to 16)
+/// and, unless the staged f16 rows feed the products themselves, one f16 weight tile.
+fn gemm_shared_bytes(dtype: GgmlType, tile_rows: usize) -> usize {
+    let f16_row = 2 * GEMM_LD;
+    let staged_row = match dtype {
+        GgmlType::F16 => f16_row,
+        GgmlType::Q8_0 => (64 + 4usize).next_multiple_of(16),
+        GgmlType::Q4_0 => (32 + 4usize).next_multiple_of(16),
+        GgmlType::Q4_1 => (32 + 8usize).next_multiple_of(16),
+        _ => 0,
+    };
+    let tile = if dtype == GgmlType::F16 {
+        0
+    } else {
+        TILE_COLS * f16_row
+    };
+    GEMM_STAGES * (tile_rows * f16_row + TILE_COLS * staged_row) + tile
+}
 
 impl CudaDevice {
     /// `y[z][t][n]` = chunk `z` of the product of f16 row `t` of `a` (`w.cols` values a row)
@@ -40,17 +64,46 @@ impl CudaDevice {
             w.cols,
             w.rows
         );
-        let name = format!("gemm_{}", w.dtype.name());
+        let tiles =
+            |tile_rows: usize| w.rows.div_ceil(TILE_COLS) * rows.div_ceil(tile_rows) * chunks;
+        let tile_rows = if rows > 64 && tiles(128) >= self.sm_count()? {
+            128
+        } else {
+            64
+        };
+        self.gemm_tiled(stream, w, a, rows, chunks, y, tile_rows)
+    }
+
+    /// [`Self::gemm`] with `tile_rows` (64 or 128) token rows a block: every output has the
+    /// same bits with either.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_tiled(
+        &self,
+        stream: &CudaStream,
+        w: &DeviceWeight,
+        a: &impl DevicePtr<u16>,
+        rows: usize,
+        chunks: usize,
+        y: &mut impl DevicePtrMut<f32>,
+        tile_rows: usize,
+    ) -> Result<()> {
+        assert!(
+            matches!(tile_rows, 64 | 128),
+            "gemm: tiles of {tile_rows} rows"
+        );
+        let name = format!("gemm{tile_rows}_{}", w.dtype.name());
+        let smem = gemm_shared_bytes(w.dtype, tile_rows);
+        self.allow_dynamic_shared(&name, 0, smem)?;
         let (ap, wp, yp) = (ptr(stream, a), ptr(stream, &w.data), ptr_mut(stream, y));
         let (m, n, k, c) = (int(rows), int(w.rows), int(w.cols), int(chunks));
         let cfg = LaunchConfig {
             grid_dim: (
                 w.rows.div_ceil(TILE_COLS) as u32,
-                rows.div_ceil(TILE_ROWS) as u32,
+                rows.div_ceil(tile_rows) as u32,
                 chunks as u32,
             ),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem as u32,
         };
         self.launch(stream, &name, cfg, |l| {
             l.arg(&ap).arg(&wp).arg(&yp).arg(&m).arg(&n).arg(&k).arg(&c);

@@ -29,6 +29,15 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for dtype in [GgmlType::F16, GgmlType::Q4_1, GgmlType::Q8_0] {
         gemm_halves(cx, dtype)?;
     }
+    for dtype in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_1,
+        GgmlType::Q6_K,
+    ] {
+        gemm_tiles(cx, dtype)?;
+    }
     for (n_heads, n_kv, hd, p0, rows) in [(4, 2, 64, 5, 9), (8, 8, 128, 0, 70), (6, 2, 96, 31, 3)] {
         attention_rows(cx, n_heads, n_kv, hd, p0, rows)?;
     }
@@ -204,6 +213,29 @@ fn gemm_halves(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         &format!("gemm_{dtype}"),
         format!("column halves = full chunks, {rows}x{k} by {n}"),
         bit_mismatches(&halves, &full),
+    );
+    Ok(())
+}
+
+/// Tiles of 128 token rows give every output the bits tiles of 64 give.
+fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (rows, n, k, chunks) = (300, 260, 1024, 2);
+    let (bytes, _) = random_weight(&mut cx.rng, dtype, n, k)?;
+    let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
+    let ad = dev.upload(s, &random(&mut cx.rng, rows * k, 1.0))?;
+    let mut a16 = dev.alloc::<u16>(s, rows * k)?;
+    dev.to_f16(s, &ad, &mut a16)?;
+    let run = |tile_rows: usize| -> Result<Vec<f32>> {
+        let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
+        dev.gemm_tiled(s, &w, &a16, rows, chunks, &mut yd, tile_rows)?;
+        dev.download(s, &yd)
+    };
+    let (small, large) = (run(64)?, run(128)?);
+    cx.report.exact(
+        &format!("gemm_{dtype}"),
+        format!("tiles of 128 rows = tiles of 64, {rows}x{k} by {n}"),
+        bit_mismatches(&large, &small),
     );
     Ok(())
 }
