@@ -24,6 +24,8 @@
 #define COLL_SLICE 256       // values per block; must match SLICE in collective.rs
 #define COLL_MAX_MEMBERS 8   // must match MAX_MEMBERS in collective.rs
 #define COLL_MAX_TREE 16
+// Words a thread of all_reduce_rows_f32 pushes, or polls, at once (held in registers).
+#define COLL_WORDS 32
 
 __device__ __forceinline__ u64 globaltimer() {
     u64 t;
@@ -105,6 +107,116 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
         }
         x[i] = x[i] + stack[0];
     }
+    end(seq, s);
+}
+
+// all_reduce_rows_f32's push: this thread's values of `part` (its value of this block's
+// slice, then one every grid's width of slices) into every member's inbox for this member,
+// tagged with `s`. The
+// values of a batch are all loaded before the first store (the stores are ordered), so with
+// few blocks their loads' latencies overlap.
+__device__ __forceinline__ void push_rows(const u64* peers, int members, int me, int cap, const float* part,
+                                     int n, u64 s) {
+    const int stride = gridDim.x * COLL_SLICE;
+    u64* inbox[COLL_MAX_MEMBERS];
+#pragma unroll
+    for (int m = 0; m < COLL_MAX_MEMBERS; ++m)
+        if (m < members) inbox[m] = (u64*)peers[m] + ((size_t)(s & 1) * members + me) * cap;
+    for (int i0 = blockIdx.x * COLL_SLICE + threadIdx.x; i0 < n; i0 += COLL_WORDS * stride) {
+        u32 v[COLL_WORDS];
+#pragma unroll
+        for (int b = 0; b < COLL_WORDS; ++b)
+            if (i0 + b * stride < n) v[b] = __float_as_uint(part[i0 + b * stride]);
+#pragma unroll
+        for (int b = 0; b < COLL_WORDS; ++b)
+            if (i0 + b * stride < n)
+#pragma unroll
+                for (int m = 0; m < COLL_MAX_MEMBERS; ++m)
+                    if (m < members) store_relaxed(inbox[m] + i0 + b * stride, (s << 32) | (u64)v[b]);
+    }
+}
+
+// The words of a batch: values i0, i0 + stride, ... (BATCH of them; those at or past n are
+// not read) from members 0 .. MM - 1 (those below `members`) of collective `s`, from this
+// member's inbox, once they have arrived. Every load of the batch is issued before any is
+// checked, so their latencies overlap: with few blocks (members sharing a device), a thread
+// polls many values and one load at a time would leave the collective latency-bound.
+template <int BATCH, int MM>
+__device__ __forceinline__ void arrived_batch(const u64* inbox, int members, int cap, int i0, int stride, int n,
+                                        u64 s, u64 start, u64 timeout_ns, u64 (&w)[BATCH][MM]) {
+    const u64* set = inbox + (size_t)(s & 1) * members * cap;
+    const u32 tag = (u32)s;
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b)
+#pragma unroll
+        for (int m = 0; m < MM; ++m)
+            if (m < members && i0 + b * stride < n) w[b][m] = load_relaxed(set + (size_t)m * cap + i0 + b * stride);
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b)
+#pragma unroll
+        for (int m = 0; m < MM; ++m)
+            if (m < members && i0 + b * stride < n)
+                while ((u32)(w[b][m] >> 32) != tag) {
+                    if (globaltimer() - start > timeout_ns) __trap();
+                    w[b][m] = load_relaxed(set + (size_t)m * cap + i0 + b * stride);
+                }
+}
+
+// The value in word w[m] for the member index m (a tree operand).
+template <int MM>
+__device__ __forceinline__ float member_value(const u64 (&w)[MM], int m) {
+    u32 v = 0;
+#pragma unroll
+    for (int j = 0; j < MM; ++j)
+        if (j == m) v = (u32)w[j];
+    return __uint_as_float(v);
+}
+
+// all_reduce_rows_f32's polling and combining for groups of at most MM members.
+template <int MM>
+__device__ __forceinline__ void reduce_arrived(const u64* inbox, const int* tree, int ntree, int members,
+                                               int n, int cap, float* x, u64 s, u64 timeout_ns) {
+    constexpr int BATCH = COLL_WORDS / MM;
+    const int stride = gridDim.x * COLL_SLICE;
+    const u64 start = globaltimer();
+    for (int i0 = blockIdx.x * COLL_SLICE + threadIdx.x; i0 < n; i0 += BATCH * stride) {
+        u64 w[BATCH][MM];
+        arrived_batch<BATCH, MM>(inbox, members, cap, i0, stride, n, s, start, timeout_ns, w);
+        float xv[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b)
+            if (i0 + b * stride < n) xv[b] = x[i0 + b * stride];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            if (i0 + b * stride >= n) break;
+            float stack[COLL_MAX_MEMBERS];
+            int sp = 0;
+            for (int k = 0; k < ntree; ++k) {
+                const int op = tree[k];
+                if (op >= 0) {
+                    stack[sp++] = member_value<MM>(w[b], op);
+                } else {
+                    --sp;
+                    stack[sp - 1] = stack[sp - 1] + stack[sp];
+                }
+            }
+            x[i0 + b * stride] = xv[b] + stack[0];
+        }
+    }
+}
+
+// all_reduce_f32 for vectors of many values a thread (a prefill step's rows on members that
+// share a device, whose few blocks each serve many slices): the same words, inboxes and tree,
+// so the same bits, with a thread's loads batched (push_rows, arrived_batch).
+extern "C" __global__ void __launch_bounds__(COLL_THREADS)
+    all_reduce_rows_f32(const u64* peers, const int* tree, int ntree, int members, int me, int n,
+                        int cap, const float* part, float* x, u64* seq, int early, u64 timeout_ns) {
+    const u64 s = begin(seq, early);
+    push_rows(peers, members, me, cap, part, n, s);
+    const u64* inbox = (const u64*)peers[me];
+    if (members <= 2) reduce_arrived<2>(inbox, tree, ntree, members, n, cap, x, s, timeout_ns);
+    else if (members <= 4) reduce_arrived<4>(inbox, tree, ntree, members, n, cap, x, s, timeout_ns);
+    else reduce_arrived<COLL_MAX_MEMBERS>(inbox, tree, ntree, members, n, cap, x, s, timeout_ns);
     end(seq, s);
 }
 

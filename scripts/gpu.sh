@@ -41,7 +41,8 @@
 #                             rows against decode, tensor-core attention), llama1b gates over a
 #                             two-chunk prompt (graphs, PP-2, TP-2, TP-4, PP-2 x TP-2; with two
 #                             GPUs also TP-2 and PP-2 one process per GPU), CUDA vs CPU over the
-#                             prompt, llama8b pp512 (q4_1, q8_0, f16) and llama1b q4_1, the
+#                             prompt, llama8b pp512 (q4_1, q8_0, f16; q4_1 TP-2 on one device)
+#                             and llama1b q4_1, the
 #                             time to first token of 4096 tokens, llama8b decode; with
 #                             .llama/llama.cpp carried, llama.cpp's pp512 of the same four
 #                             files and its pp4096 of llama8b q4_1 (built while the gates run)
@@ -802,6 +803,10 @@ suite_prefill() {
                 --prompt 512 -n 16 --reps 3
     done
     memory_check "memory llama8b f16"
+    # the TP target: TP-2 with both ranks on one device within 10% of 1 rank
+    late "pp512 llama8b-tp2 q4_1 (one device)" ||
+        bench "pp512 llama8b-tp2 q4_1 (one device)" 150 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b-tp2)" \
+            --prompt 512 -n 16 --reps 3
     late "pp512 llama1b q4_1" ||
         bench "pp512 llama1b q4_1" 100 "$M/llama1b-q4_1.gguf" "$(plan llama1b q4_1 llama1b)" --prompt 512 -n 16 --reps 3
     late "ttft 4096 llama8b q4_1" ||

@@ -168,10 +168,16 @@ impl Oneshot {
             "invariant: a collective of {n} values fits the exchange of {}",
             self.exchange.cap
         );
+        let blocks = n.div_ceil(SLICE).clamp(1, self.max_blocks);
         let kernel = match what {
             Reduce::Sum => {
                 assert_eq!(n, out.len(), "invariant: all-reduce part and x lengths");
-                "all_reduce_f32"
+                // a block serving several slices batches its threads' loads
+                if blocks * SLICE < n {
+                    "all_reduce_rows_f32"
+                } else {
+                    "all_reduce_f32"
+                }
             }
             Reduce::Gather => {
                 assert!(
@@ -195,7 +201,7 @@ impl Oneshot {
         );
         let (pp, op) = (part.addr(), out.addr());
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(SLICE).clamp(1, self.max_blocks) as u32, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
             block_dim: (SLICE as u32, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -98,7 +98,12 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(
         "collective.cu",
-        ["all_reduce_f32", "gather_f32", "combine_f32"]
+        [
+            "all_reduce_f32",
+            "all_reduce_rows_f32",
+            "gather_f32",
+            "combine_f32"
+        ]
     ),
 ];
 

@@ -20,8 +20,9 @@ use crate::reduce::Tree;
 
 const BATCH: usize = 100;
 const TRIALS: usize = 11;
-/// Vector lengths timed: llama-8B's and llama-70B's hidden widths, and a larger one.
-const SIZES: [usize; 3] = [4096, 8192, 65536];
+/// Vector lengths timed: llama-8B's and llama-70B's hidden widths, a larger one, and a
+/// 512-row prefill step of llama-8B's hidden rows.
+const SIZES: [usize; 4] = [4096, 8192, 65536, 512 * 4096];
 
 /// One member: its device, stream, collective and vectors.
 struct Member {
