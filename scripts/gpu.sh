@@ -922,7 +922,9 @@ suite_kda() {
     for dtype in f32 q8_0; do
         gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-tp4 \
             cuda/$shape-ep2 cuda/$shape-pp2 cuda/$shape-mla-eager
-        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced); fi
+        # q8_0: every step's error kept in $LOG/compare.log, a lone spike being an MoE top-2
+        # near-tie flipped by q8 activation rounding (bench/kda-q8-compare.md)
+        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --per-step); fi
         late "cuda vs cpu $shape $dtype" ||
             against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
                 "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"

@@ -1,13 +1,14 @@
 //! `memra-run` as a user runs it: greedy generation streams the continuation, a seed repeats
 //! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built and
 //! refuses the layer kinds it does not run yet, bench reports prefill speed and time to first
-//! token, bench --batch the aggregate speed of sequences decoded together.
+//! token, bench --batch the aggregate speed of sequences decoded together, compare --per-step
+//! each step's error.
 
 mod common;
 
 use std::process::Command;
 
-use common::{root, smollm2, SEEDED};
+use common::{root, smollm2, synth_model, SEEDED};
 
 fn memra_run(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_memra-run"))
@@ -141,6 +142,49 @@ fn teacher_forced_compare_feeds_the_reference_sequence() {
         text.contains("max relative logit error 0.000e0") && text.ends_with(": ok\n"),
         "{text}"
     );
+}
+
+#[test]
+fn compare_per_step_prints_every_compared_step_before_the_summary() {
+    // a lone step far above its neighbours (tiny-kimi-linear q8_0 on cuda: an MoE top-2
+    // near-tie, see bench/kda-q8-compare.md) is told apart from drift only step by step
+    synth_model(
+        "tiny-kimi-linear",
+        "q8_0",
+        16,
+        "models/tiny-kimi-linear-q8_0.gguf",
+    );
+    let out = memra_run(&[
+        "compare",
+        "plans/synthetic/tiny-kimi-linear.plan.toml",
+        "--backend",
+        "cpu",
+        "--teacher-forced",
+        "--per-step",
+        "-p",
+        "hi",
+        "-n",
+        "3",
+        "--tolerance",
+        "0",
+        "-t",
+        "1",
+    ]);
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let (summary, steps) = lines.split_last().unwrap();
+    let total: usize = summary
+        .split("same greedy tokens over ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(total > 3, "{text}");
+    assert_eq!(steps.len(), total, "{text}");
+    for (i, line) in steps.iter().enumerate() {
+        let want = format!("step {i}: relative logit error 0.000e0, picks ");
+        assert!(line.starts_with(&want), "{text}");
+    }
 }
 
 #[test]

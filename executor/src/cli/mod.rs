@@ -140,6 +140,10 @@ enum Command {
         /// two backends would pick different tokens; tokens then need not agree.
         #[arg(long)]
         teacher_forced: bool,
+        /// Print every compared step's relative logit error before the summary: a lone step
+        /// far above its neighbours is a discrete flip (e.g. an MoE top-k near-tie), not drift.
+        #[arg(long)]
+        per_step: bool,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -500,8 +504,16 @@ fn run(command: Command) -> Result<ExitCode> {
             n_predict,
             tolerance,
             teacher_forced,
+            per_step,
             run,
-        } => tools::compare(&plan, &prompt, n_predict, tolerance, teacher_forced, &run),
+        } => {
+            let how = tools::CompareHow {
+                tolerance,
+                teacher_forced,
+                per_step,
+            };
+            tools::compare(&plan, &prompt, n_predict, how, &run)
+        }
         Command::Bench {
             plan,
             prompt,

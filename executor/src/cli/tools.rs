@@ -158,6 +158,17 @@ pub fn gate(
     }
 }
 
+/// How `compare` judges and reports the backend's steps.
+#[derive(Clone, Copy)]
+pub struct CompareHow {
+    /// Largest relative logit error accepted.
+    pub tolerance: f64,
+    /// Feed the CPU's sequence to the backend.
+    pub teacher_forced: bool,
+    /// Print each compared step's relative error.
+    pub per_step: bool,
+}
+
 /// `compare`: the plan on the chosen backend against the CPU backend, greedy; fails when the
 /// tokens differ or a step's relative logit error is above `tolerance`. With `teacher_forced`
 /// the backend is fed the CPU's sequence (prompt, then the CPU's greedy tokens), so all steps
@@ -166,10 +177,14 @@ pub fn compare(
     plan: &Path,
     prompt: &str,
     n: usize,
-    tolerance: f64,
-    teacher_forced: bool,
+    how: CompareHow,
     run: &RunArgs,
 ) -> Result<ExitCode> {
+    let CompareHow {
+        tolerance,
+        teacher_forced,
+        per_step,
+    } = how;
     let loaded = run.load(plan)?;
     let ids = Tokenizer::from_gguf(loaded.gguf()?)?.encode(prompt, true)?;
     let options = run.options(SamplerConfig::GREEDY);
@@ -201,6 +216,7 @@ pub fn compare(
         _ => want.len().min(got.len()),
     };
     let mut worst = (0.0f64, 0usize);
+    let mut steps = Vec::new();
     for (i, (a, b)) in want.iter().zip(&got).take(compared).enumerate() {
         let scale = a
             .logits
@@ -210,6 +226,12 @@ pub fn compare(
             m.max((f64::from(x) - f64::from(y)).abs())
         });
         let rel = if scale > 0.0 { err / scale } else { err };
+        if per_step {
+            steps.push(format!(
+                "step {i}: relative logit error {rel:.3e}, picks {} {}",
+                a.token, b.token
+            ));
+        }
         if rel > worst.0 || rel.is_nan() {
             worst = (rel, i);
         }
@@ -237,6 +259,7 @@ pub fn compare(
     if !options.holds_readback(&loaded.plan) {
         return Ok(ExitCode::SUCCESS);
     }
+    steps.iter().for_each(|line| println!("{line}"));
     println!(
         "compare {}: {tokens}; max relative logit error {:.3e} at step {} (tolerance {tolerance:e}): {}",
         plan.display(),
