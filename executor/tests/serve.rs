@@ -290,9 +290,16 @@ fn a_dropped_stream_frees_the_engine_for_the_next_request() {
     let long =
         json!({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1000, "temperature": 0, "stream": true});
     let mut stream = server.connect("POST", "/v1/completions", &long.to_string());
-    let mut first = [0u8; 512];
-    let n = stream.read(&mut first).unwrap();
-    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    // read until a piece of text came, so the request has generated before it is dropped
+    let mut seen = String::new();
+    let has_text = |s: &str| s.split("\"text\":\"").skip(1).any(|t| !t.starts_with('"'));
+    while !has_text(&seen) {
+        let mut chunk = [0u8; 512];
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(n > 0, "the stream ended before any text: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+    }
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
     drop(stream);
     assert_eq!(server.complete("The sky is", 4), before);
     let spent = server.metric("memra_generated_tokens_total") - generated;
@@ -303,6 +310,18 @@ fn a_dropped_stream_frees_the_engine_for_the_next_request() {
     let gone = "memra_requests_total{endpoint=\"/v1/completions\",status=\"499\"}";
     assert_eq!(server.metric(gone), 1.0);
     assert_eq!(server.metric("memra_kv_slots_used"), 0.0);
+    // its log line counts the tokens it generated before the client went away
+    let log = server.0.log.lock().unwrap().clone();
+    let line = log
+        .iter()
+        .find(|l| l.starts_with("POST /v1/completions 499 "))
+        .unwrap_or_else(|| panic!("no 499 line:\n{}", log.join("\n")));
+    let generated: usize = line
+        .split_once("generated=")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no generated count in `{line}`"));
+    assert!(generated >= 1, "{line}");
 }
 
 #[test]

@@ -300,7 +300,13 @@ async fn whole(
     let mut text = String::new();
     while let Some(event) = rx.recv().await {
         match event {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text {
+                text: t,
+                completion,
+            } => {
+                text.push_str(&t);
+                tally.generated = completion;
+            }
             Event::Done(f) => {
                 tally.status = 200;
                 tally.generated = f.completion_tokens;
@@ -336,7 +342,11 @@ impl Streaming {
     fn take(&mut self, event: Option<Event>) {
         let shape = &self.shape;
         match event {
-            Some(Event::Text(t)) => {
+            Some(Event::Text {
+                text: t,
+                completion,
+            }) => {
+                self.tally.generated = completion;
                 let chunk = shape.body(shape.choice(&t, None, false), false, None);
                 self.pending.push_back(chunk.to_string());
             }

@@ -43,8 +43,9 @@ pub struct Job {
 /// What the engine sends back for a job.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// The next piece of text.
-    Text(String),
+    /// The next piece of text, and the tokens generated so far (so a request cut short still
+    /// logs what it cost).
+    Text { text: String, completion: usize },
     /// The sequence ended.
     Done(Finish),
     /// The engine failed on this sequence.
@@ -311,6 +312,13 @@ mod tests {
     use crate::text::TokenizerSpec;
 
     /// A byte-level vocabulary: end of text (id 0) and the 256 byte symbols.
+    fn text(text: &str, completion: usize) -> Event {
+        Event::Text {
+            text: text.into(),
+            completion,
+        }
+    }
+
     fn tokenizer() -> Arc<Tokenizer> {
         let mut tokens = vec!["<|endoftext|>".to_owned()];
         let mut bytes: Vec<String> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
@@ -438,9 +446,9 @@ mod tests {
         assert_eq!(
             done,
             [
-                Event::Text("a".into()),
-                Event::Text("a".into()),
-                Event::Text("a".into()),
+                text("a", 1),
+                text("a", 2),
+                text("a", 3),
                 Event::Done(Finish {
                     reason: FinishReason::Length,
                     prompt_tokens: 1,
@@ -470,7 +478,7 @@ mod tests {
         let cancel = running.cancel.clone();
         scheduler.submit(running).unwrap();
         tick.send(()).unwrap();
-        assert_eq!(rx.blocking_recv(), Some(Event::Text("a".into())));
+        assert_eq!(rx.blocking_recv(), Some(text("a", 1)));
         cancel.store(true, Ordering::Relaxed);
         for _ in 0..50 {
             tick.send(()).unwrap();

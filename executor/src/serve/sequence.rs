@@ -80,7 +80,10 @@ impl<'t> Sequence<'t> {
     fn send(&self, text: String) {
         if !text.is_empty() {
             // A client that is gone no longer listens; nothing else to do.
-            let _ = self.job.events.send(Event::Text(text));
+            let _ = self.job.events.send(Event::Text {
+                text,
+                completion: self.completion,
+            });
         }
     }
 
