@@ -41,13 +41,14 @@
 #                             rows against decode, tensor-core attention), llama1b gates over a
 #                             two-chunk prompt (graphs, PP-2, TP-2, TP-4, PP-2 x TP-2; with two
 #                             GPUs also TP-2 and PP-2 one process per GPU), CUDA vs CPU over the
-#                             prompt, MoE and MLA prefill gates over 230 tokens (q8_0
+#                             prompt, MoE, MLA and KDA prefill gates over 230 tokens (q8_0
 #                             tiny-qwen3moe graphs, TP-2, TP-4, EP-4, PP-2; tiny-deepseek2 and
-#                             tiny-deepseek2-lite graphs, TP-2, PP-2) with CUDA vs CPU of each
-#                             (deepseek2 in f32), the Qwen3-30B-A3B-shaped 8-layer q4_1 cut
-#                             (graphs, TP-2, EP-4, PP-2) over the two-chunk prompt, llama8b
-#                             pp512 (q4_1, q8_0, f16) and llama1b q4_1, the time to first
-#                             token of 4096 tokens, llama8b decode; with
+#                             tiny-deepseek2-lite graphs, TP-2, PP-2; tiny-kimi-linear graphs,
+#                             TP-2, TP-4, EP-2, PP-2, MLA eager) with CUDA vs CPU of each
+#                             (deepseek2, kimi-linear in f32), the Qwen3-30B-A3B-shaped
+#                             8-layer q4_1 cut (graphs, TP-2, EP-4, PP-2) over the two-chunk
+#                             prompt, llama8b pp512 (q4_1, q8_0, f16) and llama1b q4_1, the
+#                             time to first token of 4096 tokens, llama8b decode; with
 #                             .llama/llama.cpp carried, llama.cpp's pp512 of the same four
 #                             files and its pp4096 of llama8b q4_1 (built while the gates run)
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
@@ -768,11 +769,11 @@ suite_prefill() {
     synth llama1b q4_1 &
     synth llama8b q4_1 &
     local synth8b=$! rc dtype ref cand prompt model big=qwen3-30b-a3b-l8 synth_moe=()
-    for model in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite; do
+    for model in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
         synth $model q8_0 &
         synth_moe+=($!)
     done
-    for model in tiny-deepseek2 tiny-deepseek2-lite; do
+    for model in tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
         synth $model f32 &
         synth_moe+=($!)
     done
@@ -810,17 +811,19 @@ suite_prefill() {
     late "cuda vs cpu smol135m q8_0 prefill" ||
         against_cpu "cuda vs cpu smol135m q8_0 prefill" 5e-2 "$M/smol135m-q8_0.gguf" \
             "$(plan smol135m q8_0 smol135m)" 16 --teacher-forced -p "$prompt"
-    # MoE and MLA prefill (rows grouped by expert, each expert's GEMMs once per chunk; MLA
-    # rows by the decode kernels at their own positions): the tiny plans hold 256 positions,
-    # so their prompt is about 230 tokens (one chunk, tiles cut mid-way); the real-width cut
-    # takes the two-chunk prompt. CUDA against the CPU teacher-forced: deepseek2 in f32 (in
-    # q8_0 the two backends pick another expert at a routing near-tie, README's known limits)
+    # MoE, MLA and KDA prefill (rows grouped by expert, each expert's GEMMs once per chunk; MLA
+    # and KDA rows by the decode kernels at their own positions): the tiny plans hold 256
+    # positions, so their prompt is about 230 tokens (one chunk, tiles cut mid-way); the
+    # real-width cut takes the two-chunk prompt. CUDA against the CPU teacher-forced:
+    # deepseek2 and kimi-linear in f32 (in q8_0 the two backends pick another expert at a
+    # routing near-tie, README's known limits)
     wait "${synth_moe[@]}"
-    local short shape
+    local short shape suffix
     short=$(for _ in $(seq 5); do printf 'The quick brown fox jumps over the lazy dog. '; done)
-    for shape in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite; do
+    for shape in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
         ref=$(plan $shape q8_0 cuda/$shape-eager)
-        for cand in cuda/$shape cuda/$shape-tp2 cuda/$shape-tp4 cuda/$shape-ep4 cuda/$shape-pp2; do
+        for suffix in "" -tp2 -tp4 -ep2 -ep4 -pp2 -mla-eager; do
+            cand=cuda/$shape$suffix
             [ -f "plans/synthetic/$cand.toml" ] || continue
             late "prefill gate $cand q8_0" && continue
             gate "prefill gate $cand q8_0" 150 "$M/$shape-q8_0.gguf" "$ref" \

@@ -9,9 +9,10 @@
 //! attention kernel with a grid row per token row, each over its own causal prefix: those rows
 //! have the bits of the decode steps at their positions. The FFN is dense or a mixture of
 //! experts (`moe_rows`: rows grouped by expert, the shared experts as a dense FFN, the decode
-//! combine's slot blocks). MLA layers run their mixer row by row with the decode kernels, each
-//! row at its own position (the products around them, attention output and FFN, take the
-//! rows at once). KDA and DSA plans run prompts token by token (`prefill_rows` says why).
+//! combine's slot blocks). MLA and KDA layers run their mixer row by row with the decode
+//! kernels, each row at its own position (the products around them, attention output and FFN,
+//! take the rows at once). DSA and mHC plans run prompts token by token (`prefill_rows` says
+//! why).
 
 use std::sync::Arc;
 
@@ -35,8 +36,8 @@ pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
         return Err("the cuda prefill attention keeps its scores in shared memory, up to 8192 positions of context");
     }
-    if (0..m.layers).any(|l| !matches!(m.layer_kind(l).mixer, Mixer::Gqa | Mixer::Mla)) {
-        return Err("the cuda prefill kernels cover GQA and MLA attention; KDA and DSA prompts run token by token");
+    if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer == Mixer::Dsa) {
+        return Err("the cuda prefill has no DSA selection or mHC kernels over token rows; DSA and mHC prompts run token by token");
     }
     let moe = (0..m.layers).any(|l| matches!(m.layer_kind(l).ffn, FfnKind::Moe { .. }));
     if let Some(why) = m
@@ -171,7 +172,9 @@ impl RankDevice {
             Segment::MoeRouter | Segment::MoeExperts | Segment::MoeShared => {
                 return self.prefill_moe(layer, li, seg, rows, s);
             }
-            Segment::MlaPre | Segment::MlaCore => return self.prefill_mla(layer, li, seg, rows, s),
+            Segment::MlaPre | Segment::MlaCore | Segment::KdaPre | Segment::KdaCore => {
+                return self.prefill_mixer_by_row(layer, li, seg, rows, s);
+            }
             _ => {}
         }
         let lw = &self.layers[li];
@@ -239,12 +242,12 @@ impl RankDevice {
         }
     }
 
-    /// An MLA segment of layer `layer` (index `li`) over `rows` token rows: the decode kernels
-    /// row by row, row `r` at position `pos[0] + r`, so each row has its decode step's bits
-    /// (the cache rows of the earlier rows are written first by their own steps). A row's
-    /// `mla_core` reads the single-row buffers its `mla_pre` just wrote, so `mla_core` runs
-    /// both for every row and `mla_pre` enqueues nothing.
-    fn prefill_mla(
+    /// An MLA or KDA segment of layer `layer` (index `li`) over `rows` token rows: the decode
+    /// kernels row by row, row `r` at position `pos[0] + r`, so each row has its decode step's
+    /// bits (the cache rows or the recurrent state the earlier rows leave are written first by
+    /// their own steps). A row's core reads the single-row buffers its pre just wrote, so the
+    /// core segment runs both for every row and the pre segment enqueues nothing.
+    fn prefill_mixer_by_row(
         &mut self,
         layer: u32,
         li: usize,
@@ -253,14 +256,16 @@ impl RankDevice {
         s: &Arc<CudaStream>,
     ) -> Result<()> {
         let lw = &self.layers[li];
-        let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
-            bail!(
-                "segment `{}` on layer {layer}, not an MLA layer",
+        match (&lw.mixer, seg) {
+            (MixerWeights::Mla(_), Segment::MlaPre) | (MixerWeights::Kda(_), Segment::KdaPre) => {
+                return Ok(());
+            }
+            (MixerWeights::Mla(_), Segment::MlaCore) | (MixerWeights::Kda(_), Segment::KdaCore) => {
+            }
+            _ => bail!(
+                "segment `{}` on layer {layer}, a layer of another mixer",
                 seg.name()
-            );
-        };
-        if seg == Segment::MlaPre {
-            return Ok(());
+            ),
         }
         let (dev, b, d, at) = (&self.dev, &self.buf, self.hidden_len(), lw.o.cols);
         let positions = Span::of(&self.row_buffers()?.positions).sub(0, rows);
@@ -270,9 +275,22 @@ impl RankDevice {
             eps: self.geo.eps,
         };
         for r in 0..rows {
-            let pos = positions.sub(r, 1);
-            state.pre(dev, s, m, norm, &Span::of(&b.x).sub(r * d, d), &pos)?;
-            state.core(dev, s, m, li, &pos, &Span::of(&b.att).sub(r * at, at))?;
+            let (x, att) = (
+                Span::of(&b.x).sub(r * d, d),
+                Span::of(&b.att).sub(r * at, at),
+            );
+            match (&lw.mixer, &self.mla, &self.kda) {
+                (MixerWeights::Mla(m), Some(state), _) => {
+                    let pos = positions.sub(r, 1);
+                    state.pre(dev, s, m, norm, &x, &pos)?;
+                    state.core(dev, s, m, li, &pos, &att)?;
+                }
+                (MixerWeights::Kda(k), _, Some(state)) => {
+                    state.pre(dev, s, k, li, norm, &x)?;
+                    state.core(dev, s, k, li, &att)?;
+                }
+                _ => bail!("layer {layer}: this rank holds no state of its mixer"),
+            }
         }
         Ok(())
     }
