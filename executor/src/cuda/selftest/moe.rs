@@ -401,12 +401,13 @@ fn prefill(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let case = format!("{dtype} {PREFILL_ROWS} rows");
     cx.report
         .exact("moe_rows ids", case.clone(), wrong_ids(&ids, &routes));
-    // f16 activations on the tensor cores, as the dense prefill products
+    // f16 activations on the tensor cores against the CPU's 8-bit quantized ones (f32 for
+    // float weights): a wrong expert, row or weight is off by the whole row
     cx.report.tol(
         "moe_rows",
         case,
         rel_err(&x1, &want_x, &want_rows),
-        1e-2,
+        2e-2,
         "rel max",
     );
     let n = TOP_K * PREFILL_ROWS * D;
