@@ -23,6 +23,7 @@
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
 // swiglu_rows_f32: out = silu(gate) * up, elementwise (silu_mul).
 // add_rows_f32: x[t][i] += b[i] for every row t.
+// row_positions_u32: out[t] = pos[0] + t, the position of each token row of the step.
 #include "common.cuh"
 
 #define GEMM_BN 128
@@ -258,4 +259,10 @@ extern "C" __global__ void add_rows_f32(float* x, const float* b, int cols, int 
     overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] + b[i % cols];
+}
+
+extern "C" __global__ void row_positions_u32(const u32* pos, u32* out, int n) {
+    overlap_with_neighbours();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = pos[0] + (u32)i;
 }

@@ -46,6 +46,14 @@
 #                             time to first token of 4096 tokens, llama8b decode; with
 #                             .llama/llama.cpp carried, llama.cpp's pp512 of the same four
 #                             files and its pp4096 of llama8b q4_1 (built while the gates run)
+#   prefill-arch [SECONDS]    the cuda prefill of MoE, MLA and KDA models: self-test (the
+#                             experts over token rows), prefill gates over 230 tokens (q8_0
+#                             tiny-qwen3moe graphs, TP-2, TP-4, EP-4, PP-2; tiny-deepseek2 and
+#                             tiny-deepseek2-lite graphs, TP-2, PP-2; tiny-kimi-linear graphs,
+#                             TP-2, TP-4, EP-2, PP-2, MLA eager), CUDA vs CPU of each over its
+#                             prompt (deepseek2 and kimi-linear in f32), the
+#                             Qwen3-30B-A3B-shaped 8-layer q4_1 cut (graphs, TP-2, EP-4, PP-2)
+#                             over a two-chunk prompt
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
 #                             device 0: graphs, TP-2, TP-4, EP-4, PP-2
 #   kda [SECONDS]             kimi-linear (KDA + MLA + MoE) on CUDA: self-test, tiny-kimi-linear
@@ -829,6 +837,69 @@ suite_prefill() {
     fi
     table
 }
+# MoE, MLA and KDA models' prefill on the CUDA backend, on one GPU; every plan is under
+# plans/synthetic/cuda/ with device ids [0]:
+#   - the self-test (its moe_rows rows: a prefill step's routed experts over token rows
+#     against the CPU layer, and an expert-parallel rank's blocks bit for bit); its failing
+#     rows are printed before the table;
+#   - prefill gates against the 1-rank eager CUDA run, every logit bit, both arms: q8_0
+#     tiny-qwen3moe (rows grouped by expert, each expert's GEMMs once per chunk),
+#     tiny-deepseek2 and tiny-deepseek2-lite (MLA rows by the decode kernels at their own
+#     positions, shared experts), tiny-kimi-linear (KDA rows likewise) in every placement
+#     under plans/synthetic/cuda/; the tiny plans hold 256 positions, so their prompt is about
+#     230 tokens (one chunk, tiles cut mid-way);
+#   - CUDA against the CPU, teacher-forced within 5e-2 over the prompt and 16 steps:
+#     tiny-qwen3moe q8_0, deepseek2 and kimi-linear in f32 (in q8_0 the backends pick another
+#     expert at a routing near-tie, README's known limits);
+#   - the Qwen3-30B-A3B-shaped 8-layer q4_1 cut at real width (graphs, TP-2, EP-4, PP-2)
+#     over about 600 tokens: a 512-row chunk and a shorter one.
+# SECONDS defaults to 420.
+suite_prefill_arch() {
+    BUDGET=${1:-420}
+    logs_in /tmp/memra-prefill-arch
+    stamp name,driver_version,memory.total
+    local rc dtype ref cand shape suffix short prompt big=qwen3-30b-a3b-l8 synths=()
+    for shape in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
+        synth $shape q8_0 &
+        synths+=($!)
+    done
+    for shape in tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
+        synth $shape f32 &
+        synths+=($!)
+    done
+    synth_cut qwen3-30b-a3b 8 q4_1 &
+    local synth_big=$!
+    limit 200 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    grep -E "^(moe|  moe)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    wait "${synths[@]}"
+    short=$(for _ in $(seq 5); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    for shape in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
+        ref=$(plan $shape q8_0 cuda/$shape-eager)
+        for suffix in "" -tp2 -tp4 -ep2 -ep4 -pp2 -mla-eager; do
+            cand=cuda/$shape$suffix
+            [ -f "plans/synthetic/$cand.toml" ] || continue
+            late "prefill gate $cand q8_0" && continue
+            gate "prefill gate $cand q8_0" 150 "$M/$shape-q8_0.gguf" "$ref" \
+                "$(plan $shape q8_0 "$cand")" -p "$short" -n 8
+        done
+        dtype=q8_0
+        [ $shape = tiny-qwen3moe ] || dtype=f32
+        late "cuda vs cpu $shape $dtype prefill" ||
+            against_cpu "cuda vs cpu $shape $dtype prefill" 5e-2 "$M/$shape-$dtype.gguf" \
+                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced -p "$short"
+    done
+    wait $synth_big
+    prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    ref=$(plan $big q4_1 cuda/$big-eager)
+    for cand in cuda/$big cuda/$big-tp2 cuda/$big-ep4 cuda/$big-pp2; do
+        late "prefill gate $cand q4_1" && continue
+        gate "prefill gate $cand q4_1" 200 "$M/$big-q4_1.gguf" "$ref" \
+            "$(plan $big q4_1 "$cand")" -p "$prompt" -n 8
+    done
+    table
+}
 suite_moe_wide() {
     BUDGET=${1:-240}
     logs_in /tmp/memra-moe-wide
@@ -1053,7 +1124,7 @@ suite_deepseek() {
 
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | kda | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

@@ -8,10 +8,10 @@
 //! them, KDA heads split with their state), expert parallelism (attention replicated, experts
 //! split), pipeline cuts. The committed plans are checked against a fresh
 //! compile, since the compiler's golden test cannot write the synthetic models. The cpu runs
-//! qwen3moe and deepseek2 prompts as prefill steps, so these gates hold every plan's prefill
-//! logits to the 1-rank plan's; prefill gives the bits of token-by-token decoding, and a
-//! prompt cut into chunks of 4 the bits of one chunk in every plan. kimi-linear and glm5-next
-//! prompts run token by token (no batched KDA segments yet), with the reason.
+//! qwen3moe, deepseek2 and kimi-linear prompts as prefill steps, so these gates hold every
+//! plan's prefill logits to the 1-rank plan's; prefill gives the bits of token-by-token
+//! decoding, and a prompt cut into chunks of 4 the bits of one chunk in every plan. glm5-next
+//! prompts run token by token (no batched DSA selection yet), with the reason.
 
 mod common;
 
@@ -244,8 +244,13 @@ fn mode(plan: &LoadedPlan) -> PromptMode {
 }
 
 #[test]
-fn moe_and_mla_prefill_gives_the_bits_of_token_by_token_decoding() {
-    for name in ["tiny-qwen3moe", "tiny-deepseek2", "tiny-deepseek2-lite"] {
+fn moe_mla_and_kda_prefill_gives_the_bits_of_token_by_token_decoding() {
+    for name in [
+        "tiny-qwen3moe",
+        "tiny-deepseek2",
+        "tiny-deepseek2-lite",
+        "tiny-kimi-linear",
+    ] {
         let chunked = synthetic(name);
         let one_by_one = variant(name, "prefill_chunk = 1");
         assert_eq!(mode(&chunked), PromptMode::Chunks(256), "{name}");
@@ -265,9 +270,8 @@ fn moe_and_mla_prefill_gives_the_bits_of_token_by_token_decoding() {
 }
 
 #[test]
-fn moe_and_mla_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
-    let batched =
-        |n: &&&str| !n.starts_with("tiny-kimi-linear") && !n.starts_with("tiny-glm5-next");
+fn moe_mla_and_kda_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
+    let batched = |n: &&&str| !n.starts_with("tiny-glm5-next");
     for name in PLANS.iter().filter(batched) {
         let reference = MODELS
             .iter()
@@ -297,11 +301,9 @@ fn moe_and_mla_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
 }
 
 #[test]
-fn kimi_linear_and_glm5_next_prompts_run_token_by_token_with_the_reason() {
-    for name in ["tiny-kimi-linear", "tiny-glm5-next"] {
-        match mode(&synthetic(name)) {
-            PromptMode::TokenByToken(why) => assert!(why.contains("kda"), "{why}"),
-            other => panic!("{name}: {other:?}"),
-        }
+fn glm5_next_prompts_run_token_by_token_with_the_reason() {
+    match mode(&synthetic("tiny-glm5-next")) {
+        PromptMode::TokenByToken(why) => assert!(why.contains("dsa"), "{why}"),
+        other => panic!("tiny-glm5-next: {other:?}"),
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! A step holds one token row (decode) or a prompt chunk's rows (prefill): every op works on
 //! all rows, each row computed as it would be alone, so prefill logits are decode's bits.
-//! KDA and DSA segments take one row (the engine runs their models' prompts token by token).
+//! KDA runs its convolutions and delta rule row after row inside the segment (the products
+//! over all rows); the DSA selection takes one row (the engine runs DSA models' prompts
+//! token by token).
 //!
 //! Row-parallel products (attention output, FFN down) and the routed experts leave a partial
 //! sum in `partial`; on a tensor-parallel rank the all-reduce adds the group's sum to the
@@ -337,11 +339,7 @@ impl RankCompute {
                 );
             }
         }
-        let batched = !matches!(
-            segment,
-            Segment::KdaPre | Segment::KdaCore | Segment::DsaSelect
-        );
-        if a.rows > 1 && !batched {
+        if a.rows > 1 && segment == Segment::DsaSelect {
             bail!(
                 "segment `{}` takes one token row on the cpu, not {}",
                 segment.name(),
@@ -387,10 +385,10 @@ impl RankCompute {
                 mhc::hc_pre(&c, w, p, a)?
             }
             (Segment::KdaPre, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
-                segments::kda_pre(&c, &lw.attn_norm, k, &mut st[at[0].slot], a)
+                segments::kda_pre(&c, &lw.attn_norm, k, st, a)
             }
             (Segment::KdaCore, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
-                segments::kda_core(&c, k, &mut st[at[0].slot], a)
+                segments::kda_core(&c, k, st, a)
             }
             (Segment::AttnOut, mixer, ..) => segments::attn_out(&c, mixer.o(), a),
             (Segment::Ffn, _, FfnWeights::Dense(g), _) => {

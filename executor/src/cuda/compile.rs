@@ -70,6 +70,7 @@ pub const FILES: &[KernelFile] = &[
             "to_f16_f32",
             "swiglu_rows_f32",
             "add_rows_f32",
+            "row_positions_u32",
         ]
     ),
     kernel_file!("attention.cu", ["attention_f16", "kv_store_rows_f16"]),
@@ -93,7 +94,16 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!("sample.cu", ["argmax_f32", "sample_f32"]),
     kernel_file!("reduce.cu", ["tree_sum_f32"]),
-    kernel_file!("moe.cu", ["moe_route_f32", "moe_combine_f32"]),
+    kernel_file!(
+        "moe.cu",
+        [
+            "moe_route_f32",
+            "moe_combine_f32",
+            "moe_gather_f16",
+            "moe_scatter_f32",
+            "moe_unheld_f32"
+        ]
+    ),
     kernel_file!("mla.cu", ["mla_rope_f32", "mla_attention_f16"]),
     kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(

@@ -18,6 +18,7 @@ mod kda;
 mod matvec;
 mod mla;
 mod moe;
+mod moe_rows;
 mod nccl;
 pub mod ops;
 mod p2p;

@@ -5,7 +5,9 @@
 //! no host round trip and is captured like any other. The combine keeps the CPU backend's
 //! contract (`cpu::kernels::moe`): the selected experts' weighted rows (`-0.0` for experts
 //! held elsewhere), then the shared experts' row, are summed by the group's all-reduce over a
-//! zeroed buffer, and every rank adds the rows in one fixed order.
+//! zeroed buffer, and every rank adds the rows in one fixed order. A prefill step's routed
+//! experts are in `moe_rows`; its rows are slot-major, so the all-reduce and the combine take
+//! every token row at once.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use memra_compiler::plan::{reduction_chunks, FfnKind, Gating, MoeSummary, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{ExpertSel, Norm};
+use super::moe_rows::MoeRows;
 use super::ops::{DeviceWeight, Planes};
 use super::rank::upload_matrix;
 use super::span::Span;
@@ -167,25 +170,30 @@ pub(super) struct MoeState {
     pub ids: DeviceBuffer<i32>,
     pub weights: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
-    /// The selected experts' weighted rows, then the shared experts' row.
+    /// The selected experts' weighted rows, then the shared experts' row; a block of them per
+    /// slot, of every token row of the step.
     pub rows: DeviceBuffer<f32>,
     /// The group's sum of `rows`, zero between all-reduces.
     pub sum: DeviceBuffer<f32>,
+    /// A prefill step's routing and expert buffers (none when prompts run token by token).
+    pub prefill: Option<MoeRows>,
 }
 
 impl MoeState {
-    /// The state for `moe` with hidden size `d`, if the rank has MoE layers.
+    /// The state for `moe` with hidden size `d` and steps of up to `max_rows` token rows, if
+    /// the rank has MoE layers.
     pub fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         moe: &MoeSummary,
         d: usize,
+        max_rows: usize,
     ) -> Result<MoeState> {
         let (n, k) = (moe.experts as usize, moe.top_k as usize);
         if n > MAX_EXPERTS || k > MAX_SELECTED || moe.groups as usize > MAX_SELECTED {
             bail!("model.moe has {n} experts, top-k {k} and {} groups; the cuda backend takes up to {MAX_EXPERTS} experts and {MAX_SELECTED} selected experts and groups", moe.groups);
         }
-        let rows = (k + usize::from(moe.shared_expert_ffn > 0)) * d;
+        let rows = (k + usize::from(moe.shared_expert_ffn > 0)) * d * max_rows;
         Ok(MoeState {
             router: moe.clone(),
             logits: dev.alloc(s, n)?,
@@ -197,6 +205,11 @@ impl MoeState {
             )?,
             rows: dev.alloc(s, rows)?,
             sum: dev.alloc(s, rows)?,
+            prefill: if max_rows > 1 {
+                Some(MoeRows::new(dev, s, moe, max_rows, d)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -294,7 +307,8 @@ impl MoeState {
         self.router.top_k as usize + usize::from(self.router.shared_expert_ffn > 0)
     }
 
-    /// `x += ((r0 + r1) + ...)` over `rows` (a lone rank) or the group's `sum` (zeroed again).
+    /// `x += ((r0 + r1) + ...)` over `rows` (a lone rank) or the group's `sum` (zeroed again),
+    /// for every token row of `x`.
     pub fn combine(
         &self,
         dev: &CudaDevice,
@@ -317,8 +331,9 @@ fn int(n: usize) -> i32 {
 }
 
 impl CudaDevice {
-    /// The top-k experts of the router `logits` (selection bias `bias`) with their weights,
-    /// as `Router::route` of the CPU backend picks them, into `ids` and `weights`.
+    /// The top-k experts of each row of the router `logits` (selection bias `bias`) with their
+    /// weights, as `Router::route` of the CPU backend picks them, into `k` values a row of
+    /// `ids` and `weights`.
     pub(super) fn moe_route(
         &self,
         s: &CudaStream,
@@ -328,12 +343,20 @@ impl CudaDevice {
         ids: &Span<i32>,
         weights: &Span<f32>,
     ) -> Result<()> {
-        let (n, k) = (logits.len(), r.top_k as usize);
+        let (n, k) = (r.experts as usize, r.top_k as usize);
         assert!(
             n <= MAX_EXPERTS && (1..=n.min(MAX_SELECTED)).contains(&k),
             "moe_route: top-k {k} of {n} experts"
         );
-        assert!(ids.len() >= k && weights.len() >= k, "moe_route: k outputs");
+        let rows = logits.len() / n;
+        assert!(
+            rows > 0 && logits.len() == rows * n,
+            "moe_route: whole rows of logits"
+        );
+        assert!(
+            ids.len() >= rows * k && weights.len() >= rows * k,
+            "moe_route: k outputs a row"
+        );
         if let Some(b) = &bias {
             assert_eq!(b.len(), n, "moe_route: one bias per expert");
         }
@@ -345,7 +368,7 @@ impl CudaDevice {
         let norm = i32::from(r.norm_weights);
         let scale = r.weights_scale as f32;
         let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
+            grid_dim: (rows as u32, 1, 1),
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -7,8 +7,12 @@
 //! row instead (the same choice on every rank, since the chunk length does not depend on the
 //! split). Attention writes every row's k and v to the cache first, then runs the decode
 //! attention kernel with a grid row per token row, each over its own causal prefix: those rows
-//! have the bits of the decode steps at their positions. Prefill covers dense GQA layers;
-//! other plans run prompts token by token (`prefill_rows` says why).
+//! have the bits of the decode steps at their positions. The FFN is dense or a mixture of
+//! experts (`moe_rows`: rows grouped by expert, the shared experts as a dense FFN, the decode
+//! combine's slot blocks). MLA and KDA layers run their mixer row by row with the decode
+//! kernels, each row at its own position (the products around them, attention output and FFN,
+//! take the rows at once). DSA and mHC plans run prompts token by token (`prefill_rows` says
+//! why).
 
 use std::sync::Arc;
 
@@ -17,7 +21,9 @@ use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
 
 use super::device::{CudaDevice, DeviceBuffer};
-use super::moe::FfnWeights;
+use super::matvec::Norm;
+use super::moe::{full_chunks, FfnWeights};
+use super::moe_rows::unfit;
 use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
 use super::rank::{MixerWeights, Pending, RankDevice, Rows};
 use super::rows::GEMM_DEPTH;
@@ -30,12 +36,17 @@ pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
         return Err("the cuda prefill attention keeps its scores in shared memory, up to 8192 positions of context");
     }
-    let dense_gqa = (0..m.layers).all(|l| {
-        let kind = m.layer_kind(l);
-        kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
-    });
-    if !dense_gqa {
-        return Err("the cuda prefill kernels cover dense GQA layers; MoE, MLA and KDA prompts run token by token");
+    if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer == Mixer::Dsa) {
+        return Err("the cuda prefill has no DSA selection or mHC kernels over token rows; DSA and mHC prompts run token by token");
+    }
+    let moe = (0..m.layers).any(|l| matches!(m.layer_kind(l).ffn, FfnKind::Moe { .. }));
+    if let Some(why) = m
+        .moe
+        .as_ref()
+        .filter(|_| moe)
+        .and_then(|e| unfit(e, u64::from(m.embedding)))
+    {
+        return Err(why);
     }
     Ok(plan.runtime.prefill_chunk.max(1))
 }
@@ -48,6 +59,8 @@ pub(super) struct RowBuffers {
     up: DeviceBuffer<f32>,
     /// Chunk partials of a row-parallel product: up to `MAX_ROW_CHUNKS` of rows x hidden.
     parts: DeviceBuffer<f32>,
+    /// The position of each row (the step's position plus the row).
+    positions: DeviceBuffer<u32>,
 }
 
 /// Most canonical reduction chunks (`reduction_chunks`).
@@ -66,6 +79,7 @@ impl RowBuffers {
             a16: dev.alloc(s, rows * widest)?,
             up: dev.alloc(s, rows * gate_rows)?,
             parts: dev.alloc(s, MAX_ROW_CHUNKS * rows * d)?,
+            positions: dev.alloc(s, rows)?,
         })
     }
 }
@@ -100,10 +114,10 @@ impl RankDevice {
                 narrowed = true;
             }
             if chunks == 1 {
-                dev.gemm(s, w, &a16, rows, 1, &mut out.clone())?;
+                dev.gemm(s, w.into(), &a16, rows, 1, &mut out.clone())?;
             } else {
                 let mut parts = Span::of(&rb.parts).sub(0, chunks * rows * w.rows);
-                dev.gemm(s, w, &a16, rows, chunks, &mut parts)?;
+                dev.gemm(s, w.into(), &a16, rows, chunks, &mut parts)?;
                 dev.tree_sum(s, &parts, chunks, &mut out.clone())?;
             }
         }
@@ -154,24 +168,35 @@ impl RankDevice {
         s: &Arc<CudaStream>,
     ) -> Result<()> {
         let li = self.geo.layer_index(layer, self.layers.len())?;
+        match seg {
+            Segment::MoeRouter | Segment::MoeExperts | Segment::MoeShared => {
+                return self.prefill_moe(layer, li, seg, rows, s);
+            }
+            Segment::MlaPre | Segment::MlaCore | Segment::KdaPre | Segment::KdaCore => {
+                return self.prefill_mixer_by_row(layer, li, seg, rows, s);
+            }
+            _ => {}
+        }
         let lw = &self.layers[li];
-        let MixerWeights::Gqa(g) = &lw.mixer else {
-            bail!(
-                "a prefill step of layer {layer}, not a GQA layer; its prompt runs token by token"
-            );
-        };
         let b = &self.buf;
         let dev = &self.dev;
         let d = self.hidden_len();
         let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
-        let q = Self::rows_of(&b.q, rows, g.q.rows);
-        let (k, v) = (
-            Self::rows_of(&b.k, rows, g.k.rows),
-            Self::rows_of(&b.v, rows, g.v.rows),
-        );
+        let gqa = || {
+            let MixerWeights::Gqa(g) = &lw.mixer else {
+                bail!("segment `{}` on layer {layer}, not a GQA layer", seg.name());
+            };
+            let q = Self::rows_of(&b.q, rows, g.q.rows);
+            let (k, v) = (
+                Self::rows_of(&b.k, rows, g.k.rows),
+                Self::rows_of(&b.v, rows, g.v.rows),
+            );
+            Ok((g, q, k, v))
+        };
         let eps = self.geo.eps;
         match seg {
             Segment::AttnPre => {
+                let (g, q, k, v) = gqa()?;
                 dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
                 self.products(s, &xn, rows, 1, &[(&g.q, &q), (&g.k, &k), (&g.v, &v)])?;
                 if let Some([bq, bk, bv]) = &g.biases {
@@ -186,6 +211,7 @@ impl RankDevice {
                 Ok(())
             }
             Segment::AttnCore => {
+                let (_, q, k, v) = gqa()?;
                 let att = Self::rows_of(&b.att, rows, lw.o.cols);
                 self.attend(li, [&q, &k, &v, &att], s)
             }
@@ -213,6 +239,118 @@ impl RankDevice {
                 "segment `{}` has no prefill kernels on the cuda backend",
                 other.name()
             ),
+        }
+    }
+
+    /// An MLA or KDA segment of layer `layer` (index `li`) over `rows` token rows: the decode
+    /// kernels row by row, row `r` at position `pos[0] + r`, so each row has its decode step's
+    /// bits (the cache rows or the recurrent state the earlier rows leave are written first by
+    /// their own steps). A row's core reads the single-row buffers its pre just wrote, so the
+    /// core segment runs both for every row and the pre segment enqueues nothing.
+    fn prefill_mixer_by_row(
+        &mut self,
+        layer: u32,
+        li: usize,
+        seg: Segment,
+        rows: usize,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let lw = &self.layers[li];
+        match (&lw.mixer, seg) {
+            (MixerWeights::Mla(_), Segment::MlaPre) | (MixerWeights::Kda(_), Segment::KdaPre) => {
+                return Ok(());
+            }
+            (MixerWeights::Mla(_), Segment::MlaCore) | (MixerWeights::Kda(_), Segment::KdaCore) => {
+            }
+            _ => bail!(
+                "segment `{}` on layer {layer}, a layer of another mixer",
+                seg.name()
+            ),
+        }
+        let (dev, b, d, at) = (&self.dev, &self.buf, self.hidden_len(), lw.o.cols);
+        let positions = Span::of(&self.row_buffers()?.positions).sub(0, rows);
+        dev.row_positions(s, &Span::of(&b.pos), &mut positions.clone())?;
+        let norm = Norm {
+            weight: &lw.attn_norm,
+            eps: self.geo.eps,
+        };
+        for r in 0..rows {
+            let (x, att) = (
+                Span::of(&b.x).sub(r * d, d),
+                Span::of(&b.att).sub(r * at, at),
+            );
+            match (&lw.mixer, &self.mla, &self.kda) {
+                (MixerWeights::Mla(m), Some(state), _) => {
+                    let pos = positions.sub(r, 1);
+                    state.pre(dev, s, m, norm, &x, &pos)?;
+                    state.core(dev, s, m, li, &pos, &att)?;
+                }
+                (MixerWeights::Kda(k), _, Some(state)) => {
+                    state.pre(dev, s, k, li, norm, &x)?;
+                    state.core(dev, s, k, li, &att)?;
+                }
+                _ => bail!("layer {layer}: this rank holds no state of its mixer"),
+            }
+        }
+        Ok(())
+    }
+
+    /// An MoE segment of layer `layer` (index `li`) over `rows` token rows: the router and the
+    /// routed experts by `MoeRows`, the shared experts as a dense FFN over every row into the
+    /// last slot block, and the combine on a lone rank once the layer's blocks are complete.
+    fn prefill_moe(
+        &mut self,
+        layer: u32,
+        li: usize,
+        seg: Segment,
+        rows: usize,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let lw = &self.layers[li];
+        let (FfnWeights::Moe(e), Some(state)) = (&lw.ffn, &self.moe) else {
+            bail!("segment `{}` on layer {layer}, a dense layer", seg.name());
+        };
+        let moe_rows = state
+            .prefill
+            .as_ref()
+            .ok_or_else(|| anyhow!("a prefill step on a rank allocated for one token row"))?;
+        let (dev, b, d) = (&self.dev, &self.buf, self.hidden_len());
+        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
+        let lone = self.geo.tp_degree == 1;
+        match seg {
+            Segment::MoeRouter => {
+                dev.rms_norm(s, &x, &lw.ffn_norm, self.geo.eps, &mut xn.clone())?;
+                moe_rows.route(dev, s, e, &state.router, &xn, rows)
+            }
+            Segment::MoeExperts => {
+                self.pending = Pending::Experts;
+                moe_rows.experts(dev, s, e, &xn, rows, &Span::of(&state.rows))?;
+                if lone && e.shared.is_none() {
+                    state.combine(dev, s, &x, false)?;
+                }
+                Ok(())
+            }
+            _ => {
+                let (Some(g), Pending::Experts) = (&e.shared, self.pending) else {
+                    bail!("moe_shared without shared experts after moe_experts");
+                };
+                let f = g.gate.rows;
+                let gate = Self::rows_of(&b.gate, rows, f);
+                let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
+                self.products(s, &xn, rows, 1, &[(&g.gate, &gate), (&g.up, &up)])?;
+                dev.swiglu_rows(s, &gate, &up, &mut gate.clone())?;
+                let chunks = self
+                    .geo
+                    .row_chunks
+                    .map_or_else(|| full_chunks(&g.down), |c| c.1);
+                let k = state.router.top_k as usize;
+                let out = Span::of(&state.rows).sub(k * rows * d, rows * d);
+                self.products(s, &gate, rows, chunks.max(1), &[(&g.down, &out)])?;
+                if lone {
+                    state.combine(dev, s, &x, false)?;
+                }
+                Ok(())
+            }
         }
     }
 

@@ -404,7 +404,7 @@ impl RankDevice {
         }
         let has_moe = layers.iter().any(|l| matches!(l.ffn, FfnWeights::Moe(_)));
         let moe = match &m.moe {
-            Some(summary) if has_moe => Some(MoeState::new(&dev, &s, summary, d)?),
+            Some(summary) if has_moe => Some(MoeState::new(&dev, &s, summary, d, n)?),
             _ => None,
         };
         let moe_len = moe.as_ref().map_or(0, |e| e.rows.len());
@@ -582,7 +582,7 @@ impl RankDevice {
                 match (self.pending, &self.moe) {
                     (Pending::Experts, Some(e)) => {
                         // over the zeroed sum: each expert row is its holder's value plus -0.0s
-                        let n = e.row_count() * d;
+                        let n = e.row_count() * rows.rows * d;
                         let sum = Span::of(&e.sum).sub(0, n);
                         c.run(Reduce::Sum, &Span::of(&e.rows).sub(0, n), &sum)?;
                         e.combine(dev, s, &x, true)

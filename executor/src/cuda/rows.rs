@@ -1,8 +1,9 @@
 //! Launch helpers of the kernels over a prefill step's token rows: the tensor-core product of
 //! f16 activation rows with a weight in any dtype, per reduction chunk, and the small row
-//! kernels around it (kernels/gemm.cu: narrowing to f16, the SiLU gate, bias rows); the cache
-//! write of every row before attention reads them (kernels/attention.cu); causal attention of
-//! the rows on the tensor cores (kernels/flash.cu).
+//! kernels around it (kernels/gemm.cu: narrowing to f16, the SiLU gate, bias rows, the rows'
+//! positions); the cache write of every row before attention reads them
+//! (kernels/attention.cu); causal attention of the rows on the tensor cores
+//! (kernels/flash.cu).
 
 use anyhow::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
@@ -10,6 +11,7 @@ use memra_gguf::GgmlType;
 
 use super::device::CudaDevice;
 use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
+use super::span::Span;
 
 /// Weight rows of one block's tile (GEMM_BN in kernels/gemm.cu); its token rows are 128, or
 /// 64 where tiles of 128 would leave streaming multiprocessors idle.
@@ -40,6 +42,28 @@ fn gemm_shared_bytes(dtype: GgmlType, tile_rows: usize) -> usize {
     GEMM_STAGES * (tile_rows * f16_row + TILE_COLS * staged_row) + tile
 }
 
+/// A weight matrix as the GEMM reads it, by address: a whole upload or one expert's matrix of
+/// a stack (both in the device layout of `DeviceWeight::upload`).
+#[derive(Clone, Copy)]
+pub struct Matrix {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Device address of the first row.
+    pub addr: u64,
+}
+
+impl From<&DeviceWeight> for Matrix {
+    fn from(w: &DeviceWeight) -> Matrix {
+        Matrix {
+            dtype: w.dtype,
+            rows: w.rows,
+            cols: w.cols,
+            addr: Span::of(&w.data).addr(),
+        }
+    }
+}
+
 impl CudaDevice {
     /// `y[z][t][n]` = chunk `z` of the product of f16 row `t` of `a` (`w.cols` values a row)
     /// with weight row `n`, for the `chunks` equal chunks of the reduction (`y` holds `chunks`
@@ -47,7 +71,7 @@ impl CudaDevice {
     pub fn gemm(
         &self,
         stream: &CudaStream,
-        w: &DeviceWeight,
+        w: Matrix,
         a: &impl DevicePtr<u16>,
         rows: usize,
         chunks: usize,
@@ -80,7 +104,7 @@ impl CudaDevice {
     pub(crate) fn gemm_tiled(
         &self,
         stream: &CudaStream,
-        w: &DeviceWeight,
+        w: Matrix,
         a: &impl DevicePtr<u16>,
         rows: usize,
         chunks: usize,
@@ -94,7 +118,14 @@ impl CudaDevice {
         let name = format!("gemm{tile_rows}_{}", w.dtype.name());
         let smem = gemm_shared_bytes(w.dtype, tile_rows);
         self.allow_dynamic_shared(&name, 0, smem)?;
-        let (ap, wp, yp) = (ptr(stream, a), ptr(stream, &w.data), ptr_mut(stream, y));
+        // the weights' stages are copied 16 bytes at a time
+        anyhow::ensure!(
+            w.addr.is_multiple_of(16),
+            "gemm: a {} weight at address {:#x}, not 16-byte aligned",
+            w.dtype.name(),
+            w.addr
+        );
+        let (ap, wp, yp) = (ptr(stream, a), w.addr, ptr_mut(stream, y));
         let (m, n, k, c) = (int(rows), int(w.rows), int(w.cols), int(chunks));
         let cfg = LaunchConfig {
             grid_dim: (
@@ -162,6 +193,21 @@ impl CudaDevice {
         let (xp, bp, cols, n) = (ptr_mut(stream, x), ptr(stream, b), int(b.len()), int(n));
         self.launch(stream, "add_rows_f32", grid(n as usize, 256), |l| {
             l.arg(&xp).arg(&bp).arg(&cols).arg(&n);
+        })
+    }
+
+    /// `out[t] = pos[0] + t` for every token row `t` of `out`.
+    pub fn row_positions(
+        &self,
+        stream: &CudaStream,
+        pos: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<u32>,
+    ) -> Result<()> {
+        assert!(!pos.is_empty(), "row_positions: no step position");
+        let n = out.len();
+        let (pp, op, ni) = (ptr(stream, pos), ptr_mut(stream, out), int(n));
+        self.launch(stream, "row_positions_u32", grid(n, 256), |l| {
+            l.arg(&pp).arg(&op).arg(&ni);
         })
     }
 

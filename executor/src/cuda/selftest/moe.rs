@@ -2,7 +2,9 @@
 //! 1e-6 relative) for softmax and sigmoid gating, bias and groups; a whole MoE layer (norm,
 //! router, experts, combine) per expert dtype against the CPU kernels; expert parallelism
 //! (a rank holding half the experts writes the full run's rows bit for bit, `-0.0` for the
-//! rest); and the layer captured in a graph, replayed against eager, bit for bit.
+//! rest); a prefill step's experts over many token rows (grouped by expert, GEMMs) against the
+//! CPU layer row by row, with the same expert-parallel check; and the layer captured in a
+//! graph, replayed against eager, bit for bit.
 
 use std::sync::Arc;
 
@@ -38,6 +40,7 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         GgmlType::F16,
     ] {
         layer(cx, dtype)?;
+        prefill(cx, dtype)?;
     }
     graph(cx)?;
     Ok(())
@@ -155,11 +158,13 @@ fn part(s: &Stack, first: usize, count: usize) -> Stack {
 }
 
 impl Layer {
+    /// A layer over `rows` token rows of random input.
     fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         rng: &mut memra_gguf::rng::Rng,
         dtype: GgmlType,
+        rows: usize,
     ) -> Result<Layer> {
         let host = [
             stack(rng, dtype, FF, D)?,
@@ -168,7 +173,7 @@ impl Layer {
         ];
         let router = random(rng, EXPERTS * D, 0.2);
         let norm = random(rng, D, 1.0);
-        let x = random(rng, D, 1.0);
+        let x = random(rng, rows * D, 1.0);
         let moe = summary(
             Gating::Softmax,
             EXPERTS as u32,
@@ -187,13 +192,13 @@ impl Layer {
                 down: DeviceStack::upload(dev, s, &host[2])?,
                 shared: None,
             },
-            st: MoeState::new(dev, s, &moe, D)?,
+            st: MoeState::new(dev, s, &moe, D, rows)?,
             host,
             router,
             norm_d: dev.upload(s, &norm)?,
             norm,
             x: dev.upload(s, &x)?,
-            xn: dev.alloc(s, D)?,
+            xn: dev.alloc(s, rows * D)?,
         })
     }
 
@@ -227,18 +232,10 @@ impl Layer {
     }
 }
 
-fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
-    let (dev, s) = (cx.dev, cx.s);
-    let mut l = Layer::new(dev, s, &mut cx.rng, dtype)?;
-    let x0 = dev.download(s, &l.x)?;
-    l.enqueue(dev, s, false)?;
-    let rows = dev.download(s, &l.st.rows)?;
-    l.st.combine(dev, s, &Span::of(&l.x), false)?;
-    let x1 = dev.download(s, &l.x)?;
-    // the CPU backend's layer from the same input
-    let pool = Pool::new(2);
+/// The CPU backend's layer on one token row `x`: its route and the weighted expert rows.
+fn reference(l: &Layer, pool: &Pool, x: &[f32]) -> (Vec<(usize, f32)>, Vec<f32>) {
     let mut xn = vec![0f32; D];
-    kernels::rms_norm(&x0, &l.norm, 1e-6, &mut xn);
+    kernels::rms_norm(x, &l.norm, 1e-6, &mut xn);
     let router = Weight {
         dtype: GgmlType::F32,
         data: bytemuck_f32(&l.router),
@@ -246,45 +243,70 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         cols: D,
     };
     let mut logits = vec![0f32; EXPERTS];
-    kernels::matvec(&pool, &router, &xn, full_chunks(&l.w.router), &mut logits);
+    kernels::matvec(pool, &router, &xn, full_chunks(&l.w.router), &mut logits);
     let route = Router::of(&l.st.router).route(&logits, None);
-    let ids = dev.download(s, &l.st.ids)?;
-    let wrong = ids
-        .iter()
-        .zip(&route)
-        .filter(|(&g, &(e, _))| g as usize != e)
-        .count();
-    cx.report.exact("moe_layer ids", format!("{dtype}"), wrong);
-    let mut want_rows = vec![0f32; TOP_K * D];
-    for (row, &(e, w)) in want_rows.chunks_exact_mut(D).zip(&route) {
+    let mut rows = vec![0f32; TOP_K * D];
+    for (row, &(e, w)) in rows.chunks_exact_mut(D).zip(&route) {
         let m = |i: usize| {
             let st = &l.host[i];
             Weight {
-                dtype,
+                dtype: st.dtype,
                 data: st.matrix(e).expect("invariant: every expert held"),
                 rows: st.rows,
                 cols: st.cols,
             }
         };
         let (mut g, mut u) = (vec![0f32; FF], vec![0f32; FF]);
-        kernels::matvec(&pool, &m(0), &xn, full_chunks(&l.w.gate.weight), &mut g);
-        kernels::matvec(&pool, &m(1), &xn, full_chunks(&l.w.up.weight), &mut u);
+        kernels::matvec(pool, &m(0), &xn, full_chunks(&l.w.gate.weight), &mut g);
+        kernels::matvec(pool, &m(1), &xn, full_chunks(&l.w.up.weight), &mut u);
         silu_mul(&mut g, &u);
-        kernels::matvec(&pool, &m(2), &g, full_chunks(&l.w.down.weight), row);
+        kernels::matvec(pool, &m(2), &g, full_chunks(&l.w.down.weight), row);
         row.iter_mut().for_each(|v| *v *= w);
     }
+    (route, rows)
+}
+
+/// Selected ids of `got` (`TOP_K` a row) that differ from the routes of `want`.
+fn wrong_ids(got: &[i32], want: &[Vec<(usize, f32)>]) -> usize {
+    got.chunks_exact(TOP_K)
+        .zip(want)
+        .map(|(g, w)| {
+            g.iter()
+                .zip(w)
+                .filter(|(&g, &(e, _))| g as usize != e)
+                .count()
+        })
+        .sum()
+}
+
+/// Largest difference of `got` from `want`, relative to the largest expert value of `rows`.
+fn rel_err(got: &[f32], want: &[f32], rows: &[f32]) -> f64 {
+    let scale = rows.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    got.iter()
+        .zip(want)
+        .map(|(&a, &b)| f64::from(a - b).abs() / scale.max(1e-30))
+        .fold(0f64, |m, e| if e.is_nan() { f64::NAN } else { m.max(e) })
+}
+
+fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, 1)?;
+    let x0 = dev.download(s, &l.x)?;
+    l.enqueue(dev, s, false)?;
+    let rows = dev.download(s, &l.st.rows)?;
+    l.st.combine(dev, s, &Span::of(&l.x), false)?;
+    let x1 = dev.download(s, &l.x)?;
+    // the CPU backend's layer from the same input
+    let (route, want_rows) = reference(&l, &Pool::new(2), &x0);
+    let ids = dev.download(s, &l.st.ids)?;
+    let wrong = wrong_ids(&ids, std::slice::from_ref(&route));
+    cx.report.exact("moe_layer ids", format!("{dtype}"), wrong);
     let mut want_x = x0.clone();
     combine_into(&want_rows, TOP_K, false, &mut want_x);
-    let scale = want_rows.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-    let err = x1
-        .iter()
-        .zip(&want_x)
-        .map(|(&a, &b)| f64::from(a - b).abs() / scale.max(1e-30))
-        .fold(0f64, |m, e| if e.is_nan() { f64::NAN } else { m.max(e) });
     cx.report.tol(
         "moe_layer",
         format!("{dtype} {EXPERTS}x{FF}x{D} top-{TOP_K}"),
-        err,
+        rel_err(&x1, &want_x, &want_rows),
         1e-4,
         "rel max",
     );
@@ -317,7 +339,7 @@ fn bytemuck_f32(v: &[f32]) -> &[u8] {
 
 fn graph(cx: &mut Ctx) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let mut l = Layer::new(dev, s, &mut cx.rng, GgmlType::Q4_1)?;
+    let mut l = Layer::new(dev, s, &mut cx.rng, GgmlType::Q4_1, 1)?;
     let x0 = dev.download(s, &l.x)?;
     let steps = 5;
     // x carries over, so every step routes a new input
@@ -343,5 +365,68 @@ fn graph(cx: &mut Ctx) -> Result<()> {
             Ok(replayed)
         },
     )?;
+    Ok(())
+}
+
+/// Token rows of the prefill case: a GEMM tile and a cut one.
+const PREFILL_ROWS: usize = 77;
+
+/// A prefill step's routed experts (`MoeRows`) over `PREFILL_ROWS` rows against the CPU
+/// layer row by row; an expert-parallel rank's slot blocks are the full run's bit for bit,
+/// `-0.0` for the experts it does not hold.
+fn prefill(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, PREFILL_ROWS)?;
+    let x0 = dev.download(s, &l.x)?;
+    let run = |l: &Layer| -> Result<Vec<f32>> {
+        let pre = l.st.prefill.as_ref().expect("invariant: rows above one");
+        let (x, xn) = (Span::of(&l.x), Span::of(&l.xn));
+        dev.rms_norm(s, &x, &l.norm_d, 1e-6, &mut xn.clone())?;
+        pre.route(dev, s, &l.w, &l.st.router, &xn, PREFILL_ROWS)?;
+        pre.experts(dev, s, &l.w, &xn, PREFILL_ROWS, &Span::of(&l.st.rows))?;
+        dev.download(s, &l.st.rows)
+    };
+    let blocks = run(&l)?;
+    l.st.combine(dev, s, &Span::of(&l.x), false)?;
+    let x1 = dev.download(s, &l.x)?;
+    let pool = Pool::new(2);
+    let (mut routes, mut want_x, mut want_rows) = (Vec::new(), x0.clone(), Vec::new());
+    for (t, x) in want_x.chunks_exact_mut(D).enumerate() {
+        let (route, rows) = reference(&l, &pool, &x0[t * D..(t + 1) * D]);
+        combine_into(&rows, TOP_K, false, x);
+        routes.push(route);
+        want_rows.extend(rows);
+    }
+    let ids = dev.download(s, &l.st.prefill.as_ref().expect("invariant").ids)?;
+    let case = format!("{dtype} {PREFILL_ROWS} rows");
+    cx.report
+        .exact("moe_rows ids", case.clone(), wrong_ids(&ids, &routes));
+    // f16 activations on the tensor cores against the CPU's 8-bit quantized ones (f32 for
+    // float weights): a wrong expert, row or weight is off by the whole row
+    cx.report.tol(
+        "moe_rows",
+        case,
+        rel_err(&x1, &want_x, &want_rows),
+        2e-2,
+        "rel max",
+    );
+    let n = TOP_K * PREFILL_ROWS * D;
+    dev.write(s, &x0, &mut l.x)?;
+    for first in [0, EXPERTS / 2] {
+        l.hold(dev, s, first, EXPERTS / 2)?;
+        let got = run(&l)?;
+        let mut want = blocks[..n].to_vec();
+        for (a, &e) in ids.iter().enumerate() {
+            if !(first..first + EXPERTS / 2).contains(&(e as usize)) {
+                let (t, slot) = (a / TOP_K, a % TOP_K);
+                want[(slot * PREFILL_ROWS + t) * D..][..D].fill(-0.0);
+            }
+        }
+        cx.report.exact(
+            "moe_rows ep",
+            format!("{dtype} experts {first}..{}", first + EXPERTS / 2),
+            bit_mismatches(&got[..n], &want),
+        );
+    }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! and at awkward sizes; the tensor-parallel property of its chunks (the chunks of a column
 //! half are bit for bit the full product's chunks); a prefill step's attention rows bit for
 //! bit against the decode steps at the same positions (outputs and cache); and the
-//! tensor-core attention of the rows against those rows.
+//! tensor-core attention of the rows against those rows; each row's position.
 
 use anyhow::Result;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
@@ -49,6 +49,24 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     ] {
         flash_rows(cx, n_heads, n_kv, hd, p0, rows)?;
     }
+    for (p0, rows) in [(0, 1), (37, 300)] {
+        positions(cx, p0, rows)?;
+    }
+    Ok(())
+}
+
+/// `row_positions` of `rows` rows from position `p0`: `p0 + t` for row `t`, exactly.
+fn positions(cx: &mut Ctx, p0: u32, rows: usize) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let pd = dev.upload(s, &[p0])?;
+    let mut out = dev.alloc::<u32>(s, rows)?;
+    dev.row_positions(s, &pd, &mut out)?;
+    let got = dev.download(s, &out)?;
+    let wrong = (0..rows)
+        .filter(|&t| got[t] as usize != p0 as usize + t)
+        .count();
+    cx.report
+        .exact("row_positions", format!("{rows} rows from {p0}"), wrong);
     Ok(())
 }
 
@@ -144,7 +162,7 @@ fn gemm(
     let mut a16 = dev.alloc::<u16>(s, rows * k)?;
     dev.to_f16(s, &ad, &mut a16)?;
     let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
-    dev.gemm(s, &w, &a16, rows, chunks, &mut yd)?;
+    dev.gemm(s, (&w).into(), &a16, rows, chunks, &mut yd)?;
     let y = dev.download(s, &yd)?;
     let len = k / chunks;
     let mut err = 0f64;
@@ -202,7 +220,7 @@ fn gemm_halves(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         let mut a16 = dev.alloc::<u16>(s, part.len())?;
         dev.to_f16(s, &ad, &mut a16)?;
         let mut yd = dev.alloc::<f32>(s, c * rows * n)?;
-        dev.gemm(s, &w, &a16, rows, c, &mut yd)?;
+        dev.gemm(s, (&w).into(), &a16, rows, c, &mut yd)?;
         dev.download(s, &yd)
     };
     let full = run(&quantize(0..k)?, 0..k, chunks)?;
@@ -228,7 +246,7 @@ fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     dev.to_f16(s, &ad, &mut a16)?;
     let run = |tile_rows: usize| -> Result<Vec<f32>> {
         let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
-        dev.gemm_tiled(s, &w, &a16, rows, chunks, &mut yd, tile_rows)?;
+        dev.gemm_tiled(s, (&w).into(), &a16, rows, chunks, &mut yd, tile_rows)?;
         dev.download(s, &yd)
     };
     let (small, large) = (run(64)?, run(128)?);
