@@ -224,24 +224,28 @@ __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, in
 }
 
 // gemm<BM>_<dtype>: the product with GEMM_BM = BM
-#define GEMM(dtype, P)                                                                             \
+#define GEMM(name, P, BM)                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                     \
-        gemm128_##dtype(const u16* a, const u8* w, float* y, int m, int n, int k, int chunks) {    \
-        gemm_run<P, 128>(a, w, y, m, n, k, chunks);                                                \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                     \
-        gemm64_##dtype(const u16* a, const u8* w, float* y, int m, int n, int k, int chunks) {     \
-        gemm_run<P, 64>(a, w, y, m, n, k, chunks);                                                 \
+        name(const u16* a, const u8* w, float* y, int m, int n, int k, int chunks) {               \
+        gemm_run<P, BM>(a, w, y, m, n, k, chunks);                                                 \
     }
 
-GEMM(f32, GemmF32)
-GEMM(f16, GemmF16)
-GEMM(bf16, GemmBF16)
-GEMM(q8_0, GemmQ8_0)
-GEMM(q4_0, GemmQ4<false>)
-GEMM(q4_1, GemmQ4<true>)
-GEMM(q4_k, GemmQ4_K)
-GEMM(q6_k, GemmQ6_K)
+GEMM(gemm128_f32, GemmF32, 128)
+GEMM(gemm128_f16, GemmF16, 128)
+GEMM(gemm128_bf16, GemmBF16, 128)
+GEMM(gemm128_q8_0, GemmQ8_0, 128)
+GEMM(gemm128_q4_0, GemmQ4<false>, 128)
+GEMM(gemm128_q4_1, GemmQ4<true>, 128)
+GEMM(gemm128_q4_k, GemmQ4_K, 128)
+GEMM(gemm128_q6_k, GemmQ6_K, 128)
+GEMM(gemm64_f32, GemmF32, 64)
+GEMM(gemm64_f16, GemmF16, 64)
+GEMM(gemm64_bf16, GemmBF16, 64)
+GEMM(gemm64_q8_0, GemmQ8_0, 64)
+GEMM(gemm64_q4_0, GemmQ4<false>, 64)
+GEMM(gemm64_q4_1, GemmQ4<true>, 64)
+GEMM(gemm64_q4_k, GemmQ4_K, 64)
+GEMM(gemm64_q6_k, GemmQ6_K, 64)
 
 extern "C" __global__ void to_f16_f32(const float* x, u16* out, int n) {
     overlap_with_neighbours();

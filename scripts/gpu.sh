@@ -898,6 +898,14 @@ suite_prefill_arch() {
         gate "prefill gate $cand q4_1" 200 "$M/$big-q4_1.gguf" "$ref" \
             "$(plan $big q4_1 "$cand")" -p "$prompt" -n 8
     done
+    late "pp512 $big q4_1" ||
+        bench "pp512 $big q4_1" 150 "$M/$big-q4_1.gguf" "$(plan $big q4_1 cuda/$big)" --prompt 512 -n 16 --reps 3
+    # a gate whose two sides both ran token by token would pass without testing prefill
+    if grep -q "prompts run token by token" "$LOG"/*.log 2>/dev/null; then
+        row "prefill taken" FAIL "a run printed the token-by-token notice: $(grep -l "prompts run token by token" "$LOG"/*.log | head -3 | tr '\n' ' ')"
+    else
+        row "prefill taken" ok "no run printed the token-by-token notice"
+    fi
     table
 }
 suite_moe_wide() {
