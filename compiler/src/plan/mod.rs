@@ -453,7 +453,7 @@ mod program;
 mod text;
 
 pub use model::{
-    layer_kind, ClampSummary, DsaSummary, FfnKind, Gating, KdaSummary, LayerKind, MhcSummary,
+    layer_kind, ClampSummary, ClampedFfn, DsaSummary, FfnKind, Gating, KdaSummary, LayerKind, MhcSummary,
     Mixer, MlaSummary, ModelSummary, MoeSummary, ReductionChunks, YarnSummary,
 };
 pub use program::{IslandReason, Op, Segment, Split, Step};

@@ -7,7 +7,7 @@
 //! and checked for the shapes the kernels need, so a bad file fails at load naming the tensor.
 
 use anyhow::{anyhow, bail, Result};
-use memra_compiler::plan::{FfnKind, Mixer, Plan};
+use memra_compiler::plan::{ClampedFfn, FfnKind, Mixer, Plan};
 use memra_gguf::GgmlType;
 
 use super::kernels::{Weight, MIXES, STREAMS};
@@ -374,12 +374,9 @@ impl LayerWeights {
             }
             Mixer::Kda => MixerWeights::Kda(Box::new(KdaWeights::take(plan, l, w)?)),
         };
-        let clamp = m.moe.as_ref().and_then(|moe| moe.clamp.as_ref());
-        let limit = |l: Option<f64>| l.filter(|&l| l > 0.0).map(|l| l as f32);
-        let (clamp_experts, clamp_shared) = (
-            limit(clamp.map(|c| c.experts)),
-            limit(clamp.map(|c| c.shared)),
-        );
+        let limit = |which| m.moe.as_ref().and_then(|moe| moe.swiglu_limit(which));
+        let (clamp_experts, clamp_shared) =
+            (limit(ClampedFfn::Experts), limit(ClampedFfn::Shared));
         let mut gated = |suffix: &str| -> Result<Gated> {
             Ok(Gated {
                 gate: w.take_matrix(&name(&format!("ffn_gate{suffix}.weight")))?,

@@ -158,7 +158,16 @@ impl RankDevice {
                         weight: &lw.ffn_norm,
                         eps: self.geo.eps,
                     };
-                    dev.matvec_swiglu(s, gw, uw, &x, Some(norm), chunks_of(gw), &mut g.clone())?;
+                    dev.matvec_swiglu(
+                        s,
+                        gw,
+                        uw,
+                        &x,
+                        Some(norm),
+                        chunks_of(gw),
+                        ffn.clamp,
+                        &mut g.clone(),
+                    )?;
                 } else {
                     bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
                 }

@@ -322,7 +322,7 @@ impl MlaState {
         )?;
         let sel = self.heads(&m.k_b, sh.head_q, sh.width);
         let k_b = &m.k_b.weight;
-        dev.matvec_experts(s, &[k_b], &q, full_chunks(k_b), &q_lat, sel)
+        dev.matvec_experts(s, &[k_b], &q, full_chunks(k_b), &q_lat, None, sel)
     }
 
     /// `mla_core`: the cache write and latent attention, then each head's value into `att`.
@@ -361,7 +361,7 @@ impl MlaState {
         }
         let sel = self.heads(&m.v_b, sh.kvl, sh.v);
         let v_b = &m.v_b.weight;
-        dev.matvec_experts(s, &[v_b], &lat, full_chunks(v_b), att, sel)
+        dev.matvec_experts(s, &[v_b], &lat, full_chunks(v_b), att, None, sel)
     }
 
     /// Every head of `stack` as the slots of one expert-mode matvec: head `h` reads

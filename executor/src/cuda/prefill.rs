@@ -204,7 +204,7 @@ impl RankDevice {
                 let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
                 dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
                 self.products(s, &xn, rows, 1, &[(&ffn.gate, &gate), (&ffn.up, &up)])?;
-                dev.swiglu_rows(s, &gate, &up, &mut gate.clone())?;
+                dev.swiglu_rows(s, &gate, &up, ffn.clamp, &mut gate.clone())?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
                 self.row_parallel(s, &ffn.down, &gate, rows, chunks, self.geo.tp_degree > 1)

@@ -2,7 +2,8 @@
 //! 1e-6 relative) for softmax and sigmoid gating, bias and groups; a whole MoE layer (norm,
 //! router, experts, combine) per expert dtype against the CPU kernels; expert parallelism
 //! (a rank holding half the experts writes the full run's rows bit for bit, `-0.0` for the
-//! rest); and the layer captured in a graph, replayed against eager, bit for bit.
+//! rest); glm5-next's clamped SwiGLU in the experts against `silu_mul_clamped`; and the layer
+//! captured in a graph, replayed against eager, bit for bit.
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use memra_gguf::GgmlType;
 
 use super::exact::report_replay;
 use super::{bit_mismatches, random, random_weight, Ctx};
-use crate::cpu::kernels::{self, combine_into, silu_mul, Pool, Router, Weight};
+use crate::cpu::kernels::{self, combine_into, silu_mul, silu_mul_clamped, Pool, Router, Weight};
 use crate::cuda::moe::{full_chunks, DeviceStack, MoeState, MoeWeights};
 use crate::cuda::{capture, CudaDevice, CudaStream, DeviceBuffer, DeviceWeight, Norm, Span};
 use crate::weights::Stack;
@@ -37,8 +38,9 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         GgmlType::Q4_K,
         GgmlType::F16,
     ] {
-        layer(cx, dtype)?;
+        layer(cx, dtype, None)?;
     }
+    layer(cx, GgmlType::Q8_0, Some(CLAMP))?;
     graph(cx)?;
     Ok(())
 }
@@ -110,6 +112,8 @@ const D: usize = 256;
 const FF: usize = 512;
 const EXPERTS: usize = 8;
 const TOP_K: usize = 3;
+/// A SwiGLU clamp limit that clamps many of the layer's gate and up values.
+const CLAMP: f32 = 0.25;
 
 /// One MoE layer's weights on the host and on the device, and its device state.
 struct Layer {
@@ -160,6 +164,7 @@ impl Layer {
         s: &Arc<CudaStream>,
         rng: &mut memra_gguf::rng::Rng,
         dtype: GgmlType,
+        clamp: Option<f32>,
     ) -> Result<Layer> {
         let host = [
             stack(rng, dtype, FF, D)?,
@@ -186,6 +191,7 @@ impl Layer {
                 up: DeviceStack::upload(dev, s, &host[1])?,
                 down: DeviceStack::upload(dev, s, &host[2])?,
                 shared: None,
+                clamp,
             },
             st: MoeState::new(dev, s, &moe, D)?,
             host,
@@ -227,9 +233,13 @@ impl Layer {
     }
 }
 
-fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+fn layer(cx: &mut Ctx, dtype: GgmlType, clamp: Option<f32>) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let mut l = Layer::new(dev, s, &mut cx.rng, dtype)?;
+    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, clamp)?;
+    let name = match clamp {
+        Some(c) => format!("{dtype}, swiglu clamped at {c}"),
+        None => format!("{dtype}"),
+    };
     let x0 = dev.download(s, &l.x)?;
     l.enqueue(dev, s, false)?;
     let rows = dev.download(s, &l.st.rows)?;
@@ -254,7 +264,7 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         .zip(&route)
         .filter(|(&g, &(e, _))| g as usize != e)
         .count();
-    cx.report.exact("moe_layer ids", format!("{dtype}"), wrong);
+    cx.report.exact("moe_layer ids", name.clone(), wrong);
     let mut want_rows = vec![0f32; TOP_K * D];
     for (row, &(e, w)) in want_rows.chunks_exact_mut(D).zip(&route) {
         let m = |i: usize| {
@@ -269,7 +279,10 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         let (mut g, mut u) = (vec![0f32; FF], vec![0f32; FF]);
         kernels::matvec(&pool, &m(0), &xn, full_chunks(&l.w.gate.weight), &mut g);
         kernels::matvec(&pool, &m(1), &xn, full_chunks(&l.w.up.weight), &mut u);
-        silu_mul(&mut g, &u);
+        match clamp {
+            Some(c) => silu_mul_clamped(&mut g, &u, c),
+            None => silu_mul(&mut g, &u),
+        }
         kernels::matvec(&pool, &m(2), &g, full_chunks(&l.w.down.weight), row);
         row.iter_mut().for_each(|v| *v *= w);
     }
@@ -283,7 +296,7 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         .fold(0f64, |m, e| if e.is_nan() { f64::NAN } else { m.max(e) });
     cx.report.tol(
         "moe_layer",
-        format!("{dtype} {EXPERTS}x{FF}x{D} top-{TOP_K}"),
+        format!("{name} {EXPERTS}x{FF}x{D} top-{TOP_K}"),
         err,
         1e-4,
         "rel max",
@@ -302,7 +315,7 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         }
         cx.report.exact(
             "moe_experts ep",
-            format!("{dtype} experts {first}..{}", first + EXPERTS / 2),
+            format!("{name} experts {first}..{}", first + EXPERTS / 2),
             bit_mismatches(&got[..TOP_K * D], &want[..TOP_K * D]),
         );
     }
@@ -317,7 +330,7 @@ fn bytemuck_f32(v: &[f32]) -> &[u8] {
 
 fn graph(cx: &mut Ctx) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let mut l = Layer::new(dev, s, &mut cx.rng, GgmlType::Q4_1)?;
+    let mut l = Layer::new(dev, s, &mut cx.rng, GgmlType::Q4_1, None)?;
     let x0 = dev.download(s, &l.x)?;
     let steps = 5;
     // x carries over, so every step routes a new input
