@@ -375,8 +375,7 @@ impl LayerWeights {
             Mixer::Kda => MixerWeights::Kda(Box::new(KdaWeights::take(plan, l, w)?)),
         };
         let limit = |which| m.moe.as_ref().and_then(|moe| moe.swiglu_limit(which));
-        let (clamp_experts, clamp_shared) =
-            (limit(ClampedFfn::Experts), limit(ClampedFfn::Shared));
+        let (clamp_experts, clamp_shared) = (limit(ClampedFfn::Experts), limit(ClampedFfn::Shared));
         let mut gated = |suffix: &str| -> Result<Gated> {
             Ok(Gated {
                 gate: w.take_matrix(&name(&format!("ffn_gate{suffix}.weight")))?,

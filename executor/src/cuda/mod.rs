@@ -16,6 +16,7 @@ mod enqueue;
 pub mod graph;
 mod kda;
 mod matvec;
+mod mhc;
 mod mla;
 mod moe;
 mod nccl;

@@ -184,6 +184,9 @@ impl RankDevice {
             .next()
             .cloned()
             .ok_or_else(|| anyhow!("rank {rank} has no stream"))?;
+        if m.mhc.is_some() {
+            bail!("mHC residual streams (glm5-next) run on the cpu backend only; the cuda backend has their kernels (kernels/mhc.cu) but no rank wiring yet");
+        }
         let hd = m.head_dim as usize;
         let vec = |w: &mut RankWeights, name: &str| -> Result<DeviceBuffer<f32>> {
             dev.upload(&s, &w.take_vector(name)?)

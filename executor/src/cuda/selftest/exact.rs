@@ -346,7 +346,16 @@ impl Step {
             weight: &self.norm,
             eps: 1e-5,
         };
-        dev.matvec_swiglu(s, &self.wq, &self.wu, &self.o, Some(norm), 8, None, &mut self.att)?;
+        dev.matvec_swiglu(
+            s,
+            &self.wq,
+            &self.wu,
+            &self.o,
+            Some(norm),
+            8,
+            None,
+            &mut self.att,
+        )?;
         dev.matvec(s, &self.head, &self.att, 4, &mut self.logits)?;
         dev.argmax(s, &self.logits, &mut self.token)
     }

@@ -16,7 +16,8 @@ use anyhow::Result;
 use super::exact::report_replay;
 use super::{bit_mismatches, random, Ctx};
 use crate::cpu::kernels::{
-    conv_step, decay_gate, decay_gate_bounded, delta_rule, gated_norm, l2_norm_heads, sigmoid, DeltaInputs, KdaState,
+    conv_step, decay_gate, decay_gate_bounded, delta_rule, gated_norm, l2_norm_heads, sigmoid,
+    DeltaInputs, KdaState,
 };
 use crate::cuda::device::DeviceBuffer;
 use crate::cuda::kda::KdaGates;
