@@ -350,6 +350,7 @@ impl MlaState {
             pos,
             (sh.heads, sh.kvl, self.capacity),
             self.kq_scale,
+            None,
         )?;
         if att.len() != sh.heads * sh.v {
             bail!(
@@ -459,9 +460,10 @@ impl CudaDevice {
         })
     }
 
-    /// Latent attention (`cpu::kernels::latent_attention` over positions `0..=pos[0]`) of the
-    /// `heads` queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to
-    /// the cache at `pos[0]` first; `scores` is `heads * capacity` scratch.
+    /// Latent attention (`cpu::kernels::latent_attention` over positions `0..=pos[0]`, or
+    /// `latent_attention_at` over DSA's `cells`: a count, then the positions) of the `heads`
+    /// queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to the
+    /// cache at `pos[0]` first; `scores` is `heads * capacity` scratch.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention(
         &self,
@@ -474,15 +476,17 @@ impl CudaDevice {
         pos: &Span<u32>,
         (heads, kvl, capacity): (usize, usize, usize),
         scale: f32,
+        cells: Option<&Span<i32>>,
     ) -> Result<()> {
         let width = row.len();
         assert!(
             width <= MAX_LATENT_WIDTH
-                && kvl < width
+                && kvl <= width
                 && q_lat.len() == heads * width
                 && out.len() == heads * kvl
                 && cache.len() >= width * capacity
-                && scores.len() >= heads * capacity,
+                && scores.len() >= heads * capacity
+                && cells.is_none_or(|c| c.len() > capacity),
             "mla_attention: {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
         );
         let (qp, rp, cp, op, sp, pp) = (
@@ -494,6 +498,7 @@ impl CudaDevice {
             pos.addr(),
         );
         let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
+        let cp_cells = cells.map_or(0, Span::addr);
         let cfg = LaunchConfig {
             grid_dim: (heads as u32, 1, 1),
             block_dim: (MLA_THREADS, 1, 1),
@@ -501,7 +506,7 @@ impl CudaDevice {
         };
         self.launch(s, "mla_attention_f16", cfg, |a| {
             a.arg(&qp).arg(&rp).arg(&cp).arg(&op).arg(&sp).arg(&pp);
-            a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale);
+            a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale).arg(&cp_cells);
         })
     }
 }

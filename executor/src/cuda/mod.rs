@@ -11,6 +11,7 @@ mod collective;
 pub mod compile;
 mod decode;
 pub mod device;
+mod dsa;
 pub mod engine;
 mod enqueue;
 pub mod graph;
