@@ -25,7 +25,7 @@ pub(super) struct LayerWeights {
 
 /// One sublayer's mHC parameters: the mixes' projection of the normed streams and its
 /// affine map.
-pub(super) struct HcWeights {
+pub(crate) struct HcWeights {
     pub mixes: Matrix,
     pub scale: Vec<f32>,
     pub base: Vec<f32>,
@@ -34,7 +34,7 @@ pub(super) struct HcWeights {
 /// The DSA indexer (whole on every rank): its query from the q-LoRA activations, its key
 /// (layer-normed) and pool gate from the normed input, the per-head weights and the pools'
 /// position terms (`kpool` rows of the head width).
-pub(super) struct IndexerWeights {
+pub(crate) struct IndexerWeights {
     pub q_b: Matrix,
     pub k: Matrix,
     pub k_norm: (Vec<f32>, Vec<f32>),
@@ -203,7 +203,7 @@ impl KdaWeights {
 
 impl HcWeights {
     /// `blk.{l}.hc_{which}_{fn,scale,base}`, checked against the 24 mixes of 4 streams.
-    fn take(l: u32, which: &str, w: &mut RankWeights) -> Result<HcWeights> {
+    pub(crate) fn take(l: u32, which: &str, w: &mut RankWeights) -> Result<HcWeights> {
         let name = |s: &str| format!("blk.{l}.hc_{which}_{s}.weight");
         let h = HcWeights {
             mixes: w.take_matrix(&name("fn"))?,
@@ -227,7 +227,7 @@ impl HcWeights {
 
 impl IndexerWeights {
     /// Layer `l`'s indexer, checked against the plan's `model.dsa`.
-    fn take(plan: &Plan, l: u32, w: &mut RankWeights) -> Result<IndexerWeights> {
+    pub(crate) fn take(plan: &Plan, l: u32, w: &mut RankWeights) -> Result<IndexerWeights> {
         let dsa = plan
             .model
             .dsa

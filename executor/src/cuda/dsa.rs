@@ -4,15 +4,24 @@
 //! `dsa_score` then `dsa_select`). The selected cells feed `mla_attention`'s sparse form. The
 //! position is read from device memory, so the launches are capturable. An indexer cache
 //! holds, per position, the normed key then the pool gate, and one pooled key per complete
-//! pool. The rank does not hold indexer caches yet (`rank` refuses DSA layers by name); the
-//! self-test checks these launches against the CPU kernels.
+//! pool; the indexer runs whole on every rank (its tensors are replicated), so every plan
+//! selects the same cells. `DsaState` holds a rank's indexer caches, one per DSA layer (zero
+//! at load, written in place: capturable), and runs the `dsa_select` segment.
 
-use anyhow::Result;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
+use memra_compiler::plan::Plan;
 
-use super::device::CudaDevice;
-use super::ops::{grid, int};
+use super::device::{CudaDevice, DeviceBuffer};
+use super::matvec::Norm;
+use super::moe::full_chunks;
+use super::ops::{grid, int, DeviceWeight};
+use super::rank::upload_matrix;
 use super::span::Span;
+use crate::cpu::layer::IndexerWeights as HostIndexer;
+use crate::weights::RankWeights;
 
 /// The widest indexer key the kernels take (DSA_MAX_DIM in kernels/dsa.cu).
 pub const MAX_INDEXER_DIM: usize = 1024;
@@ -178,5 +187,180 @@ impl CudaDevice {
             a.arg(&sp).arg(&posp).arg(&kp).arg(&top).arg(&tail);
             a.arg(&ip).arg(&cp);
         })
+    }
+}
+
+/// One DSA layer's indexer on the device (`cpu::layer::IndexerWeights`, checked there).
+pub(super) struct IndexerWeights {
+    q_b: DeviceWeight,
+    k: DeviceWeight,
+    k_norm: (DeviceBuffer<f32>, DeviceBuffer<f32>),
+    gate: DeviceWeight,
+    ape: DeviceBuffer<f32>,
+    proj: DeviceWeight,
+}
+
+impl IndexerWeights {
+    /// Takes layer `l`'s indexer tensors out of `w` and uploads them.
+    pub fn take(
+        plan: &Plan,
+        l: u32,
+        w: &mut RankWeights,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+    ) -> Result<IndexerWeights> {
+        let h = HostIndexer::take(plan, l, w)?;
+        let up = |m| upload_matrix(dev, s, m);
+        Ok(IndexerWeights {
+            q_b: up(h.q_b)?,
+            k: up(h.k)?,
+            k_norm: (dev.upload(s, &h.k_norm.0)?, dev.upload(s, &h.k_norm.1)?),
+            gate: up(h.gate)?,
+            ape: dev.upload(s, &h.ape)?,
+            proj: up(h.proj)?,
+        })
+    }
+}
+
+/// A rank's indexer buffers and one indexer cache (rows, pooled keys) per DSA layer.
+pub(super) struct DsaState {
+    xn: DeviceBuffer<f32>,
+    key: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    w: DeviceBuffer<f32>,
+    scores: DeviceBuffer<f32>,
+    idx: DeviceBuffer<i32>,
+    /// The last selection: the count, then the positions (read by `mla_core`).
+    cells: DeviceBuffer<i32>,
+    /// By the rank's layer index; `None` for other layers.
+    caches: Vec<Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>>,
+    shape: IndexerShape,
+    top_k: usize,
+    norm_eps: f32,
+}
+
+impl DsaState {
+    /// The state of a rank whose layers have an indexer where `layers` says so, if any does;
+    /// `d` is the model's embedding width.
+    pub fn new(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        plan: &Plan,
+        d: usize,
+        layers: &[bool],
+    ) -> Result<Option<DsaState>> {
+        if !layers.contains(&true) {
+            return Ok(None);
+        }
+        let dsa = plan
+            .model
+            .dsa
+            .as_ref()
+            .ok_or_else(|| anyhow!("DSA layers without model.dsa in the plan"))?;
+        let shape = IndexerShape {
+            dim: dsa.head_dim as usize,
+            heads: dsa.heads as usize,
+            kpool: dsa.kpool as usize,
+            capacity: plan.runtime.max_context as usize,
+        };
+        if shape.dim > MAX_INDEXER_DIM || !(2..=MAX_POOL).contains(&shape.kpool) {
+            bail!("model.dsa: indexer keys of {} values in pools of {}; the cuda backend takes keys of up to {MAX_INDEXER_DIM} values and pools of 2 to {MAX_POOL}", shape.dim, shape.kpool);
+        }
+        if !dsa.select_tail {
+            bail!("model.dsa.select_tail = false runs on the cpu backend only (the first tokens may select no cell, which the cpu refuses per position)");
+        }
+        let mut caches = Vec::new();
+        for &has in layers {
+            caches.push(match has {
+                true => Some((
+                    dev.alloc(s, shape.rows_len())?,
+                    dev.alloc(s, shape.pooled_len())?,
+                )),
+                false => None,
+            });
+        }
+        Ok(Some(DsaState {
+            xn: dev.alloc(s, d)?,
+            key: dev.alloc(s, shape.dim)?,
+            gate: dev.alloc(s, shape.dim)?,
+            q: dev.alloc(s, shape.heads * shape.dim)?,
+            w: dev.alloc(s, shape.heads)?,
+            scores: dev.alloc(s, shape.scores_len())?,
+            idx: dev.alloc(s, shape.scores_len())?,
+            cells: dev.alloc(s, shape.capacity + 1)?,
+            caches,
+            shape,
+            top_k: dsa.top_k as usize,
+            norm_eps: dsa.norm_eps as f32,
+        }))
+    }
+
+    /// `dsa_select` of layer `layer` (the CPU's `segments::dsa_select`): the indexer's key,
+    /// gate and head weights from the normed input (`norm` of `x`), its query from the
+    /// normed q-LoRA activations `q_a`, the cache write and the selected cells.
+    #[allow(clippy::too_many_arguments)]
+    pub fn select(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        ix: &IndexerWeights,
+        norm: Norm,
+        x: &Span<f32>,
+        q_a: &Span<f32>,
+        layer: usize,
+        pos: &Span<u32>,
+    ) -> Result<()> {
+        let (rows, pooled) = self.caches[layer]
+            .as_ref()
+            .map(|(r, p)| (Span::of(r), Span::of(p)))
+            .ok_or_else(|| anyhow!("dsa_select on a layer without an indexer cache"))?;
+        let (key, gate, w) = (Span::of(&self.key), Span::of(&self.gate), Span::of(&self.w));
+        let ws = [&ix.k, &ix.gate, &ix.proj];
+        let ys = [key.clone(), gate.clone(), w.clone()];
+        let chunks = full_chunks(&ix.k);
+        if ws
+            .iter()
+            .all(|m| m.dtype == ix.k.dtype && full_chunks(m) == chunks)
+        {
+            dev.matvec_many(s, &ws, x, Some(norm), chunks, &ys)?;
+        } else {
+            let xn = Span::of(&self.xn).sub(0, x.len());
+            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+            for (m, y) in ws.iter().zip(&ys) {
+                dev.matvec(s, m, &xn, full_chunks(m), &mut y.clone())?;
+            }
+        }
+        let q = Span::of(&self.q);
+        dev.matvec(s, &ix.q_b, q_a, full_chunks(&ix.q_b), &mut q.clone())?;
+        let k = IndexerKey {
+            key,
+            norm: (
+                Span::of(&ix.k_norm.0),
+                Span::of(&ix.k_norm.1),
+                self.norm_eps,
+            ),
+            gate,
+            ape: Span::of(&ix.ape),
+        };
+        let sh = self.shape;
+        dev.dsa_write(s, &k, (&rows, &pooled), pos, sh)?;
+        let w_scale = 1.0 / ((sh.dim * sh.heads) as f32).sqrt();
+        let scores = Span::of(&self.scores);
+        dev.dsa_score(s, &q, &w, w_scale, &pooled, pos, sh, &scores)?;
+        dev.dsa_select(
+            s,
+            &scores,
+            pos,
+            sh,
+            (self.top_k, true),
+            &Span::of(&self.idx),
+            &Span::of(&self.cells),
+        )
+    }
+
+    /// The cells the last `select` chose.
+    pub fn cells(&self) -> Span<i32> {
+        Span::of(&self.cells)
     }
 }
