@@ -51,8 +51,8 @@
 #                             gates (graphs, TP-2, TP-4, EP-2, PP-2, MLA layers eager on device
 #                             0) in f32 and q8_0, CUDA vs CPU of each
 #   glm5 [SECONDS]            glm5-next (KDA + sparse MLA + mHC + clamped MoE) on CUDA: the
-#                             self-test's glm5-next rows (bounded KDA decay, mHC, clamped
-#                             SwiGLU), tiny-glm5-next gates (graphs, TP-2, TP-4, EP-2, PP-2,
+#                             self-test's glm5-next rows (bounded KDA decay, DSA indexer,
+#                             sparse MLA, mHC, clamped SwiGLU), tiny-glm5-next gates (graphs, TP-2, TP-4, EP-2, PP-2,
 #                             DSA layers eager on device 0) in f32 and q8_0, CUDA vs CPU of
 #                             each, a PP-4 soak of 100 runs; with 2 GPUs, GLM-5.3-Flash PP-2
 #                             with synthetic weights
@@ -1055,8 +1055,9 @@ suite_deepseek() {
 # glm5-next (KDA layers and MLA layers over the DSA indexer's selection, in four mHC residual
 # streams, a leading dense FFN then MoE with clamped SwiGLU) on the CUDA backend, on one GPU;
 # every tiny plan is under plans/synthetic/cuda/ with device ids [0]:
-#   - the self-test; its failing kda (bounded decay), hc_* (mHC), swiglu-clamped and
-#     moe_layer rows are printed before the table, each naming its case and worst value;
+#   - the self-test; its failing kda (bounded decay), hc_* (mHC), dsa (indexer), mla
+#     attention (over DSA cells), clamped SwiGLU and moe_layer rows are printed before the
+#     table, each naming its case and worst value;
 #   - gates: tiny-glm5-next f32 and q8_0, graphs, TP-2, TP-4, EP-2, PP-2 (the boundary
 #     carries the four streams) and the DSA layers as eager islands between captured KDA
 #     runs, against the 1-rank eager CUDA run, every logit bit, both arms;
@@ -1078,7 +1079,7 @@ suite_glm5() {
     done
     limit 150 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
     rc=$?
-    grep -E "^ *(kda|hc|moe_layer|matvec_[a-z0-9_]+ +swiglu)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    grep -E "^ *(kda|hc|dsa|mla attention|moe_layer)|clamped" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait "${synths[@]}"
     for dtype in f32 q8_0; do

@@ -215,6 +215,7 @@ impl CudaDevice {
     /// and up launch as `matvec_swiglu` does. `x` and `y` hold
     /// `sel.slots` vectors `sel.x_stride` / `sel.y_stride` apart. Each row's bits are those of
     /// `matvec` with expert `e`'s matrix alone (then the CPU's `silu_mul` or scale).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec_experts(
         &self,
         stream: &CudaStream,

@@ -150,7 +150,7 @@ impl HcState {
             &streams,
             Some(norm),
             chunks,
-            &[mixes.clone()],
+            std::slice::from_ref(&mixes),
         )?;
         let a = HcAffine {
             scale: Span::of(&w.scale),

@@ -104,7 +104,7 @@ impl Layer {
         if ties {
             // keys near 10: every pooled key positive
             norm_w.iter_mut().for_each(|v| *v *= 0.1);
-            norm_b.iter_mut().for_each(|v| *v = 10.0 + *v);
+            norm_b.iter_mut().for_each(|v| *v += 10.0);
         }
         let ape = random(&mut cx.rng, sh.kpool * sh.dim, 1.0);
         Ok(Layer {
