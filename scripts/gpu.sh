@@ -54,8 +54,9 @@
 #                             self-test's glm5-next rows (bounded KDA decay, DSA indexer,
 #                             sparse MLA, mHC, clamped SwiGLU), tiny-glm5-next gates (graphs, TP-2, TP-4, EP-2, PP-2,
 #                             DSA layers eager on device 0) in f32 and q8_0, CUDA vs CPU of
-#                             each, a PP-4 soak of 100 runs; with 2 GPUs, GLM-5.3-Flash PP-2
-#                             with synthetic weights
+#                             each, a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
+#                             gated (graphs, PP-2, TP-2, DSA eager) and timed with synthetic
+#                             weights; with 2 GPUs, GLM-5.3-Flash PP-2 with synthetic weights
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -117,6 +118,16 @@ synth() { # shape dtype: writes the synthetic model $M/SHAPE-DTYPE.gguf
 synth_cut() { # shape layers dtype: the depth cut $M/SHAPE-lLAYERS-DTYPE.gguf of a real-width shape
     "$BIN/memra-synth" --shape "$1" --layers "$2" --dtype "$3" -o "$M/$1-l$2-$3.gguf" 2>"$LOG/synth-$1-l$2-$3.log"
 }
+config_plan() { # placement (under plans/synthetic) of a config.json model: compiles it into
+    # $P/config/ and prints the plan's path; a failure is logged, and the run of the plan then
+    # fails its row
+    local out
+    out="$P/config/$(basename "$1").plan.toml"
+    mkdir -p "$P/config"
+    "$BIN/memra-compile" -q -o "$out" "plans/synthetic/$1.toml" >>"$LOG/compile.log" 2>&1 ||
+        echo "compile $1 failed" >>"$LOG/compile.log"
+    echo "$out"
+}
 plan() { # shape dtype placement (under plans/synthetic): compiles it for $M/SHAPE-DTYPE.gguf
     # into $P/DTYPE/ and prints the plan's path; a failure is logged, and the run of the plan
     # then fails its row
@@ -134,10 +145,12 @@ gate() { # row seconds model reference candidate [memra-run gate options]: one p
 launched() { # the same, one process per device of the candidate (memra-run launch)
     gate_with launch "$@"
 }
-gate_with() { # how ("" or launch) row seconds model reference candidate [gate options]
+gate_with() { # how ("" or launch) row seconds model reference candidate [gate options]; an
+    # empty model: the plan's (or none, with --weights synthetic)
     local how=$1 name=$2 secs=$3 model=$4 ref=$5 cand=$6 t out rc dt
     shift 6
-    local args=(gate --backend cuda "$@" --model "$model" --reference "$ref")
+    local args=(gate --backend cuda "$@" --reference "$ref")
+    [ -z "$model" ] || args+=(--model "$model")
     if [ "$how" = launch ]; then args=(launch "$cand" -- "${args[@]}"); else args+=("$cand"); fi
     t=$(date +%s%N)
     out=$(limit "$secs" "$BIN/memra-run" "${args[@]}" 2>&1)
@@ -1064,15 +1077,19 @@ suite_deepseek() {
 #   - CUDA against the CPU backend: f32 within 1e-3 over 64 greedy steps, q8_0 teacher-forced
 #     within 5e-2 over 32 steps (the bounds and the reason of suite_moe);
 #   - the PP-4 plan gated 100 times against the eager one (q8_0);
-#   - with 2 GPUs: plans/glm-5.3-flash-pp2.toml (87.4 and 87.6 GiB per device) with
-#     `--weights synthetic` decoding. memra-synth has no GLM-5.3-Flash shape, so there is no
-#     real-width depth cut of it to gate.
+#   - GLM-5.3-Flash at real width cut to 4 layers (plans/models/glm-5.3-flash-l4.json: 3 KDA
+#     layers, an MLA+DSA layer, a dense FFN then 3 MoE layers of 256 experts; q4_k, 14.3 GB),
+#     `--weights synthetic` (memra-synth has no GLM-5.3-Flash shape; the plans draw their
+#     values): graphs, PP-2, TP-2 and the DSA layer eager gated against its eager plan, and
+#     its decode speed;
+#   - with 2 GPUs: plans/glm-5.3-flash-pp2.toml (87.4 and 87.6 GiB per device) decoding with
+#     `--weights synthetic`.
 # SECONDS defaults to 300.
 suite_glm5() {
     BUDGET=${1:-300}
     logs_in /tmp/memra-glm5
     stamp name,driver_version,memory.total
-    local dtype rc tol shape=tiny-glm5-next synths=()
+    local dtype rc tol ref cand shape=tiny-glm5-next cut=glm-5.3-flash-l4 synths=()
     for dtype in f32 q8_0; do
         synth $shape $dtype &
         synths+=($!)
@@ -1093,6 +1110,14 @@ suite_glm5() {
     late "soak $shape-pp4 q8_0 x100" ||
         gate "soak $shape-pp4 q8_0 x100" 240 "$M/$shape-q8_0.gguf" "$P/q8_0/$shape-eager.plan.toml" \
             "$(plan $shape q8_0 cuda/$shape-pp4)" --repeat 100
+    ref=$(config_plan cuda/$cut-eager)
+    for cand in $cut $cut-pp2 $cut-tp2 $cut-mla-eager; do
+        late "gate $cand synthetic" ||
+            gate "gate $cand synthetic" 300 "" "$ref" "$(config_plan cuda/$cand)" \
+                --weights synthetic --tokens 1,2,3,4,5,6,7,8 -n 16
+    done
+    late "bench $cut synthetic" ||
+        bench "bench $cut synthetic" 300 "" "$(config_plan cuda/$cut)" -n 128 --reps 3 --weights synthetic
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
         late "bench glm-5.3-flash-pp2 synthetic" ||
             bench "bench glm-5.3-flash-pp2 synthetic" 500 "" plans/glm-5.3-flash-pp2.plan.toml \
