@@ -173,6 +173,16 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+// silu_mul after ggml's swiglu_clamp (glm5-next's FFNs) when limit > 0: the gate clamped from
+// above, the up value into [-limit, limit] (the CPU's silu_mul_clamped).
+__device__ __forceinline__ float swiglu_limited(float g, float u, float limit) {
+    if (limit > 0.f) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+    }
+    return silu_mul(g, u);
+}
+
 // Combines per-chunk partials held by lanes 0..chunks-1 (a power of two, at most 32) in a
 // balanced binary tree ((c0 + c1) + (c2 + c3)) + ...; the result is valid in lane 0.
 __device__ __forceinline__ float chunk_tree(float v, int chunks) {

@@ -21,7 +21,7 @@
 // numbers (gemm_shared_bytes in executor/src/cuda/rows.rs).
 //
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
-// swiglu_rows_f32: out = silu(gate) * up, elementwise (silu_mul).
+// swiglu_rows_f32: out = silu(gate) * up, elementwise (swiglu_limited: clamped when limit > 0).
 // add_rows_f32: x[t][i] += b[i] for every row t.
 // row_positions_u32: out[t] = pos[0] + t, the position of each token row of the step.
 #include "common.cuh"
@@ -253,10 +253,11 @@ extern "C" __global__ void to_f16_f32(const float* x, u16* out, int n) {
     if (i < n) out[i] = f32_to_f16(x[i]);
 }
 
-extern "C" __global__ void swiglu_rows_f32(const float* gate, const float* up, float* out, int n) {
+extern "C" __global__ void swiglu_rows_f32(const float* gate, const float* up, float* out, int n,
+                                           float limit) {
     overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = silu_mul(gate[i], up[i]);
+    if (i < n) out[i] = swiglu_limited(gate[i], up[i], limit);
 }
 
 extern "C" __global__ void add_rows_f32(float* x, const float* b, int cols, int n) {

@@ -6,9 +6,10 @@
 // 3 * heads heads of hd channels, their windows and tap weights in the same order) and SiLU,
 // moves each channel's window on by the new input, and L2-normalizes the q and k heads.
 //
-// kda_delta_f32 turns the raw decay and rate into g = a * softplus(f + dt_bias) and
-// beta = sigmoid(b), runs the gated delta rule on each head's d x d state (in place) and writes
-// rms_norm(o) * w * sigmoid(gate).
+// kda_delta_f32 turns the raw decay and rate into g = a * softplus(f + dt_bias) (or, with a
+// lower bound lb as glm5-next has, g = lb * sigmoid(-(f + dt_bias) * a)) and
+// beta = sigmoid(b), runs the gated delta rule on each head's d x d state (in place) and
+// writes rms_norm(o) * w * sigmoid(gate).
 //
 // Every value is computed with the CPU loops' float operations in their order, with explicit
 // round-to-nearest intrinsics so that no multiply-add is contracted into an FMA, and the f64
@@ -77,11 +78,12 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
 // One block per head, thread j its value row j. qkv: the convolved q, k, v (3 * heads * d);
 // f: the raw decay (heads * d) before dt_bias and softplus; a: per head; b: the raw rate per
 // head; gate: the output gate before its sigmoid; norm_w: d weights; states: heads key-major
-// d x d states; out: heads * d. scale is 1 / sqrt(d) computed by the host.
+// d x d states; out: heads * d. scale is 1 / sqrt(d) computed by the host; bounded selects
+// the bounded decay with lower bound lb.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_delta_f32(float* states, const float* qkv, const float* f, const float* dt_bias, const float* a,
                   const float* b, const float* gate, const float* norm_w, float* out, int heads, int d,
-                  float scale, float eps) {
+                  float scale, float eps, int bounded, float lb) {
     overlap_with_neighbours();
     __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM], os[KDA_MAX_DIM];
     __shared__ float norm_scale;
@@ -91,8 +93,14 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
         qs[j] = qkv[at + j];
         ks[j] = qkv[width + at + j];
         const float x = __fadd_rn(f[at + j], dt_bias[at + j]);
-        const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
-        decay[j] = expf(__fmul_rn(sp, a[h]));
+        float g;
+        if (bounded) {
+            g = __fmul_rn(kda_sigmoid(-__fmul_rn(x, a[h])), lb);
+        } else {
+            const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
+            g = __fmul_rn(sp, a[h]);
+        }
+        decay[j] = expf(g);
     }
     __syncthreads();
     float o = 0.f;

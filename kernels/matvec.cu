@@ -384,7 +384,7 @@ struct Q6_K {
 // grid splits (q/k/v in one launch). With `residual` set (one segment), y[0][r] = residual[r] +
 // (W x)[r], the add after a row-parallel matvec (y may alias residual). With `swiglu` (two
 // segments of equal rows, gate and up), a work item takes a quad of both and the launch
-// writes y[0][r] = silu_mul(gate[r], up[r]). Every row's value is the same chunk tree as a
+// writes y[0][r] = swiglu_limited(gate[r], up[r], limit) (limit 0: no clamp). Every row's value is the same chunk tree as a
 // launch of its weight alone, so fusing changes no bits; so does a norm folded into the launch.
 struct MatvecJob {
     // segment fields one by one, not arrays: an array indexed by the segment at run time would
@@ -396,6 +396,7 @@ struct MatvecJob {
     int cols;
     int chunks;
     int swiglu;
+    float limit;
     const float* x;
     const float* residual;
     // with `norm` set, the launch multiplies rms_norm(x) * norm (block_rms_scale, the bits of
@@ -563,7 +564,7 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
                 float out = total;
                 if (j.swiglu) {
                     const float up = chunk_tree(lane < chunks ? part[buf][at + MATVEC_ROWS][lane] : 0.f, chunks);
-                    out = silu_mul(total, up);
+                    out = swiglu_limited(total, up, j.limit);
                 }
                 const int row = row0 + r;
                 if (lane == 0 && row < job_rows(j, s)) {

@@ -13,7 +13,9 @@
 // latent then the roped key) is narrowed to f16, written to the cache by block 0 and read by
 // every block from shared memory, so no block reads the slot being written. Queries and
 // probabilities are narrowed to f16 as the CPU backend does; scores are scaled after the dot
-// product and softmaxed in f32; every reduction has a fixed order.
+// product and softmaxed in f32; every reduction has a fixed order. With `cells` set (DSA's
+// sparse attention, kernels/dsa.cu's selection: the count, then the positions), it attends
+// over those cache rows only, in that order.
 #include "common.cuh"
 
 #define MLA_THREADS 256
@@ -58,10 +60,12 @@ extern "C" __global__ void mla_rope_f32(const float* src, int src_stride, float*
 }
 
 // One block per head. q_lat: n_heads rows of `width`; cache: capacity rows of `width` halves;
-// out: n_heads rows of kv_lora; scores: n_heads * capacity scratch.
+// out: n_heads rows of kv_lora; scores: n_heads * capacity scratch; cells: null, or a count
+// (at most capacity) then that many positions up to *pos.
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     mla_attention_f16(const float* q_lat, const float* row_now, u16* cache, float* out, float* scores,
-                      const u32* pos, int n_heads, int kv_lora, int width, int capacity, float scale) {
+                      const u32* pos, int n_heads, int kv_lora, int width, int capacity, float scale,
+                      const int* cells) {
     overlap_with_neighbours();
     __shared__ float qh[MLA_MAX_WIDTH];
     __shared__ u16 now_row[MLA_MAX_WIDTH];
@@ -70,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 p_now = *pos;
-    const int n_ctx = min((int)p_now + 1, capacity);
+    const int n_ctx = cells ? min(cells[0], capacity) : min((int)p_now + 1, capacity);
     const int now = p_now < (u32)capacity ? (int)p_now : -1;
     float* sc = scores + (size_t)h * capacity;
     for (int d = threadIdx.x; d < width; d += MLA_THREADS) {
@@ -80,16 +84,20 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
         if (h == 0 && now >= 0) cache[(size_t)now * width + d] = r;
     }
     __syncthreads();
-    const auto row_of = [&](int p) -> const u16* { return p == now ? now_row : cache + (size_t)p * width; };
+    // the cache row of the i-th attended position
+    const auto row_of = [&](int i) -> const u16* {
+        const int p = cells ? cells[1 + i] : i;
+        return p == now ? now_row : cache + (size_t)p * width;
+    };
 
-    // scores: warp w takes positions w, w + MLA_WARPS, ...; lane l values l, l + 32, ...
+    // scores: warp w takes attended positions w, w + MLA_WARPS, ...; lane l values l, l + 32, ...
     float mx = -__int_as_float(0x7f800000);
-    for (int p = warp; p < n_ctx; p += MLA_WARPS) {
-        const u16* r = row_of(p);
+    for (int i = warp; i < n_ctx; i += MLA_WARPS) {
+        const u16* r = row_of(i);
         float acc = 0.f;
         for (int d = lane; d < width; d += WARP) acc = fmaf(qh[d], f16_to_f32(r[d]), acc);
         const float v = warp_sum(acc) * scale;
-        if (lane == 0) sc[p] = v;
+        if (lane == 0) sc[i] = v;
         mx = fmaxf(mx, v);
     }
     if (lane == 0) red[warp] = mx;
@@ -117,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     // weighted sum of the latents: thread d adds its value over the positions in order
     for (int d = threadIdx.x; d < kv_lora; d += MLA_THREADS) {
         float o = 0.f;
-        for (int p = 0; p < n_ctx; ++p) o = fmaf(round_f16(sc[p] * inv), f16_to_f32(row_of(p)[d]), o);
+        for (int i = 0; i < n_ctx; ++i) o = fmaf(round_f16(sc[i] * inv), f16_to_f32(row_of(i)[d]), o);
         out[(size_t)h * kv_lora + d] = o;
     }
 }

@@ -59,6 +59,13 @@
 #   kda [SECONDS]             kimi-linear (KDA + MLA + MoE) on CUDA: self-test, tiny-kimi-linear
 #                             gates (graphs, TP-2, TP-4, EP-2, PP-2, MLA layers eager on device
 #                             0) in f32 and q8_0, CUDA vs CPU of each
+#   glm5 [SECONDS]            glm5-next (KDA + sparse MLA + mHC + clamped MoE) on CUDA: the
+#                             self-test's glm5-next rows (bounded KDA decay, DSA indexer,
+#                             sparse MLA, mHC, clamped SwiGLU), tiny-glm5-next gates (graphs, TP-2, TP-4, EP-2, PP-2,
+#                             DSA layers eager on device 0) in f32 and q8_0, CUDA vs CPU of
+#                             each, a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
+#                             gated (graphs, PP-2, TP-2, DSA eager) and timed with synthetic
+#                             weights; with 2 GPUs, GLM-5.3-Flash PP-2 with synthetic weights
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -120,6 +127,16 @@ synth() { # shape dtype: writes the synthetic model $M/SHAPE-DTYPE.gguf
 synth_cut() { # shape layers dtype: the depth cut $M/SHAPE-lLAYERS-DTYPE.gguf of a real-width shape
     "$BIN/memra-synth" --shape "$1" --layers "$2" --dtype "$3" -o "$M/$1-l$2-$3.gguf" 2>"$LOG/synth-$1-l$2-$3.log"
 }
+config_plan() { # placement (under plans/synthetic) of a config.json model: compiles it into
+    # $P/config/ and prints the plan's path; a failure is logged, and the run of the plan then
+    # fails its row
+    local out
+    out="$P/config/$(basename "$1").plan.toml"
+    mkdir -p "$P/config"
+    "$BIN/memra-compile" -q -o "$out" "plans/synthetic/$1.toml" >>"$LOG/compile.log" 2>&1 ||
+        echo "compile $1 failed" >>"$LOG/compile.log"
+    echo "$out"
+}
 plan() { # shape dtype placement (under plans/synthetic): compiles it for $M/SHAPE-DTYPE.gguf
     # into $P/DTYPE/ and prints the plan's path; a failure is logged, and the run of the plan
     # then fails its row
@@ -137,10 +154,12 @@ gate() { # row seconds model reference candidate [memra-run gate options]: one p
 launched() { # the same, one process per device of the candidate (memra-run launch)
     gate_with launch "$@"
 }
-gate_with() { # how ("" or launch) row seconds model reference candidate [gate options]
+gate_with() { # how ("" or launch) row seconds model reference candidate [gate options]; an
+    # empty model: the plan's (or none, with --weights synthetic)
     local how=$1 name=$2 secs=$3 model=$4 ref=$5 cand=$6 t out rc dt
     shift 6
-    local args=(gate --backend cuda "$@" --model "$model" --reference "$ref")
+    local args=(gate --backend cuda "$@" --reference "$ref")
+    [ -z "$model" ] || args+=(--model "$model")
     if [ "$how" = launch ]; then args=(launch "$cand" -- "${args[@]}"); else args+=("$cand"); fi
     t=$(date +%s%N)
     out=$(limit "$secs" "$BIN/memra-run" "${args[@]}" 2>&1)
@@ -156,10 +175,12 @@ bench() { # row seconds model plan [memra-run bench options]: one process; the o
 launched_bench() { # row seconds model plan: bench -n 128 --reps 3, one process per device
     bench_with launch "$@" -n 128 --reps 3
 }
-bench_with() { # how ("" or launch) row seconds model plan [bench options]
+bench_with() { # how ("" or launch) row seconds model plan [bench options]; an empty model:
+    # the plan's (or none, with --weights synthetic)
     local how=$1 name=$2 secs=$3 model=$4 plan=$5 rc
     shift 5
-    local args=(bench --backend cuda "$@" --model "$model")
+    local args=(bench --backend cuda "$@")
+    [ -z "$model" ] || args+=(--model "$model")
     if [ "$how" = launch ]; then args=(launch "$plan" -- "${args[@]}"); else args+=("$plan"); fi
     bench_out=$(limit "$secs" "$BIN/memra-run" "${args[@]}" 2>&1)
     rc=$?
@@ -1130,9 +1151,72 @@ suite_deepseek() {
     table
 }
 
+# glm5-next (KDA layers and MLA layers over the DSA indexer's selection, in four mHC residual
+# streams, a leading dense FFN then MoE with clamped SwiGLU) on the CUDA backend, on one GPU;
+# every tiny plan is under plans/synthetic/cuda/ with device ids [0]:
+#   - the self-test; its failing kda (bounded decay), hc_* (mHC), dsa (indexer), mla
+#     attention (over DSA cells), clamped SwiGLU and moe_layer rows are printed before the
+#     table, each naming its case and worst value;
+#   - gates: tiny-glm5-next f32 and q8_0, graphs, TP-2, TP-4, EP-2, PP-2 (the boundary
+#     carries the four streams) and the DSA layers as eager islands between captured KDA
+#     runs, against the 1-rank eager CUDA run, every logit bit, both arms;
+#   - CUDA against the CPU backend: f32 within 1e-3 over 64 greedy steps, q8_0 teacher-forced
+#     within 5e-2 over 32 steps (the bounds and the reason of suite_moe);
+#   - the PP-4 plan gated 100 times against the eager one (q8_0);
+#   - GLM-5.3-Flash at real width cut to 4 layers (plans/models/glm-5.3-flash-l4.json: 3 KDA
+#     layers, an MLA+DSA layer, a dense FFN then 3 MoE layers of 256 experts; q4_k, 14.3 GB),
+#     `--weights synthetic` (memra-synth has no GLM-5.3-Flash shape; the plans draw their
+#     values): graphs, PP-2, TP-2 and the DSA layer eager gated against its eager plan, and
+#     its decode speed;
+#   - with 2 GPUs: plans/glm-5.3-flash-pp2.toml (87.4 and 87.6 GiB per device) decoding with
+#     `--weights synthetic`.
+# SECONDS defaults to 300.
+suite_glm5() {
+    BUDGET=${1:-300}
+    logs_in /tmp/memra-glm5
+    stamp name,driver_version,memory.total
+    local dtype rc tol ref cand shape=tiny-glm5-next cut=glm-5.3-flash-l4 synths=()
+    for dtype in f32 q8_0; do
+        synth $shape $dtype &
+        synths+=($!)
+    done
+    limit 150 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    grep -E "^ *(kda|hc|dsa|mla attention|moe_layer)|clamped" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    wait "${synths[@]}"
+    for dtype in f32 q8_0; do
+        gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-tp4 \
+            cuda/$shape-ep2 cuda/$shape-pp2 cuda/$shape-mla-eager
+        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced); fi
+        late "cuda vs cpu $shape $dtype" ||
+            against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
+                "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"
+    done
+    late "soak $shape-pp4 q8_0 x100" ||
+        gate "soak $shape-pp4 q8_0 x100" 240 "$M/$shape-q8_0.gguf" "$P/q8_0/$shape-eager.plan.toml" \
+            "$(plan $shape q8_0 cuda/$shape-pp4)" --repeat 100
+    ref=$(config_plan cuda/$cut-eager)
+    for cand in $cut $cut-pp2 $cut-tp2 $cut-mla-eager; do
+        late "gate $cand synthetic" ||
+            gate "gate $cand synthetic" 300 "" "$ref" "$(config_plan cuda/$cand)" \
+                --weights synthetic --tokens 1,2,3,4,5,6,7,8 -n 16
+    done
+    late "bench $cut synthetic" ||
+        bench "bench $cut synthetic" 300 "" "$(config_plan cuda/$cut)" -n 128 --reps 3 --weights synthetic
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+        late "bench glm-5.3-flash-pp2 synthetic" ||
+            bench "bench glm-5.3-flash-pp2 synthetic" 500 "" plans/glm-5.3-flash-pp2.plan.toml \
+                -n 32 --weights synthetic
+    else
+        row "bench glm-5.3-flash-pp2 synthetic" skip "one GPU; the plan needs two"
+    fi
+    table
+}
+
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

@@ -453,8 +453,8 @@ mod program;
 mod text;
 
 pub use model::{
-    layer_kind, ClampSummary, DsaSummary, FfnKind, Gating, KdaSummary, LayerKind, MhcSummary,
-    Mixer, MlaSummary, ModelSummary, MoeSummary, ReductionChunks, YarnSummary,
+    layer_kind, ClampSummary, ClampedFfn, DsaSummary, FfnKind, Gating, KdaSummary, LayerKind,
+    MhcSummary, Mixer, MlaSummary, ModelSummary, MoeSummary, ReductionChunks, YarnSummary,
 };
 pub use program::{IslandReason, Op, Segment, Split, Step};
 

@@ -91,6 +91,28 @@ pub struct ClampSummary {
     pub shared: f64,
 }
 
+/// Which FFN a SwiGLU clamp limit is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClampedFfn {
+    /// The routed experts.
+    Experts,
+    /// The shared experts and the leading dense FFNs.
+    Shared,
+}
+
+impl MoeSummary {
+    /// The SwiGLU clamp limit `which` applies, if any (llama.cpp clamps only with a positive
+    /// limit); both backends read it here.
+    pub fn swiglu_limit(&self, which: ClampedFfn) -> Option<f32> {
+        let c = self.clamp.as_ref()?;
+        let l = match which {
+            ClampedFfn::Experts => c.experts,
+            ClampedFfn::Shared => c.shared,
+        };
+        (l > 0.0).then_some(l as f32)
+    }
+}
+
 /// The token mixer of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mixer {

@@ -7,7 +7,7 @@
 //! and checked for the shapes the kernels need, so a bad file fails at load naming the tensor.
 
 use anyhow::{anyhow, bail, Result};
-use memra_compiler::plan::{FfnKind, Mixer, Plan};
+use memra_compiler::plan::{ClampedFfn, FfnKind, Mixer, Plan};
 use memra_gguf::GgmlType;
 
 use super::kernels::{Weight, MIXES, STREAMS};
@@ -25,7 +25,7 @@ pub(super) struct LayerWeights {
 
 /// One sublayer's mHC parameters: the mixes' projection of the normed streams and its
 /// affine map.
-pub(super) struct HcWeights {
+pub(crate) struct HcWeights {
     pub mixes: Matrix,
     pub scale: Vec<f32>,
     pub base: Vec<f32>,
@@ -34,7 +34,7 @@ pub(super) struct HcWeights {
 /// The DSA indexer (whole on every rank): its query from the q-LoRA activations, its key
 /// (layer-normed) and pool gate from the normed input, the per-head weights and the pools'
 /// position terms (`kpool` rows of the head width).
-pub(super) struct IndexerWeights {
+pub(crate) struct IndexerWeights {
     pub q_b: Matrix,
     pub k: Matrix,
     pub k_norm: (Vec<f32>, Vec<f32>),
@@ -203,7 +203,7 @@ impl KdaWeights {
 
 impl HcWeights {
     /// `blk.{l}.hc_{which}_{fn,scale,base}`, checked against the 24 mixes of 4 streams.
-    fn take(l: u32, which: &str, w: &mut RankWeights) -> Result<HcWeights> {
+    pub(crate) fn take(l: u32, which: &str, w: &mut RankWeights) -> Result<HcWeights> {
         let name = |s: &str| format!("blk.{l}.hc_{which}_{s}.weight");
         let h = HcWeights {
             mixes: w.take_matrix(&name("fn"))?,
@@ -227,7 +227,7 @@ impl HcWeights {
 
 impl IndexerWeights {
     /// Layer `l`'s indexer, checked against the plan's `model.dsa`.
-    fn take(plan: &Plan, l: u32, w: &mut RankWeights) -> Result<IndexerWeights> {
+    pub(crate) fn take(plan: &Plan, l: u32, w: &mut RankWeights) -> Result<IndexerWeights> {
         let dsa = plan
             .model
             .dsa
@@ -374,12 +374,8 @@ impl LayerWeights {
             }
             Mixer::Kda => MixerWeights::Kda(Box::new(KdaWeights::take(plan, l, w)?)),
         };
-        let clamp = m.moe.as_ref().and_then(|moe| moe.clamp.as_ref());
-        let limit = |l: Option<f64>| l.filter(|&l| l > 0.0).map(|l| l as f32);
-        let (clamp_experts, clamp_shared) = (
-            limit(clamp.map(|c| c.experts)),
-            limit(clamp.map(|c| c.shared)),
-        );
+        let limit = |which| m.moe.as_ref().and_then(|moe| moe.swiglu_limit(which));
+        let (clamp_experts, clamp_shared) = (limit(ClampedFfn::Experts), limit(ClampedFfn::Shared));
         let mut gated = |suffix: &str| -> Result<Gated> {
             Ok(Gated {
                 gate: w.take_matrix(&name(&format!("ffn_gate{suffix}.weight")))?,

@@ -107,6 +107,14 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("mla.cu", ["mla_rope_f32", "mla_attention_f16"]),
     kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(
+        "dsa.cu",
+        ["dsa_write_f32", "dsa_score_f32", "dsa_select_f32"]
+    ),
+    kernel_file!(
+        "mhc.cu",
+        ["hc_pre_f32", "hc_post_f32", "hc_mean_f32", "hc_embed_f32"]
+    ),
+    kernel_file!(
         "collective.cu",
         [
             "all_reduce_f32",

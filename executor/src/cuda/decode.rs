@@ -51,18 +51,34 @@ impl RankDevice {
         let chunks_of = |w: &DeviceWeight| {
             reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
         };
-        // the row-parallel product: added to x in the same launch on a lone rank, left in
-        // `partial` for the group's all-reduce otherwise
+        // the row-parallel product: added to x in the same launch on a lone rank (with mHC:
+        // spread over the streams), left in `partial` for the group's all-reduce otherwise
+        let hc = self.hc.as_ref();
         let row = |w: &DeviceWeight,
                    input: &Span<f32>,
                    chunks: Option<usize>,
                    reduced: bool|
          -> Result<()> {
             let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
-            if !reduced {
-                dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone())
-            } else {
-                dev.matvec(s, w, input, chunks, &mut Self::rows_of(&b.partial, 1, d))
+            match (reduced, hc) {
+                (true, _) => dev.matvec(s, w, input, chunks, &mut Self::rows_of(&b.partial, 1, d)),
+                (false, None) => dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone()),
+                (false, Some(hc)) => {
+                    let f = hc.output(s, d, false)?;
+                    dev.matvec(s, w, input, chunks, &mut f.clone())?;
+                    hc.post(dev, s, &f)
+                }
+            }
+        };
+        // a lone rank's MoE rows: combined into x, or with mHC into the sublayer's output
+        let combine = |state: &super::moe::MoeState| -> Result<()> {
+            match hc {
+                None => state.combine(dev, s, &x, false),
+                Some(hc) => {
+                    let f = hc.output(s, d, true)?;
+                    state.combine(dev, s, &f, false)?;
+                    hc.post(dev, s, &f)
+                }
             }
         };
         match seg {
@@ -82,8 +98,40 @@ impl RankDevice {
                     state.pre(dev, s, m, norm, &x, &pos)
                 } else {
                     let att = Span::of(&b.att).sub(0, lw.o.cols);
-                    state.core(dev, s, m, li, &pos, &att)
+                    let cells = match (&m.indexer, &self.dsa) {
+                        (Some(_), Some(dsa)) => Some(dsa.cells()),
+                        (Some(_), None) => {
+                            bail!("layer {layer}: a DSA layer without indexer caches")
+                        }
+                        (None, _) => None,
+                    };
+                    state.core(dev, s, m, li, &pos, &att, cells.as_ref())
                 }
+            }
+            Segment::HcAttnPre | Segment::HcFfnPre => {
+                let (Some(w), Some(hc)) = (&lw.hc, hc) else {
+                    bail!(
+                        "segment `{}` on layer {layer} without mHC in the plan's model",
+                        seg.name()
+                    );
+                };
+                hc.pre(dev, s, &w[usize::from(seg == Segment::HcFfnPre)], &x)
+            }
+            Segment::DsaSelect => {
+                let (MixerWeights::Mla(m), Some(mla), Some(dsa)) =
+                    (&lw.mixer, &self.mla, &self.dsa)
+                else {
+                    bail!("dsa_select on layer {layer}, not a DSA layer");
+                };
+                let Some(ix) = &m.indexer else {
+                    bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
+                };
+                let norm = Norm {
+                    weight: &lw.attn_norm,
+                    eps: self.geo.eps,
+                };
+                let q_a = mla.q_lora_normed(m)?;
+                dsa.select(dev, s, ix, norm, &x, &q_a, li, &Span::of(&b.pos))
             }
             Segment::KdaPre | Segment::KdaCore => {
                 let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
@@ -158,7 +206,16 @@ impl RankDevice {
                         weight: &lw.ffn_norm,
                         eps: self.geo.eps,
                     };
-                    dev.matvec_swiglu(s, gw, uw, &x, Some(norm), chunks_of(gw), &mut g.clone())?;
+                    dev.matvec_swiglu(
+                        s,
+                        gw,
+                        uw,
+                        &x,
+                        Some(norm),
+                        chunks_of(gw),
+                        ffn.clamp,
+                        &mut g.clone(),
+                    )?;
                 } else {
                     bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
                 }
@@ -187,7 +244,7 @@ impl RankDevice {
                         self.pending = Pending::Experts;
                         state.experts(dev, s, e, &xn)?;
                         if lone && e.shared.is_none() {
-                            state.combine(dev, s, &x, false)?;
+                            combine(state)?;
                         }
                         Ok(())
                     }
@@ -197,7 +254,7 @@ impl RankDevice {
                         };
                         state.shared(dev, s, g, &xn, self.geo.row_chunks.map(|c| c.1))?;
                         if lone {
-                            state.combine(dev, s, &x, false)?;
+                            combine(state)?;
                         }
                         Ok(())
                     }

@@ -49,6 +49,10 @@ pub(super) struct KdaWeights {
     g_a: DeviceWeight,
     g_b: DeviceWeight,
     o_norm: DeviceBuffer<f32>,
+    /// The bounded decay's lower bound (glm5-next), else softplus decay.
+    bound: Option<f32>,
+    /// The q/k L2 norms' own epsilon (glm5-next), else the model's.
+    l2_eps: Option<f32>,
     heads: usize,
     head_dim: usize,
 }
@@ -64,9 +68,6 @@ impl KdaWeights {
         s: &Arc<CudaStream>,
     ) -> Result<(KdaWeights, DeviceWeight)> {
         let host = HostKda::take(plan, l, w)?;
-        if host.bound.is_some() || host.l2_eps.is_some() {
-            bail!("layer {l}: KDA with a bounded decay or its own L2 epsilon (glm5-next) runs on the cpu backend only");
-        }
         let (heads, head_dim) = (host.heads(), host.head_dim());
         if head_dim == 0 || head_dim > MAX_KDA_HEAD_DIM {
             bail!("layer {l}: KDA heads of {head_dim} values; the cuda backend takes heads of 1 to {MAX_KDA_HEAD_DIM}");
@@ -86,8 +87,8 @@ impl KdaWeights {
             g_b,
             o_norm,
             o,
-            bound: _,
-            l2_eps: _,
+            bound,
+            l2_eps,
         } = host;
         let up = |m| upload_matrix(dev, s, m);
         let kda = KdaWeights {
@@ -104,6 +105,8 @@ impl KdaWeights {
             g_a: up(g_a)?,
             g_b: up(g_b)?,
             o_norm: dev.upload(s, &o_norm)?,
+            bound,
+            l2_eps,
             heads,
             head_dim,
         };
@@ -213,7 +216,7 @@ impl KdaState {
             &state.sub(0, 3 * width * (k.taps - 1)),
             &Span::of(&self.qkv).sub(0, 3 * width),
             (k.heads, k.head_dim, k.taps),
-            self.eps,
+            k.l2_eps.unwrap_or(self.eps),
         )
     }
 
@@ -245,6 +248,7 @@ impl KdaState {
             beta: Span::of(&self.beta).sub(0, k.heads),
             gate: Span::of(&self.gate).sub(0, width),
             norm: Span::of(&k.o_norm),
+            bound: k.bound,
         };
         dev.kda_delta(
             s,
@@ -306,6 +310,8 @@ pub(super) struct KdaGates {
     pub gate: Span<f32>,
     /// `ssm_norm.weight`, `d`.
     pub norm: Span<f32>,
+    /// The bounded decay's lower bound (`cpu::kernels::decay_gate_bounded`), else softplus.
+    pub bound: Option<f32>,
 }
 
 fn int(n: usize) -> i32 {
@@ -365,7 +371,8 @@ impl CudaDevice {
         })
     }
 
-    /// The decay gate and rate (`cpu::kernels::decay_gate`, `sigmoid`), the gated delta rule
+    /// The decay gate and rate (`cpu::kernels::decay_gate`, or `decay_gate_bounded` with
+    /// `g.bound`, and `sigmoid`), the gated delta rule
     /// on `heads` key-major states of `d x d` in `states` (`cpu::kernels::delta_rule`, in
     /// place) and `gated_norm` with `eps`, of the q, k, v in `qkv`, into `out`.
     #[allow(clippy::too_many_arguments)]
@@ -397,6 +404,7 @@ impl CudaDevice {
         let (fp, dtp, ap, bp) = (g.f.addr(), g.dt_bias.addr(), g.a.addr(), g.beta.addr());
         let (gp, np) = (g.gate.addr(), g.norm.addr());
         let (h, dd) = (int(heads), int(d));
+        let (bounded, lb) = (i32::from(g.bound.is_some()), g.bound.unwrap_or(0.0));
         let cfg = LaunchConfig {
             grid_dim: (heads as u32, 1, 1),
             block_dim: (head_block(d), 1, 1),
@@ -410,7 +418,9 @@ impl CudaDevice {
                 .arg(&h)
                 .arg(&dd)
                 .arg(&scale)
-                .arg(&eps);
+                .arg(&eps)
+                .arg(&bounded)
+                .arg(&lb);
         })
     }
 }

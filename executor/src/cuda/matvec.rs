@@ -26,14 +26,15 @@ const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - MATVEC_STATIC_SHARED;
 pub const MATVEC_MAX_SEGS: usize = 3;
 
 /// What a matvec launch does with each row's value.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq)]
 enum Epilogue {
     /// Store it.
     Plain,
     /// Store residual + value (the address of the residual).
     Residual(u64),
-    /// Two weights (gate, up): store silu(gate) * up.
-    SwiGlu,
+    /// Two weights (gate, up): store silu(gate) * up, both clamped first with a limit
+    /// (glm5-next's `silu_mul_clamped`).
+    SwiGlu { limit: Option<f32> },
 }
 
 /// An RMS norm a matvec launch applies to x first (`x / sqrt(mean(x^2) + eps) * weight`, the
@@ -58,6 +59,7 @@ struct MatvecJob {
     cols: i32,
     chunks: i32,
     swiglu: i32,
+    limit: f32,
     x: u64,
     residual: u64,
     norm: u64,
@@ -178,7 +180,8 @@ impl CudaDevice {
     }
 
     /// `y = silu(gate x) * (up x)` in one launch (x normalized first when `norm` is given),
-    /// with the bits of the two matvecs followed by the CPU backend's `silu_mul` expression.
+    /// with the bits of the two matvecs followed by the CPU backend's `silu_mul` expression
+    /// (`silu_mul_clamped` with `limit`).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_swiglu(
         &self,
@@ -188,6 +191,7 @@ impl CudaDevice {
         x: &impl DevicePtr<f32>,
         norm: Option<Norm>,
         chunks: usize,
+        limit: Option<f32>,
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         assert_eq!(gate.rows, up.rows, "matvec: gate and up rows differ");
@@ -199,16 +203,18 @@ impl CudaDevice {
             norm,
             chunks,
             &[out, out],
-            Epilogue::SwiGlu,
+            Epilogue::SwiGlu { limit },
             None,
         )
     }
 
     /// The selected experts' products (`sel`): with two weights (gate and up stacks),
     /// `y[slot] = silu(gate_e x) * (up_e x)`; with one (down), `y[slot] = (W_e x[slot]) *
-    /// weight[slot]`, `-0.0` where this rank does not hold expert `e`. `x` and `y` hold
+    /// weight[slot]`, `-0.0` where this rank does not hold expert `e`; `limit` clamps a gate
+    /// and up launch as `matvec_swiglu` does. `x` and `y` hold
     /// `sel.slots` vectors `sel.x_stride` / `sel.y_stride` apart. Each row's bits are those of
     /// `matvec` with expert `e`'s matrix alone (then the CPU's `silu_mul` or scale).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec_experts(
         &self,
         stream: &CudaStream,
@@ -216,6 +222,7 @@ impl CudaDevice {
         x: &Span<f32>,
         chunks: usize,
         y: &Span<f32>,
+        limit: Option<f32>,
         sel: ExpertSel,
     ) -> Result<()> {
         let w0 = ws[0];
@@ -226,7 +233,7 @@ impl CudaDevice {
             sel.slots
         );
         let (epilogue, outs) = if ws.len() == 2 {
-            (Epilogue::SwiGlu, vec![(y.addr(), w0.rows); 2])
+            (Epilogue::SwiGlu { limit }, vec![(y.addr(), w0.rows); 2])
         } else {
             (Epilogue::Plain, vec![(y.addr(), w0.rows)])
         };
@@ -263,7 +270,7 @@ impl CudaDevice {
             w0.cols
         );
         for (w, &(_, len)) in ws.iter().zip(ys) {
-            let rows = if epilogue == Epilogue::SwiGlu {
+            let rows = if matches!(epilogue, Epilogue::SwiGlu { .. }) {
                 w0.rows
             } else {
                 w.rows
@@ -305,7 +312,11 @@ impl CudaDevice {
             segs: int(ws.len()),
             cols: int(w0.cols),
             chunks: int(chunks),
-            swiglu: i32::from(epilogue == Epilogue::SwiGlu),
+            swiglu: i32::from(matches!(epilogue, Epilogue::SwiGlu { .. })),
+            limit: match epilogue {
+                Epilogue::SwiGlu { limit } => limit.unwrap_or(0.0),
+                _ => 0.0,
+            },
             x: xp,
             residual: match epilogue {
                 Epilogue::Residual(r) => r,
@@ -344,7 +355,7 @@ impl CudaDevice {
                 .with_context(|| format!("{name} with K = {}", w0.cols))?;
         }
         let items: usize = match epilogue {
-            Epilogue::SwiGlu => w0.rows.div_ceil(MATVEC_ROWS),
+            Epilogue::SwiGlu { .. } => w0.rows.div_ceil(MATVEC_ROWS),
             _ => ws.iter().map(|w| w.rows.div_ceil(MATVEC_ROWS)).sum(),
         };
         // expert mode: the persistent grid's blocks are shared among the slots' rows

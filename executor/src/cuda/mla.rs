@@ -5,15 +5,18 @@
 //! and `attn_v_b` one expert-mode matvec each (a grid row per head, the heads' matrices as a
 //! stack), all with the canonical chunk counts of a whole K, so every plan reduces in the
 //! same order; rope (YaRN included) and the latent attention are kernels/mla.cu. The position
-//! is read from device memory throughout, so the segments are captured like any other.
+//! is read from device memory throughout, so the segments are captured like any other. A DSA
+//! layer (glm5-next: nope MLA, no rope part) carries its indexer, and its attention runs over
+//! the cells `dsa::DsaState` selected.
 
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use memra_compiler::plan::Plan;
+use memra_compiler::plan::{Mixer, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
+use super::dsa::IndexerWeights;
 use super::matvec::{ExpertSel, Norm};
 use super::moe::{full_chunks, DeviceStack};
 use super::ops::{DeviceWeight, RopeStyle};
@@ -48,6 +51,8 @@ pub(super) struct MlaWeights {
     pub kv_a_norm: DeviceBuffer<f32>,
     pub k_b: DeviceStack,
     pub v_b: DeviceStack,
+    /// The DSA indexer of a `Mixer::Dsa` layer.
+    pub indexer: Option<IndexerWeights>,
 }
 
 impl MlaWeights {
@@ -92,10 +97,14 @@ impl MlaWeights {
             kv_a_norm,
             k_b: DeviceStack::upload(dev, s, &k_b)?,
             v_b: DeviceStack::upload(dev, s, &v_b)?,
+            indexer: match plan.model.layer_kind(l).mixer {
+                Mixer::Dsa => Some(IndexerWeights::take(plan, l, w, dev, s)?),
+                _ => None,
+            },
         };
         let sh = m.shape();
-        if sh.heads == 0 || sh.width > MAX_LATENT_WIDTH || sh.width <= sh.kvl {
-            bail!("layer {l}: {} heads and latent rows of {} values; the cuda backend takes 1 or more heads and rows of up to {MAX_LATENT_WIDTH} with a rope part", sh.heads, sh.width);
+        if sh.heads == 0 || sh.width > MAX_LATENT_WIDTH || sh.width < sh.kvl {
+            bail!("layer {l}: {} heads and latent rows of {} values; the cuda backend takes 1 or more heads and rows of up to {MAX_LATENT_WIDTH}, the latent then the rope part", sh.heads, sh.width);
         }
         let rope = sh.width - sh.kvl;
         if sh.q_rows != sh.heads * (sh.nope + rope) || sh.v_b_cols != sh.kvl {
@@ -306,26 +315,41 @@ impl MlaState {
                 pos,
             )
         };
-        rot(
-            kv_a.sub(kvl, n_rot),
-            sh.width,
-            row.sub(kvl, n_rot),
-            sh.width,
-            1,
-        )?;
-        rot(
-            q.sub(sh.nope, sh.q_rows - sh.nope),
-            sh.head_q,
-            q_lat.sub(kvl, sh.heads * sh.width - kvl),
-            sh.width,
-            sh.heads,
-        )?;
+        // a nope layer (glm5-next's) has no rope part to rotate or copy
+        if n_rot > 0 {
+            rot(
+                kv_a.sub(kvl, n_rot),
+                sh.width,
+                row.sub(kvl, n_rot),
+                sh.width,
+                1,
+            )?;
+            rot(
+                q.sub(sh.nope, sh.q_rows - sh.nope),
+                sh.head_q,
+                q_lat.sub(kvl, sh.heads * sh.width - kvl),
+                sh.width,
+                sh.heads,
+            )?;
+        }
         let sel = self.heads(&m.k_b, sh.head_q, sh.width);
         let k_b = &m.k_b.weight;
-        dev.matvec_experts(s, &[k_b], &q, full_chunks(k_b), &q_lat, sel)
+        dev.matvec_experts(s, &[k_b], &q, full_chunks(k_b), &q_lat, None, sel)
     }
 
-    /// `mla_core`: the cache write and latent attention, then each head's value into `att`.
+    /// The normed q-LoRA activations `pre` left (the DSA indexer's query input).
+    pub fn q_lora_normed(&self, m: &MlaWeights) -> Result<Span<f32>> {
+        match &m.q {
+            QueryPath::LowRank { a, .. } => Ok(Span::of(&self.q_an).sub(0, a.rows)),
+            QueryPath::Direct(_) => {
+                bail!("the DSA indexer reads the q-LoRA activations; this layer has a direct query")
+            }
+        }
+    }
+
+    /// `mla_core`: the cache write and latent attention (over DSA's `cells` when given), then
+    /// each head's value into `att`.
+    #[allow(clippy::too_many_arguments)]
     pub fn core(
         &self,
         dev: &CudaDevice,
@@ -334,6 +358,7 @@ impl MlaState {
         layer: usize,
         pos: &Span<u32>,
         att: &Span<f32>,
+        cells: Option<&Span<i32>>,
     ) -> Result<()> {
         let sh = m.shape();
         let cache = self.caches[layer]
@@ -350,6 +375,7 @@ impl MlaState {
             pos,
             (sh.heads, sh.kvl, self.capacity),
             self.kq_scale,
+            cells,
         )?;
         if att.len() != sh.heads * sh.v {
             bail!(
@@ -361,7 +387,7 @@ impl MlaState {
         }
         let sel = self.heads(&m.v_b, sh.kvl, sh.v);
         let v_b = &m.v_b.weight;
-        dev.matvec_experts(s, &[v_b], &lat, full_chunks(v_b), att, sel)
+        dev.matvec_experts(s, &[v_b], &lat, full_chunks(v_b), att, None, sel)
     }
 
     /// Every head of `stack` as the slots of one expert-mode matvec: head `h` reads
@@ -459,9 +485,10 @@ impl CudaDevice {
         })
     }
 
-    /// Latent attention (`cpu::kernels::latent_attention` over positions `0..=pos[0]`) of the
-    /// `heads` queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to
-    /// the cache at `pos[0]` first; `scores` is `heads * capacity` scratch.
+    /// Latent attention (`cpu::kernels::latent_attention` over positions `0..=pos[0]`, or
+    /// `latent_attention_at` over DSA's `cells`: a count, then the positions) of the `heads`
+    /// queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to the
+    /// cache at `pos[0]` first; `scores` is `heads * capacity` scratch.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention(
         &self,
@@ -474,15 +501,17 @@ impl CudaDevice {
         pos: &Span<u32>,
         (heads, kvl, capacity): (usize, usize, usize),
         scale: f32,
+        cells: Option<&Span<i32>>,
     ) -> Result<()> {
         let width = row.len();
         assert!(
             width <= MAX_LATENT_WIDTH
-                && kvl < width
+                && kvl <= width
                 && q_lat.len() == heads * width
                 && out.len() == heads * kvl
                 && cache.len() >= width * capacity
-                && scores.len() >= heads * capacity,
+                && scores.len() >= heads * capacity
+                && cells.is_none_or(|c| c.len() > capacity),
             "mla_attention: {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
         );
         let (qp, rp, cp, op, sp, pp) = (
@@ -494,6 +523,7 @@ impl CudaDevice {
             pos.addr(),
         );
         let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
+        let cp_cells = cells.map_or(0, Span::addr);
         let cfg = LaunchConfig {
             grid_dim: (heads as u32, 1, 1),
             block_dim: (MLA_THREADS, 1, 1),
@@ -501,7 +531,7 @@ impl CudaDevice {
         };
         self.launch(s, "mla_attention_f16", cfg, |a| {
             a.arg(&qp).arg(&rp).arg(&cp).arg(&op).arg(&sp).arg(&pp);
-            a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale);
+            a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale).arg(&cp_cells);
         })
     }
 }

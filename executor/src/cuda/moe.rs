@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use memra_compiler::plan::{reduction_chunks, FfnKind, Gating, MoeSummary, Plan};
+use memra_compiler::plan::{reduction_chunks, ClampedFfn, FfnKind, Gating, MoeSummary, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{ExpertSel, Norm};
@@ -33,6 +33,8 @@ pub(super) struct Gated {
     pub gate: DeviceWeight,
     pub up: DeviceWeight,
     pub down: DeviceWeight,
+    /// The SwiGLU clamp limit (glm5-next).
+    pub clamp: Option<f32>,
 }
 
 /// The experts `first..first + count` of a 3-D expert tensor on the device: one matrix of
@@ -91,6 +93,8 @@ pub(super) struct MoeWeights {
     pub up: DeviceStack,
     pub down: DeviceStack,
     pub shared: Option<Gated>,
+    /// The routed experts' SwiGLU clamp limit (glm5-next).
+    pub clamp: Option<f32>,
 }
 
 /// A layer's FFN weights.
@@ -109,12 +113,14 @@ impl FfnWeights {
         s: &Arc<CudaStream>,
     ) -> Result<FfnWeights> {
         let name = |x: &str| format!("blk.{l}.{x}");
+        let limit = |which| plan.model.moe.as_ref().and_then(|m| m.swiglu_limit(which));
         let gated = |w: &mut RankWeights, suffix: &str| -> Result<Gated> {
             let mut m = |x: &str| upload_matrix(dev, s, w.take_matrix(&name(x))?);
             Ok(Gated {
                 gate: m(&format!("ffn_gate{suffix}.weight"))?,
                 up: m(&format!("ffn_up{suffix}.weight"))?,
                 down: m(&format!("ffn_down{suffix}.weight"))?,
+                clamp: limit(ClampedFfn::Shared),
             })
         };
         Ok(match plan.model.layer_kind(l).ffn {
@@ -148,6 +154,7 @@ impl FfnWeights {
                     up,
                     down,
                     shared,
+                    clamp: limit(ClampedFfn::Experts),
                 }))
             }
         })
@@ -260,7 +267,7 @@ impl MoeState {
         let g = Span::of(&self.gate);
         let chunks = full_chunks(&e.gate.weight);
         let gu = [&e.gate.weight, &e.up.weight];
-        dev.matvec_experts(s, &gu, xn, chunks, &g, sel(0, 0, ff))?;
+        dev.matvec_experts(s, &gu, xn, chunks, &g, e.clamp, sel(0, 0, ff))?;
         let down = ExpertSel {
             stride: e.down.stride,
             ..sel(Span::of(&self.weights).addr(), ff, d)
@@ -272,6 +279,7 @@ impl MoeState {
             &g,
             chunks,
             &Span::of(&self.rows),
+            None,
             down,
         )
     }
@@ -295,6 +303,7 @@ impl MoeState {
             xn,
             None,
             full_chunks(&g.gate),
+            g.clamp,
             &mut act.clone(),
         )?;
         let chunks = chunks.unwrap_or_else(|| full_chunks(&g.down)).max(1);

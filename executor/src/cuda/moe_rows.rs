@@ -94,7 +94,15 @@ impl MoeRows {
             x_stride: d,
             y_stride: n,
         };
-        dev.matvec_experts(s, &[&e.router], xn, full_chunks(&e.router), &logits, sel)?;
+        dev.matvec_experts(
+            s,
+            &[&e.router],
+            xn,
+            full_chunks(&e.router),
+            &logits,
+            None,
+            sel,
+        )?;
         dev.moe_route(
             s,
             &logits,
@@ -141,7 +149,7 @@ impl MoeRows {
             dev.moe_gather(s, xn, &a, k, &a16.sub(0, count * d))?;
             dev.gemm(s, e.gate.matrix(i), &a16, count, 1, &mut gate.clone())?;
             dev.gemm(s, e.up.matrix(i), &a16, count, 1, &mut up.clone())?;
-            dev.swiglu_rows(s, &gate, &up, &mut gate.clone())?;
+            dev.swiglu_rows(s, &gate, &up, e.clamp, &mut gate.clone())?;
             dev.to_f16(s, &gate, &mut a16.sub(0, count * ff))?;
             dev.gemm(s, e.down.matrix(i), &a16, count, 1, &mut y.clone())?;
             dev.moe_scatter(s, &y, &a, &Span::of(&self.weights), (k, rows), &blocks)?;

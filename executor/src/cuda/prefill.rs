@@ -230,7 +230,7 @@ impl RankDevice {
                 let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
                 dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
                 self.products(s, &xn, rows, 1, &[(&ffn.gate, &gate), (&ffn.up, &up)])?;
-                dev.swiglu_rows(s, &gate, &up, &mut gate.clone())?;
+                dev.swiglu_rows(s, &gate, &up, ffn.clamp, &mut gate.clone())?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
                 self.row_parallel(s, &ffn.down, &gate, rows, chunks, self.geo.tp_degree > 1)
@@ -283,7 +283,7 @@ impl RankDevice {
                 (MixerWeights::Mla(m), Some(state), _) => {
                     let pos = positions.sub(r, 1);
                     state.pre(dev, s, m, norm, &x, &pos)?;
-                    state.core(dev, s, m, li, &pos, &att)?;
+                    state.core(dev, s, m, li, &pos, &att, None)?;
                 }
                 (MixerWeights::Kda(k), _, Some(state)) => {
                     state.pre(dev, s, k, li, norm, &x)?;
@@ -338,7 +338,7 @@ impl RankDevice {
                 let gate = Self::rows_of(&b.gate, rows, f);
                 let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
                 self.products(s, &xn, rows, 1, &[(&g.gate, &gate), (&g.up, &up)])?;
-                dev.swiglu_rows(s, &gate, &up, &mut gate.clone())?;
+                dev.swiglu_rows(s, &gate, &up, g.clamp, &mut gate.clone())?;
                 let chunks = self
                     .geo
                     .row_chunks

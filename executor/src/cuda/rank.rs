@@ -21,8 +21,10 @@ use memra_compiler::plan::{
 
 use super::collective::{Collective, Exchange, Oneshot, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
+use super::dsa::DsaState;
 use super::kda::{KdaState, KdaWeights};
 use super::matvec::Norm;
+use super::mhc::{HcState, HcWeights};
 use super::mla::{MlaState, MlaWeights};
 use super::moe::{FfnWeights, MoeState};
 use super::ops::{DeviceKv, DeviceWeight};
@@ -56,6 +58,8 @@ pub(super) struct LayerWeights {
     pub o: DeviceWeight,
     pub ffn_norm: DeviceBuffer<f32>,
     pub ffn: FfnWeights,
+    /// mHC's weights of the mixer and the FFN sublayer (glm5-next).
+    pub hc: Option<[HcWeights; 2]>,
 }
 
 /// What the pending partial sum holds (the CPU backend's `segments::Pending`).
@@ -111,7 +115,11 @@ pub struct RankDevice {
     /// and `kda`).
     pub(super) kv: Vec<Option<DeviceKv>>,
     pub(super) mla: Option<MlaState>,
+    /// The DSA indexer caches of the rank's sparse MLA layers.
+    pub(super) dsa: Option<DsaState>,
     pub(super) kda: Option<KdaState>,
+    /// mHC's residual streams (glm5-next): the residual is these, `x` a sublayer's input.
+    pub(super) hc: Option<HcState>,
     embed: Option<DeviceWeight>,
     head: Option<(DeviceBuffer<f32>, HeadRows)>,
     pub(super) geo: RankGeometry,
@@ -196,14 +204,11 @@ impl RankDevice {
             let n = |x: &str| format!("blk.{l}.{x}");
             let attn_norm = vec(&mut w, &n("attn_norm.weight"))?;
             let (mixer, o) = match m.layer_kind(l).mixer {
-                Mixer::Dsa => bail!(
-                    "layer {l}: sparse MLA with the DSA indexer (glm5-next) runs on the cpu backend only"
-                ),
                 Mixer::Kda => {
                     let (k, o) = KdaWeights::take(plan, l, &mut w, &dev, &s)?;
                     (MixerWeights::Kda(Box::new(k)), o)
                 }
-                Mixer::Mla => (
+                Mixer::Mla | Mixer::Dsa => (
                     MixerWeights::Mla(Box::new(MlaWeights::take(plan, l, &mut w, &dev, &s)?)),
                     mat(&mut w, &n("attn_output.weight"))?,
                 ),
@@ -239,6 +244,10 @@ impl RankDevice {
                 o,
                 ffn_norm: vec(&mut w, &n("ffn_norm.weight"))?,
                 ffn: FfnWeights::take(plan, l, &mut w, &dev, &s)?,
+                hc: match m.mhc {
+                    Some(_) => Some(HcWeights::take(l, &mut w, &dev, &s)?),
+                    None => None,
+                },
             });
         }
         let table = if r.embed || (r.head && m.tied_embeddings) {
@@ -319,6 +328,11 @@ impl RankDevice {
             })
             .collect();
         let mla = MlaState::new(&dev, &s, plan, &geo, &mla_layers)?;
+        let indexed: Vec<bool> = mla_layers
+            .iter()
+            .map(|m| m.is_some_and(|m| m.indexer.is_some()))
+            .collect();
+        let dsa = DsaState::new(&dev, &s, plan, m.embedding as usize, &indexed)?;
         for (l, m) in mla_layers.iter().enumerate() {
             if let Some(m) = m {
                 if m.att_len() != layers[l].o.cols {
@@ -340,6 +354,7 @@ impl RankDevice {
             .collect();
         // attn_output's columns were checked against the heads with the rest of the layer
         let kda = KdaState::new(&dev, &s, d, geo.eps, &kda_layers)?;
+        let hc = HcState::new(&dev, &s, plan, d, max_rows, geo.eps)?;
         let logits_len = match &head {
             Some((_, HeadRows::Own(h))) => h.rows,
             Some((_, HeadRows::Embedding)) => m.vocab as usize,
@@ -424,7 +439,9 @@ impl RankDevice {
             layers,
             kv,
             mla,
+            dsa,
             kda,
+            hc,
             embed,
             head,
             geo,
@@ -550,7 +567,15 @@ impl RankDevice {
             .map_err(|e| anyhow!("rank {} {work}: {e:#}", self.rank))
     }
 
-    /// Values of one token row of the hidden state.
+    /// The residual of the first `rows` token rows: mHC's streams, or the hidden state.
+    fn residual(&self, rows: usize) -> Span<f32> {
+        match &self.hc {
+            Some(hc) => hc.streams(rows),
+            None => Self::rows_of(&self.buf.x, rows, self.hidden_len()),
+        }
+    }
+
+    /// Values of one token row of the hidden state (a sublayer's input under mHC).
     pub(super) fn hidden_len(&self) -> usize {
         self.buf.x.len() / self.max_rows
     }
@@ -571,7 +596,11 @@ impl RankDevice {
                     .embed
                     .as_ref()
                     .ok_or_else(|| anyhow!("embed on a rank without token_embd"))?;
-                dev.embed(s, table, &self.tokens(rows.rows), &mut x.clone())
+                dev.embed(s, table, &self.tokens(rows.rows), &mut x.clone())?;
+                match &self.hc {
+                    Some(hc) => hc.embed(dev, s, &x, rows.rows),
+                    None => Ok(()),
+                }
             }
             Work::Segment { layer, segment } if rows.rows > 1 => {
                 self.prefill_segment(layer, segment, rows.rows, s)
@@ -579,19 +608,38 @@ impl RankDevice {
             Work::Segment { layer, segment } => self.segment(layer, segment, s),
             Work::AllReduce => {
                 let c = self.collective(s)?;
+                // with mHC the group's sum is the sublayer's output, spread over the streams
+                let target = match &self.hc {
+                    Some(hc) => hc.output(s, rows.rows * d, true)?,
+                    None => x.clone(),
+                };
                 match (self.pending, &self.moe) {
                     (Pending::Experts, Some(e)) => {
                         // over the zeroed sum: each expert row is its holder's value plus -0.0s
                         let n = e.row_count() * rows.rows * d;
                         let sum = Span::of(&e.sum).sub(0, n);
                         c.run(Reduce::Sum, &Span::of(&e.rows).sub(0, n), &sum)?;
-                        e.combine(dev, s, &x, true)
+                        e.combine(dev, s, &target, true)?;
                     }
-                    _ => c.run(Reduce::Sum, &Self::rows_of(&b.partial, rows.rows, d), &x),
+                    _ => c.run(
+                        Reduce::Sum,
+                        &Self::rows_of(&b.partial, rows.rows, d),
+                        &target,
+                    )?,
+                }
+                match &self.hc {
+                    Some(hc) => hc.post(dev, s, &target),
+                    None => Ok(()),
                 }
             }
-            Work::Head if rows.rows > 1 => self.prefill_head(rows, s),
             Work::Head => {
+                // mHC: the head reads the streams' mean
+                if let Some(hc) = &self.hc {
+                    hc.mean(dev, s, &x, rows.rows)?;
+                }
+                if rows.rows > 1 {
+                    return self.prefill_head(rows, s);
+                }
                 let (norm, w) = self.head_weights()?;
                 let chunks = reduction_chunks(w.cols as u64, w.dtype.block_size() as u64);
                 let norm = Norm {
@@ -636,11 +684,16 @@ impl RankDevice {
             }
             Work::LoadHidden => {
                 let bd = self.incoming_of(Carries::Hidden)?;
-                copy(s, &self.rx_slot(bd, bd.recv_slot(t), rows.rows), &x.cast())
+                let hidden = self.residual(rows.rows);
+                copy(
+                    s,
+                    &self.rx_slot(bd, bd.recv_slot(t), rows.rows),
+                    &hidden.cast(),
+                )
             }
             Work::StoreHidden | Work::StoreToken => {
                 let (carries, src, n) = if work == Work::StoreHidden {
-                    (Carries::Hidden, x.cast(), rows.rows)
+                    (Carries::Hidden, self.residual(rows.rows).cast(), rows.rows)
                 } else {
                     (Carries::Token, self.token().cast(), 1)
                 };

@@ -155,12 +155,14 @@ impl CudaDevice {
         })
     }
 
-    /// `out = silu(gate) * up`, elementwise.
+    /// `out = silu(gate) * up`, elementwise; with `limit`, gate and up clamped first
+    /// (`cpu::kernels::silu_mul_clamped`).
     pub fn swiglu_rows(
         &self,
         stream: &CudaStream,
         gate: &impl DevicePtr<f32>,
         up: &impl DevicePtr<f32>,
+        limit: Option<f32>,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         assert!(
@@ -173,8 +175,9 @@ impl CudaDevice {
             ptr_mut(stream, out),
             int(gate.len()),
         );
+        let limit = limit.unwrap_or(0.0);
         self.launch(stream, "swiglu_rows_f32", grid(gate.len(), 256), |l| {
-            l.arg(&gp).arg(&up_).arg(&op).arg(&n);
+            l.arg(&gp).arg(&up_).arg(&op).arg(&n).arg(&limit);
         })
     }
 

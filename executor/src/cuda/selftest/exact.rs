@@ -12,6 +12,7 @@ use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use crate::cpu::kernels::silu_mul_clamped;
 use crate::cuda::{
     capture, CaptureError, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, Graph,
     Norm, RopeStyle, Span,
@@ -138,7 +139,9 @@ fn tree_sum(cx: &mut Ctx) -> Result<()> {
 
 /// The fused matvec launches against one launch per weight: `matvec_many` over three weights
 /// whose rows are not whole quads and `matvec_residual` bit for bit; `matvec_swiglu` against
-/// the host's silu over the two launches' outputs (f32 `exp` may differ by an ulp).
+/// the host's silu over the two launches' outputs (f32 `exp` may differ by an ulp), also
+/// clamped (glm5-next) against `silu_mul_clamped`, and the prefill's clamped `swiglu_rows`
+/// bit for bit against the fused launch.
 fn fusion(cx: &mut Ctx, dtype: GgmlType, cols: usize) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let chunks = 8;
@@ -182,7 +185,7 @@ fn fusion(cx: &mut Ctx, dtype: GgmlType, cols: usize) -> Result<()> {
     );
 
     let mut h = dev.alloc::<f32>(s, ws[1].rows)?;
-    dev.matvec_swiglu(s, &ws[1], &ws[2], &xd, None, chunks, &mut h)?;
+    dev.matvec_swiglu(s, &ws[1], &ws[2], &xd, None, chunks, None, &mut h)?;
     let got = dev.download(s, &h)?;
     let err = (0..ws[1].rows)
         .map(|i| {
@@ -197,6 +200,32 @@ fn fusion(cx: &mut Ctx, dtype: GgmlType, cols: usize) -> Result<()> {
         err,
         2e-6,
         "rel",
+    );
+
+    let limit = 0.5;
+    dev.matvec_swiglu(s, &ws[1], &ws[2], &xd, None, chunks, Some(limit), &mut h)?;
+    let got = dev.download(s, &h)?;
+    let mut want = alone[1].clone();
+    silu_mul_clamped(&mut want, &alone[2], limit);
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(&g, &w)| f64::from(g - w).abs() / f64::from(w.abs()).max(1e-3))
+        .fold(0f64, |m, e| if e.is_nan() { f64::NAN } else { m.max(e) });
+    cx.report.tol(
+        &format!("matvec_{dtype}"),
+        format!("swiglu clamped at {limit}, 22x{cols} vs silu_mul_clamped of two launches"),
+        err,
+        2e-6,
+        "rel",
+    );
+    let (gd, ud) = (dev.upload(s, &alone[1])?, dev.upload(s, &alone[2])?);
+    let mut rows = dev.alloc::<f32>(s, ws[1].rows)?;
+    dev.swiglu_rows(s, &gd, &ud, Some(limit), &mut rows)?;
+    cx.report.exact(
+        &format!("matvec_{dtype}"),
+        format!("swiglu_rows clamped at {limit} == the fused launch, 22x{cols}"),
+        bit_mismatches(&dev.download(s, &rows)?, &got),
     );
 
     // a norm folded into the launch: the bits of rms_norm then the plain launch
@@ -218,9 +247,9 @@ fn fusion(cx: &mut Ctx, dtype: GgmlType, cols: usize) -> Result<()> {
     for (y, want) in ys.iter().zip(&want) {
         mismatches += bit_mismatches(&dev.download(s, y)?, want);
     }
-    dev.matvec_swiglu(s, &ws[1], &ws[2], &xd, norm, chunks, &mut h)?;
+    dev.matvec_swiglu(s, &ws[1], &ws[2], &xd, norm, chunks, None, &mut h)?;
     let mut unfused = dev.alloc::<f32>(s, ws[1].rows)?;
-    dev.matvec_swiglu(s, &ws[1], &ws[2], &xn, None, chunks, &mut unfused)?;
+    dev.matvec_swiglu(s, &ws[1], &ws[2], &xn, None, chunks, None, &mut unfused)?;
     mismatches += bit_mismatches(&dev.download(s, &h)?, &dev.download(s, &unfused)?);
     cx.report.exact(
         &format!("matvec_{dtype}"),
@@ -317,7 +346,16 @@ impl Step {
             weight: &self.norm,
             eps: 1e-5,
         };
-        dev.matvec_swiglu(s, &self.wq, &self.wu, &self.o, Some(norm), 8, &mut self.att)?;
+        dev.matvec_swiglu(
+            s,
+            &self.wq,
+            &self.wu,
+            &self.o,
+            Some(norm),
+            8,
+            None,
+            &mut self.att,
+        )?;
         dev.matvec(s, &self.head, &self.att, 4, &mut self.logits)?;
         dev.argmax(s, &self.logits, &mut self.token)
     }

@@ -1,5 +1,6 @@
 //! KDA on the device against the CPU backend: `kda_conv_f32` against `conv_step` and
-//! `l2_norm_heads`, `kda_delta_f32` against `decay_gate`, `sigmoid`, `delta_rule` and
+//! `l2_norm_heads`, `kda_delta_f32` against `decay_gate` (or `decay_gate_bounded` with
+//! glm5-next's lower bound and its own L2 epsilon), `sigmoid`, `delta_rule` and
 //! `gated_norm`, over several tokens so that the windows and recurrent states carry (awkward
 //! head counts and dims, 2 to 4 taps, decays on both branches of softplus); the windows must
 //! match bit for bit (they are copies of the inputs), the rest within a normwise relative
@@ -15,7 +16,8 @@ use anyhow::Result;
 use super::exact::report_replay;
 use super::{bit_mismatches, random, Ctx};
 use crate::cpu::kernels::{
-    conv_step, decay_gate, delta_rule, gated_norm, l2_norm_heads, sigmoid, DeltaInputs, KdaState,
+    conv_step, decay_gate, decay_gate_bounded, delta_rule, gated_norm, l2_norm_heads, sigmoid,
+    DeltaInputs, KdaState,
 };
 use crate::cuda::device::DeviceBuffer;
 use crate::cuda::kda::KdaGates;
@@ -23,6 +25,35 @@ use crate::cuda::{capture, CudaDevice, CudaStream, Span};
 
 /// The epsilon of the q/k L2 norms and of the output norm (the model's `rms_eps`).
 const EPS: f32 = 1e-5;
+
+/// glm5-next's decay: its lower bound and its q/k L2 norms' own epsilon.
+const GLM5_DECAY: Decay = Decay {
+    bound: Some(-5.0),
+    l2_eps: 1e-6,
+};
+
+/// kimi-linear's decay: softplus, the model's epsilon for the L2 norms.
+const KIMI_DECAY: Decay = Decay {
+    bound: None,
+    l2_eps: EPS,
+};
+
+/// How a layer decays its state and normalizes q and k.
+#[derive(Clone, Copy)]
+struct Decay {
+    bound: Option<f32>,
+    l2_eps: f32,
+}
+
+impl Decay {
+    /// The case name's suffix.
+    fn name(self) -> &'static str {
+        match self.bound {
+            Some(_) => ", bounded decay (glm5-next)",
+            None => "",
+        }
+    }
+}
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     // (heads, head dim, taps, tokens)
@@ -35,9 +66,13 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         (2, 17, 4, 5),
         (1, 256, 4, 4),
     ] {
-        tokens(cx, case)?;
+        tokens(cx, case, KIMI_DECAY)?;
     }
-    graph(cx)?;
+    for case in [(4, 32, 4, 8), (3, 128, 4, 6), (2, 17, 3, 5)] {
+        tokens(cx, case, GLM5_DECAY)?;
+    }
+    graph(cx, KIMI_DECAY)?;
+    graph(cx, GLM5_DECAY)?;
     Ok(())
 }
 
@@ -51,10 +86,11 @@ struct Layer {
     dt_bias: Vec<f32>,
     a: Vec<f32>,
     norm: Vec<f32>,
+    decay: Decay,
 }
 
 impl Layer {
-    fn new(cx: &mut Ctx, heads: usize, hd: usize, taps: usize) -> Layer {
+    fn new(cx: &mut Ctx, heads: usize, hd: usize, taps: usize, decay: Decay) -> Layer {
         let w = heads * hd;
         Layer {
             heads,
@@ -67,6 +103,7 @@ impl Layer {
                 .map(|_| -(0.525 + 0.475 * cx.rng.uniform()))
                 .collect(),
             norm: random(&mut cx.rng, hd, 1.0),
+            decay,
         }
     }
 
@@ -109,9 +146,12 @@ fn cpu_token(l: &Layer, st: &mut KdaState, t: &Token) -> (Vec<f32>, Vec<f32>) {
         let x = &t.x[which * w..(which + 1) * w];
         conv_step(st.window_mut(which), taps_of, taps, x, out);
     }
-    l2_norm_heads(&mut qkv[..2 * w], hd, EPS);
+    l2_norm_heads(&mut qkv[..2 * w], hd, l.decay.l2_eps);
     let mut g = t.f.clone();
-    decay_gate(&mut g, &l.dt_bias, &l.a, hd);
+    match l.decay.bound {
+        Some(lb) => decay_gate_bounded(&mut g, &l.dt_bias, &l.a, hd, lb),
+        None => decay_gate(&mut g, &l.dt_bias, &l.a, hd),
+    }
     let beta: Vec<f32> = t.b.iter().map(|&b| sigmoid(b)).collect();
     let mut out = vec![0f32; w];
     let inputs = DeltaInputs {
@@ -178,7 +218,7 @@ impl OnDevice {
             &state.sub(0, win),
             &Span::of(&self.qkv),
             (l.heads, l.hd, l.taps),
-            EPS,
+            l.decay.l2_eps,
         )?;
         let gates = KdaGates {
             f: Span::of(&self.f),
@@ -187,6 +227,7 @@ impl OnDevice {
             beta: Span::of(&self.b),
             gate: Span::of(&self.gate),
             norm: Span::of(&self.norm),
+            bound: l.decay.bound,
         };
         dev.kda_delta(
             s,
@@ -243,9 +284,13 @@ impl Worst {
     }
 }
 
-fn tokens(cx: &mut Ctx, (heads, hd, taps, n): (usize, usize, usize, usize)) -> Result<()> {
+fn tokens(
+    cx: &mut Ctx,
+    (heads, hd, taps, n): (usize, usize, usize, usize),
+    decay: Decay,
+) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let l = Layer::new(cx, heads, hd, taps);
+    let l = Layer::new(cx, heads, hd, taps, decay);
     let w = l.width();
     let mut host = KdaState::new(heads, hd, taps);
     let mut d = OnDevice::new(dev, s, &l)?;
@@ -265,7 +310,7 @@ fn tokens(cx: &mut Ctx, (heads, hd, taps, n): (usize, usize, usize, usize)) -> R
             format!("token {t} head {} value {}", i / hd, i % hd)
         });
     }
-    let case = format!("{heads}h x {hd}, {taps} taps, {n} tokens");
+    let case = format!("{heads}h x {hd}, {taps} taps, {n} tokens{}", decay.name());
     cx.report
         .tol("kda conv", conv.case(&case), conv.err, 2e-6, "rel");
     cx.report
@@ -297,10 +342,10 @@ fn tokens(cx: &mut Ctx, (heads, hd, taps, n): (usize, usize, usize, usize)) -> R
     Ok(())
 }
 
-fn graph(cx: &mut Ctx) -> Result<()> {
+fn graph(cx: &mut Ctx, decay: Decay) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let (heads, hd, taps, steps) = (4, 64, 4, 6);
-    let l = Layer::new(cx, heads, hd, taps);
+    let l = Layer::new(cx, heads, hd, taps, decay);
     let toks: Vec<Token> = (0..steps).map(|_| Token::new(cx, &l)).collect();
     let mut eager_run = OnDevice::new(dev, s, &l)?;
     let mut eager = Vec::new();
@@ -316,7 +361,10 @@ fn graph(cx: &mut Ctx) -> Result<()> {
     report_replay(
         cx,
         "kda graph",
-        format!("replay == eager, {steps} tokens and the state, {heads}h x {hd}"),
+        format!(
+            "replay == eager, {steps} tokens and the state, {heads}h x {hd}{}",
+            decay.name()
+        ),
         captured,
         &eager,
         |g| {

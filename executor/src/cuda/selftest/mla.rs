@@ -1,7 +1,9 @@
 //! MLA on the device against the CPU backend: the rope of the rope parts (plain and YaRN,
 //! strided source and destination) against `rope_part`, and their unrotated copy (kimi-linear), the latent attention (cache write of
 //! the current row, f16 cache, DeepSeek-sized and awkward shapes, a position past earlier
-//! rows) against `latent_attention`, and rope plus attention captured in a graph, replayed
+//! rows) against `latent_attention`, its sparse form over DSA cells (some pools out of order,
+//! then the tail from the position down) against `latent_attention_at`, and rope plus
+//! attention captured in a graph, replayed
 //! against eager bit for bit with the position read from device memory.
 
 use anyhow::Result;
@@ -9,7 +11,9 @@ use memra_compiler::plan::YarnSummary;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 
 use super::{bit_mismatches, random, Ctx};
-use crate::cpu::kernels::{latent_attention, rope_part, KvDtype, LatentCache, RopeStyle, Rotation};
+use crate::cpu::kernels::{
+    latent_attention, latent_attention_at, rope_part, KvDtype, LatentCache, RopeStyle, Rotation,
+};
 use crate::cuda::{capture, Span};
 use crate::rope::Yarn;
 
@@ -40,7 +44,11 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         (128, 512, 64, 1023, 1024),
         (5, 96, 32, 7, 9),
     ] {
-        attention(cx, case)?;
+        attention(cx, case, false)?;
+    }
+    // glm5-next's nope MLA over the indexer's cells
+    for case in [(4, 64, 0, 37, 64), (16, 512, 0, 300, 512)] {
+        attention(cx, case, true)?;
     }
     graph(cx)?;
     Ok(())
@@ -111,9 +119,23 @@ fn latent(cx: &mut Ctx, heads: usize, width: usize, pos: usize) -> Latent {
     }
 }
 
+/// DSA-like cells of position `pos`: every third pool of 4 from the last complete one down,
+/// then the incomplete pool's tokens from `pos` down.
+fn cells_of(pos: usize) -> Vec<usize> {
+    let complete = (pos + 1) / 4;
+    let mut cells: Vec<usize> = (0..complete)
+        .rev()
+        .step_by(3)
+        .flat_map(|j| 4 * j..4 * j + 4)
+        .collect();
+    cells.extend((0..(pos + 1) % 4).map(|k| pos - k));
+    cells
+}
+
 fn attention(
     cx: &mut Ctx,
     (heads, kvl, rope, pos, capacity): (usize, usize, usize, usize, usize),
+    sparse: bool,
 ) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let width = kvl + rope;
@@ -129,7 +151,19 @@ fn attention(
         }
     }
     let mut want = vec![0f32; heads * kvl];
-    latent_attention(&l.q, &cache, heads, pos + 1, l.scale, &mut want);
+    let cells = sparse.then(|| cells_of(pos));
+    match &cells {
+        Some(c) => latent_attention_at(&l.q, &cache, heads, c, l.scale, &mut want),
+        None => latent_attention(&l.q, &cache, heads, pos + 1, l.scale, &mut want),
+    }
+    let mut cell_ints = vec![0i32; capacity + 1];
+    if let Some(c) = &cells {
+        cell_ints[0] = c.len() as i32;
+        for (d, &p) in cell_ints[1..].iter_mut().zip(c) {
+            *d = p as i32;
+        }
+    }
+    let d_cells = dev.upload(s, &cell_ints)?;
 
     let d_q = dev.upload(s, &l.q)?;
     let d_row = dev.upload(s, &l.rows[pos])?;
@@ -147,6 +181,7 @@ fn attention(
         &Span::of(&d_pos),
         (heads, kvl, capacity),
         l.scale,
+        sparse.then(|| Span::of(&d_cells)).as_ref(),
     )?;
     let got = dev.download(s, &d_out)?;
     let err = got
@@ -154,7 +189,13 @@ fn attention(
         .zip(&want)
         .map(|(g, w)| f64::from((g - w).abs()) / (1.0 + f64::from(w.abs())))
         .fold(0.0, f64::max);
-    let case = format!("{heads}h {kvl}+{rope} pos {pos} of {capacity}");
+    let case = match &cells {
+        Some(c) => format!(
+            "{heads}h {kvl}+{rope} pos {pos} of {capacity}, {} dsa cells",
+            c.len()
+        ),
+        None => format!("{heads}h {kvl}+{rope} pos {pos} of {capacity}"),
+    };
     cx.report
         .tol("mla attention", case.clone(), err, 1e-4, "rel");
     let written = dev.download(s, &d_cache)?;
@@ -213,6 +254,7 @@ fn graph(cx: &mut Ctx) -> Result<()> {
             &pos_at,
             (heads, kvl, capacity),
             0.1,
+            None,
         )
     };
     let cache_a = dev.alloc::<u16>(s, capacity * width)?;

@@ -5,7 +5,10 @@
 //! token for token against the CPU one, MoE routing and experts against the CPU kernels (and
 //! an MoE layer's graph replay), MLA's rope and latent attention against the CPU kernels (and
 //! their graph replay), KDA's convolution and delta rule against the CPU kernels over several
-//! tokens (and their graph replay), the prefill kernels over token rows (the tensor-core
+//! tokens (and their graph replay), mHC's mixing weights, collapse, expand, mean and
+//! embedding copies against the CPU kernels (and their graph replay), the DSA indexer's
+//! key norm and selected cells token by token against the CPU's (ggml's tie order included;
+//! and their graph replay), the prefill kernels over token rows (the tensor-core
 //! product per dtype, its chunks' tensor-parallel bit-exactness, attention rows bit for bit
 //! against decode steps), and optionally the achieved bandwidth of the matvec kernels
 //! on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by
@@ -15,8 +18,10 @@
 mod bench;
 mod checks;
 pub mod collective;
+mod dsa;
 mod exact;
 mod kda;
+mod mhc;
 mod mla;
 mod moe;
 mod rows;
@@ -201,6 +206,8 @@ pub fn run(opts: &Options) -> Result<bool> {
         moe::run(&mut cx)?;
         mla::run(&mut cx)?;
         kda::run(&mut cx)?;
+        mhc::run(&mut cx)?;
+        dsa::run(&mut cx)?;
         rows::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }

@@ -3,8 +3,9 @@
 //! router, experts, combine) per expert dtype against the CPU kernels; expert parallelism
 //! (a rank holding half the experts writes the full run's rows bit for bit, `-0.0` for the
 //! rest); a prefill step's experts over many token rows (grouped by expert, GEMMs) against the
-//! CPU layer row by row, with the same expert-parallel check; and the layer captured in a
-//! graph, replayed against eager, bit for bit.
+//! CPU layer row by row, with the same expert-parallel check; glm5-next's clamped SwiGLU in
+//! the experts against `silu_mul_clamped`; and the layer captured in a graph, replayed against
+//! eager, bit for bit.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use memra_gguf::GgmlType;
 
 use super::exact::report_replay;
 use super::{bit_mismatches, random, random_weight, Ctx};
-use crate::cpu::kernels::{self, combine_into, silu_mul, Pool, Router, Weight};
+use crate::cpu::kernels::{self, combine_into, silu_mul, silu_mul_clamped, Pool, Router, Weight};
 use crate::cuda::moe::{full_chunks, DeviceStack, MoeState, MoeWeights};
 use crate::cuda::{capture, CudaDevice, CudaStream, DeviceBuffer, DeviceWeight, Norm, Span};
 use crate::weights::Stack;
@@ -39,9 +40,10 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         GgmlType::Q4_K,
         GgmlType::F16,
     ] {
-        layer(cx, dtype)?;
+        layer(cx, dtype, None)?;
         prefill(cx, dtype)?;
     }
+    layer(cx, GgmlType::Q8_0, Some(CLAMP))?;
     graph(cx)?;
     Ok(())
 }
@@ -113,6 +115,8 @@ const D: usize = 256;
 const FF: usize = 512;
 const EXPERTS: usize = 8;
 const TOP_K: usize = 3;
+/// A SwiGLU clamp limit that clamps many of the layer's gate and up values.
+const CLAMP: f32 = 0.25;
 
 /// One MoE layer's weights on the host and on the device, and its device state.
 struct Layer {
@@ -165,6 +169,7 @@ impl Layer {
         rng: &mut memra_gguf::rng::Rng,
         dtype: GgmlType,
         rows: usize,
+        clamp: Option<f32>,
     ) -> Result<Layer> {
         let host = [
             stack(rng, dtype, FF, D)?,
@@ -191,6 +196,7 @@ impl Layer {
                 up: DeviceStack::upload(dev, s, &host[1])?,
                 down: DeviceStack::upload(dev, s, &host[2])?,
                 shared: None,
+                clamp,
             },
             st: MoeState::new(dev, s, &moe, D, rows)?,
             host,
@@ -259,7 +265,10 @@ fn reference(l: &Layer, pool: &Pool, x: &[f32]) -> (Vec<(usize, f32)>, Vec<f32>)
         let (mut g, mut u) = (vec![0f32; FF], vec![0f32; FF]);
         kernels::matvec(pool, &m(0), &xn, full_chunks(&l.w.gate.weight), &mut g);
         kernels::matvec(pool, &m(1), &xn, full_chunks(&l.w.up.weight), &mut u);
-        silu_mul(&mut g, &u);
+        match l.w.clamp {
+            Some(c) => silu_mul_clamped(&mut g, &u, c),
+            None => silu_mul(&mut g, &u),
+        }
         kernels::matvec(pool, &m(2), &g, full_chunks(&l.w.down.weight), row);
         row.iter_mut().for_each(|v| *v *= w);
     }
@@ -288,9 +297,13 @@ fn rel_err(got: &[f32], want: &[f32], rows: &[f32]) -> f64 {
         .fold(0f64, |m, e| if e.is_nan() { f64::NAN } else { m.max(e) })
 }
 
-fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+fn layer(cx: &mut Ctx, dtype: GgmlType, clamp: Option<f32>) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, 1)?;
+    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, 1, clamp)?;
+    let name = match clamp {
+        Some(c) => format!("{dtype}, swiglu clamped at {c}"),
+        None => format!("{dtype}"),
+    };
     let x0 = dev.download(s, &l.x)?;
     l.enqueue(dev, s, false)?;
     let rows = dev.download(s, &l.st.rows)?;
@@ -300,12 +313,12 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let (route, want_rows) = reference(&l, &Pool::new(2), &x0);
     let ids = dev.download(s, &l.st.ids)?;
     let wrong = wrong_ids(&ids, std::slice::from_ref(&route));
-    cx.report.exact("moe_layer ids", format!("{dtype}"), wrong);
+    cx.report.exact("moe_layer ids", name.clone(), wrong);
     let mut want_x = x0.clone();
     combine_into(&want_rows, TOP_K, false, &mut want_x);
     cx.report.tol(
         "moe_layer",
-        format!("{dtype} {EXPERTS}x{FF}x{D} top-{TOP_K}"),
+        format!("{name} {EXPERTS}x{FF}x{D} top-{TOP_K}"),
         rel_err(&x1, &want_x, &want_rows),
         1e-4,
         "rel max",
@@ -324,7 +337,7 @@ fn layer(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         }
         cx.report.exact(
             "moe_experts ep",
-            format!("{dtype} experts {first}..{}", first + EXPERTS / 2),
+            format!("{name} experts {first}..{}", first + EXPERTS / 2),
             bit_mismatches(&got[..TOP_K * D], &want[..TOP_K * D]),
         );
     }
@@ -339,7 +352,7 @@ fn bytemuck_f32(v: &[f32]) -> &[u8] {
 
 fn graph(cx: &mut Ctx) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let mut l = Layer::new(dev, s, &mut cx.rng, GgmlType::Q4_1, 1)?;
+    let mut l = Layer::new(dev, s, &mut cx.rng, GgmlType::Q4_1, 1, None)?;
     let x0 = dev.download(s, &l.x)?;
     let steps = 5;
     // x carries over, so every step routes a new input
@@ -376,7 +389,7 @@ const PREFILL_ROWS: usize = 77;
 /// `-0.0` for the experts it does not hold.
 fn prefill(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, PREFILL_ROWS)?;
+    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, PREFILL_ROWS, None)?;
     let x0 = dev.download(s, &l.x)?;
     let run = |l: &Layer| -> Result<Vec<f32>> {
         let pre = l.st.prefill.as_ref().expect("invariant: rows above one");

@@ -1,0 +1,290 @@
+//! The DSA indexer on the device against the CPU backend (`cpu::kernels::dsa`), token by
+//! token so that the cache and its pools carry: each token's layer-normed key bit for bit
+//! against `layer_norm`, and the cells `dsa_write`, `dsa_score` and `dsa_select` pick exactly
+//! against `IndexerCache::select` (pools of 2 to 8, more pools than one padded row of 64,
+//! with and without the tail), including a case where every pool scores 0 so that the choice
+//! among equal scores is ggml's heap order alone. Then the three launches captured in a graph
+//! and replayed against eager position by position, bit for bit.
+
+use anyhow::Result;
+
+use super::exact::report_replay;
+use super::{random, Ctx};
+use crate::cpu::kernels::{layer_norm, IndexerCache, Selection};
+use crate::cuda::device::DeviceBuffer;
+use crate::cuda::dsa::{IndexerKey, IndexerShape};
+use crate::cuda::{capture, CudaDevice, CudaStream, Span};
+
+/// The key norm's epsilon (glm5-next's `indexer.norm_eps` scale).
+const NORM_EPS: f32 = 1e-6;
+
+/// One case: the indexer's shape, the selection, the tokens run, and whether every pool
+/// scores 0 (positive keys, negative queries).
+struct Case {
+    shape: IndexerShape,
+    top_k: usize,
+    select_tail: bool,
+    tokens: usize,
+    ties: bool,
+}
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    let case = |dim, heads, kpool, capacity, top_k, select_tail, tokens, ties| Case {
+        shape: IndexerShape {
+            dim,
+            heads,
+            kpool,
+            capacity,
+        },
+        top_k,
+        select_tail,
+        tokens,
+        ties,
+    };
+    for c in [
+        case(32, 2, 4, 64, 8, true, 40, false),
+        case(128, 8, 4, 512, 32, true, 300, false),
+        case(64, 4, 2, 128, 6, false, 50, false),
+        case(96, 3, 8, 256, 64, true, 100, false),
+        case(32, 2, 4, 512, 16, true, 290, true),
+    ] {
+        tokens(cx, &c)?;
+    }
+    graph(cx)?;
+    Ok(())
+}
+
+/// A layer's fixed indexer weights and its cache on the device.
+struct Layer {
+    norm_w: Vec<f32>,
+    norm_b: Vec<f32>,
+    ape: Vec<f32>,
+    d_norm: (DeviceBuffer<f32>, DeviceBuffer<f32>),
+    d_ape: DeviceBuffer<f32>,
+    rows: DeviceBuffer<f32>,
+    pooled: DeviceBuffer<f32>,
+    scores: DeviceBuffer<f32>,
+    idx: DeviceBuffer<i32>,
+    cells: DeviceBuffer<i32>,
+    pos: DeviceBuffer<u32>,
+    key: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    w: DeviceBuffer<f32>,
+}
+
+/// One token's indexer inputs.
+struct Token {
+    key: Vec<f32>,
+    gate: Vec<f32>,
+    q: Vec<f32>,
+    w: Vec<f32>,
+}
+
+impl Token {
+    fn new(cx: &mut Ctx, sh: IndexerShape, ties: bool) -> Token {
+        let mut q = random(&mut cx.rng, sh.heads * sh.dim, 1.0);
+        if ties {
+            q.iter_mut().for_each(|v| *v = -v.abs() - 0.01);
+        }
+        Token {
+            key: random(&mut cx.rng, sh.dim, 2.0),
+            gate: random(&mut cx.rng, sh.dim, 2.0),
+            q,
+            w: random(&mut cx.rng, sh.heads, 1.0),
+        }
+    }
+}
+
+impl Layer {
+    fn new(cx: &mut Ctx, sh: IndexerShape, ties: bool) -> Result<Layer> {
+        let (dev, s) = (cx.dev, cx.s);
+        let mut norm_w = random(&mut cx.rng, sh.dim, 1.0);
+        let mut norm_b = random(&mut cx.rng, sh.dim, 1.0);
+        if ties {
+            // keys near 10: every pooled key positive
+            norm_w.iter_mut().for_each(|v| *v *= 0.1);
+            norm_b.iter_mut().for_each(|v| *v += 10.0);
+        }
+        let ape = random(&mut cx.rng, sh.kpool * sh.dim, 1.0);
+        Ok(Layer {
+            d_norm: (dev.upload(s, &norm_w)?, dev.upload(s, &norm_b)?),
+            d_ape: dev.upload(s, &ape)?,
+            norm_w,
+            norm_b,
+            ape,
+            rows: dev.alloc(s, sh.rows_len())?,
+            pooled: dev.alloc(s, sh.pooled_len())?,
+            scores: dev.alloc(s, sh.scores_len())?,
+            idx: dev.alloc(s, sh.scores_len())?,
+            cells: dev.alloc(s, sh.capacity + 1)?,
+            pos: dev.alloc(s, 1)?,
+            key: dev.alloc(s, sh.dim)?,
+            gate: dev.alloc(s, sh.dim)?,
+            q: dev.alloc(s, sh.heads * sh.dim)?,
+            w: dev.alloc(s, sh.heads)?,
+        })
+    }
+
+    fn feed(
+        &mut self,
+        dev: &CudaDevice,
+        s: &std::sync::Arc<CudaStream>,
+        pos: usize,
+        t: &Token,
+    ) -> Result<()> {
+        dev.write(s, &[pos as u32], &mut self.pos)?;
+        dev.write(s, &t.key, &mut self.key)?;
+        dev.write(s, &t.gate, &mut self.gate)?;
+        dev.write(s, &t.q, &mut self.q)?;
+        dev.write(s, &t.w, &mut self.w)
+    }
+
+    /// The three launches of a token, as a DSA layer makes them.
+    fn enqueue(&self, dev: &CudaDevice, s: &CudaStream, c: &Case) -> Result<()> {
+        let sh = c.shape;
+        let key = IndexerKey {
+            key: Span::of(&self.key),
+            norm: (Span::of(&self.d_norm.0), Span::of(&self.d_norm.1), NORM_EPS),
+            gate: Span::of(&self.gate),
+            ape: Span::of(&self.d_ape),
+        };
+        let (rows, pooled, pos) = (
+            Span::of(&self.rows),
+            Span::of(&self.pooled),
+            Span::of(&self.pos),
+        );
+        dev.dsa_write(s, &key, (&rows, &pooled), &pos, sh)?;
+        let scale = w_scale(sh);
+        let scores = Span::of(&self.scores);
+        dev.dsa_score(
+            s,
+            &Span::of(&self.q),
+            &Span::of(&self.w),
+            scale,
+            &pooled,
+            &pos,
+            sh,
+            &scores,
+        )?;
+        dev.dsa_select(
+            s,
+            &scores,
+            &pos,
+            sh,
+            (c.top_k, c.select_tail),
+            &Span::of(&self.idx),
+            &Span::of(&self.cells),
+        )
+    }
+}
+
+/// The CPU's scale of the head weights.
+fn w_scale(sh: IndexerShape) -> f32 {
+    1.0 / ((sh.dim * sh.heads) as f32).sqrt()
+}
+
+/// The device's cells: the count, then the positions.
+fn cells_of(v: &[i32]) -> Vec<usize> {
+    let n = usize::try_from(v[0]).unwrap_or(0).min(v.len() - 1);
+    v[1..=n].iter().map(|&p| p as usize).collect()
+}
+
+fn tokens(cx: &mut Ctx, c: &Case) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let sh = c.shape;
+    let mut l = Layer::new(cx, sh, c.ties)?;
+    let mut cache = IndexerCache::new(sh.dim, sh.kpool, sh.capacity);
+    let how = Selection {
+        top_k: c.top_k,
+        select_tail: c.select_tail,
+    };
+    let (mut key_bits, mut wrong, mut first_wrong) = (0, 0, String::new());
+    let mut want_cells = Vec::new();
+    for pos in 0..c.tokens {
+        let t = Token::new(cx, sh, c.ties);
+        let mut key = vec![0f32; sh.dim];
+        layer_norm(&t.key, &l.norm_w, &l.norm_b, NORM_EPS, &mut key);
+        cache.write(pos, &key, &t.gate, &l.ape);
+        let w: Vec<f32> = t.w.iter().map(|&v| v * w_scale(sh)).collect();
+        cache.select(&t.q, &w, pos, &how, &mut want_cells);
+        l.feed(dev, s, pos, &t)?;
+        l.enqueue(dev, s, c)?;
+        let rows = dev.download(s, &l.rows)?;
+        let at = 2 * sh.dim * pos;
+        key_bits += super::bit_mismatches(&rows[at..at + sh.dim], &key);
+        let got = cells_of(&dev.download(s, &l.cells)?);
+        if got != want_cells {
+            wrong += 1;
+            if first_wrong.is_empty() {
+                first_wrong = format!("; first at position {pos}: {got:?} vs cpu {want_cells:?}");
+            }
+        }
+    }
+    let name = format!(
+        "{}h x {}, pools of {}, top {}{}{}, {} tokens",
+        sh.heads,
+        sh.dim,
+        sh.kpool,
+        c.top_k,
+        if c.select_tail { " + tail" } else { "" },
+        if c.ties { ", every pool scoring 0" } else { "" },
+        c.tokens
+    );
+    cx.report.exact("dsa key norm", name.clone(), key_bits);
+    cx.report
+        .exact("dsa cells", format!("{name}{first_wrong}"), wrong);
+    Ok(())
+}
+
+fn graph(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let c = Case {
+        shape: IndexerShape {
+            dim: 64,
+            heads: 4,
+            kpool: 4,
+            capacity: 128,
+        },
+        top_k: 16,
+        select_tail: true,
+        tokens: 40,
+        ties: false,
+    };
+    let toks: Vec<Token> = (0..c.tokens)
+        .map(|_| Token::new(cx, c.shape, false))
+        .collect();
+    let mut eager_run = Layer::new(cx, c.shape, false)?;
+    let mut replay_run = Layer::new(cx, c.shape, false)?;
+    dev.write(s, &eager_run.norm_w, &mut replay_run.d_norm.0)?;
+    dev.write(s, &eager_run.norm_b, &mut replay_run.d_norm.1)?;
+    dev.write(s, &eager_run.ape, &mut replay_run.d_ape)?;
+    let mut eager = Vec::new();
+    for (pos, t) in toks.iter().enumerate() {
+        eager_run.feed(dev, s, pos, t)?;
+        eager_run.enqueue(dev, s, &c)?;
+        eager.extend(dev.download(s, &eager_run.cells)?.iter().map(|&v| v as f32));
+    }
+    s.synchronize()?;
+    let captured = capture(s, || replay_run.enqueue(dev, s, &c));
+    report_replay(
+        cx,
+        "dsa graph",
+        format!("replay == eager, cells of {} positions", c.tokens),
+        captured,
+        &eager,
+        |g| {
+            let mut replayed = Vec::new();
+            for (pos, t) in toks.iter().enumerate() {
+                replay_run.feed(dev, s, pos, t)?;
+                g.replay()?;
+                replayed.extend(
+                    dev.download(s, &replay_run.cells)?
+                        .iter()
+                        .map(|&v| v as f32),
+                );
+            }
+            Ok(replayed)
+        },
+    )
+}

@@ -1,0 +1,175 @@
+// memra kernels: the DSA indexer with k-pool compression (glm5-next) at decode, one token,
+// with the semantics of the CPU backend's cpu::kernels::dsa (llama.cpp's build_kpool_select
+// and its CPU top_k). The indexer's projections are ordinary matvecs; these kernels do the
+// rest, reading the position from device memory so that a step is capturable:
+//
+// dsa_write_f32 layer-norms the token's indexer key, stores key and pool gate in the layer's
+// indexer cache (per position: id key values, then id gate values) and, when the token
+// completes a pool of kp tokens, pools it: per channel, a softmax over the members of gate
+// plus the position term ape weighs the members' keys.
+// dsa_score_f32 scores every complete pool, sum_h w_h relu(q_h . pool), the row padded to a
+// multiple of 64 (at least 64) with -inf as llama.cpp pads it.
+// dsa_select_f32 picks the best top_k / kp pools with ggml's choice among equal scores
+// (libstdc++'s partial_sort heap over the padded row, then ggml's swap of the first two, then
+// a stable descending sort) and writes the cells the MLA softmax runs over: the chosen pools'
+// members, best first, then (select_tail) the incomplete pool's tokens from the position
+// down. cells[0] holds their count, cells[1..] the positions (mla_attention_f16's sparse form).
+//
+// Every value is computed with the CPU loops' float operations in their order, with explicit
+// round-to-nearest intrinsics so that no multiply-add is contracted into an FMA, and the f64
+// sums taken sequentially by one thread as the CPU does. The bits match the CPU's except where
+// expf (CUDA's, within 2 ulp) rounds differently from the host libm's in the pooling softmax.
+#include "common.cuh"
+
+// The widest indexer key (threads of dsa_write_f32's block) and the largest pool.
+#define DSA_MAX_DIM 1024
+#define DSA_MAX_POOL 64
+
+// One block of id threads (rounded up to a warp), thread d channel d. key, gate: the token's
+// raw indexer key and pool gate (id each); norm_w, norm_b: the key norm (id each); ape: kp rows
+// of id; rows: capacity rows of 2 * id; pooled: capacity / kp rows of id.
+extern "C" __global__ void __launch_bounds__(DSA_MAX_DIM)
+    dsa_write_f32(const float* key, const float* norm_w, const float* norm_b, float norm_eps, const float* gate,
+                  const float* ape, float* rows, float* pooled, const u32* pos, int id, int kp, int capacity) {
+    overlap_with_neighbours();
+    __shared__ float mean_s, scale_s;
+    const u32 p = *pos;
+    if (p >= (u32)capacity) return;
+    const int d = threadIdx.x;
+    if (d == 0) {
+        double sum = 0.0;
+        for (int i = 0; i < id; ++i) sum += (double)key[i];
+        const float mean = (float)(sum / (double)id);
+        double var = 0.0;
+        for (int i = 0; i < id; ++i) {
+            const float o = __fsub_rn(key[i], mean);
+            var += (double)__fmul_rn(o, o);
+        }
+        mean_s = mean;
+        scale_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(var / (double)id), norm_eps)));
+    }
+    __syncthreads();
+    if (d >= id) return;
+    const float normed = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(key[d], mean_s), scale_s), norm_w[d]), norm_b[d]);
+    float* row = rows + (size_t)2 * id * p;
+    row[d] = normed;
+    row[id + d] = gate[d];
+    if ((p + 1) % kp != 0) return;
+    // the pool is complete: channel d of its members was written by this thread
+    const size_t first = (size_t)(p / kp) * kp;
+    float probs[DSA_MAX_POOL];
+    float mx = -__int_as_float(0x7f800000);
+    for (int m = 0; m < kp; ++m) {
+        probs[m] = __fadd_rn(rows[2 * id * (first + m) + id + d], ape[(size_t)m * id + d]);
+        mx = fmaxf(mx, probs[m]);
+    }
+    double total = 0.0;
+    for (int m = 0; m < kp; ++m) {
+        probs[m] = expf(__fsub_rn(probs[m], mx));
+        total += (double)probs[m];
+    }
+    const float inv = (float)(1.0 / total);
+    float sum = 0.0f;
+    for (int m = 0; m < kp; ++m) sum = __fadd_rn(sum, __fmul_rn(__fmul_rn(probs[m], inv), rows[2 * id * (first + m) + d]));
+    pooled[(size_t)(p / kp) * id + d] = sum;
+}
+
+// The padded length of the pool score row at position p.
+__device__ __forceinline__ int dsa_padded(u32 p, int kp) {
+    const int complete = (int)((p + 1) / kp);
+    return max(1, (complete + 1 + 63) / 64) * 64;
+}
+
+// One thread per entry of the padded score row (a grid over the most pools there can be).
+// q: ih heads of id; w: ih raw head weights, times w_scale as the CPU scales them.
+extern "C" __global__ void dsa_score_f32(const float* q, const float* w, float w_scale, const float* pooled,
+                                         const u32* pos, int id, int ih, int kp, float* scores) {
+    overlap_with_neighbours();
+    const u32 p = *pos;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= dsa_padded(p, kp)) return;
+    if (j >= (int)((p + 1) / kp)) {
+        scores[j] = -__int_as_float(0x7f800000);
+        return;
+    }
+    const float* pool = pooled + (size_t)j * id;
+    float s = 0.0f;
+    for (int h = 0; h < ih; ++h) {
+        float qk = 0.0f;
+        for (int d = 0; d < id; ++d) qk = __fadd_rn(qk, __fmul_rn(q[(size_t)h * id + d], pool[d]));
+        s = __fadd_rn(s, __fmul_rn(fmaxf(qk, 0.0f), __fmul_rn(w[h], w_scale)));
+    }
+    scores[j] = s;
+}
+
+// libstdc++'s __adjust_heap then __push_heap with `greater` over the indices heap[0..len),
+// the hole at `hole` (the CPU's adjust_heap).
+__device__ void dsa_adjust_heap(int* heap, int len, int hole, int value, const float* v) {
+    const int top = hole;
+    int child = hole;
+    while (len >= 1 && child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (v[heap[child]] > v[heap[child - 1]]) child -= 1;
+        heap[hole] = heap[child];
+        hole = child;
+    }
+    if (len % 2 == 0 && len >= 2 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        heap[hole] = heap[child - 1];
+        hole = child - 1;
+    }
+    while (hole > top) {
+        const int parent = (hole - 1) / 2;
+        if (!(v[heap[parent]] > v[value])) break;
+        heap[hole] = heap[parent];
+        hole = parent;
+    }
+    heap[hole] = value;
+}
+
+// One thread (the heap is sequential by nature). scores: dsa_score_f32's row; idx: scratch of
+// the padded length; cells: 1 + capacity ints (count, then positions).
+extern "C" __global__ void dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail,
+                                          int* idx, int* cells) {
+    overlap_with_neighbours();
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const u32 p = *pos;
+    const int padded = dsa_padded(p, kp), complete = (int)((p + 1) / kp);
+    const int k = min(top_k / kp, padded);
+    for (int i = 0; i < padded; ++i) idx[i] = i;
+    if (k >= 2)
+        for (int parent = (k - 2) / 2;; --parent) {
+            dsa_adjust_heap(idx, k, parent, idx[parent], scores);
+            if (parent == 0) break;
+        }
+    for (int i = k; i < padded; ++i)
+        if (k > 0 && scores[idx[i]] > scores[idx[0]]) {
+            const int value = idx[i];
+            idx[i] = idx[0];
+            dsa_adjust_heap(idx, k, 0, value, scores);
+        }
+    for (int last = k; last > 1;) {
+        --last;
+        const int value = idx[last];
+        idx[last] = idx[0];
+        dsa_adjust_heap(idx, last, 0, value, scores);
+    }
+    if (k > 1) {
+        const int t = idx[0];
+        idx[0] = idx[1];
+        idx[1] = t;
+    }
+    // ggml's argsort of the chosen pools, descending and stable
+    for (int i = 1; i < k; ++i) {
+        const int x = idx[i];
+        int j = i;
+        for (; j > 0 && scores[x] > scores[idx[j - 1]]; --j) idx[j] = idx[j - 1];
+        idx[j] = x;
+    }
+    int n = 0;
+    for (int t = 0; t < min(complete, k); ++t)
+        for (int m = 0; m < kp; ++m) cells[1 + n++] = idx[t] * kp + m;
+    if (select_tail)
+        for (int t = 0; t < (int)((p + 1) % kp); ++t) cells[1 + n++] = (int)p - t;
+    cells[0] = n;
+}
