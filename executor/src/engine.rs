@@ -49,6 +49,16 @@ pub enum Arm {
     Pipelined,
 }
 
+impl Arm {
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::Serial => "serial",
+            Arm::Pipelined => "pipelined",
+        }
+    }
+}
+
 /// Settings of an engine.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineOptions {
@@ -337,17 +347,9 @@ pub trait Decoder {
     }
 }
 
-/// Loads `loaded` onto the backend `options` names. Only the cpu backend decodes several
-/// sequences together; a plan with more sequence slots is refused on the others here.
+/// Loads `loaded` onto the backend `options` names. Both backends decode several sequences
+/// together; the cuda backend refuses a plan of several sequence slots it cannot batch.
 pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decoder>> {
-    let sequences = loaded.plan.runtime.max_sequences;
-    if options.backend != Backend::Cpu && sequences != 1 {
-        bail!(
-            "{}: runtime.max_sequences is {sequences}; the {} backend runs one sequence (batched decode runs on the cpu backend; compile the placement with max_sequences = 1)",
-            loaded.path.display(),
-            options.backend.name()
-        );
-    }
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),
