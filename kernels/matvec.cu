@@ -183,17 +183,28 @@ struct FloatPolicy {
             for (int g = lane; g < len / 8; g += WARP) {
                 const int e = c0 + 8 * g;
                 float v[8];
-                if (NB == 1) load8(x[0] + e, v);
+                if (NB == 1) {
+                    load8(x[0] + e, v);
 #pragma unroll
-                for (int r = 0; r < MATVEC_ROWS; ++r) {
-                    float w[8];
-                    T::widen8(row[r] + (size_t)e * esize, w);
+                    for (int r = 0; r < MATVEC_ROWS; ++r) {
+                        float w[8];
+                        T::widen8(row[r] + (size_t)e * esize, w);
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) acc[r] = fmaf(w[k], v[k], acc[r]);
+                    }
+                } else {
+                    // a tile: the 4 rows' weights once, then each activation row once
+                    float w[MATVEC_ROWS][8];
+#pragma unroll
+                    for (int r = 0; r < MATVEC_ROWS; ++r) T::widen8(row[r] + (size_t)e * esize, w[r]);
 #pragma unroll
                     for (int b = 0; b < NB; ++b) {
-                        if (NB > 1 && b >= nb) break;
-                        if (NB > 1) load8(x[b] + e, v);
+                        if (b >= nb) break;
+                        load8(x[b] + e, v);
 #pragma unroll
-                        for (int k = 0; k < 8; ++k) acc[b * MATVEC_ROWS + r] = fmaf(w[k], v[k], acc[b * MATVEC_ROWS + r]);
+                        for (int r = 0; r < MATVEC_ROWS; ++r)
+#pragma unroll
+                            for (int k = 0; k < 8; ++k) acc[b * MATVEC_ROWS + r] = fmaf(w[r][k], v[k], acc[b * MATVEC_ROWS + r]);
                     }
                 }
             }
@@ -304,13 +315,14 @@ struct Planar {
 #pragma unroll
             for (int u = 0; u < DEPTH; ++u)
                 if (p + 16 * u < np) {
+                    // activation row outermost: its quants are read once for both weight rows
 #pragma unroll
-                    for (int i = 0; i < MATVEC_ROWS / 2; ++i)
+                    for (int b = 0; b < NB; ++b) {
+                        if (NB > 1 && b >= nb) break;
 #pragma unroll
-                        for (int b = 0; b < NB; ++b) {
-                            if (NB > 1 && b >= nb) break;
+                        for (int i = 0; i < MATVEC_ROWS / 2; ++i)
                             acc[b * 2 + i] = B::piece(w[u][i], sc[u][i], a[b], p0 + p + 16 * u, acc[b * 2 + i]);
-                        }
+                    }
                 }
         }
     }
@@ -344,28 +356,37 @@ struct Q4_K {
         WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, j = t >> 2, qq = t & 3;
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
+            // the 4 rows' quants, scales and minimums once, then each activation row once
+            uint2 qv[MATVEC_ROWS];
+            float d[MATVEC_ROWS], dmin[MATVEC_ROWS];
+            int sc0[MATVEC_ROWS], sc1[MATVEC_ROWS], m0[MATVEC_ROWS], m1[MATVEC_ROWS];
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
                 const u8* blk = row[r] + (size_t)b * 144;
-                const uint2 qv = *(const uint2*)(blk + 16 + 32 * j + 8 * qq);
+                qv[r] = *(const uint2*)(blk + 16 + 32 * j + 8 * qq);
                 const u32 dm = *(const u32*)blk;
                 const uint3 sw = *(const uint3*)(blk + 4);
                 u32 sc, m;
                 q4k_scale_min_pair(j, sw, &sc, &m);
-                const int sc0 = sc & 0xff, sc1 = sc >> 8, m0 = m & 0xff, m1 = m >> 8;
+                sc0[r] = sc & 0xff, sc1[r] = sc >> 8, m0[r] = m & 0xff, m1[r] = m >> 8;
+                d[r] = f16_to_f32((u16)(dm & 0xffff));
+                dmin[r] = f16_to_f32((u16)(dm >> 16));
+            }
 #pragma unroll
-                for (int x = 0; x < NB; ++x) {
-                    if (NB > 1 && x >= nb) break;
-                    const uint2 xlo = *(const uint2*)(a[x].q + 256 * b + 64 * j + 8 * qq);
-                    const uint2 xhi = *(const uint2*)(a[x].q + 256 * b + 64 * j + 32 + 8 * qq);
-                    const float dx = a[x].s[b];
-                    const int s0 = __dp4a(ONES, (int)xlo.y, __dp4a(ONES, (int)xlo.x, 0));
-                    const int s1 = __dp4a(ONES, (int)xhi.y, __dp4a(ONES, (int)xhi.x, 0));
-                    const int d0 = __dp4a((int)(qv.y & NIB), (int)xlo.y, __dp4a((int)(qv.x & NIB), (int)xlo.x, 0));
-                    const int d1 = __dp4a((int)((qv.y >> 4) & NIB), (int)xhi.y, __dp4a((int)((qv.x >> 4) & NIB), (int)xhi.x, 0));
+            for (int x = 0; x < NB; ++x) {
+                if (NB > 1 && x >= nb) break;
+                const uint2 xlo = *(const uint2*)(a[x].q + 256 * b + 64 * j + 8 * qq);
+                const uint2 xhi = *(const uint2*)(a[x].q + 256 * b + 64 * j + 32 + 8 * qq);
+                const float dx = a[x].s[b];
+                const int s0 = __dp4a(ONES, (int)xlo.y, __dp4a(ONES, (int)xlo.x, 0));
+                const int s1 = __dp4a(ONES, (int)xhi.y, __dp4a(ONES, (int)xhi.x, 0));
+#pragma unroll
+                for (int r = 0; r < MATVEC_ROWS; ++r) {
+                    const int d0 = __dp4a((int)(qv[r].y & NIB), (int)xlo.y, __dp4a((int)(qv[r].x & NIB), (int)xlo.x, 0));
+                    const int d1 = __dp4a((int)((qv[r].y >> 4) & NIB), (int)xhi.y, __dp4a((int)((qv[r].x >> 4) & NIB), (int)xhi.x, 0));
                     float& o = acc[x * MATVEC_ROWS + r];
-                    o = fmaf(f16_to_f32((u16)(dm & 0xffff)) * dx, int_to_f32(sc0 * d0 + sc1 * d1), o);
-                    o = fmaf(-f16_to_f32((u16)(dm >> 16)) * dx, int_to_f32(m0 * s0 + m1 * s1), o);
+                    o = fmaf(d[r] * dx, int_to_f32(sc0[r] * d0 + sc1[r] * d1), o);
+                    o = fmaf(-dmin[r] * dx, int_to_f32(m0[r] * s0 + m1[r] * s1), o);
                 }
             }
         }
@@ -384,31 +405,42 @@ struct Q6_K {
         WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, n = t >> 3, l0 = 4 * (t & 7);
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
+            // the 4 rows' quants and scales once, then each activation row once
+            u32 q[MATVEC_ROWS][4];
+            int sc[MATVEC_ROWS][4];
+            float d[MATVEC_ROWS];
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
                 const u8* blk = row[r] + (size_t)b * 210;
                 const u32 qa = ld_u32_a2(blk + 64 * n + l0);
                 const u32 qb = ld_u32_a2(blk + 64 * n + 32 + l0);
                 const u32 qh = ld_u32_a2(blk + 128 + 32 * n + l0);
-                const i8* sc = (const i8*)(blk + 192 + 8 * n + l0 / 16);
-                const u32 q[4] = {
-                    (qa & NIB) | ((qh << 4) & 0x30303030u),
-                    (qb & NIB) | ((qh << 2) & 0x30303030u),
-                    ((qa >> 4) & NIB) | (qh & 0x30303030u),
-                    ((qb >> 4) & NIB) | ((qh >> 2) & 0x30303030u),
-                };
-                const float d = f16_to_f32(ld_u16(blk + 208));
+                const i8* s = (const i8*)(blk + 192 + 8 * n + l0 / 16);
+                q[r][0] = (qa & NIB) | ((qh << 4) & 0x30303030u);
+                q[r][1] = (qb & NIB) | ((qh << 2) & 0x30303030u);
+                q[r][2] = ((qa >> 4) & NIB) | (qh & 0x30303030u);
+                q[r][3] = ((qb >> 4) & NIB) | ((qh >> 2) & 0x30303030u);
 #pragma unroll
-                for (int x = 0; x < NB; ++x) {
-                    if (NB > 1 && x >= nb) break;
+                for (int k = 0; k < 4; ++k) sc[r][k] = (int)s[2 * k];
+                d[r] = f16_to_f32(ld_u16(blk + 208));
+            }
+#pragma unroll
+            for (int x = 0; x < NB; ++x) {
+                if (NB > 1 && x >= nb) break;
+                int xk[4], off[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    xk[k] = *(const int*)(a[x].q + 256 * b + 128 * n + 32 * k + l0);
+                    off[k] = 32 * __dp4a(ONES, xk[k], 0);
+                }
+                const float dx = a[x].s[b];
+#pragma unroll
+                for (int r = 0; r < MATVEC_ROWS; ++r) {
                     int isum = 0;
 #pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        const int xk = *(const int*)(a[x].q + 256 * b + 128 * n + 32 * k + l0);
-                        isum += (int)sc[2 * k] * (__dp4a((int)q[k], xk, 0) - 32 * __dp4a(ONES, xk, 0));
-                    }
+                    for (int k = 0; k < 4; ++k) isum += sc[r][k] * (__dp4a((int)q[r][k], xk[k], 0) - off[k]);
                     // |isum| can reach 2^23 here: the exact conversion, not int_to_f32
-                    acc[x * MATVEC_ROWS + r] = fmaf(d * a[x].s[b], __int2float_rn(isum), acc[x * MATVEC_ROWS + r]);
+                    acc[x * MATVEC_ROWS + r] = fmaf(d[r] * dx, __int2float_rn(isum), acc[x * MATVEC_ROWS + r]);
                 }
             }
         }

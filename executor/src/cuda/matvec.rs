@@ -433,7 +433,13 @@ impl CudaDevice {
         // batched launch has one block per tile of each run
         let slots = sel.map_or(1, |e| e.slots);
         let tiles = batch.div_ceil(kernel.rows());
-        let runs = items.min((kernel.blocks_per_sm() * self.sm_count()?).div_ceil(slots * tiles));
+        let resident = kernel.blocks_per_sm() * self.sm_count()?;
+        let runs = match kernel {
+            Kernel::One => items.min(resident.div_ceil(slots)),
+            // whole runs of tiles in one wave: a block more than the SMs hold would double
+            // the launch's time
+            Kernel::Tiles => items.min((resident / tiles).max(1)),
+        };
         let cfg = LaunchConfig {
             grid_dim: ((runs * tiles) as u32, slots as u32, 1),
             block_dim: (MATVEC_THREADS as u32, 1, 1),
