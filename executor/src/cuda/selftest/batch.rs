@@ -40,7 +40,6 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
     let residual = dev.upload(s, &random(&mut cx.rng, batch * shapes[0], 1.0))?;
     let xs = Span::of(&x);
     let refs: Vec<&DeviceWeight> = ws.iter().collect();
-    // (form, batched output, per-row outputs), each a list of outputs in row-major rows
     let mut mismatches = [0usize; 3];
     let outs = |n: usize| -> Result<_> { dev.alloc::<f32>(s, batch * n) };
     let many: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
@@ -53,7 +52,8 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
     let (want_many, want_res, want_glu) = {
         let many1: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
         let many1_spans: Vec<Span<f32>> = many1.iter().map(Span::of).collect();
-        let (res1, glu1) = (Span::of(&outs(shapes[0])?), Span::of(&outs(shapes[0])?));
+        let (res1_buf, glu1_buf) = (outs(shapes[0])?, outs(shapes[0])?);
+        let (res1, glu1) = (Span::of(&res1_buf), Span::of(&glu1_buf));
         let res_in = Span::of(&residual);
         for r in 0..batch {
             let xr = xs.sub(r * k, k);
@@ -78,7 +78,7 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
         for y in &many1 {
             m.extend(dev.download(s, y)?);
         }
-        (m, download(cx, &res1)?, download(cx, &glu1)?)
+        (m, dev.download(s, &res1)?, dev.download(s, &glu1)?)
     };
     let mut got_many = Vec::new();
     for y in &many {
@@ -95,12 +95,6 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
         );
     }
     Ok(())
-}
-
-fn download(cx: &Ctx, span: &Span<f32>) -> Result<Vec<f32>> {
-    let mut host = vec![0f32; cudarc::driver::DeviceSlice::len(span)];
-    cx.s.memcpy_dtoh(span, &mut host)?;
-    Ok(host)
 }
 
 /// Rows at (slot, position) of a 3-slot cache, attended together, against each row's decode
