@@ -192,12 +192,12 @@ against_cpu() { # row tolerance model plan [steps, default 64] [compare options]
     echo "$out" >"$LOG/compare.log"
     result "$1" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //' | cut -c1-200)"
 }
-build_llamacpp() { # builds llama-bench into /tmp/llama-build from the carried .llama/llama.cpp
+build_llamacpp() { # [TARGETS]: builds them (default llama-bench) into /tmp/llama-build from the carried .llama/llama.cpp
     [ -d .llama/llama.cpp ] || { echo "no .llama/llama.cpp: carry it (see suite_llamacpp)"; return 1; }
     cmake -S .llama/llama.cpp -B /tmp/llama-build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
-        cmake --build /tmp/llama-build --target llama-bench llama-batched-bench -j "$(nproc)"
+        cmake --build /tmp/llama-build --target "${@:-llama-bench}" -j "$(nproc)"
 }
 llama_bench() { # row model [llama-bench options, default: batch-1 decode of 128 tokens]: on GPU 0
     local row=$1 model=$2 out rc
@@ -842,7 +842,7 @@ suite_batch() {
     stamp name,driver_version,memory.total
     local build=""
     if [ -d .llama/llama.cpp ]; then
-        build_llamacpp >"$LOG/llama-build.log" 2>&1 &
+        build_llamacpp llama-batched-bench >"$LOG/llama-build.log" 2>&1 &
         build=$!
     fi
     synth llama1b q4_1 &
