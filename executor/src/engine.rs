@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use memra_compiler::plan::Plan;
+use memra_compiler::plan::{Carries, Plan};
 
 use crate::dist::World;
 use crate::plan_load::LoadedPlan;
@@ -215,8 +215,8 @@ impl StepInput {
     /// Refuses a step an engine cannot take: after an earlier failure, no spans, more rows
     /// than the engine takes at once, a slot outside the plan's `runtime.max_sequences` or
     /// twice in one step, a row past the plan's `max_context`, logits from a row a span does
-    /// not have, a row that embeds the sampled token beside other rows, or a first step
-    /// without a prompt token.
+    /// not have, a row that embeds the sampled token beside other rows, a first step without
+    /// a prompt token, or a step that embeds the sampled token where it comes back late.
     pub fn check(&self, failed: bool, next_step: u64, limits: StepLimits) -> Result<()> {
         if failed {
             bail!("the engine stopped after an earlier error");
@@ -263,6 +263,12 @@ impl StepInput {
         if next_step == 0 && self.embeds_sampled() {
             bail!("the first decode step needs a prompt token");
         }
+        if self.embeds_sampled() && !limits.feeds_sampled {
+            bail!(
+                "a step that embeds the sampled token on a plan whose token crosses stages {} steps later (runtime.max_sequences); feed every row its token",
+                limits.sequences
+            );
+        }
         Ok(())
     }
 }
@@ -285,6 +291,16 @@ pub struct StepLimits {
     pub max_rows: u32,
     /// Sequence slots: the plan's `runtime.max_sequences`.
     pub sequences: u32,
+    /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
+    pub feeds_sampled: bool,
+}
+
+/// Whether a step of `plan` may embed the token sampled at the previous step: not where the
+/// token crosses stages with a lag of several steps (`runtime.max_sequences` > 1).
+pub fn feeds_sampled(plan: &Plan) -> bool {
+    plan.boundaries
+        .iter()
+        .all(|b| b.carries != Carries::Token || b.lag == 1)
 }
 
 /// What one step gives back to the host.
@@ -394,6 +410,7 @@ mod tests {
         max_context: 64,
         max_rows: 8,
         sequences: 4,
+        feeds_sampled: true,
     };
 
     #[test]

@@ -39,7 +39,9 @@ use super::prefill::prefill_rows;
 use super::rank::{RankDevice, Rows};
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
-use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput};
+use crate::engine::{
+    feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput,
+};
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Program};
 use crate::reduce::ReduceOrder;
@@ -71,6 +73,8 @@ pub struct Engine {
     ring: usize,
     /// Sequence slots: the plan's `runtime.max_sequences`; above 1 every step is batched.
     sequences: u32,
+    /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
+    feeds_sampled: bool,
     failed: bool,
     report: Vec<String>,
 }
@@ -246,6 +250,7 @@ impl Engine {
             max_context: plan.runtime.max_context,
             ring,
             sequences,
+            feeds_sampled: feeds_sampled(plan),
             failed: false,
             report,
         })
@@ -369,6 +374,7 @@ impl Decoder for Engine {
             max_context: self.max_context,
             max_rows: self.prompt.rows(),
             sequences: self.sequences,
+            feeds_sampled: self.feeds_sampled,
         };
         input.check(self.failed, self.next_step, limits)?;
         // the logits of `logit_rows` come back as the last rows' would: one sequence's rows
