@@ -155,17 +155,26 @@ fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
         9,
         "models/tiny-deepseek2-q8_0.gguf",
     );
-    let plan = variant("tiny-deepseek2", "max_sequences = 4");
+    tiny_tp_model();
     let options = EngineOptions {
         backend: Backend::Cuda,
         ..options(Arm::Serial)
     };
-    let err = open(&plan, options).err().expect("cuda must refuse it");
-    let message = format!("{err:#}");
-    assert!(
-        message.contains(
-            "runtime.max_sequences is 4; the cuda backend's batched decode covers dense GQA layers"
+    for (name, runtime, why) in [
+        (
+            "tiny-deepseek2",
+            "max_sequences = 4",
+            "runtime.max_sequences is 4; the cuda backend's batched decode covers dense GQA layers",
         ),
-        "{message}"
-    );
+        (
+            "tiny-tp",
+            "max_sequences = 300",
+            "runtime.max_sequences is 300; the cuda backend decodes up to 256 sequences together",
+        ),
+    ] {
+        let plan = variant(name, runtime);
+        let err = open(&plan, options).err().expect("cuda must refuse it");
+        let message = format!("{err:#}");
+        assert!(message.contains(why), "{name}: {message}");
+    }
 }
