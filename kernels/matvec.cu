@@ -109,6 +109,10 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
 struct Act {
     const i8* q;
     const float* s;
+    // the copy of activation row b of a tile, `stride` bytes after the one before it
+    __device__ __forceinline__ Act row(int b, int stride) const {
+        return {q + b * stride, (const float*)((const i8*)s + b * stride)};
+    }
 };
 
 // The weight rows of one work item: quant rows (the whole row, except in planar layouts), and
@@ -174,7 +178,7 @@ struct FloatPolicy {
     static __device__ __forceinline__ size_t scale_row_bytes(int) { return 0; }
     // acc[b * MATVEC_ROWS + r]: weight row r against activation row b of the tile's nb
     template <int NB>
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* const* x, const Act*, int nb, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* x, int x_stride, Act, int, int nb, int c0, int len, int lane, float* acc) {
         WHOLE_ROW_POINTERS(rw, row);
         const int esize = (int)T::row_bytes(1);
         if (len % 8 == 0) {
@@ -184,7 +188,7 @@ struct FloatPolicy {
                 const int e = c0 + 8 * g;
                 float v[8];
                 if (NB == 1) {
-                    load8(x[0] + e, v);
+                    load8(x + e, v);
 #pragma unroll
                     for (int r = 0; r < MATVEC_ROWS; ++r) {
                         float w[8];
@@ -200,7 +204,7 @@ struct FloatPolicy {
 #pragma unroll
                     for (int b = 0; b < NB; ++b) {
                         if (b >= nb) break;
-                        load8(x[b] + e, v);
+                        load8(x + (size_t)b * x_stride + e, v);
 #pragma unroll
                         for (int r = 0; r < MATVEC_ROWS; ++r)
 #pragma unroll
@@ -213,7 +217,7 @@ struct FloatPolicy {
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
                     if (NB > 1 && b >= nb) break;
-                    const float v = x[b][c0 + e];
+                    const float v = x[(size_t)b * x_stride + c0 + e];
 #pragma unroll
                     for (int r = 0; r < MATVEC_ROWS; ++r) acc[b * MATVEC_ROWS + r] = fmaf(T::one(row[r], c0 + e), v, acc[b * MATVEC_ROWS + r]);
                 }
@@ -291,7 +295,7 @@ struct Planar {
     }
     // acc[b * 2 + i]: row 2i + (lane / 16) against activation row b of the tile's nb
     template <int NB>
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* const*, const Act* a, int nb, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
         const int h = lane >> 4, t = lane & 15;
         const int p0 = (c0 >> 5) * PIECES, np = (len >> 5) * PIECES;
         const u8* q[MATVEC_ROWS / 2];
@@ -321,7 +325,7 @@ struct Planar {
                         if (NB > 1 && b >= nb) break;
 #pragma unroll
                         for (int i = 0; i < MATVEC_ROWS / 2; ++i)
-                            acc[b * 2 + i] = B::piece(w[u][i], sc[u][i], a[b], p0 + p + 16 * u, acc[b * 2 + i]);
+                            acc[b * 2 + i] = B::piece(w[u][i], sc[u][i], act.row(b, a_stride), p0 + p + 16 * u, acc[b * 2 + i]);
                     }
                 }
         }
@@ -352,7 +356,7 @@ struct Q4_K {
     // sub-block 2j (low nibbles) and 8 of sub-block 2j + 1 (high nibbles); it adds
     // (d * d_x) * (sc0 * dot0 + sc1 * dot1) - (dmin * d_x) * (m0 * sum0 + m1 * sum1)
     template <int NB>
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* const*, const Act* a, int nb, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
         WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, j = t >> 2, qq = t & 3;
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
@@ -375,9 +379,10 @@ struct Q4_K {
 #pragma unroll
             for (int x = 0; x < NB; ++x) {
                 if (NB > 1 && x >= nb) break;
-                const uint2 xlo = *(const uint2*)(a[x].q + 256 * b + 64 * j + 8 * qq);
-                const uint2 xhi = *(const uint2*)(a[x].q + 256 * b + 64 * j + 32 + 8 * qq);
-                const float dx = a[x].s[b];
+                const Act a = act.row(x, a_stride);
+                const uint2 xlo = *(const uint2*)(a.q + 256 * b + 64 * j + 8 * qq);
+                const uint2 xhi = *(const uint2*)(a.q + 256 * b + 64 * j + 32 + 8 * qq);
+                const float dx = a.s[b];
                 const int s0 = __dp4a(ONES, (int)xlo.y, __dp4a(ONES, (int)xlo.x, 0));
                 const int s1 = __dp4a(ONES, (int)xhi.y, __dp4a(ONES, (int)xhi.x, 0));
 #pragma unroll
@@ -401,7 +406,7 @@ struct Q6_K {
     // values 128n + 32k + l for k = 0..3, each group of four under one scale; the offset 32
     // of the 6-bit quants comes off through the activation sums, exactly
     template <int NB>
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* const*, const Act* a, int nb, int c0, int len, int lane, float* acc) {
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
         WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, n = t >> 3, l0 = 4 * (t & 7);
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
@@ -427,13 +432,14 @@ struct Q6_K {
 #pragma unroll
             for (int x = 0; x < NB; ++x) {
                 if (NB > 1 && x >= nb) break;
+                const Act a = act.row(x, a_stride);
                 int xk[4], off[4];
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    xk[k] = *(const int*)(a[x].q + 256 * b + 128 * n + 32 * k + l0);
+                    xk[k] = *(const int*)(a.q + 256 * b + 128 * n + 32 * k + l0);
                     off[k] = 32 * __dp4a(ONES, xk[k], 0);
                 }
-                const float dx = a[x].s[b];
+                const float dx = a.s[b];
 #pragma unroll
                 for (int r = 0; r < MATVEC_ROWS; ++r) {
                     int isum = 0;
@@ -595,25 +601,22 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         // the weights are constant: only now does the block need the previous kernel's output
         overlap_with_neighbours();
     }
-    const float* x[NB];
-    Act act[NB];
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-        // rows past the batch repeat its last row; their values are never stored
-        x[b] = j.x + (size_t)(tile * NB + min(b, nb - 1)) * cols;
-        const i8* base = (const i8*)act_smem + (size_t)b * act_bytes;
-        act[b] = {base, (const float*)(base + cols)};
-    }
+    // the tile's rows of x, `cols` apart, and their 8-bit copies, `act_bytes` apart
+    const float* x = j.x + (size_t)tile * NB * cols;
+    const Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
     if (NB == 1 && j.norm) {
         float* xn = (float*)((u8*)act_smem + j.xn_offset);
         const float scale = block_rms_scale(j.x, cols, j.eps);
 #pragma unroll 8
         for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) xn[i] = __fmul_rn(__fmul_rn(j.x[i], scale), j.norm[i]);
         __syncthreads();
-        x[0] = xn;
+        x = xn;
     }
     if (P::ACT_BLOCK != 0) {
-        for (int b = 0; b < nb; ++b) quantize_x<P::ACT_BLOCK>(x[b], cols, (i8*)act[b].q, (float*)act[b].s);
+        for (int b = 0; b < nb; ++b) {
+            const Act a = act.row(b, act_bytes);
+            quantize_x<P::ACT_BLOCK>(x + (size_t)b * cols, cols, (i8*)a.q, (float*)a.s);
+        }
         __syncthreads();
     }
     const int len = cols / chunks;
@@ -634,7 +637,7 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
             float acc[NB * VALUES];
 #pragma unroll
             for (int r = 0; r < NB * VALUES; ++r) acc[r] = 0.f;
-            P::template lane_chunk<NB>(rw, x, act, nb, c * len, len, lane, acc);
+            P::template lane_chunk<NB>(rw, x, cols, act, act_bytes, nb, c * len, len, lane, acc);
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
                 if (NB > 1 && b >= nb) break;
