@@ -2,7 +2,9 @@
 // embedding of q and k and the cache write of the current position. The position comes from
 // device memory, so captured graphs replay at every step: attention_f16 attends over positions
 // 0..=*pos (clamped to the capacity). A prefill step's token rows are grid rows: row y attends
-// over 0..=*pos + y, each row with the bits of the decode step at its position.
+// over 0..=*pos + y, each row with the bits of the decode step at its position. A batched
+// decode step's rows belong to different sequences: with `slots` given, row y sits at pos[y]
+// in sequence slot slots[y], whose cache is `capacity` positions from slot * capacity on.
 //
 // Cache layout: `capacity` positions of `n_kv_heads * head_dim` halves (K and V separately).
 // Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads). One block
@@ -36,8 +38,8 @@ __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attention_f16(float* q, const float* k, const float* v, u16* k_cache, u16* v_cache, float* out,
-                  float* scores, const u32* pos, int n_heads, int n_kv_heads, int head_dim,
-                  int capacity, float scale, float theta_scale, int neox) {
+                  float* scores, const u32* pos, const u32* slots, int n_heads, int n_kv_heads,
+                  int head_dim, int capacity, float scale, float theta_scale, int neox) {
     overlap_with_neighbours();
     extern __shared__ float smem_scores[];
     __shared__ float qh[ATTN_MAX_HEAD_DIM];
@@ -56,7 +58,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     out += blockIdx.y * q_row;
     k += blockIdx.y * kv_row;
     v += blockIdx.y * kv_row;
-    const u32 p_now = *pos + blockIdx.y;
+    const u32 p_now = slots ? pos[blockIdx.y] : *pos + blockIdx.y;
+    if (slots) {
+        const size_t base = (size_t)slots[blockIdx.y] * capacity * kv_row;
+        k_cache += base;
+        v_cache += base;
+    }
     const int n_ctx = min((int)p_now + 1, capacity);
     // the current position is in the window unless the cache is full
     const int now = p_now < (u32)capacity ? (int)p_now : -1;
@@ -197,15 +204,19 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 // *pos + t and its v head, narrowed to f16, into the cache at that position (positions past
 // the capacity are not written), with attention_f16's rotation and narrowing, so the step's
 // attention (attention_f16 over the rows, or flash.cu) reads the cache decode steps would
-// have written.
+// have written. With `slots` given, row t sits at pos[t] in slot slots[t] (as attention_f16).
 extern "C" __global__ void kv_store_rows_f16(const float* k, const float* v, u16* k_cache, u16* v_cache,
-                                             const u32* pos, int n_kv_heads, int head_dim, int capacity,
-                                             float theta_scale, int neox) {
+                                             const u32* pos, const u32* slots, int n_kv_heads, int head_dim,
+                                             int capacity, float theta_scale, int neox) {
     overlap_with_neighbours();
     const int t = blockIdx.x, kvh = blockIdx.y;
-    const u32 p = *pos + (u32)t;
+    const u32 p = slots ? pos[t] : *pos + (u32)t;
     if (p >= (u32)capacity) return;
     const size_t row = (size_t)n_kv_heads * head_dim;
+    if (slots) {
+        k_cache += (size_t)slots[t] * capacity * row;
+        v_cache += (size_t)slots[t] * capacity * row;
+    }
     const float* krow = k + (size_t)t * row + (size_t)kvh * head_dim;
     const float* vrow = v + (size_t)t * row + (size_t)kvh * head_dim;
     u16* kc = k_cache + (size_t)p * row + (size_t)kvh * head_dim;

@@ -1,8 +1,11 @@
-// memra kernels: y = W x for batch-1 decode, every weight dtype. A persistent grid (a few
-// blocks per SM) splits the rows into contiguous runs of work items (4 rows, or 8 for the
-// planar 32-value block layouts); each block walks its run in rounds of 32 rows, and its warps
-// take the (item, chunk) pieces of work of a round in turn, so every warp streams the rows of
-// one item over one chunk at a time whatever the chunk count.
+// memra kernels: y = W x for decode, every weight dtype, for one activation row (matvec_*) or
+// a batch of rows (matvec_rows8_*: rows of several sequences of a batched decode step). A
+// persistent grid (a few blocks per SM) splits the weight rows into contiguous runs of work
+// items (4 rows); each block walks its run in rounds of items, and its warps take the (item,
+// chunk) pieces of work of a round in turn, so every warp streams the rows of one item over
+// one chunk at a time whatever the chunk count. A batched launch gives each run one block per
+// tile of MATVEC_TILE activation rows, neighbours in the grid so they meet the run's weights
+// in L2 together; a warp loads each weight piece once and dots it with every row of its tile.
 //
 // Quantized weights multiply an 8-bit copy of x, made once per block in shared memory before
 // the rows start: per 32 values (q8_0, q4_0, q4_1) or 256 values (q4_k, q6_k) a scale
@@ -18,13 +21,20 @@
 // quantization of a block depends on that block's values alone. So the bits of one chunk depend only on the
 // chunk's weight bytes, its x values and its length (not on which warp or block computes it),
 // a tensor-parallel rank with K/d columns and chunks/d chunks computes exactly one subtree of
-// the 1-rank result, and tree_sum (reduce.cu) completes it bit for bit.
+// the 1-rank result, and tree_sum (reduce.cu) completes it bit for bit. A row of a batch
+// takes exactly the lane partition, the per-lane order, the butterfly and the tree of a launch
+// for that row alone (the tile only adds a loop over rows inside each lane's step), so its
+// bits are those of matvec_* on it, whatever the batch and its place in it.
 #include "common.cuh"
 
 #define MATVEC_THREADS 512
 #define MATVEC_WARPS (MATVEC_THREADS / WARP)
 #define MATVEC_ROWS 4
 #define MATVEC_ROUND 8
+// activation rows of a batched launch's tile, and its items per round (the chunk values of a
+// round take as much shared memory as MATVEC_ROUND items of one row, twice)
+#define MATVEC_TILE 8
+#define MATVEC_TILE_ROUND 2
 #define MATVEC_MAX_CHUNKS 32
 #define MATVEC_MAX_SEGS 3  // the fields of MatvecJob; must match MATVEC_MAX_SEGS in ops.rs
 // quant bytes of each weight of its run a block asks L2 for before it starts
@@ -99,6 +109,10 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
 struct Act {
     const i8* q;
     const float* s;
+    // the copy of activation row b of a tile, `stride` bytes after the one before it
+    __device__ __forceinline__ Act row(int b, int stride) const {
+        return {q + b * stride, (const float*)((const i8*)s + b * stride)};
+    }
 };
 
 // The weight rows of one work item: quant rows (the whole row, except in planar layouts), and
@@ -162,7 +176,9 @@ struct FloatPolicy {
     static constexpr int ACT_BLOCK = 0, SPLIT = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return T::row_bytes(cols); }
     static __device__ __forceinline__ size_t scale_row_bytes(int) { return 0; }
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* x, Act, int c0, int len, int lane, float* acc) {
+    // acc[b * MATVEC_ROWS + r]: weight row r against activation row b of the tile's nb
+    template <int NB>
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* x, int x_stride, Act, int, int nb, int c0, int len, int lane, float* acc) {
         WHOLE_ROW_POINTERS(rw, row);
         const int esize = (int)T::row_bytes(1);
         if (len % 8 == 0) {
@@ -171,20 +187,40 @@ struct FloatPolicy {
             for (int g = lane; g < len / 8; g += WARP) {
                 const int e = c0 + 8 * g;
                 float v[8];
-                load8(x + e, v);
+                if (NB == 1) {
+                    load8(x + e, v);
 #pragma unroll
-                for (int r = 0; r < MATVEC_ROWS; ++r) {
-                    float w[8];
-                    T::widen8(row[r] + (size_t)e * esize, w);
+                    for (int r = 0; r < MATVEC_ROWS; ++r) {
+                        float w[8];
+                        T::widen8(row[r] + (size_t)e * esize, w);
 #pragma unroll
-                    for (int k = 0; k < 8; ++k) acc[r] = fmaf(w[k], v[k], acc[r]);
+                        for (int k = 0; k < 8; ++k) acc[r] = fmaf(w[k], v[k], acc[r]);
+                    }
+                } else {
+                    // a tile: the 4 rows' weights once, then each activation row once
+                    float w[MATVEC_ROWS][8];
+#pragma unroll
+                    for (int r = 0; r < MATVEC_ROWS; ++r) T::widen8(row[r] + (size_t)e * esize, w[r]);
+#pragma unroll
+                    for (int b = 0; b < NB; ++b) {
+                        if (b >= nb) break;
+                        load8(x + (size_t)b * x_stride + e, v);
+#pragma unroll
+                        for (int r = 0; r < MATVEC_ROWS; ++r)
+#pragma unroll
+                            for (int k = 0; k < 8; ++k) acc[b * MATVEC_ROWS + r] = fmaf(w[r][k], v[k], acc[b * MATVEC_ROWS + r]);
+                    }
                 }
             }
         } else {
             for (int e = lane; e < len; e += WARP) {
-                const float v = x[c0 + e];
 #pragma unroll
-                for (int r = 0; r < MATVEC_ROWS; ++r) acc[r] = fmaf(T::one(row[r], c0 + e), v, acc[r]);
+                for (int b = 0; b < NB; ++b) {
+                    if (NB > 1 && b >= nb) break;
+                    const float v = x[(size_t)b * x_stride + c0 + e];
+#pragma unroll
+                    for (int r = 0; r < MATVEC_ROWS; ++r) acc[b * MATVEC_ROWS + r] = fmaf(T::one(row[r], c0 + e), v, acc[b * MATVEC_ROWS + r]);
+                }
             }
         }
     }
@@ -257,7 +293,9 @@ struct Planar {
     static __device__ __forceinline__ u32 scale(const u8* srow, int b) {
         return B::S == 4 ? *(const u32*)(srow + 4 * b) : (u32)ld_u16(srow + 2 * b);
     }
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, Act a, int c0, int len, int lane, float* acc) {
+    // acc[b * 2 + i]: row 2i + (lane / 16) against activation row b of the tile's nb
+    template <int NB>
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
         const int h = lane >> 4, t = lane & 15;
         const int p0 = (c0 >> 5) * PIECES, np = (len >> 5) * PIECES;
         const u8* q[MATVEC_ROWS / 2];
@@ -281,8 +319,14 @@ struct Planar {
 #pragma unroll
             for (int u = 0; u < DEPTH; ++u)
                 if (p + 16 * u < np) {
+                    // activation row outermost: its quants are read once for both weight rows
 #pragma unroll
-                    for (int i = 0; i < MATVEC_ROWS / 2; ++i) acc[i] = B::piece(w[u][i], sc[u][i], a, p0 + p + 16 * u, acc[i]);
+                    for (int b = 0; b < NB; ++b) {
+                        if (NB > 1 && b >= nb) break;
+#pragma unroll
+                        for (int i = 0; i < MATVEC_ROWS / 2; ++i)
+                            acc[b * 2 + i] = B::piece(w[u][i], sc[u][i], act.row(b, a_stride), p0 + p + 16 * u, acc[b * 2 + i]);
+                    }
                 }
         }
     }
@@ -311,28 +355,44 @@ struct Q4_K {
     // lane t of 16 takes qs bytes 32j + 8q .. +8 (j = t / 4, q = t % 4): 8 values of
     // sub-block 2j (low nibbles) and 8 of sub-block 2j + 1 (high nibbles); it adds
     // (d * d_x) * (sc0 * dot0 + sc1 * dot1) - (dmin * d_x) * (m0 * sum0 + m1 * sum1)
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, Act a, int c0, int len, int lane, float* acc) {
+    template <int NB>
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
         WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, j = t >> 2, qq = t & 3;
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
-            const uint2 xlo = *(const uint2*)(a.q + 256 * b + 64 * j + 8 * qq);
-            const uint2 xhi = *(const uint2*)(a.q + 256 * b + 64 * j + 32 + 8 * qq);
-            const float dx = a.s[b];
-            const int s0 = __dp4a(ONES, (int)xlo.y, __dp4a(ONES, (int)xlo.x, 0));
-            const int s1 = __dp4a(ONES, (int)xhi.y, __dp4a(ONES, (int)xhi.x, 0));
+            // the 4 rows' quants, scales and minimums once, then each activation row once
+            uint2 qv[MATVEC_ROWS];
+            float d[MATVEC_ROWS], dmin[MATVEC_ROWS];
+            int sc0[MATVEC_ROWS], sc1[MATVEC_ROWS], m0[MATVEC_ROWS], m1[MATVEC_ROWS];
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
                 const u8* blk = row[r] + (size_t)b * 144;
-                const uint2 qv = *(const uint2*)(blk + 16 + 32 * j + 8 * qq);
+                qv[r] = *(const uint2*)(blk + 16 + 32 * j + 8 * qq);
                 const u32 dm = *(const u32*)blk;
                 const uint3 sw = *(const uint3*)(blk + 4);
                 u32 sc, m;
                 q4k_scale_min_pair(j, sw, &sc, &m);
-                const int sc0 = sc & 0xff, sc1 = sc >> 8, m0 = m & 0xff, m1 = m >> 8;
-                const int d0 = __dp4a((int)(qv.y & NIB), (int)xlo.y, __dp4a((int)(qv.x & NIB), (int)xlo.x, 0));
-                const int d1 = __dp4a((int)((qv.y >> 4) & NIB), (int)xhi.y, __dp4a((int)((qv.x >> 4) & NIB), (int)xhi.x, 0));
-                acc[r] = fmaf(f16_to_f32((u16)(dm & 0xffff)) * dx, int_to_f32(sc0 * d0 + sc1 * d1), acc[r]);
-                acc[r] = fmaf(-f16_to_f32((u16)(dm >> 16)) * dx, int_to_f32(m0 * s0 + m1 * s1), acc[r]);
+                sc0[r] = sc & 0xff, sc1[r] = sc >> 8, m0[r] = m & 0xff, m1[r] = m >> 8;
+                d[r] = f16_to_f32((u16)(dm & 0xffff));
+                dmin[r] = f16_to_f32((u16)(dm >> 16));
+            }
+#pragma unroll
+            for (int x = 0; x < NB; ++x) {
+                if (NB > 1 && x >= nb) break;
+                const Act a = act.row(x, a_stride);
+                const uint2 xlo = *(const uint2*)(a.q + 256 * b + 64 * j + 8 * qq);
+                const uint2 xhi = *(const uint2*)(a.q + 256 * b + 64 * j + 32 + 8 * qq);
+                const float dx = a.s[b];
+                const int s0 = __dp4a(ONES, (int)xlo.y, __dp4a(ONES, (int)xlo.x, 0));
+                const int s1 = __dp4a(ONES, (int)xhi.y, __dp4a(ONES, (int)xhi.x, 0));
+#pragma unroll
+                for (int r = 0; r < MATVEC_ROWS; ++r) {
+                    const int d0 = __dp4a((int)(qv[r].y & NIB), (int)xlo.y, __dp4a((int)(qv[r].x & NIB), (int)xlo.x, 0));
+                    const int d1 = __dp4a((int)((qv[r].y >> 4) & NIB), (int)xhi.y, __dp4a((int)((qv[r].x >> 4) & NIB), (int)xhi.x, 0));
+                    float& o = acc[x * MATVEC_ROWS + r];
+                    o = fmaf(d[r] * dx, int_to_f32(sc0[r] * d0 + sc1[r] * d1), o);
+                    o = fmaf(-dmin[r] * dx, int_to_f32(m0[r] * s0 + m1[r] * s1), o);
+                }
             }
         }
     }
@@ -345,35 +405,49 @@ struct Q6_K {
     // lane t of 16 takes half n = t / 8 and positions l0 .. l0 + 3 (l0 = 4 (t % 8)) of it:
     // values 128n + 32k + l for k = 0..3, each group of four under one scale; the offset 32
     // of the 6-bit quants comes off through the activation sums, exactly
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, Act a, int c0, int len, int lane, float* acc) {
+    template <int NB>
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
         WHOLE_ROW_POINTERS(rw, row);
         const int t = lane & 15, n = t >> 3, l0 = 4 * (t & 7);
         for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
-            int xk[4], off[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                xk[k] = *(const int*)(a.q + 256 * b + 128 * n + 32 * k + l0);
-                off[k] = 32 * __dp4a(ONES, xk[k], 0);
-            }
-            const float dx = a.s[b];
+            // the 4 rows' quants and scales once, then each activation row once
+            u32 q[MATVEC_ROWS][4];
+            int sc[MATVEC_ROWS][4];
+            float d[MATVEC_ROWS];
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
                 const u8* blk = row[r] + (size_t)b * 210;
                 const u32 qa = ld_u32_a2(blk + 64 * n + l0);
                 const u32 qb = ld_u32_a2(blk + 64 * n + 32 + l0);
                 const u32 qh = ld_u32_a2(blk + 128 + 32 * n + l0);
-                const i8* sc = (const i8*)(blk + 192 + 8 * n + l0 / 16);
-                const u32 q[4] = {
-                    (qa & NIB) | ((qh << 4) & 0x30303030u),
-                    (qb & NIB) | ((qh << 2) & 0x30303030u),
-                    ((qa >> 4) & NIB) | (qh & 0x30303030u),
-                    ((qb >> 4) & NIB) | ((qh >> 2) & 0x30303030u),
-                };
-                int isum = 0;
+                const i8* s = (const i8*)(blk + 192 + 8 * n + l0 / 16);
+                q[r][0] = (qa & NIB) | ((qh << 4) & 0x30303030u);
+                q[r][1] = (qb & NIB) | ((qh << 2) & 0x30303030u);
+                q[r][2] = ((qa >> 4) & NIB) | (qh & 0x30303030u);
+                q[r][3] = ((qb >> 4) & NIB) | ((qh >> 2) & 0x30303030u);
 #pragma unroll
-                for (int k = 0; k < 4; ++k) isum += (int)sc[2 * k] * (__dp4a((int)q[k], xk[k], 0) - off[k]);
-                // |isum| can reach 2^23 here: the exact conversion, not int_to_f32
-                acc[r] = fmaf(f16_to_f32(ld_u16(blk + 208)) * dx, __int2float_rn(isum), acc[r]);
+                for (int k = 0; k < 4; ++k) sc[r][k] = (int)s[2 * k];
+                d[r] = f16_to_f32(ld_u16(blk + 208));
+            }
+#pragma unroll
+            for (int x = 0; x < NB; ++x) {
+                if (NB > 1 && x >= nb) break;
+                const Act a = act.row(x, a_stride);
+                int xk[4], off[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    xk[k] = *(const int*)(a.q + 256 * b + 128 * n + 32 * k + l0);
+                    off[k] = 32 * __dp4a(ONES, xk[k], 0);
+                }
+                const float dx = a.s[b];
+#pragma unroll
+                for (int r = 0; r < MATVEC_ROWS; ++r) {
+                    int isum = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) isum += sc[r][k] * (__dp4a((int)q[r][k], xk[k], 0) - off[k]);
+                    // |isum| can reach 2^23 here: the exact conversion, not int_to_f32
+                    acc[x * MATVEC_ROWS + r] = fmaf(d[r] * dx, __int2float_rn(isum), acc[x * MATVEC_ROWS + r]);
+                }
             }
         }
     }
@@ -416,6 +490,9 @@ struct MatvecJob {
     int expert_count;
     int x_stride;
     int y_stride;
+    // activation rows (matvec_rows8_*): row b reads x + b * cols and writes y[s] + b * rows[s]
+    // (residual + b * rows0); every other mode has one
+    int batch;
 };
 
 // Segment s's fields.
@@ -469,23 +546,38 @@ __device__ __noinline__ void prefetch_run(const MatvecJob j, int i0, int i1, siz
     }
 }
 
+// Shared bytes of one activation row's 8-bit copy (quants, then scales), 16-byte aligned;
+// matvec_act_bytes in matvec.rs is the same without the alignment.
+template <class P>
+__device__ __forceinline__ int act_row_bytes(int cols) {
+    if (P::ACT_BLOCK == 0) return 0;
+    const int bytes = cols + cols / P::ACT_BLOCK * (P::ACT_BLOCK == 32 ? 8 : 4);
+    return (bytes + 15) & ~15;
+}
+
 // One block: quantize x (quantized policies), then the items of its run, a round at a time:
 // warps take the round's (item, half, chunk) pieces of work in turn and leave each chunk value
 // in shared memory; after a barrier, warp i combines item i's chunks in the tree.
 // Two buffers of chunk values let the next round's work start while the tree reads the last
 // round's: a buffer is written again only after the barrier that follows every warp's tree
-// over it.
-template <class P>
+// over it. With NB activation rows (a batched launch's tile), every piece of work and every
+// tree is done for each row of the tile, with the one-row order.
+template <class P, int NB>
 __device__ __forceinline__ void matvec_run(MatvecJob j) {
+    constexpr int ROUND = NB == 1 ? MATVEC_ROUND : MATVEC_TILE_ROUND;
     extern __shared__ uint4 act_smem[];
-    __shared__ float part[2][MATVEC_ROUND * MATVEC_ROWS * 2][MATVEC_MAX_CHUNKS];
+    __shared__ float part[2][ROUND * MATVEC_ROWS * 2 * NB][MATVEC_MAX_CHUNKS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int cols = j.cols, chunks = j.chunks, halves = j.swiglu ? 2 : 1;
     const size_t rb = P::row_bytes(cols), sb = P::scale_row_bytes(cols);
     const int items = job_items(j);
-    const int i0 = (int)((long long)items * blockIdx.x / gridDim.x);
-    const int i1 = (int)((long long)items * (blockIdx.x + 1) / gridDim.x);
-    Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
+    // a batched grid is runs x tiles, the tiles of a run neighbours
+    const int tiles = (j.batch + NB - 1) / NB, run = blockIdx.x / tiles, tile = blockIdx.x - run * tiles;
+    const int runs = gridDim.x / tiles;
+    const int i0 = (int)((long long)items * run / runs);
+    const int i1 = (int)((long long)items * (run + 1) / runs);
+    const int nb = min(NB, j.batch - tile * NB);
+    const int act_bytes = act_row_bytes<P>(cols);
     float expert_weight = 1.f;
     if (j.experts) {
         // the expert ids are the previous kernel's output: wait before the weights are known
@@ -506,12 +598,14 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
     } else {
         // the weights are constant: ask L2 for the run's first bytes while the previous kernel
         // finishes and x is quantized
-        if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
+        if (threadIdx.x == 0 && tile == 0) prefetch_run(j, i0, i1, rb, sb);
         // the weights are constant: only now does the block need the previous kernel's output
         overlap_with_neighbours();
     }
-    const float* x = j.x;
-    if (j.norm) {
+    // the tile's rows of x, `cols` apart, and their 8-bit copies, `act_bytes` apart
+    const float* x = j.x + (size_t)tile * NB * cols;
+    const Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
+    if (NB == 1 && j.norm) {
         float* xn = (float*)((u8*)act_smem + j.xn_offset);
         const float scale = block_rms_scale(j.x, cols, j.eps);
 #pragma unroll 8
@@ -520,13 +614,18 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         x = xn;
     }
     if (P::ACT_BLOCK != 0) {
-        quantize_x<P::ACT_BLOCK>(x, cols, (i8*)act.q, (float*)act.s);
+        for (int b = 0; b < nb; ++b) {
+            const Act a = act.row(b, act_bytes);
+            quantize_x<P::ACT_BLOCK>(x + (size_t)b * cols, cols, (i8*)a.q, (float*)a.s);
+        }
         __syncthreads();
     }
     const int len = cols / chunks;
+    // SPLIT policies: a lane's value i belongs to row 2i + (lane / 16), summed over its half
+    constexpr int VALUES = P::SPLIT ? MATVEC_ROWS / 2 : MATVEC_ROWS;
     int buf = 0;
-    for (int round = i0; round < i1; round += MATVEC_ROUND, buf ^= 1) {
-        const int ni = min(MATVEC_ROUND, i1 - round);
+    for (int round = i0; round < i1; round += ROUND, buf ^= 1) {
+        const int ni = min(ROUND, i1 - round);
         for (int work = warp; work < ni * halves * chunks; work += MATVEC_WARPS) {
             const int ih = work / chunks, c = work - ih * chunks;
             const int item = ih / halves, h = ih - item * halves;
@@ -536,50 +635,61 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
             const u8* w = job_w(j, s);
             const Rows rw = {w + (size_t)row0 * rb, w + (size_t)seg_rows * rb + (size_t)row0 * sb, rb, sb,
                              min(MATVEC_ROWS, seg_rows - row0) - 1};
-            // SPLIT policies: a lane's value i belongs to row 2i + (lane / 16), summed over its half
-            constexpr int VALUES = P::SPLIT ? MATVEC_ROWS / 2 : MATVEC_ROWS;
-            float acc[VALUES];
+            float acc[NB * VALUES];
 #pragma unroll
-            for (int r = 0; r < VALUES; ++r) acc[r] = 0.f;
-            P::lane_chunk(rw, x, act, c * len, len, lane, acc);
+            for (int r = 0; r < NB * VALUES; ++r) acc[r] = 0.f;
+            P::template lane_chunk<NB>(rw, x, cols, act, act_bytes, nb, c * len, len, lane, acc);
 #pragma unroll
-            for (int r = 0; r < VALUES; ++r) {
-                if (P::SPLIT) {
-                    const float v = half_warp_sum(acc[r]);
-                    if ((lane & 15) == 0) part[buf][ih * MATVEC_ROWS + 2 * r + (lane >> 4)][c] = v;
-                } else {
-                    const float v = warp_sum(acc[r]);
-                    if (lane == 0) part[buf][ih * MATVEC_ROWS + r][c] = v;
+            for (int b = 0; b < NB; ++b) {
+                if (NB > 1 && b >= nb) break;
+                float* at = &part[buf][(ih * NB + b) * MATVEC_ROWS][c];
+#pragma unroll
+                for (int r = 0; r < VALUES; ++r) {
+                    if (P::SPLIT) {
+                        const float v = half_warp_sum(acc[b * VALUES + r]);
+                        if ((lane & 15) == 0) at[(2 * r + (lane >> 4)) * MATVEC_MAX_CHUNKS] = v;
+                    } else {
+                        const float v = warp_sum(acc[b * VALUES + r]);
+                        if (lane == 0) at[r * MATVEC_MAX_CHUNKS] = v;
+                    }
                 }
             }
         }
         __syncthreads();
-        for (int item = warp; item < ni; item += MATVEC_WARPS) {
+        for (int task = warp; task < ni * nb; task += MATVEC_WARPS) {
+            const int item = task / nb, b = task - item * nb;
             int row0;
             const int s = job_seg(j, round + item, &row0);
+            const int seg_rows = job_rows(j, s), xrow = tile * NB + b;
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
-                const int at = item * halves * MATVEC_ROWS + r;
+                const int at = (item * halves * NB + b) * MATVEC_ROWS + r;
                 const float total = chunk_tree(lane < chunks ? part[buf][at][lane] : 0.f, chunks);
                 float out = total;
                 if (j.swiglu) {
-                    const float up = chunk_tree(lane < chunks ? part[buf][at + MATVEC_ROWS][lane] : 0.f, chunks);
+                    const float up = chunk_tree(lane < chunks ? part[buf][at + NB * MATVEC_ROWS][lane] : 0.f, chunks);
                     out = swiglu_limited(total, up, j.limit);
                 }
                 const int row = row0 + r;
-                if (lane == 0 && row < job_rows(j, s)) {
-                    if (j.residual) out = j.residual[row] + total;
+                if (lane == 0 && row < seg_rows) {
+                    if (j.residual) out = j.residual[(size_t)xrow * j.rows0 + row] + total;
                     if (j.expert_weights) out = total * expert_weight;
-                    job_y(j, s)[row] = out;
+                    job_y(j, s)[(size_t)xrow * seg_rows + row] = out;
                 }
             }
         }
     }
 }
 
+// matvec_<dtype>: one activation row; matvec_rows8_<dtype>: tiles of MATVEC_TILE rows, one
+// block per SM (the tile's accumulators need the registers).
 #define MATVEC(name, P)                                                                        \
     extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2) name(const MatvecJob job) { \
-        matvec_run<P>(job);                                                                    \
+        matvec_run<P, 1>(job);                                                                 \
+    }
+#define MATVEC_ROWS8(name, P)                                                                  \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 1) name(const MatvecJob job) { \
+        matvec_run<P, MATVEC_TILE>(job);                                                       \
     }
 
 MATVEC(matvec_f32, FloatPolicy<F32>)
@@ -590,3 +700,11 @@ MATVEC(matvec_q4_0, Planar<PQ4<false>>)
 MATVEC(matvec_q4_1, Planar<PQ4<true>>)
 MATVEC(matvec_q4_k, Q4_K)
 MATVEC(matvec_q6_k, Q6_K)
+MATVEC_ROWS8(matvec_rows8_f32, FloatPolicy<F32>)
+MATVEC_ROWS8(matvec_rows8_f16, FloatPolicy<F16>)
+MATVEC_ROWS8(matvec_rows8_bf16, FloatPolicy<BF16>)
+MATVEC_ROWS8(matvec_rows8_q8_0, Planar<PQ8_0>)
+MATVEC_ROWS8(matvec_rows8_q4_0, Planar<PQ4<false>>)
+MATVEC_ROWS8(matvec_rows8_q4_1, Planar<PQ4<true>>)
+MATVEC_ROWS8(matvec_rows8_q4_k, Q4_K)
+MATVEC_ROWS8(matvec_rows8_q6_k, Q6_K)

@@ -54,6 +54,14 @@
 #                             prompt (deepseek2 and kimi-linear in f32), the
 #                             Qwen3-30B-A3B-shaped 8-layer q4_1 cut (graphs, TP-2, EP-4, PP-2)
 #                             over a two-chunk prompt
+#   batch [SECONDS]           CUDA continuous batching: self-test (the matvec over rows and
+#                             attention over sequence slots bit for bit against the one-row
+#                             decode, and the batched matvec throughput table), batch gates of
+#                             llama1b q4_1 (8 slots on one device, TP-2, PP-2) and llama8b q4_1
+#                             (64 slots) against the one-sequence decode plan and against
+#                             themselves, llama8b q4_1 bench --batch 1 4 16 64 (128 tokens
+#                             each) beside its one-sequence decode; with .llama/llama.cpp
+#                             carried, llama-batched-bench -npl 1,4,16,64 of the same file
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
 #                             device 0: graphs, TP-2, TP-4, EP-4, PP-2
 #   kda [SECONDS]             kimi-linear (KDA + MLA + MoE) on CUDA: self-test, tiny-kimi-linear
@@ -214,12 +222,12 @@ against_cpu() { # row tolerance model plan [steps, default 64] [compare options]
     echo "$out" >"$LOG/compare.log"
     result "$1" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //' | cut -c1-200)"
 }
-build_llamacpp() { # builds llama-bench into /tmp/llama-build from the carried .llama/llama.cpp
+build_llamacpp() { # [TARGETS]: builds them (default llama-bench) into /tmp/llama-build from the carried .llama/llama.cpp
     [ -d .llama/llama.cpp ] || { echo "no .llama/llama.cpp: carry it (see suite_llamacpp)"; return 1; }
     cmake -S .llama/llama.cpp -B /tmp/llama-build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
-        cmake --build /tmp/llama-build --target llama-bench -j "$(nproc)"
+        cmake --build /tmp/llama-build --target "${@:-llama-bench}" -j "$(nproc)"
 }
 llama_bench() { # row model [llama-bench options, default: batch-1 decode of 128 tokens]: on GPU 0
     local row=$1 model=$2 out rc
@@ -929,6 +937,72 @@ suite_prefill_arch() {
     fi
     table
 }
+
+# CUDA continuous batching (executor/src/cuda/batched.rs): the kernels of a batched step bit
+# for bit against the one-row decode, the batch gates (sequences together against each alone,
+# bit for bit), and llama8b q4_1's aggregate decode over 1, 4, 16 and 64 sequences against
+# llama.cpp's llama-batched-bench of the same file.
+suite_batch() {
+    BUDGET=${1:-540}
+    logs_in /tmp/memra-batch
+    stamp name,driver_version,memory.total
+    local build=""
+    if [ -d .llama/llama.cpp ]; then
+        build_llamacpp llama-batched-bench >"$LOG/llama-build.log" 2>&1 &
+        build=$!
+    fi
+    synth llama1b q4_1 &
+    local synth1b=$!
+    synth llama8b q4_1 &
+    local synth8b=$! rc ref cand b out
+    limit 300 "$BIN/cuda_selftest" --bench >"$LOG/selftest.log" 2>&1
+    rc=$?
+    grep -E "^(matvec_rows8|attention_f16 .*slots)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    grep -E "^(kernel|matvec_rows8_q4_1|matvec_q4_1) " "$LOG/selftest.log" | head -4
+    sed -n '/decode step of B sequences/,/^$/p' "$LOG/selftest.log"
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    wait $synth1b
+    for ref in llama1b-decode self; do
+        for cand in llama1b-batch8 llama1b-batch8-tp2 llama1b-batch8-pp2; do
+            late "batch gate $cand vs $ref" && continue
+            out=$(plan llama1b q4_1 $cand)
+            gate "batch gate $cand vs $ref" 200 "$M/llama1b-q4_1.gguf" \
+                "$([ $ref = self ] && echo "$out" || plan llama1b q4_1 $ref)" "$out" --batch
+        done
+    done
+    wait $synth8b
+    for ref in llama8b-decode self; do
+        late "batch gate llama8b-batch64 vs $ref" && continue
+        out=$(plan llama8b q4_1 llama8b-batch64)
+        gate "batch gate llama8b-batch64 vs $ref" 300 "$M/llama8b-q4_1.gguf" \
+            "$([ $ref = self ] && echo "$out" || plan llama8b q4_1 $ref)" "$out" --batch
+    done
+    late "decode llama8b q4_1 one sequence" ||
+        bench "decode llama8b q4_1 one sequence" 100 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b)" -n 128 --reps 3
+    for b in 1 4 16 64; do
+        late "batch $b llama8b q4_1" ||
+            bench "batch $b llama8b q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b-batch64)" \
+                --batch $b --prompt 8 -n 128 --reps 2
+    done
+    memory_check "memory llama8b-batch64 q4_1"
+    if [ -n "$build" ]; then
+        wait $build
+        rc=$?
+        row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+        if ! late "llama-batched-bench llama8b-q4_1"; then
+            out=$(CUDA_VISIBLE_DEVICES=0 limit 400 /tmp/llama-build/bin/llama-batched-bench \
+                -m "$M/llama8b-q4_1.gguf" -c 9216 -b 2048 -ub 512 -npp 8 -ntg 128 -npl 1,4,16,64 \
+                -ngl 99 -fa on 2>&1)
+            rc=$?
+            echo "$out" >>"$LOG/llama-batched-bench.txt"
+            result "llama-batched-bench llama8b-q4_1" $rc "$out" \
+                "$(echo "$out" | grep -E '^\| +8 \| +128 \|' | awk -F'|' '{ printf "B=%d S_TG %s t/s; ", $4, $9 }' | tr -s ' ')"
+        fi
+    else
+        row "llama.cpp" skip "its source was not carried (.llama/llama.cpp)"
+    fi
+    table
+}
 suite_moe_wide() {
     BUDGET=${1:-240}
     logs_in /tmp/memra-moe-wide
@@ -1216,7 +1290,7 @@ suite_glm5() {
 
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use memra_compiler::plan::Plan;
+use memra_compiler::plan::{Carries, Plan};
 
 use crate::dist::World;
 use crate::plan_load::LoadedPlan;
@@ -47,6 +47,16 @@ pub enum Arm {
     /// Steps overlap: on the CPU one thread per rank; on CUDA the host enqueues up to the
     /// plan's `runtime.in_flight` steps ahead of the readback it consumed.
     Pipelined,
+}
+
+impl Arm {
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::Serial => "serial",
+            Arm::Pipelined => "pipelined",
+        }
+    }
 }
 
 /// Settings of an engine.
@@ -205,8 +215,8 @@ impl StepInput {
     /// Refuses a step an engine cannot take: after an earlier failure, no spans, more rows
     /// than the engine takes at once, a slot outside the plan's `runtime.max_sequences` or
     /// twice in one step, a row past the plan's `max_context`, logits from a row a span does
-    /// not have, a row that embeds the sampled token beside other rows, or a first step
-    /// without a prompt token.
+    /// not have, a row that embeds the sampled token beside other rows, a first step without
+    /// a prompt token, or a step that embeds the sampled token where it comes back late.
     pub fn check(&self, failed: bool, next_step: u64, limits: StepLimits) -> Result<()> {
         if failed {
             bail!("the engine stopped after an earlier error");
@@ -253,6 +263,12 @@ impl StepInput {
         if next_step == 0 && self.embeds_sampled() {
             bail!("the first decode step needs a prompt token");
         }
+        if self.embeds_sampled() && !limits.feeds_sampled {
+            bail!(
+                "a step that embeds the sampled token on a plan whose token crosses stages {} steps later (runtime.max_sequences); feed every row its token",
+                limits.sequences
+            );
+        }
         Ok(())
     }
 }
@@ -275,6 +291,16 @@ pub struct StepLimits {
     pub max_rows: u32,
     /// Sequence slots: the plan's `runtime.max_sequences`.
     pub sequences: u32,
+    /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
+    pub feeds_sampled: bool,
+}
+
+/// Whether a step of `plan` may embed the token sampled at the previous step: not where the
+/// token crosses stages with a lag of several steps (`runtime.max_sequences` > 1).
+pub fn feeds_sampled(plan: &Plan) -> bool {
+    plan.boundaries
+        .iter()
+        .all(|b| b.carries != Carries::Token || b.lag == 1)
 }
 
 /// What one step gives back to the host.
@@ -337,17 +363,9 @@ pub trait Decoder {
     }
 }
 
-/// Loads `loaded` onto the backend `options` names. Only the cpu backend decodes several
-/// sequences together; a plan with more sequence slots is refused on the others here.
+/// Loads `loaded` onto the backend `options` names. Both backends decode several sequences
+/// together; the cuda backend refuses a plan of several sequence slots it cannot batch.
 pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decoder>> {
-    let sequences = loaded.plan.runtime.max_sequences;
-    if options.backend != Backend::Cpu && sequences != 1 {
-        bail!(
-            "{}: runtime.max_sequences is {sequences}; the {} backend runs one sequence (batched decode runs on the cpu backend; compile the placement with max_sequences = 1)",
-            loaded.path.display(),
-            options.backend.name()
-        );
-    }
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),
@@ -392,6 +410,7 @@ mod tests {
         max_context: 64,
         max_rows: 8,
         sequences: 4,
+        feeds_sampled: true,
     };
 
     #[test]

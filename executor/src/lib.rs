@@ -4,6 +4,7 @@
 //! together, the bit-identity gate and perplexity.
 //! `dist` lets one process per device run a plan together.
 pub mod batch;
+pub mod batch_gate;
 pub mod cli;
 pub mod cpu;
 pub mod cuda;

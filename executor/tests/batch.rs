@@ -8,75 +8,15 @@
 mod common;
 
 use common::{compile_scratch, options, root, smollm2, synth_model, tiny_tp_model};
-use memra_executor::batch::{window, Batch};
+use memra_executor::batch::window;
+use memra_executor::batch_gate::{batch_gate, sequences, Sequence};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, Backend, EngineOptions, StepInput};
 use memra_executor::plan_load::LoadedPlan;
-use memra_executor::sample::argmax;
-use memra_executor::session::{Flow, Session};
-
-/// A sequence of the batch: the step it joins at (or later, when every slot is taken), its
-/// prompt and how many tokens it generates.
-struct Sequence {
-    joins_at: usize,
-    prompt: Vec<u32>,
-    generate: usize,
-}
-
-/// Greedy logits of each generated token of `prompt` decoded alone by `plan`.
-fn alone(plan: &LoadedPlan, prompt: &[u32], generate: usize) -> Vec<Vec<f32>> {
-    let engine = open(plan, options(Arm::Serial)).unwrap();
-    let mut session = Session::new(engine, 1);
-    let mut logits = Vec::new();
-    session
-        .run(prompt, generate, prompt.len() - 1, |row, generates| {
-            if generates {
-                logits.push(row.logits.clone());
-            }
-            Ok(Flow::Continue)
-        })
-        .unwrap();
-    logits
-}
-
-/// Greedy logits of each generated token of every sequence, all decoded together by `plan`.
-/// Returns them with the most sequences one step carried.
-fn together(plan: &LoadedPlan, arm: Arm, sequences: &[Sequence]) -> (Vec<Vec<Vec<f32>>>, usize) {
-    let slots = plan.plan.runtime.max_sequences as usize;
-    let window = window(&plan.plan, arm);
-    let mut batch = Batch::new(open(plan, options(arm)).unwrap(), slots, window);
-    let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); sequences.len()];
-    let mut slot_of: Vec<Option<usize>> = vec![None; sequences.len()];
-    let mut next = 0;
-    let mut widest = 0;
-    let mut step = 0;
-    while next < sequences.len() || batch.used() > 0 {
-        while next < sequences.len() && sequences[next].joins_at <= step {
-            let Some(slot) = batch.join(&sequences[next].prompt).unwrap() else {
-                break;
-            };
-            slot_of[next] = Some(slot);
-            next += 1;
-        }
-        widest = widest.max(batch.used());
-        for done in batch.step().unwrap().done {
-            let i = slot_of.iter().position(|&s| s == Some(done.slot)).unwrap();
-            logits[i].push(done.logits.clone());
-            if logits[i].len() == sequences[i].generate {
-                batch.leave(done.slot).unwrap();
-                slot_of[i] = None;
-            } else {
-                batch.feed(done.slot, argmax(&done.logits)).unwrap();
-            }
-        }
-        step += 1;
-    }
-    (logits, widest)
-}
 
 /// Fails unless every sequence decoded together by `batched` has, at every generated token,
-/// the logits it has alone with `reference`; `least` is the fewest sequences some step must
-/// have carried.
+/// the logits it has alone with `reference`, in both arms; `least` is the fewest sequences
+/// some step must have carried.
 fn assert_alone_equals_together(
     label: &str,
     reference: &LoadedPlan,
@@ -84,54 +24,19 @@ fn assert_alone_equals_together(
     sequences: &[Sequence],
     least: usize,
 ) {
-    let alone: Vec<_> = sequences
-        .iter()
-        .map(|s| alone(reference, &s.prompt, s.generate))
-        .collect();
-    for arm in [Arm::Serial, Arm::Pipelined] {
-        let (got, widest) = together(batched, arm, sequences);
+    let arms = [Arm::Serial, Arm::Pipelined];
+    let report = batch_gate(reference, batched, sequences, options(Arm::Serial), &arms).unwrap();
+    for (arm, widest) in arms.iter().zip(&report.widest) {
         assert!(
-            widest >= least,
+            *widest >= least,
             "{label} {arm:?}: at most {widest} sequences decoded together"
         );
-        for (i, (want, got)) in alone.iter().zip(&got).enumerate() {
-            assert_eq!(want.len(), got.len(), "{label} {arm:?} sequence {i}");
-            for (t, (w, g)) in want.iter().zip(got).enumerate() {
-                let same =
-                    w.len() == g.len() && w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "{label} {arm:?}: sequence {i} token {t}: logits differ from its run alone"
-                );
-            }
-        }
     }
-}
-
-/// Sequences over `vocab` tokens: different prompt lengths, joining at different steps,
-/// more of them than `slots`, so later ones wait and take the slots of those that left; the
-/// last repeats the first's prompt, reusing the prefix its slot holds.
-fn sequences(vocab: u32, slots: usize) -> Vec<Sequence> {
-    let mut out: Vec<Sequence> = (0..slots + 2)
-        .map(|i| {
-            let len = 1 + (i * 5) % 7;
-            let prompt = (0..len)
-                .map(|j| (17 + 31 * i as u32 + 7 * j as u32) % vocab)
-                .collect();
-            Sequence {
-                joins_at: [0, 0, 1, 3, 4, 4, 7, 9, 10, 12][i % 10],
-                prompt,
-                generate: 3 + (i * 3) % 5,
-            }
-        })
-        .collect();
-    let first = out[0].prompt.clone();
-    out.push(Sequence {
-        joins_at: 14,
-        prompt: first,
-        generate: 4,
-    });
-    out
+    assert!(
+        report.mismatch.is_none(),
+        "{label}: {}",
+        report.mismatch.unwrap()
+    );
 }
 
 #[test]
@@ -147,7 +52,7 @@ fn smollm2_sequences_decoded_together_equal_their_runs_alone() {
         "Once upon a time",
     ];
     let tokenizer = memra_executor::text::Tokenizer::from_gguf(reference.gguf().unwrap()).unwrap();
-    let mut all = sequences(49152, 8);
+    let mut all = sequences(49152, 8, 0);
     for (s, text) in all.iter_mut().zip(texts) {
         s.prompt = tokenizer.encode(text, false).unwrap();
     }
@@ -196,7 +101,7 @@ fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kin
         let stages = if name.contains("-pp2") { 2 } else { 1 };
         assert_eq!(window(&batched.plan, Arm::Pipelined), stages, "{name}");
         let vocab = reference.plan.model.vocab;
-        assert_alone_equals_together(name, &reference, &batched, &sequences(vocab, 4), 4);
+        assert_alone_equals_together(name, &reference, &batched, &sequences(vocab, 4, 0), 4);
     }
 }
 
@@ -238,16 +143,33 @@ fn a_sampled_token_step_is_refused_where_the_token_crosses_stages_late() {
 }
 
 #[test]
-fn a_plan_of_several_sequences_is_refused_on_cuda_by_name() {
-    let plan = smollm2("smollm2-batch8");
+fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
+    synth_model(
+        "tiny-deepseek2",
+        "q8_0",
+        9,
+        "models/tiny-deepseek2-q8_0.gguf",
+    );
+    tiny_tp_model();
     let options = EngineOptions {
         backend: Backend::Cuda,
         ..options(Arm::Serial)
     };
-    let err = open(&plan, options).err().expect("cuda must refuse it");
-    let message = format!("{err:#}");
-    assert!(
-        message.contains("runtime.max_sequences is 8; the cuda backend runs one sequence"),
-        "{message}"
-    );
+    for (name, runtime, why) in [
+        (
+            "tiny-deepseek2",
+            "max_sequences = 4",
+            "runtime.max_sequences is 4; the cuda backend's batched decode covers dense GQA layers",
+        ),
+        (
+            "tiny-tp",
+            "max_sequences = 300",
+            "runtime.max_sequences is 300; the cuda backend decodes up to 256 sequences together",
+        ),
+    ] {
+        let plan = variant(name, runtime);
+        let err = open(&plan, options).err().expect("cuda must refuse it");
+        let message = format!("{err:#}");
+        assert!(message.contains(why), "{name}: {message}");
+    }
 }

@@ -1,7 +1,10 @@
 //! End-to-end tests of the CUDA backend on device 0 (feature `gpu-tests`; plain `cargo test`
 //! builds nothing here): tiny-tp placements written to a scratch directory and compiled, each
-//! gated bit for bit against the 1-rank eager CUDA run, and the CUDA run against the CPU
-//! backend within a relative logit tolerance. Run with
+//! gated bit for bit against the 1-rank eager CUDA run, the CUDA run against the CPU backend
+//! within a relative logit tolerance, and batched plans (several sequence slots, on one
+//! device, PP-2, TP-2, PP-2 x TP-2) whose sequences decoded together must have, bit for bit,
+//! the logits of each decoded alone (by the one-sequence decode kernels, and by the batched
+//! plan itself). Run with
 //! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
 #![cfg(feature = "gpu-tests")]
 
@@ -10,6 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{options, tiny_tp_model};
+use memra_executor::batch_gate::{batch_gate, sequences};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{Backend, EngineOptions};
 use memra_executor::gate::{decode_all, gate};
@@ -94,5 +98,39 @@ fn cuda_agrees_with_the_cpu_backend() {
             "step {}: error {err} of scale {scale}",
             a.step
         );
+    }
+}
+
+#[test]
+fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
+    let dir = scratch("batch");
+    // the reference decodes one sequence with the decode kernels only (prompts token by
+    // token, graphs): a batched row must have exactly those bits
+    let reference = plan(&dir, "one", "devices = [[0]]", "prefill_chunk = 1\n");
+    let batch = "max_sequences = 4\nprefill_chunk = 6\n";
+    for (name, pipeline) in [
+        ("batch", "devices = [[0]]"),
+        ("batch-pp2", "devices = [[0], [0]]"),
+        ("batch-tp2", "devices = [[0, 0]]"),
+        ("batch-pp2-tp2", "devices = [[0, 0], [0, 0]]"),
+    ] {
+        let batched = plan(&dir, name, pipeline, batch);
+        let vocab = batched.plan.model.vocab;
+        let arms = [Arm::Serial, Arm::Pipelined];
+        for against in [&reference, &batched] {
+            let report =
+                batch_gate(against, &batched, &sequences(vocab, 4, 0), cuda(), &arms).unwrap();
+            assert!(
+                report.widest.iter().all(|&w| w >= 4),
+                "{name}: at most {:?} sequences together",
+                report.widest
+            );
+            assert!(
+                report.mismatch.is_none(),
+                "{name} against {}: {}",
+                against.path.display(),
+                report.mismatch.unwrap()
+            );
+        }
     }
 }

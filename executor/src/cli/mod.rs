@@ -91,7 +91,8 @@ enum Command {
         run: RunArgs,
     },
     /// Decode a prompt plus -n greedy tokens with the plan (serial and pipelined arms) and the
-    /// 1-rank reference plan; fail on the first logit whose bits differ.
+    /// 1-rank reference plan; fail on the first logit whose bits differ. With --batch: decode
+    /// sequences together with the plan and each alone with the reference instead.
     Gate {
         /// The execution plan to check.
         plan: PathBuf,
@@ -117,6 +118,12 @@ enum Command {
         /// every mismatch is counted and the first of each run printed.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// Continuous batching: the plan (several sequence slots) decodes two more sequences
+        /// than its slots together (prompts of 1 to 7 tokens, joining at different steps,
+        /// leaving early, one reusing a cached prefix), the reference each alone; every
+        /// generated token's logits must be bit-identical (the prompt options do not apply).
+        #[arg(long, conflicts_with_all = ["tokens", "repeat"])]
+        batch: bool,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -490,8 +497,12 @@ fn run(command: Command) -> Result<ExitCode> {
             tokens,
             n_predict,
             repeat,
+            batch,
             run,
         } => {
+            if batch {
+                return tools::gate_batch(&plan, &reference, &run);
+            }
             let prompt = match &tokens {
                 Some(ids) => tools::Prompt::Tokens(ids),
                 None => tools::Prompt::Text(&prompt),

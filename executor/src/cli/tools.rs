@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use memra_gguf::progress::{Progress, Unit};
 
 use super::{start, RunArgs};
+use crate::batch_gate::{batch_gate, sequences};
 use crate::engine::{open, Arm, Backend, EngineOptions, PromptMode};
 use crate::gate::{decode_all, gate_repeated};
 use crate::perplexity::perplexity as run_perplexity;
@@ -167,6 +168,44 @@ pub struct CompareHow {
     pub teacher_forced: bool,
     /// Print each compared step's relative error.
     pub per_step: bool,
+}
+
+/// `gate --batch`: the continuous-batching gate (`crate::batch_gate`) of `plan` against
+/// `reference`, in both arms.
+pub fn gate_batch(plan: &Path, reference: &Path, run: &RunArgs) -> Result<ExitCode> {
+    if run.processes.is_some() {
+        bail!("--process/--processes/--rendezvous: gate --batch runs every rank in one process");
+    }
+    let candidate = run.load(plan)?;
+    let reference = run.load(reference)?;
+    let slots = candidate.plan.runtime.max_sequences as usize;
+    let seqs = sequences(candidate.plan.model.vocab, slots, 0);
+    let options = run.options(SamplerConfig::GREEDY);
+    let arms = [Arm::Serial, Arm::Pipelined];
+    let report = batch_gate(&reference, &candidate, &seqs, options, &arms)?;
+    let widest: Vec<String> = report.widest.iter().map(usize::to_string).collect();
+    match report.mismatch {
+        Some(m) => {
+            println!(
+                "batch gate failed: {} together differs from {} alone: {m}",
+                plan.display(),
+                reference.path.display()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        None => {
+            println!(
+                "batch gate passed: {} sequences together in {} match their runs alone in {} bit for bit (serial + pipelined, at most {} sequences in one step, {} generated tokens x {} logits)",
+                seqs.len(),
+                plan.display(),
+                reference.path.display(),
+                widest.join(" / "),
+                report.tokens,
+                candidate.plan.model.vocab
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 /// `compare`: the plan on the chosen backend against the CPU backend, greedy; fails when the

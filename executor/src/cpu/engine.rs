@@ -19,14 +19,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{anyhow, bail, Result};
-use memra_compiler::plan::{Carries, Plan, Step};
+use memra_compiler::plan::{Plan, Step};
 
 use super::compute::RankCompute;
 use super::kernels::Pool;
 use super::rank::RankRunner;
 use super::wire::{Remote, Wire};
 use crate::dist::{ProcessMap, Routes};
-use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput};
+use crate::engine::{
+    feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput,
+};
 use crate::plan_load::LoadedPlan;
 use crate::program::Binder;
 use crate::weights::RankWeights;
@@ -50,8 +52,7 @@ pub struct Engine {
     sequences: u32,
     prompt_mode: PromptMode,
     failed: bool,
-    /// Whether a step may embed the token sampled at the previous step: not where the token
-    /// crosses stages with a lag of several steps (`runtime.max_sequences` > 1).
+    /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
     feeds_sampled: bool,
     rewinds: bool,
 }
@@ -131,10 +132,7 @@ impl Engine {
             sequences: plan.runtime.max_sequences,
             prompt_mode: prompt_mode(plan),
             failed: false,
-            feeds_sampled: plan
-                .boundaries
-                .iter()
-                .all(|b| b.carries != Carries::Token || b.lag == 1),
+            feeds_sampled: feeds_sampled(plan),
             rewinds: plan.model.kda.is_none(),
         })
     }
@@ -147,14 +145,9 @@ impl Decoder for Engine {
             max_context: self.max_context,
             max_rows: self.prompt_mode.rows(),
             sequences: self.sequences,
+            feeds_sampled: self.feeds_sampled,
         };
         input.check(self.failed, self.next_step, limits)?;
-        if input.embeds_sampled() && !self.feeds_sampled {
-            bail!(
-                "a step that embeds the sampled token on a plan whose token crosses stages {} steps later (runtime.max_sequences); feed every row its token",
-                self.sequences
-            );
-        }
         let t = self.next_step;
         self.next_step += 1;
         self.in_flight += 1;

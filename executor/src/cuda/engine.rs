@@ -17,6 +17,10 @@
 //!
 //! The host only waits on the readback ring: serially after every step, pipelined once the
 //! plan's `in_flight` steps are enqueued.
+//!
+//! A plan of several sequence slots (`runtime.max_sequences`) runs every step as a batched
+//! decode step (`batched`): the rows of all its spans through the decode kernels, eagerly,
+//! every row with the bits of the one-sequence decode; prompts are rows of those steps too.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
 use memra_compiler::plan::{Boundary, Step};
 
+use super::batched::check_batched;
 use super::device::CudaDevice;
 use super::enqueue::{CudaOps, InputRing, Readback, RunGraphs};
 use super::graph::capture;
@@ -34,7 +39,9 @@ use super::prefill::prefill_rows;
 use super::rank::{RankDevice, Rows};
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
-use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput};
+use crate::engine::{
+    feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput,
+};
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Program};
 use crate::reduce::ReduceOrder;
@@ -64,6 +71,10 @@ pub struct Engine {
     max_context: u32,
     /// Steps that may be in flight: the plan's `runtime.in_flight`.
     ring: usize,
+    /// Sequence slots: the plan's `runtime.max_sequences`; above 1 every step is batched.
+    sequences: u32,
+    /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
+    feeds_sampled: bool,
     failed: bool,
     report: Vec<String>,
 }
@@ -120,9 +131,15 @@ impl Engine {
                 (map.ranks(plan, world.process()), Some(link))
             }
         };
-        let prompt = match prefill_rows(plan) {
-            Ok(rows) => PromptMode::Chunks(rows),
-            Err(why) => PromptMode::TokenByToken(why),
+        let sequences = plan.runtime.max_sequences.max(1);
+        let prompt = if sequences > 1 {
+            check_batched(plan).map_err(|e| anyhow!("{}: {e:#}", loaded.path.display()))?;
+            PromptMode::Chunks(plan.runtime.prefill_chunk.max(1))
+        } else {
+            match prefill_rows(plan) {
+                Ok(rows) => PromptMode::Chunks(rows),
+                Err(why) => PromptMode::TokenByToken(why),
+            }
         };
         let max_rows = prompt.rows() as usize;
         let devices = open_devices(plan, &local)?;
@@ -151,7 +168,10 @@ impl Engine {
             let n = ring + 2;
             inputs.push(InputRing {
                 pos: (0..n)
-                    .map(|_| pinned(&rank.dev, 1))
+                    .map(|_| pinned(&rank.dev, max_rows))
+                    .collect::<Result<_>>()?,
+                slots: (0..n)
+                    .map(|_| pinned(&rank.dev, max_rows))
                     .collect::<Result<_>>()?,
                 token: (0..n)
                     .map(|_| pinned(&rank.dev, max_rows))
@@ -229,6 +249,8 @@ impl Engine {
             next_step: 0,
             max_context: plan.runtime.max_context,
             ring,
+            sequences,
+            feeds_sampled: feeds_sampled(plan),
             failed: false,
             report,
         })
@@ -236,6 +258,7 @@ impl Engine {
 
     /// The walk's view of rank `ri` for one step of `rows` token rows.
     fn ops(&mut self, ri: usize, rows: Rows) -> CudaOps<'_> {
+        let eager = rows.rows > 1 || self.sequences > 1;
         CudaOps {
             ri,
             ranks: &mut self.ranks,
@@ -247,6 +270,7 @@ impl Engine {
             crossings: &self.crossings,
             inputs_sent: false,
             rows,
+            eager,
         }
     }
 
@@ -265,8 +289,9 @@ impl Engine {
                 })
             })
             .collect();
-        // a run's graph holds a decode step's launches: a prefill step captures nothing
-        if due.is_empty() || input.rows() > 1 {
+        // a run's graph holds a decode step's launches: a prefill or batched step captures
+        // nothing
+        if due.is_empty() || input.rows() > 1 || self.sequences > 1 {
             return Ok(());
         }
         self.synchronize_all()?;
@@ -348,14 +373,22 @@ impl Decoder for Engine {
         let limits = StepLimits {
             max_context: self.max_context,
             max_rows: self.prompt.rows(),
-            sequences: 1,
+            sequences: self.sequences,
+            feeds_sampled: self.feeds_sampled,
         };
         input.check(self.failed, self.next_step, limits)?;
-        // one sequence: the step's rows are one span, its logits from a row on
+        // the logits of `logit_rows` come back as the last rows' would: one sequence's rows
+        // are one span, its logits from a row on; a batched step's head gathers its rows
+        let logit_rows = input.logit_rows();
         let rows = Rows {
             rows: input.rows() as usize,
-            logits_from: input.rows() as usize - input.logit_rows().len(),
+            logits_from: input.rows() as usize - logit_rows.len(),
         };
+        if self.sequences > 1 {
+            for rank in &mut self.ranks {
+                rank.logit_rows.clone_from(&logit_rows);
+            }
+        }
         if self.pending.len() >= self.ring {
             bail!(
                 "{} steps are in flight, the plan's runtime.in_flight; take an output first",

@@ -33,7 +33,10 @@ pub(super) struct RunGraphs {
 /// copies that read it finished (its event is recorded after them). The pinned slices' own
 /// events are not recorded with cudarc's event tracking off, so the ring keeps its own.
 pub(super) struct InputRing {
+    /// The step's position, or a batched step's position of every row.
     pub(super) pos: Vec<PinnedHostSlice<u32>>,
+    /// A batched step's sequence slot of every row.
+    pub(super) slots: Vec<PinnedHostSlice<u32>>,
     pub(super) token: Vec<PinnedHostSlice<u32>>,
     pub(super) done: Vec<CudaEvent>,
 }
@@ -62,6 +65,8 @@ pub(super) struct CudaOps<'a> {
     pub(super) inputs_sent: bool,
     /// The step's token rows.
     pub(super) rows: Rows,
+    /// Whether the step runs eagerly whatever its runs say (a prefill or a batched step).
+    pub(super) eager: bool,
 }
 
 impl CudaOps<'_> {
@@ -77,7 +82,8 @@ impl CudaOps<'_> {
             .ok_or_else(|| anyhow!("event `{event}` slot {slot} is never recorded"))
     }
 
-    /// Writes the step's position, and the tokens when the block embeds, in stream order.
+    /// Writes the step's position (a batched step's position and slot of every row), and the
+    /// tokens when the block embeds, in stream order.
     fn send_inputs(
         &mut self,
         t: u64,
@@ -100,7 +106,16 @@ impl CudaOps<'_> {
             unsafe { cu::memcpy_htod_async(dst.addr(), staged, s.cu_stream()) }
                 .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
         };
-        up(&mut ring.pos[slot], &[input.pos()], rank.pos())?;
+        if rank.batched() {
+            let (pos, slots): (Vec<u32>, Vec<u32>) = input
+                .rows_at()
+                .map(|r| (r.pos as u32, r.slot as u32))
+                .unzip();
+            up(&mut ring.pos[slot], &pos, rank.pos(pos.len()))?;
+            up(&mut ring.slots[slot], &slots, rank.slots(slots.len()))?;
+        } else {
+            up(&mut ring.pos[slot], &[input.pos()], rank.pos(1))?;
+        }
         if embeds {
             let tokens = input.tokens();
             match (tokens.is_empty(), rank.token_input()) {
@@ -214,7 +229,6 @@ impl RankOps for CudaOps<'_> {
         input: &StepInput,
     ) -> Result<Entered> {
         let embeds = b.work.contains(&Work::Embed);
-        let prefill = self.rows.rows > 1;
         if !self.inputs_sent {
             let s = self.stream(stream)?;
             self.send_inputs(t, input, embeds, &s)?;
@@ -222,8 +236,9 @@ impl RankOps for CudaOps<'_> {
         } else if embeds {
             bail!("embed after the rank's first run or island is not supported");
         }
-        // a run's graph holds one token row's launches: a prefill step walks the run eagerly
-        let Some(run) = self.runs[at].as_mut().filter(|_| !prefill) else {
+        // a run's graph holds one token row's launches: a prefill or batched step walks the
+        // run eagerly
+        let Some(run) = self.runs[at].as_mut().filter(|_| !self.eager) else {
             return Ok(Entered::Walk);
         };
         let p = (t % run.phases) as usize;

@@ -1,7 +1,9 @@
-//! The matrix-vector products of batch-1 decode (kernels/matvec.cu): the launch helpers of
-//! every form (plain, several weights in one launch, residual, SwiGLU, the experts of an MoE
-//! layer), and the one job every form becomes. The numerics contract (chunked K, a fixed tree)
-//! is the kernel file's; this side checks shapes and picks the grid.
+//! The matrix-vector products of decode (kernels/matvec.cu): the launch helpers of every form
+//! (plain, several weights in one launch, residual, SwiGLU, the experts of an MoE layer), and
+//! the one job every form becomes. Every form but the norm and the experts also takes several
+//! activation rows at once (x holding whole rows: a batched decode step's sequences), each row
+//! with the bits of a launch for it alone. The numerics contract (chunked K, a fixed tree) is
+//! the kernel file's; this side checks shapes and picks the kernel and the grid.
 
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig};
@@ -15,13 +17,61 @@ use super::span::Span;
 /// MATVEC_THREADS in kernels/matvec.cu.
 const MATVEC_ROWS: usize = 4;
 const MATVEC_THREADS: usize = 512;
-/// Matvec blocks per SM (the kernels' `__launch_bounds__` minimum).
-const MATVEC_BLOCKS_PER_SM: usize = 2;
-/// Shared memory every matvec block holds statically: the chunk values (kernels/matvec.cu)
-/// and block_rms_scale's partial sums (kernels/common.cuh), rounded up.
-const MATVEC_STATIC_SHARED: usize = (16 << 10) + 128;
+/// Activation rows of one block of a batched launch (MATVEC_TILE in kernels/matvec.cu).
+pub const MATVEC_TILE: usize = 8;
+
+/// The two kernels of each dtype: one activation row, or tiles of `MATVEC_TILE` rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    One,
+    Tiles,
+}
+
+impl Kernel {
+    fn of(batch: usize) -> Kernel {
+        if batch == 1 {
+            Kernel::One
+        } else {
+            Kernel::Tiles
+        }
+    }
+
+    fn name(self, dtype: GgmlType) -> String {
+        match self {
+            Kernel::One => format!("matvec_{}", dtype.name()),
+            Kernel::Tiles => format!("matvec_rows8_{}", dtype.name()),
+        }
+    }
+
+    /// Blocks per SM (the kernel's `__launch_bounds__` minimum).
+    fn blocks_per_sm(self) -> usize {
+        match self {
+            Kernel::One => 2,
+            Kernel::Tiles => 1,
+        }
+    }
+
+    /// Shared memory a block holds statically: the chunk values of two rounds
+    /// (kernels/matvec.cu: 16 KiB for one row, 32 KiB for a tile) and block_rms_scale's
+    /// partial sums (kernels/common.cuh), rounded up.
+    fn static_shared(self) -> usize {
+        match self {
+            Kernel::One => (16 << 10) + 128,
+            Kernel::Tiles => (32 << 10) + 128,
+        }
+    }
+
+    /// Activation rows one block takes.
+    fn rows(self) -> usize {
+        match self {
+            Kernel::One => 1,
+            Kernel::Tiles => MATVEC_TILE,
+        }
+    }
+}
+
 /// Shared memory a block may take without raising the kernel's dynamic limit.
-const MATVEC_PLAIN_DYNAMIC: usize = (48 << 10) - MATVEC_STATIC_SHARED;
+const MATVEC_PLAIN_DYNAMIC: usize = 48 << 10;
 /// Most weights one matvec launch takes (MATVEC_MAX_SEGS in kernels/matvec.cu).
 pub const MATVEC_MAX_SEGS: usize = 3;
 
@@ -72,6 +122,7 @@ struct MatvecJob {
     expert_count: i32,
     x_stride: i32,
     y_stride: i32,
+    batch: i32,
 }
 
 /// Expert mode of a matvec launch (kernels/matvec.cu): one grid row per selected expert, the
@@ -116,9 +167,12 @@ impl CudaDevice {
     /// contract of kernels/matvec.cu, identical in structure to the CPU backend's). Quantized
     /// weights multiply x quantized to 8 bits per block exactly as the CPU backend does it.
     ///
-    /// Panics unless `x` has `w.cols` values, `y` has `w.rows`, `chunks` is a power of two of
-    /// at most `MAX_CHUNKS` and each chunk is a whole number of blocks; `x` must be 16-byte
-    /// aligned (buffer starts are).
+    /// `x` may hold several rows of `w.cols` values, `y` then as many rows of `w.rows`: each
+    /// row's bits are those of a launch for that row alone.
+    ///
+    /// Panics unless `x` has whole rows of `w.cols` values, `y` the same number of `w.rows`,
+    /// `chunks` is a power of two of at most `MAX_CHUNKS` and each chunk is a whole number of
+    /// blocks; `x` must be 16-byte aligned (buffer starts are).
     pub fn matvec(
         &self,
         stream: &CudaStream,
@@ -147,8 +201,8 @@ impl CudaDevice {
         self.matvec_job(stream, ws, x, norm, chunks, &outs, Epilogue::Plain, None)
     }
 
-    /// `y = residual + W x` in one launch (`y` may be `residual`): the add after a
-    /// row-parallel matvec, with the bits of `matvec` followed by `add`.
+    /// `y = residual + W x` in one launch (`y` may be `residual`), row by row: the add after
+    /// a row-parallel matvec, with the bits of `matvec` followed by `add`.
     pub fn matvec_residual(
         &self,
         stream: &CudaStream,
@@ -160,10 +214,10 @@ impl CudaDevice {
     ) -> Result<()> {
         assert_eq!(
             residual.len(),
-            w.rows,
-            "matvec: residual has {} values for {} rows",
+            y.len(),
+            "matvec: residual has {} values for {} outputs",
             residual.len(),
-            w.rows
+            y.len()
         );
         let r = ptr(stream, residual);
         let out = (ptr_mut(stream, y), y.len());
@@ -179,9 +233,9 @@ impl CudaDevice {
         )
     }
 
-    /// `y = silu(gate x) * (up x)` in one launch (x normalized first when `norm` is given),
-    /// with the bits of the two matvecs followed by the CPU backend's `silu_mul` expression
-    /// (`silu_mul_clamped` with `limit`).
+    /// `y = silu(gate x) * (up x)` in one launch (x normalized first when `norm` is given; one
+    /// row then), row by row, with the bits of the two matvecs followed by the CPU backend's
+    /// `silu_mul` expression (`silu_mul_clamped` with `limit`).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_swiglu(
         &self,
@@ -262,12 +316,16 @@ impl CudaDevice {
             ws.iter().all(|w| w.dtype == w0.dtype && w.cols == w0.cols),
             "matvec: fused weights must share dtype and columns"
         );
-        assert_eq!(
-            x.len(),
-            w0.cols,
-            "matvec: x has {} values for {} columns",
+        let batch = x.len() / w0.cols;
+        assert!(
+            batch > 0 && x.len() == batch * w0.cols,
+            "matvec: x has {} values, not whole rows of {} columns",
             x.len(),
             w0.cols
+        );
+        assert!(
+            batch == 1 || (norm.is_none() && sel.is_none()),
+            "matvec: a norm or experts take one row of x"
         );
         for (w, &(_, len)) in ws.iter().zip(ys) {
             let rows = if matches!(epilogue, Epilogue::SwiGlu { .. }) {
@@ -275,8 +333,13 @@ impl CudaDevice {
             } else {
                 w.rows
             };
-            assert_eq!(len, rows, "matvec: y has {len} values for {rows} rows");
+            assert_eq!(
+                len,
+                batch * rows,
+                "matvec: y has {len} values for {batch} x {rows} rows"
+            );
         }
+        let kernel = Kernel::of(batch);
         assert!(
             chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
             "matvec: chunks must be a power of two up to {MAX_CHUNKS}, got {chunks}"
@@ -297,13 +360,14 @@ impl CudaDevice {
                 w0.cols
             );
         }
-        // the normalized x sits after the 8-bit copy of x, 16-byte aligned
-        let act = matvec_act_bytes(w0.dtype, w0.cols);
-        let xn_offset = act.next_multiple_of(16);
+        // the normalized x sits after the 8-bit copy of x, 16-byte aligned; a tile's rows
+        // have their copies one after another, each 16-byte aligned
+        let act = matvec_act_bytes(w0.dtype, w0.cols).next_multiple_of(16);
+        let xn_offset = act;
         let smem = if norm.is_some() {
             xn_offset + w0.cols * 4
         } else {
-            act
+            act * kernel.rows()
         };
         let mut job = MatvecJob {
             w: [0; MATVEC_MAX_SEGS],
@@ -332,6 +396,7 @@ impl CudaDevice {
             expert_count: sel.map_or(0, |e| int(e.count)),
             x_stride: sel.map_or(0, |e| int(e.x_stride)),
             y_stride: sel.map_or(0, |e| int(e.y_stride)),
+            batch: int(batch),
         };
         if let Some(e) = sel {
             assert!(
@@ -349,20 +414,28 @@ impl CudaDevice {
             );
         }
         assert!(xp.is_multiple_of(16), "matvec: x must be 16-byte aligned");
-        let name = format!("matvec_{}", w0.dtype.name());
-        if smem > MATVEC_PLAIN_DYNAMIC {
-            self.allow_dynamic_shared(&name, MATVEC_STATIC_SHARED, smem)
+        let name = kernel.name(w0.dtype);
+        if smem + kernel.static_shared() > MATVEC_PLAIN_DYNAMIC {
+            self.allow_dynamic_shared(&name, kernel.static_shared(), smem)
                 .with_context(|| format!("{name} with K = {}", w0.cols))?;
         }
         let items: usize = match epilogue {
             Epilogue::SwiGlu { .. } => w0.rows.div_ceil(MATVEC_ROWS),
             _ => ws.iter().map(|w| w.rows.div_ceil(MATVEC_ROWS)).sum(),
         };
-        // expert mode: the persistent grid's blocks are shared among the slots' rows
+        // expert mode: the persistent grid's blocks are shared among the slots' rows; a
+        // batched launch has one block per tile of each run
         let slots = sel.map_or(1, |e| e.slots);
-        let blocks = items.min((MATVEC_BLOCKS_PER_SM * self.sm_count()?).div_ceil(slots));
+        let tiles = batch.div_ceil(kernel.rows());
+        let resident = kernel.blocks_per_sm() * self.sm_count()?;
+        let runs = match kernel {
+            Kernel::One => items.min(resident.div_ceil(slots)),
+            // whole runs of tiles in one wave: a block more than the SMs hold would double
+            // the launch's time
+            Kernel::Tiles => items.min((resident / tiles).max(1)),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, slots as u32, 1),
+            grid_dim: ((runs * tiles) as u32, slots as u32, 1),
             block_dim: (MATVEC_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };

@@ -7,6 +7,7 @@
 //! bandwidth measurements. The driver is loaded at run time, so the crate builds and tests on
 //! machines without CUDA; opening a device there fails with one clear error.
 
+mod batched;
 mod collective;
 pub mod compile;
 mod decode;

@@ -9,11 +9,12 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer, KernelArgs};
 use super::matvec::MAX_CHUNKS;
+use super::span::Span;
 use crate::sample::SamplerConfig;
 
 /// A weight matrix on the device: `rows` rows of `cols` values of `dtype`, in GGUF's row
@@ -108,7 +109,8 @@ impl Planes {
     }
 }
 
-/// One layer's f16 KV cache: `capacity` positions of `n_kv_heads * head_dim` halves, K and V.
+/// One layer's f16 KV cache: per sequence slot, `capacity` positions of `n_kv_heads *
+/// head_dim` halves, K and V (slot `s` from position `s * capacity` on).
 pub struct DeviceKv {
     /// Keys, position-major.
     pub k: DeviceBuffer<u16>,
@@ -118,26 +120,30 @@ pub struct DeviceKv {
     pub n_kv_heads: usize,
     /// Values per head.
     pub head_dim: usize,
-    /// Positions the cache holds.
+    /// Positions the cache holds per slot.
     pub capacity: usize,
+    /// Sequence slots.
+    pub slots: usize,
 }
 
 impl DeviceKv {
-    /// A zero-filled cache.
+    /// A zero-filled cache of `slots` sequence slots.
     pub fn new(
         dev: &CudaDevice,
         stream: &Arc<CudaStream>,
         n_kv_heads: usize,
         head_dim: usize,
         capacity: usize,
+        slots: usize,
     ) -> Result<DeviceKv> {
-        let n = n_kv_heads * head_dim * capacity;
+        let n = n_kv_heads * head_dim * capacity * slots;
         Ok(DeviceKv {
             k: dev.alloc(stream, n)?,
             v: dev.alloc(stream, n)?,
             n_kv_heads,
             head_dim,
             capacity,
+            slots,
         })
     }
 }
@@ -223,9 +229,10 @@ impl CudaDevice {
     /// earlier rows already in the cache by `kv_store_rows`), scale `1 / sqrt(head_dim)`, into `out`, with the rotary embedding and the cache
     /// write in the same launch: q and k are rotated to position `pos[0]` (q in place; k is
     /// left as it is), and the rotated k and v are stored as f16 at that position of `kv`
-    /// (nothing is stored at a position past the capacity). The scores stay in shared memory
-    /// up to `ATTN_SMEM_POSITIONS` positions of capacity; past it `scores` is their scratch
-    /// (`n_heads * kv.capacity` values).
+    /// (nothing is stored at a position past the capacity). With `slots` (a batched decode
+    /// step), row `r` sits at position `pos[r]` of sequence slot `slots[r]` instead, each over
+    /// its own slot. The scores stay in shared memory up to `ATTN_SMEM_POSITIONS` positions of
+    /// capacity; past it `scores` is their scratch (`n_heads * kv.capacity` values).
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -235,6 +242,7 @@ impl CudaDevice {
         v: &impl DevicePtr<f32>,
         kv: &mut DeviceKv,
         pos: &impl DevicePtr<u32>,
+        slots: Option<&Span<u32>>,
         rope: (f32, RopeStyle),
         scores: &mut impl DevicePtrMut<f32>,
         out: &mut impl DevicePtrMut<f32>,
@@ -259,6 +267,10 @@ impl CudaDevice {
             "attention: {n_heads} heads do not group over {} kv heads",
             kv.n_kv_heads
         );
+        assert!(
+            slots.is_none_or(|sl| sl.len() >= rows && pos.len() >= rows),
+            "attention: slots and pos must name every row's slot and position"
+        );
         let in_smem = kv.capacity <= ATTN_SMEM_POSITIONS;
         assert!(
             in_smem || (rows == 1 && scores.len() >= n_heads * kv.capacity),
@@ -277,6 +289,7 @@ impl CudaDevice {
         );
         let (kc, vc) = (ptr_mut(stream, &mut kv.k), ptr_mut(stream, &mut kv.v));
         let sp = if in_smem { 0 } else { ptr_mut(stream, scores) };
+        let slp = slots.map_or(0, Span::addr);
         let op = ptr_mut(stream, out);
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
         let cfg = LaunchConfig {
@@ -293,6 +306,7 @@ impl CudaDevice {
                 .arg(&op)
                 .arg(&sp)
                 .arg(&pp)
+                .arg(&slp)
                 .arg(&nh)
                 .arg(&nkv)
                 .arg(&hd)

@@ -6,7 +6,8 @@
 //! from device memory, so the same launches can be captured once and replayed. The math
 //! mirrors the CPU backend's `compute` (same chunk counts, same operations per value) so plans
 //! agree bit for bit. A decode step's layer segments are in `decode`, a prefill step's in
-//! `prefill`; the op families in `moe` (dense or MoE FFN), `mla` (deepseek2's latent
+//! `prefill`, a batched decode step's (a plan of several sequence slots) in `batched`; the op
+//! families in `moe` (dense or MoE FFN), `mla` (deepseek2's latent
 //! attention) and `kda` (kimi-linear's recurrent state).
 
 use std::collections::BTreeMap;
@@ -90,10 +91,13 @@ pub(super) struct Buffers {
     pub att: DeviceBuffer<f32>,
     pub partial: DeviceBuffer<f32>,
     pub gate: DeviceBuffer<f32>,
-    scores: DeviceBuffer<f32>,
+    pub scores: DeviceBuffer<f32>,
     pub logits: DeviceBuffer<f32>,
     full_logits: Option<DeviceBuffer<f32>>,
+    /// The step's position (one; a batched step's: one per row).
     pub pos: DeviceBuffer<u32>,
+    /// A batched step's sequence slot of every row.
+    pub slots: DeviceBuffer<u32>,
     token: DeviceBuffer<u32>,
     /// A prefill step's f16 activation rows, the up projection's rows and the chunk partials
     /// of a row-parallel product (empty when prompts run token by token).
@@ -127,6 +131,11 @@ pub struct RankDevice {
     pub(super) buf: Buffers,
     /// Token rows a step may have: the prefill chunk, or 1.
     pub(super) max_rows: usize,
+    /// Sequence slots of the caches: the plan's `runtime.max_sequences`. With more than one,
+    /// every step is a batched decode step (`batched`).
+    pub(super) sequences: usize,
+    /// The rows of the step being enqueued whose logits come back (a batched step's).
+    pub(super) logit_rows: Vec<usize>,
     /// Vocab rows of this rank's head (one row of `logits`).
     vocab_rows: usize,
     tx: BTreeMap<u32, DeviceBuffer<u8>>,
@@ -305,6 +314,7 @@ impl RankDevice {
             );
         }
         let ctx = plan.runtime.max_context as usize;
+        let sequences = plan.runtime.max_sequences.max(1) as usize;
         let mut kv = Vec::new();
         let (mut nq, mut nk, mut n_att) = (1, 1, 1);
         for lw in &layers {
@@ -317,7 +327,14 @@ impl RankDevice {
                 bail!("q/k shards are not whole heads of {hd} values");
             }
             (nq, nk) = (nq.max(g.q.rows), nk.max(g.k.rows));
-            kv.push(Some(DeviceKv::new(&dev, &s, g.k.rows / hd, hd, ctx)?));
+            kv.push(Some(DeviceKv::new(
+                &dev,
+                &s,
+                g.k.rows / hd,
+                hd,
+                ctx,
+                sequences,
+            )?));
         }
         let geo = RankGeometry::of(plan, rank);
         let mla_layers: Vec<Option<&MlaWeights>> = layers
@@ -387,7 +404,8 @@ impl RankDevice {
             } else {
                 None
             },
-            pos: dev.alloc(&s, 1)?,
+            pos: dev.alloc(&s, n)?,
+            slots: dev.alloc(&s, n)?,
             token: dev.alloc(&s, n)?,
             step: dev.alloc(&s, 1)?,
             rows: if n > 1 {
@@ -448,6 +466,8 @@ impl RankDevice {
             sampler,
             buf,
             max_rows,
+            sequences,
+            logit_rows: Vec::new(),
             vocab_rows: logits_len,
             tx,
             rx,
@@ -513,9 +533,19 @@ impl RankDevice {
             .ok_or_else(|| anyhow!("rank {} has no stream `{name}`", self.rank))
     }
 
-    /// The position input (one value).
-    pub fn pos(&self) -> Span<u32> {
-        Span::of(&self.buf.pos)
+    /// The position input: one value, or one per row of a batched step (`rows`).
+    pub fn pos(&self, rows: usize) -> Span<u32> {
+        Span::of(&self.buf.pos).sub(0, rows)
+    }
+
+    /// The sequence slot of each of a batched step's `rows`.
+    pub fn slots(&self, rows: usize) -> Span<u32> {
+        Span::of(&self.buf.slots).sub(0, rows)
+    }
+
+    /// Whether every step is a batched decode step: the plan has several sequence slots.
+    pub fn batched(&self) -> bool {
+        self.sequences > 1
     }
 
     /// The tokens of the step's rows: embed reads them, sample writes the first.
@@ -602,6 +632,9 @@ impl RankDevice {
                     None => Ok(()),
                 }
             }
+            Work::Segment { layer, segment } if self.batched() => {
+                self.batch_segment(layer, segment, rows.rows, s)
+            }
             Work::Segment { layer, segment } if rows.rows > 1 => {
                 self.prefill_segment(layer, segment, rows.rows, s)
             }
@@ -632,6 +665,7 @@ impl RankDevice {
                     None => Ok(()),
                 }
             }
+            Work::Head if self.batched() => self.batch_head(s),
             Work::Head => {
                 // mHC: the head reads the streams' mean
                 if let Some(hc) = &self.hc {
@@ -728,7 +762,7 @@ impl RankDevice {
             .ok_or_else(|| anyhow!("attention on a layer that is not a GQA layer"))?;
         let rows = k.len() / (kv.n_kv_heads * kv.head_dim);
         if rows > 1 {
-            self.dev.kv_store_rows(s, k, v, kv, &pos, rope)?;
+            self.dev.kv_store_rows(s, k, v, kv, &pos, None, rope)?;
             if FLASH_HEAD_DIMS.contains(&kv.head_dim) {
                 return self
                     .dev
@@ -742,6 +776,7 @@ impl RankDevice {
             v,
             kv,
             &pos,
+            None,
             rope,
             &mut Span::of(&self.buf.scores),
             &mut out.clone(),

@@ -6,7 +6,7 @@
 //! (kernels/flash.cu).
 
 use anyhow::Result;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
 use super::device::CudaDevice;
@@ -215,7 +215,9 @@ impl CudaDevice {
     }
 
     /// Writes each token row's k (rotated to position `pos[0] + row`, as `attention` rotates
-    /// it) and v into the cache at that position, narrowed to f16.
+    /// it) and v into the cache at that position, narrowed to f16; with `slots`, row `r` at
+    /// position `pos[r]` of sequence slot `slots[r]` (as `attention`).
+    #[allow(clippy::too_many_arguments)]
     pub fn kv_store_rows(
         &self,
         stream: &CudaStream,
@@ -223,6 +225,7 @@ impl CudaDevice {
         v: &impl DevicePtr<f32>,
         kv: &mut DeviceKv,
         pos: &impl DevicePtr<u32>,
+        slots: Option<&Span<u32>>,
         rope: (f32, RopeStyle),
     ) -> Result<()> {
         let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
@@ -231,6 +234,11 @@ impl CudaDevice {
             rows > 0 && k.len() == rows * row && v.len() == k.len() && !pos.is_empty(),
             "kv_store_rows: k and v must hold whole rows of {row} values"
         );
+        assert!(
+            slots.is_none_or(|sl| sl.len() >= rows && pos.len() >= rows),
+            "kv_store_rows: slots and pos must name every row's slot and position"
+        );
+        let slp = slots.map_or(0, Span::addr);
         let (theta, style) = rope;
         // the host computes the angle step as `attention` does, so the bits are the same
         let theta_scale = theta.powf(-2.0 / hd as f32);
@@ -244,7 +252,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         self.launch(stream, "kv_store_rows_f16", cfg, |l| {
-            l.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&pp);
+            l.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&pp).arg(&slp);
             l.arg(&nkv).arg(&hdi).arg(&cap).arg(&theta_scale).arg(&neox);
         })
     }

@@ -4,7 +4,9 @@
 //! device-to-device copy (bytes read + written) gives the ceiling to compare with. Per dtype,
 //! the shapes weighted by how often one decode token runs them give the token's matvec time:
 //! its weight bytes over that time, against the copy, is the decode bandwidth the kernels
-//! reach, and its inverse the tok/s they allow (attention and small ops excluded).
+//! reach, and its inverse the tok/s they allow (attention and small ops excluded). Then the
+//! same token's matvecs over batches of rows (a batched decode step of B sequences): the
+//! step's time, the aggregate tok/s and its gain over one row.
 
 use std::sync::Arc;
 
@@ -34,6 +36,9 @@ const DTYPES: [GgmlType; 8] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
 ];
+/// Dtypes and activation rows of the batched table.
+const BATCH_DTYPES: [GgmlType; 3] = [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K];
+const BATCH_ROWS: [usize; 4] = [1, 4, 16, 64];
 /// Bytes the rotating weight copies must cover (the H200's L2 is 60 MB).
 const ROTATE_BYTES: usize = 256 << 20;
 const BATCH: usize = 20;
@@ -50,7 +55,7 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
     for dtype in DTYPES {
         let (mut token_us, mut token_mb) = (0.0, 0.0);
         for (rows, cols, per_token) in SHAPES {
-            let (us, gbs) = matvec_bandwidth(dev, s, rng, dtype, rows, cols)?;
+            let (us, gbs) = matvec_bandwidth(dev, s, rng, dtype, rows, cols, 1)?;
             let mb = dtype
                 .bytes_for((rows * cols) as u64)
                 .expect("invariant: whole blocks") as f64
@@ -81,6 +86,32 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
             1e6 / us,
             copy * 1e3 / mb
         );
+    }
+    println!();
+    println!("llama-3-8B decode step of B sequences, matvecs only (each weight read once per tile of 8 rows)");
+    println!(
+        "{:<6} {:>4} {:>9} {:>11} {:>9} {:>8}",
+        "dtype", "B", "us", "us per row", "tok/s", "gain"
+    );
+    for dtype in BATCH_DTYPES {
+        let mut one = 0.0;
+        for batch in BATCH_ROWS {
+            let mut step_us = 0.0;
+            for (rows, cols, per_token) in SHAPES {
+                step_us +=
+                    per_token as f64 * matvec_bandwidth(dev, s, rng, dtype, rows, cols, batch)?.0;
+            }
+            if batch == 1 {
+                one = step_us;
+            }
+            println!(
+                "{:<6} {batch:>4} {step_us:>9.0} {:>11.1} {:>9.0} {:>7.1}x",
+                dtype.name(),
+                step_us / batch as f64,
+                batch as f64 * 1e6 / step_us,
+                one * batch as f64 / step_us
+            );
+        }
     }
     println!();
     Ok(())
@@ -128,6 +159,7 @@ fn matvec_bandwidth(
     dtype: GgmlType,
     rows: usize,
     cols: usize,
+    batch: usize,
 ) -> Result<(f64, f64)> {
     let bytes = dtype
         .bytes_for((rows * cols) as u64)
@@ -147,12 +179,12 @@ fn matvec_bandwidth(
             cols,
         });
     }
-    let x = dev.upload(s, &random(rng, cols, 1.0))?;
-    let mut y = dev.alloc::<f32>(s, rows)?;
+    let x = dev.upload(s, &random(rng, batch * cols, 1.0))?;
+    let mut y = dev.alloc::<f32>(s, batch * rows)?;
     let secs = time(dev, s, |i| {
         dev.matvec(s, &weights[i % copies], &x, 8, &mut y)
     })
-    .with_context(|| format!("timing matvec_{dtype} {rows}x{cols}"))?;
+    .with_context(|| format!("timing matvec_{dtype} {rows}x{cols} over {batch} rows"))?;
     Ok((secs * 1e6, bytes as f64 / secs / 1e9))
 }
 

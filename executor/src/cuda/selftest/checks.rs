@@ -167,7 +167,7 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
     let (mut qd, kd) = (dev.upload(s, &x[..n])?, dev.upload(s, &x[n..])?);
     let vd = dev.upload(s, &v)?;
     let cap = pos as usize + 1;
-    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap)?;
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
     let pd = dev.upload(s, &[pos])?;
     let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
     let mut out = dev.alloc::<f32>(s, n)?;
@@ -178,6 +178,7 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
         &vd,
         &mut kv,
         &pd,
+        None,
         (theta, style),
         &mut scores,
         &mut out,
@@ -253,7 +254,7 @@ fn attention(
 ) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let row = n_kv * hd;
-    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap)?;
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
     let mut pd = dev.alloc::<u32>(s, 1)?;
     let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
     let mut out = dev.upload(s, &vec![f32::NAN; n_heads * hd])?;
@@ -271,6 +272,7 @@ fn attention(
             &vd,
             &mut kv,
             &pd,
+            None,
             rope,
             &mut scores,
             &mut out,

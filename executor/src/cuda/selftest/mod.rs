@@ -10,11 +10,14 @@
 //! key norm and selected cells token by token against the CPU's (ggml's tie order included;
 //! and their graph replay), the prefill kernels over token rows (the tensor-core
 //! product per dtype, its chunks' tensor-parallel bit-exactness, attention rows bit for bit
-//! against decode steps), and optionally the achieved bandwidth of the matvec kernels
-//! on llama-8B shapes next to a device copy; `collective` times the all-reduce alone. Run by
+//! against decode steps), the batched decode kernels bit for bit against the one-row decode
+//! (the matvec over several rows per dtype and form, attention over rows of several sequence
+//! slots), and optionally the achieved bandwidth of the matvec kernels on llama-8B shapes
+//! next to a device copy, and their throughput over batches of rows; `collective` times the all-reduce alone. Run by
 //! `cargo run --release --example cuda_selftest`; it needs a GPU and is never part of
 //! `cargo test`.
 
+mod batch;
 mod bench;
 mod checks;
 pub mod collective;
@@ -209,6 +212,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         mhc::run(&mut cx)?;
         dsa::run(&mut cx)?;
         rows::run(&mut cx)?;
+        batch::run(&mut cx)?;
         sampling::run(&mut cx)?;
     }
     if opts.bench {

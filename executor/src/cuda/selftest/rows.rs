@@ -83,7 +83,7 @@ fn flash_rows(
     let (dev, s) = (cx.dev, cx.s);
     let (row, qrow) = (n_kv * hd, n_heads * hd);
     let rope = (10000.0, RopeStyle::Normal);
-    let mut kv = DeviceKv::new(dev, s, n_kv, hd, p0 + rows + 5)?;
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, p0 + rows + 5, 1)?;
     let mut pd = dev.alloc::<u32>(s, 1)?;
     if p0 > 0 {
         let (k, v) = (
@@ -91,7 +91,7 @@ fn flash_rows(
             random(&mut cx.rng, p0 * row, 1.0),
         );
         let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
-        dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, rope)?;
+        dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, None, rope)?;
     }
     dev.write(s, &[p0 as u32], &mut pd)?;
     let q = random(&mut cx.rng, rows * qrow, 1.0);
@@ -100,7 +100,7 @@ fn flash_rows(
         random(&mut cx.rng, rows * row, 1.0),
     );
     let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
-    dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, rope)?;
+    dev.kv_store_rows(s, &kd, &vd, &mut kv, &pd, None, rope)?;
     let qd = dev.upload(s, &q)?;
     let mut fast = dev.upload(s, &vec![f32::NAN; rows * qrow])?;
     dev.flash_attention(s, &qd, &kv, &pd, rows, rope, &mut fast)?;
@@ -114,6 +114,7 @@ fn flash_rows(
         &vd,
         &mut kv,
         &pd,
+        None,
         rope,
         &mut scores,
         &mut want,
@@ -277,8 +278,8 @@ fn attention_rows(
     let v = random(&mut cx.rng, total * row, 1.0);
     let mut scores = dev.alloc::<f32>(s, 0)?;
     // decode: one step per position
-    let mut kv_a = DeviceKv::new(dev, s, n_kv, hd, cap)?;
-    let mut kv_b = DeviceKv::new(dev, s, n_kv, hd, cap)?;
+    let mut kv_a = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
+    let mut kv_b = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
     let mut want = Vec::new();
     let mut pd = dev.alloc::<u32>(s, 1)?;
     for p in 0..total {
@@ -292,7 +293,18 @@ fn attention_rows(
                 continue;
             }
             let mut qc = dev.upload(s, &q[p * qrow..(p + 1) * qrow])?;
-            dev.attention(s, &mut qc, &kd, &vd, kv, &pd, rope, &mut scores, &mut out)?;
+            dev.attention(
+                s,
+                &mut qc,
+                &kd,
+                &vd,
+                kv,
+                &pd,
+                None,
+                rope,
+                &mut scores,
+                &mut out,
+            )?;
             if keep {
                 qd = qc;
             }
@@ -308,7 +320,7 @@ fn attention_rows(
     let kd = dev.upload(s, &k[p0 * row..])?;
     let vd = dev.upload(s, &v[p0 * row..])?;
     let mut out = dev.alloc::<f32>(s, rows * qrow)?;
-    dev.kv_store_rows(s, &kd, &vd, &mut kv_b, &pd, rope)?;
+    dev.kv_store_rows(s, &kd, &vd, &mut kv_b, &pd, None, rope)?;
     dev.attention(
         s,
         &mut qd,
@@ -316,6 +328,7 @@ fn attention_rows(
         &vd,
         &mut kv_b,
         &pd,
+        None,
         rope,
         &mut scores,
         &mut out,

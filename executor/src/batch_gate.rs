@@ -1,0 +1,186 @@
+//! The continuous-batching gate: sequences decoded together by a plan of several sequence
+//! slots (different prompts, joining at different steps, leaving early, their slots taken
+//! again by later sequences, one of them reusing a cached prefix) get, at every generated
+//! token, the logits of their run alone with a reference plan, bit for bit. Both runs go
+//! through `Batch` with greedy host sampling, so the reference may be the batched plan itself
+//! (a sequence alone in it) or a plan of one sequence slot. The runs alone share one engine
+//! of the reference, one sequence after the other (a later one reuses a cached prefix only
+//! where its prompt repeats the last one's, as the batched run's last sequence does).
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::batch::{window, Batch};
+use crate::engine::{open, Arm, EngineOptions};
+use crate::plan_load::LoadedPlan;
+use crate::sample::argmax;
+
+/// A sequence of the gate: the step it joins at (or later, when every slot is taken), its
+/// prompt and how many tokens it generates.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub joins_at: usize,
+    pub prompt: Vec<u32>,
+    pub generate: usize,
+}
+
+/// Sequences over `vocab` tokens for a plan of `slots` slots: prompts of 1 to 7 tokens (each
+/// token offset by `seed`), joining at different steps, two more of them than `slots` so the
+/// later ones wait and take the slots of those that left; the last repeats the first's
+/// prompt, reusing the prefix its slot holds.
+pub fn sequences(vocab: u32, slots: usize, seed: u32) -> Vec<Sequence> {
+    let mut out: Vec<Sequence> = (0..slots + 2)
+        .map(|i| {
+            let len = 1 + (i * 5) % 7;
+            let prompt = (0..len)
+                .map(|j| (17 + seed + 31 * i as u32 + 7 * j as u32) % vocab)
+                .collect();
+            Sequence {
+                joins_at: [0, 0, 1, 3, 4, 4, 7, 9, 10, 12][i % 10],
+                prompt,
+                generate: 3 + (i * 3) % 5,
+            }
+        })
+        .collect();
+    let first = out[0].prompt.clone();
+    out.push(Sequence {
+        joins_at: 14,
+        prompt: first,
+        generate: 4,
+    });
+    out
+}
+
+/// `plan` opened with `options`, decoding through a `Batch` of all its slots.
+fn batch_of(plan: &LoadedPlan, options: EngineOptions) -> Result<Batch> {
+    let slots = plan.plan.runtime.max_sequences as usize;
+    let window = window(&plan.plan, options.arm);
+    Ok(Batch::new(open(plan, options)?, slots, window))
+}
+
+/// Greedy logits of each generated token of every sequence, all decoded together by
+/// `batch`, and the most sequences one step carried.
+pub fn together(batch: &mut Batch, sequences: &[Sequence]) -> Result<(Vec<Vec<Vec<f32>>>, usize)> {
+    let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); sequences.len()];
+    let mut slot_of: Vec<Option<usize>> = vec![None; sequences.len()];
+    let (mut next, mut widest, mut step) = (0, 0, 0);
+    while next < sequences.len() || batch.used() > 0 {
+        while next < sequences.len() && sequences[next].joins_at <= step {
+            let Some(slot) = batch.join(&sequences[next].prompt)? else {
+                break;
+            };
+            slot_of[next] = Some(slot);
+            next += 1;
+        }
+        widest = widest.max(batch.used());
+        for done in batch.step()?.done {
+            let i = slot_of
+                .iter()
+                .position(|&s| s == Some(done.slot))
+                .ok_or_else(|| anyhow!("invariant: slot {} holds a sequence", done.slot))?;
+            logits[i].push(done.logits.clone());
+            if logits[i].len() == sequences[i].generate {
+                batch.leave(done.slot)?;
+                slot_of[i] = None;
+            } else {
+                batch.feed(done.slot, argmax(&done.logits))?;
+            }
+        }
+        step += 1;
+    }
+    Ok((logits, widest))
+}
+
+/// What the gate found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchGateReport {
+    /// The arms the batched plan ran in.
+    pub arms: Vec<Arm>,
+    /// The most sequences one step carried, per arm.
+    pub widest: Vec<usize>,
+    /// Generated tokens compared, per arm.
+    pub tokens: usize,
+    /// The first difference: arm, sequence, generated token, and what differs.
+    pub mismatch: Option<String>,
+}
+
+/// Decodes every sequence alone with `reference` (serial arm) and all together with
+/// `batched` in each arm of `arms`, and compares every logit bit of every generated token.
+pub fn batch_gate(
+    reference: &LoadedPlan,
+    batched: &LoadedPlan,
+    sequences: &[Sequence],
+    options: EngineOptions,
+    arms: &[Arm],
+) -> Result<BatchGateReport> {
+    if batched.plan.runtime.max_sequences < 2 {
+        bail!(
+            "{}: runtime.max_sequences is {}; the batch gate needs a plan of several sequence slots",
+            batched.path.display(),
+            batched.plan.runtime.max_sequences
+        );
+    }
+    let serial = EngineOptions {
+        arm: Arm::Serial,
+        ..options
+    };
+    let mut single = batch_of(reference, serial)?;
+    let mut alone = Vec::new();
+    for s in sequences {
+        let one = [Sequence {
+            joins_at: 0,
+            ..s.clone()
+        }];
+        let (mut logits, _) = together(&mut single, &one)?;
+        alone.push(logits.remove(0));
+    }
+    drop(single);
+    let mut report = BatchGateReport {
+        arms: arms.to_vec(),
+        widest: Vec::new(),
+        tokens: alone.iter().map(Vec::len).sum(),
+        mismatch: None,
+    };
+    for &arm in arms {
+        let mut batch = batch_of(batched, EngineOptions { arm, ..options })?;
+        let (got, widest) = together(&mut batch, sequences)?;
+        report.widest.push(widest);
+        if report.mismatch.is_none() {
+            report.mismatch = first_difference(arm, &alone, &got);
+        }
+    }
+    Ok(report)
+}
+
+fn first_difference(arm: Arm, alone: &[Vec<Vec<f32>>], got: &[Vec<Vec<f32>>]) -> Option<String> {
+    for (i, (want, got)) in alone.iter().zip(got).enumerate() {
+        if want.len() != got.len() {
+            return Some(format!(
+                "{} arm, sequence {i}: {} generated tokens alone, {} together",
+                arm.name(),
+                want.len(),
+                got.len()
+            ));
+        }
+        for (t, (w, g)) in want.iter().zip(got).enumerate() {
+            if w.len() != g.len() {
+                return Some(format!(
+                    "{} arm, sequence {i} token {t}: {} logits alone, {} together",
+                    arm.name(),
+                    w.len(),
+                    g.len()
+                ));
+            }
+            if let Some(index) = (0..w.len()).find(|&k| w[k].to_bits() != g[k].to_bits()) {
+                return Some(format!(
+                    "{} arm, sequence {i} token {t}, logit {index}: alone {:e} ({:#010x}), together {:e} ({:#010x})",
+                    arm.name(),
+                    w[index],
+                    w[index].to_bits(),
+                    g[index],
+                    g[index].to_bits()
+                ));
+            }
+        }
+    }
+    None
+}

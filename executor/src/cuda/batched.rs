@@ -1,0 +1,206 @@
+//! A batched decode step on a CUDA rank (a plan of several sequence slots): the rows of every
+//! span of the step (a generated token of each sequence, or the prompt chunk of a joining one)
+//! go through the decode kernels together, each row with the bits it has in a step of its own.
+//! Products are the decode matvec over rows (kernels/matvec.cu loads each weight piece once
+//! per tile of rows and keeps every row's lane partition and tree), never the prefill GEMM,
+//! whose reduction order differs; norms are their own launches over the rows (the bits of the
+//! norms the one-row decode folds into its matvecs). Attention writes every row's k and v into
+//! its own sequence slot, then runs the decode attention kernel with a grid row per token row,
+//! each at its own position over its own slot. The head takes the rows whose logits come back.
+//! Steps run eagerly: the launches depend on the row count and the logit rows of the step.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use cudarc::driver::CudaStream;
+use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
+
+use super::moe::FfnWeights;
+use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
+use super::rank::{copy, MixerWeights, Pending, RankDevice};
+use super::span::Span;
+
+/// Most sequence slots a plan may have on the cuda backend (each row of a step is a grid row
+/// of the attention launch, and the host stages every row's position and slot).
+pub const MAX_SEQUENCES: u32 = 256;
+
+/// Refuses a plan of several sequence slots the batched decode cannot run, saying why.
+pub fn check_batched(plan: &Plan) -> Result<()> {
+    let m = &plan.model;
+    let sequences = plan.runtime.max_sequences;
+    if sequences > MAX_SEQUENCES {
+        bail!(
+            "runtime.max_sequences is {sequences}; the cuda backend decodes up to {MAX_SEQUENCES} sequences together"
+        );
+    }
+    let dense_gqa = (0..m.layers).all(|l| {
+        let kind = m.layer_kind(l);
+        kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
+    });
+    if !dense_gqa {
+        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers dense GQA layers (MoE, MLA and KDA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
+    }
+    if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
+        bail!(
+            "runtime.max_context is {}; the cuda backend's batched decode keeps attention scores in shared memory, up to {ATTN_SMEM_POSITIONS} positions",
+            plan.runtime.max_context
+        );
+    }
+    Ok(())
+}
+
+fn chunks_of(w: &DeviceWeight) -> usize {
+    reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
+}
+
+impl RankDevice {
+    /// One segment of `layer` over the `rows` token rows of a batched step.
+    pub(super) fn batch_segment(
+        &mut self,
+        layer: u32,
+        seg: Segment,
+        rows: usize,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let li = self.geo.layer_index(layer, self.layers.len())?;
+        let lw = &self.layers[li];
+        let MixerWeights::Gqa(g) = &lw.mixer else {
+            bail!("a batched step of layer {layer}, not a GQA layer");
+        };
+        let b = &self.buf;
+        let dev = &self.dev;
+        let d = self.hidden_len();
+        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
+        let q = Self::rows_of(&b.q, rows, g.q.rows);
+        let (k, v) = (
+            Self::rows_of(&b.k, rows, g.k.rows),
+            Self::rows_of(&b.v, rows, g.v.rows),
+        );
+        let eps = self.geo.eps;
+        // the row-parallel product: added to x in the same launch on a lone rank, left in
+        // `partial` for the group's all-reduce otherwise
+        let row_parallel = |w: &DeviceWeight, input: &Span<f32>, chunks: Option<usize>, reduced| {
+            let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
+            if reduced {
+                dev.matvec(s, w, input, chunks, &mut Self::rows_of(&b.partial, rows, d))
+            } else {
+                dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone())
+            }
+        };
+        match seg {
+            Segment::AttnPre => {
+                dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
+                let (ws, ys) = ([&g.q, &g.k, &g.v], [q.clone(), k.clone(), v.clone()]);
+                if ws
+                    .iter()
+                    .all(|w| w.dtype == g.q.dtype && chunks_of(w) == chunks_of(&g.q))
+                {
+                    dev.matvec_many(s, &ws, &xn, None, chunks_of(&g.q), &ys)?;
+                } else {
+                    for (w, y) in ws.iter().zip(ys) {
+                        dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
+                    }
+                }
+                if let Some([bq, bk, bv]) = &g.biases {
+                    for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
+                        dev.add_rows(s, &mut y.clone(), bias)?;
+                    }
+                }
+                if let Some([nq, nk]) = &g.qk_norm {
+                    dev.rms_norm(s, &q, nq, eps, &mut q.clone())?;
+                    dev.rms_norm(s, &k, nk, eps, &mut k.clone())?;
+                }
+                Ok(())
+            }
+            Segment::AttnCore => {
+                let att = Self::rows_of(&b.att, rows, lw.o.cols);
+                let (pos, slots) = (self.pos(rows), self.slots(rows));
+                let rope = (self.geo.theta, self.geo.rope);
+                let scores = Span::of(&b.scores);
+                let kv = self.kv[li]
+                    .as_mut()
+                    .expect("invariant: a GQA layer has its cache");
+                if rows > 1 {
+                    // a prompt chunk's rows read the rows before them from the cache
+                    self.dev
+                        .kv_store_rows(s, &k, &v, kv, &pos, Some(&slots), rope)?;
+                }
+                self.dev.attention(
+                    s,
+                    &mut q.clone(),
+                    &k,
+                    &v,
+                    kv,
+                    &pos,
+                    Some(&slots),
+                    rope,
+                    &mut scores.clone(),
+                    &mut att.clone(),
+                )
+            }
+            Segment::AttnOut => {
+                let att = Self::rows_of(&b.att, rows, lw.o.cols);
+                self.pending = Pending::Hidden;
+                let chunks = self.geo.row_chunks.map(|c| c.0);
+                row_parallel(&lw.o, &att, chunks, self.geo.attn_reduced)
+            }
+            Segment::Ffn => {
+                let FfnWeights::Dense(ffn) = &lw.ffn else {
+                    bail!("ffn on layer {layer}, an MoE layer");
+                };
+                let (gw, uw) = (&ffn.gate, &ffn.up);
+                if gw.dtype != uw.dtype || gw.cols != uw.cols || gw.rows != uw.rows {
+                    bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
+                }
+                let gate = Self::rows_of(&b.gate, rows, gw.rows);
+                dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
+                dev.matvec_swiglu(
+                    s,
+                    gw,
+                    uw,
+                    &xn,
+                    None,
+                    chunks_of(gw),
+                    ffn.clamp,
+                    &mut gate.clone(),
+                )?;
+                self.pending = Pending::Hidden;
+                let chunks = self.geo.row_chunks.map(|c| c.1);
+                row_parallel(&ffn.down, &gate, chunks, self.geo.tp_degree > 1)
+            }
+            other => bail!(
+                "segment `{}` has no batched decode kernels on the cuda backend",
+                other.name()
+            ),
+        }
+    }
+
+    /// The final norm and this rank's vocab rows of the head for the step's `logit_rows`,
+    /// into the first rows of `logits`: the rows' hidden states are gathered into the first
+    /// rows of `xn` (one copy per run of consecutive rows), normalized there and multiplied.
+    pub(super) fn batch_head(&self, s: &Arc<CudaStream>) -> Result<()> {
+        let (norm, w) = self.head_weights()?;
+        let d = self.hidden_len();
+        let picked = &self.logit_rows;
+        let out = picked.len();
+        let (x, xn) = (Span::of(&self.buf.x), Self::rows_of(&self.buf.xn, out, d));
+        let mut i = 0;
+        while i < out {
+            let mut n = 1;
+            while i + n < out && picked[i + n] == picked[i] + n {
+                n += 1;
+            }
+            copy(
+                s,
+                &x.sub(picked[i] * d, n * d).cast(),
+                &xn.sub(i * d, n * d).cast(),
+            )?;
+            i += n;
+        }
+        self.dev
+            .rms_norm(s, &xn, norm, self.geo.eps, &mut xn.clone())?;
+        let logits = Self::rows_of(&self.buf.logits, out, w.rows);
+        self.dev
+            .matvec(s, w, &xn, chunks_of(w), &mut logits.clone())
+    }
+}

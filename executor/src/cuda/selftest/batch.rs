@@ -1,0 +1,216 @@
+//! The kernels of a batched decode step, bit for bit against the one-row decode: the matvec
+//! over several activation rows (every dtype, every form a step uses: q/k/v in one launch, the
+//! residual add, SwiGLU; batches below, at and above a tile, with a partial last tile) against
+//! a launch per row; and attention over rows of different sequence slots and positions (two
+//! consecutive rows of one slot among them, as a joining prompt's chunk) against each row's
+//! decode attention over a one-slot cache holding that slot's rows, outputs and caches.
+
+use anyhow::Result;
+use memra_gguf::GgmlType;
+
+use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
+
+pub(super) fn run(cx: &mut Ctx) -> Result<()> {
+    for &dtype in DTYPES {
+        for (batch, k, chunks) in [(2, 512, 2), (8, 256, 1), (13, 2048, 8), (64, 512, 2)] {
+            matvec_rows(cx, dtype, batch, k, chunks)?;
+        }
+    }
+    attention_slots(cx)?;
+    Ok(())
+}
+
+fn upload_weight(cx: &mut Ctx, dtype: GgmlType, rows: usize, cols: usize) -> Result<DeviceWeight> {
+    let (bytes, _) = random_weight(&mut cx.rng, dtype, rows, cols)?;
+    DeviceWeight::upload(cx.dev, cx.s, dtype, &bytes, rows, cols)
+}
+
+/// `batch` rows through q/k/v-like weights in one launch, a residual launch and a SwiGLU
+/// launch, against the same launches on each row alone.
+fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: usize) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let shapes = [131, 64, 36];
+    let ws: Vec<DeviceWeight> = shapes
+        .iter()
+        .map(|&n| upload_weight(cx, dtype, n, k))
+        .collect::<Result<_>>()?;
+    let up = upload_weight(cx, dtype, shapes[0], k)?;
+    let x = dev.upload(s, &random(&mut cx.rng, batch * k, 2.0))?;
+    let residual = dev.upload(s, &random(&mut cx.rng, batch * shapes[0], 1.0))?;
+    let xs = Span::of(&x);
+    let refs: Vec<&DeviceWeight> = ws.iter().collect();
+    let mut mismatches = [0usize; 3];
+    let outs = |n: usize| -> Result<_> { dev.alloc::<f32>(s, batch * n) };
+    let many: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
+    let many_spans: Vec<Span<f32>> = many.iter().map(Span::of).collect();
+    dev.matvec_many(s, &refs, &xs, None, chunks, &many_spans)?;
+    let mut res = outs(shapes[0])?;
+    dev.matvec_residual(s, &ws[0], &xs, chunks, &residual, &mut res)?;
+    let mut glu = outs(shapes[0])?;
+    dev.matvec_swiglu(s, &ws[0], &up, &xs, None, chunks, None, &mut glu)?;
+    let (want_many, want_res, want_glu) = {
+        let many1: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
+        let many1_spans: Vec<Span<f32>> = many1.iter().map(Span::of).collect();
+        let (res1_buf, glu1_buf) = (outs(shapes[0])?, outs(shapes[0])?);
+        let (res1, glu1) = (Span::of(&res1_buf), Span::of(&glu1_buf));
+        let res_in = Span::of(&residual);
+        for r in 0..batch {
+            let xr = xs.sub(r * k, k);
+            let ys: Vec<Span<f32>> = many1_spans
+                .iter()
+                .zip(shapes)
+                .map(|(y, n)| y.sub(r * n, n))
+                .collect();
+            dev.matvec_many(s, &refs, &xr, None, chunks, &ys)?;
+            let n = shapes[0];
+            dev.matvec_residual(
+                s,
+                &ws[0],
+                &xr,
+                chunks,
+                &res_in.sub(r * n, n),
+                &mut res1.sub(r * n, n),
+            )?;
+            dev.matvec_swiglu(
+                s,
+                &ws[0],
+                &up,
+                &xr,
+                None,
+                chunks,
+                None,
+                &mut glu1.sub(r * n, n),
+            )?;
+        }
+        let mut m = Vec::new();
+        for y in &many1 {
+            m.extend(dev.download(s, y)?);
+        }
+        (m, dev.download(s, &res1)?, dev.download(s, &glu1)?)
+    };
+    let mut got_many = Vec::new();
+    for y in &many {
+        got_many.extend(dev.download(s, y)?);
+    }
+    mismatches[0] = bit_mismatches(&got_many, &want_many);
+    mismatches[1] = bit_mismatches(&dev.download(s, &res)?, &want_res);
+    mismatches[2] = bit_mismatches(&dev.download(s, &glu)?, &want_glu);
+    for (form, m) in ["q/k/v", "residual", "swiglu"].iter().zip(mismatches) {
+        cx.report.exact(
+            &format!("matvec_rows8_{}", dtype.name()),
+            format!("{form} {batch} rows k={k} c={chunks} == per row"),
+            m,
+        );
+    }
+    Ok(())
+}
+
+/// Rows at (slot, position) of a 3-slot cache, attended together, against each row's decode
+/// attention over a one-slot cache that holds its slot's rows before it.
+fn attention_slots(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (n_heads, n_kv, hd, cap) = (8, 2, 64, 48);
+    let (row, qrow) = (n_kv * hd, n_heads * hd);
+    let rope = (10000.0, RopeStyle::Normal);
+    // (slot, position): a prompt chunk of two rows in slot 1, decode rows elsewhere
+    let at: [(u32, u32); 5] = [(2, 7), (0, 0), (1, 20), (1, 21), (0, 33)];
+    let rows = at.len();
+    let prefix: Vec<usize> = (0..3)
+        .map(|slot| {
+            at.iter()
+                .filter(|a| a.0 == slot)
+                .map(|a| a.1 as usize)
+                .min()
+                .unwrap_or(0)
+        })
+        .collect();
+    // the slots' earlier rows, written as decode steps of each slot would have
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 3)?;
+    let mut singles = Vec::new();
+    for (slot, &p0) in prefix.iter().enumerate() {
+        let mut one = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
+        if p0 > 0 {
+            let (k, v) = (
+                random(&mut cx.rng, p0 * row, 2.0),
+                random(&mut cx.rng, p0 * row, 1.0),
+            );
+            let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
+            let pos: Vec<u32> = (0..p0 as u32).collect();
+            let pd = dev.upload(s, &pos)?;
+            let sd = dev.upload(s, &vec![slot as u32; p0])?;
+            let (pos_span, slot_span) = (Span::of(&pd), Span::of(&sd));
+            dev.kv_store_rows(s, &kd, &vd, &mut kv, &pos_span, Some(&slot_span), rope)?;
+            let zero = dev.upload(s, &[0u32])?;
+            dev.kv_store_rows(s, &kd, &vd, &mut one, &zero, None, rope)?;
+        }
+        singles.push(one);
+    }
+    let q = random(&mut cx.rng, rows * qrow, 1.0);
+    let (k, v) = (
+        random(&mut cx.rng, rows * row, 2.0),
+        random(&mut cx.rng, rows * row, 1.0),
+    );
+    let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
+    let pd = dev.upload(s, &at.map(|a| a.1))?;
+    let sd = dev.upload(s, &at.map(|a| a.0))?;
+    let (pos_span, slot_span) = (Span::of(&pd), Span::of(&sd));
+    let mut qd = dev.upload(s, &q)?;
+    let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
+    let mut out = dev.alloc::<f32>(s, rows * qrow)?;
+    dev.kv_store_rows(s, &kd, &vd, &mut kv, &pos_span, Some(&slot_span), rope)?;
+    dev.attention(
+        s,
+        &mut qd,
+        &kd,
+        &vd,
+        &mut kv,
+        &pos_span,
+        Some(&slot_span),
+        rope,
+        &mut scores,
+        &mut out,
+    )?;
+    let got = dev.download(s, &out)?;
+    let mut want = Vec::new();
+    for (r, &(slot, p)) in at.iter().enumerate() {
+        let one = &mut singles[slot as usize];
+        let mut q1 = dev.upload(s, &q[r * qrow..(r + 1) * qrow])?;
+        let (k1, v1) = (
+            dev.upload(s, &k[r * row..(r + 1) * row])?,
+            dev.upload(s, &v[r * row..(r + 1) * row])?,
+        );
+        let p1 = dev.upload(s, &[p])?;
+        let mut o1 = dev.alloc::<f32>(s, qrow)?;
+        dev.attention(
+            s,
+            &mut q1,
+            &k1,
+            &v1,
+            one,
+            &p1,
+            None,
+            rope,
+            &mut scores,
+            &mut o1,
+        )?;
+        want.extend(dev.download(s, &o1)?);
+    }
+    // every slot's cache rows, batched against one at a time
+    let (kb, vb) = (dev.download(s, &kv.k)?, dev.download(s, &kv.v)?);
+    let per = cap * row;
+    let mut cache_diff = 0;
+    for (slot, one) in singles.iter().enumerate() {
+        let (k1, v1) = (dev.download(s, &one.k)?, dev.download(s, &one.v)?);
+        let base = slot * per;
+        cache_diff += (0..per)
+            .filter(|&i| kb[base + i] != k1[i] || vb[base + i] != v1[i])
+            .count();
+    }
+    cx.report.exact(
+        "attention_f16",
+        format!("{rows} rows of 3 slots == decode per slot, h={n_heads} kv={n_kv} hd={hd}"),
+        bit_mismatches(&got, &want) + cache_diff,
+    );
+    Ok(())
+}
