@@ -1,13 +1,15 @@
 // memra kernels: the products of a prefill step's token rows, on the tensor cores.
 //
-// gemm128_<dtype>, gemm64_<dtype>: y[z][t][n] = sum over k in chunk z of a[t][k] * w[n][k], for the `t < m`
-// token rows of the f16 activations `a` (row-major, `k` values a row) and the `n` rows of a
-// weight in the device layout of DeviceWeight::upload. Chunk z covers k in
-// [z * k / chunks, (z + 1) * k / chunks): a row-parallel product's chunks are the plan's
-// canonical reduction chunks, so the chunks a tensor-parallel rank holds give the same bits as
-// on one rank and `tree_sum_f32` combines them in the canonical tree. Every output's chunk is
-// a sequence of 16-deep f16 tensor-core products accumulated in f32 in k order, whatever its
-// tile: the same rows and weights give the same bits on any rank.
+// gemm128_<dtype>, gemm64_<dtype>: y[z][t][n] = sum over k in chunk z of a[t][k] * w[n][k],
+// for the `t < m` token rows of the f16 activations `a` (row-major, `k` values a row) and the
+// `n` rows of a weight in the device layout of DeviceWeight::upload; for each of up to three
+// weights of one input in one launch (q, k and v; gate and up), so small products share the
+// device's waves. Chunk z covers k in [z * k / chunks, (z + 1) * k / chunks): a row-parallel
+// product's chunks are the plan's canonical reduction chunks, so the chunks a tensor-parallel
+// rank holds give the same bits as on one rank and `tree_sum_f32` combines them in the
+// canonical tree. Every output's chunk is a sequence of 16-deep f16 tensor-core products
+// accumulated in f32 in k order, whatever its tile or launch: the same rows and weights give
+// the same bits on any rank.
 //
 // A block computes a GEMM_BM x 128 tile (GEMM_BM = 128, or 64 where the larger tiles would not
 // fill the device; 8 warps as 2 x 4, each (GEMM_BM / 2) x 32) over 64-deep k steps, with
@@ -119,9 +121,32 @@ using GemmQ6_K = GemmUnstaged<256, 210, 0, deq_q6_k>;
 template <class P>
 __device__ constexpr bool gemm_direct_f16() { return P::RAW == 2 * GEMM_LD; }
 
+// The weights of one launch (every one `k` columns, in one dtype) and their outputs: block
+// column x of the grid covers the weights' tiles of GEMM_BN rows in order.
+#define GEMM_MAX_WEIGHTS 3
+struct GemmJob {
+    const u8* w[GEMM_MAX_WEIGHTS];
+    float* y[GEMM_MAX_WEIGHTS];
+    int n[GEMM_MAX_WEIGHTS];
+    int count;
+};
+
 template <class P, int BM>
-__device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, int m, int n, int k,
-                                         int chunks) {
+__device__ __forceinline__ void gemm_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
+    // this block's weight and its tile column there
+    const u8* w = job.w[0];
+    float* y = job.y[0];
+    int n = job.n[0], bx = blockIdx.x;
+#pragma unroll
+    for (int i = 1; i < GEMM_MAX_WEIGHTS; ++i) {
+        const int tiles = (n + GEMM_BN - 1) / GEMM_BN;
+        if (i < job.count && bx >= tiles) {
+            bx -= tiles;
+            w = job.w[i];
+            y = job.y[i];
+            n = job.n[i];
+        }
+    }
     constexpr int MI = BM / 32;  // m16 tiles of a warp
     constexpr int RAW = P::RAW;
     constexpr bool DIRECT = gemm_direct_f16<P>();
@@ -131,7 +156,7 @@ __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, in
     u16* bt = (u16*)(raw + GEMM_STAGES * GEMM_BN * RAW);                      // [BN][LD]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp / 4, wn = warp % 4;
-    const int t0 = blockIdx.y * BM, n0 = blockIdx.x * GEMM_BN;
+    const int t0 = blockIdx.y * BM, n0 = bx * GEMM_BN;
     const int len = k / chunks, z = blockIdx.z;
     const int k_begin = z * len, steps = len / GEMM_BK;
     float acc[MI][4][4];
@@ -226,8 +251,8 @@ __device__ __forceinline__ void gemm_run(const u16* a, const u8* w, float* y, in
 // gemm<BM>_<dtype>: the product with GEMM_BM = BM
 #define GEMM(name, P, BM)                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                     \
-        name(const u16* a, const u8* w, float* y, int m, int n, int k, int chunks) {               \
-        gemm_run<P, BM>(a, w, y, m, n, k, chunks);                                                 \
+        name(const u16* a, const GemmJob job, int m, int k, int chunks) {                          \
+        gemm_run<P, BM>(a, job, m, k, chunks);                                                     \
     }
 
 GEMM(gemm128_f32, GemmF32, 128)

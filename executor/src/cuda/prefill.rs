@@ -100,6 +100,8 @@ impl RankDevice {
         let rb = self.row_buffers()?;
         let mut a16 = Span::of(&rb.a16).sub(0, input.len());
         let mut narrowed = false;
+        // whole products (one chunk) go out together, sharing launches
+        let mut whole = Vec::new();
         for &(w, out) in products {
             if !(w.cols / chunks).is_multiple_of(GEMM_DEPTH) {
                 // the decode matvec, one row at a time: its chunk tree is the canonical one too
@@ -114,14 +116,14 @@ impl RankDevice {
                 narrowed = true;
             }
             if chunks == 1 {
-                dev.gemm(s, w.into(), &a16, rows, 1, &mut out.clone())?;
+                whole.push((w.into(), out));
             } else {
                 let mut parts = Span::of(&rb.parts).sub(0, chunks * rows * w.rows);
                 dev.gemm(s, w.into(), &a16, rows, chunks, &mut parts)?;
                 dev.tree_sum(s, &parts, chunks, &mut out.clone())?;
             }
         }
-        Ok(())
+        dev.gemm_many(s, &whole, &a16, rows)
     }
 
     fn row_buffers(&self) -> Result<&RowBuffers> {

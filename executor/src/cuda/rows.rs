@@ -6,7 +6,7 @@
 //! (kernels/flash.cu).
 
 use anyhow::Result;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
 use super::device::CudaDevice;
@@ -18,6 +18,21 @@ use super::span::Span;
 const TILE_COLS: usize = 128;
 /// Reduction depth of one step (GEMM_BK): a chunk is a whole number of steps.
 pub const GEMM_DEPTH: usize = 64;
+/// Most weights one launch takes (GEMM_MAX_WEIGHTS).
+const GEMM_MAX_WEIGHTS: usize = 3;
+
+/// The kernel parameter of a GEMM launch (`GemmJob` in kernels/gemm.cu, C layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemmJob {
+    w: [u64; GEMM_MAX_WEIGHTS],
+    y: [u64; GEMM_MAX_WEIGHTS],
+    n: [i32; GEMM_MAX_WEIGHTS],
+    count: i32,
+}
+
+// SAFETY: plain old data in the kernel's C layout
+unsafe impl DeviceRepr for GemmJob {}
 /// Steps in flight (GEMM_STAGES) and the f16 tile row stride in halves (GEMM_LD).
 const GEMM_STAGES: usize = 3;
 const GEMM_LD: usize = 72;
@@ -77,25 +92,34 @@ impl CudaDevice {
         chunks: usize,
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        assert!(
-            chunks > 0 && w.cols.is_multiple_of(chunks * GEMM_DEPTH),
-            "gemm: {} columns do not split into {chunks} chunks of whole {GEMM_DEPTH}-value steps",
-            w.cols
-        );
-        assert!(
-            rows > 0 && a.len() >= rows * w.cols && y.len() == chunks * rows * w.rows,
-            "gemm: a must hold {rows} rows of {} values and y {chunks} x {rows} x {} values",
-            w.cols,
-            w.rows
-        );
-        let tiles =
-            |tile_rows: usize| w.rows.div_ceil(TILE_COLS) * rows.div_ceil(tile_rows) * chunks;
-        let tile_rows = if rows > 64 && tiles(128) >= self.sm_count()? {
-            128
-        } else {
-            64
-        };
-        self.gemm_tiled(stream, w, a, rows, chunks, y, tile_rows)
+        let out = (ptr_mut(stream, y), y.len());
+        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, None)
+    }
+
+    /// For each `(w, y)`: `y` = the `rows` rows of `a` times `w`, whole (one chunk); the
+    /// weights share `a` (q, k and v; gate and up), and neighbours of one dtype share a launch.
+    /// Each output has the bits of its own [`Self::gemm`].
+    pub fn gemm_many(
+        &self,
+        stream: &CudaStream,
+        products: &[(Matrix, &Span<f32>)],
+        a: &impl DevicePtr<u16>,
+        rows: usize,
+    ) -> Result<()> {
+        let mut launch: Vec<(Matrix, (u64, usize))> = Vec::new();
+        for (w, y) in products {
+            if launch.len() == GEMM_MAX_WEIGHTS
+                || launch.first().is_some_and(|(f, _)| f.dtype != w.dtype)
+            {
+                self.gemm_launch(stream, &launch, a, rows, 1, None)?;
+                launch.clear();
+            }
+            launch.push((*w, (y.addr(), y.len())));
+        }
+        if launch.is_empty() {
+            return Ok(());
+        }
+        self.gemm_launch(stream, &launch, a, rows, 1, None)
     }
 
     /// [`Self::gemm`] with `tile_rows` (64 or 128) token rows a block: every output has the
@@ -111,25 +135,79 @@ impl CudaDevice {
         y: &mut impl DevicePtrMut<f32>,
         tile_rows: usize,
     ) -> Result<()> {
+        let out = (ptr_mut(stream, y), y.len());
+        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, Some(tile_rows))
+    }
+
+    /// One launch of `gemm<tile_rows>_<dtype>` over the weights of `outs` (each with its
+    /// output's address and length); `tile_rows` by default 128 where those tiles fill the
+    /// device, else 64.
+    fn gemm_launch(
+        &self,
+        stream: &CudaStream,
+        outs: &[(Matrix, (u64, usize))],
+        a: &impl DevicePtr<u16>,
+        rows: usize,
+        chunks: usize,
+        tile_rows: Option<usize>,
+    ) -> Result<()> {
+        let w0 = outs[0].0;
+        assert!(
+            (1..=GEMM_MAX_WEIGHTS).contains(&outs.len())
+                && outs
+                    .iter()
+                    .all(|(w, _)| w.dtype == w0.dtype && w.cols == w0.cols),
+            "gemm: 1 to {GEMM_MAX_WEIGHTS} weights of one dtype and width a launch"
+        );
+        assert!(
+            chunks > 0 && w0.cols.is_multiple_of(chunks * GEMM_DEPTH),
+            "gemm: {} columns do not split into {chunks} chunks of whole {GEMM_DEPTH}-value steps",
+            w0.cols
+        );
+        for (w, (_, len)) in outs {
+            assert!(
+                rows > 0 && a.len() >= rows * w.cols && *len == chunks * rows * w.rows,
+                "gemm: a must hold {rows} rows of {} values and y {chunks} x {rows} x {} values",
+                w.cols,
+                w.rows
+            );
+            // the weights' stages are copied 16 bytes at a time
+            anyhow::ensure!(
+                w.addr.is_multiple_of(16),
+                "gemm: a {} weight at address {:#x}, not 16-byte aligned",
+                w.dtype.name(),
+                w.addr
+            );
+        }
+        let columns: usize = outs.iter().map(|(w, _)| w.rows.div_ceil(TILE_COLS)).sum();
+        let tile_rows = match tile_rows {
+            Some(t) => t,
+            None if rows > 64 && columns * rows.div_ceil(128) * chunks >= self.sm_count()? => 128,
+            None => 64,
+        };
         assert!(
             matches!(tile_rows, 64 | 128),
             "gemm: tiles of {tile_rows} rows"
         );
-        let name = format!("gemm{tile_rows}_{}", w.dtype.name());
-        let smem = gemm_shared_bytes(w.dtype, tile_rows);
+        let name = format!("gemm{tile_rows}_{}", w0.dtype.name());
+        let smem = gemm_shared_bytes(w0.dtype, tile_rows);
         self.allow_dynamic_shared(&name, 0, smem)?;
-        // the weights' stages are copied 16 bytes at a time
-        anyhow::ensure!(
-            w.addr.is_multiple_of(16),
-            "gemm: a {} weight at address {:#x}, not 16-byte aligned",
-            w.dtype.name(),
-            w.addr
-        );
-        let (ap, wp, yp) = (ptr(stream, a), w.addr, ptr_mut(stream, y));
-        let (m, n, k, c) = (int(rows), int(w.rows), int(w.cols), int(chunks));
+        let mut job = GemmJob {
+            w: [0; GEMM_MAX_WEIGHTS],
+            y: [0; GEMM_MAX_WEIGHTS],
+            n: [0; GEMM_MAX_WEIGHTS],
+            count: int(outs.len()),
+        };
+        for (i, (w, (y, _))) in outs.iter().enumerate() {
+            job.w[i] = w.addr;
+            job.y[i] = *y;
+            job.n[i] = int(w.rows);
+        }
+        let ap = ptr(stream, a);
+        let (m, k, c) = (int(rows), int(w0.cols), int(chunks));
         let cfg = LaunchConfig {
             grid_dim: (
-                w.rows.div_ceil(TILE_COLS) as u32,
+                columns as u32,
                 rows.div_ceil(tile_rows) as u32,
                 chunks as u32,
             ),
@@ -137,7 +215,7 @@ impl CudaDevice {
             shared_mem_bytes: smem as u32,
         };
         self.launch(stream, &name, cfg, |l| {
-            l.arg(&ap).arg(&wp).arg(&yp).arg(&m).arg(&n).arg(&k).arg(&c);
+            l.arg(&ap).arg(&job).arg(&m).arg(&k).arg(&c);
         })
     }
 

@@ -10,7 +10,7 @@ use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx};
-use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle};
+use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for dtype in [
@@ -37,6 +37,9 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         GgmlType::Q6_K,
     ] {
         gemm_tiles(cx, dtype)?;
+    }
+    for dtype in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_1] {
+        gemm_shared_launch(cx, dtype)?;
     }
     for (n_heads, n_kv, hd, p0, rows) in [(4, 2, 64, 5, 9), (8, 8, 128, 0, 70), (6, 2, 96, 31, 3)] {
         attention_rows(cx, n_heads, n_kv, hd, p0, rows)?;
@@ -255,6 +258,48 @@ fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         &format!("gemm_{dtype}"),
         format!("tiles of 128 rows = tiles of 64, {rows}x{k} by {n}"),
         bit_mismatches(&large, &small),
+    );
+    Ok(())
+}
+
+/// Products of one input sharing launches (`gemm_many`: three weights in one, a fourth in
+/// the next) give each output the bits of its own launch.
+fn gemm_shared_launch(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (rows, k) = (150, 512);
+    let ad = dev.upload(s, &random(&mut cx.rng, rows * k, 1.0))?;
+    let mut a16 = dev.alloc::<u16>(s, rows * k)?;
+    dev.to_f16(s, &ad, &mut a16)?;
+    let mut weights = Vec::new();
+    for n in [384, 130, 130, 200] {
+        let (bytes, _) = random_weight(&mut cx.rng, dtype, n, k)?;
+        weights.push(DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?);
+    }
+    let mut alone = Vec::new();
+    for w in &weights {
+        let mut yd = dev.upload(s, &vec![f32::NAN; rows * w.rows])?;
+        dev.gemm(s, w.into(), &a16, rows, 1, &mut yd)?;
+        alone.extend(dev.download(s, &yd)?);
+    }
+    let outs = weights
+        .iter()
+        .map(|w| dev.upload(s, &vec![f32::NAN; rows * w.rows]))
+        .collect::<Result<Vec<_>>>()?;
+    let spans: Vec<Span<f32>> = outs.iter().map(Span::of).collect();
+    let products: Vec<_> = weights
+        .iter()
+        .zip(&spans)
+        .map(|(w, y)| (w.into(), y))
+        .collect();
+    dev.gemm_many(s, &products, &a16, rows)?;
+    let mut together = Vec::new();
+    for y in &outs {
+        together.extend(dev.download(s, y)?);
+    }
+    cx.report.exact(
+        &format!("gemm_{dtype}"),
+        format!("4 weights sharing launches = alone, {rows}x{k}"),
+        bit_mismatches(&together, &alone),
     );
     Ok(())
 }
