@@ -101,16 +101,7 @@ impl RankDevice {
                         dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
                     }
                 }
-                if let Some([bq, bk, bv]) = &g.biases {
-                    for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
-                        dev.add_rows(s, &mut y.clone(), bias)?;
-                    }
-                }
-                if let Some([nq, nk]) = &g.qk_norm {
-                    dev.rms_norm(s, &q, nq, eps, &mut q.clone())?;
-                    dev.rms_norm(s, &k, nk, eps, &mut k.clone())?;
-                }
-                Ok(())
+                g.finish_qkv(dev, s, [&q, &k, &v], eps)
             }
             Segment::AttnCore => {
                 let att = Self::rows_of(&b.att, rows, lw.o.cols);

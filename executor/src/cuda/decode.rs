@@ -168,16 +168,7 @@ impl RankDevice {
                         dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
                     }
                 }
-                if let Some([bq, bk, bv]) = &lw.biases {
-                    for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
-                        dev.add(s, y, bias, &mut y.clone())?;
-                    }
-                }
-                if let Some([nq, nk]) = &lw.qk_norm {
-                    dev.rms_norm(s, &q, nq, self.geo.eps, &mut q.clone())?;
-                    dev.rms_norm(s, &k, nk, self.geo.eps, &mut k.clone())?;
-                }
-                Ok(())
+                lw.finish_qkv(dev, s, [&q, &k, &v], self.geo.eps)
             }
             Segment::AttnCore => {
                 // rope here rather than in AttnPre: it is fused with the cache write and the

@@ -201,16 +201,7 @@ impl RankDevice {
                 let (g, q, k, v) = gqa()?;
                 dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
                 self.products(s, &xn, rows, 1, &[(&g.q, &q), (&g.k, &k), (&g.v, &v)])?;
-                if let Some([bq, bk, bv]) = &g.biases {
-                    for (y, bias) in [(&q, bq), (&k, bk), (&v, bv)] {
-                        dev.add_rows(s, &mut y.clone(), bias)?;
-                    }
-                }
-                if let Some([nq, nk]) = &g.qk_norm {
-                    dev.rms_norm(s, &q, nq, eps, &mut q.clone())?;
-                    dev.rms_norm(s, &k, nk, eps, &mut k.clone())?;
-                }
-                Ok(())
+                g.finish_qkv(dev, s, [&q, &k, &v], eps)
             }
             Segment::AttnCore => {
                 let (_, q, k, v) = gqa()?;

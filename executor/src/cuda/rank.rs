@@ -45,6 +45,28 @@ pub(super) struct GqaWeights {
     pub qk_norm: Option<[DeviceBuffer<f32>; 2]>,
 }
 
+impl GqaWeights {
+    /// The biases and the q/k norms on the projected q, k and v of any number of token rows.
+    pub fn finish_qkv(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        [q, k, v]: [&Span<f32>; 3],
+        eps: f32,
+    ) -> Result<()> {
+        if let Some([bq, bk, bv]) = &self.biases {
+            for (y, bias) in [(q, bq), (k, bk), (v, bv)] {
+                dev.add_rows(s, &mut y.clone(), bias)?;
+            }
+        }
+        if let Some([nq, nk]) = &self.qk_norm {
+            dev.rms_norm(s, q, nq, eps, &mut q.clone())?;
+            dev.rms_norm(s, k, nk, eps, &mut k.clone())?;
+        }
+        Ok(())
+    }
+}
+
 /// A layer's attention weights besides the norm and the output projection.
 pub(super) enum MixerWeights {
     Gqa(Box<GqaWeights>),
