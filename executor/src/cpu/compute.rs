@@ -339,13 +339,6 @@ impl RankCompute {
                 );
             }
         }
-        if a.rows > 1 && segment == Segment::DsaSelect {
-            bail!(
-                "segment `{}` takes one token row on the cpu, not {}",
-                segment.name(),
-                a.rows
-            );
-        }
         let c = Ctx {
             pool: &self.pool,
             geo: &self.geo,
@@ -367,7 +360,6 @@ impl RankCompute {
             (Segment::DsaSelect, MixerWeights::Mla(m), _, Cache::Latent(_, ic))
                 if !ic.is_empty() =>
             {
-                let ic = &mut ic[at[0].slot];
                 let (how, eps) = self
                     .dsa
                     .as_ref()

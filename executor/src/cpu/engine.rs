@@ -201,13 +201,8 @@ impl Decoder for Engine {
     }
 }
 
-/// Prefill steps of the plan's `runtime.prefill_chunk` rows for dense, GQA, MLA, KDA and MoE
-/// layers; the DSA selection has no batched segment on the cpu yet, so DSA models' prompts
-/// run token by token.
+/// Prefill steps of the plan's `runtime.prefill_chunk` rows, for every layer kind.
 fn prompt_mode(plan: &Plan) -> PromptMode {
-    if plan.model.dsa.is_some() {
-        return PromptMode::TokenByToken("the cpu backend has no batched dsa selection yet");
-    }
     PromptMode::Chunks(plan.runtime.prefill_chunk.max(1))
 }
 

@@ -11,7 +11,7 @@
 //! (`Pending`), so the group's all-reduce, or the segment itself on a lone rank, finishes it
 //! the same way everywhere (`finish`).
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::reduction_chunks;
 
 use super::kernels::{
@@ -74,13 +74,14 @@ pub(super) struct Activations {
     pub full_logits: Option<Vec<f32>>,
     /// mHC: the residual's streams and the running sublayer's mixing weights.
     pub hc: Option<HcState>,
-    /// DSA: the indexer's queries, head weights, key and gate, and the cells the token's
-    /// softmax runs over.
+    /// DSA: the indexer's queries, head weights, key and gate of every row, and the cells
+    /// each row's softmax runs over (row r's end at `cell_ends[r]`).
     pub idx_q: Vec<f32>,
     pub idx_w: Vec<f32>,
     pub idx_k: Vec<f32>,
     pub idx_g: Vec<f32>,
     pub cells: Vec<usize>,
+    pub cell_ends: Vec<usize>,
 }
 
 /// A layer's state that the next token reads, one per sequence slot. No slot is ever
@@ -356,8 +357,11 @@ pub(super) fn mla_core(
     let lat = sized(&mut a.lat, t * lat_row);
     let (q_lat, cache, at) = (&a.q_lat, &*cache, c.at);
     let q_row = q_lat.len() / t;
-    // DSA attends to the indexer's selection (one row), MLA to every position up to its own
-    let cells = m.indexer.as_ref().map(|_| a.cells.as_slice());
+    // DSA attends to the indexer's selection of the row, MLA to every position up to its own
+    let cells = m
+        .indexer
+        .as_ref()
+        .map(|_| (a.cells.as_slice(), a.cell_ends.as_slice()));
     c.pool.split_mut(lat, lat_row, &|off, piece| {
         let first = off / lat_row;
         for (i, out) in piece.chunks_exact_mut(lat_row).enumerate() {
@@ -365,7 +369,11 @@ pub(super) fn mla_core(
             let q = &q_lat[row * q_row..(row + 1) * q_row];
             let RowAt { slot, pos } = at[row];
             match cells {
-                Some(cells) => latent_attention_at(q, &cache[slot], heads, cells, kq_scale, out),
+                Some((cells, ends)) => {
+                    let start = if row == 0 { 0 } else { ends[row - 1] };
+                    let cells = &cells[start..ends[row]];
+                    latent_attention_at(q, &cache[slot], heads, cells, kq_scale, out)
+                }
                 None => latent_attention(q, &cache[slot], heads, pos + 1, kq_scale, out),
             }
         }
@@ -651,14 +659,16 @@ pub(super) fn finish_with(a: &mut Activations, sum: &[f32]) {
     super::mhc::finish_streams(a, sum);
 }
 
-/// DSA: the token's indexer key (layer-normed) and pool gate into the layer's indexer cache
-/// (pooling a completed pool), its indexer queries (from MLA's q-LoRA activations) and head
-/// weights, and the cells its MLA softmax runs over. Runs after `mla_pre` (its normed input
-/// and q-LoRA activations), on one token row.
+/// DSA, each row in turn: its indexer key (layer-normed) and pool gate into its slot's
+/// indexer cache (pooling a completed pool), then the cells its MLA softmax runs over, chosen
+/// from its indexer queries (from MLA's q-LoRA activations) and head weights over the pools
+/// complete at its position: a row sees the rows before it, as it would decoding alone. The
+/// products run over every row at once. Runs after `mla_pre` (its normed input and q-LoRA
+/// activations).
 pub(super) fn dsa_select(
     c: &Ctx,
     m: &MlaWeights,
-    cache: &mut IndexerCache,
+    caches: &mut [IndexerCache],
     (how, norm_eps): (&Selection, f32),
     a: &mut Activations,
 ) -> Result<()> {
@@ -668,23 +678,51 @@ pub(super) fn dsa_select(
     if !matches!(m.q, QueryPath::LowRank { .. }) {
         bail!("the DSA indexer reads the q-LoRA activations; this layer has a direct query");
     }
+    let t = a.rows.max(1);
     let (id, ih) = (x.k.rows, x.proj.rows);
-    full_k(c.pool, &view(&x.k), &a.xn, sized(&mut a.idx_k, id));
-    let mut key = vec![0.0; id];
-    layer_norm(&a.idx_k, &x.k_norm.0, &x.k_norm.1, norm_eps, &mut key);
-    full_k(c.pool, &view(&x.gate), &a.xn, sized(&mut a.idx_g, id));
-    let pos = c.at[0].pos;
-    cache.write(pos, &key, &a.idx_g, &x.ape);
-    full_k(c.pool, &view(&x.q_b), &a.q_a, sized(&mut a.idx_q, ih * id));
-    let w = sized(&mut a.idx_w, ih);
+    full_k(c.pool, &view(&x.k), &a.xn, sized(&mut a.idx_k, t * id));
+    full_k(c.pool, &view(&x.gate), &a.xn, sized(&mut a.idx_g, t * id));
+    full_k(
+        c.pool,
+        &view(&x.q_b),
+        &a.q_a,
+        sized(&mut a.idx_q, t * ih * id),
+    );
+    let w = sized(&mut a.idx_w, t * ih);
     full_k(c.pool, &view(&x.proj), &a.xn, w);
     let scale = 1.0 / ((id * ih) as f32).sqrt();
     w.iter_mut().for_each(|v| *v *= scale);
-    cache.select(&a.idx_q, &a.idx_w, pos, how, &mut a.cells);
-    if a.cells.is_empty() {
-        bail!(
-            "position {pos}: the indexer selects no cell (no complete pool, and the plan's model.dsa.select_tail is false)"
+    a.cells.clear();
+    a.cell_ends.clear();
+    let (mut key, mut row_cells) = (vec![0.0; id], Vec::new());
+    for (r, at) in c.at.iter().enumerate().take(t) {
+        let cache = caches.get_mut(at.slot).ok_or_else(|| {
+            anyhow!(
+                "sequence slot {} has no indexer cache on this rank",
+                at.slot
+            )
+        })?;
+        layer_norm(
+            &a.idx_k[r * id..(r + 1) * id],
+            &x.k_norm.0,
+            &x.k_norm.1,
+            norm_eps,
+            &mut key,
         );
+        cache.write(at.pos, &key, &a.idx_g[r * id..(r + 1) * id], &x.ape);
+        let (q, w) = (
+            &a.idx_q[r * ih * id..(r + 1) * ih * id],
+            &a.idx_w[r * ih..(r + 1) * ih],
+        );
+        cache.select(q, w, at.pos, how, &mut row_cells);
+        if row_cells.is_empty() {
+            bail!(
+                "position {}: the indexer selects no cell (no complete pool, and the plan's model.dsa.select_tail is false)",
+                at.pos
+            );
+        }
+        a.cells.extend_from_slice(&row_cells);
+        a.cell_ends.push(a.cells.len());
     }
     Ok(())
 }
