@@ -18,12 +18,12 @@
 //! The host only waits on the readback ring: serially after every step, pipelined once the
 //! plan's `in_flight` steps are enqueued.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
-use memra_compiler::plan::{Boundary, Step};
+use memra_compiler::plan::{Boundary, Plan, Step};
 
 use super::device::CudaDevice;
 use super::enqueue::{CudaOps, InputRing, Readback, RunGraphs};
@@ -36,7 +36,7 @@ use super::setup::{check_phases, connect_groups, make_events, memory_report, ope
 use crate::dist::{Link, ProcessMap, TokenInbox};
 use crate::engine::{Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput};
 use crate::plan_load::LoadedPlan;
-use crate::program::{run_block, walk, Cursor, Entry, Program};
+use crate::program::{run_block, walk, Cursor, Entry, Lockstep, Program};
 use crate::reduce::ReduceOrder;
 use crate::weights::RankWeights;
 
@@ -47,6 +47,9 @@ pub struct Engine {
     ranks: Vec<RankDevice>,
     /// Shared so a step can walk them while the engine lends its state to the walk.
     programs: Arc<[Program]>,
+    /// The local ranks (indices into `ranks`) in plan order, in the sets a step walks in
+    /// lockstep (`walk_sets`).
+    walk_sets: Arc<[Vec<usize>]>,
     boundaries: Vec<Boundary>,
     events: BTreeMap<String, Vec<CudaEvent>>,
     inputs: Vec<InputRing>,
@@ -216,6 +219,7 @@ impl Engine {
         Ok(Engine {
             runs,
             programs: local.iter().map(|&r| Program::of(plan, r)).collect(),
+            walk_sets: walk_sets(plan, &local).into(),
             boundaries: plan.boundaries.clone(),
             ranks,
             events,
@@ -248,6 +252,71 @@ impl Engine {
             inputs_sent: false,
             rows,
         }
+    }
+
+    /// Enqueues step `t` of every local rank in plan order, the members of a group in lockstep
+    /// (`walk_lockstep`; a replayed graph is one turn, so decode steps keep plan order).
+    fn enqueue_step(&mut self, t: u64, input: &StepInput, rows: Rows) -> Result<()> {
+        let (programs, sets) = (self.programs.clone(), self.walk_sets.clone());
+        for set in sets.iter() {
+            if set.len() > 1 {
+                self.walk_lockstep(set, t, input, rows)?;
+                continue;
+            }
+            for &ri in set {
+                let mut cursor = Cursor::default();
+                walk(
+                    &programs[ri],
+                    &mut self.ops(ri, rows),
+                    &mut cursor,
+                    t,
+                    input,
+                    true,
+                    &mut false,
+                )
+                .map_err(|e| anyhow!("rank {} step {t}: {e:#}", programs[ri].rank))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Walks the group members `set` through step `t` in `Lockstep` rounds. One host thread
+    /// enqueues every rank, and enqueueing may block that thread on a rank's own progress: a
+    /// prefill step's MoE rows read the routed ids back, its row-by-row MLA and KDA mixers
+    /// (and a long eager block) enqueue enough launches to fill the launch queue. Walked in plan order, the blocked
+    /// member's stream sits in a collective waiting for peers the host has not enqueued yet,
+    /// until the collective's timeout traps (CUDA_ERROR_LAUNCH_FAILED). The members'
+    /// boundaries never bind a wait to a record of the same step (`walk_sets`), so the rounds
+    /// bind every wait as plan order does.
+    fn walk_lockstep(
+        &mut self,
+        set: &[usize],
+        t: u64,
+        input: &StepInput,
+        rows: Rows,
+    ) -> Result<()> {
+        let programs = self.programs.clone();
+        let mut lock = Lockstep::new(set.len());
+        // a member's inputs go up once, as its first block is entered
+        let mut sent = vec![false; set.len()];
+        while !lock.finished() {
+            let mut progressed = false;
+            for (j, &ri) in set.iter().enumerate() {
+                if lock.done(j) {
+                    continue;
+                }
+                let program = &programs[ri];
+                let mut ops = self.ops(ri, rows);
+                ops.inputs_sent = sent[j];
+                lock.turn(j, program, &mut ops, t, input, &mut progressed)
+                    .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank))?;
+                sent[j] = ops.inputs_sent;
+            }
+            if !progressed {
+                bail!("invariant: a lockstep round of step {t} enqueues something");
+            }
+        }
+        Ok(())
     }
 
     /// Captures every run whose phase comes up warmed but not yet captured at step `t`, for
@@ -364,25 +433,9 @@ impl Decoder for Engine {
         }
         let t = self.next_step;
         self.next_step += 1;
-        let mut result = self.capture_due(t, &input);
-        let programs = self.programs.clone();
-        for (ri, program) in programs.iter().enumerate() {
-            if result.is_err() {
-                break;
-            }
-            let mut cursor = Cursor::default();
-            result = walk(
-                program,
-                &mut self.ops(ri, rows),
-                &mut cursor,
-                t,
-                &input,
-                true,
-                &mut false,
-            )
-            .map(|_| ())
-            .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
-        }
+        let mut result = self
+            .capture_due(t, &input)
+            .and_then(|()| self.enqueue_step(t, &input, rows));
         self.pending.push_back((t, input.pos(), rows.out()));
         if result.is_ok() && self.arm == Arm::Serial {
             if let Some(rb) = &self.readback {
@@ -431,5 +484,81 @@ impl Drop for Engine {
                 let _ = s.synchronize();
             }
         }
+    }
+}
+
+/// The local ranks `local` (plan ranks; indices into it come back) in plan order, split into
+/// walk sets: the consecutive members of one group form a set, every other rank is a set of
+/// its own. A group with a boundary between two members whose receiver takes, at a step, the
+/// slot its sender fills at that same step (lag a multiple of the slots) keeps plan order
+/// (one set per member): that wait binds to the record plan order enqueues before it, which
+/// a lockstep round might enqueue after it.
+fn walk_sets(plan: &Plan, local: &[u32]) -> Vec<Vec<usize>> {
+    let group_of = |r: u32| plan.rank(r).and_then(|x| x.group);
+    let unlagged: BTreeSet<u32> = plan
+        .boundaries
+        .iter()
+        .filter(|b| {
+            b.recv_slot(0) == b.send_slot(0) && group_of(b.from_rank) == group_of(b.to_rank)
+        })
+        .filter_map(|b| group_of(b.from_rank))
+        .collect();
+    let mut sets: Vec<Vec<usize>> = Vec::new();
+    let mut last = None;
+    for (i, &r) in local.iter().enumerate() {
+        let group = group_of(r).filter(|g| !unlagged.contains(g));
+        match sets.last_mut() {
+            Some(set) if group.is_some() && group == last => set.push(i),
+            _ => sets.push(vec![i]),
+        }
+        last = group;
+    }
+    sets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(text: &str) -> Plan {
+        Plan::from_toml(text).expect("a golden plan parses")
+    }
+
+    fn all_sets(plan: &Plan) -> Vec<Vec<usize>> {
+        let local: Vec<u32> = plan.ranks.iter().map(|r| r.rank).collect();
+        walk_sets(plan, &local)
+    }
+
+    #[test]
+    fn a_groups_members_walk_in_lockstep() {
+        let tp2 = plan(include_str!(
+            "../../../plans/synthetic/tiny-qwen3moe-tp2.plan.toml"
+        ));
+        assert_eq!(all_sets(&tp2), [vec![0, 1]]);
+        // two stages of two: each stage's group is a set, stage 0 before stage 1
+        let pp2_tp2 = plan(include_str!(
+            "../../../plans/synthetic/tiny-tp-pp2-tp2.plan.toml"
+        ));
+        assert_eq!(all_sets(&pp2_tp2), [vec![0, 1], vec![2, 3]]);
+        // no group: plan order, a rank a set
+        let pp2 = plan(include_str!(
+            "../../../plans/synthetic/tiny-deepseek2-pp2.plan.toml"
+        ));
+        assert_eq!(all_sets(&pp2), [vec![0], vec![1]]);
+        // a process holding one member of a group walks it alone
+        assert_eq!(walk_sets(&tp2, &[1]), [vec![0]]);
+    }
+
+    #[test]
+    fn an_unlagged_boundary_inside_a_group_keeps_plan_order() {
+        let mut ep2 = plan(include_str!(
+            "../../../plans/synthetic/tiny-kimi-linear-ep2.plan.toml"
+        ));
+        assert_eq!(all_sets(&ep2), [vec![0, 1]]);
+        ep2.boundaries[0].lag = 0;
+        assert_eq!(all_sets(&ep2), [vec![0], vec![1]]);
+        // lagged by as many steps as it has slots: the same slot as the same step's record
+        ep2.boundaries[0].lag = ep2.boundaries[0].slots;
+        assert_eq!(all_sets(&ep2), [vec![0], vec![1]]);
     }
 }
