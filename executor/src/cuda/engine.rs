@@ -18,16 +18,17 @@
 //! The host only waits on the readback ring: serially after every step, pipelined once the
 //! plan's `in_flight` steps are enqueued.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
-use memra_compiler::plan::{Boundary, Plan, Step};
+use memra_compiler::plan::{Boundary, Step};
 
 use super::device::CudaDevice;
 use super::enqueue::{CudaOps, InputRing, Readback, RunGraphs};
 use super::graph::capture;
+use super::lockstep::walk_sets;
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::p2p::{check_groups, Crossings};
 use super::prefill::prefill_rows;
@@ -484,81 +485,5 @@ impl Drop for Engine {
                 let _ = s.synchronize();
             }
         }
-    }
-}
-
-/// The local ranks `local` (plan ranks; indices into it come back) in plan order, split into
-/// walk sets: the consecutive members of one group form a set, every other rank is a set of
-/// its own. A group with a boundary between two members whose receiver takes, at a step, the
-/// slot its sender fills at that same step (lag a multiple of the slots) keeps plan order
-/// (one set per member): that wait binds to the record plan order enqueues before it, which
-/// a lockstep round might enqueue after it.
-fn walk_sets(plan: &Plan, local: &[u32]) -> Vec<Vec<usize>> {
-    let group_of = |r: u32| plan.rank(r).and_then(|x| x.group);
-    let unlagged: BTreeSet<u32> = plan
-        .boundaries
-        .iter()
-        .filter(|b| {
-            b.recv_slot(0) == b.send_slot(0) && group_of(b.from_rank) == group_of(b.to_rank)
-        })
-        .filter_map(|b| group_of(b.from_rank))
-        .collect();
-    let mut sets: Vec<Vec<usize>> = Vec::new();
-    let mut last = None;
-    for (i, &r) in local.iter().enumerate() {
-        let group = group_of(r).filter(|g| !unlagged.contains(g));
-        match sets.last_mut() {
-            Some(set) if group.is_some() && group == last => set.push(i),
-            _ => sets.push(vec![i]),
-        }
-        last = group;
-    }
-    sets
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn plan(text: &str) -> Plan {
-        Plan::from_toml(text).expect("a golden plan parses")
-    }
-
-    fn all_sets(plan: &Plan) -> Vec<Vec<usize>> {
-        let local: Vec<u32> = plan.ranks.iter().map(|r| r.rank).collect();
-        walk_sets(plan, &local)
-    }
-
-    #[test]
-    fn a_groups_members_walk_in_lockstep() {
-        let tp2 = plan(include_str!(
-            "../../../plans/synthetic/tiny-qwen3moe-tp2.plan.toml"
-        ));
-        assert_eq!(all_sets(&tp2), [vec![0, 1]]);
-        // two stages of two: each stage's group is a set, stage 0 before stage 1
-        let pp2_tp2 = plan(include_str!(
-            "../../../plans/synthetic/tiny-tp-pp2-tp2.plan.toml"
-        ));
-        assert_eq!(all_sets(&pp2_tp2), [vec![0, 1], vec![2, 3]]);
-        // no group: plan order, a rank a set
-        let pp2 = plan(include_str!(
-            "../../../plans/synthetic/tiny-deepseek2-pp2.plan.toml"
-        ));
-        assert_eq!(all_sets(&pp2), [vec![0], vec![1]]);
-        // a process holding one member of a group walks it alone
-        assert_eq!(walk_sets(&tp2, &[1]), [vec![0]]);
-    }
-
-    #[test]
-    fn an_unlagged_boundary_inside_a_group_keeps_plan_order() {
-        let mut ep2 = plan(include_str!(
-            "../../../plans/synthetic/tiny-kimi-linear-ep2.plan.toml"
-        ));
-        assert_eq!(all_sets(&ep2), [vec![0, 1]]);
-        ep2.boundaries[0].lag = 0;
-        assert_eq!(all_sets(&ep2), [vec![0], vec![1]]);
-        // lagged by as many steps as it has slots: the same slot as the same step's record
-        ep2.boundaries[0].lag = ep2.boundaries[0].slots;
-        assert_eq!(all_sets(&ep2), [vec![0], vec![1]]);
     }
 }

@@ -15,6 +15,7 @@ pub mod engine;
 mod enqueue;
 pub mod graph;
 mod kda;
+mod lockstep;
 mod matvec;
 mod mla;
 mod moe;
