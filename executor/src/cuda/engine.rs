@@ -1,8 +1,10 @@
 //! The CUDA engine: every rank of a plan on its device, driven by one host thread that
 //! enqueues each decode step's rank programs in plan order (the shared program walk over
-//! `enqueue::CudaOps`), exactly the order the compiler's verify pass replays, so every event
-//! wait binds to the record verify proved it binds to. `setup` opens devices, groups and
-//! events.
+//! `enqueue::CudaOps`), the members of a group in lockstep rounds, one per collective
+//! (`walk_lockstep`), so every event wait binds to the record the compiler's verify pass
+//! proved it binds to (`lockstep` tests it on every golden plan) and no member blocks the
+//! host while a collective waits for a peer not yet enqueued. `setup` opens devices, groups
+//! and events.
 //!
 //! - `run`: a CUDA graph per phase (phase = step % phases): the first time a phase comes up
 //!   its ops run eagerly (warm-up), the second time they are captured on the rank's stream,
