@@ -286,11 +286,11 @@ impl Engine {
     /// Walks the group members `set` through step `t` in `Lockstep` rounds. One host thread
     /// enqueues every rank, and enqueueing may block that thread on a rank's own progress: a
     /// prefill step's MoE rows read the routed ids back, its row-by-row MLA and KDA mixers
-    /// (and a long eager block) enqueue enough launches to fill the launch queue. Walked in plan order, the blocked
-    /// member's stream sits in a collective waiting for peers the host has not enqueued yet,
-    /// until the collective's timeout traps (CUDA_ERROR_LAUNCH_FAILED). The members'
-    /// boundaries never bind a wait to a record of the same step (`walk_sets`), so the rounds
-    /// bind every wait as plan order does.
+    /// (and a long eager block) enqueue enough launches to fill the launch queue. Walked in
+    /// plan order, the blocked member's stream sits in a collective waiting for peers the
+    /// host has not enqueued yet, until the collective's timeout traps
+    /// (CUDA_ERROR_LAUNCH_FAILED). The members' boundaries never bind a wait to a record of
+    /// the same step (`walk_sets`), so the rounds bind every wait as plan order does.
     fn walk_lockstep(
         &mut self,
         set: &[usize],
