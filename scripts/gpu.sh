@@ -99,6 +99,7 @@ failed=0
 logs_in() { # DIR: where this suite's logs go
     LOG=$1
     mkdir -p "$LOG" "$M" "$P" models
+    : >"$LOG/compare.log"
 }
 stamp() { # nvidia-smi FIELDS: the date and the GPUs, also into $LOG/gpu.txt
     { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu="$1" --format=csv,noheader; } | tee "$LOG/gpu.txt"
@@ -219,7 +220,8 @@ against_cpu() { # row tolerance model plan [steps, default 64] [compare options]
     local out rc
     out=$(limit 150 "$BIN/memra-run" compare --backend cuda -n "${5:-64}" --tolerance "$2" --model "$3" "$4" "${@:6}" 2>&1)
     rc=$?
-    echo "$out" >"$LOG/compare.log"
+    # every comparison of the suite stays in the log, each under its row's name
+    printf '== %s\n%s\n' "$1" "$out" >>"$LOG/compare.log"
     result "$1" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //' | cut -c1-200)"
 }
 build_llamacpp() { # [TARGETS]: builds them (default llama-bench) into /tmp/llama-build from the carried .llama/llama.cpp
@@ -917,7 +919,7 @@ suite_prefill_arch() {
         [ $shape = tiny-qwen3moe ] || dtype=f32
         late "cuda vs cpu $shape $dtype prefill" ||
             against_cpu "cuda vs cpu $shape $dtype prefill" 5e-2 "$M/$shape-$dtype.gguf" \
-                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced -p "$short"
+                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --per-step -p "$short"
     done
     wait $synth_big
     prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)

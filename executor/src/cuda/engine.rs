@@ -1,8 +1,10 @@
 //! The CUDA engine: every rank of a plan on its device, driven by one host thread that
 //! enqueues each decode step's rank programs in plan order (the shared program walk over
-//! `enqueue::CudaOps`), exactly the order the compiler's verify pass replays, so every event
-//! wait binds to the record verify proved it binds to. `setup` opens devices, groups and
-//! events.
+//! `enqueue::CudaOps`), the members of a group in lockstep rounds, one per collective
+//! (`walk_lockstep`), so every event wait binds to the record the compiler's verify pass
+//! proved it binds to (`lockstep` tests it on every golden plan) and no member blocks the
+//! host while a collective waits for a peer not yet enqueued. `setup` opens devices, groups
+//! and events.
 //!
 //! - `run`: a CUDA graph per phase (phase = step % phases): the first time a phase comes up
 //!   its ops run eagerly (warm-up), the second time they are captured on the rank's stream,
@@ -33,6 +35,7 @@ use super::batched::check_batched;
 use super::device::CudaDevice;
 use super::enqueue::{CudaOps, InputRing, Readback, RunGraphs};
 use super::graph::capture;
+use super::lockstep::walk_sets;
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::p2p::{check_groups, Crossings};
 use super::prefill::prefill_rows;
@@ -43,7 +46,7 @@ use crate::engine::{
     feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput,
 };
 use crate::plan_load::LoadedPlan;
-use crate::program::{run_block, walk, Cursor, Entry, Program};
+use crate::program::{run_block, walk, Cursor, Entry, Lockstep, Program};
 use crate::reduce::ReduceOrder;
 use crate::weights::RankWeights;
 
@@ -54,6 +57,9 @@ pub struct Engine {
     ranks: Vec<RankDevice>,
     /// Shared so a step can walk them while the engine lends its state to the walk.
     programs: Arc<[Program]>,
+    /// The local ranks (indices into `ranks`) in plan order, in the sets a step walks in
+    /// lockstep (`walk_sets`).
+    walk_sets: Arc<[Vec<usize>]>,
     boundaries: Vec<Boundary>,
     events: BTreeMap<String, Vec<CudaEvent>>,
     inputs: Vec<InputRing>,
@@ -236,6 +242,7 @@ impl Engine {
         Ok(Engine {
             runs,
             programs: local.iter().map(|&r| Program::of(plan, r)).collect(),
+            walk_sets: walk_sets(plan, &local).into(),
             boundaries: plan.boundaries.clone(),
             ranks,
             events,
@@ -272,6 +279,71 @@ impl Engine {
             rows,
             eager,
         }
+    }
+
+    /// Enqueues step `t` of every local rank in plan order, the members of a group in lockstep
+    /// (`walk_lockstep`; a replayed graph is one turn, so decode steps keep plan order).
+    fn enqueue_step(&mut self, t: u64, input: &StepInput, rows: Rows) -> Result<()> {
+        let (programs, sets) = (self.programs.clone(), self.walk_sets.clone());
+        for set in sets.iter() {
+            if set.len() > 1 {
+                self.walk_lockstep(set, t, input, rows)?;
+                continue;
+            }
+            for &ri in set {
+                let mut cursor = Cursor::default();
+                walk(
+                    &programs[ri],
+                    &mut self.ops(ri, rows),
+                    &mut cursor,
+                    t,
+                    input,
+                    true,
+                    &mut false,
+                )
+                .map_err(|e| anyhow!("rank {} step {t}: {e:#}", programs[ri].rank))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Walks the group members `set` through step `t` in `Lockstep` rounds. One host thread
+    /// enqueues every rank, and enqueueing may block that thread on a rank's own progress: a
+    /// prefill step's MoE rows read the routed ids back, its row-by-row MLA and KDA mixers
+    /// (and a long eager block) enqueue enough launches to fill the launch queue. Walked in
+    /// plan order, the blocked member's stream sits in a collective waiting for peers the
+    /// host has not enqueued yet, until the collective's timeout traps
+    /// (CUDA_ERROR_LAUNCH_FAILED). The members' boundaries never bind a wait to a record of
+    /// the same step (`walk_sets`), so the rounds bind every wait as plan order does.
+    fn walk_lockstep(
+        &mut self,
+        set: &[usize],
+        t: u64,
+        input: &StepInput,
+        rows: Rows,
+    ) -> Result<()> {
+        let programs = self.programs.clone();
+        let mut lock = Lockstep::new(set.len());
+        // a member's inputs go up once, as its first block is entered
+        let mut sent = vec![false; set.len()];
+        while !lock.finished() {
+            let mut progressed = false;
+            for (j, &ri) in set.iter().enumerate() {
+                if lock.done(j) {
+                    continue;
+                }
+                let program = &programs[ri];
+                let mut ops = self.ops(ri, rows);
+                ops.inputs_sent = sent[j];
+                lock.turn(j, program, &mut ops, t, input, &mut progressed)
+                    .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank))?;
+                sent[j] = ops.inputs_sent;
+            }
+            if !progressed {
+                bail!("invariant: a lockstep round of step {t} enqueues something");
+            }
+        }
+        Ok(())
     }
 
     /// Captures every run whose phase comes up warmed but not yet captured at step `t`, for
@@ -397,25 +469,9 @@ impl Decoder for Engine {
         }
         let t = self.next_step;
         self.next_step += 1;
-        let mut result = self.capture_due(t, &input);
-        let programs = self.programs.clone();
-        for (ri, program) in programs.iter().enumerate() {
-            if result.is_err() {
-                break;
-            }
-            let mut cursor = Cursor::default();
-            result = walk(
-                program,
-                &mut self.ops(ri, rows),
-                &mut cursor,
-                t,
-                &input,
-                true,
-                &mut false,
-            )
-            .map(|_| ())
-            .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank));
-        }
+        let mut result = self
+            .capture_due(t, &input)
+            .and_then(|()| self.enqueue_step(t, &input, rows));
         self.pending.push_back((t, input.pos(), rows.out()));
         if result.is_ok() && self.arm == Arm::Serial {
             if let Some(rb) = &self.readback {

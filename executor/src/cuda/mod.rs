@@ -17,6 +17,7 @@ pub mod engine;
 mod enqueue;
 pub mod graph;
 mod kda;
+mod lockstep;
 mod matvec;
 mod mhc;
 mod mla;

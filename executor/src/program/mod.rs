@@ -24,6 +24,9 @@ use memra_compiler::plan::{event_slot, Boundary, Op, Plan, Segment, Step};
 
 use crate::engine::StepInput;
 
+mod lockstep;
+pub use lockstep::Lockstep;
+
 /// How far back a wait's record is searched, in decode steps: more than any slot count.
 const MAX_LOOKBACK: u64 = 64;
 
