@@ -231,6 +231,10 @@ build_llamacpp() { # [TARGETS]: builds them (default llama-bench) into /tmp/llam
         -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
         cmake --build /tmp/llama-build --target "${@:-llama-bench}" -j "$(nproc)"
 }
+llamacpp_built() { # pid of build_llamacpp: waits for the build and writes its row
+    wait "$1"
+    row "llama.cpp build" "$(ok_or_fail $?)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+}
 llama_bench() { # row model [llama-bench options, default: batch-1 decode of 128 tokens]: on GPU 0
     local row=$1 model=$2 out rc
     shift 2
@@ -660,9 +664,7 @@ suite_llamacpp() {
     build_llamacpp >"$LOG/llama-build.log" 2>&1 &
     local build=$!
     synth qwen3-30b-a3b q4_1
-    wait $build
-    rc=$?
-    row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+    llamacpp_built $build
     llama_bench "llama-bench qwen3-30b-a3b q4_1" "$model"
     bench "memra qwen3-30b-a3b q4_1" 300 "$model" "$(plan qwen3-30b-a3b q4_1 cuda/qwen3-30b-a3b)" -n 128 --reps 3
     table
@@ -854,9 +856,7 @@ suite_prefill() {
     late "decode llama8b q4_1" ||
         bench "decode llama8b q4_1" 100 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b)" -n 128 --reps 3
     if [ -n "$build" ]; then
-        wait $build
-        rc=$?
-        row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+        llamacpp_built $build
         for model in llama8b-q4_1 llama8b-q8_0 llama8b-f16 llama1b-q4_1; do
             late "llama-bench pp512 $model" ||
                 llama_bench "llama-bench pp512 $model" "$M/$model.gguf" -p 512 -n 0
@@ -988,9 +988,7 @@ suite_batch() {
     done
     memory_check "memory llama8b-batch64 q4_1"
     if [ -n "$build" ]; then
-        wait $build
-        rc=$?
-        row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+        llamacpp_built $build
         if ! late "llama-batched-bench llama8b-q4_1"; then
             out=$(CUDA_VISIBLE_DEVICES=0 limit 400 /tmp/llama-build/bin/llama-batched-bench \
                 -m "$M/llama8b-q4_1.gguf" -c 9216 -b 2048 -ub 512 -npp 8 -ntg 128 -npl 1,4,16,64 \
@@ -1209,9 +1207,7 @@ suite_deepseek() {
         memory_check "memory $cand q4_1"
     done
     if [ -n "$build" ]; then
-        wait $build
-        rc=$?
-        row "llama.cpp build" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/llama-build.log" | cut -c1-120)"
+        llamacpp_built $build
         late "llama-bench $lite q4_1" || llama_bench "llama-bench $lite q4_1" "$M/$lite-q4_1.gguf"
     fi
     wait $synth_v3
