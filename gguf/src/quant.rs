@@ -128,13 +128,11 @@ fn block_q4_k(x: &[f32], b: &mut [u8]) {
         s[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
         s[j + 8] = (sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4);
     }
-    let q: [u8; 256] = std::array::from_fn(|i| {
-        let j = i / 32;
-        let id = inverse(d * f32::from(sc[j]));
-        ((x[i] + dmin * f32::from(m[j])) * id)
-            .round()
-            .clamp(0.0, 15.0) as u8
-    });
+    // each sub-block's inverse scale and offset, once
+    let id: [f32; 8] = std::array::from_fn(|j| inverse(d * f32::from(sc[j])));
+    let off: [f32; 8] = std::array::from_fn(|j| dmin * f32::from(m[j]));
+    let q: [u8; 256] =
+        std::array::from_fn(|i| ((x[i] + off[i / 32]) * id[i / 32]).round().clamp(0.0, 15.0) as u8);
     for (c, qs) in b[q4_k::QS].chunks_exact_mut(32).enumerate() {
         for (l, byte) in qs.iter_mut().enumerate() {
             *byte = q[64 * c + l] | (q[64 * c + 32 + l] << 4);
@@ -156,10 +154,9 @@ fn block_q6_k(x: &[f32], b: &mut [u8]) {
         *s = v as u8;
     }
     // stored unsigned: q + 32 in 0..64
-    let q: [u8; 256] = std::array::from_fn(|i| {
-        let id = inverse(d * f32::from(sc[i / 16]));
-        ((x[i] * id).round().clamp(-32.0, 31.0) + 32.0) as u8
-    });
+    let id: [f32; 16] = std::array::from_fn(|k| inverse(d * f32::from(sc[k])));
+    let q: [u8; 256] =
+        std::array::from_fn(|i| ((x[i] * id[i / 16]).round().clamp(-32.0, 31.0) + 32.0) as u8);
     for n in 0..2 {
         let q = &q[128 * n..128 * n + 128];
         for l in 0..32 {
