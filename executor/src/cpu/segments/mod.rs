@@ -3,27 +3,32 @@
 //! segments batch the rows of a prefill step, each row computed as alone; so do the MLA and
 //! MoE segments, the MoE rows grouped by expert, and KDA's products, its convolutions and
 //! delta rule running row after row over the row's slot state): GQA (`attn_pre`,
-//! `attn_core`), MLA (`mla_pre`, `mla_core`), DSA (`dsa_select`), KDA (`kda_pre`,
-//! `kda_core`), mHC (`hc_pre`), the output projection, the dense FFN and the three MoE
-//! segments. With mHC streams the residual lives in `Activations::hc` and `x` holds the
+//! `attn_core`), the output projection, the dense FFN and the three MoE segments here; MLA
+//! (`mla_pre`, `mla_core`) and DSA (`dsa_select`) in `mla.rs`, KDA (`kda_pre`, `kda_core`) in
+//! `kda.rs`, mHC (`hc_pre`) in `../mhc.rs`. With mHC streams the residual lives in `Activations::hc` and `x` holds the
 //! running sublayer's input; finishing a sublayer spreads its output over the streams. A segment
 //! that ends in a partial sum leaves it in `Activations::partial` with what it holds
 //! (`Pending`), so the group's all-reduce, or the segment itself on a lone rank, finishes it
 //! the same way everywhere (`finish`).
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use memra_compiler::plan::reduction_chunks;
 
 use super::kernels::{
-    self, combine_into, latent_attention, latent_attention_at, layer_norm, rms_norm, rope_part,
-    silu_mul, silu_mul_clamped, IndexerCache, KdaState, KvCache, LatentCache, Pool, Rotation,
-    Router, Selection, Weight,
+    self, combine_into, rms_norm, rope_part, silu_mul, silu_mul_clamped, IndexerCache, KdaState,
+    KvCache, LatentCache, Pool, Rotation, Router, Weight,
 };
-use super::layer::{Gated, GqaWeights, KdaWeights, MlaWeights, MoeWeights, QueryPath};
+use super::layer::{Gated, GqaWeights, MoeWeights};
 use super::mhc::HcState;
 use crate::engine::RowAt;
 use crate::geometry::RankGeometry;
 use crate::weights::{Matrix, Stack};
+
+mod kda;
+mod mla;
+
+pub(super) use kda::{kda_core, kda_pre};
+pub(super) use mla::{dsa_select, mla_core, mla_pre};
 
 /// What the pending partial sum holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -162,6 +167,30 @@ fn stacked(s: &Stack, index: usize) -> Option<Weight<'_>> {
     })
 }
 
+/// Gathers part `cols` of every row (rows of `stride` values) of `src` into `dst`, rows of
+/// `cols.len()` values.
+fn gather(src: &[f32], stride: usize, cols: std::ops::Range<usize>, dst: &mut Vec<f32>) {
+    dst.clear();
+    for row in src.chunks_exact(stride) {
+        dst.extend_from_slice(&row[cols.clone()]);
+    }
+}
+
+/// Scatters the rows of `src` (rows of `cols.len()` values) into part `cols` of every row of
+/// `dst` (rows of `stride` values).
+fn scatter(src: &[f32], dst: &mut [f32], stride: usize, cols: std::ops::Range<usize>) {
+    // an empty part (a nope-only MLA's rope part) has nothing to scatter
+    if cols.is_empty() {
+        return;
+    }
+    for (s, row) in src
+        .chunks_exact(cols.len())
+        .zip(dst.chunks_exact_mut(stride))
+    {
+        row[cols.clone()].copy_from_slice(s);
+    }
+}
+
 /// A product whose K is the full input, for every token row of `x`: every row computed as on
 /// one rank.
 pub(super) fn full_k(pool: &Pool, w: &Weight, x: &[f32], y: &mut [f32]) {
@@ -262,217 +291,6 @@ fn runs(rows: &[RowAt]) -> Vec<std::ops::Range<usize>> {
         }
     }
     out
-}
-
-/// Gathers part `cols` of every row (rows of `stride` values) of `src` into `dst`, rows of
-/// `cols.len()` values.
-fn gather(src: &[f32], stride: usize, cols: std::ops::Range<usize>, dst: &mut Vec<f32>) {
-    dst.clear();
-    for row in src.chunks_exact(stride) {
-        dst.extend_from_slice(&row[cols.clone()]);
-    }
-}
-
-/// Scatters the rows of `src` (rows of `cols.len()` values) into part `cols` of every row of
-/// `dst` (rows of `stride` values).
-fn scatter(src: &[f32], dst: &mut [f32], stride: usize, cols: std::ops::Range<usize>) {
-    // an empty part (a nope-only MLA's rope part) has nothing to scatter
-    if cols.is_empty() {
-        return;
-    }
-    for (s, row) in src
-        .chunks_exact(cols.len())
-        .zip(dst.chunks_exact_mut(stride))
-    {
-        row[cols.clone()].copy_from_slice(s);
-    }
-}
-
-/// MLA: norm, query, latent and rope key, rope on the rope parts, and each head's no-rope
-/// query absorbed into the latent space through its `attn_k_b` matrix; row `i` at position
-/// its own position, each head's matrix read once for all rows.
-pub(super) fn mla_pre(c: &Ctx, norm: &[f32], m: &MlaWeights, a: &mut Activations) {
-    let t = a.rows.max(1);
-    norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
-    match &m.q {
-        QueryPath::Direct(q) => full_k(c.pool, &view(q), &a.xn, sized(&mut a.q, t * q.rows)),
-        QueryPath::LowRank { a: qa, norm, b } => {
-            full_k(c.pool, &view(qa), &a.xn, sized(&mut a.k, t * qa.rows));
-            norm_rows(&a.k, norm, c.geo.eps, &mut a.q_a);
-            full_k(c.pool, &view(b), &a.q_a, sized(&mut a.q, t * b.rows));
-        }
-    }
-    let (heads, kvl, nope) = (m.k_b.count, m.k_b.rows, m.k_b.cols);
-    let width = m.kv_a.rows;
-    full_k(c.pool, &view(&m.kv_a), &a.xn, sized(&mut a.v, t * width));
-    let rows = sized(&mut a.kv_row, t * width);
-    let q_width = a.q.len() / t;
-    let head_q = q_width / heads;
-    let r = c.rotation();
-    for (i, ((row, v), q)) in rows
-        .chunks_exact_mut(width)
-        .zip(a.v.chunks_exact(width))
-        .zip(a.q.chunks_exact_mut(q_width))
-        .enumerate()
-    {
-        rms_norm(&v[..kvl], &m.kv_a_norm, c.geo.eps, &mut row[..kvl]);
-        row[kvl..].copy_from_slice(&v[kvl..]);
-        if m.rope {
-            rope_part(row, width, kvl..width, c.at[i].pos, &r);
-            rope_part(q, head_q, nope..head_q, c.at[i].pos, &r);
-        }
-    }
-    let lat_width = heads * width;
-    sized(&mut a.q_lat, t * lat_width);
-    let (mut q_nope, mut absorbed) = (Vec::new(), Vec::new());
-    for h in 0..heads {
-        let k_b = stacked(&m.k_b, m.k_b.first + h).expect("invariant: a held head");
-        let head = h * head_q;
-        gather(&a.q, q_width, head..head + nope, &mut q_nope);
-        full_k(c.pool, &k_b, &q_nope, sized(&mut absorbed, t * kvl));
-        let out = h * width;
-        scatter(&absorbed, &mut a.q_lat, lat_width, out..out + kvl);
-        gather(&a.q, q_width, head + nope..head + head_q, &mut q_nope);
-        scatter(&q_nope, &mut a.q_lat, lat_width, out + kvl..out + width);
-    }
-}
-
-/// MLA: every row's latent row into its slot's cache, then each row's attention over its
-/// slot's latent cache up to its own position (causal, rows spread over the pool's threads),
-/// and each head's latent outputs mapped to its values through its `attn_v_b` matrix.
-pub(super) fn mla_core(
-    c: &Ctx,
-    m: &MlaWeights,
-    cache: &mut [LatentCache],
-    kq_scale: f32,
-    a: &mut Activations,
-) {
-    let t = a.rows.max(1);
-    let width = a.kv_row.len() / t;
-    for (row, at) in a.kv_row.chunks_exact(width).zip(c.at) {
-        cache[at.slot].write(at.pos, row);
-    }
-    let (heads, kvl) = (m.v_b.count, m.v_b.cols);
-    let lat_row = heads * kvl;
-    let lat = sized(&mut a.lat, t * lat_row);
-    let (q_lat, cache, at) = (&a.q_lat, &*cache, c.at);
-    let q_row = q_lat.len() / t;
-    // DSA attends to the indexer's selection of the row, MLA to every position up to its own
-    let cells = m
-        .indexer
-        .as_ref()
-        .map(|_| (a.cells.as_slice(), a.cell_ends.as_slice()));
-    c.pool.split_mut(lat, lat_row, &|off, piece| {
-        let first = off / lat_row;
-        for (i, out) in piece.chunks_exact_mut(lat_row).enumerate() {
-            let row = first + i;
-            let q = &q_lat[row * q_row..(row + 1) * q_row];
-            let RowAt { slot, pos } = at[row];
-            match cells {
-                Some((cells, ends)) => {
-                    let start = if row == 0 { 0 } else { ends[row - 1] };
-                    let cells = &cells[start..ends[row]];
-                    latent_attention_at(q, &cache[slot], heads, cells, kq_scale, out)
-                }
-                None => latent_attention(q, &cache[slot], heads, pos + 1, kq_scale, out),
-            }
-        }
-    });
-    let v = m.v_b.rows;
-    let att_row = heads * v;
-    sized(&mut a.att, t * att_row);
-    let (mut l, mut o) = (Vec::new(), Vec::new());
-    for h in 0..heads {
-        let v_b = stacked(&m.v_b, m.v_b.first + h).expect("invariant: a held head");
-        gather(&a.lat, lat_row, h * kvl..(h + 1) * kvl, &mut l);
-        full_k(c.pool, &v_b, &l, sized(&mut o, t * v));
-        scatter(&o, &mut a.att, att_row, h * v..(h + 1) * v);
-    }
-}
-
-/// KDA over every row of the step: norm, q/k/v each through its projection (one product
-/// over the rows) and its causal convolution (row after row, advancing the window state of
-/// the row's slot; a sequence starting at position 0 starts from zero state), q/k L2 norms,
-/// the decay gate per channel and beta per head. `states` holds every slot's state.
-pub(super) fn kda_pre(
-    c: &Ctx,
-    norm: &[f32],
-    k: &KdaWeights,
-    states: &mut [KdaState],
-    a: &mut Activations,
-) {
-    let t = a.rows.max(1);
-    // a slot's rows are consecutive positions, so its position-0 row comes first
-    for at in c.at.iter().filter(|at| at.pos == 0) {
-        states[at.slot].reset();
-    }
-    norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
-    let (hd, width) = (k.head_dim(), k.q.rows);
-    for (which, proj) in [&k.q, &k.k, &k.v].into_iter().enumerate() {
-        full_k(c.pool, &view(proj), &a.xn, sized(&mut a.kda_x, t * width));
-        let out = match which {
-            0 => sized(&mut a.q, t * width),
-            1 => sized(&mut a.k, t * width),
-            _ => sized(&mut a.v, t * width),
-        };
-        let rows = a.kda_x.chunks_exact(width).zip(out.chunks_exact_mut(width));
-        for (at, (x, y)) in c.at.iter().zip(rows) {
-            let window = states[at.slot].window_mut(which);
-            kernels::conv_step(window, &k.conv[which], k.taps, x, y);
-        }
-    }
-    let l2_eps = k.l2_eps.unwrap_or(c.geo.eps);
-    kernels::l2_norm_heads(&mut a.q, hd, l2_eps);
-    kernels::l2_norm_heads(&mut a.k, hd, l2_eps);
-    let low = sized(&mut a.kda_low, t * k.f_a.rows);
-    full_k(c.pool, &view(&k.f_a), &a.xn, low);
-    full_k(
-        c.pool,
-        &view(&k.f_b),
-        &a.kda_low,
-        sized(&mut a.kda_g, t * width),
-    );
-    for g in a.kda_g.chunks_exact_mut(width) {
-        match k.bound {
-            Some(lb) => kernels::decay_gate_bounded(g, &k.dt_bias, &k.a, hd, lb),
-            None => kernels::decay_gate(g, &k.dt_bias, &k.a, hd),
-        }
-    }
-    let beta = sized(&mut a.kda_beta, t * k.beta.rows);
-    full_k(c.pool, &view(&k.beta), &a.xn, beta);
-    beta.iter_mut().for_each(|b| *b = kernels::sigmoid(*b));
-}
-
-/// KDA: the gated delta rule of each row, row after row, over each held head's recurrent
-/// state of the row's slot (updated in place), then the per-head output norm times the
-/// sigmoid of the low-rank output gate over every row.
-pub(super) fn kda_core(c: &Ctx, k: &KdaWeights, states: &mut [KdaState], a: &mut Activations) {
-    let t = a.rows.max(1);
-    let (width, heads) = (k.q.rows, k.beta.rows);
-    let att = sized(&mut a.att, t * width);
-    for (r, (at, out)) in c.at.iter().zip(att.chunks_exact_mut(width)).enumerate() {
-        let inputs = kernels::DeltaInputs {
-            q: &a.q[r * width..(r + 1) * width],
-            k: &a.k[r * width..(r + 1) * width],
-            v: &a.v[r * width..(r + 1) * width],
-            g: &a.kda_g[r * width..(r + 1) * width],
-            beta: &a.kda_beta[r * heads..(r + 1) * heads],
-        };
-        kernels::delta_rule(&mut states[at.slot], &inputs, out);
-    }
-    full_k(
-        c.pool,
-        &view(&k.g_a),
-        &a.xn,
-        sized(&mut a.kda_low, t * k.g_a.rows),
-    );
-    full_k(
-        c.pool,
-        &view(&k.g_b),
-        &a.kda_low,
-        sized(&mut a.kda_x, t * width),
-    );
-    kernels::gated_norm(&mut a.att, &k.o_norm, &a.kda_x, c.geo.eps);
 }
 
 /// The attention output projection over this rank's heads.
@@ -657,72 +475,4 @@ pub(super) fn finish_with(a: &mut Activations, sum: &[f32]) {
         return;
     };
     super::mhc::finish_streams(a, sum);
-}
-
-/// DSA, each row in turn: its indexer key (layer-normed) and pool gate into its slot's
-/// indexer cache (pooling a completed pool), then the cells its MLA softmax runs over, chosen
-/// from its indexer queries (from MLA's q-LoRA activations) and head weights over the pools
-/// complete at its position: a row sees the rows before it, as it would decoding alone. The
-/// products run over every row at once. Runs after `mla_pre` (its normed input and q-LoRA
-/// activations).
-pub(super) fn dsa_select(
-    c: &Ctx,
-    m: &MlaWeights,
-    caches: &mut [IndexerCache],
-    (how, norm_eps): (&Selection, f32),
-    a: &mut Activations,
-) -> Result<()> {
-    let Some(x) = &m.indexer else {
-        bail!("dsa_select on an MLA layer without an indexer");
-    };
-    if !matches!(m.q, QueryPath::LowRank { .. }) {
-        bail!("the DSA indexer reads the q-LoRA activations; this layer has a direct query");
-    }
-    let t = a.rows.max(1);
-    let (id, ih) = (x.k.rows, x.proj.rows);
-    full_k(c.pool, &view(&x.k), &a.xn, sized(&mut a.idx_k, t * id));
-    full_k(c.pool, &view(&x.gate), &a.xn, sized(&mut a.idx_g, t * id));
-    full_k(
-        c.pool,
-        &view(&x.q_b),
-        &a.q_a,
-        sized(&mut a.idx_q, t * ih * id),
-    );
-    let w = sized(&mut a.idx_w, t * ih);
-    full_k(c.pool, &view(&x.proj), &a.xn, w);
-    let scale = 1.0 / ((id * ih) as f32).sqrt();
-    w.iter_mut().for_each(|v| *v *= scale);
-    a.cells.clear();
-    a.cell_ends.clear();
-    let (mut key, mut row_cells) = (vec![0.0; id], Vec::new());
-    for (r, at) in c.at.iter().enumerate().take(t) {
-        let cache = caches.get_mut(at.slot).ok_or_else(|| {
-            anyhow!(
-                "sequence slot {} has no indexer cache on this rank",
-                at.slot
-            )
-        })?;
-        layer_norm(
-            &a.idx_k[r * id..(r + 1) * id],
-            &x.k_norm.0,
-            &x.k_norm.1,
-            norm_eps,
-            &mut key,
-        );
-        cache.write(at.pos, &key, &a.idx_g[r * id..(r + 1) * id], &x.ape);
-        let (q, w) = (
-            &a.idx_q[r * ih * id..(r + 1) * ih * id],
-            &a.idx_w[r * ih..(r + 1) * ih],
-        );
-        cache.select(q, w, at.pos, how, &mut row_cells);
-        if row_cells.is_empty() {
-            bail!(
-                "position {}: the indexer selects no cell (no complete pool, and the plan's model.dsa.select_tail is false)",
-                at.pos
-            );
-        }
-        a.cells.extend_from_slice(&row_cells);
-        a.cell_ends.push(a.cells.len());
-    }
-    Ok(())
 }
