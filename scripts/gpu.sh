@@ -359,7 +359,7 @@ suite_gates() {
     # teacher-forced within the oracle's bound, as suite_moe explains: greedy, this random model
     # parts from the CPU at step 50 in every session since the first (bench/cuda-gates.md)
     late "cuda vs cpu smol135m q8_0" ||
-        against_cpu "cuda vs cpu smol135m q8_0" 5e-2 "$M/smol135m-q8_0.gguf" "$smol.plan.toml" 64 --teacher-forced
+        against_cpu "cuda vs cpu smol135m q8_0" 5e-2 "$M/smol135m-q8_0.gguf" "$smol.plan.toml" 64 --teacher-forced --conditioning 1e-6
     gates_of llama1b q4_1 "${llama[@]}"
     wait $synth8b
     gates_of llama8b q4_1 llama8b-eager llama8b-tp2 llama8b-tp4 llama8b-pp2
@@ -426,7 +426,7 @@ suite_bench() {
         gate "gate $cand q4_1" 120 "$M/llama1b-q4_1.gguf" "$ref" "$(plan llama1b q4_1 $cand)"
     done
     late "cuda vs cpu smol135m q4_1" ||
-        against_cpu "cuda vs cpu smol135m q4_1" 5e-2 "$M/smol135m-q4_1.gguf" "$(plan smol135m q4_1 smol135m)" 64 --teacher-forced
+        against_cpu "cuda vs cpu smol135m q4_1" 5e-2 "$M/smol135m-q4_1.gguf" "$(plan smol135m q4_1 smol135m)" 64 --teacher-forced --conditioning 1e-6
 
     for name in smol135m smol135m-eager smol135m-pp2; do bench_shape smol135m q4_1 $name; done
     for name in llama1b llama1b-eager llama1b-pp2; do bench_shape llama1b q4_1 $name; done
@@ -836,7 +836,7 @@ suite_prefill() {
     fi
     late "cuda vs cpu smol135m q8_0 prefill" ||
         against_cpu "cuda vs cpu smol135m q8_0 prefill" 5e-2 "$M/smol135m-q8_0.gguf" \
-            "$(plan smol135m q8_0 smol135m)" 16 --teacher-forced -p "$prompt"
+            "$(plan smol135m q8_0 smol135m)" 16 --teacher-forced --conditioning 1e-6 -p "$prompt"
     wait $synth8b_q8 $synth8b_f16 # not a bare wait: the llama.cpp build runs on
     for dtype in q4_1 q8_0 f16; do
         late "pp512 llama8b $dtype" ||
@@ -919,7 +919,7 @@ suite_prefill_arch() {
         [ $shape = tiny-qwen3moe ] || dtype=f32
         late "cuda vs cpu $shape $dtype prefill" ||
             against_cpu "cuda vs cpu $shape $dtype prefill" 5e-2 "$M/$shape-$dtype.gguf" \
-                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --per-step -p "$short"
+                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --conditioning 1e-6 --per-step -p "$short"
     done
     wait $synth_big
     prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
@@ -1044,7 +1044,7 @@ suite_moe() {
     for dtype in q8_0 f32; do
         gates_of tiny-qwen3moe "$dtype" cuda/tiny-qwen3moe-eager cuda/tiny-qwen3moe cuda/tiny-qwen3moe-tp2 \
             cuda/tiny-qwen3moe-tp4 cuda/tiny-qwen3moe-ep4 cuda/tiny-qwen3moe-pp2
-        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced); fi
+        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
         late "cuda vs cpu tiny-qwen3moe $dtype" ||
             against_cpu "cuda vs cpu tiny-qwen3moe $dtype" "${tol[0]}" "$M/tiny-qwen3moe-$dtype.gguf" \
                 "$P/$dtype/tiny-qwen3moe.plan.toml" "${tol[@]:1}"
@@ -1054,7 +1054,7 @@ suite_moe() {
     for shape in tiny-deepseek2 tiny-deepseek2-lite; do
         for dtype in q8_0 f32; do
             gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-pp2
-            if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced); fi
+            if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
             late "cuda vs cpu $shape $dtype" ||
                 against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
                     "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"
@@ -1098,7 +1098,7 @@ suite_kda() {
             cuda/$shape-ep2 cuda/$shape-pp2 cuda/$shape-mla-eager
         # q8_0: every step's error kept in $LOG/compare.log, a lone spike being an MoE top-2
         # near-tie flipped by q8 activation rounding (bench/kda-q8-compare.md)
-        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --per-step); fi
+        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6 --per-step); fi
         late "cuda vs cpu $shape $dtype" ||
             against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
                 "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"
@@ -1260,7 +1260,7 @@ suite_glm5() {
     for dtype in f32 q8_0; do
         gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-tp4 \
             cuda/$shape-ep2 cuda/$shape-pp2 cuda/$shape-mla-eager
-        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced); fi
+        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
         late "cuda vs cpu $shape $dtype" ||
             against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
                 "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"

@@ -72,6 +72,11 @@ pub struct EngineOptions {
     pub sampler: SamplerConfig,
     /// The all-reduce's combine order; only tests change it.
     pub reduce_order: ReduceOrder,
+    /// CPU backend only, for `compare --conditioning`: every layer's mixer input multiplied
+    /// by `1 + r u`, `u` in [-1, 1) seeded by the row's position, the layer and the element,
+    /// so a step whose logits move past a tolerance under noise of rounding size is known to
+    /// be ill-conditioned. The CUDA backend refuses it.
+    pub perturb: Option<f32>,
     /// The processes that run the plan together, one per device; `None`: this process runs
     /// every rank. A process joins one world for its whole life, hence `'static`.
     pub world: Option<&'static World>,
@@ -85,6 +90,7 @@ impl Default for EngineOptions {
             arm: Arm::Serial,
             sampler: SamplerConfig::GREEDY,
             reduce_order: ReduceOrder::Tree,
+            perturb: None,
             world: None,
         }
     }

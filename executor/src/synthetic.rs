@@ -56,7 +56,7 @@ fn spread(name: &str, shape: &[u64], layers: u32) -> Spread {
 
 /// Uniform in [-1, 1) on a grid of 2^-23: SplitMix64 at counter `index` of stream `key`, so
 /// any element is drawn without drawing the ones before it.
-fn uniform(key: u64, index: u64) -> f32 {
+pub(crate) fn uniform(key: u64, index: u64) -> f32 {
     let mut z = key.wrapping_add(index.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -2,7 +2,7 @@
 //! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built and
 //! refuses the layer kinds it does not run yet, bench reports prefill speed and time to first
 //! token, bench --batch the aggregate speed of sequences decoded together, compare --per-step
-//! each step's error.
+//! each step's error, compare --conditioning the steps too ill-conditioned to judge.
 
 mod common;
 
@@ -185,6 +185,59 @@ fn compare_per_step_prints_every_compared_step_before_the_summary() {
         let want = format!("step {i}: relative logit error 0.000e0, picks ");
         assert!(line.starts_with(&want), "{text}");
     }
+}
+
+#[test]
+fn compare_conditioning_names_the_steps_noise_of_rounding_size_moves() {
+    // seed 0 of tiny-kimi-linear in q8_0 has MoE top-2 near-ties at steps 34 and 37 (the
+    // CUDA-vs-CPU spike of bench/kda-q8-compare.md): the CPU, shaken by 1e-6, moves past
+    // 5e-2 there and nowhere else, so those steps are set apart and the rest judged
+    let model = synth_model(
+        "tiny-kimi-linear",
+        "q8_0",
+        0,
+        "models/tiny-kimi-linear-seed0-q8_0.gguf",
+    );
+    let plan = "plans/synthetic/tiny-kimi-linear.plan.toml";
+    let model = model.to_str().unwrap();
+    let args = [
+        "compare",
+        plan,
+        "--model",
+        model,
+        "--backend",
+        "cpu",
+        "--teacher-forced",
+        "--conditioning",
+        "1e-6",
+        "-n",
+        "32",
+        "--tolerance",
+        "5e-2",
+        "-t",
+        "1",
+    ];
+    let text = stdout(&memra_run(&args));
+    assert!(
+        text.contains("ill-conditioned steps [34, 37] apart") && text.ends_with(": ok\n"),
+        "{text}"
+    );
+    // the second run compares the CPU with itself on one history: greedy runs are refused
+    let out = memra_run(&[
+        "compare",
+        plan,
+        "--model",
+        model,
+        "--backend",
+        "cpu",
+        "--conditioning",
+        "1e-6",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("it needs --teacher-forced"),
+        "{out:?}"
+    );
 }
 
 #[test]

@@ -151,6 +151,12 @@ enum Command {
         /// far above its neighbours is a discrete flip (e.g. an MoE top-k near-tie), not drift.
         #[arg(long)]
         per_step: bool,
+        /// With --teacher-forced: run the CPU reference again with every layer's input
+        /// multiplied by 1 + R u (u uniform in [-1, 1)); a step whose logits move past the
+        /// tolerance under that noise is ill-conditioned (e.g. an MoE top-k near-tie), and
+        /// its error is reported apart, not judged. 1e-6 is about f32 rounding.
+        #[arg(long, value_name = "R")]
+        conditioning: Option<f32>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -360,6 +366,7 @@ impl RunArgs {
             },
             sampler,
             reduce_order: ReduceOrder::Tree,
+            perturb: None,
             world: self.world,
         }
     }
@@ -516,12 +523,14 @@ fn run(command: Command) -> Result<ExitCode> {
             tolerance,
             teacher_forced,
             per_step,
+            conditioning,
             run,
         } => {
             let how = tools::CompareHow {
                 tolerance,
                 teacher_forced,
                 per_step,
+                conditioning,
             };
             tools::compare(&plan, &prompt, n_predict, how, &run)
         }

@@ -168,6 +168,8 @@ pub struct CompareHow {
     pub teacher_forced: bool,
     /// Print each compared step's relative error.
     pub per_step: bool,
+    /// `--conditioning`: the relative noise of the CPU's second, perturbed reference run.
+    pub conditioning: Option<f32>,
 }
 
 /// `gate --batch`: the continuous-batching gate (`crate::batch_gate`) of `plan` against
@@ -208,6 +210,19 @@ pub fn gate_batch(plan: &Path, reference: &Path, run: &RunArgs) -> Result<ExitCo
     }
 }
 
+/// The largest difference of `b` from `a`, relative to the largest magnitude of `a`.
+fn relative_error(a: &[f32], b: &[f32]) -> f64 {
+    let scale = a.iter().fold(0.0f64, |m, &x| m.max(f64::from(x).abs()));
+    let err = a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| {
+        m.max((f64::from(x) - f64::from(y)).abs())
+    });
+    if scale > 0.0 {
+        err / scale
+    } else {
+        err
+    }
+}
+
 /// `compare`: the plan on the chosen backend against the CPU backend, greedy; fails when the
 /// tokens differ or a step's relative logit error is above `tolerance`. With `teacher_forced`
 /// the backend is fed the CPU's sequence (prompt, then the CPU's greedy tokens), so all steps
@@ -223,7 +238,13 @@ pub fn compare(
         tolerance,
         teacher_forced,
         per_step,
+        conditioning,
     } = how;
+    if conditioning.is_some() && !teacher_forced {
+        bail!(
+            "--conditioning compares the CPU with itself on one history: it needs --teacher-forced"
+        );
+    }
     let loaded = run.load(plan)?;
     let ids = Tokenizer::from_gguf(loaded.gguf()?)?.encode(prompt, true)?;
     let options = run.options(SamplerConfig::GREEDY);
@@ -232,20 +253,39 @@ pub fn compare(
         ..options
     };
     let want = decode_all(&loaded, cpu, &ids, n)?;
-    let got = if teacher_forced {
-        if ids.is_empty() {
-            bail!("--teacher-forced needs a prompt of at least one token");
-        }
-        // step i's logits come from the sequence up to its input; the CPU's step i fed its
-        // prompt token, or its own token of step i - 1 after the prompt
-        let fed: Vec<u32> = ids
+    if teacher_forced && ids.is_empty() {
+        bail!("--teacher-forced needs a prompt of at least one token");
+    }
+    // teacher-forced, step i's logits come from the sequence up to its input; the CPU's step i
+    // fed its prompt token, or its own token of step i - 1 after the prompt
+    let fed: Vec<u32> = match teacher_forced {
+        true => ids
             .iter()
             .copied()
             .chain(want[ids.len() - 1..want.len() - 1].iter().map(|o| o.token))
-            .collect();
+            .collect(),
+        false => Vec::new(),
+    };
+    let got = if teacher_forced {
         decode_all(&loaded, options, &fed, 1)?
     } else {
         decode_all(&loaded, options, &ids, n)?
+    };
+    // steps where the CPU moves past the tolerance under noise of the given size: their
+    // errors say nothing about the backend
+    let ill: Vec<bool> = match conditioning {
+        Some(r) => {
+            let noisy = EngineOptions {
+                perturb: Some(r),
+                ..cpu
+            };
+            let shaken = decode_all(&loaded, noisy, &fed, 1)?;
+            want.iter()
+                .zip(&shaken)
+                .map(|(a, b)| relative_error(&a.logits, &b.logits) > tolerance)
+                .collect()
+        }
+        None => vec![false; want.len()],
     };
     // greedily, a step's logits are comparable while the tokens fed so far agree: up to and
     // including the first step whose sampled token differs; teacher-forced, every step is
@@ -254,24 +294,25 @@ pub fn compare(
         Some(d) if !teacher_forced => d + 1,
         _ => want.len().min(got.len()),
     };
-    let mut worst = (0.0f64, 0usize);
+    let (mut worst, mut worst_ill) = ((0.0f64, 0usize), None::<(f64, usize)>);
+    let mut ill_steps = Vec::new();
     let mut steps = Vec::new();
     for (i, (a, b)) in want.iter().zip(&got).take(compared).enumerate() {
-        let scale = a
-            .logits
-            .iter()
-            .fold(0.0f64, |m, &x| m.max(f64::from(x).abs()));
-        let err = a.logits.iter().zip(&b.logits).fold(0.0f64, |m, (&x, &y)| {
-            m.max((f64::from(x) - f64::from(y)).abs())
-        });
-        let rel = if scale > 0.0 { err / scale } else { err };
+        let rel = relative_error(&a.logits, &b.logits);
         if per_step {
             steps.push(format!(
-                "step {i}: relative logit error {rel:.3e}, picks {} {}",
-                a.token, b.token
+                "step {i}: relative logit error {rel:.3e}, picks {} {}{}",
+                a.token,
+                b.token,
+                if ill[i] { " (ill-conditioned)" } else { "" }
             ));
         }
-        if rel > worst.0 || rel.is_nan() {
+        if ill[i] {
+            ill_steps.push(i);
+            if worst_ill.is_none_or(|(w, _)| rel > w || rel.is_nan()) {
+                worst_ill = Some((rel, i));
+            }
+        } else if rel > worst.0 || rel.is_nan() {
             worst = (rel, i);
         }
     }
@@ -299,8 +340,18 @@ pub fn compare(
         return Ok(ExitCode::SUCCESS);
     }
     steps.iter().for_each(|line| println!("{line}"));
+    let apart = match conditioning {
+        Some(r) => format!(
+            "; ill-conditioned steps {ill_steps:?} apart (the cpu moves past the tolerance under {r:e} relative noise){}",
+            match worst_ill {
+                Some((e, i)) => format!(", max error there {e:.3e} at step {i}"),
+                None => String::new(),
+            }
+        ),
+        None => String::new(),
+    };
     println!(
-        "compare {}: {tokens}; max relative logit error {:.3e} at step {} (tolerance {tolerance:e}): {}",
+        "compare {}: {tokens}; max relative logit error {:.3e} at step {} (tolerance {tolerance:e}){apart}: {}",
         plan.display(),
         worst.0,
         worst.1,

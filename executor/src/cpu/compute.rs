@@ -66,9 +66,17 @@ pub struct RankCompute {
     token: u32,
     sampler: Sampler,
     rx: BTreeMap<u32, Vec<Option<Payload>>>,
+    /// `EngineOptions::perturb`.
+    perturb: Option<f32>,
 }
 
 impl RankCompute {
+    /// This rank with `EngineOptions::perturb`'s noise on every layer's mixer input.
+    pub fn perturbed(mut self, relative: Option<f32>) -> RankCompute {
+        self.perturb = relative;
+        self
+    }
+
     /// Builds rank `rank`'s state from its weight shards.
     pub fn new(
         plan: &Plan,
@@ -193,6 +201,7 @@ impl RankCompute {
             token: 0,
             sampler: Sampler::new(sampler),
             rx: BTreeMap::new(),
+            perturb: None,
         };
         c.act.rows = 1;
         c.act.x = vec![0.0; d];
@@ -339,6 +348,14 @@ impl RankCompute {
                 );
             }
         }
+        if let Some(r) = self.perturb {
+            if matches!(
+                segment,
+                Segment::AttnPre | Segment::MlaPre | Segment::KdaPre
+            ) {
+                perturb_rows(&mut a.x, at, layer, r);
+            }
+        }
         let c = Ctx {
             pool: &self.pool,
             geo: &self.geo,
@@ -482,5 +499,18 @@ impl RankCompute {
         self.sampler.skip(self.act.rows.max(1) as u64 - 1);
         self.token = self.sampler.sample(&logits[logits.len() - vocab..]);
         Ok(())
+    }
+}
+
+/// `EngineOptions::perturb`: each row's values `x[i] *= 1 + r u`, `u` uniform in [-1, 1) drawn
+/// from (layer, the row's position, i), so a run sees the same noise at the same place.
+fn perturb_rows(x: &mut [f32], at: &[RowAt], layer: u32, r: f32) {
+    let width = x.len() / at.len().max(1);
+    let key = 0x7065_7274_7572_6200 ^ u64::from(layer);
+    for (row, at) in x.chunks_exact_mut(width).zip(at) {
+        let first = at.pos as u64 * width as u64;
+        for (i, v) in (first..).zip(row.iter_mut()) {
+            *v *= 1.0 + r * crate::synthetic::uniform(key, i);
+        }
     }
 }

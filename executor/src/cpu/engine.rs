@@ -107,7 +107,8 @@ impl Engine {
             };
             let weights = RankWeights::load(loaded, r)?;
             let compute = RankCompute::new(plan, r.rank, weights, pool, options.sampler)
-                .map_err(|e| anyhow!("rank {}: {e:#}", r.rank))?;
+                .map_err(|e| anyhow!("rank {}: {e:#}", r.rank))?
+                .perturbed(options.perturb);
             runners.push(RankRunner::new(
                 plan,
                 r.rank,

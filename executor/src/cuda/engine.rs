@@ -114,6 +114,9 @@ impl Engine {
         if options.reduce_order != ReduceOrder::Tree {
             bail!("the cuda backend combines all-reduce partials in the plan's tree only");
         }
+        if options.perturb.is_some() {
+            bail!("perturbed runs (compare --conditioning) are a check of the cpu backend's conditioning; the cuda backend does not take them");
+        }
         let readers: Vec<u32> = plan
             .ranks
             .iter()

@@ -80,6 +80,7 @@ pub fn options(arm: Arm) -> EngineOptions {
         arm,
         sampler: SamplerConfig::GREEDY,
         reduce_order: ReduceOrder::Tree,
+        perturb: None,
         world: None,
     }
 }
@@ -142,6 +143,7 @@ pub fn reversed_fold_mismatch(
 ) -> Mismatch {
     let broken = EngineOptions {
         reduce_order: ReduceOrder::ReversedFold,
+        perturb: None,
         ..options(Arm::Serial)
     };
     let report = gate(reference, candidate, prompt, generated, broken).unwrap();
