@@ -5,12 +5,14 @@
 //! bit against the decode steps at the same positions (outputs and cache); and the
 //! tensor-core attention of the rows against those rows; each row's position.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx};
-use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
+use crate::cuda::{CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for dtype in [
@@ -149,6 +151,14 @@ fn half(x: f32) -> f64 {
     f64::from(f16_to_f32(f32_to_f16(x)))
 }
 
+/// `a` on the device, narrowed to f16 by `to_f16`, as a prefill step's products read it.
+fn narrowed(dev: &CudaDevice, s: &Arc<CudaStream>, a: &[f32]) -> Result<DeviceBuffer<u16>> {
+    let ad = dev.upload(s, a)?;
+    let mut a16 = dev.alloc::<u16>(s, a.len())?;
+    dev.to_f16(s, &ad, &mut a16)?;
+    Ok(a16)
+}
+
 /// `gemm_<dtype>` of `rows` rows into `chunks` partials against the f64 sums of each chunk.
 fn gemm(
     cx: &mut Ctx,
@@ -162,9 +172,7 @@ fn gemm(
     let (bytes, deq) = random_weight(&mut cx.rng, dtype, n, k)?;
     let a = random(&mut cx.rng, rows * k, 1.0);
     let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
-    let ad = dev.upload(s, &a)?;
-    let mut a16 = dev.alloc::<u16>(s, rows * k)?;
-    dev.to_f16(s, &ad, &mut a16)?;
+    let a16 = narrowed(dev, s, &a)?;
     let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
     dev.gemm(s, (&w).into(), &a16, rows, chunks, &mut yd)?;
     let y = dev.download(s, &yd)?;
@@ -220,9 +228,7 @@ fn gemm_halves(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         let part: Vec<f32> = (0..rows)
             .flat_map(|t| a[t * k + cols.start..t * k + cols.end].to_vec())
             .collect();
-        let ad = dev.upload(s, &part)?;
-        let mut a16 = dev.alloc::<u16>(s, part.len())?;
-        dev.to_f16(s, &ad, &mut a16)?;
+        let a16 = narrowed(dev, s, &part)?;
         let mut yd = dev.alloc::<f32>(s, c * rows * n)?;
         dev.gemm(s, (&w).into(), &a16, rows, c, &mut yd)?;
         dev.download(s, &yd)
@@ -245,9 +251,7 @@ fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let (rows, n, k, chunks) = (300, 260, 1024, 2);
     let (bytes, _) = random_weight(&mut cx.rng, dtype, n, k)?;
     let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
-    let ad = dev.upload(s, &random(&mut cx.rng, rows * k, 1.0))?;
-    let mut a16 = dev.alloc::<u16>(s, rows * k)?;
-    dev.to_f16(s, &ad, &mut a16)?;
+    let a16 = narrowed(dev, s, &random(&mut cx.rng, rows * k, 1.0))?;
     let run = |tile_rows: usize| -> Result<Vec<f32>> {
         let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
         dev.gemm_tiled(s, (&w).into(), &a16, rows, chunks, &mut yd, tile_rows)?;
@@ -267,9 +271,7 @@ fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
 fn gemm_shared_launch(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let (rows, k) = (150, 512);
-    let ad = dev.upload(s, &random(&mut cx.rng, rows * k, 1.0))?;
-    let mut a16 = dev.alloc::<u16>(s, rows * k)?;
-    dev.to_f16(s, &ad, &mut a16)?;
+    let a16 = narrowed(dev, s, &random(&mut cx.rng, rows * k, 1.0))?;
     let mut weights = Vec::new();
     for n in [384, 130, 130, 200] {
         let (bytes, _) = random_weight(&mut cx.rng, dtype, n, k)?;
