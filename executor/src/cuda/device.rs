@@ -35,6 +35,9 @@ pub struct CudaDevice {
     /// a kernel's grid may start while the previous kernel on the stream drains, and waits
     /// (griddepcontrol.wait, kernels/common.cuh) before it touches memory that kernel wrote.
     dependent_launch: bool,
+    /// The dynamic shared-memory limit each kernel was raised to (`allow_dynamic_shared`),
+    /// so a launch path raises it once, not per launch.
+    raised: Arc<Mutex<HashMap<&'static str, usize>>>,
 }
 
 /// Kernel parameters in signature order, each borrowed until the launch returns.
@@ -126,6 +129,7 @@ impl CudaDevice {
             arch,
             name,
             dependent_launch: major >= 9,
+            raised: Arc::default(),
         })
     }
 
@@ -231,7 +235,7 @@ impl CudaDevice {
     }
 
     /// Lets kernel `name` (with `static_bytes` of static shared memory) take `bytes` of dynamic
-    /// shared memory at launch: the kernel's limit is raised to the device's, not to this
+    /// shared memory at launch: the kernel's limit is raised once, to the device's, not to this
     /// launch's need, since a lower limit set by a later launch would make an earlier, larger
     /// one fail. Launches within the default 48 KiB need no call.
     pub fn allow_dynamic_shared(
@@ -240,18 +244,30 @@ impl CudaDevice {
         static_bytes: usize,
         bytes: usize,
     ) -> Result<()> {
-        let limit = self.max_shared_per_block()? - static_bytes;
+        let (&key, f) = self
+            .functions
+            .get_key_value(name)
+            .unwrap_or_else(|| panic!("invariant: kernel {name} is listed in compile::FILES"));
+        let mut raised = self.raised.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = match raised.get(key) {
+            Some(&limit) => limit,
+            None => {
+                let limit = self.max_shared_per_block()? - static_bytes;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(limit).expect("invariant: a device's shared memory fits in i32"),
+                )
+                .with_context(|| {
+                    format!("cuda backend: allowing {name} {limit} bytes of shared memory")
+                })?;
+                raised.insert(key, limit);
+                limit
+            }
+        };
         if bytes > limit {
             bail!("cuda backend: {name} needs {bytes} bytes of shared memory; this device allows {limit}");
         }
-        self.function(name)
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                i32::try_from(limit).expect("invariant: a device's shared memory fits in i32"),
-            )
-            .with_context(|| {
-                format!("cuda backend: allowing {name} {limit} bytes of shared memory")
-            })
+        Ok(())
     }
 
     /// Free and total device memory in bytes.
