@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 
-use super::emit::{keyed, Spec};
+use super::emit::{common_head, keyed, Head, Spec};
 use super::ffn::{DeepseekFfn, Routed};
 use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
@@ -338,49 +338,50 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
 /// as "no q-lora" at any depth (the converter omits the key and llama.cpp then relies on the
 /// layer count).
 fn metadata(s: &Deepseek2Shape) -> Vec<(String, Value)> {
-    let mut kv = vec![
-        ("general.architecture", Value::Str("deepseek2".into())),
-        (
-            "general.name",
-            Value::Str(format!("memra-synth {}", s.name)),
-        ),
-        ("block_count", Value::U32(s.layers)),
-        ("context_length", Value::U32(s.context)),
-        ("embedding_length", Value::U32(s.dim as u32)),
-        ("feed_forward_length", Value::U32(s.ffn as u32)),
-        ("attention.head_count", Value::U32(s.heads)),
-        ("attention.head_count_kv", Value::U32(1)),
-        ("rope.freq_base", Value::F32(s.rope_base)),
-        ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
-        ("expert_count", Value::U32(s.experts)),
-        ("expert_used_count", Value::U32(s.experts_used)),
-        ("expert_group_count", Value::U32(s.routing.groups)),
-        ("expert_group_used_count", Value::U32(s.routing.groups_used)),
-        ("expert_gating_func", Value::U32(s.routing.gating.id())),
-        ("rope.scaling.type", Value::Str("yarn".into())),
-        ("rope.scaling.factor", Value::F32(s.yarn.factor)),
-        (
-            "rope.scaling.original_context_length",
-            Value::U32(s.yarn.original_context),
-        ),
-        ("leading_dense_block_count", Value::U32(s.dense_layers)),
-        ("vocab_size", Value::U32(s.vocab as u32)),
-        ("attention.q_lora_rank", Value::U32(s.q_lora_rank as u32)),
-        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
-        (
-            "attention.key_length",
-            Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
-        ),
-        ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
-        ("attention.key_length_mla", Value::U32(s.qk_head() as u32)),
-        ("attention.value_length_mla", Value::U32(s.v_head as u32)),
-        (
-            "expert_feed_forward_length",
-            Value::U32(s.expert_ffn as u32),
-        ),
-        ("expert_shared_count", Value::U32(s.shared_experts)),
-        ("expert_weights_scale", Value::F32(s.routing.weights_scale)),
-    ];
+    let mut kv = common_head(
+        Head {
+            arch: "deepseek2",
+            name: s.name,
+            layers: s.layers,
+            context: s.context,
+            dim: s.dim,
+            ffn: s.ffn,
+            heads: s.heads,
+        },
+        [
+            ("attention.head_count_kv", Value::U32(1)),
+            ("rope.freq_base", Value::F32(s.rope_base)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
+            ("expert_count", Value::U32(s.experts)),
+            ("expert_used_count", Value::U32(s.experts_used)),
+            ("expert_group_count", Value::U32(s.routing.groups)),
+            ("expert_group_used_count", Value::U32(s.routing.groups_used)),
+            ("expert_gating_func", Value::U32(s.routing.gating.id())),
+            ("rope.scaling.type", Value::Str("yarn".into())),
+            ("rope.scaling.factor", Value::F32(s.yarn.factor)),
+            (
+                "rope.scaling.original_context_length",
+                Value::U32(s.yarn.original_context),
+            ),
+            ("leading_dense_block_count", Value::U32(s.dense_layers)),
+            ("vocab_size", Value::U32(s.vocab as u32)),
+            ("attention.q_lora_rank", Value::U32(s.q_lora_rank as u32)),
+            ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
+            (
+                "attention.key_length",
+                Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
+            ),
+            ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
+            ("attention.key_length_mla", Value::U32(s.qk_head() as u32)),
+            ("attention.value_length_mla", Value::U32(s.v_head as u32)),
+            (
+                "expert_feed_forward_length",
+                Value::U32(s.expert_ffn as u32),
+            ),
+            ("expert_shared_count", Value::U32(s.shared_experts)),
+            ("expert_weights_scale", Value::F32(s.routing.weights_scale)),
+        ],
+    );
     if s.routing.norm_weights {
         kv.push(("expert_weights_norm", Value::Bool(true)));
     }

@@ -85,6 +85,39 @@ fn chunk_bytes(p: &Planned, seed: u64, ti: usize, chunk: u64, rows: u64) -> Resu
     Ok(out)
 }
 
+/// The facts every synthetic model's metadata starts with.
+pub(crate) struct Head<'a> {
+    pub arch: &'static str,
+    pub name: &'a str,
+    pub layers: u32,
+    pub context: u32,
+    pub dim: u64,
+    pub ffn: u64,
+    pub heads: u32,
+}
+
+/// `h`'s entries (architecture, name, block count, context, width, FFN width, heads), then
+/// `rest`, in file order (unprefixed, for `keyed`).
+pub(crate) fn common_head<const N: usize>(
+    h: Head,
+    rest: [(&'static str, Value); N],
+) -> Vec<(&'static str, Value)> {
+    let mut kv = vec![
+        ("general.architecture", Value::Str(h.arch.into())),
+        (
+            "general.name",
+            Value::Str(format!("memra-synth {}", h.name)),
+        ),
+        ("block_count", Value::U32(h.layers)),
+        ("context_length", Value::U32(h.context)),
+        ("embedding_length", Value::U32(h.dim as u32)),
+        ("feed_forward_length", Value::U32(h.ffn as u32)),
+        ("attention.head_count", Value::U32(h.heads)),
+    ];
+    kv.extend(rest);
+    kv
+}
+
 /// Metadata entries in the given order, `general.*` keys as given and the others as
 /// `arch.key`.
 pub(crate) fn keyed(arch: &str, kv: Vec<(&str, Value)>) -> Vec<(String, Value)> {

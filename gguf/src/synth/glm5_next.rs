@@ -8,7 +8,7 @@
 //! and `exp_probs_b` tensors are F32.
 
 use super::deepseek2::Gating;
-use super::emit::{keyed, Spec};
+use super::emit::{common_head, keyed, Head, Spec};
 use super::ffn::{DeepseekFfn, Routed};
 use super::plan::{
     f32_around, f32_uniform, matrix, norm, output_head, residual, token_embd, Block, Planned,
@@ -262,26 +262,27 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
         .map(|l| Value::U32(u32::from(s.is_attention(l))))
         .collect();
     let limits = || Value::Array((0..s.layers).map(|_| Value::F32(s.swiglu_limit)).collect());
-    let mut kv = vec![
-        ("general.architecture", Value::Str("glm5-next".into())),
-        (
-            "general.name",
-            Value::Str(format!("memra-synth {}", s.name)),
-        ),
-        ("block_count", Value::U32(s.layers)),
-        ("context_length", Value::U32(s.context)),
-        ("embedding_length", Value::U32(s.dim as u32)),
-        ("feed_forward_length", Value::U32(s.ffn as u32)),
-        ("attention.head_count", Value::U32(s.heads)),
-        ("attention.head_count_kv", Value::Array(kv_heads)),
-        ("attention.layer_norm_rms_epsilon", Value::F32(NORM_EPS)),
-        ("expert_count", Value::U32(s.experts)),
-        ("expert_used_count", Value::U32(s.experts_used)),
-        ("vocab_size", Value::U32(s.vocab as u32)),
-        ("attention.layer_norm_epsilon", Value::F32(NORM_EPS)),
-        ("ssm.conv_kernel", Value::U32(s.conv as u32)),
-        ("kda.head_dim", Value::U32(s.kda_head as u32)),
-    ];
+    let mut kv = common_head(
+        Head {
+            arch: "glm5-next",
+            name: s.name,
+            layers: s.layers,
+            context: s.context,
+            dim: s.dim,
+            ffn: s.ffn,
+            heads: s.heads,
+        },
+        [
+            ("attention.head_count_kv", Value::Array(kv_heads)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(NORM_EPS)),
+            ("expert_count", Value::U32(s.experts)),
+            ("expert_used_count", Value::U32(s.experts_used)),
+            ("vocab_size", Value::U32(s.vocab as u32)),
+            ("attention.layer_norm_epsilon", Value::F32(NORM_EPS)),
+            ("ssm.conv_kernel", Value::U32(s.conv as u32)),
+            ("kda.head_dim", Value::U32(s.kda_head as u32)),
+        ],
+    );
     if let Some(lb) = s.gate_lower_bound {
         kv.push(("kda.gate_lower_bound", Value::F32(lb)));
     }

@@ -6,7 +6,7 @@
 //! convolutions are `[d_conv, 1, channels]` in F32, `ssm_a` holds `-exp(A_log)` as `[1, heads]`.
 
 use super::deepseek2::{attention, Gating, MlaDims};
-use super::emit::{keyed, Spec};
+use super::emit::{common_head, keyed, Head, Spec};
 use super::ffn::{DeepseekFfn, Routed};
 use super::plan::{
     f32_around, f32_uniform, norm, output_head, residual, token_embd, Block, Planned,
@@ -176,45 +176,46 @@ fn metadata(s: &KimiLinearShape) -> Vec<(String, Value)> {
     let kv_heads = (0..s.layers)
         .map(|l| Value::U32(u32::from(s.is_attention(l))))
         .collect();
-    let kv = vec![
-        ("general.architecture", Value::Str("kimi-linear".into())),
-        (
-            "general.name",
-            Value::Str(format!("memra-synth {}", s.name)),
-        ),
-        ("block_count", Value::U32(s.layers)),
-        ("context_length", Value::U32(s.context)),
-        ("embedding_length", Value::U32(s.dim as u32)),
-        ("feed_forward_length", Value::U32(s.ffn as u32)),
-        ("attention.head_count", Value::U32(s.heads)),
-        ("attention.head_count_kv", Value::Array(kv_heads)),
-        ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
-        ("expert_count", Value::U32(s.experts)),
-        ("expert_used_count", Value::U32(s.experts_used)),
-        ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
-        ("vocab_size", Value::U32(s.vocab as u32)),
-        ("ssm.conv_kernel", Value::U32(s.conv as u32)),
-        ("kda.head_dim", Value::U32(s.kda_head as u32)),
-        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
-        ("rope.dimension_count", Value::U32(s.qk_rope as u32)),
-        (
-            "attention.key_length",
-            Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
-        ),
-        ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
-        (
-            "attention.key_length_mla",
-            Value::U32((s.qk_nope + s.qk_rope) as u32),
-        ),
-        ("attention.value_length_mla", Value::U32(s.v_head as u32)),
-        (
-            "expert_feed_forward_length",
-            Value::U32(s.expert_ffn as u32),
-        ),
-        ("expert_shared_count", Value::U32(s.shared_experts)),
-        ("leading_dense_block_count", Value::U32(s.dense_layers)),
-        ("expert_weights_scale", Value::F32(s.weights_scale)),
-    ];
+    let kv = common_head(
+        Head {
+            arch: "kimi-linear",
+            name: s.name,
+            layers: s.layers,
+            context: s.context,
+            dim: s.dim,
+            ffn: s.ffn,
+            heads: s.heads,
+        },
+        [
+            ("attention.head_count_kv", Value::Array(kv_heads)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
+            ("expert_count", Value::U32(s.experts)),
+            ("expert_used_count", Value::U32(s.experts_used)),
+            ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
+            ("vocab_size", Value::U32(s.vocab as u32)),
+            ("ssm.conv_kernel", Value::U32(s.conv as u32)),
+            ("kda.head_dim", Value::U32(s.kda_head as u32)),
+            ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
+            ("rope.dimension_count", Value::U32(s.qk_rope as u32)),
+            (
+                "attention.key_length",
+                Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
+            ),
+            ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
+            (
+                "attention.key_length_mla",
+                Value::U32((s.qk_nope + s.qk_rope) as u32),
+            ),
+            ("attention.value_length_mla", Value::U32(s.v_head as u32)),
+            (
+                "expert_feed_forward_length",
+                Value::U32(s.expert_ffn as u32),
+            ),
+            ("expert_shared_count", Value::U32(s.shared_experts)),
+            ("leading_dense_block_count", Value::U32(s.dense_layers)),
+            ("expert_weights_scale", Value::F32(s.weights_scale)),
+        ],
+    );
     keyed("kimi-linear", kv)
 }
 

@@ -2,7 +2,7 @@
 //! FFN in every layer (softmax router, normalized top-k weights, no shared expert), with the
 //! tensors and metadata keys llama.cpp's converter writes for Qwen3-MoE checkpoints.
 
-use super::emit::{keyed, Spec};
+use super::emit::{common_head, keyed, Head, Spec};
 use super::ffn::{routed, Routed};
 use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
@@ -111,29 +111,30 @@ fn plan(s: &Qwen3MoeShape, dtype: GgmlType) -> Vec<Planned> {
 fn metadata(s: &Qwen3MoeShape) -> Vec<(String, Value)> {
     keyed(
         "qwen3moe",
-        vec![
-            ("general.architecture", Value::Str("qwen3moe".into())),
-            (
-                "general.name",
-                Value::Str(format!("memra-synth {}", s.name)),
-            ),
-            ("block_count", Value::U32(s.layers)),
-            ("context_length", Value::U32(s.context)),
-            ("embedding_length", Value::U32(s.dim as u32)),
-            ("feed_forward_length", Value::U32(s.ffn as u32)),
-            ("attention.head_count", Value::U32(s.heads)),
-            ("attention.head_count_kv", Value::U32(s.kv_heads)),
-            ("rope.freq_base", Value::F32(s.rope_base)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
-            ("expert_count", Value::U32(s.experts)),
-            ("expert_used_count", Value::U32(s.experts_used)),
-            ("attention.key_length", Value::U32(s.head_dim as u32)),
-            ("attention.value_length", Value::U32(s.head_dim as u32)),
-            (
-                "expert_feed_forward_length",
-                Value::U32(s.expert_ffn as u32),
-            ),
-        ],
+        common_head(
+            Head {
+                arch: "qwen3moe",
+                name: s.name,
+                layers: s.layers,
+                context: s.context,
+                dim: s.dim,
+                ffn: s.ffn,
+                heads: s.heads,
+            },
+            [
+                ("attention.head_count_kv", Value::U32(s.kv_heads)),
+                ("rope.freq_base", Value::F32(s.rope_base)),
+                ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
+                ("expert_count", Value::U32(s.experts)),
+                ("expert_used_count", Value::U32(s.experts_used)),
+                ("attention.key_length", Value::U32(s.head_dim as u32)),
+                ("attention.value_length", Value::U32(s.head_dim as u32)),
+                (
+                    "expert_feed_forward_length",
+                    Value::U32(s.expert_ffn as u32),
+                ),
+            ],
+        ),
     )
 }
 
