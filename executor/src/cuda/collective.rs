@@ -155,7 +155,7 @@ impl Oneshot {
             max_blocks: if own_devices {
                 usize::MAX
             } else {
-                (dev.sm_count()? / (SHARED_SMS_PER_BLOCK * all.len())).max(1)
+                (dev.sm_count() / (SHARED_SMS_PER_BLOCK * all.len())).max(1)
             },
         })
     }

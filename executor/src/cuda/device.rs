@@ -35,6 +35,8 @@ pub struct CudaDevice {
     /// a kernel's grid may start while the previous kernel on the stream drains, and waits
     /// (griddepcontrol.wait, kernels/common.cuh) before it touches memory that kernel wrote.
     dependent_launch: bool,
+    /// Streaming multiprocessors (read once: launch sizes ask for it every launch).
+    sm_count: usize,
     /// The dynamic shared-memory limit each kernel was raised to (`allow_dynamic_shared`),
     /// so a launch path raises it once, not per launch.
     raised: Arc<Mutex<HashMap<&'static str, usize>>>,
@@ -123,12 +125,16 @@ impl CudaDevice {
                 functions.insert(entry, f);
             }
         }
+        let sm_count =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .context("cuda backend: reading the multiprocessor count")? as usize;
         Ok(CudaDevice {
             ctx,
             functions: Arc::new(functions),
             arch,
             name,
             dependent_launch: major >= 9,
+            sm_count,
             raised: Arc::default(),
         })
     }
@@ -217,12 +223,8 @@ impl CudaDevice {
     }
 
     /// Number of streaming multiprocessors.
-    pub fn sm_count(&self) -> Result<usize> {
-        let n = self
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .context("cuda backend: reading the multiprocessor count")?;
-        Ok(n as usize)
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// The most shared memory one block may opt in to, in bytes.

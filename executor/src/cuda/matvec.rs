@@ -427,7 +427,7 @@ impl CudaDevice {
         // batched launch has one block per tile of each run
         let slots = sel.map_or(1, |e| e.slots);
         let tiles = batch.div_ceil(kernel.rows());
-        let resident = kernel.blocks_per_sm() * self.sm_count()?;
+        let resident = kernel.blocks_per_sm() * self.sm_count();
         let runs = match kernel {
             Kernel::One => items.min(resident.div_ceil(slots)),
             // whole runs of tiles in one wave: a block more than the SMs hold would double

@@ -182,7 +182,7 @@ impl CudaDevice {
         let columns: usize = outs.iter().map(|(w, _)| w.rows.div_ceil(TILE_COLS)).sum();
         let tile_rows = match tile_rows {
             Some(t) => t,
-            None if rows > 64 && columns * rows.div_ceil(128) * chunks >= self.sm_count()? => 128,
+            None if rows > 64 && columns * rows.div_ceil(128) * chunks >= self.sm_count() => 128,
             None => 64,
         };
         assert!(

@@ -191,7 +191,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         dev.ordinal(),
         dev.name(),
         dev.arch(),
-        dev.sm_count()?,
+        dev.sm_count(),
         free as f64 / (1u64 << 30) as f64,
         total as f64 / (1u64 << 30) as f64
     );
