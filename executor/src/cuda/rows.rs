@@ -106,20 +106,16 @@ impl CudaDevice {
         a: &impl DevicePtr<u16>,
         rows: usize,
     ) -> Result<()> {
-        let mut launch: Vec<(Matrix, (u64, usize))> = Vec::new();
-        for (w, y) in products {
-            if launch.len() == GEMM_MAX_WEIGHTS
-                || launch.first().is_some_and(|(f, _)| f.dtype != w.dtype)
-            {
-                self.gemm_launch(stream, &launch, a, rows, 1, None)?;
-                launch.clear();
+        for same in products.chunk_by(|p, q| p.0.dtype == q.0.dtype) {
+            for launch in same.chunks(GEMM_MAX_WEIGHTS) {
+                let outs: Vec<_> = launch
+                    .iter()
+                    .map(|(w, y)| (*w, (y.addr(), y.len())))
+                    .collect();
+                self.gemm_launch(stream, &outs, a, rows, 1, None)?;
             }
-            launch.push((*w, (y.addr(), y.len())));
         }
-        if launch.is_empty() {
-            return Ok(());
-        }
-        self.gemm_launch(stream, &launch, a, rows, 1, None)
+        Ok(())
     }
 
     /// [`Self::gemm`] with `tile_rows` (64 or 128) token rows a block: every output has the
