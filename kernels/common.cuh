@@ -56,6 +56,16 @@ __device__ __forceinline__ float small_to_f32(u32 q, float off) {
 #define BIAS32 8388640.0f   // 2^23 + 32: q - 32
 #define BIAS128 8388736.0f  // 2^23 + 128: q - 128
 
+// An exact i32 -> f32 for |v| < 2^22 without the slow I2F: 1.5 * 2^23 + v has the integer in
+// its mantissa, and subtracting 1.5 * 2^23 leaves v exactly.
+__device__ __forceinline__ float int_to_f32(int v) {
+    return __int_as_float(0x4B400000 + v) - 12582912.0f;
+}
+
+// Packed bytes: four ones (a __dp4a sum), four low nibbles.
+#define ONES 0x01010101
+#define NIB 0x0f0f0f0f
+
 // Sum over the 32 lanes by a fixed xor butterfly; every lane gets the same bits, because each
 // step adds the same two values on both partner lanes.
 __device__ __forceinline__ float warp_sum(float v) {

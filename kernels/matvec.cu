@@ -47,14 +47,6 @@ __device__ __forceinline__ void load8(const float* x, float* v) {
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
-// An exact i32 -> f32 for |v| < 2^22 without the slow I2F: 1.5 * 2^23 + v has the integer in
-// its mantissa, and subtracting 1.5 * 2^23 leaves v exactly.
-__device__ __forceinline__ float int_to_f32(int v) {
-    return __int_as_float(0x4B400000 + v) - 12582912.0f;
-}
-
-#define ONES 0x01010101
-#define NIB 0x0f0f0f0f
 
 // ---- activation quantization (shared memory): quants `q[K]`, then per block `scales` ----
 
@@ -103,6 +95,16 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
             if (lane == 0) scales[b] = __fdiv_rn(amax, 127.f);
         }
     }
+}
+
+// The 8-bit copies of a batched step's activation rows for the tensor-core products
+// (matvec_mma.cu), each made by quantize_x<32> as a matvec block makes its own: block b takes
+// row b of x (`cols` values) and writes its quants then its (d, d * sum) pairs to
+// out + b * (cols + cols / 4) bytes.
+extern "C" __global__ void __launch_bounds__(MATVEC_THREADS) quantize_rows_q8(const float* x, int cols, i8* out) {
+    i8* q = out + (size_t)blockIdx.x * (cols + cols / 4);
+    overlap_with_neighbours();
+    quantize_x<32>(x + (size_t)blockIdx.x * cols, cols, q, (float*)(q + cols));
 }
 
 // The activations a quantized policy reads: quants and per-block scales in shared memory.

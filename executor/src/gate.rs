@@ -146,7 +146,24 @@ pub fn first_mismatch(arm: Arm, reference: &[StepOutput], got: &[StepOutput]) ->
     })
 }
 
-/// Runs `reference` (a 1-rank plan, serial) and `candidate` in both arms on `prompt` plus `n`
+/// Refuses a reference plan that could itself reassociate a sum: the reference computes
+/// every layer whole on one rank, so it is the 1-rank plan or a pipeline of whole layers
+/// (stages add no arithmetic: a model too large for one device is gated against its
+/// pipeline's eager run).
+fn check_reference(reference: &LoadedPlan) -> Result<()> {
+    let plan = &reference.plan;
+    if let Some(rank) = plan.ranks.iter().find(|r| r.tp_degree > 1) {
+        bail!(
+            "the reference plan {} splits layers across ranks (rank {} is one of {} in a group); the gate compares against a plan that computes every layer whole on one rank: the 1-rank plan, or pipeline stages without tensor- or expert-parallel groups",
+            reference.path.display(),
+            rank.rank,
+            rank.tp_degree
+        );
+    }
+    Ok(())
+}
+
+/// Runs `reference` (the 1-rank plan or a pipeline of whole layers, serial) and `candidate` in both arms on `prompt` plus `n`
 /// greedy tokens and compares them bit for bit; in one process, stops at the first arm that
 /// mismatches.
 pub fn gate(
@@ -171,13 +188,7 @@ pub fn gate_repeated(
     options: EngineOptions,
     repeat: usize,
 ) -> Result<GateReport> {
-    if reference.plan.ranks.len() != 1 {
-        bail!(
-            "the reference plan {} has {} ranks; the gate compares against a 1-rank plan",
-            reference.path.display(),
-            reference.plan.ranks.len()
-        );
-    }
+    check_reference(reference)?;
     if reference.plan.model.fingerprint != candidate.plan.model.fingerprint {
         bail!(
             "{} and {} were compiled for different models",

@@ -91,12 +91,14 @@ enum Command {
         run: RunArgs,
     },
     /// Decode a prompt plus -n greedy tokens with the plan (serial and pipelined arms) and the
-    /// 1-rank reference plan; fail on the first logit whose bits differ. With --batch: decode
+    /// reference plan (the 1-rank plan, or for a model larger than one device a pipeline of
+    /// whole layers); fail on the first logit whose bits differ. With --batch: decode
     /// sequences together with the plan and each alone with the reference instead.
     Gate {
         /// The execution plan to check.
         plan: PathBuf,
-        /// The 1-rank plan of the same model.
+        /// The 1-rank plan of the same model, or a plan of pipeline stages without tensor- or
+        /// expert-parallel groups (each layer whole on one rank, so the same bits).
         #[arg(long)]
         reference: PathBuf,
         /// Prompt text.

@@ -1,10 +1,12 @@
 //! A batched decode step on a CUDA rank (a plan of several sequence slots): the rows of every
 //! span of the step (a generated token of each sequence, or the prompt chunk of a joining one)
 //! go through the decode kernels together, each row with the bits it has in a step of its own.
-//! Products are the decode matvec over rows (kernels/matvec.cu loads each weight piece once
-//! per tile of rows and keeps every row's lane partition and tree), never the prefill GEMM,
-//! whose reduction order differs; norms are their own launches over the rows (the bits of the
-//! norms the one-row decode folds into its matvecs). Attention writes every row's k and v into
+//! Products keep the one-row decode's reduction order, never the prefill GEMM's: for q4_0 and
+//! q4_1 weights an integer mma on tensor cores over the rows quantized once
+//! (kernels/matvec_mma.cu, which replays the one-row kernel's lanes and tree), for other
+//! dtypes the decode matvec over tiles of rows (kernels/matvec.cu loads each weight piece once
+//! per tile and keeps every row's lane partition and tree); norms are their own launches over
+//! the rows (the bits of the norms the one-row decode folds into its matvecs). Attention writes every row's k and v into
 //! its own sequence slot, then runs the decode attention kernel with a grid row per token row,
 //! each at its own position over its own slot. The head takes the rows whose logits come back.
 //! Steps run eagerly: the launches depend on the row count and the logit rows of the step.
@@ -12,9 +14,12 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
 
+use super::device::CudaDevice;
+use super::matvec::Epilogue;
+use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
 use super::moe::FfnWeights;
 use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
 use super::rank::{copy, MixerWeights, Pending, RankDevice};
@@ -77,28 +82,35 @@ impl RankDevice {
             Self::rows_of(&b.v, rows, g.v.rows),
         );
         let eps = self.geo.eps;
+        let xq = self.quantized_rows();
+        let product = |ws: &[&DeviceWeight], x: &Span<f32>, chunks, ys: &[(u64, usize)], epilogue| {
+            batch_product(dev, xq.as_ref(), s, ws, x, chunks, ys, epilogue)
+        };
+        let out = |y: &Span<f32>| (y.addr(), y.len());
         // the row-parallel product: added to x in the same launch on a lone rank, left in
         // `partial` for the group's all-reduce otherwise
         let row_parallel = |w: &DeviceWeight, input: &Span<f32>, chunks: Option<usize>, reduced| {
             let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
             if reduced {
-                dev.matvec(s, w, input, chunks, &mut Self::rows_of(&b.partial, rows, d))
+                let partial = Self::rows_of(&b.partial, rows, d);
+                product(&[w], input, chunks, &[out(&partial)], Epilogue::Plain)
             } else {
-                dev.matvec_residual(s, w, input, chunks, &x, &mut x.clone())
+                let into_x = Epilogue::Residual(x.addr());
+                product(&[w], input, chunks, &[out(&x)], into_x)
             }
         };
         match seg {
             Segment::AttnPre => {
                 dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
-                let (ws, ys) = ([&g.q, &g.k, &g.v], [q.clone(), k.clone(), v.clone()]);
+                let (ws, ys) = ([&g.q, &g.k, &g.v], [out(&q), out(&k), out(&v)]);
                 if ws
                     .iter()
                     .all(|w| w.dtype == g.q.dtype && chunks_of(w) == chunks_of(&g.q))
                 {
-                    dev.matvec_many(s, &ws, &xn, None, chunks_of(&g.q), &ys)?;
+                    product(&ws, &xn, chunks_of(&g.q), &ys, Epilogue::Plain)?;
                 } else {
                     for (w, y) in ws.iter().zip(ys) {
-                        dev.matvec(s, w, &xn, chunks_of(w), &mut y.clone())?;
+                        product(&[w], &xn, chunks_of(w), &[y], Epilogue::Plain)?;
                     }
                 }
                 g.finish_qkv(dev, s, [&q, &k, &v], eps)
@@ -145,16 +157,9 @@ impl RankDevice {
                 }
                 let gate = Self::rows_of(&b.gate, rows, gw.rows);
                 dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
-                dev.matvec_swiglu(
-                    s,
-                    gw,
-                    uw,
-                    &xn,
-                    None,
-                    chunks_of(gw),
-                    ffn.clamp,
-                    &mut gate.clone(),
-                )?;
+                let swiglu = Epilogue::SwiGlu { limit: ffn.clamp };
+                let ys = [out(&gate), out(&gate)];
+                product(&[gw, uw], &xn, chunks_of(gw), &ys, swiglu)?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
                 row_parallel(&ffn.down, &gate, chunks, self.geo.tp_degree > 1)
@@ -191,7 +196,34 @@ impl RankDevice {
         self.dev
             .rms_norm(s, &xn, norm, self.geo.eps, &mut xn.clone())?;
         let logits = Self::rows_of(&self.buf.logits, out, w.rows);
-        self.dev
-            .matvec(s, w, &xn, chunks_of(w), &mut logits.clone())
+        let ys = [(logits.addr(), logits.len())];
+        let xq = self.quantized_rows();
+        batch_product(&self.dev, xq.as_ref(), s, &[w], &xn, chunks_of(w), &ys, Epilogue::Plain)
+    }
+}
+
+/// `ys[i] = ws[i] x` (`epilogue` applied) over the rows of `x`, weights of one dtype and K: on
+/// tensor cores, x quantized once into `xq` (the rank's row buffers), when the dtype has the
+/// kernels and the step has `MMA_MIN_ROWS` rows or more, else the matvec tiles; every row has
+/// the one-row decode's bits either way.
+#[allow(clippy::too_many_arguments)]
+fn batch_product(
+    dev: &CudaDevice,
+    xq: Option<&Span<u8>>,
+    s: &Arc<CudaStream>,
+    ws: &[&DeviceWeight],
+    x: &Span<f32>,
+    chunks: usize,
+    ys: &[(u64, usize)],
+    epilogue: Epilogue,
+) -> Result<()> {
+    let cols = ws[0].cols;
+    let rows = x.len() / cols;
+    match xq {
+        Some(xq) if rows >= MMA_MIN_ROWS && has_mma(ws[0].dtype) => {
+            dev.quantize_rows(s, x, cols, xq)?;
+            dev.matvec_mma(s, ws, xq, rows, chunks, ys, epilogue)
+        }
+        _ => dev.matvec_job(s, ws, x, None, chunks, ys, epilogue, None),
     }
 }

@@ -53,8 +53,10 @@ pub const FILES: &[KernelFile] = &[
             "matvec_rows8_q4_1",
             "matvec_rows8_q4_k",
             "matvec_rows8_q6_k",
+            "quantize_rows_q8",
         ]
     ),
+    kernel_file!("matvec_mma.cu", ["matvec_mma_q4_0", "matvec_mma_q4_1"]),
     kernel_file!("norm.cu", ["rms_norm_f32"]),
     kernel_file!(
         "gemm.cu",

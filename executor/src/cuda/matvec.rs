@@ -77,7 +77,7 @@ pub const MATVEC_MAX_SEGS: usize = 3;
 
 /// What a matvec launch does with each row's value.
 #[derive(Clone, Copy, PartialEq)]
-enum Epilogue {
+pub(super) enum Epilogue {
     /// Store it.
     Plain,
     /// Store residual + value (the address of the residual).
@@ -296,7 +296,7 @@ impl CudaDevice {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn matvec_job(
+    pub(super) fn matvec_job(
         &self,
         stream: &CudaStream,
         ws: &[&DeviceWeight],

@@ -19,6 +19,7 @@ pub mod graph;
 mod kda;
 mod lockstep;
 mod matvec;
+mod matvec_mma;
 mod mhc;
 mod mla;
 mod moe;

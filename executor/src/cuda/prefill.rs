@@ -126,6 +126,14 @@ impl RankDevice {
         dev.gemm_many(s, &whole, &a16, rows)
     }
 
+    /// The f16 rows buffer as bytes, where a batched decode step (which runs no GEMM) keeps
+    /// its activation rows quantized for the tensor-core products (`matvec_mma`); `None` on a
+    /// rank allocated for one token row.
+    pub(super) fn quantized_rows(&self) -> Option<Span<u8>> {
+        let rb = self.buf.rows.as_ref()?;
+        Some(Span::of(&rb.a16).cast())
+    }
+
     fn row_buffers(&self) -> Result<&RowBuffers> {
         self.buf
             .rows

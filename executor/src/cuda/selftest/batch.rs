@@ -1,7 +1,7 @@
 //! The kernels of a batched decode step, bit for bit against the one-row decode: the matvec
 //! over several activation rows (every dtype, every form a step uses: q/k/v in one launch, the
 //! residual add, SwiGLU; batches below, at and above a tile, with a partial last tile) against
-//! a launch per row; and attention over rows of different sequence slots and positions (two
+//! a launch per row, and for q4_0 and q4_1 the same forms on tensor cores (`matvec_mma`); and attention over rows of different sequence slots and positions (two
 //! consecutive rows of one slot among them, as a joining prompt's chunk) against each row's
 //! decode attention over a one-slot cache holding that slot's rows, outputs and caches.
 
@@ -9,12 +9,28 @@ use anyhow::Result;
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use crate::cuda::matvec::Epilogue;
+use crate::cuda::matvec_mma::{has_mma, quantized_bytes};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for &dtype in DTYPES {
-        for (batch, k, chunks) in [(2, 512, 2), (8, 256, 1), (13, 2048, 8), (64, 512, 2)] {
+        // the last three give the tensor-core products (q4_0, q4_1) chunks of 32, 48 and 40
+        // blocks: whole and partial stripes of the sixteen lanes
+        for (batch, k, chunks) in [
+            (2, 512, 2),
+            (8, 256, 1),
+            (13, 2048, 8),
+            (64, 512, 2),
+            (5, 4096, 4),
+            (70, 1536, 1),
+            (3, 2560, 2),
+        ] {
             matvec_rows(cx, dtype, batch, k, chunks)?;
+        }
+        if has_mma(dtype) {
+            // 32 chunks of one block: the tensor-core kernel's most chunk values per tile
+            matvec_rows(cx, dtype, 20, 1024, 32)?;
         }
     }
     attention_slots(cx)?;
@@ -99,6 +115,41 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
     for (form, m) in ["q/k/v", "residual", "swiglu"].iter().zip(mismatches) {
         cx.report.exact(
             &format!("matvec_rows8_{}", dtype.name()),
+            format!("{form} {batch} rows k={k} c={chunks} == per row"),
+            m,
+        );
+    }
+    if !has_mma(dtype) {
+        return Ok(());
+    }
+    // the same three forms on tensor cores, over the rows quantized once
+    let xq_buf = dev.alloc::<u8>(s, quantized_bytes(batch, k))?;
+    let xq = Span::of(&xq_buf);
+    dev.quantize_rows(s, &xs, k, &xq)?;
+    let many: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
+    let ys: Vec<(u64, usize)> = many.iter().map(|y| (Span::of(y).addr(), y.len())).collect();
+    dev.matvec_mma(s, &refs, &xq, batch, chunks, &ys, Epilogue::Plain)?;
+    let (res, glu) = (outs(shapes[0])?, outs(shapes[0])?);
+    let (res_y, glu_y) = (
+        (Span::of(&res).addr(), res.len()),
+        (Span::of(&glu).addr(), glu.len()),
+    );
+    let into = Epilogue::Residual(Span::of(&residual).addr());
+    dev.matvec_mma(s, &refs[..1], &xq, batch, chunks, &[res_y], into)?;
+    let swiglu = Epilogue::SwiGlu { limit: None };
+    dev.matvec_mma(s, &[&ws[0], &up], &xq, batch, chunks, &[glu_y; 2], swiglu)?;
+    let mut got_many = Vec::new();
+    for y in &many {
+        got_many.extend(dev.download(s, y)?);
+    }
+    let mismatches = [
+        bit_mismatches(&got_many, &want_many),
+        bit_mismatches(&dev.download(s, &res)?, &want_res),
+        bit_mismatches(&dev.download(s, &glu)?, &want_glu),
+    ];
+    for (form, m) in ["q/k/v", "residual", "swiglu"].iter().zip(mismatches) {
+        cx.report.exact(
+            &format!("matvec_mma_{}", dtype.name()),
             format!("{form} {batch} rows k={k} c={chunks} == per row"),
             m,
         );

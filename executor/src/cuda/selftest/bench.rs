@@ -15,7 +15,9 @@ use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
 use super::random;
-use crate::cuda::{CudaDevice, CudaStream, DeviceWeight};
+use crate::cuda::matvec::Epilogue;
+use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MMA_MIN_ROWS};
+use crate::cuda::{CudaDevice, CudaStream, DeviceWeight, Span};
 
 /// (rows, cols, launches per decode token) of llama-3-8B's matrices over its 32 layers: q and
 /// o, k and v, FFN gate and up, FFN down, and the output head.
@@ -55,7 +57,7 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
     for dtype in DTYPES {
         let (mut token_us, mut token_mb) = (0.0, 0.0);
         for (rows, cols, per_token) in SHAPES {
-            let (us, gbs) = matvec_bandwidth(dev, s, rng, dtype, rows, cols, 1)?;
+            let (us, gbs) = matvec_bandwidth(dev, s, rng, dtype, rows, cols)?;
             let mb = dtype
                 .bytes_for((rows * cols) as u64)
                 .expect("invariant: whole blocks") as f64
@@ -88,29 +90,35 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
         );
     }
     println!();
-    println!("llama-3-8B decode step of B sequences, matvecs only (each weight read once per tile of 8 rows)");
+    println!("llama-3-8B decode step of B sequences, products only (tiles: each weight read once per tile of 8 rows; mma: the rows quantized once, then tensor cores; gain over one row)");
     println!(
-        "{:<6} {:>4} {:>9} {:>11} {:>9} {:>8}",
-        "dtype", "B", "us", "us per row", "tok/s", "gain"
+        "{:<6} {:>4} {:>6} {:>9} {:>11} {:>9} {:>8}",
+        "dtype", "B", "kernel", "us", "us per row", "tok/s", "gain"
     );
     for dtype in BATCH_DTYPES {
         let mut one = 0.0;
         for batch in BATCH_ROWS {
-            let mut step_us = 0.0;
-            for (rows, cols, per_token) in SHAPES {
-                step_us +=
-                    per_token as f64 * matvec_bandwidth(dev, s, rng, dtype, rows, cols, batch)?.0;
+            let mut kernels = vec![(Products::Tiles, "tiles")];
+            if has_mma(dtype) && batch >= MMA_MIN_ROWS {
+                kernels.push((Products::Mma, "mma"));
             }
-            if batch == 1 {
-                one = step_us;
+            for (products, kernel) in kernels {
+                let mut step_us = 0.0;
+                for (rows, cols, per_token) in SHAPES {
+                    let (us, _) = product_time(dev, s, rng, dtype, rows, cols, batch, products)?;
+                    step_us += per_token as f64 * us;
+                }
+                if batch == 1 {
+                    one = step_us;
+                }
+                println!(
+                    "{:<6} {batch:>4} {kernel:>6} {step_us:>9.0} {:>11.1} {:>9.0} {:>7.1}x",
+                    dtype.name(),
+                    step_us / batch as f64,
+                    batch as f64 * 1e6 / step_us,
+                    one * batch as f64 / step_us
+                );
             }
-            println!(
-                "{:<6} {batch:>4} {step_us:>9.0} {:>11.1} {:>9.0} {:>7.1}x",
-                dtype.name(),
-                step_us / batch as f64,
-                batch as f64 * 1e6 / step_us,
-                one * batch as f64 / step_us
-            );
         }
     }
     println!();
@@ -152,6 +160,15 @@ fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
     v
 }
 
+/// The kernels a batched product runs on.
+#[derive(Clone, Copy)]
+enum Products {
+    /// The matvec over tiles of rows (one row: the decode matvec).
+    Tiles,
+    /// The rows quantized once, then the tensor-core kernel.
+    Mma,
+}
+
 fn matvec_bandwidth(
     dev: &CudaDevice,
     s: &Arc<CudaStream>,
@@ -159,7 +176,22 @@ fn matvec_bandwidth(
     dtype: GgmlType,
     rows: usize,
     cols: usize,
+) -> Result<(f64, f64)> {
+    product_time(dev, s, rng, dtype, rows, cols, 1, Products::Tiles)
+}
+
+/// Microseconds per launch of a `rows` x `cols` product over `batch` activation rows, and the
+/// weight bytes read per second (GB/s).
+#[allow(clippy::too_many_arguments)]
+fn product_time(
+    dev: &CudaDevice,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
     batch: usize,
+    products: Products,
 ) -> Result<(f64, f64)> {
     let bytes = dtype
         .bytes_for((rows * cols) as u64)
@@ -181,8 +213,15 @@ fn matvec_bandwidth(
     }
     let x = dev.upload(s, &random(rng, batch * cols, 1.0))?;
     let mut y = dev.alloc::<f32>(s, batch * rows)?;
-    let secs = time(dev, s, |i| {
-        dev.matvec(s, &weights[i % copies], &x, 8, &mut y)
+    let xq_buf = dev.alloc::<u8>(s, quantized_bytes(batch, cols))?;
+    let (xs, xq) = (Span::of(&x), Span::of(&xq_buf));
+    let out = [(Span::of(&y).addr(), y.len())];
+    let secs = time(dev, s, |i| match products {
+        Products::Tiles => dev.matvec(s, &weights[i % copies], &x, 8, &mut y),
+        Products::Mma => {
+            dev.quantize_rows(s, &xs, cols, &xq)?;
+            dev.matvec_mma(s, &[&weights[i % copies]], &xq, batch, 8, &out, Epilogue::Plain)
+        }
     })
     .with_context(|| format!("timing matvec_{dtype} {rows}x{cols} over {batch} rows"))?;
     Ok((secs * 1e6, bytes as f64 / secs / 1e9))
