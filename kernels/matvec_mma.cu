@@ -8,11 +8,11 @@
 // quants with its 8-bit activation quants is an exact integer. Here an integer mma
 // (m16n8k32, s8 x s8 -> s32) computes that same integer for 16 weight rows x 8 activation
 // rows of one block at once, exactly (the order of an integer sum does not matter), and each
-// thread keeps the sixteen per-lane accumulators of its four outputs, adding into accumulator
-// v the blocks whose index in the chunk is v mod 16, in increasing order, with the same fmaf
-// expressions. The half-warp butterfly (offsets 8, 4, 2, 1) and the chunk tree ((c0 + c1) +
-// (c2 + c3)) + ... then run over those values in registers in the order the one-row kernel
-// adds them. The activation quants are the one-row kernel's too: quantize_rows_q8
+// thread runs, for each of its four outputs, the sixteen per-lane chains of the one-row
+// kernel (chain v: the blocks whose index in the chunk is v mod 16, in increasing order, with
+// the same fmaf expressions), four chains side by side, combining them as the half-warp
+// butterfly (offsets 8, 4, 2, 1) does; the chunk tree ((c0 + c1) + (c2 + c3)) + ... then runs
+// over the chunk values in the one-row kernel's order. The activation quants are the one-row kernel's too: quantize_rows_q8
 // (matvec.cu) makes them with the same quantize_x<32>.
 //
 // Layout: a block takes one item of 16 weight rows and up to `tiles` tiles of 8 activation
@@ -52,19 +52,6 @@ __device__ __forceinline__ void mma_s8(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The half-warp butterfly of matvec.cu over sixteen lane values held in one thread: lane 0's
-// sum, ((v0 + v8) + (v4 + v12)) + ((v2 + v10) + (v6 + v14)) + the same over the odd lanes.
-__device__ __forceinline__ float lanes_sum(const float* v) {
-    float a[8], b[4], c[2];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) b[i] = a[i] + a[i + 4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) c[i] = b[i] + b[i + 2];
-    return c[0] + c[1];
 }
 
 // Adds chunk `c`'s value into the pending subtrees of chunk_tree's balanced tree (stack[l]
@@ -135,17 +122,6 @@ __device__ __forceinline__ void add_block(const Block& b, float* a0, float* a1, 
     }
 }
 
-// Blocks whose lanes are v0 .. v0 + N - 1 of the stripe at p0 (all inside the chunk): loaded
-// first, then added.
-template <bool MIN, int N>
-__device__ __forceinline__ void add_group(const Piece& pc, int p0, int v0, float (*acc)[16]) {
-    Block b[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) b[i] = load_block<MIN>(pc, p0 + v0 + i);
-#pragma unroll
-    for (int i = 0; i < N; ++i) add_block<MIN>(b[i], &acc[0][v0 + i], &acc[1][v0 + i], &acc[2][v0 + i], &acc[3][v0 + i]);
-}
-
 // One piece: chunk `c` of weight `w` (planar q4: quants, then (d, m) or d per block) for the
 // item's rows r0 .. r0 + 15 and the tile's activation rows n0 .. n0 + 7; out[o] is the chunk
 // value of this thread's output o (o = 0, 1: weight row r0 + g, activation rows n0 + 2t,
@@ -168,27 +144,33 @@ __device__ __forceinline__ void piece_q4(const MmaJob& j, const u8* w, int seg_r
         (const float2*)(xr0 + j.cols),
         (const float2*)(xr1 + j.cols),
     };
-    float acc[4][16];
+    // the half-warp butterfly's first two levels, lane by lane: b[o][i] = (lane i + lane i + 8)
+    // + (lane i + 4 + lane i + 12) of output o, the four lanes' chains run side by side (lane
+    // v's chain: the chunk's blocks v, v + 16, v + 32, ... in order)
+    const int first = c * bpc, end = first + bpc;
+    float b[4][4];
 #pragma unroll
-    for (int o = 0; o < 4; ++o)
+    for (int i = 0; i < 4; ++i) {
+        constexpr int LANE[4] = {0, 8, 4, 12};
+        float acc[4][4];
 #pragma unroll
-        for (int v = 0; v < 16; ++v) acc[o][v] = 0.f;
-    const int end = (c + 1) * bpc;
-    for (int p0 = c * bpc; p0 < end; p0 += 16) {
-        // lane v of the one-row kernel takes the stripe's block p0 + v
+        for (int q = 0; q < 4; ++q)
 #pragma unroll
-        for (int v0 = 0; v0 < 16; v0 += 4) {
-            if (p0 + v0 + 4 <= end) {
-                add_group<MIN, 4>(pc, p0, v0, acc);
-            } else {
+            for (int o = 0; o < 4; ++o) acc[q][o] = 0.f;
+        for (int p = first + i; p < end; p += 16) {
+            Block blk[4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    if (p0 + v0 + i < end) add_group<MIN, 1>(pc, p0, v0 + i, acc);
-            }
+            for (int q = 0; q < 4; ++q)
+                if (p + LANE[q] < end) blk[q] = load_block<MIN>(pc, p + LANE[q]);
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                if (p + LANE[q] < end) add_block<MIN>(blk[q], &acc[q][0], &acc[q][1], &acc[q][2], &acc[q][3]);
         }
+#pragma unroll
+        for (int o = 0; o < 4; ++o) b[o][i] = (acc[0][o] + acc[1][o]) + (acc[2][o] + acc[3][o]);
     }
 #pragma unroll
-    for (int o = 0; o < 4; ++o) out[o] = lanes_sum(acc[o]);
+    for (int o = 0; o < 4; ++o) out[o] = (b[o][0] + b[o][2]) + (b[o][1] + b[o][3]);
 }
 
 // Chunk values of a piece: 4 per thread, at [(half * tiles + tile) * chunks + chunk][lane * 4 + o].
