@@ -1,8 +1,9 @@
 //! `--weights synthetic`: a plan compiled from the tiny glm5-next `config.json`
 //! (`plans/models/tiny-glm5-next.json`, no model file anywhere) runs on seeded weights; its
 //! TP-2 and PP-2 plans are bit-identical to the 1-rank plan (every shard is the matching
-//! slice of the whole tensor's values); two loads give the same logits; commands that need a
-//! tokenizer say why they cannot run.
+//! slice of the whole tensor's values), and TP-2 also against the PP-2 plan (a pipeline of
+//! whole layers is a reference; a tensor-parallel plan is refused as one); two loads give the
+//! same logits; commands that need a tokenizer say why they cannot run.
 
 mod common;
 
@@ -130,6 +131,39 @@ fn tp2_and_pp2_gate_bit_for_bit_on_synthetic_weights() {
         let text = stdout(&out);
         assert!(text.contains("gate passed"), "{name}: {text}");
     }
+}
+
+#[test]
+fn a_pipeline_of_whole_layers_is_a_reference_and_a_tensor_parallel_plan_is_not() {
+    // a model too large for one device is gated against its pipeline's eager run
+    let pp2 = config_plan("ref-pp2", "[0, 1]", "devices = [[0], [1]]");
+    let tp2 = config_plan("ref-tp2", "[0, 1]", "devices = [[0, 1]]");
+    let gate = |plan: &PathBuf, reference: &PathBuf| {
+        memra_run(&[
+            "gate",
+            plan.to_str().unwrap(),
+            "--reference",
+            reference.to_str().unwrap(),
+            "--weights",
+            "synthetic",
+            "--tokens",
+            "1,17,200,3,99",
+            "-n",
+            "6",
+            "-t",
+            "1",
+        ])
+    };
+    let text = stdout(&gate(&tp2, &pp2));
+    assert!(text.contains("gate passed"), "{text}");
+    let refused = gate(&pp2, &tp2);
+    assert!(!refused.status.success());
+    let err = String::from_utf8(refused.stderr).unwrap();
+    assert!(
+        err.contains("splits layers across ranks (rank 0 is one of 2 in a group)")
+            && err.contains("pipeline stages without tensor- or expert-parallel groups"),
+        "{err}"
+    );
 }
 
 #[test]
