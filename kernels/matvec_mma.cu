@@ -12,8 +12,8 @@
 // kernel (chain v: the blocks whose index in the chunk is v mod 16, in increasing order, with
 // the same fmaf expressions), four chains side by side, combining them as the half-warp
 // butterfly (offsets 8, 4, 2, 1) does; the chunk tree ((c0 + c1) + (c2 + c3)) + ... then runs
-// over the chunk values in the one-row kernel's order. The activation quants are the one-row kernel's too: quantize_rows_q8
-// (matvec.cu) makes them with the same quantize_x<32>.
+// over the chunk values in the one-row kernel's order. The activation quants are the one-row
+// kernel's too: quantize_rows_q8 (matvec.cu) makes them with the same quantize_x<32>.
 //
 // Layout: a block takes one item of 16 weight rows and up to `tiles` tiles of 8 activation
 // rows; its warps take the (weight, tile, chunk) pieces of work in turn, a piece being one

@@ -83,9 +83,10 @@ impl RankDevice {
         );
         let eps = self.geo.eps;
         let xq = self.quantized_rows();
-        let product = |ws: &[&DeviceWeight], x: &Span<f32>, chunks, ys: &[(u64, usize)], epilogue| {
-            batch_product(dev, xq.as_ref(), s, ws, x, chunks, ys, epilogue)
-        };
+        let product =
+            |ws: &[&DeviceWeight], x: &Span<f32>, chunks, ys: &[(u64, usize)], epilogue| {
+                batch_product(dev, xq.as_ref(), s, ws, x, chunks, ys, epilogue)
+            };
         let out = |y: &Span<f32>| (y.addr(), y.len());
         // the row-parallel product: added to x in the same launch on a lone rank, left in
         // `partial` for the group's all-reduce otherwise
@@ -198,7 +199,16 @@ impl RankDevice {
         let logits = Self::rows_of(&self.buf.logits, out, w.rows);
         let ys = [(logits.addr(), logits.len())];
         let xq = self.quantized_rows();
-        batch_product(&self.dev, xq.as_ref(), s, &[w], &xn, chunks_of(w), &ys, Epilogue::Plain)
+        batch_product(
+            &self.dev,
+            xq.as_ref(),
+            s,
+            &[w],
+            &xn,
+            chunks_of(w),
+            &ys,
+            Epilogue::Plain,
+        )
     }
 }
 

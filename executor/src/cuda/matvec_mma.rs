@@ -121,9 +121,7 @@ impl CudaDevice {
             "matvec_mma: 1 to {MMA_MAX_SEGS} q4_0 or q4_1 weights of one dtype and K, one output each"
         );
         assert!(
-            chunks.is_power_of_two()
-                && chunks <= MAX_CHUNKS
-                && w0.cols.is_multiple_of(chunks * 32),
+            chunks.is_power_of_two() && chunks <= MAX_CHUNKS && w0.cols.is_multiple_of(chunks * 32),
             "matvec_mma: {} columns do not split into {chunks} chunks of whole blocks",
             w0.cols
         );
@@ -183,11 +181,7 @@ impl CudaDevice {
         job.tiles = int(tiles);
         let smem = tiles * per_tile;
         let cfg = LaunchConfig {
-            grid_dim: (
-                items as u32,
-                batch.div_ceil(tiles * MMA_ACT_ROWS) as u32,
-                1,
-            ),
+            grid_dim: (items as u32, batch.div_ceil(tiles * MMA_ACT_ROWS) as u32, 1),
             block_dim: (MMA_THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };

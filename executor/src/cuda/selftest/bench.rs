@@ -220,7 +220,15 @@ fn product_time(
         Products::Tiles => dev.matvec(s, &weights[i % copies], &x, 8, &mut y),
         Products::Mma => {
             dev.quantize_rows(s, &xs, cols, &xq)?;
-            dev.matvec_mma(s, &[&weights[i % copies]], &xq, batch, 8, &out, Epilogue::Plain)
+            dev.matvec_mma(
+                s,
+                &[&weights[i % copies]],
+                &xq,
+                batch,
+                8,
+                &out,
+                Epilogue::Plain,
+            )
         }
     })
     .with_context(|| format!("timing matvec_{dtype} {rows}x{cols} over {batch} rows"))?;
