@@ -105,8 +105,11 @@ stamp() { # nvidia-smi FIELDS: the date and the GPUs, also into $LOG/gpu.txt
     { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu="$1" --format=csv,noheader; } | tee "$LOG/gpu.txt"
 }
 limit() { timeout --kill-after=5 "$@"; }
-row() { # name status detail; only FAIL fails the suite (ok, skip, same and diff do not)
+row() { # name status detail; only FAIL fails the suite (ok, skip, same and diff do not). With
+    # $OUT set, each row also goes to $OUT/rows.txt as it is made, so a call that runs out of
+    # time still brings back the rows it finished
     rows+=("$(printf '%-34s %-4s %s' "$1" "$2" "$3")")
+    [ -z "${OUT:-}" ] || printf '%s\n' "${rows[-1]}" >>"$OUT/rows.txt"
     [ "$2" != FAIL ] || failed=1
 }
 ok_or_fail() { if [ "$1" -eq 0 ]; then echo ok; else echo FAIL; fi; }
