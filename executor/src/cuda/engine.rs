@@ -26,6 +26,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
@@ -157,13 +158,28 @@ impl Engine {
             .map(|(&d, dev)| Ok((d, dev.memory()?.0)))
             .collect::<Result<_>>()?;
         let mut ranks = Vec::new();
+        // how long each rank's weights took to read (or draw) on the host, then to reach its
+        // device: the two halves of a load, for `bench`
+        let mut load_times = Vec::new();
         for r in plan.ranks.iter().filter(|r| local.contains(&r.rank)) {
+            let started = Instant::now();
             let weights = RankWeights::load(loaded, r)?;
+            let read = started.elapsed();
             let dev = devices[&r.device].clone();
             ranks.push(
                 RankDevice::new(plan, r.rank, dev, weights, s, max_rows)
                     .map_err(|e| anyhow!("rank {} on device {}: {e:#}", r.rank, r.device))?,
             );
+            let gib = r.weights.iter().map(|w| w.bytes).sum::<u64>() as f64 / f64::from(1u32 << 30);
+            let set_up = started.elapsed() - read;
+            load_times.push(format!(
+                "rank {} (device {}): {gib:.2} GiB of weights read on the host in {:.1} s, on the device in {:.1} s more ({:.2} GiB/s)",
+                r.rank,
+                r.device,
+                read.as_secs_f64(),
+                set_up.as_secs_f64(),
+                gib / set_up.as_secs_f64().max(1e-9)
+            ));
         }
         connect_groups(plan, &mut ranks, options.world.map(|w| (w, &map)))?;
         let crossings = match options.world {
@@ -241,7 +257,8 @@ impl Engine {
                     .map_err(|e| anyhow!("cuda backend: rank {} setup: {e:?}", rank.rank))?;
             }
         }
-        let report = memory_report(plan, &devices, &free_before, prompt.rows())?;
+        let mut report = memory_report(plan, &devices, &free_before, prompt.rows())?;
+        report.extend(load_times);
         Ok(Engine {
             runs,
             programs: local.iter().map(|&r| Program::of(plan, r)).collect(),
