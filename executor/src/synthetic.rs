@@ -327,11 +327,10 @@ impl Tensor {
             .collect()
     }
 
-    /// Columns `cols` of rows `rows` of a `[.., row_len]` tensor, stored as `dtype`: plain
-    /// values converted, quantized blocks drawn whole (`cols` keeps blocks whole). Large
-    /// shards are drawn by several threads, each over its own rows: every row's bytes depend
-    /// on the row alone, so the threads change nothing but the time.
-    fn rows_bytes(
+    /// Columns `cols` of rows `rows` of a `[.., row_len]` tensor of plain values (f32, f16,
+    /// bf16), converted. Large shards are drawn by several threads, each over its own rows:
+    /// every row's bytes depend on the row alone, so the threads change nothing but the time.
+    fn plain_rows(
         &self,
         dtype: GgmlType,
         row_len: u64,
@@ -339,47 +338,149 @@ impl Tensor {
         cols: std::ops::Range<u64>,
     ) -> Result<Vec<u8>> {
         let width = cols.end - cols.start;
-        let row_bytes = dtype
-            .bytes_for(width)
-            .expect("invariant: splits keep blocks whole") as usize;
-        let count = (rows.end - rows.start) as usize;
-        let mut out = vec![0u8; row_bytes * count];
-        advise_huge_pages(&mut out);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = cores.min(count * width as usize / THREAD_ELEMENTS).max(1);
-        let per_thread = count.div_ceil(threads).max(1);
-        let blocks = match dtype {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
-            _ => Some(Blocks::new(dtype, self.spread)?),
-        };
+        draw_rows(dtype, width, rows, |r, chunk| {
+            let first = r * row_len + cols.start;
+            quantize(dtype, &self.values(first, first + width), chunk)
+        })
+    }
+
+    /// The blocks of columns `cols` of rows `rows` of a `[.., row_len]` tensor of a quantized
+    /// `dtype` (`cols` keeps blocks whole), in `count` matrices of `rows / count` rows (a
+    /// stack's experts), not drawn yet.
+    fn blocks(
+        &self,
+        dtype: GgmlType,
+        row_len: u64,
+        rows: std::ops::Range<u64>,
+        cols: std::ops::Range<u64>,
+        count: u64,
+    ) -> Result<DrawnBlocks> {
         let block = dtype.block_size() as u64;
-        let draw = |first_row: u64, part: &mut [u8]| -> Result<()> {
-            for (r, chunk) in (first_row..).zip(part.chunks_exact_mut(row_bytes)) {
-                let first = r * row_len + cols.start;
-                match &blocks {
-                    None => quantize(dtype, &self.values(first, first + width), chunk)?,
-                    Some(blocks) => {
-                        let out = chunk.chunks_exact_mut(dtype.block_bytes());
-                        for (b, out) in (first / block..).zip(out) {
-                            blocks.draw(self.key, b, out);
-                        }
-                    }
-                }
+        Ok(DrawnBlocks {
+            key: self.key,
+            blocks: Blocks::new(dtype, self.spread)?,
+            count,
+            rows: (rows.end - rows.start) / count,
+            col_blocks: (cols.end - cols.start) / block,
+            row_blocks: row_len / block,
+            first_row: rows.start,
+            first_col_block: cols.start / block,
+        })
+    }
+}
+
+/// Draws rows `rows` of `width` values of `dtype` with `draw(row, its bytes)`, by several
+/// threads where the shard is large, into a fresh buffer.
+fn draw_rows(
+    dtype: GgmlType,
+    width: u64,
+    rows: std::ops::Range<u64>,
+    draw: impl Fn(u64, &mut [u8]) -> Result<()> + Sync,
+) -> Result<Vec<u8>> {
+    let row_bytes = dtype
+        .bytes_for(width)
+        .expect("invariant: splits keep blocks whole") as usize;
+    let count = (rows.end - rows.start) as usize;
+    let mut out = vec![0u8; row_bytes * count];
+    advise_huge_pages(&mut out);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.min(count * width as usize / THREAD_ELEMENTS).max(1);
+    let per_thread = count.div_ceil(threads).max(1);
+    let draw = &draw;
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = (rows.start..)
+            .step_by(per_thread)
+            .zip(out.chunks_mut(per_thread * row_bytes))
+            .map(|(first_row, part)| {
+                scope.spawn(move || {
+                    (first_row..)
+                        .zip(part.chunks_exact_mut(row_bytes))
+                        .try_for_each(|(r, chunk)| draw(r, chunk))
+                })
+            })
+            .collect();
+        parts.into_iter().try_for_each(|part| {
+            part.join()
+                .expect("invariant: drawing and quantizing values does not panic")
+        })
+    })?;
+    Ok(out)
+}
+
+/// The blocks of a quantized shard, described but not drawn yet: the cuda backend draws them
+/// on its device (kernels/synth.cu writes the same bytes from `kernel_fields`), any other
+/// taker here (`bytes`). Matrix `e` of `count` holds the whole tensor's rows `first_row + e *
+/// rows ..` (a stack's experts are consecutive rows of it) and its column blocks
+/// `first_col_block ..`.
+#[derive(Clone, Debug)]
+pub struct DrawnBlocks {
+    key: u64,
+    blocks: Blocks,
+    /// Matrices held (a stack's experts or heads; 1 for a matrix).
+    pub count: u64,
+    /// Rows of each matrix, and blocks of each row held.
+    pub rows: u64,
+    pub col_blocks: u64,
+    /// Blocks per row of the whole tensor.
+    pub row_blocks: u64,
+    /// The whole tensor's row of matrix 0's first row, and the first column block held.
+    pub first_row: u64,
+    pub first_col_block: u64,
+}
+
+/// What kernels/synth.cu draws a tensor's blocks with (`SynthJob`'s per-tensor fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelFields {
+    pub key: u64,
+    /// The f16 super-scale, and the second f16 field (q4_1's m, q4_k's dmin; else 0).
+    pub d: u16,
+    pub m: u16,
+    /// The sub-block scale codes' top and span (q8_0: the largest quant).
+    pub top: u8,
+    pub span: u8,
+}
+
+impl DrawnBlocks {
+    /// The stored type.
+    pub fn dtype(&self) -> GgmlType {
+        self.blocks.dtype
+    }
+
+    /// Values per row held.
+    pub fn cols(&self) -> u64 {
+        self.col_blocks * self.dtype().block_size() as u64
+    }
+
+    /// Stored bytes of one matrix.
+    pub fn matrix_bytes(&self) -> usize {
+        (self.rows * self.col_blocks) as usize * self.dtype().block_bytes()
+    }
+
+    /// The per-tensor fields the device kernel draws with.
+    pub fn kernel_fields(&self) -> KernelFields {
+        let b = &self.blocks;
+        KernelFields {
+            key: self.key,
+            d: b.d,
+            m: b.m,
+            top: b.top,
+            span: b.span,
+        }
+    }
+
+    /// The blocks drawn here: the matrices back to back, each row's blocks in order.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        let dtype = self.dtype();
+        let (blocks, key, first_col) = (self.blocks, self.key, self.first_col_block);
+        let row_blocks = self.row_blocks;
+        let rows = self.first_row..self.first_row + self.count * self.rows;
+        draw_rows(dtype, self.cols(), rows, |r, chunk| {
+            let out = chunk.chunks_exact_mut(dtype.block_bytes());
+            for (b, out) in (r * row_blocks + first_col..).zip(out) {
+                blocks.draw(key, b, out);
             }
             Ok(())
-        };
-        std::thread::scope(|scope| {
-            let parts: Vec<_> = (rows.start..)
-                .step_by(per_thread)
-                .zip(out.chunks_mut(per_thread * row_bytes))
-                .map(|(first_row, part)| scope.spawn(move || draw(first_row, part)))
-                .collect();
-            parts.into_iter().try_for_each(|part| {
-                part.join()
-                    .expect("invariant: drawing and quantizing values does not panic")
-            })
-        })?;
-        Ok(out)
+        })
     }
 }
 
@@ -408,8 +509,18 @@ fn advise_huge_pages(_: &mut [u8]) {}
 /// Elements a thread draws at least: smaller shards are drawn by fewer threads.
 const THREAD_ELEMENTS: usize = 1 << 20;
 
-/// The shard `shard` of a model of `layers` layers, drawn.
-pub(crate) fn shard(shard: &WeightShard, layers: u32) -> Result<Shard> {
+/// Where a quantized shard's blocks are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlocksDrawn {
+    /// Here, as the shard is taken out of the file-less load.
+    OnHost,
+    /// Later, by the backend on its device (`Shard::Drawn*`).
+    OnDevice,
+}
+
+/// The shard `shard` of a model of `layers` layers: vectors and plain matrices drawn, quantized
+/// matrices and stacks drawn too or, `OnDevice`, described for the backend to draw.
+pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Result<Shard> {
     let Some(dtype) = GgmlType::from_name(&shard.dtype) else {
         bail!(
             "the plan names dtype `{}`, which memra does not know",
@@ -419,6 +530,8 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32) -> Result<Shard> {
     dtype.check_supported()?;
     let shape = &shard.shape;
     let tensor = Tensor::new(&shard.tensor, shape, layers);
+    let plain = matches!(dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+    let drawing = || format!("drawing `{}`", shard.tensor);
     match (shape.as_slice(), shard.split) {
         (&[len], Split::Full) => Ok(Shard::Vector(tensor.values(0, len))),
         (&[len], Split::Rows { start, end }) if start <= end && end <= len => {
@@ -439,11 +552,20 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32) -> Result<Shard> {
                 rows_held.end - rows_held.start,
                 cols_held.end - cols_held.start,
             );
+            let data = if plain {
+                tensor.plain_rows(dtype, cols, rows_held, cols_held)
+            } else {
+                let blocks = tensor.blocks(dtype, cols, rows_held, cols_held, 1);
+                match drawn {
+                    BlocksDrawn::OnDevice => {
+                        return Ok(Shard::DrawnMatrix(blocks.with_context(drawing)?))
+                    }
+                    BlocksDrawn::OnHost => blocks.and_then(|b| b.bytes()),
+                }
+            };
             Ok(Shard::Matrix(Matrix {
                 dtype,
-                data: tensor
-                    .rows_bytes(dtype, cols, rows_held, cols_held)
-                    .with_context(|| format!("drawing `{}`", shard.tensor))?,
+                data: data.with_context(drawing)?,
                 rows: held_rows as usize,
                 cols: held_cols as usize,
             }))
@@ -458,11 +580,21 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32) -> Result<Shard> {
                 }
                 other => bail!("split `{other}` does not apply to a stack of {count} matrices"),
             };
+            let held = first * rows..end * rows;
+            let data = if plain {
+                tensor.plain_rows(dtype, cols, held, 0..cols)
+            } else {
+                let blocks = tensor.blocks(dtype, cols, held, 0..cols, end - first);
+                match drawn {
+                    BlocksDrawn::OnDevice => {
+                        return Ok(Shard::DrawnStack(blocks.with_context(drawing)?))
+                    }
+                    BlocksDrawn::OnHost => blocks.and_then(|b| b.bytes()),
+                }
+            };
             Ok(Shard::Stack(Stack {
                 dtype,
-                data: tensor
-                    .rows_bytes(dtype, cols, first * rows..end * rows, 0..cols)
-                    .with_context(|| format!("drawing `{}`", shard.tensor))?,
+                data: data.with_context(drawing)?,
                 first: first as usize,
                 count: (end - first) as usize,
                 rows: rows as usize,
@@ -485,6 +617,11 @@ fn whole_blocks(dtype: GgmlType, start: u64, end: u64, len: u64) -> bool {
 mod tests {
     use super::*;
 
+    /// The shard drawn on the host.
+    fn host(s: &WeightShard, layers: u32) -> Result<Shard> {
+        shard(s, layers, BlocksDrawn::OnHost)
+    }
+
     fn shard_of(tensor: &str, dtype: &str, shape: &[u64], split: Split) -> WeightShard {
         WeightShard {
             tensor: tensor.into(),
@@ -496,7 +633,7 @@ mod tests {
     }
 
     fn matrix(s: &WeightShard) -> Matrix {
-        match shard(s, 4).unwrap() {
+        match host(s, 4).unwrap() {
             Shard::Matrix(m) => m,
             _ => panic!("a matrix"),
         }
@@ -573,7 +710,7 @@ mod tests {
     #[test]
     fn an_expert_split_holds_the_whole_stacks_matrices() {
         for dtype in QUANTIZED {
-            let stack = |split| match shard(
+            let stack = |split| match host(
                 &shard_of("blk.1.ffn_up_exps.weight", dtype, &[4, 3, 256], split),
                 4,
             )
@@ -607,7 +744,7 @@ mod tests {
         for dtype in QUANTIZED {
             for (name, layers) in SPREADS {
                 let Spread { center, half } = spread(name, &shape, layers);
-                let m = match shard(&shard_of(name, dtype, &shape, Split::Full), layers).unwrap() {
+                let m = match host(&shard_of(name, dtype, &shape, Split::Full), layers).unwrap() {
                     Shard::Matrix(m) => m,
                     _ => panic!("a matrix"),
                 };
@@ -657,7 +794,7 @@ mod tests {
         let shape = [4u64, 4096];
         for dtype in QUANTIZED {
             for (name, layers) in SPREADS {
-                let m = match shard(&shard_of(name, dtype, &shape, Split::Full), layers).unwrap() {
+                let m = match host(&shard_of(name, dtype, &shape, Split::Full), layers).unwrap() {
                     Shard::Matrix(m) => m,
                     _ => panic!("a matrix"),
                 };
@@ -711,18 +848,18 @@ mod tests {
 
     #[test]
     fn values_are_spread_by_name_and_differ_between_tensors() {
-        let vector =
-            |name: &str| match shard(&shard_of(name, "f32", &[64], Split::Full), 4).unwrap() {
-                Shard::Vector(v) => v,
-                _ => panic!("a vector"),
-            };
+        let vector = |name: &str| match host(&shard_of(name, "f32", &[64], Split::Full), 4).unwrap()
+        {
+            Shard::Vector(v) => v,
+            _ => panic!("a vector"),
+        };
         let norm = vector("blk.0.attn_norm.weight");
         assert!(norm.iter().all(|x| (0.9..1.1).contains(x)), "{norm:?}");
         assert!(vector("blk.0.ssm_a")
             .iter()
             .all(|x| (-1.0..-0.2).contains(x)));
         assert_ne!(vector("blk.0.ffn_norm.weight"), norm);
-        let part = match shard(
+        let part = match host(
             &shard_of(
                 "blk.0.attn_norm.weight",
                 "f32",
@@ -774,10 +911,10 @@ mod tests {
             let (mut bytes, mut seconds) = (0, f64::INFINITY);
             for _ in 0..3 {
                 let start = std::time::Instant::now();
-                bytes = match shard(&tensor, 4).unwrap() {
+                bytes = match host(&tensor, 4).unwrap() {
                     Shard::Matrix(m) => m.data.len(),
                     Shard::Stack(s) => s.data.len(),
-                    Shard::Vector(_) => panic!("a matrix or a stack"),
+                    _ => panic!("a drawn matrix or stack"),
                 };
                 seconds = seconds.min(start.elapsed().as_secs_f64());
             }
@@ -791,7 +928,7 @@ mod tests {
 
     #[test]
     fn a_split_that_cuts_a_block_is_refused() {
-        let err = shard(
+        let err = host(
             &shard_of(
                 "blk.0.attn_output.weight",
                 "q8_0",

@@ -16,7 +16,7 @@ use memra_gguf::progress::Progress;
 use memra_gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::plan_load::{LoadedPlan, Weights};
-use crate::synthetic;
+use crate::synthetic::{self, BlocksDrawn, DrawnBlocks};
 
 /// A matrix shard in its stored type: `rows` outputs of `cols` inputs, row-major.
 #[derive(Debug)]
@@ -84,6 +84,10 @@ pub(crate) enum Shard {
     Matrix(Matrix),
     /// A stack of matrices in their stored type.
     Stack(Stack),
+    /// A synthetic matrix of quantized blocks, for the backend to draw on its device.
+    DrawnMatrix(DrawnBlocks),
+    /// A synthetic stack of quantized blocks, for the backend to draw on its device.
+    DrawnStack(DrawnBlocks),
 }
 
 /// The shards one rank holds, by tensor name.
@@ -93,22 +97,29 @@ pub struct RankWeights {
     vectors: BTreeMap<String, Vec<f32>>,
     progress: Progress,
     stacks: BTreeMap<String, Stack>,
+    /// Synthetic quantized shards not drawn yet (loaded with `BlocksDrawn::OnDevice`): the
+    /// backend draws them on its device (`take_drawn_*`), or a host take draws them here.
+    drawn_matrices: BTreeMap<String, DrawnBlocks>,
+    drawn_stacks: BTreeMap<String, DrawnBlocks>,
 }
 
 impl RankWeights {
     /// Loads every shard `rank` lists from the model of `loaded`: read from its file, or
-    /// drawn from the plan alone when it runs on synthetic weights.
-    pub fn load(loaded: &LoadedPlan, rank: &Rank) -> Result<RankWeights> {
+    /// drawn from the plan alone when it runs on synthetic weights (quantized blocks only
+    /// described, `OnDevice`, for a backend that draws them on its device).
+    pub fn load(loaded: &LoadedPlan, rank: &Rank, drawn: BlocksDrawn) -> Result<RankWeights> {
         let mut out = RankWeights {
             matrices: BTreeMap::new(),
             vectors: BTreeMap::new(),
             progress: loaded.weights_progress(rank.rank),
             stacks: BTreeMap::new(),
+            drawn_matrices: BTreeMap::new(),
+            drawn_stacks: BTreeMap::new(),
         };
         for shard in &rank.weights {
             let taken = match &loaded.weights {
                 Weights::File(gguf) => read_shard(gguf, shard),
-                Weights::Synthetic => synthetic::shard(shard, loaded.plan.model.layers),
+                Weights::Synthetic => synthetic::shard(shard, loaded.plan.model.layers, drawn),
             };
             taken
                 .and_then(|taken| out.insert(shard, taken))
@@ -125,6 +136,9 @@ impl RankWeights {
             Shard::Vector(_) => None,
             Shard::Matrix(m) => Some(m.data.len() as u64),
             Shard::Stack(s) => Some(s.data.len() as u64),
+            Shard::DrawnMatrix(d) | Shard::DrawnStack(d) => {
+                Some((d.matrix_bytes() * d.count as usize) as u64)
+            }
         };
         if let Some(held) = held.filter(|&held| held != shard.bytes) {
             bail!(
@@ -146,20 +160,61 @@ impl RankWeights {
                 self.matrices.insert(name, matrix);
                 self.progress.inc(shard.bytes / 2);
             }
+            // described now, drawn as they are taken: half now, half then
+            Shard::DrawnMatrix(blocks) => {
+                self.drawn_matrices.insert(name, blocks);
+                self.progress.inc(shard.bytes / 2);
+            }
+            Shard::DrawnStack(blocks) => {
+                self.drawn_stacks.insert(name, blocks);
+                self.progress.inc(shard.bytes / 2);
+            }
         }
         Ok(())
     }
 
-    /// Takes the matrix shard `name` out; an error names the missing tensor.
+    /// Takes the matrix shard `name` out (drawn here if it waited to be drawn); an error
+    /// names the missing tensor.
     pub fn take_matrix(&mut self, name: &str) -> Result<Matrix> {
-        let matrix = self
-            .matrices
-            .remove(name)
-            .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))?;
-        let bytes = matrix.data.len() as u64;
+        let matrix = match self.take_drawn_matrix(name) {
+            Some(blocks) => Matrix {
+                dtype: blocks.dtype(),
+                data: blocks.bytes()?,
+                rows: blocks.rows as usize,
+                cols: blocks.cols() as usize,
+            },
+            None => {
+                let matrix = self
+                    .matrices
+                    .remove(name)
+                    .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))?;
+                self.taken(matrix.data.len());
+                matrix
+            }
+        };
+        Ok(matrix)
+    }
+
+    /// Counts the second half of a matrix (or drawn stack) of `bytes` taken.
+    fn taken(&mut self, bytes: usize) {
+        let bytes = bytes as u64;
         self.progress.inc(bytes - bytes / 2);
         self.progress.finish_when_complete();
-        Ok(matrix)
+    }
+
+    /// Takes the synthetic matrix `name` out undrawn, if it waits to be drawn (loaded
+    /// `OnDevice`): the caller draws it.
+    pub fn take_drawn_matrix(&mut self, name: &str) -> Option<DrawnBlocks> {
+        let blocks = self.drawn_matrices.remove(name)?;
+        self.taken(blocks.matrix_bytes());
+        Some(blocks)
+    }
+
+    /// Takes the synthetic stack `name` out undrawn, if it waits to be drawn.
+    pub fn take_drawn_stack(&mut self, name: &str) -> Option<DrawnBlocks> {
+        let blocks = self.drawn_stacks.remove(name)?;
+        self.taken(blocks.matrix_bytes() * blocks.count as usize);
+        Some(blocks)
     }
 
     /// Takes the f32 matrix shard `name` out as its values, row after row, and its columns
@@ -180,8 +235,18 @@ impl RankWeights {
         Ok((values, m.cols))
     }
 
-    /// Takes the stack of matrices `name` out.
+    /// Takes the stack of matrices `name` out (drawn here if it waited to be drawn).
     pub fn take_stack(&mut self, name: &str) -> Result<Stack> {
+        if let Some(blocks) = self.take_drawn_stack(name) {
+            return Ok(Stack {
+                dtype: blocks.dtype(),
+                data: blocks.bytes()?,
+                first: (blocks.first_row / blocks.rows) as usize,
+                count: blocks.count as usize,
+                rows: blocks.rows as usize,
+                cols: blocks.cols() as usize,
+            });
+        }
         self.stacks
             .remove(name)
             .ok_or_else(|| anyhow!("the plan gives this rank no shard of `{name}`"))
@@ -205,6 +270,8 @@ impl RankWeights {
             .keys()
             .chain(self.vectors.keys())
             .chain(self.stacks.keys())
+            .chain(self.drawn_matrices.keys())
+            .chain(self.drawn_stacks.keys())
             .map(String::as_str)
             .collect()
     }

@@ -31,6 +31,7 @@ use crate::engine::{
 };
 use crate::plan_load::LoadedPlan;
 use crate::program::Binder;
+use crate::synthetic::BlocksDrawn;
 use crate::weights::RankWeights;
 
 enum Ranks {
@@ -105,7 +106,7 @@ impl Engine {
                 Arm::Serial => shared_pool.clone(),
                 Arm::Pipelined => Arc::new(Pool::new((options.threads / n).max(1))),
             };
-            let weights = RankWeights::load(loaded, r)?;
+            let weights = RankWeights::load(loaded, r, BlocksDrawn::OnHost)?;
             let compute = RankCompute::new(plan, r.rank, weights, pool, options.sampler)
                 .map_err(|e| anyhow!("rank {}: {e:#}", r.rank))?
                 .perturbed(options.perturb);

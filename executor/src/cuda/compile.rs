@@ -57,6 +57,7 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("matvec_mma.cu", ["matvec_mma_q4_0", "matvec_mma_q4_1"]),
+    kernel_file!("synth.cu", ["synth_blocks"]),
     kernel_file!("norm.cu", ["rms_norm_f32"]),
     kernel_file!(
         "gemm.cu",

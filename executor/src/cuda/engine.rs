@@ -49,6 +49,7 @@ use crate::engine::{
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Lockstep, Program};
 use crate::reduce::ReduceOrder;
+use crate::synthetic::BlocksDrawn;
 use crate::weights::RankWeights;
 
 /// A plan loaded onto CUDA devices, ready to decode.
@@ -163,7 +164,7 @@ impl Engine {
         let mut load_times = Vec::new();
         for r in plan.ranks.iter().filter(|r| local.contains(&r.rank)) {
             let started = Instant::now();
-            let weights = RankWeights::load(loaded, r)?;
+            let weights = RankWeights::load(loaded, r, BlocksDrawn::OnDevice)?;
             let read = started.elapsed();
             let dev = devices[&r.device].clone();
             ranks.push(

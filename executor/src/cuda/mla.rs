@@ -20,8 +20,8 @@ use super::dsa::IndexerWeights;
 use super::matvec::{ExpertSel, Norm};
 use super::moe::{full_chunks, DeviceStack};
 use super::ops::{DeviceWeight, RopeStyle};
-use super::rank::upload_matrix;
 use super::span::Span;
+use super::synth::device_matrix;
 use crate::geometry::RankGeometry;
 use crate::rope::{mla_kq_scale, Yarn};
 use crate::weights::RankWeights;
@@ -71,18 +71,14 @@ impl MlaWeights {
         let name = |x: &str| format!("blk.{l}.{x}");
         let q = if mla.q_lora_rank > 0 {
             QueryPath::LowRank {
-                a: upload_matrix(dev, s, w.take_matrix(&name("attn_q_a.weight"))?)?,
+                a: device_matrix(dev, s, w, &name("attn_q_a.weight"))?,
                 norm: dev.upload(s, &w.take_vector(&name("attn_q_a_norm.weight"))?)?,
-                b: upload_matrix(dev, s, w.take_matrix(&name("attn_q_b.weight"))?)?,
+                b: device_matrix(dev, s, w, &name("attn_q_b.weight"))?,
             }
         } else {
-            QueryPath::Direct(upload_matrix(
-                dev,
-                s,
-                w.take_matrix(&name("attn_q.weight"))?,
-            )?)
+            QueryPath::Direct(device_matrix(dev, s, w, &name("attn_q.weight"))?)
         };
-        let kv_a = upload_matrix(dev, s, w.take_matrix(&name("attn_kv_a_mqa.weight"))?)?;
+        let kv_a = device_matrix(dev, s, w, &name("attn_kv_a_mqa.weight"))?;
         let kv_a_norm = dev.upload(s, &w.take_vector(&name("attn_kv_a_norm.weight"))?)?;
         let (k_b, v_b) = (
             w.take_stack(&name("attn_k_b.weight"))?,

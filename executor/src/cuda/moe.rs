@@ -19,8 +19,8 @@ use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{ExpertSel, Norm};
 use super::moe_rows::MoeRows;
 use super::ops::{DeviceWeight, Planes};
-use super::rank::upload_matrix;
 use super::span::Span;
+use super::synth::device_matrix;
 use crate::weights::{RankWeights, Stack};
 
 /// Most experts the device router takes (MOE_MAX_EXPERTS in kernels/moe.cu).
@@ -49,6 +49,36 @@ pub(super) struct DeviceStack {
 }
 
 impl DeviceStack {
+    /// Bytes from one matrix of `n` bytes to the next.
+    fn stride(n: usize) -> usize {
+        n.next_multiple_of(256)
+    }
+
+    /// The stack `name` of the rank's shards on the device: drawn there if it waited to be
+    /// drawn (synthetic weights), else taken on the host and uploaded.
+    pub fn take(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        w: &mut RankWeights,
+        name: &str,
+    ) -> Result<DeviceStack> {
+        let Some(blocks) = w.take_drawn_stack(name) else {
+            return DeviceStack::upload(dev, s, &w.take_stack(name)?);
+        };
+        let stride = Self::stride(blocks.matrix_bytes());
+        Ok(DeviceStack {
+            weight: DeviceWeight {
+                dtype: blocks.dtype(),
+                data: dev.draw_blocks(s, &blocks, stride)?,
+                rows: blocks.rows as usize,
+                cols: blocks.cols() as usize,
+            },
+            first: (blocks.first_row / blocks.rows) as usize,
+            count: blocks.count as usize,
+            stride,
+        })
+    }
+
     /// Uploads a stack this rank holds.
     pub fn upload(dev: &CudaDevice, s: &Arc<CudaStream>, st: &Stack) -> Result<DeviceStack> {
         st.dtype.check_supported()?;
@@ -61,7 +91,7 @@ impl DeviceStack {
             );
         }
         let n = st.matrix_bytes();
-        let stride = n.next_multiple_of(256);
+        let stride = Self::stride(n);
         let mut bytes = vec![0u8; stride * st.count.max(1)];
         for i in 0..st.count {
             let m = st.matrix(st.first + i).expect("invariant: a held matrix");
@@ -115,7 +145,7 @@ impl FfnWeights {
         let name = |x: &str| format!("blk.{l}.{x}");
         let limit = |which| plan.model.moe.as_ref().and_then(|m| m.swiglu_limit(which));
         let gated = |w: &mut RankWeights, suffix: &str| -> Result<Gated> {
-            let mut m = |x: &str| upload_matrix(dev, s, w.take_matrix(&name(x))?);
+            let mut m = |x: &str| device_matrix(dev, s, w, &name(x));
             Ok(Gated {
                 gate: m(&format!("ffn_gate{suffix}.weight"))?,
                 up: m(&format!("ffn_up{suffix}.weight"))?,
@@ -132,7 +162,7 @@ impl FfnWeights {
                     None
                 };
                 let probs_bias = plan.model.moe.as_ref().is_some_and(|m| m.probs_bias);
-                let mut stack = |x: &str| DeviceStack::upload(dev, s, &w.take_stack(&name(x))?);
+                let mut stack = |x: &str| DeviceStack::take(dev, s, w, &name(x));
                 let (gate, up, down) = (
                     stack("ffn_gate_exps.weight")?,
                     stack("ffn_up_exps.weight")?,
@@ -144,7 +174,7 @@ impl FfnWeights {
                     bail!("layer {l}: the rank holds different experts of gate, up and down");
                 }
                 FfnWeights::Moe(Box::new(MoeWeights {
-                    router: upload_matrix(dev, s, w.take_matrix(&name("ffn_gate_inp.weight"))?)?,
+                    router: device_matrix(dev, s, w, &name("ffn_gate_inp.weight"))?,
                     bias: if probs_bias {
                         Some(dev.upload(s, &w.take_vector(&name("exp_probs_b.bias"))?)?)
                     } else {

@@ -34,7 +34,7 @@ impl RankDevice {
             dev.upload(&s, &w.take_vector(name)?)
         };
         let mat = |w: &mut RankWeights, name: &str| -> Result<DeviceWeight> {
-            upload_matrix(&dev, &s, w.take_matrix(name)?)
+            device_matrix(&dev, &s, w, name)
         };
         let mut layers = Vec::new();
         for l in r.layers.start..r.layers.end {

@@ -32,6 +32,7 @@ use super::moe::{FfnWeights, MoeState};
 use super::ops::{DeviceKv, DeviceWeight};
 use super::rows::FLASH_HEAD_DIMS;
 use super::span::Span;
+use super::synth::device_matrix;
 use crate::geometry::RankGeometry;
 use crate::program::Work;
 use crate::sample::SamplerConfig;

@@ -29,6 +29,7 @@ mod mla;
 mod moe;
 mod rows;
 mod sampling;
+mod synth;
 
 use std::sync::Arc;
 
@@ -214,6 +215,7 @@ pub fn run(opts: &Options) -> Result<bool> {
         rows::run(&mut cx)?;
         batch::run(&mut cx)?;
         sampling::run(&mut cx)?;
+        synth::run(&mut cx)?;
     }
     if opts.bench {
         bench::run(&dev, &stream, &mut cx.rng)?;
