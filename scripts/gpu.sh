@@ -73,7 +73,8 @@
 #                             DSA layers eager on device 0) in f32 and q8_0, CUDA vs CPU of
 #                             each, a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
 #                             gated (graphs, PP-2, TP-2, DSA eager) and timed with synthetic
-#                             weights; with 2 GPUs, GLM-5.3-Flash PP-2 with synthetic weights
+#                             weights; with 2 GPUs, all 45 GLM-5.3-Flash layers with synthetic
+#                             weights: PP-2 and TP-2 speed, each gated against PP-2 eager
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -1243,8 +1244,9 @@ suite_deepseek() {
 #     `--weights synthetic` (memra-synth has no GLM-5.3-Flash shape; the plans draw their
 #     values): graphs, PP-2, TP-2 and the DSA layer eager gated against its eager plan, and
 #     its decode speed;
-#   - with 2 GPUs: plans/glm-5.3-flash-pp2.toml (87.4 and 87.6 GiB per device) decoding with
-#     `--weights synthetic`.
+#   - with 2 GPUs: all 45 layers (plans/synthetic/cuda/glm-5.3-flash-{pp2,tp2}.toml, about 88
+#     GiB per device) with `--weights synthetic`: decode speed, and each gated against
+#     glm-5.3-flash-pp2-eager.toml (a pipeline of whole layers: the model fits no one GPU).
 # SECONDS defaults to 300.
 suite_glm5() {
     BUDGET=${1:-300}
@@ -1280,9 +1282,20 @@ suite_glm5() {
     late "bench $cut synthetic" ||
         bench "bench $cut synthetic" 300 "" "$(config_plan cuda/$cut)" -n 128 --reps 3 --weights synthetic
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-        late "bench glm-5.3-flash-pp2 synthetic" ||
-            bench "bench glm-5.3-flash-pp2 synthetic" 500 "" plans/glm-5.3-flash-pp2.plan.toml \
-                -n 32 --weights synthetic
+        # all 45 layers across the two GPUs (the quantized weights drawn on the devices): the
+        # speed of PP-2 and TP-2, then each gated against the PP-2 eager run (a gate loads
+        # three times: the reference, then the candidate in both arms)
+        ref=$(config_plan cuda/glm-5.3-flash-pp2-eager)
+        for cand in glm-5.3-flash-pp2 glm-5.3-flash-tp2; do
+            late "bench $cand synthetic" ||
+                bench "bench $cand synthetic" 240 "" "$(config_plan cuda/$cand)" \
+                    -n 128 --reps 3 --weights synthetic
+        done
+        for cand in glm-5.3-flash-tp2 glm-5.3-flash-pp2; do
+            late "gate $cand synthetic" ||
+                gate "gate $cand synthetic" 300 "" "$ref" "$(config_plan cuda/$cand)" \
+                    --weights synthetic --tokens 1,2,3,4,5,6,7,8 -n 24
+        done
     else
         row "bench glm-5.3-flash-pp2 synthetic" skip "one GPU; the plan needs two"
     fi
