@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::{options, root};
@@ -59,6 +59,25 @@ fn stdout(out: &Output) -> String {
 }
 
 const PROMPT: [u32; 9] = [1, 17, 200, 3, 99, 42, 7, 255, 128];
+
+/// `memra-run gate PLAN --reference REFERENCE` on synthetic weights, 5 prompt tokens and 6
+/// generated, one thread.
+fn gate(plan: &Path, reference: &Path) -> Output {
+    memra_run(&[
+        "gate",
+        plan.to_str().unwrap(),
+        "--reference",
+        reference.to_str().unwrap(),
+        "--weights",
+        "synthetic",
+        "--tokens",
+        "1,17,200,3,99",
+        "-n",
+        "6",
+        "-t",
+        "1",
+    ])
+}
 
 #[test]
 fn a_config_plan_runs_on_synthetic_weights_with_the_same_logits_twice() {
@@ -114,21 +133,7 @@ fn tp2_and_pp2_gate_bit_for_bit_on_synthetic_weights() {
         ("pp2", "[0, 1]", "devices = [[0], [1]]"),
     ] {
         let plan = config_plan(name, devices, pipeline);
-        let out = memra_run(&[
-            "gate",
-            plan.to_str().unwrap(),
-            "--reference",
-            reference.to_str().unwrap(),
-            "--weights",
-            "synthetic",
-            "--tokens",
-            "1,17,200,3,99",
-            "-n",
-            "6",
-            "-t",
-            "1",
-        ]);
-        let text = stdout(&out);
+        let text = stdout(&gate(&plan, &reference));
         assert!(text.contains("gate passed"), "{name}: {text}");
     }
 }
@@ -138,22 +143,6 @@ fn a_pipeline_of_whole_layers_is_a_reference_and_a_tensor_parallel_plan_is_not()
     // a model too large for one device is gated against its pipeline's eager run
     let pp2 = config_plan("ref-pp2", "[0, 1]", "devices = [[0], [1]]");
     let tp2 = config_plan("ref-tp2", "[0, 1]", "devices = [[0, 1]]");
-    let gate = |plan: &PathBuf, reference: &PathBuf| {
-        memra_run(&[
-            "gate",
-            plan.to_str().unwrap(),
-            "--reference",
-            reference.to_str().unwrap(),
-            "--weights",
-            "synthetic",
-            "--tokens",
-            "1,17,200,3,99",
-            "-n",
-            "6",
-            "-t",
-            "1",
-        ])
-    };
     let text = stdout(&gate(&tp2, &pp2));
     assert!(text.contains("gate passed"), "{text}");
     let refused = gate(&pp2, &tp2);
