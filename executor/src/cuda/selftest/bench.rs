@@ -57,7 +57,7 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
     for dtype in DTYPES {
         let (mut token_us, mut token_mb) = (0.0, 0.0);
         for (rows, cols, per_token) in SHAPES {
-            let (us, gbs) = matvec_bandwidth(dev, s, rng, dtype, rows, cols)?;
+            let (us, gbs) = product_time(dev, s, rng, dtype, rows, cols, 1, Products::Tiles)?;
             let mb = dtype
                 .bytes_for((rows * cols) as u64)
                 .expect("invariant: whole blocks") as f64
@@ -167,17 +167,6 @@ enum Products {
     Tiles,
     /// The rows quantized once, then the tensor-core kernel.
     Mma,
-}
-
-fn matvec_bandwidth(
-    dev: &CudaDevice,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    dtype: GgmlType,
-    rows: usize,
-    cols: usize,
-) -> Result<(f64, f64)> {
-    product_time(dev, s, rng, dtype, rows, cols, 1, Products::Tiles)
 }
 
 /// Microseconds per launch of a `rows` x `cols` product over `batch` activation rows, and the
