@@ -1,5 +1,5 @@
 // memra kernels: synthetic weights drawn on the device (`--weights synthetic` on the cuda
-// backend), byte for byte the blocks executor/src/synthetic.rs draws on the host, so a load
+// backend), byte for byte the blocks executor/src/synthetic/blocks.rs draws on the host, so a load
 // copies nothing: quantized block b of a tensor is a function of (tensor key, b) alone, its
 // f16 fields fixed per tensor (passed in), its integer codes the words wyrand(key, b * words
 // + i). One thread draws one block and writes it in the device layout (GGUF's, or planar for
@@ -27,7 +27,7 @@ struct SynthJob {
     int top, span;
 };
 
-// wyrand's word `index` of stream `key` (synthetic.rs `word`): its state after `index` steps,
+// wyrand's word `index` of stream `key` (blocks.rs `word`): its state after `index` steps,
 // mixed by one 64 x 64 -> 128-bit product.
 __device__ __forceinline__ u64 synth_word(u64 key, u64 index) {
     const u64 state = key + index * 0xa0761d6478bd642full;
@@ -35,7 +35,7 @@ __device__ __forceinline__ u64 synth_word(u64 key, u64 index) {
     return __umul64hi(state, other) ^ (state * other);
 }
 
-// One of the `span` codes up to `top`, from the `bits` low bits of `r` (synthetic.rs `code`).
+// One of the `span` codes up to `top`, from the `bits` low bits of `r` (blocks.rs `code`).
 __device__ __forceinline__ u8 synth_code(int top, int span, u64 r, int bits) {
     const u64 offset = ((r & ((1ull << bits) - 1)) * (u64)span) >> bits;
     return (u8)(top + 1 - span + (int)offset);
@@ -58,7 +58,7 @@ __device__ void synth_block(const SynthJob& j, u64 block, u8* out) {
         case SYNTH_Q8_0: {
             counter = block * 4;
             put_u16(out, j.d);
-            // each byte to level b * levels / 256, then to the quant level - top (synthetic.rs q8_0)
+            // each byte to level b * levels / 256, then to the quant level - top (blocks.rs `q8_0`)
             const u64 lanes = 0x00ff00ff00ff00ffull, low7 = 0x7f7f7f7f7f7f7f7full, high = 0x8080808080808080ull;
             const u64 levels = 2 * (u64)j.top + 1;
             const u64 minus_top = 0x0101010101010101ull * (u64)(u8)(0 - j.top);
