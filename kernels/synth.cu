@@ -1,8 +1,8 @@
 // memra kernels: synthetic weights drawn on the device (`--weights synthetic` on the cuda
-// backend), byte for byte the blocks executor/src/synthetic/blocks.rs draws on the host, so a load
-// copies nothing: quantized block b of a tensor is a function of (tensor key, b) alone, its
-// f16 fields fixed per tensor (passed in), its integer codes the words wyrand(key, b * words
-// + i). One thread draws one block and writes it in the device layout (GGUF's, or planar for
+// backend), byte for byte the blocks executor/src/synthetic/blocks.rs draws on the host, so
+// a load copies nothing: quantized block b of a tensor is a function of (tensor key, b)
+// alone, its f16 fields fixed per tensor (passed in), its integer codes the words
+// wyrand(key, b * words + i). One thread draws one block and writes it in the device layout (GGUF's, or planar for
 // the 32-value types: the matrix's quant bytes first, then its scale bytes).
 #include "common.cuh"
 
