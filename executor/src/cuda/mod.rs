@@ -33,7 +33,7 @@ mod rows;
 pub mod selftest;
 mod setup;
 pub mod span;
-mod synth;
+pub(crate) mod synth;
 
 pub use device::{check_driver, device_count, CudaDevice, DeviceBuffer};
 pub use engine::Engine;

@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
+use memra_compiler::plan::{Split, WeightShard};
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::ops::{DeviceWeight, Planes};
 use super::rank::upload_matrix;
-use crate::synthetic::DrawnBlocks;
-use crate::weights::RankWeights;
+use crate::synthetic::{self, BlocksDrawn, DrawnBlocks};
+use crate::weights::{RankWeights, Shard};
 
 /// Threads of a block of `synth_blocks`, and most blocks of its grid (it strides over more).
 const SYNTH_THREADS: u32 = 256;
@@ -45,7 +46,7 @@ struct SynthJob {
 unsafe impl DeviceRepr for SynthJob {}
 
 /// The kernel's format code of `dtype` (SYNTH_* in kernels/synth.cu).
-fn format(dtype: GgmlType) -> Result<i32> {
+pub(crate) fn kernel_format(dtype: GgmlType) -> Result<i32> {
     Ok(match dtype {
         GgmlType::Q8_0 => 0,
         GgmlType::Q4_0 => 1,
@@ -83,7 +84,7 @@ impl CudaDevice {
             first_row: blocks.first_row as i64,
             first_col_block: blocks.first_col_block as i64,
             stride: stride as i64,
-            format: format(blocks.dtype())?,
+            format: kernel_format(blocks.dtype())?,
             planar: i32::from(Planes::of(blocks.dtype()).is_some()),
             d: f.d,
             m: f.m,
@@ -123,4 +124,92 @@ pub(super) fn device_matrix(
         }),
         None => upload_matrix(dev, s, w.take_matrix(name)?),
     }
+}
+
+/// Shards of every quantized format, whole, split by rows and by columns, and expert and head
+/// ranges of stacks (names as a model's, so their spreads vary): what the checks of the device
+/// drawing draw (the self-test's `synth_blocks`, and `synthetic::kernel_check` on the host).
+const CHECKED: [(&str, &str, &[u64], Split); 9] = [
+    ("blk.1.ffn_down.weight", "q4_k", &[64, 1024], Split::Full),
+    (
+        "blk.1.attn_q.weight",
+        "q4_k",
+        &[64, 1024],
+        Split::Cols {
+            start: 256,
+            end: 768,
+        },
+    ),
+    (
+        "blk.2.ffn_up_exps.weight",
+        "q4_k",
+        &[8, 16, 512],
+        Split::Experts { start: 3, end: 6 },
+    ),
+    (
+        "blk.3.ffn_down.weight",
+        "q6_k",
+        &[40, 512],
+        Split::Rows { start: 8, end: 40 },
+    ),
+    ("blk.4.attn_k.weight", "q8_0", &[33, 256], Split::Full),
+    (
+        "blk.4.attn_v.weight",
+        "q8_0",
+        &[8, 4, 128],
+        Split::Heads { start: 1, end: 3 },
+    ),
+    (
+        "blk.5.attn_output.weight",
+        "q4_0",
+        &[17, 320],
+        Split::Cols {
+            start: 64,
+            end: 320,
+        },
+    ),
+    ("blk.6.ffn_gate.weight", "q4_1", &[21, 96], Split::Full),
+    (
+        "blk.7.ffn_gate_exps.weight",
+        "q4_1",
+        &[4, 8, 64],
+        Split::Experts { start: 1, end: 4 },
+    ),
+];
+
+/// The checked shards' blocks, undrawn, each with its name for a report.
+pub(crate) fn checked_shards() -> Result<Vec<(String, DrawnBlocks)>> {
+    CHECKED
+        .into_iter()
+        .map(|(tensor, dtype, shape, split)| {
+            let shard = WeightShard {
+                tensor: tensor.into(),
+                dtype: dtype.into(),
+                shape: shape.to_vec(),
+                split,
+                bytes: 0,
+            };
+            match synthetic::shard(&shard, 30, BlocksDrawn::OnDevice)? {
+                Shard::DrawnMatrix(b) | Shard::DrawnStack(b) => {
+                    Ok((format!("{dtype} {shape:?} {split}"), b))
+                }
+                _ => bail!("{tensor}: {dtype} blocks are left to the device"),
+            }
+        })
+        .collect()
+}
+
+/// `blocks` drawn on the host as the device holds them (`CudaDevice::draw_blocks` with
+/// `stride`): each matrix in the device layout, `stride` bytes apart, zeros between.
+pub(crate) fn host_layout(blocks: &DrawnBlocks, stride: usize) -> Result<Vec<u8>> {
+    let n = blocks.matrix_bytes();
+    let mut out = Vec::new();
+    for m in blocks.bytes()?.chunks_exact(n) {
+        match Planes::of(blocks.dtype()) {
+            Some(p) => out.extend(p.split(m)),
+            None => out.extend_from_slice(m),
+        }
+        out.resize(out.len().next_multiple_of(stride), 0);
+    }
+    Ok(out)
 }

@@ -38,6 +38,8 @@
 //! gain is the words and the quantizer skipped, half the huge pages (`advise_huge_pages`).
 
 mod blocks;
+#[cfg(test)]
+mod kernel_check;
 
 use anyhow::{bail, Context, Result};
 use memra_compiler::model::fnv1a;
