@@ -55,18 +55,28 @@ struct Slot {
 pub struct Stepped {
     /// Sequences the step carried.
     pub sequences: usize,
-    /// Each sequence whose fed tokens are all decoded now, with the logits after its last,
-    /// in slot order.
-    pub done: Vec<SlotLogits>,
+    /// Each sequence whose fed tokens are all decoded now, in slot order.
+    pub done: Vec<Decoded>,
+    /// The step's logits: a row of `vocab` values per sequence it carried, as the engine
+    /// returned them (kept whole, not copied per sequence).
+    logits: Vec<f32>,
+    vocab: usize,
 }
 
-/// What a step gave one sequence.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SlotLogits {
+/// A sequence a step decoded all its fed tokens of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decoded {
     /// The sequence's slot.
     pub slot: usize,
-    /// The logits after the last token fed to it.
-    pub logits: Vec<f32>,
+    /// Its row of the step's logits.
+    row: usize,
+}
+
+impl Stepped {
+    /// The logits after the last token fed to sequence `d`.
+    pub fn logits(&self, d: &Decoded) -> &[f32] {
+        &self.logits[d.row * self.vocab..(d.row + 1) * self.vocab]
+    }
 }
 
 impl Batch {
@@ -178,7 +188,7 @@ impl Batch {
         }
         let vocab = out.logits.len() / spans.len();
         let mut done = Vec::new();
-        for (span, logits) in spans.iter().zip(out.logits.chunks_exact(vocab)) {
+        for (row, span) in spans.iter().enumerate() {
             let slot = span.slot as usize;
             let s = &mut self.slots[slot];
             // the cache holds the rows even of a sequence that left meanwhile
@@ -186,16 +196,15 @@ impl Batch {
             s.stepped = self.steps;
             s.flying = false;
             if s.pending.is_empty() && s.joined.is_some() {
-                done.push(SlotLogits {
-                    slot,
-                    logits: logits.to_vec(),
-                });
+                done.push(Decoded { slot, row });
             }
         }
         done.sort_by_key(|d| d.slot);
         Ok(Stepped {
             sequences: spans.len(),
             done,
+            logits: out.logits,
+            vocab,
         })
     }
 

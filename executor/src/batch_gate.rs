@@ -72,17 +72,19 @@ pub fn together(batch: &mut Batch, sequences: &[Sequence]) -> Result<(Vec<Vec<Ve
             next += 1;
         }
         widest = widest.max(batch.used());
-        for done in batch.step()?.done {
+        let stepped = batch.step()?;
+        for done in &stepped.done {
             let i = slot_of
                 .iter()
                 .position(|&s| s == Some(done.slot))
                 .ok_or_else(|| anyhow!("invariant: slot {} holds a sequence", done.slot))?;
-            logits[i].push(done.logits.clone());
+            let row = stepped.logits(done);
+            logits[i].push(row.to_vec());
             if logits[i].len() == sequences[i].generate {
                 batch.leave(done.slot)?;
                 slot_of[i] = None;
             } else {
-                batch.feed(done.slot, argmax(&done.logits))?;
+                batch.feed(done.slot, argmax(row))?;
             }
         }
         step += 1;

@@ -113,15 +113,33 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit; the lowest index among equals.
+/// Index of the largest logit; the lowest index among equals. NaN never wins, except at index
+/// 0, which nothing after it then displaces (the first element is the running best, and no
+/// comparison with NaN is true). Two passes the compiler vectorizes: the largest value, in 16
+/// lanes, then the first index holding it (a batched step takes this once per sequence over
+/// the whole vocabulary).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    let Some(&first) = logits.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    let larger = |best: f32, l: f32| if l > best { l } else { best };
+    let mut lanes = [first; 16];
+    let chunks = logits.chunks_exact(16);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(first, |best, &l| larger(best, l));
+    for chunk in chunks {
+        for (lane, &l) in lanes.iter_mut().zip(chunk) {
+            *lane = larger(*lane, l);
         }
     }
-    best as u32
+    let max = lanes.into_iter().fold(tail, larger);
+    // `==` takes -0 and +0 as one value, as `>` does
+    logits.iter().position(|&l| l == max).unwrap_or(0) as u32
 }
 
 /// The candidate order as one integer, larger first: the logit by `f32::total_cmp` in the high
@@ -201,6 +219,39 @@ fn pick(w: &[f32], u: f32) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The definition: the first index no later logit is larger than, by `>`.
+    fn argmax_by_scan(logits: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_is_the_scans_first_largest_index() {
+        let mut rng = memra_gguf::rng::Rng::new(7);
+        let special = [f32::NAN, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 2.0];
+        for n in [0, 1, 2, 15, 16, 17, 33, 1000, 49152] {
+            for trial in 0..20 {
+                // coarse values so ties are common; some special values sprinkled in
+                let mut v: Vec<f32> = (0..n).map(|_| (rng.next_u64() % 7) as f32 - 3.0).collect();
+                for _ in 0..(trial % 4) {
+                    if n > 0 {
+                        let at = (rng.next_u64() % n as u64) as usize;
+                        v[at] = special[(rng.next_u64() % special.len() as u64) as usize];
+                    }
+                }
+                if trial == 7 && n > 0 {
+                    v[0] = f32::NAN;
+                }
+                assert_eq!(argmax(&v), argmax_by_scan(&v), "n {n} trial {trial}: {v:?}");
+            }
+        }
+    }
 
     fn config(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplerConfig {
         SamplerConfig {

@@ -114,16 +114,16 @@ fn decode_together(batch: &mut Batch, prompts: &[Vec<u32>], n: usize) -> Result<
     let mut started: Option<Instant> = None;
     let mut after = 0usize;
     while batch.used() > 0 {
-        let done = batch.step()?.done;
+        let stepped = batch.step()?;
         if started.is_some() {
-            after += done.len();
+            after += stepped.done.len();
         }
-        for d in done {
+        for d in &stepped.done {
             generated[d.slot] += 1;
             if generated[d.slot] == n {
                 batch.leave(d.slot)?;
             } else {
-                batch.feed(d.slot, argmax(&d.logits))?;
+                batch.feed(d.slot, argmax(stepped.logits(d)))?;
             }
         }
         if started.is_none() && slots.iter().all(|&s| generated[s] > 0) {

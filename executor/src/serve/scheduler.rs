@@ -239,10 +239,10 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
             .batch
             .as_mut()
             .expect("invariant: running sequences have a batch");
-        let done = match batch.step() {
+        let stepped = match batch.step() {
             Ok(stepped) => {
                 self.metrics.count_step(stepped.sequences);
-                stepped.done
+                stepped
             }
             Err(e) => {
                 let message = format!("{e:#}");
@@ -261,15 +261,17 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 self.leave(sequence, None);
                 continue;
             }
-            let Some(d) = done.iter().find(|d| d.slot == sequence.slot) else {
+            let Some(d) = stepped.done.iter().find(|d| d.slot == sequence.slot) else {
                 kept.push(sequence);
                 continue;
             };
-            let fed = sequence.advance(&d.logits, &self.metrics).and_then(|next| {
-                let batch = self.batch.as_mut().expect("invariant: stepped above");
-                next.map(|token| batch.feed(sequence.slot, token))
-                    .transpose()
-            });
+            let fed = sequence
+                .advance(stepped.logits(d), &self.metrics)
+                .and_then(|next| {
+                    let batch = self.batch.as_mut().expect("invariant: stepped above");
+                    next.map(|token| batch.feed(sequence.slot, token))
+                        .transpose()
+                });
             match fed {
                 Ok(Some(())) => kept.push(sequence),
                 Ok(None) => self.leave(sequence, None),
