@@ -86,9 +86,13 @@ pub fn options(arm: Arm) -> EngineOptions {
 }
 
 /// Compiles the placement `text` (its model path absolute) in a scratch directory and loads
-/// the plan: for tests whose model is generated, so no committed plan can name it.
+/// the plan: for tests whose model is generated, so no committed plan can name it. Each call
+/// has a directory of its own: tests of one binary run side by side and may compile the same
+/// `name` at once (one writing the placement while another reads it).
 pub fn compile_scratch(name: &str, text: &str) -> LoadedPlan {
-    let dir = std::env::temp_dir().join(format!("memra-test-{}-{name}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("memra-test-{}-{call}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let placement = dir.join("placement.toml");
     std::fs::write(&placement, text).unwrap();
