@@ -7,6 +7,8 @@
 #   build                     memra-run, memra-compile, memra-synth, cuda_selftest and the
 #                             gpu-tests test binary into .dev/bin (cargo's own target folder,
 #                             or CARGO_TARGET_DIR when set)
+#   smoke [SECONDS]           a session's first call: the self-test and a cross-section of the
+#                             gates (prefill dense and MoE/MLA/KDA, tiny glm5-next, batch)
 #   selftest                  every kernel against the CPU reference with the matvec bandwidth
 #                             benchmark, then the self-test under compute-sanitizer memcheck
 #   tests [TEST ARGS]         the gpu-tests feature's end-to-end tests (executor/tests/gpu.rs)
@@ -1302,9 +1304,63 @@ suite_glm5() {
     table
 }
 
+# ---- smoke: the first call of a session: is the tree that was never on a GPU sound?
+#   the self-test (every kernel against the CPU reference, the device's synthetic blocks
+#   against the host's); prefill gates of llama1b (graphs, TP-2, PP-2 x TP-2) over a two-chunk
+#   prompt and of the tiny MoE/MLA/KDA models (TP-2, EP-4, PP-2); tiny-glm5-next gates in f32
+#   and q8_0 (graphs, TP-2, PP-2, DSA eager) and its CUDA against the CPU; the batch gates of
+#   llama1b (8 slots, one device and TP-2) against the one-sequence decode. SECONDS defaults
+#   to 300; about 80 s on an H200.
+suite_smoke() {
+    BUDGET=${1:-300}
+    logs_in /tmp/memra-smoke
+    stamp name,driver_version,memory.total
+    local s shape cand dtype ref rc
+    synth llama1b q4_1 &
+    for s in tiny-qwen3moe tiny-deepseek2 tiny-kimi-linear tiny-glm5-next; do synth $s q8_0 & done
+    synth tiny-glm5-next f32 &
+    limit 200 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
+    rc=$?
+    grep -E "PASS|FAIL" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
+    wait
+    local prompt short
+    prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    short=$(for _ in $(seq 5); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    ref=$(plan llama1b q4_1 llama1b-eager)
+    for cand in llama1b llama1b-tp2 llama1b-pp2-tp2; do
+        late "prefill gate $cand q4_1" ||
+            gate "prefill gate $cand q4_1" 120 "$M/llama1b-q4_1.gguf" "$ref" \
+                "$(plan llama1b q4_1 $cand)" -p "$prompt" -n 8
+    done
+    for s in tiny-qwen3moe:tp2 tiny-qwen3moe:ep4 tiny-deepseek2:tp2 tiny-kimi-linear:tp2 tiny-kimi-linear:pp2; do
+        shape=${s%:*} cand=cuda/${s%:*}-${s#*:}
+        late "prefill gate $cand q8_0" ||
+            gate "prefill gate $cand q8_0" 120 "$M/$shape-q8_0.gguf" \
+                "$(plan $shape q8_0 cuda/$shape-eager)" "$(plan $shape q8_0 $cand)" -p "$short" -n 8
+    done
+    for dtype in f32 q8_0; do
+        ref=$(plan tiny-glm5-next $dtype cuda/tiny-glm5-next-eager)
+        for cand in "" -tp2 -pp2 -mla-eager; do
+            late "gate tiny-glm5-next$cand $dtype" ||
+                gate "gate tiny-glm5-next$cand $dtype" 60 "$M/tiny-glm5-next-$dtype.gguf" "$ref" \
+                    "$(plan tiny-glm5-next $dtype cuda/tiny-glm5-next$cand)"
+        done
+    done
+    late "cuda vs cpu tiny-glm5-next f32" ||
+        against_cpu "cuda vs cpu tiny-glm5-next f32" 1e-3 "$M/tiny-glm5-next-f32.gguf" \
+            "$(plan tiny-glm5-next f32 cuda/tiny-glm5-next)" 64
+    for cand in llama1b-batch8 llama1b-batch8-tp2; do
+        late "batch gate $cand vs llama1b-decode" ||
+            gate "batch gate $cand vs llama1b-decode" 150 "$M/llama1b-q4_1.gguf" \
+                "$(plan llama1b q4_1 llama1b-decode)" "$(plan llama1b q4_1 $cand)" --batch
+    done
+    table
+}
+
 SUITE=${1:-}
 case "$SUITE" in
-build | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;
