@@ -108,6 +108,15 @@ stamp() { # nvidia-smi FIELDS: the date and the GPUs, also into $LOG/gpu.txt
     { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu="$1" --format=csv,noheader; } | tee "$LOG/gpu.txt"
 }
 limit() { timeout --kill-after=5 "$@"; }
+capped() { # SECONDS: SECONDS, or less once the suite's SECONDS budget (plus a minute of grace
+    # for the table) is nearly spent, so that a row started late cannot outrun the device
+    # call and take the table with it
+    local left
+    [ -n "$BUDGET" ] || { echo "$1"; return; }
+    left=$((BUDGET + 60 - ($(date +%s) - t0)))
+    [ "$left" -gt 10 ] || left=10
+    echo $(($1 < left ? $1 : left))
+}
 row() { # name status detail; only FAIL fails the suite (ok, skip, same and diff do not). With
     # $OUT set, each row also goes to $OUT/rows.txt as it is made, so a call that runs out of
     # time still brings back the rows it finished
@@ -177,7 +186,7 @@ gate_with() { # how ("" or launch) row seconds model reference candidate [gate o
     [ -z "$model" ] || args+=(--model "$model")
     if [ "$how" = launch ]; then args=(launch "$cand" -- "${args[@]}"); else args+=("$cand"); fi
     t=$(date +%s%N)
-    out=$(limit "$secs" "$BIN/memra-run" "${args[@]}" 2>&1)
+    out=$(limit "$(capped "$secs")" "$BIN/memra-run" "${args[@]}" 2>&1)
     rc=$?
     echo "$out" >>"$LOG/gates.log"
     dt=$((($(date +%s%N) - t) / 100000000))
@@ -197,7 +206,7 @@ bench_with() { # how ("" or launch) row seconds model plan [bench options]; an e
     local args=(bench --backend cuda "$@")
     [ -z "$model" ] || args+=(--model "$model")
     if [ "$how" = launch ]; then args=(launch "$plan" -- "${args[@]}"); else args+=("$plan"); fi
-    bench_out=$(limit "$secs" "$BIN/memra-run" "${args[@]}" 2>&1)
+    bench_out=$(limit "$(capped "$secs")" "$BIN/memra-run" "${args[@]}" 2>&1)
     rc=$?
     echo "$bench_out" >>"$LOG/bench.log"
     result "$name" $rc "$bench_out" "$(echo "$bench_out" | grep 'tok/s' | tail -1 | sed 's/^[^:]*: cuda, //' | cut -c1-220)"
@@ -224,7 +233,7 @@ memory_check() { # row: each device of the last bench: the memory in use on the 
 against_cpu() { # row tolerance model plan [steps, default 64] [compare options]: greedy
     # steps of CUDA against the CPU backend
     local out rc
-    out=$(limit 150 "$BIN/memra-run" compare --backend cuda -n "${5:-64}" --tolerance "$2" --model "$3" "$4" "${@:6}" 2>&1)
+    out=$(limit "$(capped 150)" "$BIN/memra-run" compare --backend cuda -n "${5:-64}" --tolerance "$2" --model "$3" "$4" "${@:6}" 2>&1)
     rc=$?
     # every comparison of the suite stays in the log, each under its row's name
     printf '== %s\n%s\n' "$1" "$out" >>"$LOG/compare.log"
@@ -246,7 +255,7 @@ llama_bench() { # row model [llama-bench options, default: batch-1 decode of 128
     shift 2
     [ $# -gt 0 ] || set -- -p 0 -n 128
     # one GPU, as memra: llama.cpp would split the layers over every visible device
-    out=$(CUDA_VISIBLE_DEVICES=0 limit 300 /tmp/llama-build/bin/llama-bench -m "$model" "$@" -fa 1 -ngl 99 -r 3 -o md 2>&1)
+    out=$(CUDA_VISIBLE_DEVICES=0 limit "$(capped 300)" /tmp/llama-build/bin/llama-bench -m "$model" "$@" -fa 1 -ngl 99 -r 3 -o md 2>&1)
     rc=$?
     echo "$out" >>"$LOG/llama-bench.txt"
     result "$row" $rc "$out" "$(echo "$out" | grep -E ' (pp|tg)[0-9]+ ' | tr -s ' ' | cut -c1-200)"
