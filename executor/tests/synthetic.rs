@@ -14,6 +14,8 @@ use common::{options, root};
 use memra_executor::cpu::Arm;
 use memra_executor::gate::decode_all;
 use memra_executor::plan_load::load_synthetic;
+use memra_executor::synthetic::BlocksDrawn;
+use memra_executor::weights::RankWeights;
 
 /// Compiles the tiny config with `pipeline` (and the devices it needs) into a scratch plan.
 fn config_plan(name: &str, devices: &str, pipeline: &str) -> PathBuf {
@@ -153,6 +155,62 @@ fn a_pipeline_of_whole_layers_is_a_reference_and_a_tensor_parallel_plan_is_not()
             && err.contains("pipeline stages without tensor- or expert-parallel groups"),
         "{err}"
     );
+}
+
+#[test]
+fn shards_left_to_the_device_draw_on_a_host_take_as_the_host_load_does() {
+    // the cuda backend loads quantized shards undrawn (`BlocksDrawn::OnDevice`); what it
+    // takes on the host instead (embeddings, KDA and indexer matrices, per-head stacks) is
+    // drawn then, with the bytes of a load that drew everything at once
+    for (name, devices, pipeline) in [
+        ("drawn-one", "[0]", "devices = [[0]]"),
+        ("drawn-tp2", "[0, 1]", "devices = [[0, 1]]"),
+    ] {
+        let loaded = load_synthetic(&config_plan(name, devices, pipeline)).unwrap();
+        for rank in &loaded.plan.ranks {
+            let mut now = RankWeights::load(&loaded, rank, BlocksDrawn::OnHost).unwrap();
+            let mut later = RankWeights::load(&loaded, rank, BlocksDrawn::OnDevice).unwrap();
+            for shard in &rank.weights {
+                let what = format!("{name} rank {} `{}`", rank.rank, shard.tensor);
+                match shard.shape.len() {
+                    1 => assert_eq!(
+                        now.take_vector(&shard.tensor).unwrap(),
+                        later.take_vector(&shard.tensor).unwrap(),
+                        "{what}"
+                    ),
+                    2 => {
+                        let (a, b) = (
+                            now.take_matrix(&shard.tensor).unwrap(),
+                            later.take_matrix(&shard.tensor).unwrap(),
+                        );
+                        assert_eq!(
+                            (a.dtype, a.rows, a.cols),
+                            (b.dtype, b.rows, b.cols),
+                            "{what}"
+                        );
+                        assert!(a.data == b.data, "{what}: the bytes differ");
+                    }
+                    _ => {
+                        let (a, b) = (
+                            now.take_stack(&shard.tensor).unwrap(),
+                            later.take_stack(&shard.tensor).unwrap(),
+                        );
+                        assert_eq!(
+                            (a.dtype, a.first, a.count, a.rows, a.cols),
+                            (b.dtype, b.first, b.count, b.rows, b.cols),
+                            "{what}"
+                        );
+                        assert!(a.data == b.data, "{what}: the bytes differ");
+                    }
+                }
+            }
+            assert!(
+                later.remaining().is_empty(),
+                "{name}: {:?}",
+                later.remaining()
+            );
+        }
+    }
 }
 
 #[test]
