@@ -388,6 +388,11 @@ suite_gates() {
     late "sanitizer racecheck" || sanitize racecheck smol135m-pp2 3
     table
 }
+sentences() { # N: a prompt of N copies of one 10-word English sentence (the suites take 13
+    # for a prompt of several prefill chunks, 5 for a short one)
+    local _
+    for _ in $(seq "$1"); do printf 'The quick brown fox jumps over the lazy dog. '; done
+}
 gates_of() { # shape dtype placement... (the first is the reference)
     local shape=$1 dtype=$2 ref cand
     shift 2
@@ -831,7 +836,7 @@ suite_prefill() {
     local synth8b_f16=$!
     # about 600 tokens of the synthetic tokenizer: a 512-row chunk and a shorter one, tiles
     # cut mid-way
-    prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    prompt=$(sentences 13)
     for dtype in q8_0 q4_1; do
         ref=$(plan llama1b $dtype llama1b-eager)
         for cand in llama1b llama1b-pp2 llama1b-tp2 llama1b-tp4 llama1b-pp2-tp2; do
@@ -920,7 +925,7 @@ suite_prefill_arch() {
     grep -E "^(moe|  moe)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait "${synths[@]}"
-    short=$(for _ in $(seq 5); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    short=$(sentences 5)
     for shape in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
         ref=$(plan $shape q8_0 cuda/$shape-eager)
         for suffix in "" -tp2 -tp4 -ep2 -ep4 -pp2 -mla-eager; do
@@ -937,7 +942,7 @@ suite_prefill_arch() {
                 "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --conditioning 1e-6 --per-step -p "$short"
     done
     wait $synth_big
-    prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    prompt=$(sentences 13)
     ref=$(plan $big q4_1 cuda/$big-eager)
     for cand in cuda/$big cuda/$big-tp2 cuda/$big-ep4 cuda/$big-pp2; do
         late "prefill gate $cand q4_1" && continue
@@ -1334,8 +1339,8 @@ suite_smoke() {
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait
     local prompt short
-    prompt=$(for _ in $(seq 13); do printf 'The quick brown fox jumps over the lazy dog. '; done)
-    short=$(for _ in $(seq 5); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+    prompt=$(sentences 13)
+    short=$(sentences 5)
     ref=$(plan llama1b q4_1 llama1b-eager)
     for cand in llama1b llama1b-tp2 llama1b-pp2-tp2; do
         late "prefill gate $cand q4_1" ||
@@ -1349,12 +1354,8 @@ suite_smoke() {
                 "$(plan $shape q8_0 cuda/$shape-eager)" "$(plan $shape q8_0 $cand)" -p "$short" -n 8
     done
     for dtype in f32 q8_0; do
-        ref=$(plan tiny-glm5-next $dtype cuda/tiny-glm5-next-eager)
-        for cand in "" -tp2 -pp2 -mla-eager; do
-            late "gate tiny-glm5-next$cand $dtype" ||
-                gate "gate tiny-glm5-next$cand $dtype" 60 "$M/tiny-glm5-next-$dtype.gguf" "$ref" \
-                    "$(plan tiny-glm5-next $dtype cuda/tiny-glm5-next$cand)"
-        done
+        gates_of tiny-glm5-next $dtype cuda/tiny-glm5-next-eager cuda/tiny-glm5-next \
+            cuda/tiny-glm5-next-tp2 cuda/tiny-glm5-next-pp2 cuda/tiny-glm5-next-mla-eager
     done
     late "cuda vs cpu tiny-glm5-next f32" ||
         against_cpu "cuda vs cpu tiny-glm5-next f32" 1e-3 "$M/tiny-glm5-next-f32.gguf" \
