@@ -154,7 +154,7 @@ pub const MAX_CHUNKS: usize = 32;
 /// Shared bytes of a matvec block's 8-bit copy of x: K quants plus, per 32 values, the scale
 /// and scaled sum (q8_0, q4_0, q4_1) or, per 256 values, the scale (q4_k, q6_k); float weights
 /// read x itself.
-fn matvec_act_bytes(dtype: GgmlType, cols: usize) -> usize {
+pub(super) fn matvec_act_bytes(dtype: GgmlType, cols: usize) -> usize {
     match dtype {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => cols + cols / 32 * 8,
         GgmlType::Q4_K | GgmlType::Q6_K => cols + cols / 256 * 4,

@@ -11,7 +11,7 @@ use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
 use super::device::CudaDevice;
-use super::matvec::{Epilogue, MAX_CHUNKS};
+use super::matvec::{matvec_act_bytes, Epilogue, MAX_CHUNKS};
 use super::ops::{int, ptr, DeviceWeight};
 use super::span::Span;
 
@@ -41,9 +41,9 @@ pub fn has_mma(dtype: GgmlType) -> bool {
 }
 
 /// Bytes of the 8-bit copy of `rows` activation rows of `cols` values: per row the quants,
-/// then a (d, d * sum) pair of f32 per 32 values.
+/// then a (d, d * sum) pair of f32 per 32 values, as a matvec block's copy of one row.
 pub fn quantized_bytes(rows: usize, cols: usize) -> usize {
-    rows * (cols + cols / 4)
+    rows * matvec_act_bytes(GgmlType::Q4_1, cols)
 }
 
 /// The kernel parameter (`MmaJob` in kernels/matvec_mma.cu, C layout).

@@ -18,7 +18,7 @@ use memra_compiler::plan::{reduction_chunks, ClampedFfn, FfnKind, Gating, MoeSum
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{ExpertSel, Norm};
 use super::moe_rows::MoeRows;
-use super::ops::{DeviceWeight, Planes};
+use super::ops::{device_layout, DeviceWeight};
 use super::span::Span;
 use super::synth::device_matrix;
 use crate::weights::{RankWeights, Stack};
@@ -92,15 +92,8 @@ impl DeviceStack {
         }
         let n = st.matrix_bytes();
         let stride = Self::stride(n);
-        let mut bytes = vec![0u8; stride * st.count.max(1)];
-        for i in 0..st.count {
-            let m = st.matrix(st.first + i).expect("invariant: a held matrix");
-            let out = &mut bytes[i * stride..i * stride + n];
-            match Planes::of(st.dtype) {
-                Some(p) => out.copy_from_slice(&p.split(m)),
-                None => out.copy_from_slice(m),
-            }
-        }
+        let mut bytes = device_layout(st.dtype, &st.data[..n * st.count], n, stride);
+        bytes.resize(stride * st.count.max(1), 0);
         Ok(DeviceStack {
             weight: DeviceWeight {
                 dtype: st.dtype,

@@ -67,6 +67,28 @@ impl DeviceWeight {
     }
 }
 
+/// Matrices of `matrix_bytes` GGUF bytes each, back to back in `matrices`, in the device
+/// layout (planar for the 32-value block types, else as stored), each `stride` bytes after
+/// the one before it, zeros between: a stack of experts or heads as the device holds it.
+pub(crate) fn device_layout(
+    dtype: GgmlType,
+    matrices: &[u8],
+    matrix_bytes: usize,
+    stride: usize,
+) -> Vec<u8> {
+    let mut out = vec![0u8; stride * matrices.len().div_ceil(matrix_bytes.max(1))];
+    for (m, to) in matrices
+        .chunks_exact(matrix_bytes)
+        .zip(out.chunks_mut(stride))
+    {
+        match Planes::of(dtype) {
+            Some(p) => to[..matrix_bytes].copy_from_slice(&p.split(m)),
+            None => to[..matrix_bytes].copy_from_slice(m),
+        }
+    }
+    out
+}
+
 /// The planar device layout of the 32-value block types (q8_0, q4_0, q4_1): every block's quant
 /// bytes first, in GGUF's (row, block) order, then every block's scale bytes in the same order.
 /// A row's quants are then contiguous and 16-byte aligned, so the matvec kernels load 16 quant
@@ -484,5 +506,21 @@ mod tests {
         assert_eq!(Planes::of(GgmlType::Q4_0).unwrap().scale_bytes, 2);
         assert_eq!(Planes::of(GgmlType::Q4_K), None);
         assert_eq!(Planes::of(GgmlType::F16), None);
+    }
+
+    #[test]
+    fn a_stack_lies_matrix_by_matrix_at_its_stride() {
+        // two q4_1 matrices of two blocks each: each planar, 48 bytes apart, zeros between
+        let matrices: Vec<u8> = (0..80).collect();
+        let planes = Planes::of(GgmlType::Q4_1).unwrap();
+        let laid = device_layout(GgmlType::Q4_1, &matrices, 40, 48);
+        let mut want = planes.split(&matrices[..40]);
+        want.resize(48, 0);
+        want.extend(planes.split(&matrices[40..]));
+        want.resize(96, 0);
+        assert_eq!(laid, want);
+        // other types keep their bytes
+        let kept = device_layout(GgmlType::Q4_K, &matrices, 40, 40);
+        assert_eq!(kept, matrices);
     }
 }

@@ -12,7 +12,7 @@ use memra_compiler::plan::{Split, WeightShard};
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer};
-use super::ops::{DeviceWeight, Planes};
+use super::ops::{device_layout, DeviceWeight, Planes};
 use super::rank::upload_matrix;
 use crate::synthetic::{self, BlocksDrawn, DrawnBlocks};
 use crate::weights::{RankWeights, Shard};
@@ -202,14 +202,10 @@ pub(crate) fn checked_shards() -> Result<Vec<(String, DrawnBlocks)>> {
 /// `blocks` drawn on the host as the device holds them (`CudaDevice::draw_blocks` with
 /// `stride`): each matrix in the device layout, `stride` bytes apart, zeros between.
 pub(crate) fn host_layout(blocks: &DrawnBlocks, stride: usize) -> Result<Vec<u8>> {
-    let n = blocks.matrix_bytes();
-    let mut out = Vec::new();
-    for m in blocks.bytes()?.chunks_exact(n) {
-        match Planes::of(blocks.dtype()) {
-            Some(p) => out.extend(p.split(m)),
-            None => out.extend_from_slice(m),
-        }
-        out.resize(out.len().next_multiple_of(stride), 0);
-    }
-    Ok(out)
+    Ok(device_layout(
+        blocks.dtype(),
+        &blocks.bytes()?,
+        blocks.matrix_bytes(),
+        stride,
+    ))
 }

@@ -299,6 +299,12 @@ fn advise_huge_pages(_: &mut [u8]) {}
 /// Elements a thread draws at least: smaller shards are drawn by fewer threads.
 const THREAD_ELEMENTS: usize = 1 << 20;
 
+/// A shard's bytes as `shard` draws them, or its quantized blocks left to the device.
+enum Held {
+    Bytes(Vec<u8>),
+    Blocks(DrawnBlocks),
+}
+
 /// Where a quantized shard's blocks are drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlocksDrawn {
@@ -322,6 +328,20 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
     let tensor = Tensor::new(&shard.tensor, shape, layers);
     let plain = matches!(dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let drawing = || format!("drawing `{}`", shard.tensor);
+    // columns `cols` of rows `rows` of a `[.., row_len]` tensor, in `count` matrices: drawn,
+    // or quantized blocks left to the device
+    let hold = |rows, cols, row_len, count| -> Result<Held> {
+        if plain {
+            return tensor
+                .plain_rows(dtype, row_len, rows, cols)
+                .map(Held::Bytes);
+        }
+        let blocks = tensor.blocks(dtype, row_len, rows, cols, count)?;
+        match drawn {
+            BlocksDrawn::OnDevice => Ok(Held::Blocks(blocks)),
+            BlocksDrawn::OnHost => blocks.bytes().map(Held::Bytes),
+        }
+    };
     match (shape.as_slice(), shard.split) {
         (&[len], Split::Full) => Ok(Shard::Vector(tensor.values(0, len))),
         (&[len], Split::Rows { start, end }) if start <= end && end <= len => {
@@ -342,23 +362,15 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
                 rows_held.end - rows_held.start,
                 cols_held.end - cols_held.start,
             );
-            let data = if plain {
-                tensor.plain_rows(dtype, cols, rows_held, cols_held)
-            } else {
-                let blocks = tensor.blocks(dtype, cols, rows_held, cols_held, 1);
-                match drawn {
-                    BlocksDrawn::OnDevice => {
-                        return Ok(Shard::DrawnMatrix(blocks.with_context(drawing)?))
-                    }
-                    BlocksDrawn::OnHost => blocks.and_then(|b| b.bytes()),
-                }
-            };
-            Ok(Shard::Matrix(Matrix {
-                dtype,
-                data: data.with_context(drawing)?,
-                rows: held_rows as usize,
-                cols: held_cols as usize,
-            }))
+            Ok(match hold(rows_held, cols_held, cols, 1).with_context(drawing)? {
+                Held::Blocks(blocks) => Shard::DrawnMatrix(blocks),
+                Held::Bytes(data) => Shard::Matrix(Matrix {
+                    dtype,
+                    data,
+                    rows: held_rows as usize,
+                    cols: held_cols as usize,
+                }),
+            })
         }
         (&[count, rows, cols], split) => {
             let (first, end) = match split {
@@ -371,25 +383,17 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
                 other => bail!("split `{other}` does not apply to a stack of {count} matrices"),
             };
             let held = first * rows..end * rows;
-            let data = if plain {
-                tensor.plain_rows(dtype, cols, held, 0..cols)
-            } else {
-                let blocks = tensor.blocks(dtype, cols, held, 0..cols, end - first);
-                match drawn {
-                    BlocksDrawn::OnDevice => {
-                        return Ok(Shard::DrawnStack(blocks.with_context(drawing)?))
-                    }
-                    BlocksDrawn::OnHost => blocks.and_then(|b| b.bytes()),
-                }
-            };
-            Ok(Shard::Stack(Stack {
-                dtype,
-                data: data.with_context(drawing)?,
-                first: first as usize,
-                count: (end - first) as usize,
-                rows: rows as usize,
-                cols: cols as usize,
-            }))
+            Ok(match hold(held, 0..cols, cols, end - first).with_context(drawing)? {
+                Held::Blocks(blocks) => Shard::DrawnStack(blocks),
+                Held::Bytes(data) => Shard::Stack(Stack {
+                    dtype,
+                    data,
+                    first: first as usize,
+                    count: (end - first) as usize,
+                    rows: rows as usize,
+                    cols: cols as usize,
+                }),
+            })
         }
         (_, split) => bail!(
             "split `{split}` of a tensor of shape {shape:?}: only vectors, matrices and stacks of matrices are supported"
