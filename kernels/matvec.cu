@@ -683,22 +683,30 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
     }
 }
 
-// Both kernels of a dtype: matvec_<dtype>, one activation row; matvec_rows8_<dtype>, tiles of
-// MATVEC_TILE rows, one block per SM (the tile's accumulators need the registers).
-#define MATVEC_KERNELS(dtype, P)                                                                         \
-    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2) matvec_##dtype(const MatvecJob job) { \
-        matvec_run<P, 1>(job);                                                                           \
-    }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 1)                                      \
-        matvec_rows8_##dtype(const MatvecJob job) {                                                      \
-        matvec_run<P, MATVEC_TILE>(job);                                                                 \
+// matvec_<dtype>: one activation row; matvec_rows8_<dtype>: tiles of MATVEC_TILE rows, one
+// block per SM (the tile's accumulators need the registers).
+#define MATVEC(name, P)                                                                        \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2) name(const MatvecJob job) { \
+        matvec_run<P, 1>(job);                                                                 \
+    }
+#define MATVEC_ROWS8(name, P)                                                                  \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 1) name(const MatvecJob job) { \
+        matvec_run<P, MATVEC_TILE>(job);                                                       \
     }
 
-MATVEC_KERNELS(f32, FloatPolicy<F32>)
-MATVEC_KERNELS(f16, FloatPolicy<F16>)
-MATVEC_KERNELS(bf16, FloatPolicy<BF16>)
-MATVEC_KERNELS(q8_0, Planar<PQ8_0>)
-MATVEC_KERNELS(q4_0, Planar<PQ4<false>>)
-MATVEC_KERNELS(q4_1, Planar<PQ4<true>>)
-MATVEC_KERNELS(q4_k, Q4_K)
-MATVEC_KERNELS(q6_k, Q6_K)
+MATVEC(matvec_f32, FloatPolicy<F32>)
+MATVEC(matvec_f16, FloatPolicy<F16>)
+MATVEC(matvec_bf16, FloatPolicy<BF16>)
+MATVEC(matvec_q8_0, Planar<PQ8_0>)
+MATVEC(matvec_q4_0, Planar<PQ4<false>>)
+MATVEC(matvec_q4_1, Planar<PQ4<true>>)
+MATVEC(matvec_q4_k, Q4_K)
+MATVEC(matvec_q6_k, Q6_K)
+MATVEC_ROWS8(matvec_rows8_f32, FloatPolicy<F32>)
+MATVEC_ROWS8(matvec_rows8_f16, FloatPolicy<F16>)
+MATVEC_ROWS8(matvec_rows8_bf16, FloatPolicy<BF16>)
+MATVEC_ROWS8(matvec_rows8_q8_0, Planar<PQ8_0>)
+MATVEC_ROWS8(matvec_rows8_q4_0, Planar<PQ4<false>>)
+MATVEC_ROWS8(matvec_rows8_q4_1, Planar<PQ4<true>>)
+MATVEC_ROWS8(matvec_rows8_q4_k, Q4_K)
+MATVEC_ROWS8(matvec_rows8_q6_k, Q6_K)
