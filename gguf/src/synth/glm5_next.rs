@@ -34,6 +34,8 @@ pub struct Glm5NextShape {
     pub gate_lower_bound: Option<f32>,
     /// Every `attention_every`-th layer (counting from 1) is MLA.
     pub attention_every: u32,
+    /// One more MLA layer off that pattern (GLM-5.3-Flash's last layer), or none.
+    pub extra_attention: Option<u32>,
     /// MLA query low-rank width.
     pub q_lora_rank: u64,
     /// MLA latent width.
@@ -74,53 +76,93 @@ pub struct Glm5NextShape {
     pub vocab: u64,
     /// `context_length`.
     pub context: u32,
+    /// RMS-norm epsilon (also the indexer key's layer-norm epsilon).
+    pub norm_eps: f32,
 }
 
 /// mHC residual streams (llama.cpp supports 4 only).
 pub const HC_MULT: u64 = 4;
 
+/// GLM-5.3-Flash at real width (`plans/models/glm-5.3-flash.json`, the numbers chosen there):
+/// KDA layers with every fourth layer and the last one MLA; `--layers N` cuts it to the depth
+/// of `plans/models/glm-5.3-flash-lN.json` for llama.cpp and memra to read the same file.
+const GLM_5_3_FLASH: Glm5NextShape = Glm5NextShape {
+    name: "glm-5.3-flash",
+    dim: 6144,
+    layers: 45,
+    heads: 32,
+    kda_head: 128,
+    conv: 4,
+    gate_lower_bound: Some(-5.0),
+    attention_every: 4,
+    extra_attention: Some(44),
+    q_lora_rank: 1536,
+    kv_lora_rank: 512,
+    qk_nope: 192,
+    v_head: 128,
+    indexer_heads: 32,
+    indexer_head: 128,
+    indexer_top_k: 2048,
+    kpool: 4,
+    sinkhorn_iters: 20,
+    hc_eps: 1e-6,
+    ffn: 12288,
+    dense_layers: 1,
+    experts: 256,
+    experts_used: 8,
+    expert_ffn: 1536,
+    shared_experts: 1,
+    weights_scale: 2.5,
+    swiglu_limit: 10.0,
+    vocab: 151_552,
+    context: 131_072,
+    norm_eps: 1e-5,
+};
+
 /// The glm5-next shapes. The tiny one alternates KDA and MLA (layers 1 and 3 are MLA), so
 /// both pipeline stages of a cut at 2 hold both kinds; its indexer keeps 2 pools of 4 (plus
 /// the incomplete pool), so attention turns sparse from position 12 on; its clamp of 2
 /// clips a few percent of the SwiGLU inputs.
-pub const GLM5_NEXT_SHAPES: &[Glm5NextShape] = &[Glm5NextShape {
-    name: "tiny-glm5-next",
-    dim: 256,
-    layers: 4,
-    heads: 4,
-    kda_head: 32,
-    conv: 4,
-    gate_lower_bound: Some(-1.0),
-    attention_every: 2,
-    q_lora_rank: 128,
-    kv_lora_rank: 128,
-    qk_nope: 64,
-    v_head: 64,
-    indexer_heads: 2,
-    indexer_head: 32,
-    indexer_top_k: 8,
-    kpool: 4,
-    sinkhorn_iters: 20,
-    hc_eps: 1e-6,
-    ffn: 512,
-    dense_layers: 1,
-    experts: 8,
-    experts_used: 2,
-    expert_ffn: 256,
-    shared_experts: 1,
-    weights_scale: 2.5,
-    swiglu_limit: 2.0,
-    vocab: 256,
-    context: 4096,
-}];
-
-/// RMS-norm epsilon, and the indexer key's layer-norm epsilon the converter writes.
-const NORM_EPS: f32 = 1e-6;
+pub const GLM5_NEXT_SHAPES: &[Glm5NextShape] = &[
+    Glm5NextShape {
+        name: "tiny-glm5-next",
+        dim: 256,
+        layers: 4,
+        heads: 4,
+        kda_head: 32,
+        conv: 4,
+        gate_lower_bound: Some(-1.0),
+        attention_every: 2,
+        extra_attention: None,
+        q_lora_rank: 128,
+        kv_lora_rank: 128,
+        qk_nope: 64,
+        v_head: 64,
+        indexer_heads: 2,
+        indexer_head: 32,
+        indexer_top_k: 8,
+        kpool: 4,
+        sinkhorn_iters: 20,
+        hc_eps: 1e-6,
+        ffn: 512,
+        dense_layers: 1,
+        experts: 8,
+        experts_used: 2,
+        expert_ffn: 256,
+        shared_experts: 1,
+        weights_scale: 2.5,
+        swiglu_limit: 2.0,
+        vocab: 256,
+        context: 4096,
+        norm_eps: 1e-6,
+    },
+    GLM_5_3_FLASH,
+];
 
 impl Glm5NextShape {
     /// Whether layer `l` is an MLA (sparse attention) layer.
     pub fn is_attention(&self, l: u32) -> bool {
-        (l + 1).is_multiple_of(self.attention_every)
+        (l + 1).is_multiple_of(self.attention_every) || self.extra_attention == Some(l)
     }
 
     /// This shape cut to its first `layers` blocks.
@@ -274,11 +316,11 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
         },
         [
             ("attention.head_count_kv", Value::Array(kv_heads)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(NORM_EPS)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(s.norm_eps)),
             ("expert_count", Value::U32(s.experts)),
             ("expert_used_count", Value::U32(s.experts_used)),
             ("vocab_size", Value::U32(s.vocab as u32)),
-            ("attention.layer_norm_epsilon", Value::F32(NORM_EPS)),
+            ("attention.layer_norm_epsilon", Value::F32(s.norm_eps)),
             ("ssm.conv_kernel", Value::U32(s.conv as u32)),
             ("kda.head_dim", Value::U32(s.kda_head as u32)),
         ],
