@@ -1,7 +1,8 @@
 //! The qwen3moe, deepseek2, kimi-linear and glm5-next synthetic shapes: each tiny shape writes a file whose metadata
 //! and tensor list (names, GGUF dims, storage types, in file order) are the ones llama.cpp
 //! reads, written out here independently of the generator; depth cuts keep the leading dense
-//! layers; and shape lookup lists every architecture's names.
+//! layers; shape lookup lists every architecture's names; and the real-width GLM-5.3-Flash
+//! shape has the layers and sizes of its config.json.
 
 use std::path::PathBuf;
 
@@ -281,13 +282,13 @@ fn model_lookup_covers_every_architecture() {
         e,
         "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
          llama8b-tp2-rank, tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
-         deepseek-v3, tiny-kimi-linear, tiny-glm5-next"
+         deepseek-v3, tiny-kimi-linear, tiny-glm5-next, glm-5.3-flash"
     );
     let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();
     assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
     assert_eq!(archs.iter().filter(|a| **a == "deepseek2").count(), 4);
     assert_eq!(archs.iter().filter(|a| **a == "kimi-linear").count(), 1);
-    assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 1);
+    assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 2);
     assert_eq!(
         synth::model("tiny").unwrap(),
         synth::Model::Llama(synth::shape("tiny").unwrap())
@@ -397,4 +398,61 @@ fn tiny_glm5_next_has_llama_cpp_tensors_and_keys() {
     assert_eq!(t("blk.1.indexer.k_norm.bias"), (vec![32], GgmlType::F32));
     assert!(f.tensor("blk.0.indexer.proj.weight").is_none() && f.tensor("blk.1.ssm_a").is_none());
     let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn glm_5_3_flash_follows_its_config() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../plans/models/glm-5.3-flash.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let number = |key: &str| -> f64 {
+        let rest = text.split(&format!("\"{key}\": ")).nth(1).unwrap();
+        rest.split([',', '\n'])
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let synth::Model::Glm5Next(s) = synth::model("glm-5.3-flash").unwrap() else {
+        panic!("glm-5.3-flash is not a glm5-next shape");
+    };
+    let types = text.split("\"layer_types\": [").nth(1).unwrap();
+    let mla: Vec<bool> = types
+        .split(']')
+        .next()
+        .unwrap()
+        .split(',')
+        .map(|t| t.trim() == "\"full_attention\"")
+        .collect();
+    assert_eq!(
+        mla,
+        (0..s.layers).map(|l| s.is_attention(l)).collect::<Vec<_>>()
+    );
+    for (key, value) in [
+        ("hidden_size", s.dim as f64),
+        ("intermediate_size", s.ffn as f64),
+        ("moe_intermediate_size", s.expert_ffn as f64),
+        ("num_attention_heads", f64::from(s.heads)),
+        ("n_routed_experts", f64::from(s.experts)),
+        ("num_experts_per_tok", f64::from(s.experts_used)),
+        ("q_lora_rank", s.q_lora_rank as f64),
+        ("kv_lora_rank", s.kv_lora_rank as f64),
+        ("qk_nope_head_dim", s.qk_nope as f64),
+        ("v_head_dim", s.v_head as f64),
+        ("vocab_size", s.vocab as f64),
+        ("swiglu_limit", f64::from(s.swiglu_limit)),
+        ("gate_lower_bound", f64::from(s.gate_lower_bound.unwrap())),
+        ("index_topk", f64::from(s.indexer_top_k)),
+        ("index_head_dim", s.indexer_head as f64),
+        ("rms_norm_eps", f64::from(s.norm_eps)),
+    ] {
+        assert!(
+            (number(key) - value).abs() <= 1e-6 * value.abs(),
+            "{key}: {} != {value}",
+            number(key)
+        );
+    }
 }
