@@ -27,6 +27,10 @@ use crate::weights::RankWeights;
 pub const MAX_INDEXER_DIM: usize = 1024;
 /// The largest pool the kernels take (DSA_MAX_POOL in kernels/dsa.cu).
 pub const MAX_POOL: usize = 64;
+/// Threads of `dsa_select_f32`'s block (DSA_SELECT_THREADS in kernels/dsa.cu).
+const SELECT_THREADS: u32 = 256;
+/// The dynamic shared memory a launch takes without raising the kernel's limit.
+const DEFAULT_SHARED: usize = 48 * 1024;
 
 /// The shape of one layer's indexer and its cache.
 #[derive(Clone, Copy)]
@@ -144,7 +148,8 @@ impl CudaDevice {
         );
         let (qp, wp, pp, posp, sp) = (q.addr(), w.addr(), pooled.addr(), pos.addr(), scores.addr());
         let (id, ih, kp) = (int(sh.dim), int(sh.heads), int(sh.kpool));
-        self.launch(s, "dsa_score_f32", grid(sh.scores_len(), 128), |a| {
+        // a warp per entry of the padded row
+        self.launch(s, "dsa_score_f32", grid(sh.scores_len() * 32, 128), |a| {
             a.arg(&qp).arg(&wp).arg(&w_scale).arg(&pp).arg(&posp);
             a.arg(&id).arg(&ih).arg(&kp).arg(&sp);
         })
@@ -153,7 +158,8 @@ impl CudaDevice {
     /// The cells the token at `pos[0]` attends to, from `dsa_score`'s row: the best
     /// `top_k / kpool` pools' members (ggml's choice among equal scores), then with
     /// `select_tail` the incomplete pool's tokens; into `cells` (the count, then the
-    /// positions; `capacity + 1` values). `idx` is scratch of the padded row's length.
+    /// positions; `capacity + 1` values). `idx` is scratch of the padded row's length, used
+    /// where the row and the heap do not fit in the block's shared memory.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dsa_select(
         &self,
@@ -176,12 +182,21 @@ impl CudaDevice {
             idx.len(),
             cells.len()
         );
-        let (sp, posp, ip, cp) = (scores.addr(), pos.addr(), idx.addr(), cells.addr());
+        // the padded row and the heap in shared memory where they fit, else in device memory
+        // (idx then the heap): the same comparisons either way
+        let padded = sh.scores_len();
+        let smem = 4 * (padded + (top_k / sh.kpool).min(padded));
+        let in_smem = smem <= DEFAULT_SHARED || smem <= self.max_shared_per_block()?;
+        if in_smem && smem > DEFAULT_SHARED {
+            self.allow_dynamic_shared("dsa_select_f32", 0, smem)?;
+        }
+        let (sp, posp, cp) = (scores.addr(), pos.addr(), cells.addr());
+        let ip = if in_smem { 0 } else { idx.addr() };
         let (kp, top, tail) = (int(sh.kpool), int(top_k), i32::from(select_tail));
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (SELECT_THREADS, 1, 1),
+            shared_mem_bytes: if in_smem { smem as u32 } else { 0 },
         };
         self.launch(s, "dsa_select_f32", cfg, |a| {
             a.arg(&sp).arg(&posp).arg(&kp).arg(&top).arg(&tail);
