@@ -131,14 +131,21 @@ extern "C" __global__ void dsa_score_f32(const float* q, const float* w, float w
     if (lane == 0) scores[j] = s;
 }
 
-// libstdc++'s __adjust_heap then __push_heap with `greater` over the indices heap[0..len),
-// the hole at `hole` (the CPU's adjust_heap).
-__device__ void dsa_adjust_heap(int* heap, int len, int hole, int value, const float* v) {
+// A heap entry: a pool's score next to its index, so that a comparison reads the score with
+// the entry instead of through it. Entries move whole, so score == the row's score of index.
+struct DsaEntry {
+    float score;
+    int index;
+};
+
+// libstdc++'s __adjust_heap then __push_heap with `greater` over heap[0..len) by score, the
+// hole at `hole` (the CPU's adjust_heap).
+__device__ void dsa_adjust_heap(DsaEntry* heap, int len, int hole, DsaEntry value) {
     const int top = hole;
     int child = hole;
     while (len >= 1 && child < (len - 1) / 2) {
         child = 2 * (child + 1);
-        if (v[heap[child]] > v[heap[child - 1]]) child -= 1;
+        if (heap[child].score > heap[child - 1].score) child -= 1;
         heap[hole] = heap[child];
         hole = child;
     }
@@ -149,65 +156,66 @@ __device__ void dsa_adjust_heap(int* heap, int len, int hole, int value, const f
     }
     while (hole > top) {
         const int parent = (hole - 1) / 2;
-        if (!(v[heap[parent]] > v[value])) break;
+        if (!(heap[parent].score > value.score)) break;
         heap[hole] = heap[parent];
         hole = parent;
     }
     heap[hole] = value;
 }
 
-// One block: its threads copy the row in and write the cells out; thread 0 alone runs the heap
-// (sequential by nature). With idx null the row and the heap are in dynamic shared memory (the
-// padded row's scores, then top_k / kp heap entries); else they stay in device memory, scores
-// read in place and idx the heap. Either way thread 0 runs the same comparisons on the same
-// values. An entry i >= k that the scan reaches is still its own index i (the scan moves only
-// entry i and the heap [0, k)), and the entries past k are read no more, so the heap is only
-// the k best. scores: dsa_score_f32's row; idx: null, or scratch of the padded length; cells:
-// 1 + capacity ints (count, then positions).
+// One block: its threads fill the heap and copy the row in, thread 0 alone runs the heap
+// (sequential by nature), and the threads write the cells out. Dynamic shared memory holds the
+// heap (top_k / kp entries) and, with row_in_smem, the padded row after it; else the row is
+// read in place. An entry i >= k that the scan reaches is still its own index i (the CPU's
+// scan moves only entry i and the heap [0, k)), and the entries past k are read no more, so
+// the heap is only the k best: the comparisons are the CPU's on the same scores. scores:
+// dsa_score_f32's row; cells: 1 + capacity ints (count, then positions).
 extern "C" __global__ void __launch_bounds__(DSA_SELECT_THREADS)
-    dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail, int* idx, int* cells) {
+    dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail, int row_in_smem,
+                   int* cells) {
     overlap_with_neighbours();
-    extern __shared__ float dsa_row[];
+    extern __shared__ DsaEntry dsa_heap[];
     const u32 p = *pos;
     const int padded = dsa_padded(p, kp), complete = (int)((p + 1) / kp);
     const int k = min(top_k / kp, padded);
-    const float* v = idx ? scores : dsa_row;
-    int* heap = idx ? idx : (int*)(dsa_row + padded);
-    if (!idx)
-        for (int i = threadIdx.x; i < padded; i += blockDim.x) dsa_row[i] = scores[i];
-    for (int i = threadIdx.x; i < k; i += blockDim.x) heap[i] = i;
+    float* row = (float*)(dsa_heap + k);
+    const float* v = row_in_smem ? row : scores;
+    if (row_in_smem)
+        for (int i = threadIdx.x; i < padded; i += blockDim.x) row[i] = scores[i];
+    for (int i = threadIdx.x; i < k; i += blockDim.x) dsa_heap[i] = {scores[i], i};
     __syncthreads();
     if (threadIdx.x == 0) {
+        DsaEntry* heap = dsa_heap;
         if (k >= 2)
             for (int parent = (k - 2) / 2;; --parent) {
-                dsa_adjust_heap(heap, k, parent, heap[parent], v);
+                dsa_adjust_heap(heap, k, parent, heap[parent]);
                 if (parent == 0) break;
             }
         if (k > 0)
             for (int i = k; i < padded; ++i)
-                if (v[i] > v[heap[0]]) dsa_adjust_heap(heap, k, 0, i, v);
+                if (v[i] > heap[0].score) dsa_adjust_heap(heap, k, 0, {v[i], i});
         for (int last = k; last > 1;) {
             --last;
-            const int value = heap[last];
+            const DsaEntry value = heap[last];
             heap[last] = heap[0];
-            dsa_adjust_heap(heap, last, 0, value, v);
+            dsa_adjust_heap(heap, last, 0, value);
         }
         if (k > 1) {
-            const int t = heap[0];
+            const DsaEntry t = heap[0];
             heap[0] = heap[1];
             heap[1] = t;
         }
         // ggml's argsort of the chosen pools, descending and stable
         for (int i = 1; i < k; ++i) {
-            const int x = heap[i];
+            const DsaEntry x = heap[i];
             int j = i;
-            for (; j > 0 && v[x] > v[heap[j - 1]]; --j) heap[j] = heap[j - 1];
+            for (; j > 0 && x.score > heap[j - 1].score; --j) heap[j] = heap[j - 1];
             heap[j] = x;
         }
     }
     __syncthreads();
     const int chosen = min(complete, k) * kp, tail = select_tail ? (int)((p + 1) % kp) : 0;
-    for (int c = threadIdx.x; c < chosen; c += blockDim.x) cells[1 + c] = heap[c / kp] * kp + c % kp;
+    for (int c = threadIdx.x; c < chosen; c += blockDim.x) cells[1 + c] = dsa_heap[c / kp].index * kp + c % kp;
     for (int t = threadIdx.x; t < tail; t += blockDim.x) cells[1 + chosen + t] = (int)p - t;
     if (threadIdx.x == 0) cells[0] = chosen + tail;
 }

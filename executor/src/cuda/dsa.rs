@@ -158,9 +158,7 @@ impl CudaDevice {
     /// The cells the token at `pos[0]` attends to, from `dsa_score`'s row: the best
     /// `top_k / kpool` pools' members (ggml's choice among equal scores), then with
     /// `select_tail` the incomplete pool's tokens; into `cells` (the count, then the
-    /// positions; `capacity + 1` values). `idx` is scratch of the padded row's length, used
-    /// where the row and the heap do not fit in the block's shared memory.
-    #[allow(clippy::too_many_arguments)]
+    /// positions; `capacity + 1` values).
     pub(super) fn dsa_select(
         &self,
         s: &CudaStream,
@@ -168,39 +166,44 @@ impl CudaDevice {
         pos: &Span<u32>,
         sh: IndexerShape,
         (top_k, select_tail): (usize, bool),
-        idx: &Span<i32>,
         cells: &Span<i32>,
     ) -> Result<()> {
         assert!(
-            scores.len() >= sh.scores_len()
-                && idx.len() >= sh.scores_len()
-                && cells.len() > sh.capacity,
-            "dsa_select: {} positions in pools of {}: scores {}, idx {}, cells {}",
+            scores.len() >= sh.scores_len() && cells.len() > sh.capacity,
+            "dsa_select: {} positions in pools of {}: scores {}, cells {}",
             sh.capacity,
             sh.kpool,
             scores.len(),
-            idx.len(),
             cells.len()
         );
-        // the padded row and the heap in shared memory where they fit, else in device memory
-        // (idx then the heap): the same comparisons either way
+        // shared memory: the heap (a score and an index per entry), then the padded row where
+        // it fits too (else the kernel reads it in place: the same comparisons either way)
         let padded = sh.scores_len();
-        let smem = 4 * (padded + (top_k / sh.kpool).min(padded));
-        let in_smem = smem <= DEFAULT_SHARED || smem <= self.max_shared_per_block()?;
-        if in_smem && smem > DEFAULT_SHARED {
+        let heap = 8 * (top_k / sh.kpool).min(padded);
+        let with_row = heap + 4 * padded;
+        let limit = match with_row <= DEFAULT_SHARED {
+            true => DEFAULT_SHARED,
+            false => self.max_shared_per_block()?,
+        };
+        let row_in_smem = with_row <= limit;
+        let smem = if row_in_smem { with_row } else { heap };
+        if smem > limit {
+            bail!("dsa_select: a heap of {} pools takes {smem} bytes of shared memory; this device allows {limit}", top_k / sh.kpool);
+        }
+        if smem > DEFAULT_SHARED {
             self.allow_dynamic_shared("dsa_select_f32", 0, smem)?;
         }
         let (sp, posp, cp) = (scores.addr(), pos.addr(), cells.addr());
-        let ip = if in_smem { 0 } else { idx.addr() };
         let (kp, top, tail) = (int(sh.kpool), int(top_k), i32::from(select_tail));
+        let in_smem = i32::from(row_in_smem);
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (SELECT_THREADS, 1, 1),
-            shared_mem_bytes: if in_smem { smem as u32 } else { 0 },
+            shared_mem_bytes: smem as u32,
         };
         self.launch(s, "dsa_select_f32", cfg, |a| {
             a.arg(&sp).arg(&posp).arg(&kp).arg(&top).arg(&tail);
-            a.arg(&ip).arg(&cp);
+            a.arg(&in_smem).arg(&cp);
         })
     }
 }
@@ -245,7 +248,6 @@ pub(super) struct DsaState {
     q: DeviceBuffer<f32>,
     w: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
-    idx: DeviceBuffer<i32>,
     /// The last selection: the count, then the positions (read by `mla_core`).
     cells: DeviceBuffer<i32>,
     /// By the rank's layer index; `None` for other layers.
@@ -302,7 +304,6 @@ impl DsaState {
             q: dev.alloc(s, shape.heads * shape.dim)?,
             w: dev.alloc(s, shape.heads)?,
             scores: dev.alloc(s, shape.scores_len())?,
-            idx: dev.alloc(s, shape.scores_len())?,
             cells: dev.alloc(s, shape.capacity + 1)?,
             caches,
             shape,
@@ -369,7 +370,6 @@ impl DsaState {
             pos,
             sh,
             (self.top_k, true),
-            &Span::of(&self.idx),
             &Span::of(&self.cells),
         )
     }
