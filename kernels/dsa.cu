@@ -24,6 +24,9 @@
 // The widest indexer key (threads of dsa_write_f32's block) and the largest pool.
 #define DSA_MAX_DIM 1024
 #define DSA_MAX_POOL 64
+// dsa_score_f32's loads ahead of the dependent adds, and dsa_select_f32's threads.
+#define DSA_AHEAD 32
+#define DSA_SELECT_THREADS 256
 
 // One block of id threads (rounded up to a warp), thread d channel d. key, gate: the token's
 // raw indexer key and pool gate (id each); norm_w, norm_b: the key norm (id each); ape: kp rows
@@ -80,36 +83,69 @@ __device__ __forceinline__ int dsa_padded(u32 p, int kp) {
     return max(1, (complete + 1 + 63) / 64) * 64;
 }
 
-// One thread per entry of the padded score row (a grid over the most pools there can be).
+// One warp per entry of the padded score row (a grid over the most pools there can be). Lane l
+// takes heads l, l + 32, ...: its q_h . pool is the CPU's sequential sum over d (the operands
+// loaded DSA_AHEAD at a time before the dependent adds), and its term relu(qk) * (w_h * w_scale)
+// goes through a shuffle to every lane, which all add the terms in head order as the CPU does.
 // q: ih heads of id; w: ih raw head weights, times w_scale as the CPU scales them.
 extern "C" __global__ void dsa_score_f32(const float* q, const float* w, float w_scale, const float* pooled,
                                          const u32* pos, int id, int ih, int kp, float* scores) {
     overlap_with_neighbours();
     const u32 p = *pos;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int j = (int)((blockIdx.x * blockDim.x + threadIdx.x) / WARP), lane = (int)(threadIdx.x % WARP);
     if (j >= dsa_padded(p, kp)) return;
     if (j >= (int)((p + 1) / kp)) {
-        scores[j] = -__int_as_float(0x7f800000);
+        if (lane == 0) scores[j] = -__int_as_float(0x7f800000);
         return;
     }
     const float* pool = pooled + (size_t)j * id;
     float s = 0.0f;
-    for (int h = 0; h < ih; ++h) {
-        float qk = 0.0f;
-        for (int d = 0; d < id; ++d) qk = __fadd_rn(qk, __fmul_rn(q[(size_t)h * id + d], pool[d]));
-        s = __fadd_rn(s, __fmul_rn(fmaxf(qk, 0.0f), __fmul_rn(w[h], w_scale)));
+    for (int h0 = 0; h0 < ih; h0 += WARP) {
+        const int h = h0 + lane;
+        float term = 0.0f;
+        if (h < ih) {
+            const float* qh = q + (size_t)h * id;
+            float qk = 0.0f;
+            int d = 0;
+            for (; d + DSA_AHEAD <= id; d += DSA_AHEAD) {
+                float qv[DSA_AHEAD], pv[DSA_AHEAD];
+#pragma unroll
+                for (int u = 0; u < DSA_AHEAD; ++u) {
+                    qv[u] = qh[d + u];
+                    pv[u] = pool[d + u];
+                }
+#pragma unroll
+                for (int u = 0; u < DSA_AHEAD; ++u) qk = __fadd_rn(qk, __fmul_rn(qv[u], pv[u]));
+            }
+            for (; d < id; ++d) qk = __fadd_rn(qk, __fmul_rn(qh[d], pool[d]));
+            term = __fmul_rn(fmaxf(qk, 0.0f), __fmul_rn(w[h], w_scale));
+        }
+        if (ih - h0 >= WARP) {
+            // the shuffles do not wait on the sum: unrolled, they are issued ahead of the adds
+#pragma unroll
+            for (int l = 0; l < WARP; ++l) s = __fadd_rn(s, __shfl_sync(FULL_MASK, term, l));
+        } else {
+            for (int l = 0; l < ih - h0; ++l) s = __fadd_rn(s, __shfl_sync(FULL_MASK, term, l));
+        }
     }
-    scores[j] = s;
+    if (lane == 0) scores[j] = s;
 }
 
-// libstdc++'s __adjust_heap then __push_heap with `greater` over the indices heap[0..len),
-// the hole at `hole` (the CPU's adjust_heap).
-__device__ void dsa_adjust_heap(int* heap, int len, int hole, int value, const float* v) {
+// A heap entry: a pool's score next to its index, so that a comparison reads the score with
+// the entry instead of through it. Entries move whole, so score == the row's score of index.
+struct DsaEntry {
+    float score;
+    int index;
+};
+
+// libstdc++'s __adjust_heap then __push_heap with `greater` over heap[0..len) by score, the
+// hole at `hole` (the CPU's adjust_heap).
+__device__ void dsa_adjust_heap(DsaEntry* heap, int len, int hole, DsaEntry value) {
     const int top = hole;
     int child = hole;
     while (len >= 1 && child < (len - 1) / 2) {
         child = 2 * (child + 1);
-        if (v[heap[child]] > v[heap[child - 1]]) child -= 1;
+        if (heap[child].score > heap[child - 1].score) child -= 1;
         heap[hole] = heap[child];
         hole = child;
     }
@@ -120,56 +156,66 @@ __device__ void dsa_adjust_heap(int* heap, int len, int hole, int value, const f
     }
     while (hole > top) {
         const int parent = (hole - 1) / 2;
-        if (!(v[heap[parent]] > v[value])) break;
+        if (!(heap[parent].score > value.score)) break;
         heap[hole] = heap[parent];
         hole = parent;
     }
     heap[hole] = value;
 }
 
-// One thread (the heap is sequential by nature). scores: dsa_score_f32's row; idx: scratch of
-// the padded length; cells: 1 + capacity ints (count, then positions).
-extern "C" __global__ void dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail,
-                                          int* idx, int* cells) {
+// One block: its threads fill the heap and copy the row in, thread 0 alone runs the heap
+// (sequential by nature), and the threads write the cells out. Dynamic shared memory holds the
+// heap (top_k / kp entries) and, with row_in_smem, the padded row after it; else the row is
+// read in place. An entry i >= k that the scan reaches is still its own index i (the CPU's
+// scan moves only entry i and the heap [0, k)), and the entries past k are read no more, so
+// the heap is only the k best: the comparisons are the CPU's on the same scores. scores:
+// dsa_score_f32's row; cells: 1 + capacity ints (count, then positions).
+extern "C" __global__ void __launch_bounds__(DSA_SELECT_THREADS)
+    dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail, int row_in_smem,
+                   int* cells) {
     overlap_with_neighbours();
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    extern __shared__ DsaEntry dsa_heap[];
     const u32 p = *pos;
     const int padded = dsa_padded(p, kp), complete = (int)((p + 1) / kp);
     const int k = min(top_k / kp, padded);
-    for (int i = 0; i < padded; ++i) idx[i] = i;
-    if (k >= 2)
-        for (int parent = (k - 2) / 2;; --parent) {
-            dsa_adjust_heap(idx, k, parent, idx[parent], scores);
-            if (parent == 0) break;
+    float* row = (float*)(dsa_heap + k);
+    const float* v = row_in_smem ? row : scores;
+    if (row_in_smem)
+        for (int i = threadIdx.x; i < padded; i += blockDim.x) row[i] = scores[i];
+    for (int i = threadIdx.x; i < k; i += blockDim.x) dsa_heap[i] = {scores[i], i};
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        DsaEntry* heap = dsa_heap;
+        if (k >= 2)
+            for (int parent = (k - 2) / 2;; --parent) {
+                dsa_adjust_heap(heap, k, parent, heap[parent]);
+                if (parent == 0) break;
+            }
+        if (k > 0)
+            for (int i = k; i < padded; ++i)
+                if (v[i] > heap[0].score) dsa_adjust_heap(heap, k, 0, {v[i], i});
+        for (int last = k; last > 1;) {
+            --last;
+            const DsaEntry value = heap[last];
+            heap[last] = heap[0];
+            dsa_adjust_heap(heap, last, 0, value);
         }
-    for (int i = k; i < padded; ++i)
-        if (k > 0 && scores[idx[i]] > scores[idx[0]]) {
-            const int value = idx[i];
-            idx[i] = idx[0];
-            dsa_adjust_heap(idx, k, 0, value, scores);
+        if (k > 1) {
+            const DsaEntry t = heap[0];
+            heap[0] = heap[1];
+            heap[1] = t;
         }
-    for (int last = k; last > 1;) {
-        --last;
-        const int value = idx[last];
-        idx[last] = idx[0];
-        dsa_adjust_heap(idx, last, 0, value, scores);
+        // ggml's argsort of the chosen pools, descending and stable
+        for (int i = 1; i < k; ++i) {
+            const DsaEntry x = heap[i];
+            int j = i;
+            for (; j > 0 && x.score > heap[j - 1].score; --j) heap[j] = heap[j - 1];
+            heap[j] = x;
+        }
     }
-    if (k > 1) {
-        const int t = idx[0];
-        idx[0] = idx[1];
-        idx[1] = t;
-    }
-    // ggml's argsort of the chosen pools, descending and stable
-    for (int i = 1; i < k; ++i) {
-        const int x = idx[i];
-        int j = i;
-        for (; j > 0 && scores[x] > scores[idx[j - 1]]; --j) idx[j] = idx[j - 1];
-        idx[j] = x;
-    }
-    int n = 0;
-    for (int t = 0; t < min(complete, k); ++t)
-        for (int m = 0; m < kp; ++m) cells[1 + n++] = idx[t] * kp + m;
-    if (select_tail)
-        for (int t = 0; t < (int)((p + 1) % kp); ++t) cells[1 + n++] = (int)p - t;
-    cells[0] = n;
+    __syncthreads();
+    const int chosen = min(complete, k) * kp, tail = select_tail ? (int)((p + 1) % kp) : 0;
+    for (int c = threadIdx.x; c < chosen; c += blockDim.x) cells[1 + c] = dsa_heap[c / kp].index * kp + c % kp;
+    for (int t = threadIdx.x; t < tail; t += blockDim.x) cells[1 + chosen + t] = (int)p - t;
+    if (threadIdx.x == 0) cells[0] = chosen + tail;
 }

@@ -26,6 +26,11 @@
 
 // The widest head (threads of a block).
 #define KDA_MAX_DIM 256
+// kda_delta_f32: the state entries of its row a thread holds in registers (loaded at once, then
+// read by both passes), and past them the entries loaded ahead of their dependent steps.
+#define KDA_HELD 64
+#define KDA_AHEAD 32
+static_assert(KDA_HELD % KDA_AHEAD == 0 && KDA_MAX_DIM % KDA_AHEAD == 0, "a chunk stays within the arrays");
 
 __device__ __forceinline__ float kda_sigmoid(float x) {
     return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
@@ -75,7 +80,12 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     if (i < hd) out[c] = v;
 }
 
-// One block per head, thread j its value row j. qkv: the convolved q, k, v (3 * heads * d);
+// One block per head, thread j its value row j. Its first KDA_HELD state entries are loaded
+// at once into registers, read there by the first pass, updated there by the second and stored
+// after it; the entries past them (a head wider than KDA_HELD) are loaded KDA_AHEAD at a time
+// ahead of their steps, in each pass. Steps past d are computed on zeros and selected away
+// (their shared reads stay within the arrays), so that no branch holds the loads of the next
+// steps behind the sequential sums. qkv: the convolved q, k, v (3 * heads * d);
 // f: the raw decay (heads * d) before dt_bias and softplus; a: per head; b: the raw rate per
 // head; gate: the output gate before its sigmoid; norm_w: d weights; states: heads key-major
 // d x d states; out: heads * d. scale is 1 / sqrt(d) computed by the host; bounded selects
@@ -107,14 +117,48 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     if (j < d) {
         const float beta = kda_sigmoid(b[h]);
         float* s = states + at * d + j;
+        // the first KDA_HELD entries of the row, held for both passes
+        float held[KDA_HELD];
+#pragma unroll
+        for (int i = 0; i < KDA_HELD; ++i) held[i] = i < d ? s[(size_t)i * d] : 0.f;
         // delta = beta (v - (S decayed) . k); the decayed entry is recomputed below, same bits
         float sk = 0.f;
-        for (int i = 0; i < d; ++i) sk = __fadd_rn(sk, __fmul_rn(__fmul_rn(s[(size_t)i * d], decay[i]), ks[i]));
+#pragma unroll
+        for (int i = 0; i < KDA_HELD; ++i) {
+            const float t = __fmul_rn(__fmul_rn(held[i], decay[i]), ks[i]);
+            sk = i < d ? __fadd_rn(sk, t) : sk;
+        }
+        for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
+            float ahead[KDA_AHEAD];
+#pragma unroll
+            for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
+#pragma unroll
+            for (int u = 0; u < KDA_AHEAD; ++u) {
+                const float t = __fmul_rn(__fmul_rn(ahead[u], decay[i0 + u]), ks[i0 + u]);
+                sk = i0 + u < d ? __fadd_rn(sk, t) : sk;
+            }
+        }
         const float delta = __fmul_rn(__fsub_rn(qkv[2 * width + at + j], sk), beta);
-        for (int i = 0; i < d; ++i) {
-            const float m = __fadd_rn(__fmul_rn(s[(size_t)i * d], decay[i]), __fmul_rn(ks[i], delta));
-            s[(size_t)i * d] = m;
-            o = __fadd_rn(o, __fmul_rn(m, qs[i]));
+#pragma unroll
+        for (int i = 0; i < KDA_HELD; ++i) {
+            held[i] = __fadd_rn(__fmul_rn(held[i], decay[i]), __fmul_rn(ks[i], delta));
+            o = i < d ? __fadd_rn(o, __fmul_rn(held[i], qs[i])) : o;
+        }
+#pragma unroll
+        for (int i = 0; i < KDA_HELD; ++i)
+            if (i < d) s[(size_t)i * d] = held[i];
+        for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
+            float ahead[KDA_AHEAD];
+#pragma unroll
+            for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
+#pragma unroll
+            for (int u = 0; u < KDA_AHEAD; ++u) {
+                ahead[u] = __fadd_rn(__fmul_rn(ahead[u], decay[i0 + u]), __fmul_rn(ks[i0 + u], delta));
+                o = i0 + u < d ? __fadd_rn(o, __fmul_rn(ahead[u], qs[i0 + u])) : o;
+            }
+#pragma unroll
+            for (int u = 0; u < KDA_AHEAD; ++u)
+                if (i0 + u < d) s[(size_t)(i0 + u) * d] = ahead[u];
         }
         o = __fmul_rn(o, scale);
         os[j] = o;

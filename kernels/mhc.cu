@@ -14,9 +14,9 @@
 //
 // Every value is computed with the CPU loops' float operations in their order, with explicit
 // round-to-nearest intrinsics so that no multiply-add is contracted into an FMA. The mixing
-// weights are computed by one thread per block (24 values and a few 4x4 passes), so every
-// block holds the same bits. They match the CPU's except where expf (CUDA's, within 2 ulp)
-// rounds differently from the host libm's: the sigmoids and the combination's softmax.
+// weights are computed by one thread per block (24 values and a few 4x4 passes, in registers),
+// so every block holds the same bits. They match the CPU's except where expf (CUDA's, within
+// 2 ulp) rounds differently from the host libm's: the sigmoids and the combination's softmax.
 #include "common.cuh"
 
 #define HC_STREAMS 4
@@ -29,45 +29,63 @@ __device__ __forceinline__ float hc_sigmoid(float x) {
 }
 
 // The CPU's Sinkhorn normalization of c: over_src divides each dst's values (over src) by
-// their sum plus eps, else each src's values (over dst).
-__device__ void hc_norm(float* c, bool over_src, float eps) {
+// their sum plus eps, else each src's values (over dst). Fully unrolled, so that c stays in
+// registers.
+__device__ __forceinline__ void hc_norm(float (&c)[HC_STREAMS * HC_STREAMS], bool over_src, float eps) {
+#pragma unroll
     for (int i = 0; i < HC_STREAMS; ++i) {
         float sum = eps;
+#pragma unroll
         for (int j = 0; j < HC_STREAMS; ++j) sum = __fadd_rn(sum, c[over_src ? i + HC_STREAMS * j : j + HC_STREAMS * i]);
         const float inv = __fdiv_rn(1.0f, sum);
+#pragma unroll
         for (int j = 0; j < HC_STREAMS; ++j) {
-            float* v = &c[over_src ? i + HC_STREAMS * j : j + HC_STREAMS * i];
-            *v = __fmul_rn(*v, inv);
+            float& v = c[over_src ? i + HC_STREAMS * j : j + HC_STREAMS * i];
+            v = __fmul_rn(v, inv);
         }
     }
 }
 
-// The CPU's hc_mix: mixes (HC_MIXES), scale (3), base (HC_MIXES) into m (HC_MIX_LEN).
-__device__ void hc_mix(const float* mixes, const float* scale, const float* base, float eps, int iters, float* m) {
-    float* pre = m;
-    float* post = m + HC_STREAMS;
-    float* c = m + 2 * HC_STREAMS;
+// The CPU's hc_mix: mixes (HC_MIXES), scale (3), base (HC_MIXES) into m (HC_MIX_LEN). The inputs
+// are loaded before the arithmetic and every loop but the Sinkhorn iterations is unrolled, so
+// that the values live in registers; m is written once at the end.
+__device__ __forceinline__ void hc_mix(const float* mixes, const float* scale, const float* base, float eps, int iters,
+                                       float* m) {
+    float mx_in[HC_MIXES], base_in[HC_MIXES], sc[3];
+#pragma unroll
+    for (int k = 0; k < HC_MIXES; ++k) {
+        mx_in[k] = mixes[k];
+        base_in[k] = base[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 3; ++k) sc[k] = scale[k];
+    float pre[HC_STREAMS], post[HC_STREAMS], c[HC_STREAMS * HC_STREAMS];
+#pragma unroll
     for (int s = 0; s < HC_STREAMS; ++s) {
-        pre[s] = __fadd_rn(hc_sigmoid(__fadd_rn(__fmul_rn(mixes[s], scale[0]), base[s])), eps);
+        pre[s] = __fadd_rn(hc_sigmoid(__fadd_rn(__fmul_rn(mx_in[s], sc[0]), base_in[s])), eps);
         const int p = HC_STREAMS + s;
-        post[s] = __fmul_rn(2.0f, hc_sigmoid(__fadd_rn(__fmul_rn(mixes[p], scale[1]), base[p])));
+        post[s] = __fmul_rn(2.0f, hc_sigmoid(__fadd_rn(__fmul_rn(mx_in[p], sc[1]), base_in[p])));
     }
     const int off = 2 * HC_STREAMS;
+#pragma unroll
     for (int src = 0; src < HC_STREAMS; ++src) {
         float mx = -__int_as_float(0x7f800000);
+#pragma unroll
         for (int dst = 0; dst < HC_STREAMS; ++dst) {
             const int at = dst + HC_STREAMS * src;
-            const float v = __fadd_rn(__fmul_rn(mixes[off + at], scale[2]), base[off + at]);
+            const float v = __fadd_rn(__fmul_rn(mx_in[off + at], sc[2]), base_in[off + at]);
             c[at] = v;
             mx = fmaxf(mx, v);
         }
         float sum = 0.0f;
+#pragma unroll
         for (int dst = 0; dst < HC_STREAMS; ++dst) {
             const int at = dst + HC_STREAMS * src;
             c[at] = expf(__fsub_rn(c[at], mx));
             sum = __fadd_rn(sum, c[at]);
         }
         const float inv = __fdiv_rn(1.0f, sum);
+#pragma unroll
         for (int dst = 0; dst < HC_STREAMS; ++dst) {
             const int at = dst + HC_STREAMS * src;
             c[at] = __fadd_rn(__fmul_rn(c[at], inv), eps);
@@ -78,6 +96,13 @@ __device__ void hc_mix(const float* mixes, const float* scale, const float* base
         hc_norm(c, false, eps);
         hc_norm(c, true, eps);
     }
+#pragma unroll
+    for (int s = 0; s < HC_STREAMS; ++s) {
+        m[s] = pre[s];
+        m[HC_STREAMS + s] = post[s];
+    }
+#pragma unroll
+    for (int k = 0; k < HC_STREAMS * HC_STREAMS; ++k) m[2 * HC_STREAMS + k] = c[k];
 }
 
 // mixes: HC_MIXES per row; streams: HC_STREAMS * d per row; mix: HC_MIX_LEN per row (out);

@@ -27,6 +27,10 @@ use crate::weights::RankWeights;
 pub const MAX_INDEXER_DIM: usize = 1024;
 /// The largest pool the kernels take (DSA_MAX_POOL in kernels/dsa.cu).
 pub const MAX_POOL: usize = 64;
+/// Threads of `dsa_select_f32`'s block (DSA_SELECT_THREADS in kernels/dsa.cu).
+const SELECT_THREADS: u32 = 256;
+/// The dynamic shared memory a launch takes without raising the kernel's limit.
+const DEFAULT_SHARED: usize = 48 * 1024;
 
 /// The shape of one layer's indexer and its cache.
 #[derive(Clone, Copy)]
@@ -144,7 +148,8 @@ impl CudaDevice {
         );
         let (qp, wp, pp, posp, sp) = (q.addr(), w.addr(), pooled.addr(), pos.addr(), scores.addr());
         let (id, ih, kp) = (int(sh.dim), int(sh.heads), int(sh.kpool));
-        self.launch(s, "dsa_score_f32", grid(sh.scores_len(), 128), |a| {
+        // a warp per entry of the padded row
+        self.launch(s, "dsa_score_f32", grid(sh.scores_len() * 32, 128), |a| {
             a.arg(&qp).arg(&wp).arg(&w_scale).arg(&pp).arg(&posp);
             a.arg(&id).arg(&ih).arg(&kp).arg(&sp);
         })
@@ -153,8 +158,7 @@ impl CudaDevice {
     /// The cells the token at `pos[0]` attends to, from `dsa_score`'s row: the best
     /// `top_k / kpool` pools' members (ggml's choice among equal scores), then with
     /// `select_tail` the incomplete pool's tokens; into `cells` (the count, then the
-    /// positions; `capacity + 1` values). `idx` is scratch of the padded row's length.
-    #[allow(clippy::too_many_arguments)]
+    /// positions; `capacity + 1` values).
     pub(super) fn dsa_select(
         &self,
         s: &CudaStream,
@@ -162,30 +166,44 @@ impl CudaDevice {
         pos: &Span<u32>,
         sh: IndexerShape,
         (top_k, select_tail): (usize, bool),
-        idx: &Span<i32>,
         cells: &Span<i32>,
     ) -> Result<()> {
         assert!(
-            scores.len() >= sh.scores_len()
-                && idx.len() >= sh.scores_len()
-                && cells.len() > sh.capacity,
-            "dsa_select: {} positions in pools of {}: scores {}, idx {}, cells {}",
+            scores.len() >= sh.scores_len() && cells.len() > sh.capacity,
+            "dsa_select: {} positions in pools of {}: scores {}, cells {}",
             sh.capacity,
             sh.kpool,
             scores.len(),
-            idx.len(),
             cells.len()
         );
-        let (sp, posp, ip, cp) = (scores.addr(), pos.addr(), idx.addr(), cells.addr());
+        // shared memory: the heap (a score and an index per entry), then the padded row where
+        // it fits too (else the kernel reads it in place: the same comparisons either way)
+        let padded = sh.scores_len();
+        let heap = 8 * (top_k / sh.kpool).min(padded);
+        let with_row = heap + 4 * padded;
+        let limit = match with_row <= DEFAULT_SHARED {
+            true => DEFAULT_SHARED,
+            false => self.max_shared_per_block()?,
+        };
+        let row_in_smem = with_row <= limit;
+        let smem = if row_in_smem { with_row } else { heap };
+        if smem > limit {
+            bail!("dsa_select: a heap of {} pools takes {smem} bytes of shared memory; this device allows {limit}", top_k / sh.kpool);
+        }
+        if smem > DEFAULT_SHARED {
+            self.allow_dynamic_shared("dsa_select_f32", 0, smem)?;
+        }
+        let (sp, posp, cp) = (scores.addr(), pos.addr(), cells.addr());
         let (kp, top, tail) = (int(sh.kpool), int(top_k), i32::from(select_tail));
+        let in_smem = i32::from(row_in_smem);
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (SELECT_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
         self.launch(s, "dsa_select_f32", cfg, |a| {
             a.arg(&sp).arg(&posp).arg(&kp).arg(&top).arg(&tail);
-            a.arg(&ip).arg(&cp);
+            a.arg(&in_smem).arg(&cp);
         })
     }
 }
@@ -230,7 +248,6 @@ pub(super) struct DsaState {
     q: DeviceBuffer<f32>,
     w: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
-    idx: DeviceBuffer<i32>,
     /// The last selection: the count, then the positions (read by `mla_core`).
     cells: DeviceBuffer<i32>,
     /// By the rank's layer index; `None` for other layers.
@@ -287,7 +304,6 @@ impl DsaState {
             q: dev.alloc(s, shape.heads * shape.dim)?,
             w: dev.alloc(s, shape.heads)?,
             scores: dev.alloc(s, shape.scores_len())?,
-            idx: dev.alloc(s, shape.scores_len())?,
             cells: dev.alloc(s, shape.capacity + 1)?,
             caches,
             shape,
@@ -354,7 +370,6 @@ impl DsaState {
             pos,
             sh,
             (self.top_k, true),
-            &Span::of(&self.idx),
             &Span::of(&self.cells),
         )
     }

@@ -64,7 +64,6 @@ struct Layer {
     rows: DeviceBuffer<f32>,
     pooled: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
-    idx: DeviceBuffer<i32>,
     cells: DeviceBuffer<i32>,
     pos: DeviceBuffer<u32>,
     key: DeviceBuffer<f32>,
@@ -116,7 +115,6 @@ impl Layer {
             rows: dev.alloc(s, sh.rows_len())?,
             pooled: dev.alloc(s, sh.pooled_len())?,
             scores: dev.alloc(s, sh.scores_len())?,
-            idx: dev.alloc(s, sh.scores_len())?,
             cells: dev.alloc(s, sh.capacity + 1)?,
             pos: dev.alloc(s, 1)?,
             key: dev.alloc(s, sh.dim)?,
@@ -173,7 +171,6 @@ impl Layer {
             &pos,
             sh,
             (c.top_k, c.select_tail),
-            &Span::of(&self.idx),
             &Span::of(&self.cells),
         )
     }
