@@ -130,7 +130,8 @@ struct Rows {
 };
 
 // ---- float weights: lane l takes 8-value groups l, l + 32, ... (or single values when the
-// chunk length is not a multiple of 8); the choice depends on the chunk length alone ----
+// chunk length is not a multiple of 8 or shorter than a group per lane, so that every lane has
+// work); the choice depends on the chunk length alone ----
 
 struct F32 {
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)cols * 4; }
@@ -183,7 +184,7 @@ struct FloatPolicy {
     static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float* x, int x_stride, Act, int, int nb, int c0, int len, int lane, float* acc) {
         WHOLE_ROW_POINTERS(rw, row);
         const int esize = (int)T::row_bytes(1);
-        if (len % 8 == 0) {
+        if (len % 8 == 0 && len >= 8 * WARP) {
             // one pass keeps 4 rows x 16 bytes in flight per lane within 64 registers
 #pragma unroll 1
             for (int g = lane; g < len / 8; g += WARP) {
@@ -333,7 +334,7 @@ struct Planar {
         }
     }
 };
-// ---- 256-value super-blocks: super-block b of the chunk goes to lanes 16(b % 2) .. +15 ----
+// ---- 256-value super-blocks: q4_k gives each eight or sixteen lanes (by the chunk length), q6_k sixteen ----
 
 // The 6-bit scales and minimums of q4_k sub-blocks 2j and 2j + 1 (as q4k_scale_min in
 // common.cuh), byte 0 the first and byte 1 the second, from the 12 scale bytes as three words,
@@ -350,26 +351,42 @@ __device__ __forceinline__ void q4k_scale_min_pair(int j, uint3 s, u32* sc, u32*
     }
 }
 
+// The W words of qs bytes or activation quants a q4_k lane takes at p (16-byte aligned).
+template <int W>
+__device__ __forceinline__ void load_words(const i8* p, u32* out);
+template <>
+__device__ __forceinline__ void load_words<2>(const i8* p, u32* out) {
+    const uint2 v = *(const uint2*)p;
+    out[0] = v.x, out[1] = v.y;
+}
+template <>
+__device__ __forceinline__ void load_words<4>(const i8* p, u32* out) {
+    const uint4 v = *(const uint4*)p;
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+}
 struct Q4_K {
     static constexpr int ACT_BLOCK = 256, SPLIT = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 256) * 144; }
     static __device__ __forceinline__ size_t scale_row_bytes(int) { return 0; }
-    // lane t of 16 takes qs bytes 32j + 8q .. +8 (j = t / 4, q = t % 4): 8 values of
-    // sub-block 2j (low nibbles) and 8 of sub-block 2j + 1 (high nibbles); it adds
+    // L lanes per super-block, 32 / L super-blocks per warp pass: lane t takes super-blocks
+    // t / L, t / L + 32 / L, ... of the chunk, and in each the 4W qs bytes 32j + 4Wq .. +4W
+    // (u = t % L, j = u / (L / 4), q = u % (L / 4)): 4W values of sub-block 2j (low nibbles)
+    // and 4W of sub-block 2j + 1 (high nibbles); it adds
     // (d * d_x) * (sc0 * dot0 + sc1 * dot1) - (dmin * d_x) * (m0 * sum0 + m1 * sum1)
-    template <int NB>
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
+    template <int L, int NB>
+    static __device__ __forceinline__ void sweep(const Rows& rw, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
+        constexpr int W = 32 / L;
         WHOLE_ROW_POINTERS(rw, row);
-        const int t = lane & 15, j = t >> 2, qq = t & 3;
-        for (int b = (c0 >> 8) + (lane >> 4); b < (c0 + len) >> 8; b += 2) {
+        const int u = lane % L, j = u / (L / 4), at = 32 * j + 4 * W * (u % (L / 4));
+        for (int b = (c0 >> 8) + lane / L; b < (c0 + len) >> 8; b += 32 / L) {
             // the 4 rows' quants, scales and minimums once, then each activation row once
-            uint2 qv[MATVEC_ROWS];
+            u32 qv[MATVEC_ROWS][W];
             float d[MATVEC_ROWS], dmin[MATVEC_ROWS];
             int sc0[MATVEC_ROWS], sc1[MATVEC_ROWS], m0[MATVEC_ROWS], m1[MATVEC_ROWS];
 #pragma unroll
             for (int r = 0; r < MATVEC_ROWS; ++r) {
                 const u8* blk = row[r] + (size_t)b * 144;
-                qv[r] = *(const uint2*)(blk + 16 + 32 * j + 8 * qq);
+                load_words<W>((const i8*)blk + 16 + at, qv[r]);
                 const u32 dm = *(const u32*)blk;
                 const uint3 sw = *(const uint3*)(blk + 4);
                 u32 sc, m;
@@ -382,15 +399,22 @@ struct Q4_K {
             for (int x = 0; x < NB; ++x) {
                 if (NB > 1 && x >= nb) break;
                 const Act a = act.row(x, a_stride);
-                const uint2 xlo = *(const uint2*)(a.q + 256 * b + 64 * j + 8 * qq);
-                const uint2 xhi = *(const uint2*)(a.q + 256 * b + 64 * j + 32 + 8 * qq);
+                u32 xlo[W], xhi[W];
+                load_words<W>(a.q + 256 * b + 32 * j + at, xlo);
+                load_words<W>(a.q + 256 * b + 32 * j + at + 32, xhi);
                 const float dx = a.s[b];
-                const int s0 = __dp4a(ONES, (int)xlo.y, __dp4a(ONES, (int)xlo.x, 0));
-                const int s1 = __dp4a(ONES, (int)xhi.y, __dp4a(ONES, (int)xhi.x, 0));
+                int s0 = 0, s1 = 0;
+#pragma unroll
+                for (int w = 0; w < W; ++w) s0 = __dp4a(ONES, (int)xlo[w], s0), s1 = __dp4a(ONES, (int)xhi[w], s1);
 #pragma unroll
                 for (int r = 0; r < MATVEC_ROWS; ++r) {
-                    const int d0 = __dp4a((int)(qv[r].y & NIB), (int)xlo.y, __dp4a((int)(qv[r].x & NIB), (int)xlo.x, 0));
-                    const int d1 = __dp4a((int)((qv[r].y >> 4) & NIB), (int)xhi.y, __dp4a((int)((qv[r].x >> 4) & NIB), (int)xhi.x, 0));
+                    int d0 = 0, d1 = 0;
+#pragma unroll
+                    for (int w = 0; w < W; ++w) {
+                        d0 = __dp4a((int)(qv[r][w] & NIB), (int)xlo[w], d0);
+                        d1 = __dp4a((int)((qv[r][w] >> 4) & NIB), (int)xhi[w], d1);
+                    }
+                    // |sc0 * d0 + sc1 * d1| <= 2 * 63 * 16 * 15 * 127 < 2^22: int_to_f32 is exact
                     float& o = acc[x * MATVEC_ROWS + r];
                     o = fmaf(d[r] * dx, int_to_f32(sc0[r] * d0 + sc1[r] * d1), o);
                     o = fmaf(-dmin[r] * dx, int_to_f32(m0[r] * s0 + m1[r] * s1), o);
@@ -398,8 +422,17 @@ struct Q4_K {
             }
         }
     }
+    // chunks of three super-blocks or more: eight lanes each (four at a time); shorter ones
+    // sixteen (two at a time), so that no pass leaves half the warp idle
+    template <int NB>
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
+        if (len >= 3 * 256) {
+            sweep<8, NB>(rw, act, a_stride, nb, c0, len, lane, acc);
+        } else {
+            sweep<16, NB>(rw, act, a_stride, nb, c0, len, lane, acc);
+        }
+    }
 };
-
 struct Q6_K {
     static constexpr int ACT_BLOCK = 256, SPLIT = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 256) * 210; }
@@ -598,8 +631,8 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         if (j.expert_weights) expert_weight = j.expert_weights[slot];
         if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
     } else {
-        // the weights are constant: ask L2 for the run's first bytes while the previous kernel
-        // finishes and x is quantized
+        // the weights are constant: ask L2 for the first round's rows while the previous
+        // kernel finishes and x is quantized
         if (threadIdx.x == 0 && tile == 0) prefetch_run(j, i0, i1, rb, sb);
         // the weights are constant: only now does the block need the previous kernel's output
         overlap_with_neighbours();
@@ -680,6 +713,86 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
                 }
             }
         }
+    }
+}
+
+// matvec_thin_f32: the plain one-row f32 product of a matrix with few rows (mHC mixes, KDA
+// gates, routers), whose items would leave most SMs idle: one block per THIN_WARPS / chunks
+// rows, each warp one (row, chunk) piece, loads THIN_AHEAD groups ahead of the arithmetic. A
+// lane takes FloatPolicy's elements in FloatPolicy's order, the warp and the chunk tree are the
+// generic kernel's, and a norm is applied as there, so every row has the bits of matvec_f32.
+#define THIN_WARPS 8
+#define THIN_AHEAD 4
+// The segment of row *r of the job's combined matrix; *r becomes the row within it.
+__device__ __forceinline__ int thin_seg(const MatvecJob j, int* r) {
+    if (j.segs > 1 && *r >= j.rows0) {
+        *r -= j.rows0;
+        if (j.segs > 2 && *r >= j.rows1) {
+            *r -= j.rows1;
+            return 2;
+        }
+        return 1;
+    }
+    return 0;
+}
+extern "C" __global__ void __launch_bounds__(THIN_WARPS * WARP) matvec_thin_f32(const MatvecJob j) {
+    extern __shared__ uint4 thin_smem[];
+    __shared__ float part[THIN_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int cols = j.cols, chunks = j.chunks, per_block = THIN_WARPS / chunks;
+    const int rows = j.rows0 + (j.segs > 1 ? j.rows1 : 0) + (j.segs > 2 ? j.rows2 : 0);
+    const int g = blockIdx.x * per_block + warp / chunks, c = warp - (warp / chunks) * chunks;
+    // row g of the combined matrix: segment s, row r of it
+    int r = g;
+    const int s = thin_seg(j, &r);
+    const float* row = (const float*)job_w(j, s) + (size_t)r * cols;
+    // the weights are constant: ask L2 for this block's rows while the previous kernel finishes
+    if (threadIdx.x == 0) {
+        const int last = min(rows, (int)(blockIdx.x + 1) * per_block);
+        for (int k = blockIdx.x * per_block; k < last; ++k) {
+            int kr = k;
+            const int ks = thin_seg(j, &kr);
+            prefetch_l2(job_w(j, ks) + (size_t)kr * cols * 4, (size_t)cols * 4);
+        }
+    }
+    overlap_with_neighbours();
+    const float* x = j.x;
+    if (j.norm) {
+        float* xn = (float*)thin_smem;
+        const float scale = block_rms_scale(j.x, cols, j.eps);
+#pragma unroll 8
+        for (int i = threadIdx.x; i < cols; i += THIN_WARPS * WARP) xn[i] = __fmul_rn(__fmul_rn(j.x[i], scale), j.norm[i]);
+        __syncthreads();
+        x = xn;
+    }
+    const int len = cols / chunks, c0 = c * len;
+    float acc = 0.f;
+    if (g < rows) {
+        if (len % 8 == 0 && len >= 8 * WARP) {
+            for (int g0 = lane; g0 < len / 8; g0 += THIN_AHEAD * WARP) {
+                float w[THIN_AHEAD][8];
+#pragma unroll
+                for (int u = 0; u < THIN_AHEAD; ++u)
+                    if (g0 + u * WARP < len / 8) load8(row + c0 + 8 * (g0 + u * WARP), w[u]);
+#pragma unroll
+                for (int u = 0; u < THIN_AHEAD; ++u)
+                    if (g0 + u * WARP < len / 8) {
+                        float v[8];
+                        load8(x + c0 + 8 * (g0 + u * WARP), v);
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) acc = fmaf(w[u][k], v[k], acc);
+                    }
+            }
+        } else {
+            for (int e = lane; e < len; e += WARP) acc = fmaf(row[c0 + e], x[c0 + e], acc);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (c == 0 && g < rows) {
+        const float total = chunk_tree(lane < chunks ? part[warp + lane] : 0.f, chunks);
+        if (lane == 0) job_y(j, s)[r] = total;
     }
 }
 

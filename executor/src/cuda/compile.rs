@@ -53,6 +53,7 @@ pub const FILES: &[KernelFile] = &[
             "matvec_rows8_q4_1",
             "matvec_rows8_q4_k",
             "matvec_rows8_q6_k",
+            "matvec_thin_f32",
             "quantize_rows_q8",
         ]
     ),

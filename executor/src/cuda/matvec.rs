@@ -70,6 +70,15 @@ impl Kernel {
     }
 }
 
+/// The few-rows f32 kernel (`matvec_thin_f32` in kernels/matvec.cu): warps per block (one
+/// (row, chunk) piece each), and the most rows a launch gives it; above that the persistent
+/// grid of the generic kernel fills the SMs.
+const THIN_WARPS: usize = 8;
+const THIN_MAX_ROWS: usize = 1024;
+/// Its static shared memory: the warps' chunk values and block_rms_scale's partial sums
+/// (kernels/common.cuh), rounded up.
+const THIN_STATIC_SHARED: usize = 128;
+
 /// Shared memory a block may take without raising the kernel's dynamic limit.
 const MATVEC_PLAIN_DYNAMIC: usize = 48 << 10;
 /// Most weights one matvec launch takes (MATVEC_MAX_SEGS in kernels/matvec.cu).
@@ -414,6 +423,16 @@ impl CudaDevice {
             );
         }
         assert!(xp.is_multiple_of(16), "matvec: x must be 16-byte aligned");
+        let rows: usize = ws.iter().map(|w| w.rows).sum();
+        if w0.dtype == GgmlType::F32
+            && batch == 1
+            && sel.is_none()
+            && matches!(epilogue, Epilogue::Plain)
+            && chunks <= THIN_WARPS
+            && rows <= THIN_MAX_ROWS
+        {
+            return self.matvec_thin(stream, &job, rows, chunks, norm.is_some());
+        }
         let name = kernel.name(w0.dtype);
         if smem + kernel.static_shared() > MATVEC_PLAIN_DYNAMIC {
             self.allow_dynamic_shared(&name, kernel.static_shared(), smem)
@@ -441,6 +460,34 @@ impl CudaDevice {
         };
         self.launch(stream, &name, cfg, |a| {
             a.arg(&job);
+        })
+    }
+
+    /// A plain one-row f32 job of at most `THIN_MAX_ROWS` rows on `matvec_thin_f32`, each row
+    /// with the bits of the generic kernel's.
+    fn matvec_thin(
+        &self,
+        stream: &CudaStream,
+        job: &MatvecJob,
+        rows: usize,
+        chunks: usize,
+        norm: bool,
+    ) -> Result<()> {
+        let name = "matvec_thin_f32";
+        // a norm leaves the normalized x in shared memory
+        let smem = if norm { job.cols as usize * 4 } else { 0 };
+        if smem + THIN_STATIC_SHARED > MATVEC_PLAIN_DYNAMIC {
+            self.allow_dynamic_shared(name, THIN_STATIC_SHARED, smem)
+                .with_context(|| format!("{name} with K = {}", job.cols))?;
+        }
+        let per_block = THIN_WARPS / chunks;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
+            block_dim: ((THIN_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        self.launch(stream, name, cfg, |a| {
+            a.arg(job);
         })
     }
 }

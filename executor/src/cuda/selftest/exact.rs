@@ -2,8 +2,9 @@
 //! result equals tree_sum over the d column-shard results, d = 2 and 4, for every dtype),
 //! tree_sum against the host tree, determinism (a repeated launch gives the same bits), and a
 //! captured CUDA graph of a decode-like sequence replayed at several positions against the
-//! eager run of the same launches, and the fused matvec launches (q/k/v in one, the residual
-//! add, the SiLU gate) against the separate launches they replace.
+//! eager run of the same launches, the fused matvec launches (q/k/v in one, the residual
+//! add, the SiLU gate) against the separate launches they replace, and the few-rows f32
+//! kernel against the generic one.
 
 use std::sync::Arc;
 
@@ -29,8 +30,64 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for &dtype in DTYPES {
         fusion(cx, dtype, 8 * dtype.block_size().max(8) * 3)?;
     }
+    // the mHC mixes' shape (normed), a chunk too short for a group per lane, the scalar path
+    for (cols, norm) in [(24576, true), (768, false), (8 * 13, false)] {
+        thin_rows(cx, cols, norm)?;
+    }
     tree_sum(cx)?;
     graph(cx)?;
+    Ok(())
+}
+
+/// `matvec_thin_f32` (a plain f32 launch of at most 1024 rows) against the generic kernel:
+/// three weights cut from the rows of a 1100-row matrix, fused in one launch (632 rows, the
+/// thin kernel), give the bits of the matrix's launch (the persistent grid), x normalized in
+/// both when `norm` is set.
+fn thin_rows(cx: &mut Ctx, cols: usize, norm: bool) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (dtype, chunks, rows) = (GgmlType::F32, 8, 1100);
+    let (bytes, _) = random_weight(&mut cx.rng, dtype, rows, cols)?;
+    let x = random(&mut cx.rng, cols, 1.0);
+    let xd = dev.upload(s, &x)?;
+    let weight = dev.upload(s, &random(&mut cx.rng, cols, 1.0))?;
+    let norm = norm.then_some(Norm {
+        weight: &weight,
+        eps: 1e-5,
+    });
+    let full = DeviceWeight::upload(dev, s, dtype, &bytes, rows, cols)?;
+    let y = dev.alloc::<f32>(s, rows)?;
+    dev.matvec_many(s, &[&full], &xd, norm, chunks, &[Span::of(&y)])?;
+    let want = dev.download(s, &y)?;
+    let row_bytes = cols * 4;
+    let cuts = [(0, 300), (300, 600), (1000, 1032)];
+    let mut parts = Vec::new();
+    for (a, b) in cuts {
+        let part = &bytes[a * row_bytes..b * row_bytes];
+        parts.push(DeviceWeight::upload(dev, s, dtype, part, b - a, cols)?);
+    }
+    let ys: Vec<DeviceBuffer<f32>> = parts
+        .iter()
+        .map(|w| dev.alloc::<f32>(s, w.rows))
+        .collect::<Result<_>>()?;
+    let spans: Vec<Span<f32>> = ys.iter().map(Span::of).collect();
+    dev.matvec_many(
+        s,
+        &[&parts[0], &parts[1], &parts[2]],
+        &xd,
+        norm,
+        chunks,
+        &spans,
+    )?;
+    let mut mismatches = 0;
+    for ((a, b), y) in cuts.iter().zip(&ys) {
+        mismatches += bit_mismatches(&dev.download(s, y)?, &want[*a..*b]);
+    }
+    let normed = if norm.is_some() { ", normed" } else { "" };
+    cx.report.exact(
+        "matvec_thin_f32",
+        format!("rows of 1100x{cols}{normed} == generic"),
+        mismatches,
+    );
     Ok(())
 }
 
