@@ -74,9 +74,11 @@
 #                             sparse MLA, mHC, clamped SwiGLU), tiny-glm5-next gates (graphs, TP-2, TP-4, EP-2, PP-2,
 #                             DSA layers eager on device 0) in f32 and q8_0, CUDA vs CPU of
 #                             each, a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
-#                             gated (graphs, PP-2, TP-2, DSA eager) and timed with synthetic
-#                             weights; with 2 GPUs, all 45 GLM-5.3-Flash layers with synthetic
-#                             weights: PP-2 and TP-2 speed, each gated against PP-2 eager
+#                             gated (graphs, PP-2, TP-2, DSA eager) with synthetic weights,
+#                             timed from a file against llama.cpp's llama-bench on the same
+#                             file (with .llama/llama.cpp carried); with 2 GPUs, all 45
+#                             GLM-5.3-Flash layers with synthetic weights: PP-2 and TP-2
+#                             speed, each gated against PP-2 eager
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -1257,9 +1259,11 @@ suite_deepseek() {
 #   - the PP-4 plan gated 100 times against the eager one (q8_0);
 #   - GLM-5.3-Flash at real width cut to 4 layers (plans/models/glm-5.3-flash-l4.json: 3 KDA
 #     layers, an MLA+DSA layer, a dense FFN then 3 MoE layers of 256 experts; q4_k, 14.3 GB),
-#     `--weights synthetic` (memra-synth has no GLM-5.3-Flash shape; the plans draw their
-#     values): graphs, PP-2, TP-2 and the DSA layer eager gated against its eager plan, and
-#     its decode speed;
+#     `--weights synthetic`: graphs, PP-2, TP-2 and the DSA layer eager gated against its
+#     eager plan; the same cut written by `memra-synth --shape glm-5.3-flash --layers 4`
+#     (plans/synthetic/cuda/glm-5.3-flash-l4-gguf.toml) decoded by memra and, with
+#     .llama/llama.cpp carried (built while the gates run), by llama-bench, as is the tiny
+#     q8_0 model;
 #   - with 2 GPUs: all 45 layers (plans/synthetic/cuda/glm-5.3-flash-{pp2,tp2}.toml, about 88
 #     GiB per device) with `--weights synthetic`: decode speed, and each gated against
 #     glm-5.3-flash-pp2-eager.toml (a pipeline of whole layers: the model fits no one GPU).
@@ -1268,11 +1272,18 @@ suite_glm5() {
     BUDGET=${1:-300}
     logs_in /tmp/memra-glm5
     stamp name,driver_version,memory.total
-    local dtype rc tol ref cand shape=tiny-glm5-next cut=glm-5.3-flash-l4 synths=()
+    local dtype rc tol ref cand shape=tiny-glm5-next cut=glm-5.3-flash-l4 synths=() build=
+    # llama.cpp only when its source is carried
+    if [ -d .llama/llama.cpp ]; then
+        build_llamacpp >"$LOG/llama-build.log" 2>&1 &
+        build=$!
+    fi
     for dtype in f32 q8_0; do
         synth $shape $dtype &
         synths+=($!)
     done
+    synth_cut glm-5.3-flash 4 q4_k &
+    local synth_cut_pid=$!
     limit 150 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
     rc=$?
     grep -E "^ *(kda|hc|dsa|mla attention|moe_layer)|clamped" "$LOG/selftest.log" | grep -v " PASS$" | head -20
@@ -1295,8 +1306,22 @@ suite_glm5() {
             gate "gate $cand synthetic" 300 "" "$ref" "$(config_plan cuda/$cand)" \
                 --weights synthetic --tokens 1,2,3,4,5,6,7,8 -n 16
     done
-    late "bench $cut synthetic" ||
-        bench "bench $cut synthetic" 300 "" "$(config_plan cuda/$cut)" -n 128 --reps 3 --weights synthetic
+    wait $synth_cut_pid
+    # the timings from here on run after the build, not beside it: the build's cores would
+    # slow memra's host side
+    [ -z "$build" ] || llamacpp_built $build
+    if ! late "bench $cut-gguf q4_k"; then
+        bench "bench $cut-gguf q4_k" 150 "$M/$cut-q4_k.gguf" "$(plan $cut q4_k cuda/$cut-gguf)" -n 128 --reps 3
+        memory_check "memory $cut-gguf q4_k"
+    fi
+    late "bench $shape q8_0" ||
+        bench "bench $shape q8_0" 100 "$M/$shape-q8_0.gguf" "$P/q8_0/$shape.plan.toml" -n 128 --reps 3
+    if [ -n "$build" ]; then
+        late "llama-bench $cut q4_k" || llama_bench "llama-bench $cut q4_k" "$M/$cut-q4_k.gguf"
+        late "llama-bench $shape q8_0" || llama_bench "llama-bench $shape q8_0" "$M/$shape-q8_0.gguf"
+    else
+        row "llama.cpp" skip "its source was not carried (.llama/llama.cpp)"
+    fi
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
         # all 45 layers across the two GPUs (the quantized weights drawn on the devices): the
         # speed of PP-2 and TP-2, then each gated against the PP-2 eager run (a gate loads
