@@ -8,7 +8,8 @@
 #                             gpu-tests test binary into .dev/bin (cargo's own target folder,
 #                             or CARGO_TARGET_DIR when set)
 #   smoke [SECONDS]           a session's first call: the self-test and a cross-section of the
-#                             gates (prefill dense and MoE/MLA/KDA, tiny glm5-next, batch)
+#                             gates (prefill dense and MoE/MLA/KDA, tiny and real-width
+#                             glm5-next, batch)
 #   selftest                  every kernel against the CPU reference with the matvec bandwidth
 #                             benchmark, then the self-test under compute-sanitizer memcheck
 #   tests [TEST ARGS]         the gpu-tests feature's end-to-end tests (executor/tests/gpu.rs)
@@ -1347,9 +1348,10 @@ suite_glm5() {
 #   the self-test (every kernel against the CPU reference, the device's synthetic blocks
 #   against the host's); prefill gates of llama1b (graphs, TP-2, PP-2 x TP-2) over a two-chunk
 #   prompt and of the tiny MoE/MLA/KDA models (TP-2, EP-4, PP-2); tiny-glm5-next gates in f32
-#   and q8_0 (graphs, TP-2, PP-2, DSA eager) and its CUDA against the CPU; the batch gates of
-#   llama1b (8 slots, one device and TP-2) against the one-sequence decode. SECONDS defaults
-#   to 300; about 80 s on an H200.
+#   and q8_0 (graphs, TP-2, PP-2, DSA eager) and its CUDA against the CPU; the GLM-5.3-Flash
+#   4-layer cut's graphs and TP-2 gated against its eager plan with synthetic weights; the
+#   batch gates of llama1b (8 slots, one device and TP-2) against the one-sequence decode.
+#   SECONDS defaults to 300; about 90 s on an H200.
 suite_smoke() {
     BUDGET=${1:-300}
     logs_in /tmp/memra-smoke
@@ -1385,6 +1387,14 @@ suite_smoke() {
     late "cuda vs cpu tiny-glm5-next f32" ||
         against_cpu "cuda vs cpu tiny-glm5-next f32" 1e-3 "$M/tiny-glm5-next-f32.gguf" \
             "$(plan tiny-glm5-next f32 cuda/tiny-glm5-next)" 64
+    # real widths (q4_k products of 6144 columns, the 24 x 24576 mHC mixes), weights drawn on
+    # the device
+    ref=$(config_plan cuda/glm-5.3-flash-l4-eager)
+    for cand in glm-5.3-flash-l4 glm-5.3-flash-l4-tp2; do
+        late "gate $cand synthetic" ||
+            gate "gate $cand synthetic" 120 "" "$ref" "$(config_plan cuda/$cand)" \
+                --weights synthetic --tokens 1,2,3,4,5,6,7,8 -n 16
+    done
     for cand in llama1b-batch8 llama1b-batch8-tp2; do
         late "batch gate $cand vs llama1b-decode" ||
             gate "batch gate $cand vs llama1b-decode" 150 "$M/llama1b-q4_1.gguf" \
