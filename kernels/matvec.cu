@@ -6,6 +6,8 @@
 // one chunk at a time whatever the chunk count. A batched launch gives each run one block per
 // tile of MATVEC_TILE activation rows, neighbours in the grid so they meet the run's weights
 // in L2 together; a warp loads each weight piece once and dots it with every row of its tile.
+// A plain f32 product of few rows (matvec_thin_f32) gives each (row, chunk) piece a warp of its
+// own instead, with the same per-row bits.
 //
 // Quantized weights multiply an 8-bit copy of x, made once per block in shared memory before
 // the rows start: per 32 values (q8_0, q4_0, q4_1) or 256 values (q4_k, q6_k) a scale
@@ -130,8 +132,8 @@ struct Rows {
 };
 
 // ---- float weights: lane l takes 8-value groups l, l + 32, ... (or single values when the
-// chunk length is not a multiple of 8 or shorter than a group per lane, so that every lane has
-// work); the choice depends on the chunk length alone ----
+// chunk length is not a multiple of 8 or shorter than a group per lane, so that more lanes
+// have work); the choice depends on the chunk length alone ----
 
 struct F32 {
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)cols * 4; }
@@ -422,8 +424,9 @@ struct Q4_K {
             }
         }
     }
-    // chunks of three super-blocks or more: eight lanes each (four at a time); shorter ones
-    // sixteen (two at a time), so that no pass leaves half the warp idle
+    // chunks of three super-blocks or more: eight lanes each (four at a time; 6144 columns in
+    // 8 chunks take one pass, where sixteen lanes each would leave half the warp idle in the
+    // second); shorter ones sixteen (two at a time)
     template <int NB>
     static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
         if (len >= 3 * 256) {
@@ -433,6 +436,7 @@ struct Q4_K {
         }
     }
 };
+
 struct Q6_K {
     static constexpr int ACT_BLOCK = 256, SPLIT = 0;
     static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 256) * 210; }
@@ -631,8 +635,8 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         if (j.expert_weights) expert_weight = j.expert_weights[slot];
         if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
     } else {
-        // the weights are constant: ask L2 for the first round's rows while the previous
-        // kernel finishes and x is quantized
+        // the weights are constant: ask L2 for the run's first bytes while the previous kernel
+        // finishes and x is quantized
         if (threadIdx.x == 0 && tile == 0) prefetch_run(j, i0, i1, rb, sb);
         // the weights are constant: only now does the block need the previous kernel's output
         overlap_with_neighbours();

@@ -448,6 +448,16 @@ fn glm_5_3_flash_follows_its_config() {
         ("index_topk", f64::from(s.indexer_top_k)),
         ("index_head_dim", s.indexer_head as f64),
         ("rms_norm_eps", f64::from(s.norm_eps)),
+        ("head_dim", s.kda_head as f64),
+        ("short_conv_kernel_size", s.conv as f64),
+        ("index_n_heads", f64::from(s.indexer_heads)),
+        ("index_kpool", f64::from(s.kpool)),
+        ("first_k_dense_replace", f64::from(s.dense_layers)),
+        ("n_shared_experts", f64::from(s.shared_experts)),
+        ("routed_scaling_factor", f64::from(s.weights_scale)),
+        ("hc_sinkhorn_iters", f64::from(s.sinkhorn_iters)),
+        ("hc_eps", f64::from(s.hc_eps)),
+        ("max_position_embeddings", f64::from(s.context)),
     ] {
         assert!(
             (number(key) - value).abs() <= 1e-6 * value.abs(),

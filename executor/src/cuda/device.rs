@@ -42,6 +42,10 @@ pub struct CudaDevice {
     raised: Arc<Mutex<HashMap<&'static str, usize>>>,
 }
 
+/// Dynamic shared memory a launch may take without raising its kernel's limit
+/// (`CudaDevice::allow_dynamic_shared` raises it).
+pub(crate) const PLAIN_DYNAMIC_SHARED: usize = 48 << 10;
+
 /// Kernel parameters in signature order, each borrowed until the launch returns.
 pub(crate) struct KernelArgs<'a> {
     ptrs: Vec<*mut c_void>,

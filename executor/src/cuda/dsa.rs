@@ -10,11 +10,11 @@
 
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::Plan;
 
-use super::device::{CudaDevice, DeviceBuffer};
+use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
 use super::matvec::Norm;
 use super::moe::full_chunks;
 use super::ops::{grid, int, DeviceWeight};
@@ -29,8 +29,6 @@ pub const MAX_INDEXER_DIM: usize = 1024;
 pub const MAX_POOL: usize = 64;
 /// Threads of `dsa_select_f32`'s block (DSA_SELECT_THREADS in kernels/dsa.cu).
 const SELECT_THREADS: u32 = 256;
-/// The dynamic shared memory a launch takes without raising the kernel's limit.
-const DEFAULT_SHARED: usize = 48 * 1024;
 
 /// The shape of one layer's indexer and its cache.
 #[derive(Clone, Copy)]
@@ -181,17 +179,13 @@ impl CudaDevice {
         let padded = sh.scores_len();
         let heap = 8 * (top_k / sh.kpool).min(padded);
         let with_row = heap + 4 * padded;
-        let limit = match with_row <= DEFAULT_SHARED {
-            true => DEFAULT_SHARED,
-            false => self.max_shared_per_block()?,
-        };
-        let row_in_smem = with_row <= limit;
+        let row_in_smem =
+            with_row <= PLAIN_DYNAMIC_SHARED || with_row <= self.max_shared_per_block()?;
         let smem = if row_in_smem { with_row } else { heap };
-        if smem > limit {
-            bail!("dsa_select: a heap of {} pools takes {smem} bytes of shared memory; this device allows {limit}", top_k / sh.kpool);
-        }
-        if smem > DEFAULT_SHARED {
-            self.allow_dynamic_shared("dsa_select_f32", 0, smem)?;
+        if smem > PLAIN_DYNAMIC_SHARED {
+            // fails, naming the bytes, where even the heap does not fit
+            self.allow_dynamic_shared("dsa_select_f32", 0, smem)
+                .with_context(|| format!("dsa_select: a heap of {} pools", top_k / sh.kpool))?;
         }
         let (sp, posp, cp) = (scores.addr(), pos.addr(), cells.addr());
         let (kp, top, tail) = (int(sh.kpool), int(top_k), i32::from(select_tail));

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
-use super::device::{CudaDevice, DeviceBuffer};
+use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
 use super::ops::{int, ptr, ptr_mut, DeviceWeight};
 use super::span::Span;
 
@@ -20,7 +20,8 @@ const MATVEC_THREADS: usize = 512;
 /// Activation rows of one block of a batched launch (MATVEC_TILE in kernels/matvec.cu).
 pub const MATVEC_TILE: usize = 8;
 
-/// The two kernels of each dtype: one activation row, or tiles of `MATVEC_TILE` rows.
+/// The two kernels of each dtype: one activation row, or tiles of `MATVEC_TILE` rows (f32 has a
+/// third for few rows, `matvec_thin_f32`, which `matvec_job` picks before these).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernel {
     One,
@@ -79,8 +80,6 @@ const THIN_MAX_ROWS: usize = 1024;
 /// (kernels/common.cuh), rounded up.
 const THIN_STATIC_SHARED: usize = 128;
 
-/// Shared memory a block may take without raising the kernel's dynamic limit.
-const MATVEC_PLAIN_DYNAMIC: usize = 48 << 10;
 /// Most weights one matvec launch takes (MATVEC_MAX_SEGS in kernels/matvec.cu).
 pub const MATVEC_MAX_SEGS: usize = 3;
 
@@ -434,7 +433,7 @@ impl CudaDevice {
             return self.matvec_thin(stream, &job, rows, chunks, norm.is_some());
         }
         let name = kernel.name(w0.dtype);
-        if smem + kernel.static_shared() > MATVEC_PLAIN_DYNAMIC {
+        if smem + kernel.static_shared() > PLAIN_DYNAMIC_SHARED {
             self.allow_dynamic_shared(&name, kernel.static_shared(), smem)
                 .with_context(|| format!("{name} with K = {}", w0.cols))?;
         }
@@ -476,7 +475,7 @@ impl CudaDevice {
         let name = "matvec_thin_f32";
         // a norm leaves the normalized x in shared memory
         let smem = if norm { job.cols as usize * 4 } else { 0 };
-        if smem + THIN_STATIC_SHARED > MATVEC_PLAIN_DYNAMIC {
+        if smem + THIN_STATIC_SHARED > PLAIN_DYNAMIC_SHARED {
             self.allow_dynamic_shared(name, THIN_STATIC_SHARED, smem)
                 .with_context(|| format!("{name} with K = {}", job.cols))?;
         }

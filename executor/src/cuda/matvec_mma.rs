@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
-use super::device::CudaDevice;
+use super::device::{CudaDevice, PLAIN_DYNAMIC_SHARED};
 use super::matvec::{matvec_act_bytes, Epilogue, MAX_CHUNKS};
 use super::ops::{int, ptr, DeviceWeight};
 use super::span::Span;
@@ -27,8 +27,6 @@ const MMA_MAX_TILES: usize = 8;
 const MMA_MAX_SHARED: usize = 64 << 10;
 /// Shared bytes of one piece's chunk values (MMA_PIECE_VALUES floats).
 const MMA_PIECE_BYTES: usize = 128 * 4;
-/// Shared memory a block may take without raising the kernel's dynamic limit.
-const PLAIN_DYNAMIC: usize = 48 << 10;
 /// Threads of quantize_rows_q8 (MATVEC_THREADS in kernels/matvec.cu).
 const QUANTIZE_THREADS: u32 = 512;
 
@@ -186,7 +184,7 @@ impl CudaDevice {
             shared_mem_bytes: smem as u32,
         };
         let name = format!("matvec_mma_{}", w0.dtype.name());
-        if smem > PLAIN_DYNAMIC {
+        if smem > PLAIN_DYNAMIC_SHARED {
             self.allow_dynamic_shared(&name, 0, smem)
                 .with_context(|| format!("{name} with {chunks} chunks"))?;
         }

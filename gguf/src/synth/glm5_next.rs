@@ -76,9 +76,13 @@ pub struct Glm5NextShape {
     pub vocab: u64,
     /// `context_length`.
     pub context: u32,
-    /// RMS-norm epsilon (also the indexer key's layer-norm epsilon).
+    /// RMS-norm epsilon.
     pub norm_eps: f32,
 }
+
+/// The indexer key's layer-norm epsilon, which llama.cpp's converter writes whatever the
+/// config says.
+const INDEXER_NORM_EPS: f32 = 1e-6;
 
 /// mHC residual streams (llama.cpp supports 4 only).
 pub const HC_MULT: u64 = 4;
@@ -320,7 +324,7 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
             ("expert_count", Value::U32(s.experts)),
             ("expert_used_count", Value::U32(s.experts_used)),
             ("vocab_size", Value::U32(s.vocab as u32)),
-            ("attention.layer_norm_epsilon", Value::F32(s.norm_eps)),
+            ("attention.layer_norm_epsilon", Value::F32(INDEXER_NORM_EPS)),
             ("ssm.conv_kernel", Value::U32(s.conv as u32)),
             ("kda.head_dim", Value::U32(s.kda_head as u32)),
         ],

@@ -2,7 +2,7 @@
 //! token so that the cache and its pools carry: each token's layer-normed key bit for bit
 //! against `layer_norm`, and the cells `dsa_write`, `dsa_score` and `dsa_select` pick exactly
 //! against `IndexerCache::select` (pools of 2 to 8, more pools than one padded row of 64,
-//! with and without the tail), including a case where every pool scores 0 so that the choice
+//! with and without the tail, a row read in place where shared memory cannot hold it), including a case where every pool scores 0 so that the choice
 //! among equal scores is ggml's heap order alone. Then the three launches captured in a graph
 //! and replayed against eager position by position, bit for bit.
 
@@ -47,9 +47,9 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         case(64, 4, 2, 128, 6, false, 50, false),
         case(96, 3, 8, 256, 64, true, 100, false),
         case(32, 2, 4, 512, 16, true, 290, true),
-        // single-token pools over a long context: the padded score row (280 KB) is past any
-        // block's shared memory, so dsa_select reads it in place
-        case(32, 2, 1, 70_000, 8, true, 40, false),
+        // a context whose score row buffer (60 064 pools, 240 KB) is past any block's shared
+        // memory: dsa_select reads the row in place (its first 64 entries over these tokens)
+        case(32, 2, 2, 120_000, 8, true, 40, false),
     ] {
         tokens(cx, &c)?;
     }

@@ -30,9 +30,15 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for &dtype in DTYPES {
         fusion(cx, dtype, 8 * dtype.block_size().max(8) * 3)?;
     }
-    // the mHC mixes' shape (normed), a chunk too short for a group per lane, the scalar path
-    for (cols, norm) in [(24576, true), (768, false), (8 * 13, false)] {
-        thin_rows(cx, cols, norm)?;
+    // the mHC mixes' shape (normed); a last pass of two groups of the four a lane loads ahead;
+    // chunks of 13, not whole groups (the scalar path); four rows a block (2 chunks, normed)
+    for (cols, chunks, norm) in [
+        (24576, 8, true),
+        (20480, 8, false),
+        (8 * 13, 8, false),
+        (4096, 2, true),
+    ] {
+        thin_rows(cx, cols, chunks, norm)?;
     }
     tree_sum(cx)?;
     graph(cx)?;
@@ -40,12 +46,12 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
 }
 
 /// `matvec_thin_f32` (a plain f32 launch of at most 1024 rows) against the generic kernel:
-/// three weights cut from the rows of a 1100-row matrix, fused in one launch (632 rows, the
-/// thin kernel), give the bits of the matrix's launch (the persistent grid), x normalized in
-/// both when `norm` is set.
-fn thin_rows(cx: &mut Ctx, cols: usize, norm: bool) -> Result<()> {
+/// three weights cut from the rows of a 1100-row matrix, fused in one launch (633 rows, the
+/// thin kernel; with 2 chunks its last block holds one row of four), give the bits of the
+/// matrix's launch (the persistent grid), x normalized in both when `norm` is set.
+fn thin_rows(cx: &mut Ctx, cols: usize, chunks: usize, norm: bool) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let (dtype, chunks, rows) = (GgmlType::F32, 8, 1100);
+    let (dtype, rows) = (GgmlType::F32, 1100);
     let (bytes, _) = random_weight(&mut cx.rng, dtype, rows, cols)?;
     let x = random(&mut cx.rng, cols, 1.0);
     let xd = dev.upload(s, &x)?;
@@ -59,7 +65,7 @@ fn thin_rows(cx: &mut Ctx, cols: usize, norm: bool) -> Result<()> {
     dev.matvec_many(s, &[&full], &xd, norm, chunks, &[Span::of(&y)])?;
     let want = dev.download(s, &y)?;
     let row_bytes = cols * 4;
-    let cuts = [(0, 300), (300, 600), (1000, 1032)];
+    let cuts = [(0, 301), (301, 600), (1000, 1033)];
     let mut parts = Vec::new();
     for (a, b) in cuts {
         let part = &bytes[a * row_bytes..b * row_bytes];
@@ -85,7 +91,7 @@ fn thin_rows(cx: &mut Ctx, cols: usize, norm: bool) -> Result<()> {
     let normed = if norm.is_some() { ", normed" } else { "" };
     cx.report.exact(
         "matvec_thin_f32",
-        format!("rows of 1100x{cols}{normed} == generic"),
+        format!("rows of 1100x{cols} chunks={chunks}{normed} == generic"),
         mismatches,
     );
     Ok(())
