@@ -335,18 +335,23 @@ fn matrix_rows(gguf: &GgufFile, info: &TensorInfo, start: u64, end: u64) -> Resu
     })
 }
 
-/// Matrices `a..b` of a `[count, rows, cols]` tensor: `full`, `experts a..b` or `heads a..b`.
-fn stack(gguf: &GgufFile, info: &TensorInfo, shape: &[u64], split: Split) -> Result<Stack> {
-    let (count, rows) = (shape[0], shape[1]);
-    let (start, end) = match split {
-        Split::Full => (0, count),
+/// The matrices a split holds of a stack of `count`: `full`, `experts a..b` or `heads a..b`.
+pub(crate) fn stack_matrices(split: Split, count: u64) -> Result<(u64, u64)> {
+    match split {
+        Split::Full => Ok((0, count)),
         Split::Experts { start, end } | Split::Heads { start, end }
             if start < end && end <= count =>
         {
-            (start, end)
+            Ok((start, end))
         }
         other => bail!("split `{other}` does not apply to a stack of {count} matrices"),
-    };
+    }
+}
+
+/// Matrices `a..b` of a `[count, rows, cols]` tensor: `full`, `experts a..b` or `heads a..b`.
+fn stack(gguf: &GgufFile, info: &TensorInfo, shape: &[u64], split: Split) -> Result<Stack> {
+    let (count, rows) = (shape[0], shape[1]);
+    let (start, end) = stack_matrices(split, count)?;
     let bytes = gguf.tensor_rows(info, start * rows..end * rows)?;
     Ok(Stack {
         dtype: info.dtype,

@@ -46,7 +46,7 @@ use memra_compiler::model::fnv1a;
 use memra_compiler::plan::{Split, WeightShard};
 use memra_gguf::{quantize, GgmlType};
 
-use crate::weights::{Matrix, Shard, Stack};
+use crate::weights::{stack_matrices, Matrix, Shard, Stack};
 use blocks::Blocks;
 
 /// The seed every synthetic load uses: the values are a function of the tensor name alone.
@@ -373,15 +373,7 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
             })
         }
         (&[count, rows, cols], split) => {
-            let (first, end) = match split {
-                Split::Full => (0, count),
-                Split::Experts { start, end } | Split::Heads { start, end }
-                    if start < end && end <= count =>
-                {
-                    (start, end)
-                }
-                other => bail!("split `{other}` does not apply to a stack of {count} matrices"),
-            };
+            let (first, end) = stack_matrices(split, count)?;
             let held = first * rows..end * rows;
             Ok(match hold(held, 0..cols, cols, end - first).with_context(drawing)? {
                 Held::Blocks(blocks) => Shard::DrawnStack(blocks),
