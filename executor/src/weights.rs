@@ -335,6 +335,12 @@ fn matrix_rows(gguf: &GgufFile, info: &TensorInfo, start: u64, end: u64) -> Resu
     })
 }
 
+/// Whether columns `start..end` of rows of `len` are whole blocks of `dtype`.
+pub(crate) fn whole_blocks(dtype: GgmlType, start: u64, end: u64, len: u64) -> bool {
+    let block = dtype.block_size() as u64;
+    start <= end && end <= len && start.is_multiple_of(block) && end.is_multiple_of(block)
+}
+
 /// The matrices a split holds of a stack of `count`: `full`, `experts a..b` or `heads a..b`.
 pub(crate) fn stack_matrices(split: Split, count: u64) -> Result<(u64, u64)> {
     match split {
@@ -365,11 +371,7 @@ fn stack(gguf: &GgufFile, info: &TensorInfo, shape: &[u64], split: Split) -> Res
 
 fn matrix_cols(gguf: &GgufFile, info: &TensorInfo, start: u64, end: u64) -> Result<Matrix> {
     let block = info.dtype.block_size() as u64;
-    if start > end
-        || end > info.row_len()
-        || !start.is_multiple_of(block)
-        || !end.is_multiple_of(block)
-    {
+    if !whole_blocks(info.dtype, start, end, info.row_len()) {
         bail!(
             "columns {start}..{end} are not whole {}-element blocks of rows of length {}",
             block,

@@ -46,7 +46,7 @@ use memra_compiler::model::fnv1a;
 use memra_compiler::plan::{Split, WeightShard};
 use memra_gguf::{quantize, GgmlType};
 
-use crate::weights::{stack_matrices, Matrix, Shard, Stack};
+use crate::weights::{stack_matrices, whole_blocks, Matrix, Shard, Stack};
 use blocks::Blocks;
 
 /// The seed every synthetic load uses: the values are a function of the tensor name alone.
@@ -391,12 +391,6 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
             "split `{split}` of a tensor of shape {shape:?}: only vectors, matrices and stacks of matrices are supported"
         ),
     }
-}
-
-/// Whether columns `start..end` of rows of `len` are whole blocks of `dtype`.
-fn whole_blocks(dtype: GgmlType, start: u64, end: u64, len: u64) -> bool {
-    let block = dtype.block_size() as u64;
-    start <= end && end <= len && start.is_multiple_of(block) && end.is_multiple_of(block)
 }
 
 #[cfg(test)]
