@@ -62,6 +62,23 @@ __device__ __forceinline__ float int_to_f32(int v) {
     return __int_as_float(0x4B400000 + v) - 12582912.0f;
 }
 
+// 1 / x correctly rounded, the bits of __frcp_rn (and so of the CPU's 1.0 / x), in three
+// dependent instructions where the result is normal: the hardware's approximation (within an
+// ulp), then one Newton step whose residual the FMA holds exactly. Elsewhere (zeros,
+// subnormals, the largest and smallest exponents, inf, NaN) __frcp_rn itself. The self-test
+// (rcp_rn_mismatches in check.cu) compares it with __frcp_rn on every float. A chain of
+// divisions, as the Sinkhorn passes of mhc.cu are, waits on its reciprocals one after another;
+// __frcp_rn's general routine made those chains the longest part of their kernels.
+__device__ __forceinline__ float rcp_rn(float x) {
+    const float ax = fabsf(x);
+    if (ax >= 0x1p-125f && ax <= 0x1p125f) {
+        float r;
+        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+        return __fmaf_rn(r, __fmaf_rn(-x, r, 1.0f), r);
+    }
+    return __frcp_rn(x);
+}
+
 // Packed bytes: four ones (a __dp4a sum), four low nibbles.
 #define ONES 0x01010101
 #define NIB 0x0f0f0f0f
@@ -134,25 +151,30 @@ __device__ __forceinline__ void overlap_with_neighbours() {
 
 #define NORM_THREADS 256
 #define NORM_UNROLL 8
+// loads in flight per thread where the kernel's registers allow more: 24576 values (the mHC
+// streams) in three rounds instead of twelve
+#define NORM_UNROLL_WIDE 32
 
 // 1 / sqrt(mean(x[0..n)^2) + eps) for every thread of a block of at least NORM_THREADS
 // threads (all must call it). Thread t < NORM_THREADS adds x[t]^2, x[t + T]^2, ... in f64 (as
-// ggml and the CPU backend do), issuing NORM_UNROLL loads before the first add; the warps'
-// sums are then added in warp order, so the result is deterministic.
+// ggml and the CPU backend do), issuing UNROLL loads before the first add (the order is the
+// same for any UNROLL); the warps' sums are then added in warp order, so the result is
+// deterministic.
+template <int UNROLL = NORM_UNROLL>
 __device__ float block_rms_scale(const float* x, int n, float eps) {
     __shared__ double partial[NORM_THREADS / WARP];
     __shared__ float scale;
     if (threadIdx.x < NORM_THREADS) {
         double sum = 0.0;
-        for (int i0 = threadIdx.x; i0 < n; i0 += NORM_UNROLL * NORM_THREADS) {
-            float v[NORM_UNROLL];
+        for (int i0 = threadIdx.x; i0 < n; i0 += UNROLL * NORM_THREADS) {
+            float v[UNROLL];
 #pragma unroll
-            for (int k = 0; k < NORM_UNROLL; ++k) {
+            for (int k = 0; k < UNROLL; ++k) {
                 const int i = i0 + k * NORM_THREADS;
                 v[k] = i < n ? x[i] : 0.f;
             }
 #pragma unroll
-            for (int k = 0; k < NORM_UNROLL; ++k)
+            for (int k = 0; k < UNROLL; ++k)
                 if (i0 + k * NORM_THREADS < n) sum += (double)__fmul_rn(v[k], v[k]);
         }
         sum = warp_sum_f64(sum);

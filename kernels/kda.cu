@@ -17,7 +17,7 @@
 // except where expf and logf (CUDA's, within 2 ulp) round differently from the host libm's:
 // SiLU, softplus, the decay exp and the sigmoids; a differing exp then moves the state by an
 // ulp, which later tokens carry. Division and sqrt are IEEE (NVRTC's default -prec-div and
-// -prec-sqrt).
+// -prec-sqrt), and so are reciprocals (rcp_rn).
 //
 // The recurrent state is kept key-major on the device: S[j][i] (value row j, key column i) at
 // i * d + j, so that thread j, which owns value row j, reads and writes coalesced. Its address
@@ -33,7 +33,7 @@
 static_assert(KDA_HELD % KDA_AHEAD == 0 && KDA_MAX_DIM % KDA_AHEAD == 0, "a chunk stays within the arrays");
 
 __device__ __forceinline__ float kda_sigmoid(float x) {
-    return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
+    return rcp_rn(__fadd_rn(1.0f, expf(-x)));
 }
 
 // The f32 scale 1 / sqrt(mean(v^2) + eps) of v[0..n), the squares summed in f64 in order.
@@ -41,7 +41,7 @@ __device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps)
     double sum = 0.0;
     for (int i = 0; i < n; ++i) sum += (double)__fmul_rn(v[i], v[i]);
     const float mean = (float)(sum / (double)n);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+    return rcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
 // One block per head of q, k and v (3 * heads blocks, q heads first), thread i its channel i.

@@ -724,7 +724,8 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
 // gates, routers), whose items would leave most SMs idle: one block per THIN_WARPS / chunks
 // rows, each warp one (row, chunk) piece, loads THIN_AHEAD groups ahead of the arithmetic. A
 // lane takes FloatPolicy's elements in FloatPolicy's order, the warp and the chunk tree are the
-// generic kernel's, and a norm is applied as there, so every row has the bits of matvec_f32.
+// generic kernel's, and a norm gives each x value the generic kernel's bits (without a shared
+// copy of the normalized x), so every row has the bits of matvec_f32.
 #define THIN_WARPS 8
 #define THIN_AHEAD 4
 // The segment of row *r of the job's combined matrix; *r becomes the row within it.
@@ -739,8 +740,13 @@ __device__ __forceinline__ int thin_seg(const MatvecJob j, int* r) {
     }
     return 0;
 }
+// A lane's THIN_AHEAD groups of 8 weights from group g0 of its chunk (p), a warp apart.
+__device__ __forceinline__ void thin_round(const float* p, int g0, int groups, float (&w)[THIN_AHEAD][8]) {
+#pragma unroll
+    for (int u = 0; u < THIN_AHEAD; ++u)
+        if (g0 + u * WARP < groups) load8(p + 8 * (g0 + u * WARP), w[u]);
+}
 extern "C" __global__ void __launch_bounds__(THIN_WARPS * WARP) matvec_thin_f32(const MatvecJob j) {
-    extern __shared__ uint4 thin_smem[];
     __shared__ float part[THIN_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int cols = j.cols, chunks = j.chunks, per_block = THIN_WARPS / chunks;
@@ -759,36 +765,41 @@ extern "C" __global__ void __launch_bounds__(THIN_WARPS * WARP) matvec_thin_f32(
             prefetch_l2(job_w(j, ks) + (size_t)kr * cols * 4, (size_t)cols * 4);
         }
     }
+    // and this warp's first round of them, before waiting for the previous kernel's x
+    const int len = cols / chunks, c0 = c * len, groups = len / 8;
+    const bool grouped = len % 8 == 0 && len >= 8 * WARP;
+    float w[THIN_AHEAD][8];
+    if (grouped && g < rows) thin_round(row + c0, lane, groups, w);
     overlap_with_neighbours();
-    const float* x = j.x;
-    if (j.norm) {
-        float* xn = (float*)thin_smem;
-        const float scale = block_rms_scale(j.x, cols, j.eps);
-#pragma unroll 8
-        for (int i = threadIdx.x; i < cols; i += THIN_WARPS * WARP) xn[i] = __fmul_rn(__fmul_rn(j.x[i], scale), j.norm[i]);
-        __syncthreads();
-        x = xn;
-    }
-    const int len = cols / chunks, c0 = c * len;
+    // with a norm, each warp normalizes the x values of its own chunk as it reads them: the
+    // generic kernel's expression for its shared copy, x * scale * norm, so the same bits
+    const float scale = j.norm ? block_rms_scale<NORM_UNROLL_WIDE>(j.x, cols, j.eps) : 1.f;
     float acc = 0.f;
     if (g < rows) {
-        if (len % 8 == 0 && len >= 8 * WARP) {
-            for (int g0 = lane; g0 < len / 8; g0 += THIN_AHEAD * WARP) {
-                float w[THIN_AHEAD][8];
+        if (grouped) {
+            for (int g0 = lane; g0 < groups; g0 += THIN_AHEAD * WARP) {
+                if (g0 != lane) thin_round(row + c0, g0, groups, w);
 #pragma unroll
                 for (int u = 0; u < THIN_AHEAD; ++u)
-                    if (g0 + u * WARP < len / 8) load8(row + c0 + 8 * (g0 + u * WARP), w[u]);
-#pragma unroll
-                for (int u = 0; u < THIN_AHEAD; ++u)
-                    if (g0 + u * WARP < len / 8) {
+                    if (g0 + u * WARP < groups) {
+                        const int e = c0 + 8 * (g0 + u * WARP);
                         float v[8];
-                        load8(x + c0 + 8 * (g0 + u * WARP), v);
+                        load8(j.x + e, v);
+                        if (j.norm) {
+                            float n[8];
+                            load8(j.norm + e, n);
+#pragma unroll
+                            for (int k = 0; k < 8; ++k) v[k] = __fmul_rn(__fmul_rn(v[k], scale), n[k]);
+                        }
 #pragma unroll
                         for (int k = 0; k < 8; ++k) acc = fmaf(w[u][k], v[k], acc);
                     }
             }
         } else {
-            for (int e = lane; e < len; e += WARP) acc = fmaf(row[c0 + e], x[c0 + e], acc);
+            for (int e = c0 + lane; e < c0 + len; e += WARP) {
+                const float v = j.norm ? __fmul_rn(__fmul_rn(j.x[e], scale), j.norm[e]) : j.x[e];
+                acc = fmaf(row[e], v, acc);
+            }
         }
     }
     acc = warp_sum(acc);

@@ -13,10 +13,11 @@
 // embedding.
 //
 // Every value is computed with the CPU loops' float operations in their order, with explicit
-// round-to-nearest intrinsics so that no multiply-add is contracted into an FMA. The mixing
-// weights are computed by one thread per block (24 values and a few 4x4 passes, in registers),
-// so every block holds the same bits. They match the CPU's except where expf (CUDA's, within
-// 2 ulp) rounds differently from the host libm's: the sigmoids and the combination's softmax.
+// round-to-nearest intrinsics so that no multiply-add is contracted into an FMA; a reciprocal
+// 1 / x is rcp_rn, correctly rounded as the CPU's division is, so the same bits. The mixing
+// weights are computed by the first warp of every block (a lane a value), so every block holds
+// the same bits. They match the CPU's except where expf (CUDA's, within 2 ulp) rounds
+// differently from the host libm's: the sigmoids and the combination's softmax.
 #include "common.cuh"
 
 #define HC_STREAMS 4
@@ -25,84 +26,51 @@
 #define HC_MIX_LEN (2 * HC_STREAMS + HC_STREAMS * HC_STREAMS)
 
 __device__ __forceinline__ float hc_sigmoid(float x) {
-    return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
+    return rcp_rn(__fadd_rn(1.0f, expf(-x)));
 }
 
-// The CPU's Sinkhorn normalization of c: over_src divides each dst's values (over src) by
-// their sum plus eps, else each src's values (over dst). Fully unrolled, so that c stays in
-// registers.
-__device__ __forceinline__ void hc_norm(float (&c)[HC_STREAMS * HC_STREAMS], bool over_src, float eps) {
+// One Sinkhorn normalization of the combination, held one value a lane (lane e < 16 holds
+// c[e]): over_src divides each dst's values (over src) by their sum plus eps, else each src's
+// values (over dst). Every lane gathers its line's four values and sums them in the CPU's
+// order, so the four lines' reciprocals are taken at once, each lane the one of its line.
+__device__ __forceinline__ float hc_norm(float v, int e, bool over_src, float eps) {
+    const int i = over_src ? e % HC_STREAMS : e / HC_STREAMS;
+    float sum = eps;
 #pragma unroll
-    for (int i = 0; i < HC_STREAMS; ++i) {
-        float sum = eps;
-#pragma unroll
-        for (int j = 0; j < HC_STREAMS; ++j) sum = __fadd_rn(sum, c[over_src ? i + HC_STREAMS * j : j + HC_STREAMS * i]);
-        const float inv = __fdiv_rn(1.0f, sum);
-#pragma unroll
-        for (int j = 0; j < HC_STREAMS; ++j) {
-            float& v = c[over_src ? i + HC_STREAMS * j : j + HC_STREAMS * i];
-            v = __fmul_rn(v, inv);
-        }
-    }
+    for (int j = 0; j < HC_STREAMS; ++j)
+        sum = __fadd_rn(sum, __shfl_sync(FULL_MASK, v, over_src ? i + HC_STREAMS * j : j + HC_STREAMS * i));
+    return __fmul_rn(v, rcp_rn(sum));
 }
 
-// The CPU's hc_mix: mixes (HC_MIXES), scale (3), base (HC_MIXES) into m (HC_MIX_LEN). The inputs
-// are loaded before the arithmetic and every loop but the Sinkhorn iterations is unrolled, so
-// that the values live in registers; m is written once at the end.
+// The CPU's hc_mix on one warp: mixes (HC_MIXES), scale (3), base (HC_MIXES) into m
+// (HC_MIX_LEN). Lane k < HC_MIXES takes mix k: k < 4 a pre weight, k < 8 a post weight, else
+// combination entry k - 8 (dst + 4 src), whose softmax over dst runs in its aligned group of
+// four lanes; the entries then move to lanes 0..15 for the Sinkhorn iterations. Each value
+// sees the CPU loop's operations in their order, so the per-lane form keeps its bits while the
+// reciprocals, which bound the chain, run side by side instead of one after another.
 __device__ __forceinline__ void hc_mix(const float* mixes, const float* scale, const float* base, float eps, int iters,
                                        float* m) {
-    float mx_in[HC_MIXES], base_in[HC_MIXES], sc[3];
+    const int k = threadIdx.x & 31;
+    const int part = k < HC_STREAMS ? 0 : k < 2 * HC_STREAMS ? 1 : 2;
+    const float v = k < HC_MIXES ? __fadd_rn(__fmul_rn(mixes[k], scale[part]), base[k]) : 0.f;
+    if (part == 0) m[k] = __fadd_rn(hc_sigmoid(v), eps);
+    if (part == 1) m[k] = __fmul_rn(2.0f, hc_sigmoid(v));
+    // the softmax over dst of each src: lanes 8 + 4 src .. + 3, dst in lane order
+    const int group = k & ~(HC_STREAMS - 1);
+    const float mx = fmaxf(fmaxf(__shfl_sync(FULL_MASK, v, group), __shfl_sync(FULL_MASK, v, group + 1)),
+                           fmaxf(__shfl_sync(FULL_MASK, v, group + 2), __shfl_sync(FULL_MASK, v, group + 3)));
+    const float ex = expf(__fsub_rn(v, mx));
+    float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < HC_MIXES; ++k) {
-        mx_in[k] = mixes[k];
-        base_in[k] = base[k];
-    }
-#pragma unroll
-    for (int k = 0; k < 3; ++k) sc[k] = scale[k];
-    float pre[HC_STREAMS], post[HC_STREAMS], c[HC_STREAMS * HC_STREAMS];
-#pragma unroll
-    for (int s = 0; s < HC_STREAMS; ++s) {
-        pre[s] = __fadd_rn(hc_sigmoid(__fadd_rn(__fmul_rn(mx_in[s], sc[0]), base_in[s])), eps);
-        const int p = HC_STREAMS + s;
-        post[s] = __fmul_rn(2.0f, hc_sigmoid(__fadd_rn(__fmul_rn(mx_in[p], sc[1]), base_in[p])));
-    }
-    const int off = 2 * HC_STREAMS;
-#pragma unroll
-    for (int src = 0; src < HC_STREAMS; ++src) {
-        float mx = -__int_as_float(0x7f800000);
-#pragma unroll
-        for (int dst = 0; dst < HC_STREAMS; ++dst) {
-            const int at = dst + HC_STREAMS * src;
-            const float v = __fadd_rn(__fmul_rn(mx_in[off + at], sc[2]), base_in[off + at]);
-            c[at] = v;
-            mx = fmaxf(mx, v);
-        }
-        float sum = 0.0f;
-#pragma unroll
-        for (int dst = 0; dst < HC_STREAMS; ++dst) {
-            const int at = dst + HC_STREAMS * src;
-            c[at] = expf(__fsub_rn(c[at], mx));
-            sum = __fadd_rn(sum, c[at]);
-        }
-        const float inv = __fdiv_rn(1.0f, sum);
-#pragma unroll
-        for (int dst = 0; dst < HC_STREAMS; ++dst) {
-            const int at = dst + HC_STREAMS * src;
-            c[at] = __fadd_rn(__fmul_rn(c[at], inv), eps);
-        }
-    }
-    hc_norm(c, true, eps);
+    for (int dst = 0; dst < HC_STREAMS; ++dst) sum = __fadd_rn(sum, __shfl_sync(FULL_MASK, ex, group + dst));
+    const float c0 = __fadd_rn(__fmul_rn(ex, rcp_rn(sum)), eps);
+    float c = __shfl_sync(FULL_MASK, c0, (2 * HC_STREAMS + k) & 31);
+    c = hc_norm(c, k, true, eps);
     for (int i = 1; i < iters; ++i) {
-        hc_norm(c, false, eps);
-        hc_norm(c, true, eps);
+        c = hc_norm(c, k, false, eps);
+        c = hc_norm(c, k, true, eps);
     }
-#pragma unroll
-    for (int s = 0; s < HC_STREAMS; ++s) {
-        m[s] = pre[s];
-        m[HC_STREAMS + s] = post[s];
-    }
-#pragma unroll
-    for (int k = 0; k < HC_STREAMS * HC_STREAMS; ++k) m[2 * HC_STREAMS + k] = c[k];
+    if (k < HC_STREAMS * HC_STREAMS) m[2 * HC_STREAMS + k] = c;
 }
 
 // mixes: HC_MIXES per row; streams: HC_STREAMS * d per row; mix: HC_MIX_LEN per row (out);
@@ -112,7 +80,7 @@ extern "C" __global__ void hc_pre_f32(const float* mixes, const float* scale, co
     overlap_with_neighbours();
     __shared__ float m[HC_MIX_LEN];
     const size_t row = blockIdx.y;
-    if (threadIdx.x == 0) hc_mix(mixes + row * HC_MIXES, scale, base, eps, iters, m);
+    if (threadIdx.x < WARP) hc_mix(mixes + row * HC_MIXES, scale, base, eps, iters, m);
     __syncthreads();
     if (blockIdx.x == 0)
         for (int k = threadIdx.x; k < HC_MIX_LEN; k += blockDim.x) mix[row * HC_MIX_LEN + k] = m[k];

@@ -56,7 +56,7 @@ extern "C" __global__ void moe_route_f32(const float* logits, const float* bias,
     ids += (size_t)blockIdx.x * k;
     weights += (size_t)blockIdx.x * k;
     if (sigmoid) {
-        for (int e = lane; e < n; e += WARP) probs[e] = 1.0f / (1.0f + expf(-logits[e]));
+        for (int e = lane; e < n; e += WARP) probs[e] = rcp_rn(1.0f + expf(-logits[e]));
     } else {
         float m = NEG_INF;
         for (int e = lane; e < n; e += WARP) m = fmaxf(m, logits[e]);

@@ -9,18 +9,18 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     overlap_with_neighbours();
     const float* xr = x + (size_t)blockIdx.x * n;
     float* yr = out + (size_t)blockIdx.x * n;
-    const float s = block_rms_scale(xr, n, eps);
+    const float s = block_rms_scale<NORM_UNROLL_WIDE>(xr, n, eps);
     // `out` may alias `x`: each thread reads its own terms before it writes them
-    for (int i0 = threadIdx.x; i0 < n; i0 += NORM_UNROLL * NORM_THREADS) {
-        float v[NORM_UNROLL], w[NORM_UNROLL];
+    for (int i0 = threadIdx.x; i0 < n; i0 += NORM_UNROLL_WIDE * NORM_THREADS) {
+        float v[NORM_UNROLL_WIDE], w[NORM_UNROLL_WIDE];
 #pragma unroll
-        for (int k = 0; k < NORM_UNROLL; ++k) {
+        for (int k = 0; k < NORM_UNROLL_WIDE; ++k) {
             const int i = i0 + k * NORM_THREADS;
             v[k] = i < n ? xr[i] : 0.f;
             w[k] = i < n ? weight[i] : 0.f;
         }
 #pragma unroll
-        for (int k = 0; k < NORM_UNROLL; ++k) {
+        for (int k = 0; k < NORM_UNROLL_WIDE; ++k) {
             const int i = i0 + k * NORM_THREADS;
             if (i < n) yr[i] = __fmul_rn(__fmul_rn(v[k], s), w[k]);
         }

@@ -106,6 +106,7 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!("sample.cu", ["argmax_f32", "sample_f32"]),
     kernel_file!("reduce.cu", ["tree_sum_f32"]),
+    kernel_file!("check.cu", ["rcp_rn_mismatches"]),
     kernel_file!(
         "moe.cu",
         [

@@ -76,9 +76,6 @@ impl Kernel {
 /// grid of the generic kernel fills the SMs.
 const THIN_WARPS: usize = 8;
 const THIN_MAX_ROWS: usize = 1024;
-/// Its static shared memory: the warps' chunk values and block_rms_scale's partial sums
-/// (kernels/common.cuh), rounded up.
-const THIN_STATIC_SHARED: usize = 128;
 
 /// Most weights one matvec launch takes (MATVEC_MAX_SEGS in kernels/matvec.cu).
 pub const MATVEC_MAX_SEGS: usize = 3;
@@ -430,7 +427,7 @@ impl CudaDevice {
             && chunks <= THIN_WARPS
             && rows <= THIN_MAX_ROWS
         {
-            return self.matvec_thin(stream, &job, rows, chunks, norm.is_some());
+            return self.matvec_thin(stream, &job, rows, chunks);
         }
         let name = kernel.name(w0.dtype);
         if smem + kernel.static_shared() > PLAIN_DYNAMIC_SHARED {
@@ -470,22 +467,14 @@ impl CudaDevice {
         job: &MatvecJob,
         rows: usize,
         chunks: usize,
-        norm: bool,
     ) -> Result<()> {
-        let name = "matvec_thin_f32";
-        // a norm leaves the normalized x in shared memory
-        let smem = if norm { job.cols as usize * 4 } else { 0 };
-        if smem + THIN_STATIC_SHARED > PLAIN_DYNAMIC_SHARED {
-            self.allow_dynamic_shared(name, THIN_STATIC_SHARED, smem)
-                .with_context(|| format!("{name} with K = {}", job.cols))?;
-        }
         let per_block = THIN_WARPS / chunks;
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
             block_dim: ((THIN_WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: 0,
         };
-        self.launch(stream, name, cfg, |a| {
+        self.launch(stream, "matvec_thin_f32", cfg, |a| {
             a.arg(job);
         })
     }

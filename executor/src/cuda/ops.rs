@@ -423,6 +423,22 @@ impl CudaDevice {
         })
     }
 
+    /// How many of the 32-bit patterns `lo .. lo + count`, as floats, get other bits from
+    /// `rcp_rn` (kernels/common.cuh) than from `__frcp_rn` (kernels/check.cu; the self-test's).
+    pub fn rcp_rn_mismatches(&self, stream: &Arc<CudaStream>, lo: u32, count: u32) -> Result<u64> {
+        let mut out = self.alloc::<u64>(stream, 1)?;
+        let op = ptr_mut(stream, &mut out);
+        let cfg = LaunchConfig {
+            grid_dim: (4 * self.sm_count() as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "rcp_rn_mismatches", cfg, |a| {
+            a.arg(&lo).arg(&count).arg(&op);
+        })?;
+        Ok(self.download(stream, &out)?[0])
+    }
+
     /// Temperature sampling with top-k and top-p (`config` not greedy, `top_k` in
     /// 1..=`MAX_TOP_K`) into `token[0]`, the same token as `crate::sample::Sampler` for the same
     /// logits, seed and draw number; `step[0]` holds the draw number and the kernel advances it.

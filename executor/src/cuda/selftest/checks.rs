@@ -37,6 +37,25 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     }
     elementwise(cx)?;
     argmax(cx)?;
+    rcp_rn(cx)?;
+    Ok(())
+}
+
+/// The fast reciprocal (`rcp_rn`, kernels/common.cuh) against `__frcp_rn` on every 32-bit
+/// pattern, in launches of 2^28 patterns.
+fn rcp_rn(cx: &mut Ctx) -> Result<()> {
+    let per_launch = 1u64 << 28;
+    let mut wrong = 0;
+    for k in 0..(1u64 << 32) / per_launch {
+        wrong += cx
+            .dev
+            .rcp_rn_mismatches(cx.s, (k * per_launch) as u32, per_launch as u32)?;
+    }
+    cx.report.exact(
+        "rcp_rn",
+        "every float == __frcp_rn".to_string(),
+        wrong as usize,
+    );
     Ok(())
 }
 

@@ -1,0 +1,14 @@
+// memra kernels the self-test runs to check device helpers of common.cuh over their whole
+// input range, where a sampled test could miss the rare input that differs.
+#include "common.cuh"
+
+// Counts the 32-bit patterns lo, lo + 1, ..., lo + count - 1 (as floats) whose rcp_rn differs
+// in any bit from __frcp_rn's, into *mismatches; a grid-stride loop, so any grid covers them.
+extern "C" __global__ void rcp_rn_mismatches(unsigned lo, unsigned count, unsigned long long* mismatches) {
+    unsigned long long wrong = 0;
+    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += gridDim.x * blockDim.x) {
+        const float x = __uint_as_float(lo + k);
+        wrong += __float_as_uint(rcp_rn(x)) != __float_as_uint(__frcp_rn(x));
+    }
+    if (wrong) atomicAdd(mismatches, wrong);
+}
