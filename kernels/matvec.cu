@@ -611,11 +611,14 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
     const size_t rb = P::row_bytes(cols), sb = P::scale_row_bytes(cols);
     const int items = job_items(j);
     // a batched grid is runs x tiles, the tiles of a run neighbours
-    const int tiles = (j.batch + NB - 1) / NB, run = blockIdx.x / tiles, tile = blockIdx.x - run * tiles;
-    const int runs = gridDim.x / tiles;
-    const int i0 = (int)((long long)items * run / runs);
-    const int i1 = (int)((long long)items * (run + 1) / runs);
-    const int nb = min(NB, j.batch - tile * NB);
+    const int tiles = NB == 1 ? 1 : (j.batch + NB - 1) / NB;
+    const int run = NB == 1 ? blockIdx.x : blockIdx.x / tiles, tile = blockIdx.x - run * tiles;
+    const int runs = NB == 1 ? gridDim.x : gridDim.x / tiles;
+    // items x runs stays far below 2^32 (a run is a block of a grid of a few per SM), so the
+    // split takes 32-bit divisions
+    const int i0 = (int)((unsigned)items * (unsigned)run / (unsigned)runs);
+    const int i1 = (int)((unsigned)items * (unsigned)(run + 1) / (unsigned)runs);
+    const int nb = NB == 1 ? 1 : min(NB, j.batch - tile * NB);
     const int act_bytes = act_row_bytes<P>(cols);
     float expert_weight = 1.f;
     if (j.experts) {
@@ -659,15 +662,16 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         }
         __syncthreads();
     }
-    const int len = cols / chunks;
+    // chunks is a power of two and halves 1 or 2: the pieces are indexed by shifts and masks
+    const int len = cols / chunks, chunk_shift = __ffs(chunks) - 1, half_shift = halves - 1;
     // SPLIT policies: a lane's value i belongs to row 2i + (lane / 16), summed over its half
     constexpr int VALUES = P::SPLIT ? MATVEC_ROWS / 2 : MATVEC_ROWS;
     int buf = 0;
     for (int round = i0; round < i1; round += ROUND, buf ^= 1) {
         const int ni = min(ROUND, i1 - round);
         for (int work = warp; work < ni * halves * chunks; work += MATVEC_WARPS) {
-            const int ih = work / chunks, c = work - ih * chunks;
-            const int item = ih / halves, h = ih - item * halves;
+            const int ih = work >> chunk_shift, c = work & (chunks - 1);
+            const int item = ih >> half_shift, h = ih & half_shift;
             int row0;
             const int s = job_seg(j, round + item, &row0) + h;
             const int seg_rows = job_rows(j, s);
@@ -696,7 +700,7 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         }
         __syncthreads();
         for (int task = warp; task < ni * nb; task += MATVEC_WARPS) {
-            const int item = task / nb, b = task - item * nb;
+            const int item = NB == 1 ? task : task / nb, b = task - item * nb;
             int row0;
             const int s = job_seg(j, round + item, &row0);
             const int seg_rows = job_rows(j, s), xrow = tile * NB + b;

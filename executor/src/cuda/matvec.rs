@@ -5,7 +5,7 @@
 //! with the bits of a launch for it alone. The numerics contract (chunked K, a fixed tree) is
 //! the kernel file's; this side checks shapes and picks the kernel and the grid.
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
@@ -449,6 +449,11 @@ impl CudaDevice {
             // the launch's time
             Kernel::Tiles => items.min((resident / tiles).max(1)),
         };
+        // kernels/matvec.cu splits the items among the runs in 32-bit arithmetic
+        ensure!(
+            (items as u64) * (runs as u64 + 1) < 1 << 32,
+            "{name}: {items} work items are too many for one launch"
+        );
         let cfg = LaunchConfig {
             grid_dim: ((runs * tiles) as u32, slots as u32, 1),
             block_dim: (MATVEC_THREADS as u32, 1, 1),
