@@ -62,13 +62,16 @@ __device__ __forceinline__ float int_to_f32(int v) {
     return __int_as_float(0x4B400000 + v) - 12582912.0f;
 }
 
-// 1 / x correctly rounded, the bits of __frcp_rn (and so of the CPU's 1.0 / x), in three
-// dependent instructions where the result is normal: the hardware's approximation (within an
-// ulp), then one Newton step whose residual the FMA holds exactly. Elsewhere (zeros,
-// subnormals, the largest and smallest exponents, inf, NaN) __frcp_rn itself. The self-test
-// (rcp_rn_mismatches in check.cu) compares it with __frcp_rn on every float. A chain of
-// divisions, as the Sinkhorn passes of mhc.cu are, waits on its reciprocals one after another;
-// __frcp_rn's general routine made those chains the longest part of their kernels.
+// 1 / x correctly rounded, the bits of __frcp_rn (and so of the CPU's 1.0 / x, but for a
+// NaN's payload), in three dependent instructions where the result is normal: the hardware's
+// approximation (within an ulp), then one Newton step whose residual the FMA holds exactly.
+// Elsewhere (zeros, subnormals, the largest and smallest exponents, inf, NaN) __frcp_rn
+// itself. One Newton step from an approximation within an ulp is not correctly rounded in
+// general; that it is from this hardware's is a measured fact, not a proof: the self-test
+// (rcp_rn_mismatches in check.cu) compares it with __frcp_rn on every float, so it must pass
+// on each GPU generation memra runs on (sm_90: 0 of 2^32 differ). A chain of divisions, as
+// the Sinkhorn passes of mhc.cu are, waits on its reciprocals one after another; __frcp_rn's
+// general routine made those chains the longest part of their kernels.
 __device__ __forceinline__ float rcp_rn(float x) {
     const float ax = fabsf(x);
     if (ax >= 0x1p-125f && ax <= 0x1p125f) {

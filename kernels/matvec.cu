@@ -248,8 +248,8 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
 
 // The high nibbles of the words of q dotted with the bytes of x, as 16 times their dot: each
 // nibble stays in place (q & 0xf0f0f0f0), which saves the shift before the mask. The sum is
-// exact (at most 8 x 240 x 128 in size), so a caller's one shift by 4 at the end gives the
-// dot itself.
+// exact (16 products of at most 240 x 128 in size) and a multiple of 16, so a caller's one
+// arithmetic shift by 4 at the end gives the dot itself, negative or not.
 #define HI_NIB 0xf0f0f0f0u
 
 // 16 quant bytes = 32 values: low nibbles x[0..16), high nibbles x[16..32).
@@ -528,7 +528,8 @@ struct MatvecJob {
     const float* x;
     const float* residual;
     // with `norm` set, the launch multiplies rms_norm(x) * norm (block_rms_scale, the bits of
-    // rms_norm_f32), which every block computes into shared memory at byte `xn_offset`
+    // rms_norm_f32), which every block of matvec_run computes into shared memory at byte
+    // `xn_offset` (matvec_thin_f32 normalizes each value as it reads it)
     const float* norm;
     float eps;
     int xn_offset;
@@ -678,7 +679,8 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         __syncthreads();
     }
     // chunks is a power of two and halves 1 or 2: the pieces are indexed by shifts and masks
-    const int len = cols / chunks, chunk_shift = __ffs(chunks) - 1, half_shift = halves - 1;
+    // (for halves, shift and mask are both halves - 1)
+    const int len = cols / chunks, chunk_shift = __ffs(chunks) - 1, half_bit = halves - 1;
     // SPLIT policies: a lane's value i belongs to row 2i + (lane / 16), summed over its half
     constexpr int VALUES = P::SPLIT ? MATVEC_ROWS / 2 : MATVEC_ROWS;
     int buf = 0;
@@ -686,7 +688,7 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         const int ni = min(ROUND, i1 - round);
         for (int work = warp; work < ni * halves * chunks; work += MATVEC_WARPS) {
             const int ih = work >> chunk_shift, c = work & (chunks - 1);
-            const int item = ih >> half_shift, h = ih & half_shift;
+            const int item = ih >> half_bit, h = ih & half_bit;
             int row0;
             const int s = job_seg(j, round + item, &row0) + h;
             const int seg_rows = job_rows(j, s);

@@ -240,13 +240,32 @@ impl Layer {
 
 /// How the reference's expert products take their activations.
 #[derive(Clone, Copy)]
-enum Products {
+enum Products<'a> {
     /// As the CPU backend does (8-bit quantized for quantized weights): the decode layer's
     /// reference, which the device's matvecs follow to within rounding.
     Cpu,
-    /// Exact: f32 activations against the dequantized weights, so that what a prefill step's
-    /// f16 activations lose is measured alone and not beside the CPU's own quantization error.
-    Exact,
+    /// Exact: f32 activations against the dequantized weights (`dequantized`, per expert its
+    /// gate, up and down), so that what a prefill step's f16 activations lose is measured
+    /// alone and not beside the CPU's own quantization error.
+    Exact(&'a [Vec<Vec<f32>>]),
+}
+
+/// Every expert's gate, up and down matrices of `l`, dequantized.
+fn dequantized(l: &Layer) -> Vec<Vec<Vec<f32>>> {
+    (0..EXPERTS)
+        .map(|e| {
+            l.host
+                .iter()
+                .map(|st| {
+                    let bytes = st.matrix(e).expect("invariant: every expert held");
+                    let mut out = vec![0f32; st.rows * st.cols];
+                    memra_gguf::dequantize(st.dtype, bytes, &mut out)
+                        .expect("invariant: a whole matrix of its own dtype");
+                    out
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The CPU backend's layer on one token row `x`: its route and the weighted expert rows.
@@ -269,20 +288,6 @@ fn reference(
     let route = Router::of(&l.st.router).route(&logits, None);
     let mut rows = vec![0f32; TOP_K * D];
     for (row, &(e, w)) in rows.chunks_exact_mut(D).zip(&route) {
-        let dequantized: Vec<Vec<f32>> = match products {
-            Products::Cpu => Vec::new(),
-            Products::Exact => l
-                .host
-                .iter()
-                .map(|st| {
-                    let bytes = st.matrix(e).expect("invariant: every expert held");
-                    let mut out = vec![0f32; st.rows * st.cols];
-                    memra_gguf::dequantize(st.dtype, bytes, &mut out)
-                        .expect("invariant: a whole matrix of its own dtype");
-                    out
-                })
-                .collect(),
-        };
         let m = |i: usize| {
             let st = &l.host[i];
             let (dtype, data) = match products {
@@ -290,7 +295,7 @@ fn reference(
                     st.dtype,
                     st.matrix(e).expect("invariant: every expert held"),
                 ),
-                Products::Exact => (GgmlType::F32, bytemuck_f32(&dequantized[i])),
+                Products::Exact(all) => (GgmlType::F32, bytemuck_f32(&all[e][i])),
             };
             Weight {
                 dtype,
@@ -440,9 +445,10 @@ fn prefill(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     l.st.combine(dev, s, &Span::of(&l.x), false)?;
     let x1 = dev.download(s, &l.x)?;
     let pool = Pool::new(2);
+    let exact = dequantized(&l);
     let (mut routes, mut want_x, mut want_rows) = (Vec::new(), x0.clone(), Vec::new());
     for (t, x) in want_x.chunks_exact_mut(D).enumerate() {
-        let (route, rows) = reference(&l, &pool, &x0[t * D..(t + 1) * D], Products::Exact);
+        let (route, rows) = reference(&l, &pool, &x0[t * D..(t + 1) * D], Products::Exact(&exact));
         combine_into(&rows, TOP_K, false, x);
         routes.push(route);
         want_rows.extend(rows);
