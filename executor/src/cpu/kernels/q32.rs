@@ -106,10 +106,17 @@ fn tokens_k<const K: u8>(
     #[cfg(target_arch = "x86_64")]
     if simd {
         let rows = y.first().map_or(0, |y| y.len()) / 4 * 4;
+        // the tokens in groups of four (then two): each group of four weight rows is read
+        // from memory once and passes every group while it sits in cache
+        let mut groups = Vec::new();
         while t + 2 <= x.len() {
             let p = if t + 4 <= x.len() { 2 } else { 1 };
-            for r in (0..rows).step_by(4) {
-                let w4 = &w[r * rb..(r + 4) * rb];
+            groups.push((t, p));
+            t += 2 * p;
+        }
+        for r in (0..rows).step_by(4) {
+            let w4 = &w[r * rb..(r + 4) * rb];
+            for &(t, p) in &groups {
                 // SAFETY: `simd` is set only when AVX2, FMA and F16C were detected
                 let v = unsafe {
                     if p == 2 {
@@ -124,10 +131,9 @@ fn tokens_k<const K: u8>(
                     y[t + 2 * j + 1][r..r + 4].copy_from_slice(&v[4..]);
                 }
             }
-            for j in t..t + 2 * p {
-                rows_k::<K>(&w[rows * rb..], rb, x[j], chunks, &mut y[j][rows..], simd);
-            }
-            t += 2 * p;
+        }
+        for j in 0..t {
+            rows_k::<K>(&w[rows * rb..], rb, x[j], chunks, &mut y[j][rows..], simd);
         }
     }
     for j in t..x.len() {
