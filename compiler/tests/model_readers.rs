@@ -290,3 +290,32 @@ fn the_legacy_unsplit_kv_up_projection_is_refused_by_name() {
         "{err}"
     );
 }
+
+#[test]
+fn config_head_counts_the_layers_cannot_take_are_named() {
+    // num_key_value_heads 0 divided by zero in allocate; 3 of 4 heads compiled a plan that
+    // no executor runs; a zero width compiled too
+    for (extra, want) in [
+        (
+            r#", "num_key_value_heads": 0"#,
+            "key `num_key_value_heads` must be a divisor of num_attention_heads (4), got 0",
+        ),
+        (
+            r#", "num_key_value_heads": 3"#,
+            "key `num_key_value_heads` must be a divisor of num_attention_heads (4), got 3",
+        ),
+        (
+            r#", "head_dim": 0"#,
+            "key `head_dim` must be at least 1, got 0",
+        ),
+    ] {
+        let path = scratch("llama.json");
+        std::fs::write(
+            &path,
+            format!("{{\"model_type\": \"llama\", {BASE}{extra}}}"),
+        )
+        .unwrap();
+        let err = format!("{:#}", read_config(&path, Dtype::F32).unwrap_err());
+        assert!(err.ends_with(want), "{extra}: {err}");
+    }
+}

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
-use memra_compiler::model::fnv1a;
+use memra_compiler::model::{fnv1a, read_gguf};
+use memra_compiler::passes::emit::model_summary;
 use memra_compiler::passes::verify::verify_plan;
 use memra_compiler::plan::Plan;
 use memra_gguf::progress::{Progress, Unit};
@@ -133,7 +134,47 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
             plan_path.display()
         );
     }
+    check_model_facts(&plan, plan_path, &model_path)?;
     Ok(loaded(plan, plan_path, Weights::File(gguf)))
+}
+
+/// Refuses a plan whose `[model]` facts differ from what the compiler reads from the model
+/// file (a plan edited by hand: the fingerprint covers the file, not the plan's copy of it).
+fn check_model_facts(plan: &Plan, plan_path: &Path, model_path: &Path) -> Result<()> {
+    let meta = read_gguf(model_path)
+        .with_context(|| format!("reading the model facts of plan {}", plan_path.display()))?;
+    let want = serde_json::to_value(model_summary(&meta, &plan.model.source))?;
+    let got = serde_json::to_value(&plan.model)?;
+    let mut differ = Vec::new();
+    diff_values("model", &want, &got, &mut differ);
+    if !differ.is_empty() {
+        bail!(
+            "{}: the plan's model facts differ from {}: {}; recompile the placement for this model file",
+            plan_path.display(),
+            model_path.display(),
+            differ.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Every leaf where `got` differs from `want`, as `path is GOT, the model's is WANT`.
+fn diff_values(at: &str, want: &serde_json::Value, got: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            let keys: std::collections::BTreeSet<&String> = w.keys().chain(g.keys()).collect();
+            for k in keys {
+                let (w, g) = (
+                    w.get(k).unwrap_or(&Value::Null),
+                    g.get(k).unwrap_or(&Value::Null),
+                );
+                diff_values(&format!("{at}.{k}"), w, g, out);
+            }
+        }
+        _ if want != got => out.push(format!("{at} is {got}, the model's is {want}")),
+        _ => {}
+    }
 }
 
 /// Reads and verifies the plan at `plan_path` to run on synthetic weights: no model file is
@@ -181,6 +222,29 @@ fn check_runnable(plan: &Plan) -> Result<()> {
             "architecture `{arch}` is not supported by the executor; supported: {}",
             RUNNABLE_ARCHITECTURES.join(", ")
         );
+    }
+    let m = &plan.model;
+    for (field, value) in [
+        ("layers", m.layers),
+        ("embedding", m.embedding),
+        ("head_dim", m.head_dim),
+        ("ffn", m.ffn),
+        ("vocab", m.vocab),
+    ] {
+        if value == 0 {
+            bail!("model.{field} is 0; it must be at least 1");
+        }
+    }
+    // the kernels' reduction tree: a power of two of chunks, at most 65536
+    for (field, chunks) in [
+        ("attn_out", m.reduction_chunks.attn_out),
+        ("ffn_down", m.reduction_chunks.ffn_down),
+    ] {
+        if !chunks.is_power_of_two() || chunks > 1 << 16 {
+            bail!(
+                "model.reduction_chunks.{field} is {chunks}; allowed: a power of two in 1..=65536"
+            );
+        }
     }
     if plan.model.mla.is_none()
         && (plan.model.heads == 0

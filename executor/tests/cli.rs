@@ -309,3 +309,76 @@ fn bench_batch_reports_aggregate_speed_and_refuses_more_sequences_than_slots() {
         "{err}"
     );
 }
+
+#[test]
+fn out_of_range_flags_are_refused_naming_the_flag_and_what_is_allowed() {
+    let p = "plans/smollm2.plan.toml";
+    for (args, want) in [
+        (
+            &["bench", p, "-t", "0"][..],
+            "'--threads <THREADS>': 0 is out of range; allowed: 1..=1024",
+        ),
+        (
+            &["bench", p, "-t", "99999999999"],
+            "'--threads <THREADS>': 99999999999 is out of range; allowed: 1..=1024",
+        ),
+        (
+            &["bench", p, "-n", "1"],
+            "'--n-predict <N_PREDICT>': 1 is too small; allowed: 2 or more",
+        ),
+        (
+            &["bench", p, "--reps", "0"],
+            "'--reps <REPS>': 0 is too small; allowed: 1 or more",
+        ),
+        (
+            &["bench", p, "--batch", "0"],
+            "'--batch <B>': 0 is too small; allowed: 1 or more",
+        ),
+        (
+            &["perplexity", p, "README.md", "--ctx", "3"],
+            "'--ctx <CTX>': 3 is too small; allowed: 4 or more",
+        ),
+        (
+            &["perplexity", p, "README.md", "--chunks", "0"],
+            "'--chunks <CHUNKS>': 0 is too small; allowed: 1 or more",
+        ),
+        (
+            &["gate", p, "--reference", p, "--repeat", "0"],
+            "'--repeat <REPEAT>': 0 is too small; allowed: 1 or more",
+        ),
+        (
+            &["compare", p, "--tolerance", "nan"],
+            "'--tolerance <TOLERANCE>': NaN is not allowed; allowed: a finite number >= 0",
+        ),
+        (
+            &["compare", p, "--teacher-forced", "--conditioning", "nan"],
+            "'--conditioning <R>': NaN is not allowed; allowed: a finite number > 0",
+        ),
+    ] {
+        let out = memra_run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_bench_or_perplexity_past_the_plans_context_is_refused_before_running() {
+    smollm2("smollm2");
+    let p = "plans/smollm2.plan.toml";
+    for (args, want) in [
+        (
+            &["bench", p, "--prompt", "2000", "-n", "100", "-t", "1"][..],
+            "error: --prompt 2000 and -n 100: a sequence would take 2099 positions, more than plans/smollm2.plan.toml's runtime.max_context 2048; allowed: --prompt plus -n at most 2049",
+        ),
+        (
+            &["perplexity", p, "README.md", "--ctx", "4096", "-t", "1"],
+            "error: --ctx 4096: a chunk must fit plans/smollm2.plan.toml's runtime.max_context; allowed: 4..=2048",
+        ),
+    ] {
+        let out = memra_run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

@@ -68,3 +68,85 @@ fn a_missing_model_names_the_override() {
         "{err}"
     );
 }
+
+/// `plans/synthetic/tiny-tp.plan.toml` with `from` replaced by `to`, written to a scratch file.
+fn edited_tiny_tp(name: &str, from: &str, to: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(root().join("plans/synthetic/tiny-tp.plan.toml")).unwrap();
+    assert!(text.contains(from), "{from}");
+    let plan = scratch(name);
+    std::fs::write(&plan, text.replacen(from, to, 1)).unwrap();
+    plan
+}
+
+#[test]
+fn model_facts_edited_by_hand_are_refused_against_the_model_file() {
+    // the fingerprint covers the file, not the plan's copy of its facts: a plan whose facts
+    // were edited ran with them (wrong text, or a panic for a vocabulary past the table)
+    let model = tiny_tp_model();
+    for (from, to, want) in [
+        (
+            "head_dim = 8",
+            "head_dim = 4",
+            "model.head_dim is 4, the model's is 8",
+        ),
+        (
+            "vocab = 512",
+            "vocab = 600",
+            "model.vocab is 600, the model's is 512",
+        ),
+        (
+            "rms_eps = 0.00001",
+            "rms_eps = 0.1",
+            "model.rms_eps is 0.1, the model's is 0.00001",
+        ),
+        (
+            "[model.reduction_chunks]\nattn_out = 8",
+            "[model.reduction_chunks]\nattn_out = 4",
+            "model.reduction_chunks.attn_out is 4, the model's is 8",
+        ),
+    ] {
+        let plan = edited_tiny_tp("facts.plan.toml", from, to);
+        let err = load_err(&plan, Some(&model));
+        assert!(
+            err.contains(&format!(
+                "the plan's model facts differ from {}: {want}; recompile the placement",
+                model.display()
+            )),
+            "{to}: {err}"
+        );
+    }
+}
+
+#[test]
+fn settings_the_kernels_cannot_run_are_refused_without_a_model_file() {
+    // synthetic weights read no model file to check the facts against; these panicked
+    for (from, to, want) in [
+        (
+            "head_dim = 8",
+            "head_dim = 0",
+            "model.head_dim is 0; it must be at least 1",
+        ),
+        (
+            "[model.reduction_chunks]\nattn_out = 8",
+            "[model.reduction_chunks]\nattn_out = 3",
+            "model.reduction_chunks.attn_out is 3; allowed: a power of two in 1..=65536",
+        ),
+        (
+            "max_sequences = 1",
+            "max_sequences = 0",
+            "runtime.max_sequences 0 must be in 1..=4096",
+        ),
+        (
+            "in_flight = 1",
+            "in_flight = 0",
+            "runtime.in_flight 0 must be in 1..=64",
+        ),
+    ] {
+        let plan = edited_tiny_tp("settings.plan.toml", from, to);
+        let err = format!(
+            "{:#}",
+            memra_executor::plan_load::load_synthetic(&plan).expect_err("loading must fail")
+        );
+        assert!(err.contains(want), "{to}: {err}");
+    }
+}

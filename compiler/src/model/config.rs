@@ -115,6 +115,17 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         Some(mla) => mla.qk_nope_head_dim + mla.qk_rope_head_dim,
         None => keys.opt_u32("head_dim")?.unwrap_or(embedding / heads),
     };
+    if mla.is_none() && kda.is_none() && (kv_heads == 0 || !heads.is_multiple_of(kv_heads)) {
+        return Err(keys.wrong(
+            "num_key_value_heads",
+            &format!("a divisor of num_attention_heads ({heads}), got {kv_heads}"),
+        ));
+    }
+    for (key, value) in [("hidden_size", embedding), ("head_dim", head_dim)] {
+        if value == 0 {
+            return Err(keys.wrong(key, "at least 1, got 0"));
+        }
+    }
     let moe = read_moe(&keys, architecture)?;
     let name = path
         .file_stem()

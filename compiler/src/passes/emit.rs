@@ -86,7 +86,7 @@ pub fn emit(
     Plan {
         format_version: FORMAT_VERSION,
         placement_hash: format!("{:016x}", fnv1a(placement.canonical().as_bytes(), 0)),
-        model: summary(model, placement, chunks),
+        model: model_summary(model, &placement.model_source),
         runtime: RuntimeSettings {
             max_context: placement.max_context,
             max_sequences: placement.max_sequences,
@@ -140,11 +140,13 @@ fn tree(ranks: &[u32]) -> String {
     }
 }
 
-fn summary(model: &ModelMeta, placement: &Placement, chunks: ReductionChunks) -> ModelSummary {
+/// The plan's `[model]` section for `model`, read from `source` (the executor checks a plan's
+/// section against the model file it loads with this).
+pub fn model_summary(model: &ModelMeta, source: &str) -> ModelSummary {
     ModelSummary {
         name: model.name.clone(),
         architecture: model.architecture.name().to_string(),
-        source: placement.model_source.clone(),
+        source: source.to_string(),
         fingerprint: format!("{:016x}", model.fingerprint),
         layers: model.layers,
         embedding: model.embedding,
@@ -159,7 +161,7 @@ fn summary(model: &ModelMeta, placement: &Placement, chunks: ReductionChunks) ->
         tied_embeddings: model.tied_embeddings,
         qk_norm: model.qk_norm,
         qkv_bias: model.qkv_bias,
-        reduction_chunks: chunks,
+        reduction_chunks: model_chunks(model),
         moe: model.moe.clone(),
         mla: model.mla.clone(),
         rope_yarn: model.rope_yarn.clone(),

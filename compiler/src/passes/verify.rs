@@ -149,13 +149,29 @@ pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
 /// A prefill step runs the decode program on up to `runtime.prefill_chunk` token rows: every
 /// buffer holds at most that many, a hidden-state boundary exactly that many (a chunk's rows
 /// all cross it), a token boundary one, and a boundary's slot buffers as many as it carries.
+/// The runtime settings the placement allows (a plan edited by hand may hold others).
+fn runtime_ranges(plan: &Plan) -> Vec<String> {
+    use crate::placement::validate::{MAX_CONTEXT, MAX_IN_FLIGHT, MAX_SEQUENCES};
+    let rt = &plan.runtime;
+    [
+        ("max_context", rt.max_context, MAX_CONTEXT),
+        ("max_sequences", rt.max_sequences, MAX_SEQUENCES),
+        ("in_flight", rt.in_flight, MAX_IN_FLIGHT),
+    ]
+    .into_iter()
+    .filter(|&(_, v, max)| v == 0 || i64::from(v) > max)
+    .map(|(name, v, max)| format!("runtime.{name} {v} must be in 1..={max}"))
+    .collect()
+}
+
 fn token_rows(plan: &Plan) -> Vec<String> {
+    use crate::placement::validate::MAX_PREFILL_CHUNK;
     let chunk = plan.runtime.prefill_chunk;
     let mut errors = Vec::new();
-    if chunk == 0 || chunk > plan.runtime.max_context {
+    let most = i64::from(plan.runtime.max_context).min(MAX_PREFILL_CHUNK);
+    if chunk == 0 || i64::from(chunk) > most {
         errors.push(format!(
-            "runtime.prefill_chunk {chunk} must be in 1..={}",
-            plan.runtime.max_context
+            "runtime.prefill_chunk {chunk} must be in 1..={most}"
         ));
     }
     for b in &plan.boundaries {
@@ -353,7 +369,11 @@ fn accesses(plan: &Plan, rank: u32, step: &Step, t: u64) -> Result<Vec<Access>, 
 
 /// Ownership and happens-before checks of a plan's schedule; each string is one violation.
 pub fn verify_plan(plan: &Plan) -> Vec<String> {
-    let mut errors = Vec::new();
+    let mut errors = runtime_ranges(plan);
+    if !errors.is_empty() {
+        // the replay below takes its steps and sequences from these settings
+        return errors;
+    }
     // Ownership: each buffer is declared by exactly one rank; slots by their boundary's ends.
     let mut owners: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
     for r in &plan.ranks {

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
-mod validate;
+pub(crate) mod validate;
 
 /// Prompt tokens per prefill step when the placement names none (capped by the context).
 pub const DEFAULT_PREFILL_CHUNK: u32 = 512;

@@ -13,11 +13,11 @@ use std::ops::Range;
 use toml::Spanned;
 
 /// Largest accepted values; beyond them a number is a typo, not a plan.
-const MAX_CONTEXT: i64 = 1 << 24;
-const MAX_SEQUENCES: i64 = 4096;
-const MAX_IN_FLIGHT: i64 = 64;
+pub(crate) const MAX_CONTEXT: i64 = 1 << 24;
+pub(crate) const MAX_SEQUENCES: i64 = 4096;
+pub(crate) const MAX_IN_FLIGHT: i64 = 64;
 /// Largest prefill chunk: a chunk's rows are counted in 16 bits by the executors.
-const MAX_PREFILL_CHUNK: i64 = 32768;
+pub(crate) const MAX_PREFILL_CHUNK: i64 = 32768;
 const MAX_DEVICE_ID: i64 = 1023;
 const MAX_MEMORY_GIB: f64 = 1_048_576.0;
 /// Context used when the placement names none (capped by the model's own).

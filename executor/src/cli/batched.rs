@@ -40,8 +40,9 @@ pub fn bench_batch(
         bail!("--process/--processes/--rendezvous: bench --batch runs every rank in one process");
     }
     let loaded = run.load(plan)?;
+    super::tools::check_fits(&loaded, plan, prompt, n)?;
     let slots = loaded.plan.runtime.max_sequences as usize;
-    if batch == 0 || batch > slots {
+    if batch > slots {
         bail!(
             "--batch {batch}: {} decodes 1..={slots} sequences together (its runtime.max_sequences); compile the placement with max_sequences = {batch} or more",
             plan.display()

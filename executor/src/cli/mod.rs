@@ -81,11 +81,11 @@ enum Command {
         plan: PathBuf,
         /// The text file.
         file: PathBuf,
-        /// Tokens per chunk.
-        #[arg(long, default_value_t = 512)]
+        /// Tokens per chunk (at least 4, at most the plan's runtime.max_context).
+        #[arg(long, default_value_t = 512, value_parser = at_least::<4>)]
         ctx: usize,
         /// Score at most this many chunks.
-        #[arg(long)]
+        #[arg(long, value_parser = at_least::<1>)]
         chunks: Option<usize>,
         #[command(flatten)]
         run: RunArgs,
@@ -118,7 +118,7 @@ enum Command {
         n_predict: usize,
         /// Decode the plan this many times against the one reference run (a soak test);
         /// every mismatch is counted and the first of each run printed.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = at_least::<1>)]
         repeat: usize,
         /// Continuous batching: the plan (several sequence slots) decodes two more sequences
         /// than its slots together (prompts of 1 to 7 tokens, joining at different steps,
@@ -142,7 +142,7 @@ enum Command {
         #[arg(short = 'n', long, default_value_t = 64)]
         n_predict: usize,
         /// Largest relative logit error accepted.
-        #[arg(long, default_value_t = 1e-3)]
+        #[arg(long, default_value_t = 1e-3, value_parser = non_negative)]
         tolerance: f64,
         /// Feed the CPU's tokens to both backends (the CPU's greedy run is the reference
         /// sequence), so every step's logits are compared on the same history even where the
@@ -157,7 +157,7 @@ enum Command {
         /// multiplied by 1 + R u (u uniform in [-1, 1)); a step whose logits move past the
         /// tolerance under that noise is ill-conditioned (e.g. an MoE top-k near-tie), and
         /// its error is reported apart, not judged. 1e-6 is about f32 rounding.
-        #[arg(long, value_name = "R")]
+        #[arg(long, value_name = "R", value_parser = positive)]
         conditioning: Option<f32>,
         #[command(flatten)]
         run: RunArgs,
@@ -195,15 +195,15 @@ enum Command {
         /// Prompt tokens per repetition (0: a one-token prompt, decode speed only).
         #[arg(long, default_value_t = 0)]
         prompt: usize,
-        /// Tokens generated per repetition.
-        #[arg(short = 'n', long, default_value_t = 128)]
+        /// Tokens generated per repetition (at least 2: decode speed is timed from the first).
+        #[arg(short = 'n', long, default_value_t = 128, value_parser = at_least::<2>)]
         n_predict: usize,
         /// Timed repetitions.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least::<1>)]
         reps: usize,
         /// Decode B sequences together (at most the plan's runtime.max_sequences), each a
         /// --prompt then -n tokens: aggregate tok/s and each sequence's ms per token.
-        #[arg(long, value_name = "B")]
+        #[arg(long, value_name = "B", value_parser = at_least::<1>)]
         batch: Option<usize>,
         /// Print one JSON object instead of the line.
         #[arg(long)]
@@ -252,8 +252,8 @@ struct RunArgs {
     /// file's tokenizer; bench and gate --tokens run without one.
     #[arg(long, value_enum, default_value = "file")]
     weights: WeightsArg,
-    /// Kernel threads in total [default: all cores].
-    #[arg(short, long)]
+    /// Kernel threads in total, 1..=1024 [default: all cores].
+    #[arg(short, long, value_parser = threads)]
     threads: Option<usize>,
     /// Backend to run on.
     #[arg(long, value_enum, default_value = "cpu")]
@@ -291,6 +291,45 @@ struct SamplingArgs {
     /// Random seed [default: from the clock, printed so the run can be repeated].
     #[arg(long)]
     seed: Option<u64>,
+}
+
+/// Most kernel threads `--threads` takes.
+const MAX_THREADS: usize = 1024;
+
+/// A count of at least `MIN`, for clap: the error names the allowed range.
+fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= MIN => Ok(n),
+        Ok(n) => Err(format!("{n} is too small; allowed: {MIN} or more")),
+        Err(e) => Err(format!("{e}; allowed: an integer, {MIN} or more")),
+    }
+}
+
+/// `--threads`: 1..=MAX_THREADS.
+fn threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("{n} is out of range; allowed: 1..={MAX_THREADS}")),
+        Err(e) => Err(format!("{e}; allowed: an integer in 1..={MAX_THREADS}")),
+    }
+}
+
+/// A finite number >= 0, for clap.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Ok(x) => Err(format!("{x} is not allowed; allowed: a finite number >= 0")),
+        Err(e) => Err(format!("{e}; allowed: a finite number >= 0")),
+    }
+}
+
+/// A finite number > 0, for clap.
+fn positive(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(x) => Err(format!("{x} is not allowed; allowed: a finite number > 0")),
+        Err(e) => Err(format!("{e}; allowed: a finite number > 0")),
+    }
 }
 
 impl SamplingArgs {

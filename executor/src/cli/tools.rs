@@ -28,6 +28,13 @@ pub fn perplexity(
     run: &RunArgs,
 ) -> Result<ExitCode> {
     let mut loaded = start(plan, run, SamplerConfig::GREEDY)?;
+    let max_context = loaded.plan.plan.runtime.max_context as usize;
+    if ctx > max_context {
+        bail!(
+            "--ctx {ctx}: a chunk must fit {}'s runtime.max_context; allowed: 4..={max_context}",
+            plan.display()
+        );
+    }
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let tokens = loaded.tokenizer.encode(&text, true)?;
@@ -372,6 +379,22 @@ fn cuda_copy_bandwidth(plan: &memra_compiler::plan::Plan) -> Result<f64> {
     dev.copy_bandwidth(&stream)
 }
 
+/// Refuses a bench whose `--prompt` (at least one token) and `-n` tokens would not fit one
+/// sequence of the plan's context.
+pub(super) fn check_fits(loaded: &LoadedPlan, plan: &Path, prompt: usize, n: usize) -> Result<()> {
+    let max_context = loaded.plan.runtime.max_context as usize;
+    // the last generated token is sampled, never embedded
+    let positions = prompt.max(1).saturating_add(n) - 1;
+    if positions > max_context {
+        bail!(
+            "--prompt {prompt} and -n {n}: a sequence would take {positions} positions, more than {}'s runtime.max_context {max_context}; allowed: --prompt plus -n at most {}",
+            plan.display(),
+            max_context + 1
+        );
+    }
+    Ok(())
+}
+
 /// Mean and sample standard deviation.
 pub(super) fn mean_sd(xs: &[f64]) -> (f64, f64) {
     let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
@@ -394,6 +417,7 @@ pub fn bench(
     run: &RunArgs,
 ) -> Result<ExitCode> {
     let loaded = run.load(plan)?;
+    check_fits(&loaded, plan, prompt, n)?;
     let options = run.options(SamplerConfig::GREEDY);
     let engine = open(&loaded, options)?;
     let prints = options.holds_readback(&loaded.plan);
