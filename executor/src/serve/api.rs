@@ -72,6 +72,12 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         }
     }
     let input = match endpoint {
+        Endpoint::Completions if matches!(f.get("prompt"), Some(Value::Array(_))) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt: one string is supported, not an array (of strings or token ids)",
+            ))
+        }
         Endpoint::Completions => Input::Prompt(
             f.string("prompt")?
                 .ok_or_else(|| ApiError::invalid("prompt", "prompt: a string is required"))?,
@@ -154,11 +160,13 @@ impl Fields<'_> {
             .transpose()
     }
 
-    fn integer(&self, name: &str) -> Result<Option<i64>, ApiError> {
+    /// Any JSON integer, `u64::MAX` included, as its value.
+    fn integer(&self, name: &str) -> Result<Option<i128>, ApiError> {
         self.get(name)
             .map(|v| {
                 v.as_i64()
-                    .or_else(|| v.as_u64().map(|u| u as i64))
+                    .map(i128::from)
+                    .or_else(|| v.as_u64().map(i128::from))
                     .ok_or_else(|| Self::wrong(name, "an integer", v))
             })
             .transpose()
@@ -258,6 +266,26 @@ mod tests {
     }
 
     #[test]
+    fn integers_past_i64_keep_their_value() {
+        let huge = u64::MAX;
+        let e = refusal(
+            &format!(r#"{{"prompt": "x", "n": {huge}}}"#),
+            Endpoint::Completions,
+        );
+        assert!(e.message.ends_with(&format!("got {huge}")), "{}", e.message);
+        let body = format!(r#"{{"prompt": "x", "max_tokens": {huge}, "seed": {huge}}}"#);
+        let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
+        assert_eq!((r.max_tokens, r.seed), (Some(usize::MAX), Some(huge)));
+        let r = parse(
+            br#"{"prompt": "x", "seed": -1}"#,
+            Endpoint::Completions,
+            "m",
+        )
+        .unwrap();
+        assert_eq!(r.seed, Some(u64::MAX));
+    }
+
+    #[test]
     fn every_refusal_names_its_field() {
         let cases = [
             (r#"{"prompt": 5}"#, Endpoint::Completions, Some("prompt")),
@@ -306,6 +334,16 @@ mod tests {
                 r#"{"messages": [{"role": "user"}]}"#,
                 Endpoint::Chat,
                 Some("messages[0].content"),
+            ),
+            (
+                r#"{"prompt": ["x"]}"#,
+                Endpoint::Completions,
+                Some("prompt"),
+            ),
+            (
+                r#"{"prompt": [1, 2]}"#,
+                Endpoint::Completions,
+                Some("prompt"),
             ),
             (r#"{"prompt": "x""#, Endpoint::Completions, None),
             (r#"[1]"#, Endpoint::Completions, None),
