@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -28,6 +29,10 @@ use crate::text::{ChatTemplate, Tokenizer};
 
 /// Tokens a completion generates when `max_tokens` is absent (OpenAI's default).
 const COMPLETION_DEFAULT_TOKENS: usize = 16;
+
+/// The largest request body read (axum's default, stated here for the 413's message); a
+/// body this large holds far more tokens than any context.
+const BODY_LIMIT: usize = 2 << 20;
 
 /// What every handler shares.
 pub struct App {
@@ -58,6 +63,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app)
 }
 
@@ -103,11 +110,17 @@ async fn no_route(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Resp
     ApiError::no_route(uri.path()).into_response()
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn wrong_method(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), uri.path(), "other");
+    tally.status = 405;
+    ApiError::wrong_method(method.as_str(), uri.path()).into_response()
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     answer(app, Endpoint::Completions, body).await
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     answer(app, Endpoint::Chat, body).await
 }
 
@@ -233,9 +246,24 @@ impl Shape {
     }
 }
 
-async fn answer(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn answer(
+    app: Arc<App>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let mut tally = Tally::new(&app.metrics, "POST", endpoint.path(), endpoint.path());
-    let prepared = match app.prepare(endpoint, &body) {
+    // Tokenizing a long body takes seconds: off the two HTTP workers, so that other
+    // requests' answers and streams go on meanwhile.
+    let prepared = match body {
+        Ok(body) => {
+            let app = app.clone();
+            tokio::task::spawn_blocking(move || app.prepare(endpoint, &body))
+                .await
+                .unwrap_or_else(|e| Err(ApiError::engine(format!("reading the request: {e}"))))
+        }
+        Err(rejection) => Err(ApiError::unreadable(&rejection, BODY_LIMIT)),
+    };
+    let prepared = match prepared {
         Ok(p) => p,
         Err(e) => {
             tally.status = e.status.as_u16();
