@@ -216,6 +216,13 @@ fn streamed_chunks_concatenate_to_the_whole_text() {
     assert!(chunks
         .iter()
         .all(|c| c["object"] == "chat.completion.chunk"));
+    // OpenAI's newer name for a chat's max_tokens bounds it too
+    let mut newer = chat.clone();
+    newer["max_tokens"] = json!(null);
+    newer["max_completion_tokens"] = json!(2);
+    let (status, short) = server.post("/v1/chat/completions", &newer);
+    assert_eq!(status, 200, "{short}");
+    assert_eq!(short["usage"]["completion_tokens"], 2, "{short}");
 
     let prompt =
         json!({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "stream": true});

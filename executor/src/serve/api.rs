@@ -30,6 +30,9 @@ pub struct Request {
     pub top_p: f32,
     /// Most tokens to generate; `None`: up to the context.
     pub max_tokens: Option<usize>,
+    /// The field `max_tokens` came from: `max_tokens`, or on chat OpenAI's newer
+    /// `max_completion_tokens` (which wins when both are given).
+    pub max_tokens_field: &'static str,
     /// Strings that end the text (not included).
     pub stop: Vec<String>,
     /// Seed of the sampler; `None`: one per request.
@@ -98,13 +101,17 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
             format!("top_p: must be in (0, 1], got {top_p}"),
         ));
     }
-    let max_tokens = match f.integer("max_tokens")? {
+    let max_tokens_field = match endpoint {
+        Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
+        _ => "max_tokens",
+    };
+    let max_tokens = match f.integer(max_tokens_field)? {
         None => None,
         Some(m) if m >= 1 => Some(usize::try_from(m).unwrap_or(usize::MAX)),
         Some(m) => {
             return Err(ApiError::invalid(
-                "max_tokens",
-                format!("max_tokens: must be at least 1, got {m}"),
+                max_tokens_field,
+                format!("{max_tokens_field}: must be at least 1, got {m}"),
             ))
         }
     };
@@ -114,6 +121,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         temperature: temperature as f32,
         top_p: top_p as f32,
         max_tokens,
+        max_tokens_field,
         stop: stops(f.0.get("stop"))?,
         seed,
         stream: f.boolean("stream")?.unwrap_or(false),
@@ -266,6 +274,23 @@ mod tests {
     }
 
     #[test]
+    fn chat_takes_max_completion_tokens_before_max_tokens() {
+        let body = r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9,
+            "max_completion_tokens": 3}"#;
+        let r = parse(body.as_bytes(), Endpoint::Chat, "m").unwrap();
+        assert_eq!(
+            (r.max_tokens, r.max_tokens_field),
+            (Some(3), "max_completion_tokens")
+        );
+        let r = parse(
+            br#"{"prompt": "x", "max_completion_tokens": 3}"#,
+            Endpoint::Completions,
+            "m",
+        );
+        assert_eq!(r.unwrap().max_tokens, None);
+    }
+
+    #[test]
     fn integers_past_i64_keep_their_value() {
         let huge = u64::MAX;
         let e = refusal(
@@ -330,6 +355,11 @@ mod tests {
                 Some("model"),
             ),
             (r#"{"messages": []}"#, Endpoint::Chat, Some("messages")),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}"#,
+                Endpoint::Chat,
+                Some("max_completion_tokens"),
+            ),
             (
                 r#"{"messages": [{"role": "user"}]}"#,
                 Endpoint::Chat,

@@ -166,10 +166,11 @@ impl App {
         }
         let max_tokens = match (request.max_tokens, endpoint) {
             (Some(m), _) if p + m > c => {
+                let field = request.max_tokens_field;
                 return Err(ApiError::invalid(
-                    "max_tokens",
-                    format!("max_tokens: {m} after a prompt of {p} tokens exceeds the context of {c} tokens; at most {} fit", c - p),
-                ))
+                    field,
+                    format!("{field}: {m} after a prompt of {p} tokens exceeds the context of {c} tokens; at most {} fit", c - p),
+                ));
             }
             (Some(m), _) => m,
             (None, Endpoint::Completions) => COMPLETION_DEFAULT_TOKENS.min(c - p),
