@@ -483,6 +483,9 @@ fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
     server.assert_logged("POST /v1/completions 400 prompt=0 generated=0 ", 9);
     server.assert_logged("GET /v1/nothing 404 ", 1);
     server.assert_logged("GET /v1/completions 405 ", 1);
+    // a HEAD is logged as one
+    assert_eq!(server.raw("HEAD", "/health", ""), (200, String::new()));
+    server.assert_logged("HEAD /health 200 ", 1);
     server.assert_logged("POST /v1/completions 413 ", 1);
     // The server still answers after all of them.
     assert_eq!(server.complete("The capital of France is", 2), " Paris.");

@@ -77,21 +77,21 @@ impl Endpoint {
     }
 }
 
-async fn health(State(app): State<Arc<App>>) -> Response {
-    let mut tally = Tally::new(&app.metrics, "GET", "/health", "/health");
+async fn health(State(app): State<Arc<App>>, method: Method) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), "/health", "/health");
     tally.status = 200;
     Json(json!({"status": "ok"})).into_response()
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let mut tally = Tally::new(&app.metrics, "GET", "/metrics", "/metrics");
+async fn metrics(State(app): State<Arc<App>>, method: Method) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), "/metrics", "/metrics");
     tally.status = 200;
     let text = app.metrics.render();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn models(State(app): State<Arc<App>>) -> Response {
-    let mut tally = Tally::new(&app.metrics, "GET", "/v1/models", "/v1/models");
+async fn models(State(app): State<Arc<App>>, method: Method) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), "/v1/models", "/v1/models");
     tally.status = 200;
     Json(json!({"object": "list", "data": [{
         "id": app.model,
