@@ -216,6 +216,13 @@ fn streamed_chunks_concatenate_to_the_whole_text() {
     assert!(chunks
         .iter()
         .all(|c| c["object"] == "chat.completion.chunk"));
+    // content as OpenAI's text parts is the same message
+    let mut parts = chat.clone();
+    parts["messages"][0]["content"] =
+        json!([{"type": "text", "text": "What is the capital of France?"}]);
+    let (status, same) = server.post("/v1/chat/completions", &parts);
+    assert_eq!(status, 200, "{same}");
+    assert_eq!(same["choices"], whole["choices"]);
     // OpenAI's newer name for a chat's max_tokens bounds it too
     let mut newer = chat.clone();
     newer["max_tokens"] = json!(null);

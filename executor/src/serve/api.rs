@@ -222,9 +222,45 @@ fn messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
                     )),
                 }
             };
-            Ok(Message::new(field("role")?, field("content")?))
+            let content = match m.get("content") {
+                Some(Value::Array(parts)) => text_parts(i, parts)?,
+                _ => field("content")?,
+            };
+            Ok(Message::new(field("role")?, content))
         })
         .collect()
+}
+
+/// A message's `content` given as OpenAI's parts: its `{"type": "text", "text"}` parts, one
+/// per line; other parts (images, audio) are refused.
+fn text_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
+    let texts = parts
+        .iter()
+        .enumerate()
+        .map(|(j, part)| {
+            let path = format!("messages[{i}].content[{j}]");
+            let Value::Object(part) = part else {
+                return Err(Fields::wrong(&path, "an object", part));
+            };
+            match (part.get("type"), part.get("text")) {
+                (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
+                    Ok(text.as_str())
+                }
+                (Some(Value::String(t)), _) if t == "text" => Err(ApiError::invalid(
+                    &format!("{path}.text"),
+                    format!("{path}.text: a string is required"),
+                )),
+                (t, _) => Err(ApiError::invalid(
+                    &format!("{path}.type"),
+                    format!(
+                        "{path}.type: only \"text\" parts are supported, got {}",
+                        t.map_or("none".into(), Value::to_string)
+                    ),
+                )),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(texts.join("\n"))
 }
 
 /// `stop`: a string or an array of at most `MAX_STOPS` strings.
@@ -271,6 +307,14 @@ mod tests {
             (r.stop, r.seed, r.stream),
             (vec!["a".into(), "b".into()], Some(9), true)
         );
+    }
+
+    #[test]
+    fn text_parts_are_a_message_content() {
+        let body = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+            {"type": "text", "text": "b"}]}]}"#;
+        let r = parse(body.as_bytes(), Endpoint::Chat, "m").unwrap();
+        assert_eq!(r.input, Input::Chat(vec![Message::new("user", "a\nb")]));
     }
 
     #[test]
@@ -364,6 +408,16 @@ mod tests {
                 r#"{"messages": [{"role": "user"}]}"#,
                 Endpoint::Chat,
                 Some("messages[0].content"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
+                Endpoint::Chat,
+                Some("messages[0].content[0].type"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}"#,
+                Endpoint::Chat,
+                Some("messages[0].content[0].text"),
             ),
             (
                 r#"{"prompt": ["x"]}"#,
