@@ -180,6 +180,13 @@ fn a_greedy_completion_equals_generate() {
     let (_, models) = server.get("/v1/models");
     assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
     assert_eq!(models["data"][0]["max_context"], 2048);
+    let (status, model) = server.get("/v1/models/SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!((status, &model), (200, &models["data"][0]));
+    let (status, other) = server.get("/v1/models/gpt-4");
+    assert_eq!(
+        (status, other["error"]["param"].as_str()),
+        (404, Some("model"))
+    );
 }
 
 #[test]

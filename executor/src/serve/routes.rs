@@ -60,6 +60,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .fallback(no_route)
@@ -90,18 +91,37 @@ async fn metrics(State(app): State<Arc<App>>, method: Method) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
+impl App {
+    /// The model's entry in `/v1/models`.
+    fn card(&self) -> Value {
+        json!({
+            "id": self.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "memra",
+            "max_context": self.max_context,
+            "max_sequences": self.max_sequences,
+        })
+    }
+}
+
 async fn models(State(app): State<Arc<App>>, method: Method) -> Response {
     let mut tally = Tally::new(&app.metrics, method.as_str(), "/v1/models", "/v1/models");
     tally.status = 200;
-    Json(json!({"object": "list", "data": [{
-        "id": app.model,
-        "object": "model",
-        "created": 0,
-        "owned_by": "memra",
-        "max_context": app.max_context,
-        "max_sequences": app.max_sequences,
-    }]}))
-    .into_response()
+    Json(json!({"object": "list", "data": [app.card()]})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the model, or a 404 naming the one served.
+async fn model(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), uri.path(), "/v1/models");
+    let id = uri.path().trim_start_matches("/v1/models/");
+    if id != app.model {
+        let e = ApiError::unknown_model(id, &app.model);
+        tally.status = e.status.as_u16();
+        return e.into_response();
+    }
+    tally.status = 200;
+    Json(app.card()).into_response()
 }
 
 async fn no_route(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
