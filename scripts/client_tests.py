@@ -52,6 +52,13 @@ def metric(sample):
 def models_list_names_the_gguf():
     ids = [m.id for m in client.models.list().data]
     assert ids == [MODEL], ids
+    assert client.models.retrieve(MODEL).id == MODEL
+    try:
+        client.models.retrieve("gpt-4")
+    except openai.NotFoundError as e:
+        assert e.param == "model", e
+    else:
+        raise AssertionError("gpt-4: no NotFoundError")
 
 
 @check

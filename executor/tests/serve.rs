@@ -1,8 +1,9 @@
 //! `memra-run serve` driven over HTTP on the CPU backend with the real SmolLM2: greedy text
 //! equals `memra-run generate`, chat, streamed chunks equal the whole body, concurrent
 //! requests decode together (the plan's 8 sequence slots) and each equals its one-at-a-time
-//! text, a dropped stream frees the engine, and every bad request gets its 4xx naming the
-//! field and is counted in /metrics.
+//! text, a dropped stream frees the engine, every bad request gets its 4xx naming the field
+//! and is counted in /metrics (wrong methods and bodies past the limit too), and long prompts
+//! being tokenized hold up no other request.
 
 mod common;
 
@@ -179,6 +180,13 @@ fn a_greedy_completion_equals_generate() {
     let (_, models) = server.get("/v1/models");
     assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
     assert_eq!(models["data"][0]["max_context"], 2048);
+    let (status, model) = server.get("/v1/models/SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!((status, &model), (200, &models["data"][0]));
+    let (status, other) = server.get("/v1/models/gpt-4");
+    assert_eq!(
+        (status, other["error"]["param"].as_str()),
+        (404, Some("model"))
+    );
 }
 
 #[test]
@@ -215,6 +223,20 @@ fn streamed_chunks_concatenate_to_the_whole_text() {
     assert!(chunks
         .iter()
         .all(|c| c["object"] == "chat.completion.chunk"));
+    // content as OpenAI's text parts is the same message
+    let mut parts = chat.clone();
+    parts["messages"][0]["content"] =
+        json!([{"type": "text", "text": "What is the capital of France?"}]);
+    let (status, same) = server.post("/v1/chat/completions", &parts);
+    assert_eq!(status, 200, "{same}");
+    assert_eq!(same["choices"], whole["choices"]);
+    // OpenAI's newer name for a chat's max_tokens bounds it too
+    let mut newer = chat.clone();
+    newer["max_tokens"] = json!(null);
+    newer["max_completion_tokens"] = json!(2);
+    let (status, short) = server.post("/v1/chat/completions", &newer);
+    assert_eq!(status, 200, "{short}");
+    assert_eq!(short["usage"]["completion_tokens"], 2, "{short}");
 
     let prompt =
         json!({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "stream": true});
@@ -325,6 +347,31 @@ fn a_dropped_stream_frees_the_engine_for_the_next_request() {
 }
 
 #[test]
+fn long_prompts_being_tokenized_hold_up_no_other_request() {
+    let server = Server::start();
+    // Digits are a token each: seconds of tokenizing, each, to refuse them. The server has
+    // two HTTP workers; two of these must not leave it deaf meanwhile.
+    let long = json!({"prompt": "1".repeat(1_500_000)}).to_string();
+    let sent: Vec<TcpStream> = (0..2)
+        .map(|_| server.connect("POST", "/v1/completions", &long))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = Instant::now();
+    let (status, _) = server.get("/health");
+    let waited = asked.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        waited < Duration::from_secs(1),
+        "/health waited {waited:?} behind two long prompts"
+    );
+    for mut stream in sent {
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.contains("context_length_exceeded"), "{response}");
+    }
+}
+
+#[test]
 fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
     let server = Server::start();
     let long_prompt = "word ".repeat(3000);
@@ -379,6 +426,12 @@ fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
             Some("stop"),
         ),
         (
+            "/v1/completions",
+            r#"{"prompt": ["x", "y"]}"#.into(),
+            400,
+            Some("prompt"),
+        ),
+        (
             "/v1/chat/completions",
             r#"{"messages": []}"#.into(),
             400,
@@ -411,16 +464,43 @@ fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
         (status, body["error"]["code"].as_str()),
         (404, Some("not_found"))
     );
+    // a route's other methods: a 405 with the Allow header and a JSON body
+    let mut response = String::new();
+    server
+        .connect("GET", "/v1/completions", "")
+        .read_to_string(&mut response)
+        .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 405 "), "{response}");
+    assert!(head.lines().any(|l| l == "allow: POST"), "{response}");
+    let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+    // a body past the limit (2 MiB; one byte more, all of it read): a 413 with a JSON body
+    let padding = (2 << 20) + 1 - r#"{"prompt": ""}"#.len();
+    let huge = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(padding));
+    let (status, text) = server.raw("POST", "/v1/completions", &huge);
+    let body: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (413, Some("invalid_body"))
+    );
     let count = |path: &str, status: u16| {
         server.metric(&format!(
             "memra_requests_total{{endpoint=\"{path}\",status=\"{status}\"}}"
         ))
     };
-    assert_eq!(count("/v1/completions", 400), 8.0);
+    assert_eq!(count("/v1/completions", 400), 9.0);
     assert_eq!(count("/v1/completions", 404), 1.0);
+    assert_eq!(count("/v1/completions", 413), 1.0);
     assert_eq!(count("/v1/chat/completions", 400), 2.0);
-    server.assert_logged("POST /v1/completions 400 prompt=0 generated=0 ", 8);
+    assert_eq!(count("other", 405), 1.0);
+    server.assert_logged("POST /v1/completions 400 prompt=0 generated=0 ", 9);
     server.assert_logged("GET /v1/nothing 404 ", 1);
+    server.assert_logged("GET /v1/completions 405 ", 1);
+    // a HEAD is logged as one
+    assert_eq!(server.raw("HEAD", "/health", ""), (200, String::new()));
+    server.assert_logged("HEAD /health 200 ", 1);
+    server.assert_logged("POST /v1/completions 413 ", 1);
     // The server still answers after all of them.
     assert_eq!(server.complete("The capital of France is", 2), " Paris.");
     server.assert_logged("POST /v1/completions 200 prompt=5 generated=2 ", 1);

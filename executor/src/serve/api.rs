@@ -30,6 +30,9 @@ pub struct Request {
     pub top_p: f32,
     /// Most tokens to generate; `None`: up to the context.
     pub max_tokens: Option<usize>,
+    /// The field `max_tokens` came from: `max_tokens`, or on chat OpenAI's newer
+    /// `max_completion_tokens` (which wins when both are given).
+    pub max_tokens_field: &'static str,
     /// Strings that end the text (not included).
     pub stop: Vec<String>,
     /// Seed of the sampler; `None`: one per request.
@@ -72,6 +75,12 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         }
     }
     let input = match endpoint {
+        Endpoint::Completions if matches!(f.get("prompt"), Some(Value::Array(_))) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt: one string is supported, not an array (of strings or token ids)",
+            ))
+        }
         Endpoint::Completions => Input::Prompt(
             f.string("prompt")?
                 .ok_or_else(|| ApiError::invalid("prompt", "prompt: a string is required"))?,
@@ -92,13 +101,17 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
             format!("top_p: must be in (0, 1], got {top_p}"),
         ));
     }
-    let max_tokens = match f.integer("max_tokens")? {
+    let max_tokens_field = match endpoint {
+        Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
+        _ => "max_tokens",
+    };
+    let max_tokens = match f.integer(max_tokens_field)? {
         None => None,
         Some(m) if m >= 1 => Some(usize::try_from(m).unwrap_or(usize::MAX)),
         Some(m) => {
             return Err(ApiError::invalid(
-                "max_tokens",
-                format!("max_tokens: must be at least 1, got {m}"),
+                max_tokens_field,
+                format!("{max_tokens_field}: must be at least 1, got {m}"),
             ))
         }
     };
@@ -108,6 +121,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         temperature: temperature as f32,
         top_p: top_p as f32,
         max_tokens,
+        max_tokens_field,
         stop: stops(f.0.get("stop"))?,
         seed,
         stream: f.boolean("stream")?.unwrap_or(false),
@@ -154,11 +168,13 @@ impl Fields<'_> {
             .transpose()
     }
 
-    fn integer(&self, name: &str) -> Result<Option<i64>, ApiError> {
+    /// Any JSON integer, `u64::MAX` included, as its value.
+    fn integer(&self, name: &str) -> Result<Option<i128>, ApiError> {
         self.get(name)
             .map(|v| {
                 v.as_i64()
-                    .or_else(|| v.as_u64().map(|u| u as i64))
+                    .map(i128::from)
+                    .or_else(|| v.as_u64().map(i128::from))
                     .ok_or_else(|| Self::wrong(name, "an integer", v))
             })
             .transpose()
@@ -206,9 +222,45 @@ fn messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
                     )),
                 }
             };
-            Ok(Message::new(field("role")?, field("content")?))
+            let content = match m.get("content") {
+                Some(Value::Array(parts)) => text_parts(i, parts)?,
+                _ => field("content")?,
+            };
+            Ok(Message::new(field("role")?, content))
         })
         .collect()
+}
+
+/// A message's `content` given as OpenAI's parts: its `{"type": "text", "text"}` parts, one
+/// per line; other parts (images, audio) are refused.
+fn text_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
+    let texts = parts
+        .iter()
+        .enumerate()
+        .map(|(j, part)| {
+            let path = format!("messages[{i}].content[{j}]");
+            let Value::Object(part) = part else {
+                return Err(Fields::wrong(&path, "an object", part));
+            };
+            match (part.get("type"), part.get("text")) {
+                (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
+                    Ok(text.as_str())
+                }
+                (Some(Value::String(t)), _) if t == "text" => Err(ApiError::invalid(
+                    &format!("{path}.text"),
+                    format!("{path}.text: a string is required"),
+                )),
+                (t, _) => Err(ApiError::invalid(
+                    &format!("{path}.type"),
+                    format!(
+                        "{path}.type: only \"text\" parts are supported, got {}",
+                        t.map_or("none".into(), Value::to_string)
+                    ),
+                )),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(texts.join("\n"))
 }
 
 /// `stop`: a string or an array of at most `MAX_STOPS` strings.
@@ -258,6 +310,51 @@ mod tests {
     }
 
     #[test]
+    fn text_parts_are_a_message_content() {
+        let body = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+            {"type": "text", "text": "b"}]}]}"#;
+        let r = parse(body.as_bytes(), Endpoint::Chat, "m").unwrap();
+        assert_eq!(r.input, Input::Chat(vec![Message::new("user", "a\nb")]));
+    }
+
+    #[test]
+    fn chat_takes_max_completion_tokens_before_max_tokens() {
+        let body = r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9,
+            "max_completion_tokens": 3}"#;
+        let r = parse(body.as_bytes(), Endpoint::Chat, "m").unwrap();
+        assert_eq!(
+            (r.max_tokens, r.max_tokens_field),
+            (Some(3), "max_completion_tokens")
+        );
+        let r = parse(
+            br#"{"prompt": "x", "max_completion_tokens": 3}"#,
+            Endpoint::Completions,
+            "m",
+        );
+        assert_eq!(r.unwrap().max_tokens, None);
+    }
+
+    #[test]
+    fn integers_past_i64_keep_their_value() {
+        let huge = u64::MAX;
+        let e = refusal(
+            &format!(r#"{{"prompt": "x", "n": {huge}}}"#),
+            Endpoint::Completions,
+        );
+        assert!(e.message.ends_with(&format!("got {huge}")), "{}", e.message);
+        let body = format!(r#"{{"prompt": "x", "max_tokens": {huge}, "seed": {huge}}}"#);
+        let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
+        assert_eq!((r.max_tokens, r.seed), (Some(usize::MAX), Some(huge)));
+        let r = parse(
+            br#"{"prompt": "x", "seed": -1}"#,
+            Endpoint::Completions,
+            "m",
+        )
+        .unwrap();
+        assert_eq!(r.seed, Some(u64::MAX));
+    }
+
+    #[test]
     fn every_refusal_names_its_field() {
         let cases = [
             (r#"{"prompt": 5}"#, Endpoint::Completions, Some("prompt")),
@@ -303,9 +400,34 @@ mod tests {
             ),
             (r#"{"messages": []}"#, Endpoint::Chat, Some("messages")),
             (
+                r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}"#,
+                Endpoint::Chat,
+                Some("max_completion_tokens"),
+            ),
+            (
                 r#"{"messages": [{"role": "user"}]}"#,
                 Endpoint::Chat,
                 Some("messages[0].content"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
+                Endpoint::Chat,
+                Some("messages[0].content[0].type"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}"#,
+                Endpoint::Chat,
+                Some("messages[0].content[0].text"),
+            ),
+            (
+                r#"{"prompt": ["x"]}"#,
+                Endpoint::Completions,
+                Some("prompt"),
+            ),
+            (
+                r#"{"prompt": [1, 2]}"#,
+                Endpoint::Completions,
+                Some("prompt"),
             ),
             (r#"{"prompt": "x""#, Endpoint::Completions, None),
             (r#"[1]"#, Endpoint::Completions, None),

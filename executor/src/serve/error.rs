@@ -1,6 +1,7 @@
 //! The OpenAI error body every failed request gets:
 //! `{"error": {"message", "type", "param", "code"}}`, with the HTTP status beside it.
 
+use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -56,6 +57,31 @@ impl ApiError {
             message: format!("no endpoint at {path}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions"),
             param: None,
             code: "not_found",
+        }
+    }
+
+    /// A 405 for a path whose endpoint takes another method (the `Allow` header names it).
+    pub fn wrong_method(method: &str, path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{method} is not allowed on {path}; see the Allow header"),
+            param: None,
+            code: "method_not_allowed",
+        }
+    }
+
+    /// A body that could not be read: a 413 past `limit` bytes, or axum's reason.
+    pub fn unreadable(rejection: &BytesRejection, limit: usize) -> ApiError {
+        let status = rejection.status();
+        ApiError {
+            status,
+            message: if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("the body is larger than the server's limit of {limit} bytes")
+            } else {
+                format!("the body could not be read: {}", rejection.body_text())
+            },
+            param: None,
+            code: "invalid_body",
         }
     }
 

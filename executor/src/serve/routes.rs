@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -28,6 +29,10 @@ use crate::text::{ChatTemplate, Tokenizer};
 
 /// Tokens a completion generates when `max_tokens` is absent (OpenAI's default).
 const COMPLETION_DEFAULT_TOKENS: usize = 16;
+
+/// The largest request body read (axum's default, stated here for the 413's message); a
+/// body this large holds far more tokens than any context.
+const BODY_LIMIT: usize = 2 << 20;
 
 /// What every handler shares.
 pub struct App {
@@ -55,9 +60,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app)
 }
 
@@ -70,31 +78,50 @@ impl Endpoint {
     }
 }
 
-async fn health(State(app): State<Arc<App>>) -> Response {
-    let mut tally = Tally::new(&app.metrics, "GET", "/health", "/health");
+async fn health(State(app): State<Arc<App>>, method: Method) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), "/health", "/health");
     tally.status = 200;
     Json(json!({"status": "ok"})).into_response()
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let mut tally = Tally::new(&app.metrics, "GET", "/metrics", "/metrics");
+async fn metrics(State(app): State<Arc<App>>, method: Method) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), "/metrics", "/metrics");
     tally.status = 200;
     let text = app.metrics.render();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn models(State(app): State<Arc<App>>) -> Response {
-    let mut tally = Tally::new(&app.metrics, "GET", "/v1/models", "/v1/models");
+impl App {
+    /// The model's entry in `/v1/models`.
+    fn card(&self) -> Value {
+        json!({
+            "id": self.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "memra",
+            "max_context": self.max_context,
+            "max_sequences": self.max_sequences,
+        })
+    }
+}
+
+async fn models(State(app): State<Arc<App>>, method: Method) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), "/v1/models", "/v1/models");
     tally.status = 200;
-    Json(json!({"object": "list", "data": [{
-        "id": app.model,
-        "object": "model",
-        "created": 0,
-        "owned_by": "memra",
-        "max_context": app.max_context,
-        "max_sequences": app.max_sequences,
-    }]}))
-    .into_response()
+    Json(json!({"object": "list", "data": [app.card()]})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the model, or a 404 naming the one served.
+async fn model(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), uri.path(), "/v1/models");
+    let id = uri.path().trim_start_matches("/v1/models/");
+    if id != app.model {
+        let e = ApiError::unknown_model(id, &app.model);
+        tally.status = e.status.as_u16();
+        return e.into_response();
+    }
+    tally.status = 200;
+    Json(app.card()).into_response()
 }
 
 async fn no_route(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
@@ -103,11 +130,17 @@ async fn no_route(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Resp
     ApiError::no_route(uri.path()).into_response()
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn wrong_method(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
+    let mut tally = Tally::new(&app.metrics, method.as_str(), uri.path(), "other");
+    tally.status = 405;
+    ApiError::wrong_method(method.as_str(), uri.path()).into_response()
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     answer(app, Endpoint::Completions, body).await
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     answer(app, Endpoint::Chat, body).await
 }
 
@@ -153,10 +186,11 @@ impl App {
         }
         let max_tokens = match (request.max_tokens, endpoint) {
             (Some(m), _) if p + m > c => {
+                let field = request.max_tokens_field;
                 return Err(ApiError::invalid(
-                    "max_tokens",
-                    format!("max_tokens: {m} after a prompt of {p} tokens exceeds the context of {c} tokens; at most {} fit", c - p),
-                ))
+                    field,
+                    format!("{field}: {m} after a prompt of {p} tokens exceeds the context of {c} tokens; at most {} fit", c - p),
+                ));
             }
             (Some(m), _) => m,
             (None, Endpoint::Completions) => COMPLETION_DEFAULT_TOKENS.min(c - p),
@@ -233,9 +267,24 @@ impl Shape {
     }
 }
 
-async fn answer(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn answer(
+    app: Arc<App>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let mut tally = Tally::new(&app.metrics, "POST", endpoint.path(), endpoint.path());
-    let prepared = match app.prepare(endpoint, &body) {
+    // Tokenizing a long body takes seconds: off the two HTTP workers, so that other
+    // requests' answers and streams go on meanwhile.
+    let prepared = match body {
+        Ok(body) => {
+            let app = app.clone();
+            tokio::task::spawn_blocking(move || app.prepare(endpoint, &body))
+                .await
+                .unwrap_or_else(|e| Err(ApiError::engine(format!("reading the request: {e}"))))
+        }
+        Err(rejection) => Err(ApiError::unreadable(&rejection, BODY_LIMIT)),
+    };
+    let prepared = match prepared {
         Ok(p) => p,
         Err(e) => {
             tally.status = e.status.as_u16();
