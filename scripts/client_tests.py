@@ -166,6 +166,9 @@ BAD = [
     (openai.BadRequestError, dict(prompt="x", stop={"a": 1}), "stop"),
     (openai.BadRequestError, dict(messages=[]), "messages"),
     (openai.BadRequestError, dict(messages=[{"role": "user", "content": 1}]), "messages[0].content"),
+    (openai.BadRequestError, dict(prompt="x", echo=True), "echo"),
+    (openai.BadRequestError, dict(prompt="x", logprobs=3), "logprobs"),
+    (openai.BadRequestError, dict(messages=[{"role": "user", "content": "x"}], presence_penalty=1.0), "presence_penalty"),
 ]
 
 

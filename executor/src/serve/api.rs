@@ -1,6 +1,9 @@
 //! The OpenAI request bodies this server accepts, read field by field from JSON so that every
 //! refusal names its field: `/v1/completions` (a prompt) and `/v1/chat/completions` (messages).
-//! Fields the server does not use (`user`, `logprobs`, `stream_options`, ...) are ignored.
+//! Fields that change what comes back but that this server does not implement (`echo`,
+//! `logprobs`, `best_of`, `suffix`, `logit_bias`, the penalties, `tools`, `response_format`)
+//! are refused unless they hold the value that leaving them out means; fields that change
+//! nothing here (`user`, `stream_options`, `tool_choice`, ...) are ignored.
 
 use serde_json::{Map, Value};
 
@@ -61,6 +64,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         )));
     };
     let f = Fields(&fields);
+    refuse_unimplemented(&f)?;
     if let Some(asked) = f.string("model")? {
         if asked != model {
             return Err(ApiError::unknown_model(&asked, model));
@@ -126,6 +130,97 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         seed,
         stream: f.boolean("stream")?.unwrap_or(false),
     })
+}
+
+/// A field of OpenAI's API this server does not implement: the values it takes (those that
+/// mean what leaving it out means), and them in words.
+struct Unimplemented {
+    name: &'static str,
+    neutral: fn(&Value) -> bool,
+    allowed: &'static str,
+}
+
+/// Every field that would change the answer and that this server does not implement.
+const UNIMPLEMENTED: &[Unimplemented] = &[
+    Unimplemented {
+        name: "echo",
+        neutral: |v| v == &Value::Bool(false),
+        allowed: "false",
+    },
+    Unimplemented {
+        name: "suffix",
+        neutral: |v| v.as_str() == Some(""),
+        allowed: "\"\"",
+    },
+    Unimplemented {
+        name: "best_of",
+        neutral: |v| v.as_u64() == Some(1),
+        allowed: "1",
+    },
+    // an integer on completions, a boolean on chat
+    Unimplemented {
+        name: "logprobs",
+        neutral: |v| v == &Value::Bool(false),
+        allowed: "false",
+    },
+    Unimplemented {
+        name: "top_logprobs",
+        neutral: |v| v.as_u64() == Some(0),
+        allowed: "0",
+    },
+    Unimplemented {
+        name: "logit_bias",
+        neutral: |v| v.as_object().is_some_and(Map::is_empty),
+        allowed: "{}",
+    },
+    Unimplemented {
+        name: "presence_penalty",
+        neutral: |v| v.as_f64() == Some(0.0),
+        allowed: "0",
+    },
+    Unimplemented {
+        name: "frequency_penalty",
+        neutral: |v| v.as_f64() == Some(0.0),
+        allowed: "0",
+    },
+    Unimplemented {
+        name: "tools",
+        neutral: |v| v.as_array().is_some_and(Vec::is_empty),
+        allowed: "[]",
+    },
+    Unimplemented {
+        name: "functions",
+        neutral: |v| v.as_array().is_some_and(Vec::is_empty),
+        allowed: "[]",
+    },
+    Unimplemented {
+        name: "response_format",
+        neutral: |v| v.get("type").and_then(Value::as_str) == Some("text"),
+        allowed: "{\"type\": \"text\"}",
+    },
+];
+
+/// Refuses the first unimplemented field given a value that would change the answer.
+fn refuse_unimplemented(f: &Fields) -> Result<(), ApiError> {
+    for u in UNIMPLEMENTED {
+        match f.get(u.name) {
+            Some(v) if !(u.neutral)(v) => {
+                let got = match v {
+                    Value::Array(_) | Value::Object(_) => kind(v).to_string(),
+                    scalar => scalar.to_string(),
+                };
+                return Err(ApiError::invalid(
+                    u.name,
+                    format!(
+                        "{}: not supported by this server; allowed: {} (or leave it out), got {got}",
+                        u.name, u.allowed
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The JSON type of a value, as a refusal names it.
@@ -310,6 +405,18 @@ mod tests {
     }
 
     #[test]
+    fn unimplemented_fields_at_their_neutral_values_are_taken() {
+        let body = r#"{"prompt": "x", "echo": false, "suffix": "", "best_of": 1, "logprobs": null,
+            "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "tools": [],
+            "response_format": {"type": "text"}, "tool_choice": "none", "stream_options": {}}"#;
+        let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
+        assert_eq!(r.input, Input::Prompt("x".into()));
+        let body = r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": false,
+            "top_logprobs": 0}"#;
+        assert!(parse(body.as_bytes(), Endpoint::Chat, "m").is_ok());
+    }
+
+    #[test]
     fn text_parts_are_a_message_content() {
         let body = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
             {"type": "text", "text": "b"}]}]}"#;
@@ -428,6 +535,61 @@ mod tests {
                 r#"{"prompt": [1, 2]}"#,
                 Endpoint::Completions,
                 Some("prompt"),
+            ),
+            (
+                r#"{"prompt": "x", "echo": true}"#,
+                Endpoint::Completions,
+                Some("echo"),
+            ),
+            (
+                r#"{"prompt": "x", "logprobs": 2}"#,
+                Endpoint::Completions,
+                Some("logprobs"),
+            ),
+            (
+                r#"{"prompt": "x", "best_of": 3}"#,
+                Endpoint::Completions,
+                Some("best_of"),
+            ),
+            (
+                r#"{"prompt": "x", "suffix": "y"}"#,
+                Endpoint::Completions,
+                Some("suffix"),
+            ),
+            (
+                r#"{"prompt": "x", "logit_bias": {"50256": -100}}"#,
+                Endpoint::Completions,
+                Some("logit_bias"),
+            ),
+            (
+                r#"{"prompt": "x", "presence_penalty": 0.5}"#,
+                Endpoint::Completions,
+                Some("presence_penalty"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -1}"#,
+                Endpoint::Chat,
+                Some("frequency_penalty"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true}"#,
+                Endpoint::Chat,
+                Some("logprobs"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
+                Endpoint::Chat,
+                Some("top_logprobs"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
+                Endpoint::Chat,
+                Some("tools"),
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+                Endpoint::Chat,
+                Some("response_format"),
             ),
             (r#"{"prompt": "x""#, Endpoint::Completions, None),
             (r#"[1]"#, Endpoint::Completions, None),

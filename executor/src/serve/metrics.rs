@@ -4,6 +4,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
+
+/// Seconds over which `memra_tokens_per_second` counts the generated tokens.
+const RATE_WINDOW: u64 = 10;
 
 /// Everything `/metrics` reports; shared by the HTTP handlers and the engine thread.
 pub struct Metrics {
@@ -11,8 +15,11 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
+    /// Generated tokens of each of the last `RATE_WINDOW` whole seconds since `start`.
+    recent: Mutex<Recent>,
+    start: Instant,
     /// f64 bits: generated tokens per second of the last finished sequence, after its first.
-    tokens_per_second: AtomicU64,
+    sequence_tokens_per_second: AtomicU64,
     /// Requests waiting for the engine.
     pub queued: AtomicUsize,
     /// Sequence slots of the KV cache in use.
@@ -30,7 +37,9 @@ impl Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
-            tokens_per_second: AtomicU64::new(0f64.to_bits()),
+            recent: Mutex::new(Recent::default()),
+            start: Instant::now(),
+            sequence_tokens_per_second: AtomicU64::new(0f64.to_bits()),
             queued: AtomicUsize::new(0),
             slots_used: AtomicUsize::new(0),
             slots_total: slots,
@@ -54,6 +63,23 @@ impl Metrics {
     /// Counts one generated token.
     pub fn count_generated(&self) {
         self.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let second = self.start.elapsed().as_secs();
+        self.recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(second);
+    }
+
+    /// Tokens generated per second over the last `RATE_WINDOW` seconds (or since the start,
+    /// when it is more recent), all sequences together.
+    fn tokens_per_second(&self) -> f64 {
+        let elapsed = self.start.elapsed();
+        let counted = self
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .since(elapsed.as_secs());
+        counted as f64 / elapsed.as_secs_f64().clamp(1e-9, RATE_WINDOW as f64)
     }
 
     /// Counts one engine step carrying `sequences` sequences.
@@ -64,8 +90,8 @@ impl Metrics {
     }
 
     /// Records the decode speed of a finished sequence.
-    pub fn set_tokens_per_second(&self, rate: f64) {
-        self.tokens_per_second
+    pub fn set_sequence_tokens_per_second(&self, rate: f64) {
+        self.sequence_tokens_per_second
             .store(rate.to_bits(), Ordering::Relaxed);
     }
 
@@ -113,10 +139,16 @@ impl Metrics {
         metric(
             "memra_tokens_per_second",
             "gauge",
+            "Tokens generated per second over the last 10 s, all sequences together.",
+            &plain(format!("{:.3}", self.tokens_per_second())),
+        );
+        metric(
+            "memra_sequence_tokens_per_second",
+            "gauge",
             "Generated tokens per second of the last finished sequence, after its first token.",
             &plain(format!(
                 "{:.3}",
-                f64::from_bits(self.tokens_per_second.load(Ordering::Relaxed))
+                f64::from_bits(self.sequence_tokens_per_second.load(Ordering::Relaxed))
             )),
         );
         metric(
@@ -153,6 +185,33 @@ impl Metrics {
     }
 }
 
+/// Counts per whole second for the last `RATE_WINDOW` seconds, in a ring by second.
+#[derive(Default)]
+struct Recent {
+    /// (second, count) at index `second % RATE_WINDOW`.
+    buckets: [(u64, u64); RATE_WINDOW as usize],
+}
+
+impl Recent {
+    fn add(&mut self, second: u64) {
+        let b = &mut self.buckets[(second % RATE_WINDOW) as usize];
+        if b.0 != second {
+            *b = (second, 0);
+        }
+        b.1 += 1;
+    }
+
+    /// The counts of the seconds `now + 1 - RATE_WINDOW ..= now`.
+    fn since(&self, now: u64) -> u64 {
+        let first = (now + 1).saturating_sub(RATE_WINDOW);
+        self.buckets
+            .iter()
+            .filter(|&&(second, _)| (first..=now).contains(&second))
+            .map(|&(_, n)| n)
+            .sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,11 +238,31 @@ mod tests {
             "memra_steps_total 2",
             "memra_step_sequences_total 3",
             "# TYPE memra_tokens_per_second gauge",
+            "# TYPE memra_sequence_tokens_per_second gauge",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
                 "{line} missing from\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn the_rate_counts_the_last_ten_seconds() {
+        let mut r = Recent::default();
+        for second in [0, 0, 3, 9, 9, 9] {
+            r.add(second);
+        }
+        assert_eq!(r.since(9), 6);
+        // second 10 takes second 0's bucket; second 0 has left the window
+        r.add(10);
+        assert_eq!(r.since(10), 5);
+        assert_eq!(r.since(13), 4);
+        assert_eq!(r.since(30), 0);
+        let m = Metrics::new(1);
+        m.count_generated();
+        m.count_generated();
+        let rate = m.tokens_per_second();
+        assert!(rate > 0.0, "{rate}");
     }
 }

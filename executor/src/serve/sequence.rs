@@ -93,7 +93,7 @@ impl<'t> Sequence<'t> {
         self.send(tail);
         if let Some(first) = self.first.filter(|_| self.completion > 1) {
             let seconds = first.elapsed().as_secs_f64().max(1e-9);
-            metrics.set_tokens_per_second((self.completion - 1) as f64 / seconds);
+            metrics.set_sequence_tokens_per_second((self.completion - 1) as f64 / seconds);
         }
         let _ = self.job.events.send(Event::Done(Finish {
             reason: self.reason,
