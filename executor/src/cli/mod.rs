@@ -184,6 +184,10 @@ enum Command {
         /// Port to listen on; 0 picks a free one (the address is printed).
         #[arg(long, default_value_t = 8080)]
         port: u16,
+        /// Most requests waiting for a sequence slot; past it a request gets a 503 with
+        /// Retry-After.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        max_queue: u64,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -597,8 +601,17 @@ fn run(command: Command) -> Result<ExitCode> {
             plan,
             host,
             port,
+            max_queue,
             run,
-        } => serve::serve(&plan, host, port, &run),
+        } => serve::serve(
+            &plan,
+            crate::serve::ServerOptions {
+                host,
+                port,
+                max_queue: max_queue as usize,
+            },
+            &run,
+        ),
         Command::Launch { plan, command } => launch::launch(&plan, &command),
     }
 }

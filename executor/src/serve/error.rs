@@ -85,6 +85,16 @@ impl ApiError {
         }
     }
 
+    /// A 503 for a request that found `waiting` requests queued, the server's limit.
+    pub fn busy(waiting: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!("the server is busy: {waiting} requests are waiting for a sequence slot (its --max-queue); retry later"),
+            param: None,
+            code: "server_busy",
+        }
+    }
+
     /// A 500 for a request the engine failed on.
     pub fn engine(message: impl Into<String>) -> ApiError {
         ApiError {
@@ -113,6 +123,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }

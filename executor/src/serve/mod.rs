@@ -28,18 +28,20 @@ use metrics::Metrics;
 use routes::{router, App};
 use scheduler::Scheduler;
 
-/// Where the server listens.
-pub struct Listen {
+/// Where the server listens, and how many requests may wait for the engine.
+pub struct ServerOptions {
     /// Host name or address.
     pub host: String,
     /// TCP port; 0 picks a free one (the address is printed).
     pub port: u16,
+    /// Most requests waiting for a sequence slot; past it a request gets a 503.
+    pub max_queue: usize,
 }
 
 /// Opens `plan` on the engine thread and serves it until the process is stopped. The engine
 /// samples nothing itself (`options.sampler` is ignored): each request's sampler runs on
 /// the host over the step's logits.
-pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Result<()> {
+pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -> Result<()> {
     let runtime = &plan.plan.runtime;
     let (max_context, max_sequences) =
         (runtime.max_context as usize, runtime.max_sequences as usize);
@@ -58,6 +60,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Resul
         },
         tokenizer.clone(),
         metrics.clone(),
+        server.max_queue,
     )?;
     let app = Arc::new(App {
         scheduler,
@@ -76,7 +79,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, listen: &Listen) -> Resul
         .build()
         .context("starting the HTTP runtime")?;
     runtime.block_on(async {
-        let at = format!("{}:{}", listen.host, listen.port);
+        let at = format!("{}:{}", server.host, server.port);
         let listener = tokio::net::TcpListener::bind(&at)
             .await
             .with_context(|| format!("cannot listen on {at}"))?;

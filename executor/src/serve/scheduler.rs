@@ -86,6 +86,8 @@ impl FinishReason {
 pub struct Scheduler {
     queue: Sender<Job>,
     metrics: Arc<Metrics>,
+    /// Most jobs waiting for the engine.
+    max_queued: usize,
 }
 
 impl Scheduler {
@@ -95,6 +97,7 @@ impl Scheduler {
         open: impl FnMut() -> Result<Batch> + Send + 'static,
         tokenizer: Arc<Tokenizer>,
         metrics: Arc<Metrics>,
+        max_queued: usize,
     ) -> Result<Scheduler> {
         let (queue, jobs) = channel();
         let (ready_tx, ready) = channel();
@@ -120,12 +123,22 @@ impl Scheduler {
         ready
             .recv()
             .map_err(|_| anyhow!("the engine thread stopped while opening"))??;
-        Ok(Scheduler { queue, metrics })
+        Ok(Scheduler {
+            queue,
+            metrics,
+            max_queued,
+        })
     }
 
-    /// Queues a job behind the ones waiting.
+    /// Queues a job behind the ones waiting, or refuses it (503) when `max_queued` wait.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        self.metrics.queued.fetch_add(1, Ordering::Relaxed);
+        let max = self.max_queued;
+        self.metrics
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                (q < max).then_some(q + 1)
+            })
+            .map_err(|_| ApiError::busy(max))?;
         self.queue.send(job).map_err(|_| {
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             ApiError::engine("the engine thread has stopped")
@@ -434,7 +447,7 @@ mod tests {
             Ok(Batch::new(Fixed::new(a, first.then_some(3), None), 1, 1))
         };
         let metrics = Arc::new(Metrics::new(1));
-        let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
+        let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), 8).unwrap();
         let (failing, rx_failing) = job(vec![a, a], 5);
         let (next, rx_next) = job(vec![a], 3);
         scheduler.submit(failing).unwrap();
@@ -469,7 +482,7 @@ mod tests {
         let (tick, ticks) = channel();
         let mut ticks = Some(ticks);
         let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
-        let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1))).unwrap();
+        let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1)), 8).unwrap();
         // Cancelled while queued: never decoded, its channel closes without an event.
         let (queued, mut rx) = job(vec![a], 50);
         queued.cancel.store(true, Ordering::Relaxed);
@@ -494,6 +507,35 @@ mod tests {
     }
 
     #[test]
+    fn past_the_queue_limit_a_job_is_refused_busy() {
+        let tokenizer = tokenizer();
+        let a = tokenizer.encode("a", false).unwrap()[0];
+        let (tick, ticks) = channel();
+        let mut ticks = Some(ticks);
+        let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
+        let metrics = Arc::new(Metrics::new(1));
+        let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), 1).unwrap();
+        // the first takes the one slot (its step waits for a tick), the second waits
+        let (running, rx_running) = job(vec![a], 2);
+        scheduler.submit(running).unwrap();
+        while metrics.slots_used.load(Ordering::Relaxed) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let (waiting, rx_waiting) = job(vec![a], 2);
+        scheduler.submit(waiting).unwrap();
+        let (refused, _) = job(vec![a], 2);
+        let e = scheduler.submit(refused).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(metrics.queued.load(Ordering::Relaxed), 1);
+        let ticking = std::thread::spawn(move || while tick.send(()).is_ok() {});
+        for rx in [rx_running, rx_waiting] {
+            assert!(matches!(events(rx).last(), Some(Event::Done(_))));
+        }
+        drop(scheduler);
+        ticking.join().unwrap();
+    }
+
+    #[test]
     fn jobs_decode_together_up_to_the_slots_and_the_rest_wait() {
         let tokenizer = tokenizer();
         let a = tokenizer.encode("a", false).unwrap()[0];
@@ -509,7 +551,7 @@ mod tests {
             Ok(Batch::new(engine, 2, 1))
         };
         let metrics = Arc::new(Metrics::new(2));
-        let scheduler = Scheduler::start(open, tokenizer, metrics.clone()).unwrap();
+        let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), 8).unwrap();
         let receivers: Vec<_> = (0..3)
             .map(|_| {
                 let (job, rx) = job(vec![a, a], 5);
