@@ -152,6 +152,23 @@ fn settings_the_kernels_cannot_run_are_refused_without_a_model_file() {
 }
 
 #[test]
+fn a_directory_given_as_the_model_is_named_as_one() {
+    // mapping a directory said "No such device (os error 19)"
+    let dir = std::env::temp_dir();
+    let err = load_err(
+        &root().join("plans/synthetic/tiny-tp.plan.toml"),
+        Some(&dir),
+    );
+    assert!(
+        err.contains(&format!(
+            "{}: is a directory; a GGUF model file is expected",
+            dir.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
 fn llama3_rope_scaling_is_refused_by_the_executors() {
     // a Llama 3.1 config.json plans (plans/llama3.1-70b-*), but no executor implements its
     // rope scaling: running it with plain rope gave wrong numbers
