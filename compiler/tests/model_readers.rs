@@ -48,7 +48,15 @@ fn gguf_for(meta: &ModelMeta, arch: &str) -> PathBuf {
 
 /// `gguf_for` without the key `{arch}.{dropped}`.
 fn gguf_without(meta: &ModelMeta, arch: &str, dropped: &str) -> PathBuf {
+    gguf_with(meta, arch, dropped, &[])
+}
+
+/// `gguf_for` without the key `{arch}.{dropped}` and with the keys `{arch}.{key}` of `extra`.
+fn gguf_with(meta: &ModelMeta, arch: &str, dropped: &str, extra: &[(&str, Value)]) -> PathBuf {
     let mut w = GgufWriter::new();
+    for (k, v) in extra {
+        w.add(&format!("{arch}.{k}"), v.clone()).unwrap();
+    }
     let dropped = format!("{arch}.{dropped}");
     let mut put = |k: &str, v: Value| {
         if k != dropped {
@@ -318,4 +326,208 @@ fn config_head_counts_the_layers_cannot_take_are_named() {
         let err = format!("{:#}", read_config(&path, Dtype::F32).unwrap_err());
         assert!(err.ends_with(want), "{extra}: {err}");
     }
+}
+
+/// The error `read_config` gives for a `model_type` config of `BASE` with `extra` keys (later
+/// keys replace earlier ones).
+fn config_error(model_type: &str, extra: &str) -> String {
+    let path = scratch(&format!("{model_type}.json"));
+    std::fs::write(
+        &path,
+        format!("{{\"model_type\": \"{model_type}\", {BASE}{extra}}}"),
+    )
+    .unwrap();
+    format!("{:#}", read_config(&path, Dtype::F32).unwrap_err())
+}
+
+#[test]
+fn both_readers_refuse_the_same_norm_epsilons_and_rope_bases() {
+    // a GGUF's 0, negative, NaN or 1e30 compiled and ran with zero or NaN activations
+    for eps in [0.0, -1e-5, f32::NAN, 1e30] {
+        let mut meta = config("llama", "");
+        meta.rms_eps = eps;
+        let err = read_error(&gguf_for(&meta, "llama"));
+        let want = format!(
+            "llama.attention.layer_norm_rms_epsilon is {eps}; allowed: a positive number below 1"
+        );
+        assert!(err.ends_with(&want), "{eps}: {err}");
+    }
+    for theta in [0.0, -10000.0, f32::NAN] {
+        let mut meta = config("llama", "");
+        meta.rope_theta = theta;
+        let err = read_error(&gguf_for(&meta, "llama"));
+        let want = format!("llama.rope.freq_base is {theta}; allowed: a positive finite number");
+        assert!(err.ends_with(&want), "{theta}: {err}");
+    }
+    for eps in ["0", "-1e-5", "1e30"] {
+        let err = config_error("llama", &format!(", \"rms_norm_eps\": {eps}"));
+        assert!(
+            err.ends_with("key `rms_norm_eps` must be a positive number below 1"),
+            "{eps}: {err}"
+        );
+    }
+    for theta in ["0", "-10000", "1e39"] {
+        let err = config_error("llama", &format!(", \"rope_theta\": {theta}"));
+        assert!(
+            err.ends_with("key `rope_theta` must be a positive finite number"),
+            "{theta}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_partial_rope_dimension_count_is_refused_for_gqa_models() {
+    // llama.cpp rotates rope.dimension_count dims of a head; memra rotated all of them
+    let meta = config("llama", "");
+    let err = read_error(&gguf_with(
+        &meta,
+        "llama",
+        "",
+        &[("rope.dimension_count", Value::U32(8))],
+    ));
+    assert!(
+        err.ends_with("llama.rope.dimension_count is 8; allowed: the head size 16 (llama.attention.key_length or llama.embedding_length / llama.attention.head_count), as memra's rope rotates every dimension of a head (partial rope is not implemented)"),
+        "{err}"
+    );
+    let full = gguf_with(
+        &meta,
+        "llama",
+        "",
+        &[("rope.dimension_count", Value::U32(16))],
+    );
+    assert_same(&meta, &read_gguf(&full).unwrap_or_else(|e| panic!("{e:#}")));
+    // deepseek2's rope dims are MLA's own
+    let meta = deepseek_v3();
+    assert_same(&meta, &read_gguf(&gguf_for(&meta, "deepseek2")).unwrap());
+    let err = config_error("llama", r#", "partial_rotary_factor": 0.5"#);
+    assert!(
+        err.ends_with("key `partial_rotary_factor` must be 1 (memra's rope rotates every dimension of a head; partial rope is not implemented)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn layer_counts_past_the_bound_are_refused_before_anything_is_sized() {
+    // 0xffffffff layers got memra-compile killed for memory
+    let mut meta = config("llama", "");
+    meta.layers = u32::MAX;
+    let err = read_error(&gguf_for(&meta, "llama"));
+    assert!(
+        err.ends_with(
+            "llama.block_count is 4294967295; allowed: 1 to 1024 (memra plans at most 1024 layers)"
+        ),
+        "{err}"
+    );
+    let err = config_error("llama", r#", "num_hidden_layers": 4294967295"#);
+    assert!(
+        err.ends_with("key `num_hidden_layers` must be 1 to 1024 (memra plans at most 1024 layers), got 4294967295"),
+        "{err}"
+    );
+    // a top-k past the experts compiled from a config.json (a GGUF refused it)
+    let err = config_error(
+        "mixtral",
+        r#", "num_local_experts": 8, "num_experts_per_tok": 4294967295"#,
+    );
+    assert!(
+        err.ends_with(
+            "key `num_experts_per_tok` must be 1 to the expert count (8), got 4294967295"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_keys_of_unimplemented_features_are_refused() {
+    for (extra, want) in [
+        (
+            r#", "rope_scaling": {"rope_type": "linear", "factor": 2.0}"#,
+            "key `rope_scaling.rope_type` must be \"yarn\", \"llama3\" or \"default\" (memra implements no other rope scaling)",
+        ),
+        (
+            r#", "hidden_act": "gelu""#,
+            "key `hidden_act` must be \"silu\" (memra's FFNs are SwiGLU)",
+        ),
+        (
+            r#", "attention_bias": true"#,
+            "key `attention_bias` must be false (memra's attention projections have no bias)",
+        ),
+        (
+            r#", "mlp_bias": true"#,
+            "key `mlp_bias` must be false (memra's FFN projections have no bias)",
+        ),
+        (
+            r#", "use_sliding_window": true, "sliding_window": 256"#,
+            "key `use_sliding_window` must be false (sliding-window attention is not implemented)",
+        ),
+        (
+            r#", "intermediate_size": 0"#,
+            "key `intermediate_size` must be at least 1, got 0",
+        ),
+        (
+            r#", "vocab_size": 0"#,
+            "key `vocab_size` must be at least 1, got 0",
+        ),
+    ] {
+        let err = config_error("llama", extra);
+        assert!(err.ends_with(want), "{extra}: {err}");
+    }
+    let err = config_error(
+        "mixtral",
+        r#", "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 256"#,
+    );
+    assert!(
+        err.ends_with("key `sliding_window` must be null or at least the context length 512 (sliding-window attention is not implemented)"),
+        "{err}"
+    );
+    // what real configs say of features they do not use still reads
+    config(
+        "qwen2",
+        r#", "hidden_act": "silu", "attention_bias": false, "use_sliding_window": false, "sliding_window": 256, "rope_scaling": null"#,
+    );
+    config(
+        "mixtral",
+        r#", "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": null"#,
+    );
+}
+
+#[test]
+fn llama3_rope_scaling_is_carried_for_the_executors_to_refuse() {
+    // a config.json of Llama 3.1 plans (plans/llama3.1-70b-*), and its plan says what no
+    // executor runs; a GGUF carries the same scaling as a tensor and is refused
+    let meta = config(
+        "llama",
+        r#", "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128, "rope_type": "llama3"}"#,
+    );
+    let llama3 = meta.rope_llama3.as_ref().unwrap();
+    assert_eq!(
+        (
+            llama3.factor,
+            llama3.low_freq_factor,
+            llama3.high_freq_factor,
+            llama3.original_context
+        ),
+        (8.0, 1.0, 4.0, 128)
+    );
+    let mut with_freqs = config("llama", "");
+    with_freqs.tensors.push(TensorMeta {
+        name: "rope_freqs.weight".into(),
+        shape: vec![8],
+        ..with_freqs.tensors[0].clone()
+    });
+    let err = read_error(&gguf_for(&with_freqs, "llama"));
+    assert!(
+        err.ends_with("tensor `rope_freqs.weight` holds per-dimension rope frequency factors (Llama 3.1's rope scaling), which memra's rope does not implement"),
+        "{err}"
+    );
+    let meta = config("llama", "");
+    let err = read_error(&gguf_with(
+        &meta,
+        "llama",
+        "",
+        &[("rope.scaling.type", Value::Str("linear".into()))],
+    ));
+    assert!(
+        err.ends_with("llama.rope.scaling.type is `linear`; supported: yarn, none (memra implements no other rope scaling)"),
+        "{err}"
+    );
 }

@@ -224,6 +224,11 @@ fn check_runnable(plan: &Plan) -> Result<()> {
         );
     }
     let m = &plan.model;
+    if m.rope_llama3.is_some() {
+        bail!(
+            "model.rope_llama3: rope_scaling llama3 (Llama 3.1's rope scaling) is not implemented by the executors; the plan is for planning only"
+        );
+    }
     for (field, value) in [
         ("layers", m.layers),
         ("embedding", m.embedding),

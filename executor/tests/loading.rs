@@ -150,3 +150,35 @@ fn settings_the_kernels_cannot_run_are_refused_without_a_model_file() {
         assert!(err.contains(want), "{to}: {err}");
     }
 }
+
+#[test]
+fn a_directory_given_as_the_model_is_named_as_one() {
+    // mapping a directory said "No such device (os error 19)"
+    let dir = std::env::temp_dir();
+    let err = load_err(
+        &root().join("plans/synthetic/tiny-tp.plan.toml"),
+        Some(&dir),
+    );
+    assert!(
+        err.contains(&format!(
+            "{}: is a directory; a GGUF model file is expected",
+            dir.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn llama3_rope_scaling_is_refused_by_the_executors() {
+    // a Llama 3.1 config.json plans (plans/llama3.1-70b-*), but no executor implements its
+    // rope scaling: running it with plain rope gave wrong numbers
+    let err = format!(
+        "{:#}",
+        memra_executor::plan_load::load_synthetic(&root().join("plans/llama3.1-70b-tp8.plan.toml"))
+            .expect_err("loading must fail")
+    );
+    assert!(
+        err.contains("model.rope_llama3: rope_scaling llama3 (Llama 3.1's rope scaling) is not implemented by the executors"),
+        "{err}"
+    );
+}

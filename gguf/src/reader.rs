@@ -55,6 +55,13 @@ impl GgufFile {
     /// Maps and parses `path`; errors name the file and what is wrong with it.
     pub fn open(path: &Path) -> Result<GgufFile> {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        // a directory opens, but maps as "No such device"
+        if file.metadata().is_ok_and(|m| m.is_dir()) {
+            bail!(
+                "{}: is a directory; a GGUF model file is expected",
+                path.display()
+            );
+        }
         // SAFETY: the map is read-only; like every mmap reader we rely on nobody truncating
         // the model file while it is open.
         let mmap = unsafe { Mmap::map(&file) }

@@ -96,3 +96,22 @@ fn unknown_shape_lists_known_ones() {
         (4096, 14336, 32, 128256, false)
     );
 }
+
+#[test]
+fn the_binary_reports_errors_like_the_other_tools() {
+    // anyhow's `Error: ...` debug form (with a backtrace under RUST_BACKTRACE=1) is not how
+    // memra-compile and memra-run report
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-synth"))
+        .args(["--shape", "huge", "-o"])
+        .arg(temp_path("huge"))
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: unknown shape `huge`; known shapes: ")
+            && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+}

@@ -2,9 +2,12 @@
 //! never sees, with tensors synthesized in the placement's chosen dtype.
 
 use super::tensors::synthesize;
-use super::{exact, fnv1a, Architecture, Dtype, ModelMeta};
+use super::{
+    exact, fnv1a, Architecture, Dtype, FloatRule, ModelMeta, MAX_LAYERS, RMS_EPS, ROPE_THETA,
+};
 use crate::plan::{
-    ClampSummary, DsaSummary, Gating, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
+    ClampSummary, DsaSummary, Gating, KdaSummary, Llama3RopeSummary, MhcSummary, MlaSummary,
+    MoeSummary, YarnSummary,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
@@ -102,6 +105,12 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         _ => None,
     };
     let layers = keys.u32("num_hidden_layers")?;
+    if !(1..=MAX_LAYERS).contains(&layers) {
+        return Err(keys.wrong(
+            "num_hidden_layers",
+            &format!("1 to {MAX_LAYERS} (memra plans at most {MAX_LAYERS} layers), got {layers}"),
+        ));
+    }
     let kda = match architecture {
         Architecture::KimiLinear => Some(read_kda(&keys, layers, heads)?),
         Architecture::Glm5Next => Some(read_glm5_kda(&keys, layers, heads)?),
@@ -127,6 +136,23 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         }
     }
     let moe = read_moe(&keys, architecture)?;
+    // kimi-linear's and glm5-next's MLA layers use no rope
+    let (rope_yarn, rope_llama3) = match kda {
+        Some(_) => (None, None),
+        None => read_rope_scaling(&keys)?,
+    };
+    let context_length = match (architecture, keys.opt_u32("max_position_embeddings")?) {
+        (_, Some(n)) => n,
+        (Architecture::KimiLinear, None) => keys.u32("model_max_length")?,
+        (_, None) => keys.u32("max_position_embeddings")?,
+    };
+    check_unimplemented(&keys, architecture, mla.is_some(), context_length)?;
+    let (ffn, vocab) = (keys.u32("intermediate_size")?, keys.u32("vocab_size")?);
+    for (key, value) in [("intermediate_size", ffn), ("vocab_size", vocab)] {
+        if value == 0 {
+            return Err(keys.wrong(key, "at least 1, got 0"));
+        }
+    }
     let name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -140,24 +166,22 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         // kimi-linear's MLA runs absorbed, as MQA over the latent
         kv_heads: if kda.is_some() { 1 } else { kv_heads },
         head_dim,
-        ffn: keys.u32("intermediate_size")?,
-        vocab: keys.u32("vocab_size")?,
-        context_length: match (architecture, keys.opt_u32("max_position_embeddings")?) {
-            (_, Some(n)) => n,
-            (Architecture::KimiLinear, None) => keys.u32("model_max_length")?,
-            (_, None) => keys.u32("max_position_embeddings")?,
-        },
-        rope_theta: keys.opt_f32("rope_theta")?.unwrap_or(10_000.0),
-        rms_eps: keys.f32("rms_norm_eps")?,
+        ffn,
+        vocab,
+        context_length,
+        rope_theta: keys
+            .opt_f32_in("rope_theta", &ROPE_THETA)?
+            .unwrap_or(10_000.0),
+        rms_eps: keys
+            .opt_f32_in("rms_norm_eps", &RMS_EPS)?
+            .ok_or_else(|| keys.missing("rms_norm_eps"))?,
         tied_embeddings: keys.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
         qkv_bias: architecture == Architecture::Qwen2,
         moe,
         mla,
-        rope_yarn: match kda {
-            Some(_) => None,
-            None => read_yarn(&keys)?,
-        },
+        rope_yarn,
+        rope_llama3,
         kda,
         dsa,
         mhc,
@@ -276,6 +300,17 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
         }
         _ => return Ok(None),
     };
+    // as from a GGUF: a top-k past the experts compiled a plan no router can run
+    if moe.top_k == 0 || moe.top_k > moe.experts {
+        let key = match keys.obj.contains_key("num_experts_per_token") {
+            true => "num_experts_per_token",
+            false => "num_experts_per_tok",
+        };
+        return Err(keys.wrong(
+            key,
+            &format!("1 to the expert count ({}), got {}", moe.experts, moe.top_k),
+        ));
+    }
     Ok(Some(moe))
 }
 
@@ -427,23 +462,95 @@ fn kda_summary(lin: &Keys, attention_layers: Vec<u32>) -> Result<KdaSummary> {
     })
 }
 
-/// YaRN rope scaling from `rope_scaling` (`type` or `rope_type` `yarn`).
-fn read_yarn(keys: &Keys) -> Result<Option<YarnSummary>> {
+/// Rope scaling from `rope_scaling` (its `type` or `rope_type`): `yarn`, which the executors
+/// run; `llama3` (Llama 3.1), which they refuse, so its plans are planned but never run with
+/// plain rope; `default` or none. Any other type is refused.
+fn read_rope_scaling(keys: &Keys) -> Result<(Option<YarnSummary>, Option<Llama3RopeSummary>)> {
     let Some(scaling) = keys.opt_object("rope_scaling")? else {
-        return Ok(None);
+        return Ok((None, None));
     };
-    let kind = match scaling.opt_str("type")? {
-        Some(kind) => Some(kind),
-        None => scaling.opt_str("rope_type")?,
+    let (key, kind) = match scaling.opt_str("type")? {
+        Some(kind) => ("type", Some(kind)),
+        None => ("rope_type", scaling.opt_str("rope_type")?),
     };
-    if kind != Some("yarn") {
-        return Ok(None);
+    match kind {
+        None | Some("default") => Ok((None, None)),
+        Some("yarn") => Ok((
+            Some(YarnSummary {
+                factor: exact(scaling.f32("factor")?),
+                original_context: scaling.u32("original_max_position_embeddings")?,
+                mscale_all_dim: exact(scaling.opt_f32("mscale_all_dim")?.unwrap_or(0.0)),
+            }),
+            None,
+        )),
+        Some("llama3") => Ok((
+            None,
+            Some(Llama3RopeSummary {
+                factor: exact(scaling.f32("factor")?),
+                low_freq_factor: exact(scaling.f32("low_freq_factor")?),
+                high_freq_factor: exact(scaling.f32("high_freq_factor")?),
+                original_context: scaling.u32("original_max_position_embeddings")?,
+            }),
+        )),
+        Some(_) => Err(scaling.wrong(
+            key,
+            "\"yarn\", \"llama3\" or \"default\" (memra implements no other rope scaling)",
+        )),
     }
-    Ok(Some(YarnSummary {
-        factor: exact(scaling.f32("factor")?),
-        original_context: scaling.u32("original_max_position_embeddings")?,
-        mscale_all_dim: exact(scaling.opt_f32("mscale_all_dim")?.unwrap_or(0.0)),
-    }))
+}
+
+/// Keys of features the architectures' graphs do not implement, refused rather than
+/// silently run without: another activation than SiLU, biases on the projections, partial
+/// rope, and a sliding window that slides inside the context.
+fn check_unimplemented(
+    keys: &Keys,
+    architecture: Architecture,
+    mla: bool,
+    context_length: u32,
+) -> Result<()> {
+    if keys.opt_str("hidden_act")?.is_some_and(|act| act != "silu") {
+        return Err(keys.wrong("hidden_act", "\"silu\" (memra's FFNs are SwiGLU)"));
+    }
+    for (key, what) in [
+        ("attention_bias", "attention projections"),
+        ("mlp_bias", "FFN projections"),
+    ] {
+        if keys.opt_bool(key)? == Some(true) {
+            let allowed = format!("false (memra's {what} have no bias)");
+            return Err(keys.wrong(key, &allowed));
+        }
+    }
+    // MLA's rope dims are its own keys (qk_rope_head_dim)
+    let factor = "partial_rotary_factor";
+    if !mla
+        && keys
+            .opt(factor, "a number", Value::as_f64)?
+            .is_some_and(|f| f != 1.0)
+    {
+        return Err(keys.wrong(
+            factor,
+            "1 (memra's rope rotates every dimension of a head; partial rope is not implemented)",
+        ));
+    }
+    // Qwen's configs switch the window with `use_sliding_window`; Mixtral's with a number
+    let window = keys.opt_u32("sliding_window")?;
+    let slides = match keys.opt_bool("use_sliding_window")? {
+        Some(enabled) => enabled,
+        None => architecture == Architecture::Mixtral && window.is_some(),
+    };
+    if slides && window.is_none_or(|w| w < context_length) {
+        return Err(match keys.opt_bool("use_sliding_window")? {
+            Some(true) => keys.wrong(
+                "use_sliding_window",
+                "false (sliding-window attention is not implemented)",
+            ),
+            _ => keys.wrong(
+                "sliding_window",
+                &format!("null or at least the context length {context_length} (sliding-window attention is not implemented)"),
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Typed access to the keys of a config.json, with errors that name the file and key.
@@ -523,6 +630,13 @@ impl Keys<'_> {
 
     fn f32(&self, key: &str) -> Result<f32> {
         self.opt_f32(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    /// A number `rule` allows, as the f32 the model computes with; `None` when absent.
+    fn opt_f32_in(&self, key: &str, rule: &FloatRule) -> Result<Option<f32>> {
+        self.opt(key, rule.allowed, |v| {
+            v.as_f64().map(|x| x as f32).filter(|&x| (rule.ok)(x))
+        })
     }
 
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {

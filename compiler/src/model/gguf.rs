@@ -3,7 +3,9 @@
 //! bytes are never read.
 
 use super::tensors::{classify, expected, sort_tensors, tensor_meta};
-use super::{exact, Architecture, Dtype, ModelMeta, TensorSite};
+use super::{
+    exact, Architecture, Dtype, FloatRule, ModelMeta, TensorSite, MAX_LAYERS, RMS_EPS, ROPE_THETA,
+};
 use crate::plan::{
     ClampSummary, DsaSummary, Gating, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
 };
@@ -39,6 +41,22 @@ impl Keys<'_> {
             true => self.file.get_f32(&self.key(k)).map(Some),
             false => Ok(None),
         }
+    }
+    /// An f32 key `rule` allows, `default` when absent.
+    fn f32_in(&self, k: &str, rule: &FloatRule, default: Option<f32>, path: &Path) -> Result<f32> {
+        let value = match (self.opt_f32(k)?, default) {
+            (Some(v), _) | (None, Some(v)) => v,
+            (None, None) => self.file.get_f32(&self.key(k))?,
+        };
+        if !(rule.ok)(value) {
+            bail!(
+                "{}: {} is {value}; allowed: {}",
+                path.display(),
+                self.key(k),
+                rule.allowed
+            );
+        }
+        Ok(value)
     }
     fn opt_bool(&self, k: &str) -> Result<Option<bool>> {
         match self.has(k) {
@@ -86,6 +104,13 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     };
     let embedding = keys.u32("embedding_length")?;
     let blocks = keys.u32("block_count")?;
+    if !(1..=MAX_LAYERS).contains(&blocks) {
+        bail!(
+            "{}: {} is {blocks}; allowed: 1 to {MAX_LAYERS} (memra plans at most {MAX_LAYERS} layers)",
+            path.display(),
+            keys.key("block_count")
+        );
+    }
     // NextN (MTP) blocks follow the trunk; plain decoding never runs them
     let nextn = keys.opt_u32("nextn_predict_layers")?.unwrap_or(0);
     if nextn >= blocks {
@@ -99,7 +124,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     let layers = blocks - nextn;
     let ffn = keys.u32("feed_forward_length")?;
     let context_length = keys.u32("context_length")?;
-    let rms_eps = file.get_f32(&keys.key("attention.layer_norm_rms_epsilon"))?;
+    let rms_eps = keys.f32_in("attention.layer_norm_rms_epsilon", &RMS_EPS, None, path)?;
     let heads = keys.u32("attention.head_count")?;
     if heads == 0 {
         bail!(
@@ -150,6 +175,27 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         false => (None, None),
     };
     let moe = read_moe(&keys, architecture, (layers, vocab, ffn), path)?;
+    let head_dim = match &mla {
+        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+        None => {
+            let head_dim = keys
+                .opt_u32("attention.key_length")?
+                .unwrap_or(embedding / heads);
+            // llama.cpp rotates the first `rope.dimension_count` dims of a head; memra's GQA
+            // rope rotates all of them
+            match keys.opt_u32("rope.dimension_count")? {
+                Some(rope) if rope != head_dim => bail!(
+                    "{}: {} is {rope}; allowed: the head size {head_dim} ({} or {} / {}), as memra's rope rotates every dimension of a head (partial rope is not implemented)",
+                    path.display(),
+                    keys.key("rope.dimension_count"),
+                    keys.key("attention.key_length"),
+                    keys.key("embedding_length"),
+                    keys.key("attention.head_count")
+                ),
+                _ => head_dim,
+            }
+        }
+    };
     let mut meta = ModelMeta {
         name: file
             .get_str("general.name")
@@ -164,16 +210,11 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             Some(_) => 1,
             None => keys.opt_u32("attention.head_count_kv")?.unwrap_or(heads),
         },
-        head_dim: match &mla {
-            Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
-            None => keys
-                .opt_u32("attention.key_length")?
-                .unwrap_or(embedding / heads),
-        },
+        head_dim,
         ffn,
         vocab,
         context_length,
-        rope_theta: keys.opt_f32("rope.freq_base")?.unwrap_or(10_000.0),
+        rope_theta: keys.f32_in("rope.freq_base", &ROPE_THETA, Some(10_000.0), path)?,
         rms_eps,
         tied_embeddings: !has_output,
         qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
@@ -183,8 +224,9 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         rope_yarn: match architecture {
             // kimi-linear's and glm5-next's MLA layers use no rope
             Architecture::KimiLinear | Architecture::Glm5Next => None,
-            _ => read_yarn(&keys, architecture, context_length)?,
+            _ => read_yarn(&keys, architecture, context_length, path)?,
         },
+        rope_llama3: None,
         kda,
         dsa,
         mhc,
@@ -454,12 +496,26 @@ fn read_moe(
     }))
 }
 
-/// YaRN rope scaling when `rope.scaling.type` is `yarn`. deepseek2 stores `mscale_all_dim`
+/// YaRN rope scaling when `rope.scaling.type` is `yarn` (`none` or no key: none; any other
+/// type is refused). deepseek2 stores `mscale_all_dim`
 /// times 0.1 in `yarn_log_multiplier`; llama.cpp divides it back in f32, and so do we.
-fn read_yarn(keys: &Keys, arch: Architecture, context: u32) -> Result<Option<YarnSummary>> {
+fn read_yarn(
+    keys: &Keys,
+    arch: Architecture,
+    context: u32,
+    path: &Path,
+) -> Result<Option<YarnSummary>> {
     let kind = keys.key("rope.scaling.type");
-    if !keys.file.metadata.contains_key(&kind) || keys.file.get_str(&kind)? != "yarn" {
+    if !keys.file.metadata.contains_key(&kind) {
         return Ok(None);
+    }
+    match keys.file.get_str(&kind)? {
+        "yarn" => {}
+        "none" => return Ok(None),
+        other => bail!(
+            "{}: {kind} is `{other}`; supported: yarn, none (memra implements no other rope scaling)",
+            path.display()
+        ),
     }
     let factor = keys.opt_f32("rope.scaling.factor")?.unwrap_or(0.0);
     let log_mul = match arch {
@@ -482,8 +538,15 @@ fn read_tensors(file: &GgufFile, meta: &ModelMeta, path: &Path) -> Result<Vec<su
     let expected: BTreeMap<String, Vec<u64>> = expected(meta).into_iter().collect();
     let mut tensors = Vec::new();
     for info in &file.tensors {
+        // llama.cpp multiplies rope's frequencies by this table (Llama 3.1's rope scaling)
+        if info.name == "rope_freqs.weight" {
+            bail!(
+                "{}: tensor `rope_freqs.weight` holds per-dimension rope frequency factors (Llama 3.1's rope scaling), which memra's rope does not implement",
+                path.display()
+            );
+        }
         match classify(&info.name) {
-            // Tensors no op reads (rope frequency tables, say) are not loaded, nor are the
+            // Tensors no op reads are not loaded, nor are the
             // NextN blocks' (numbered after the trunk, as llama.cpp skips them for decoding).
             None => continue,
             Some((TensorSite::Layer(l), _))

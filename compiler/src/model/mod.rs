@@ -11,7 +11,8 @@ pub use config::read_config;
 pub use gguf::read_gguf;
 
 use crate::plan::{
-    layer_kind, DsaSummary, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
+    layer_kind, DsaSummary, KdaSummary, Llama3RopeSummary, MhcSummary, MlaSummary, MoeSummary,
+    YarnSummary,
 };
 pub use crate::plan::{FfnKind, LayerKind, Mixer};
 
@@ -205,6 +206,8 @@ pub struct ModelMeta {
     pub moe: Option<MoeSummary>,
     pub mla: Option<MlaSummary>,
     pub rope_yarn: Option<YarnSummary>,
+    /// Llama 3.1's rope scaling, carried into the plan for the executors to refuse.
+    pub rope_llama3: Option<Llama3RopeSummary>,
     pub kda: Option<KdaSummary>,
     pub dsa: Option<DsaSummary>,
     pub mhc: Option<MhcSummary>,
@@ -268,6 +271,30 @@ impl ModelMeta {
         u64::from(self.embedding) * u64::from(streams)
     }
 }
+
+/// The most layers (GGUF blocks, NextN ones included) a model may have: eight times the
+/// deepest real models (Llama 3.1 405B has 126); a count past it only sizes the per-layer
+/// tables out of memory.
+pub const MAX_LAYERS: u32 = 1024;
+
+/// A float hyperparameter both readers check alike: what it may be, and the test.
+pub(crate) struct FloatRule {
+    pub allowed: &'static str,
+    pub ok: fn(f32) -> bool,
+}
+
+/// The RMS norm epsilon: real models use 1e-6 to 1e-5; 0, a negative, NaN or a huge one
+/// (1e30) gives zero, NaN or vanishing activations.
+pub(crate) const RMS_EPS: FloatRule = FloatRule {
+    allowed: "a positive number below 1",
+    ok: |x| x > 0.0 && x < 1.0,
+};
+
+/// The rope base: 0, a negative or NaN gives NaN angles.
+pub(crate) const ROPE_THETA: FloatRule = FloatRule {
+    allowed: "a positive finite number",
+    ok: |x| x.is_finite() && x > 0.0,
+};
 
 /// The shortest decimal that reads back as the same f32, as the plan's f64.
 pub fn exact(x: f32) -> f64 {

@@ -165,6 +165,7 @@ pub fn model_summary(model: &ModelMeta, source: &str) -> ModelSummary {
         moe: model.moe.clone(),
         mla: model.mla.clone(),
         rope_yarn: model.rope_yarn.clone(),
+        rope_llama3: model.rope_llama3.clone(),
         kda: model.kda.clone(),
         dsa: model.dsa.clone(),
         mhc: model.mhc.clone(),

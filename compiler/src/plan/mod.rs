@@ -454,7 +454,8 @@ mod text;
 
 pub use model::{
     layer_kind, ClampSummary, ClampedFfn, DsaSummary, FfnKind, Gating, KdaSummary, LayerKind,
-    MhcSummary, Mixer, MlaSummary, ModelSummary, MoeSummary, ReductionChunks, YarnSummary,
+    Llama3RopeSummary, MhcSummary, Mixer, MlaSummary, ModelSummary, MoeSummary, ReductionChunks,
+    YarnSummary,
 };
 pub use program::{IslandReason, Op, Segment, Split, Step};
 

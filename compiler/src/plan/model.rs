@@ -37,6 +37,10 @@ pub struct ModelSummary {
     pub mla: Option<MlaSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_yarn: Option<YarnSummary>,
+    /// Llama 3.1's rope scaling, which no executor implements: a plan that carries it is
+    /// planned (memory, schedule) but refused by the executors, never run with plain rope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_llama3: Option<Llama3RopeSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kda: Option<KdaSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -295,6 +299,19 @@ pub struct MhcSummary {
     pub streams: u32,
     pub sinkhorn_iters: u32,
     pub eps: f64,
+}
+
+/// Llama 3.1's rope scaling (config.json `rope_scaling` of type `llama3`): frequencies
+/// below `low_freq_factor` wavelengths of the original context are divided by `factor`,
+/// those above `high_freq_factor` kept, those between blended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Llama3RopeSummary {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    /// Context length the model was trained at before the extension.
+    pub original_context: u32,
 }
 
 /// YaRN rope scaling, as llama.cpp applies it (`rope.scaling.*` keys).

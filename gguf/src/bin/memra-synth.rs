@@ -2,6 +2,7 @@
 //! kimi-linear or glm5-next architecture), so tests and benchmarks run at real model shapes without downloading a model.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
 use clap::Parser;
@@ -30,9 +31,21 @@ struct Args {
     output: PathBuf,
 }
 
-fn main() -> Result<()> {
+/// Errors go to stderr as `error: ` and their causes, with exit status 1, as memra-compile
+/// and memra-run report them.
+fn main() -> ExitCode {
     let args = Args::parse();
     progress::report_to_stderr();
+    match synthesize(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn synthesize(args: &Args) -> Result<()> {
     let mut model = synth::model(&args.shape)?;
     if let Some(n) = args.layers {
         model = model.with_layers(n)?;
