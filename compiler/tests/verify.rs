@@ -130,3 +130,106 @@ fn kda_state_is_checked_like_any_buffer() {
         "rank 2 needs a State buffer `*.state` but declares none",
     );
 }
+
+/// Each committed plan's differences from what its recorded placement compiles to, with the
+/// model read from the plan itself (its facts and weight shards).
+fn recompiled(plan: &Plan) -> Vec<String> {
+    use memra_compiler::model::model_of_plan;
+    use memra_compiler::passes::recompile::recompile_differences;
+    let model = model_of_plan(plan).unwrap_or_else(|e| panic!("{e:#?}"));
+    recompile_differences(plan, Path::new("edited.plan.toml"), model)
+}
+
+#[test]
+fn committed_plans_recompile_from_what_they_record() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let mut checked = 0;
+    for sub in ["", "synthetic"] {
+        for entry in std::fs::read_dir(dir.join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            if !path.to_string_lossy().ends_with(".plan.toml") {
+                continue;
+            }
+            let plan = Plan::from_toml(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            assert_eq!(
+                recompiled(&plan),
+                Vec::<String>::new(),
+                "{}",
+                path.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 50, "{checked}");
+}
+
+#[test]
+fn an_edited_program_differs_from_its_recompile() {
+    // llama3-8b PP-2 x TP-2: rank 3 (stage 1's second rank) runs its layers' segments out of
+    // order, claims another degree, and its group swaps collective
+    let mut p = plan("llama3-8b-pp2-tp2.toml");
+    assert_eq!(recompiled(&p), Vec::<String>::new());
+    let r = &mut p.ranks[3];
+    r.tp_degree = 4;
+    let Some(Step::Run { ops, .. }) = r.program.iter_mut().find(|s| matches!(s, Step::Run { .. }))
+    else {
+        panic!("rank 3 has a run");
+    };
+    let at = ops
+        .iter()
+        .position(|o| o.to_string().starts_with("layers "))
+        .unwrap();
+    let text = ops[at]
+        .to_string()
+        .replace("attn_core attn_out", "attn_out attn_core");
+    ops[at] = text.parse().unwrap();
+    let errors = recompiled(&p);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e == "rank 3 tp_degree is 4; its placement compiles to 2"),
+        "{errors:#?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("rank 3 program step") && e.contains("attn_out attn_core")),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn stages_that_skip_or_repeat_layers_are_refused() {
+    let mut p = plan("llama3-8b-pp4.toml");
+    p.ranks[2].layers.start -= 1;
+    let errors = recompiled(&p);
+    assert!(
+        errors.iter().any(|e| e.contains(
+            "rank 2 layers is 15..24; stage 2 must start at layer 16, where stage 1 ends"
+        )),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn every_placement_that_compiles_here_recompiles_from_its_plan() {
+    // the uncommitted placements too (CUDA and multi-process ones: NCCL, hosts, peer copies,
+    // forced-eager kinds); those whose model file is absent here are skipped
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let mut checked = 0;
+    for sub in ["", "synthetic", "synthetic/cuda", "synthetic/multi"] {
+        for entry in std::fs::read_dir(root.join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.to_string_lossy().to_string();
+            if !name.ends_with(".toml") || name.ends_with(".plan.toml") {
+                continue;
+            }
+            let Ok(compiled) = compile(&path) else {
+                continue;
+            };
+            assert_eq!(recompiled(&compiled.plan), Vec::<String>::new(), "{name}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 40, "{checked}");
+}

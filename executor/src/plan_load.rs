@@ -1,14 +1,17 @@
 //! Loading an execution plan for running: parse it (refusing other format versions), verify it
 //! with the compiler's own happens-before and ownership checks, open the model it names and
-//! refuse a model whose header fingerprint differs from the one the plan was compiled for;
-//! or, for synthetic weights, open no model at all.
+//! refuse a model whose header fingerprint differs from the one the plan was compiled for, or
+//! whose facts differ from the plan's; or, for synthetic weights, open no model at all and
+//! check the plan's facts against its own weight shards. Either way the plan is then compiled
+//! again from the placement it records and refused where it differs (a plan edited by hand).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
-use memra_compiler::model::{fnv1a, read_gguf};
+use memra_compiler::model::{fnv1a, model_of_plan, read_gguf, ModelMeta};
 use memra_compiler::passes::emit::model_summary;
+use memra_compiler::passes::recompile::{recompile_differences, value_differences};
 use memra_compiler::passes::verify::verify_plan;
 use memra_compiler::plan::Plan;
 use memra_gguf::progress::{Progress, Unit};
@@ -134,19 +137,20 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
             plan_path.display()
         );
     }
-    check_model_facts(&plan, plan_path, &model_path)?;
+    let meta = check_model_facts(&plan, plan_path, &model_path)?;
+    check_program(&plan, plan_path, meta)?;
     Ok(loaded(plan, plan_path, Weights::File(gguf)))
 }
 
 /// Refuses a plan whose `[model]` facts differ from what the compiler reads from the model
-/// file (a plan edited by hand: the fingerprint covers the file, not the plan's copy of it).
-fn check_model_facts(plan: &Plan, plan_path: &Path, model_path: &Path) -> Result<()> {
+/// file (a plan edited by hand: the fingerprint covers the file, not the plan's copy of it);
+/// returns what it read.
+fn check_model_facts(plan: &Plan, plan_path: &Path, model_path: &Path) -> Result<ModelMeta> {
     let meta = read_gguf(model_path)
         .with_context(|| format!("reading the model facts of plan {}", plan_path.display()))?;
     let want = serde_json::to_value(model_summary(&meta, &plan.model.source))?;
     let got = serde_json::to_value(&plan.model)?;
-    let mut differ = Vec::new();
-    diff_values("model", &want, &got, &mut differ);
+    let differ = value_differences("model", &want, &got, ", the model's is");
     if !differ.is_empty() {
         bail!(
             "{}: the plan's model facts differ from {}: {}; recompile the placement for this model file",
@@ -155,32 +159,38 @@ fn check_model_facts(plan: &Plan, plan_path: &Path, model_path: &Path) -> Result
             differ.join(", ")
         );
     }
-    Ok(())
+    Ok(meta)
 }
 
-/// Every leaf where `got` differs from `want`, as `path is GOT, the model's is WANT`.
-fn diff_values(at: &str, want: &serde_json::Value, got: &serde_json::Value, out: &mut Vec<String>) {
-    use serde_json::Value;
-    match (want, got) {
-        (Value::Object(w), Value::Object(g)) => {
-            let keys: std::collections::BTreeSet<&String> = w.keys().chain(g.keys()).collect();
-            for k in keys {
-                let (w, g) = (
-                    w.get(k).unwrap_or(&Value::Null),
-                    g.get(k).unwrap_or(&Value::Null),
-                );
-                diff_values(&format!("{at}.{k}"), w, g, out);
-            }
-        }
-        _ if want != got => out.push(format!("{at} is {got}, the model's is {want}")),
-        _ => {}
+/// Refuses a plan whose programs, ranks, groups, boundaries or bytes differ from what its own
+/// placement compiles to for `model` (a plan edited by hand: reordered segments, a layer range
+/// cut short, head and sample swapped, a tensor-parallel degree without its group, phases or
+/// bytes changed), naming each field and what the compiler derives for it.
+fn check_program(plan: &Plan, plan_path: &Path, model: ModelMeta) -> Result<()> {
+    let differ = recompile_differences(plan, plan_path, model);
+    if !differ.is_empty() {
+        bail!(
+            "{}: the plan differs from what its own placement compiles to (edited by hand?):\n  {}\nrecompile the placement with memra-compile",
+            plan_path.display(),
+            differ.join("\n  ")
+        );
     }
+    Ok(())
 }
 
 /// Reads and verifies the plan at `plan_path` to run on synthetic weights: no model file is
 /// opened, so a plan compiled from a `config.json` runs too.
 pub fn load_synthetic(plan_path: &Path) -> Result<LoadedPlan> {
     let plan = read_verified(plan_path)?;
+    // the weights are drawn from the plan's shards: its facts must describe those tensors
+    let model = model_of_plan(&plan).map_err(|errors| {
+        anyhow!(
+            "{}: the plan's model facts and weights disagree (the facts embedding, heads, kv_heads, head_dim, ffn, vocab, tied_embeddings, qk_norm, qkv_bias, moe, mla, kda, dsa and mhc give the weights' shapes):\n  {}\nrecompile the placement with memra-compile",
+            plan_path.display(),
+            errors.join("\n  ")
+        )
+    })?;
+    check_program(&plan, plan_path, model)?;
     Ok(loaded(plan, plan_path, Weights::Synthetic))
 }
 

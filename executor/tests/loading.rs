@@ -182,3 +182,203 @@ fn llama3_rope_scaling_is_refused_by_the_executors() {
         "{err}"
     );
 }
+
+/// `plan` with each `(from, to)` replaced once, written to a scratch file.
+fn edited(plan: &str, name: &str, edits: &[(&str, &str)]) -> std::path::PathBuf {
+    let mut text = std::fs::read_to_string(root().join(plan)).unwrap();
+    for (from, to) in edits {
+        assert!(text.contains(from), "{plan}: {from}");
+        text = text.replacen(from, to, 1);
+    }
+    let path = scratch(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn load_synthetic_err(plan: &std::path::Path) -> String {
+    format!(
+        "{:#}",
+        memra_executor::plan_load::load_synthetic(plan).expect_err("loading must fail")
+    )
+}
+
+#[test]
+fn every_committed_plan_loads_and_matches_its_placement() {
+    // the loader recompiles each plan from the placement it records: what the compiler wrote
+    // must come out the same, with the model file where it is here and with synthetic weights
+    let mut plans = Vec::new();
+    for dir in ["plans", "plans/synthetic"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.to_string_lossy().ends_with(".plan.toml") {
+                plans.push(path);
+            }
+        }
+    }
+    plans.sort();
+    assert!(plans.len() >= 50, "{}", plans.len());
+    tiny_tp_model();
+    for plan in &plans {
+        let text = std::fs::read_to_string(plan).unwrap();
+        let parsed = memra_compiler::plan::Plan::from_toml(&text).unwrap();
+        let loaded = memra_executor::plan_load::load_synthetic(plan);
+        if parsed.model.rope_llama3.is_some() {
+            // planning only (compiler/tests/verify.rs recompiles it): no executor runs it
+            let e = format!(
+                "{:#}",
+                loaded.expect_err("a llama3-rope plan must be refused")
+            );
+            assert!(e.contains("model.rope_llama3"), "{}: {e}", plan.display());
+            continue;
+        }
+        if let Err(e) = loaded {
+            panic!("{}: {e:#}", plan.display());
+        }
+        let model = memra_executor::plan_load::default_model_path(plan, &parsed);
+        if model.extension().is_some_and(|e| e == "gguf") && model.exists() {
+            if let Err(e) = load(plan, None) {
+                panic!("{}: {e:#}", plan.display());
+            }
+        }
+    }
+}
+
+/// Edits of a rank's program, its group or its bytes: each ran wrong or panicked before the
+/// loader compared the plan with what its placement compiles to.
+#[test]
+fn programs_edited_by_hand_are_refused_by_field() {
+    let model = tiny_tp_model();
+    let tiny = "plans/synthetic/tiny-tp.plan.toml";
+    let run = r#"{ step = "run", id = "r0.run0", stream = "compute", phases = 1, ops = ["embed", "layers 0..2: attn_pre attn_core attn_out ffn", "head", "sample"] }"#;
+    for (what, edits, want) in [
+        (
+            // panicked in a matmul's assert
+            "segments reordered",
+            vec![("layers 0..2: attn_pre attn_core attn_out ffn", "layers 0..2: attn_pre attn_out attn_core ffn")],
+            r#"rank 0 program step 1 (r0.run0) ops[1] is "layers 0..2: attn_pre attn_out attn_core ffn"; its placement compiles to "layers 0..2: attn_pre attn_core attn_out ffn""#,
+        ),
+        (
+            // skipped a layer silently
+            "a layer dropped",
+            vec![("layers 0..2: attn_pre", "layers 0..1: attn_pre")],
+            r#"rank 0 program step 1 (r0.run0) ops[1] is "layers 0..1: attn_pre attn_core attn_out ffn"; its placement compiles to "layers 0..2: attn_pre attn_core attn_out ffn""#,
+        ),
+        (
+            // generated one token and stopped
+            "sample before head",
+            vec![(r#""head", "sample"]"#, r#""sample", "head"]"#)],
+            r#"rank 0 program step 1 (r0.run0) ops[2] is "sample"; its placement compiles to "head""#,
+        ),
+        (
+            // gave garbage text
+            "a tensor-parallel degree without a group",
+            vec![("tp_degree = 1", "tp_degree = 2")],
+            "rank 0 tp_degree is 2; its placement compiles to 1",
+        ),
+        (
+            "phases changed",
+            vec![(run, &run.replace("phases = 1", "phases = 2"))],
+            "rank 0 program step 1 (r0.run0) phases is 2; its placement compiles to 1",
+        ),
+        (
+            "buffer bytes changed",
+            vec![(
+                r#"{ name = "r0.scores", kind = "scratch", bytes = 32768"#,
+                r#"{ name = "r0.scores", kind = "scratch", bytes = 16384"#,
+            )],
+            "rank 0 buffer `r0.scores` bytes is 16384; its placement compiles to 32768",
+        ),
+        (
+            "device bytes changed",
+            vec![("kv_bytes = 131072\n", "kv_bytes = 65536\n")],
+            "device 0 kv_bytes is 65536; its placement compiles to 131072",
+        ),
+        (
+            "a rank on an undeclared device",
+            vec![("device = 0\ntp_index", "device = 1\ntp_index")],
+            "rank 0 device is 1, which [[devices]] does not list; listed: 0",
+        ),
+        (
+            "a rank's layers cut short",
+            vec![("layers = \"0..2\"", "layers = \"0..1\"")],
+            "rank 0 layers is 0..1; the last stage must end at layer 2 (model.layers is 2): every layer of the model runs exactly once",
+        ),
+    ] {
+        let plan = edited(tiny, "program.plan.toml", &edits);
+        for err in [load_err(&plan, Some(&model)), load_synthetic_err(&plan)] {
+            assert!(err.contains(&plan.display().to_string()), "{what}: {err}");
+            assert!(err.contains(want), "{what}: {err}");
+            assert!(err.contains("recompile the placement"), "{what}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_pipeline_runs_every_layer_once() {
+    // stage 1 of tiny-tp-pp2 starts where stage 0 ends
+    let plan = edited(
+        "plans/synthetic/tiny-tp-pp2.plan.toml",
+        "pp2.plan.toml",
+        &[("layers = \"1..2\"", "layers = \"0..2\"")],
+    );
+    let err = load_synthetic_err(&plan);
+    assert!(
+        err.contains("rank 1 layers is 0..2; stage 1 must start at layer 1, where stage 0 ends"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_context_past_the_models_is_refused() {
+    let plan = edited(
+        "plans/synthetic/tiny-tp.plan.toml",
+        "context.plan.toml",
+        &[("max_context = 256", "max_context = 1024")],
+    );
+    let err = load_synthetic_err(&plan);
+    assert!(
+        err.contains("runtime.max_context 1024 must be in 1..=512 (the model's context_length)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn synthetic_weights_refuse_facts_their_shards_contradict() {
+    // no model file to check the facts against: the shards' shapes are the model; these ran
+    // silently (heads, ffn) or panicked in weights.rs (vocab past the embedding table)
+    for (from, to, want) in [
+        (
+            "heads = 32\n",
+            "heads = 16\n",
+            "weights: `blk.*.attn_q.weight` has shape [256, 256]; the [model] facts give [128, 256] (2 layers)",
+        ),
+        (
+            "ffn = 512\n",
+            "ffn = 1024\n",
+            "weights: `blk.*.ffn_down.weight` has shape [256, 512]; the [model] facts give [256, 1024] (2 layers)",
+        ),
+        (
+            "vocab = 512\n",
+            "vocab = 60000\n",
+            "weights: `output.weight` has shape [512, 256]; the [model] facts give [60000, 256]",
+        ),
+        (
+            "layers = 2\n",
+            "layers = 3\n",
+            "model.layers is 3, but the ranks' weights hold layers 0..2",
+        ),
+    ] {
+        let plan = edited(
+            "plans/synthetic/tiny-tp.plan.toml",
+            "facts.plan.toml",
+            &[(from, to)],
+        );
+        let err = load_synthetic_err(&plan);
+        assert!(err.contains(&plan.display().to_string()), "{to}: {err}");
+        assert!(
+            err.contains("the plan's model facts and weights disagree"),
+            "{to}: {err}"
+        );
+        assert!(err.contains(want), "{to}: {err}");
+    }
+}

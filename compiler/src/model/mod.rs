@@ -1,13 +1,16 @@
 //! Model metadata: what the compiler knows of a model without touching its weights.
 //!
-//! Two readers fill `ModelMeta`: a GGUF header (tensor infos included) and a Hugging Face
-//! `config.json` (tensors synthesized from the architecture's layout in a chosen dtype).
+//! Three readers fill `ModelMeta`: a GGUF header (tensor infos included), a Hugging Face
+//! `config.json` (tensors synthesized from the architecture's layout in a chosen dtype), and
+//! a plan's own facts and weight shards (what synthetic weights run).
 
 mod config;
+mod from_plan;
 mod gguf;
 mod tensors;
 
 pub use config::read_config;
+pub use from_plan::model_of_plan;
 pub use gguf::read_gguf;
 
 use crate::plan::{

@@ -5,6 +5,7 @@ pub mod build;
 pub mod emit;
 pub mod partition;
 pub mod place;
+pub mod recompile;
 pub mod shard;
 pub mod verify;
 

@@ -146,24 +146,30 @@ pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
         .collect()
 }
 
-/// A prefill step runs the decode program on up to `runtime.prefill_chunk` token rows: every
-/// buffer holds at most that many, a hidden-state boundary exactly that many (a chunk's rows
-/// all cross it), a token boundary one, and a boundary's slot buffers as many as it carries.
 /// The runtime settings the placement allows (a plan edited by hand may hold others).
 fn runtime_ranges(plan: &Plan) -> Vec<String> {
     use crate::placement::validate::{MAX_CONTEXT, MAX_IN_FLIGHT, MAX_SEQUENCES};
     let rt = &plan.runtime;
+    // as the placement's validation: no context past the model's own
+    let model_ctx = i64::from(plan.model.context_length);
+    let context = match MAX_CONTEXT.min(model_ctx) {
+        max if max < MAX_CONTEXT => (max, " (the model's context_length)"),
+        max => (max, ""),
+    };
     [
-        ("max_context", rt.max_context, MAX_CONTEXT),
-        ("max_sequences", rt.max_sequences, MAX_SEQUENCES),
-        ("in_flight", rt.in_flight, MAX_IN_FLIGHT),
+        ("max_context", rt.max_context, context),
+        ("max_sequences", rt.max_sequences, (MAX_SEQUENCES, "")),
+        ("in_flight", rt.in_flight, (MAX_IN_FLIGHT, "")),
     ]
     .into_iter()
-    .filter(|&(_, v, max)| v == 0 || i64::from(v) > max)
-    .map(|(name, v, max)| format!("runtime.{name} {v} must be in 1..={max}"))
+    .filter(|&(_, v, (max, _))| v == 0 || i64::from(v) > max)
+    .map(|(name, v, (max, why))| format!("runtime.{name} {v} must be in 1..={max}{why}"))
     .collect()
 }
 
+/// A prefill step runs the decode program on up to `runtime.prefill_chunk` token rows: every
+/// buffer holds at most that many, a hidden-state boundary exactly that many (a chunk's rows
+/// all cross it), a token boundary one, and a boundary's slot buffers as many as it carries.
 fn token_rows(plan: &Plan) -> Vec<String> {
     use crate::placement::validate::MAX_PREFILL_CHUNK;
     let chunk = plan.runtime.prefill_chunk;

@@ -368,8 +368,21 @@ fn check_tp_degree(
     field: &str,
     c: &mut Collector,
 ) {
+    for message in tp_degree_errors(model, tp, attention) {
+        c.error(span.clone(), field, message);
+    }
+}
+
+/// Why `tp` ranks cannot split `model` (empty when they can): a degree must divide every
+/// dimension it cuts and keep quantized blocks whole. Placements and plans are checked with it.
+pub(crate) fn tp_degree_errors(
+    model: &ModelMeta,
+    tp: u32,
+    attention: AttentionSplit,
+) -> Vec<String> {
+    let mut errors = Vec::new();
     if tp <= 1 {
-        return;
+        return errors;
     }
     let split_heads = attention == AttentionSplit::Heads;
     let mut dims = vec![("vocab", model.vocab)];
@@ -387,21 +400,13 @@ fn check_tp_degree(
     }
     for (what, value) in dims {
         if value % tp != 0 {
-            c.error(
-                span.clone(),
-                field,
-                format!("tensor-parallel degree {tp} does not divide the model's {what} ({value}); allowed degrees divide it"),
-            );
+            errors.push(format!("tensor-parallel degree {tp} does not divide the model's {what} ({value}); allowed degrees divide it"));
         }
     }
     // kv heads are split when the degree divides them, copied when it is a multiple of them
     let kv = model.kv_heads;
     if split_heads && model.mla.is_none() && !kv.is_multiple_of(tp) && !tp.is_multiple_of(kv) {
-        c.error(
-            span.clone(),
-            field,
-            format!("tensor-parallel degree {tp} neither divides the model's kv heads ({kv}) nor is a multiple of them; allowed degrees do one or the other"),
-        );
+        errors.push(format!("tensor-parallel degree {tp} neither divides the model's kv heads ({kv}) nor is a multiple of them; allowed degrees do one or the other"));
     }
     for t in &model.tensors {
         let split = t.rule == crate::model::ShardRule::Cols
@@ -409,21 +414,18 @@ fn check_tp_degree(
         if split {
             let cols = t.shape[t.shape.len() - 1];
             if cols % u64::from(tp) == 0 && (cols / u64::from(tp)) % t.dtype.block_elems() != 0 {
-                c.error(
-                    span.clone(),
-                    field,
-                    format!(
-                        "tensor-parallel degree {tp} cuts `{}` ({} columns, {}) inside a {}-element block; allowed degrees keep blocks whole",
-                        t.name,
-                        cols,
-                        t.dtype.name(),
-                        t.dtype.block_elems()
-                    ),
-                );
-                return;
+                errors.push(format!(
+                    "tensor-parallel degree {tp} cuts `{}` ({} columns, {}) inside a {}-element block; allowed degrees keep blocks whole",
+                    t.name,
+                    cols,
+                    t.dtype.name(),
+                    t.dtype.block_elems()
+                ));
+                break;
             }
         }
     }
+    errors
 }
 
 fn validate_capture(
@@ -632,6 +634,16 @@ fn validate_transport(
             return TransportChoice::Auto;
         }
     };
+    for message in transport_errors(choice, stages) {
+        c.error(boundary.span(), "transport.boundary", message);
+    }
+    choice
+}
+
+/// Why boundaries between `stages` cannot use `choice` (empty when they can): a device copy
+/// stays on one device, a peer copy needs two. Placements and plans are checked with it.
+pub(crate) fn transport_errors(choice: TransportChoice, stages: &[Stage]) -> Vec<String> {
+    let mut errors = Vec::new();
     for (i, pair) in stages.windows(2).enumerate() {
         let same = pair[0].devices == pair[1].devices;
         let all_same = pair[0]
@@ -640,21 +652,13 @@ fn validate_transport(
             .chain(&pair[1].devices)
             .all(|d| Some(d) == pair[0].devices.first());
         if choice == TransportChoice::DeviceCopy && !all_same {
-            c.error(
-                boundary.span(),
-                "transport.boundary",
-                format!("device_copy needs stages {i} and {} on one device; they use {:?} and {:?}; use auto or peer_copy", i + 1, pair[0].devices, pair[1].devices),
-            );
+            errors.push(format!("device_copy needs stages {i} and {} on one device; they use {:?} and {:?}; use auto or peer_copy", i + 1, pair[0].devices, pair[1].devices));
         }
         if choice == TransportChoice::PeerCopy && same && all_same {
-            c.error(
-                boundary.span(),
-                "transport.boundary",
-                format!("peer_copy needs two devices, but stages {i} and {} share device {}; use auto or device_copy", i + 1, pair[0].devices[0]),
-            );
+            errors.push(format!("peer_copy needs two devices, but stages {i} and {} share device {}; use auto or device_copy", i + 1, pair[0].devices[0]));
         }
     }
-    choice
+    errors
 }
 
 /// `transport.collective`: the tensor-parallel groups' transport. NCCL puts one communicator
@@ -679,18 +683,24 @@ fn validate_collective(
             return Collective::Oneshot;
         }
     };
+    for message in collective_errors(choice, stages) {
+        c.error(field.span(), "transport.collective", message);
+    }
+    choice
+}
+
+/// Why the tensor-parallel groups of `stages` cannot use `choice` (empty when they can).
+/// Placements and plans are checked with it.
+pub(crate) fn collective_errors(choice: Collective, stages: &[Stage]) -> Vec<String> {
+    let mut errors = Vec::new();
     if choice == Collective::Nccl {
         for (i, st) in stages.iter().enumerate() {
             let mut seen = st.devices.clone();
             seen.sort_unstable();
             if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-                c.error(
-                    field.span(),
-                    "transport.collective",
-                    format!("nccl needs every rank of a tensor-parallel group on its own device, but stage {i} puts two ranks on device {}; use oneshot or one device per rank", w[0]),
-                );
+                errors.push(format!("nccl needs every rank of a tensor-parallel group on its own device, but stage {i} puts two ranks on device {}; use oneshot or one device per rank", w[0]));
             }
         }
     }
-    choice
+    errors
 }
