@@ -234,3 +234,28 @@ fn config_json_refuses_what_memra_does_not_run() {
         assert!(err.ends_with(want), "{err}");
     }
 }
+
+#[test]
+fn the_indexer_and_mhc_epsilons_must_be_positive_and_below_one() {
+    // 0, a negative, NaN or 2 were accepted and divided by zero or swamped the norms
+    for key in [
+        "glm5-next.hyper_connection.epsilon",
+        "glm5-next.attention.layer_norm_epsilon",
+    ] {
+        for (i, eps) in [0.0, -1e-6, f32::NAN, 2.0].into_iter().enumerate() {
+            let tag = format!("eps-{}-{i}", key.len());
+            let out = rewritten(&tag, &[(key, Value::F32(eps))]);
+            let err = format!("{:#}", read_gguf(&out).unwrap_err());
+            let want = format!("{key} is {eps}; allowed: a positive number below 1");
+            assert!(err.ends_with(&want), "{err}");
+        }
+    }
+    for eps in ["0", "-1e-6", "2"] {
+        let text = TINY_CONFIG.replace("\"hc_eps\": 1e-6", &format!("\"hc_eps\": {eps}"));
+        let err = format!("{:#}", config(&format!("eps{eps}"), &text).unwrap_err());
+        assert!(
+            err.ends_with("key `text_config.hc_eps` must be a positive number below 1"),
+            "{err}"
+        );
+    }
+}

@@ -314,7 +314,7 @@ fn config_head_counts_the_layers_cannot_take_are_named() {
         ),
         (
             r#", "head_dim": 0"#,
-            "key `head_dim` must be at least 1, got 0",
+            "key `head_dim` must be 1 to 4096 (memra's bound on model widths, which keeps its byte counts in 64 bits), got 0",
         ),
     ] {
         let path = scratch("llama.json");
@@ -461,11 +461,11 @@ fn config_keys_of_unimplemented_features_are_refused() {
         ),
         (
             r#", "intermediate_size": 0"#,
-            "key `intermediate_size` must be at least 1, got 0",
+            "key `intermediate_size` must be 1 to 262144 (memra's bound on model widths, which keeps its byte counts in 64 bits), got 0",
         ),
         (
             r#", "vocab_size": 0"#,
-            "key `vocab_size` must be at least 1, got 0",
+            "key `vocab_size` must be 1 to 1048576 (memra's bound on model widths, which keeps its byte counts in 64 bits), got 0",
         ),
     ] {
         let err = config_error("llama", extra);
@@ -528,6 +528,171 @@ fn llama3_rope_scaling_is_carried_for_the_executors_to_refuse() {
     ));
     assert!(
         err.ends_with("llama.rope.scaling.type is `linear`; supported: yarn, none (memra implements no other rope scaling)"),
+        "{err}"
+    );
+}
+
+const WIDTHS: &str = "(memra's bound on model widths, which keeps its byte counts in 64 bits)";
+
+#[test]
+fn widths_past_their_bounds_are_refused_by_key_from_both_readers() {
+    // 2^31 experts, ffn, hidden and vocab compiled and reported "weights 520 GiB": the u64
+    // byte counts wrapped
+    let big = 1u64 << 31;
+    let moe = r#", "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32"#;
+    for (key, max) in [
+        ("hidden_size", "65536"),
+        ("intermediate_size", "262144"),
+        ("vocab_size", "1048576"),
+        ("num_attention_heads", "4096"),
+        ("head_dim", "4096"),
+        ("num_experts", "4096"),
+        ("moe_intermediate_size", "262144"),
+    ] {
+        let err = config_error("qwen3_moe", &format!("{moe}, \"{key}\": {big}"));
+        let want = format!("key `{key}` must be 1 to {max} {WIDTHS}, got {big}");
+        assert!(err.ends_with(&want), "{key}: {err}");
+    }
+    let err = config_error("llama", &format!(", \"max_position_embeddings\": {big}"));
+    assert!(
+        err.ends_with("key `max_position_embeddings` must be 1 to 67108864 (memra's bound on a model's context), got 2147483648"),
+        "{err}"
+    );
+    let err = config_error(
+        "deepseek_v3",
+        r#", "n_routed_experts": 4, "n_shared_experts": 65536, "num_experts_per_tok": 2, "moe_intermediate_size": 65536, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16"#,
+    );
+    assert!(
+        err.ends_with("key `n_shared_experts` must be a count whose width together (times moe_intermediate_size 65536) is 0 to 262144 (memra's bound on model widths, which keeps its byte counts in 64 bits), got 65536"),
+        "{err}"
+    );
+    let err = config_error(
+        "deepseek_v3",
+        &format!(", \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"kv_lora_rank\": {big}, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16"),
+    );
+    assert!(
+        err.ends_with(&format!(
+            "key `kv_lora_rank` must be 1 to 65536 {WIDTHS}, got {big}"
+        )),
+        "{err}"
+    );
+
+    let big = u32::MAX;
+    let base = config(
+        "qwen3_moe",
+        r#", "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32"#,
+    );
+    for (key, value, allowed) in [
+        ("embedding_length", big, format!("1 to 65536 {WIDTHS}")),
+        ("feed_forward_length", big, format!("1 to 262144 {WIDTHS}")),
+        ("feed_forward_length", 0, format!("1 to 262144 {WIDTHS}")),
+        ("vocab_size", 0, format!("1 to 1048576 {WIDTHS}")),
+        ("vocab_size", big, format!("1 to 1048576 {WIDTHS}")),
+        ("attention.head_count", 0, format!("1 to 4096 {WIDTHS}")),
+        (
+            "attention.key_length",
+            1 << 20,
+            format!("1 to 4096 {WIDTHS}"),
+        ),
+        ("expert_count", big, format!("1 to 4096 {WIDTHS}")),
+        (
+            "expert_feed_forward_length",
+            big,
+            format!("1 to 262144 {WIDTHS}"),
+        ),
+        (
+            "context_length",
+            big,
+            "1 to 67108864 (memra's bound on a model's context)".into(),
+        ),
+    ] {
+        let err = read_error(&gguf_with(
+            &base,
+            "qwen3moe",
+            key,
+            &[(key, Value::U32(value))],
+        ));
+        let want = format!("qwen3moe.{key} is {value}; allowed: {allowed}");
+        assert!(err.ends_with(&want), "{key} {value}: {err}");
+    }
+    // a vocabulary read from the embedding's rows is bounded alike
+    let mut meta = config("llama", "");
+    tensor_mut(&mut meta, "token_embd.weight").shape = vec![64 * 96];
+    let err = read_error(&gguf_without(&meta, "llama", "vocab_size"));
+    assert!(
+        err.ends_with("tensor `token_embd.weight` has dims [6144]; expected [embedding, vocab]"),
+        "{err}"
+    );
+    // the shared experts' width is a product of two keys
+    let meta = deepseek_v3();
+    let err = read_error(&gguf_with(
+        &meta,
+        "deepseek2",
+        "expert_shared_count",
+        &[("expert_shared_count", Value::U32(1 << 30))],
+    ));
+    assert!(
+        err.ends_with(&format!("deepseek2.expert_shared_count (1073741824) times the expert width 32 is past 262144; allowed: a shared width of 0 to 262144 {WIDTHS}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn at_their_bounds_the_weights_are_counted_without_wrapping() {
+    // every width at its bound, over the most layers: the weights' bytes, summed in u128,
+    // agree with the u64 counts the compiler uses
+    let meta = config(
+        "qwen3_moe",
+        r#", "hidden_size": 65536, "num_hidden_layers": 1024, "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 4096, "vocab_size": 1048576, "intermediate_size": 262144, "num_experts": 4096, "num_experts_per_tok": 4096, "moe_intermediate_size": 262144"#,
+    );
+    let wide: u128 = meta
+        .tensors
+        .iter()
+        .map(|t| {
+            let elems: u128 = t.shape.iter().map(|&d| u128::from(d)).product();
+            elems / u128::from(t.dtype.block_elems()) * u128::from(t.dtype.block_bytes())
+        })
+        .sum();
+    let narrow = meta
+        .tensors
+        .iter()
+        .try_fold(0u64, |sum, t| sum.checked_add(t.bytes()))
+        .expect("the weights' bytes fit in u64");
+    assert_eq!(u128::from(narrow), wide);
+    assert!(wide < 1 << 62, "{wide}");
+}
+
+#[test]
+fn gqa_value_heads_must_match_the_key_heads() {
+    // llama.cpp's value_length may differ from key_length; memra's GQA attention has one
+    // head size, so a differing one compiled a plan with the wrong value widths
+    let meta = config("llama", "");
+    let err = read_error(&gguf_with(
+        &meta,
+        "llama",
+        "",
+        &[("attention.value_length", Value::U32(32))],
+    ));
+    assert!(
+        err.ends_with("llama.attention.value_length is 32; allowed: the key head size 16 (llama.attention.key_length or llama.embedding_length / llama.attention.head_count), as memra's llama attention has one head size for keys and values"),
+        "{err}"
+    );
+    let same = gguf_with(
+        &meta,
+        "llama",
+        "",
+        &[("attention.value_length", Value::U32(16))],
+    );
+    assert_same(&meta, &read_gguf(&same).unwrap_or_else(|e| panic!("{e:#}")));
+    // MLA's absorbed value_length (the latent rank) differs from its key_length by design
+    let meta = deepseek_v3();
+    assert_same(&meta, &read_gguf(&gguf_for(&meta, "deepseek2")).unwrap());
+    // and a GGUF's kv heads must divide the query heads, as a config.json's must
+    let mut meta = config("llama", "");
+    meta.kv_heads = 3;
+    let err = read_error(&gguf_for(&meta, "llama"));
+    assert!(
+        err.ends_with("llama.attention.head_count_kv is 3; allowed: a divisor of llama.attention.head_count (4)"),
         "{err}"
     );
 }

@@ -3,13 +3,14 @@
 
 use super::tensors::synthesize;
 use super::{
-    exact, fnv1a, Architecture, Dtype, FloatRule, ModelMeta, MAX_LAYERS, RMS_EPS, ROPE_THETA,
+    exact, fnv1a, Architecture, Dtype, FloatRule, IntRule, ModelMeta, CONTEXT, CONV_KERNEL,
+    EPSILON, EXPERTS, FFN, HEADS, HEAD_DIM, LAYERS, ROPE_THETA, VOCAB, WIDTH,
 };
 use crate::plan::{
     ClampSummary, DsaSummary, Gating, KdaSummary, Llama3RopeSummary, MhcSummary, MlaSummary,
     MoeSummary, YarnSummary,
 };
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -77,40 +78,17 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
             prefix: String::new(),
         },
     };
-    let embedding = keys.u32("hidden_size")?;
-    let heads = keys.u32("num_attention_heads")?;
+    let embedding = keys.u32_in("hidden_size", &WIDTH)?;
+    let heads = keys.u32_in("num_attention_heads", &HEADS)?;
     let kv_heads = keys.opt_u32("num_key_value_heads")?.unwrap_or(heads);
-    if heads == 0 {
-        bail!("{}: num_attention_heads must be at least 1", path.display());
-    }
     let mla = match architecture {
-        Architecture::Deepseek2 => Some(MlaSummary {
-            q_lora_rank: keys.opt_u32("q_lora_rank")?.unwrap_or(0),
-            kv_lora_rank: keys.u32("kv_lora_rank")?,
-            qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
-            qk_rope_head_dim: keys.u32("qk_rope_head_dim")?,
-            v_head_dim: keys.u32("v_head_dim")?,
-            rope: true,
-        }),
+        Architecture::Deepseek2 => Some(read_mla(&keys, true)?),
         // kimi-linear's MLA layers use no rope, whatever qk_rope_head_dim says
-        Architecture::KimiLinear => Some(MlaSummary {
-            q_lora_rank: keys.opt_u32("q_lora_rank")?.unwrap_or(0),
-            kv_lora_rank: keys.u32("kv_lora_rank")?,
-            qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
-            qk_rope_head_dim: keys.u32("qk_rope_head_dim")?,
-            v_head_dim: keys.u32("v_head_dim")?,
-            rope: false,
-        }),
+        Architecture::KimiLinear => Some(read_mla(&keys, false)?),
         Architecture::Glm5Next => Some(read_glm5_mla(&keys)?),
         _ => None,
     };
-    let layers = keys.u32("num_hidden_layers")?;
-    if !(1..=MAX_LAYERS).contains(&layers) {
-        return Err(keys.wrong(
-            "num_hidden_layers",
-            &format!("1 to {MAX_LAYERS} (memra plans at most {MAX_LAYERS} layers), got {layers}"),
-        ));
-    }
+    let layers = keys.u32_in("num_hidden_layers", &LAYERS)?;
     let kda = match architecture {
         Architecture::KimiLinear => Some(read_kda(&keys, layers, heads)?),
         Architecture::Glm5Next => Some(read_glm5_kda(&keys, layers, heads)?),
@@ -122,7 +100,11 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
     };
     let head_dim = match &mla {
         Some(mla) => mla.qk_nope_head_dim + mla.qk_rope_head_dim,
-        None => keys.opt_u32("head_dim")?.unwrap_or(embedding / heads),
+        None => {
+            // absent: hidden_size / num_attention_heads, bounded alike
+            let head_dim = keys.opt_u32("head_dim")?.unwrap_or(embedding / heads);
+            keys.check("head_dim", head_dim, &HEAD_DIM)?
+        }
     };
     if mla.is_none() && kda.is_none() && (kv_heads == 0 || !heads.is_multiple_of(kv_heads)) {
         return Err(keys.wrong(
@@ -130,10 +112,13 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
             &format!("a divisor of num_attention_heads ({heads}), got {kv_heads}"),
         ));
     }
-    for (key, value) in [("hidden_size", embedding), ("head_dim", head_dim)] {
-        if value == 0 {
-            return Err(keys.wrong(key, "at least 1, got 0"));
-        }
+    if mla.is_some() {
+        // MLA's kv heads are its query heads; the key is read but no layer uses it
+        keys.check(
+            "num_key_value_heads",
+            kv_heads,
+            &IntRule { min: 0, ..HEADS },
+        )?;
     }
     let moe = read_moe(&keys, architecture)?;
     // kimi-linear's and glm5-next's MLA layers use no rope
@@ -142,17 +127,13 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         None => read_rope_scaling(&keys)?,
     };
     let context_length = match (architecture, keys.opt_u32("max_position_embeddings")?) {
-        (_, Some(n)) => n,
-        (Architecture::KimiLinear, None) => keys.u32("model_max_length")?,
+        (_, Some(n)) => keys.check("max_position_embeddings", n, &CONTEXT)?,
+        (Architecture::KimiLinear, None) => keys.u32_in("model_max_length", &CONTEXT)?,
         (_, None) => keys.u32("max_position_embeddings")?,
     };
     check_unimplemented(&keys, architecture, mla.is_some(), context_length)?;
-    let (ffn, vocab) = (keys.u32("intermediate_size")?, keys.u32("vocab_size")?);
-    for (key, value) in [("intermediate_size", ffn), ("vocab_size", vocab)] {
-        if value == 0 {
-            return Err(keys.wrong(key, "at least 1, got 0"));
-        }
-    }
+    let ffn = keys.u32_in("intermediate_size", &FFN)?;
+    let vocab = keys.u32_in("vocab_size", &VOCAB)?;
     let name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -173,7 +154,7 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
             .opt_f32_in("rope_theta", &ROPE_THETA)?
             .unwrap_or(10_000.0),
         rms_eps: keys
-            .opt_f32_in("rms_norm_eps", &RMS_EPS)?
+            .opt_f32_in("rms_norm_eps", &EPSILON)?
             .ok_or_else(|| keys.missing("rms_norm_eps"))?,
         tied_embeddings: keys.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
@@ -212,20 +193,20 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
     };
     let moe = match architecture {
         Architecture::Mixtral => plain(
-            keys.u32("num_local_experts")?,
+            keys.u32_in("num_local_experts", &EXPERTS)?,
             keys.u32("num_experts_per_tok")?,
-            keys.u32("intermediate_size")?,
+            keys.u32_in("intermediate_size", &FFN)?,
         ),
         Architecture::Qwen3Moe => MoeSummary {
             norm_weights: keys.opt_bool("norm_topk_prob")?.unwrap_or(true),
             ..plain(
-                keys.u32("num_experts")?,
+                keys.u32_in("num_experts", &EXPERTS)?,
                 keys.u32("num_experts_per_tok")?,
-                keys.u32("moe_intermediate_size")?,
+                keys.u32_in("moe_intermediate_size", &FFN)?,
             )
         },
         Architecture::Deepseek2 => {
-            let expert_ffn = keys.u32("moe_intermediate_size")?;
+            let expert_ffn = keys.u32_in("moe_intermediate_size", &FFN)?;
             let gating = match keys.opt_str("scoring_func")? {
                 None | Some("softmax") => Gating::Softmax,
                 Some("sigmoid") => Gating::Sigmoid,
@@ -233,7 +214,7 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
             };
             let groups = keys.opt_u32("n_group")?.unwrap_or(1).max(1);
             MoeSummary {
-                shared_expert_ffn: keys.opt_u32("n_shared_experts")?.unwrap_or(0) * expert_ffn,
+                shared_expert_ffn: shared_ffn(keys, "n_shared_experts", expert_ffn)?,
                 dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
                 gating,
                 probs_bias: keys.opt_str("topk_method")? == Some("noaux_tc"),
@@ -245,7 +226,7 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
                 norm_weights: keys.opt_bool("norm_topk_prob")?.unwrap_or(false),
                 weights_scale: exact(keys.opt_f32("routed_scaling_factor")?.unwrap_or(1.0)),
                 ..plain(
-                    keys.u32("n_routed_experts")?,
+                    keys.u32_in("n_routed_experts", &EXPERTS)?,
                     keys.u32("num_experts_per_tok")?,
                     expert_ffn,
                 )
@@ -253,7 +234,7 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
         }
         // Kimi: sigmoid or softmax routing with the selection bias, always renormalized
         Architecture::KimiLinear => {
-            let expert_ffn = keys.u32("moe_intermediate_size")?;
+            let expert_ffn = keys.u32_in("moe_intermediate_size", &FFN)?;
             let gating = match keys.opt_str("moe_router_activation_func")? {
                 None | Some("sigmoid") => Gating::Sigmoid,
                 Some("softmax") => Gating::Softmax,
@@ -268,20 +249,20 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
                 None => keys.u32("num_experts_per_tok")?,
             };
             MoeSummary {
-                shared_expert_ffn: keys.opt_u32("num_shared_experts")?.unwrap_or(0) * expert_ffn,
+                shared_expert_ffn: shared_ffn(keys, "num_shared_experts", expert_ffn)?,
                 dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
                 gating,
                 probs_bias: true,
                 weights_scale: exact(keys.opt_f32("routed_scaling_factor")?.unwrap_or(1.0)),
-                ..plain(keys.u32("num_experts")?, top_k, expert_ffn)
+                ..plain(keys.u32_in("num_experts", &EXPERTS)?, top_k, expert_ffn)
             }
         }
         // GLM5-Next: DeepSeek's names, sigmoid routing with the selection bias, clamped SwiGLU
         Architecture::Glm5Next => {
-            let expert_ffn = keys.u32("moe_intermediate_size")?;
+            let expert_ffn = keys.u32_in("moe_intermediate_size", &FFN)?;
             let limit = keys.opt_f32("swiglu_limit")?.map(exact);
             MoeSummary {
-                shared_expert_ffn: keys.opt_u32("n_shared_experts")?.unwrap_or(0) * expert_ffn,
+                shared_expert_ffn: shared_ffn(keys, "n_shared_experts", expert_ffn)?,
                 dense_layers: keys.opt_u32("first_k_dense_replace")?.unwrap_or(0),
                 gating: Gating::Sigmoid,
                 probs_bias: true,
@@ -292,7 +273,7 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
                     shared: l,
                 }),
                 ..plain(
-                    keys.u32("n_routed_experts")?,
+                    keys.u32_in("n_routed_experts", &EXPERTS)?,
                     keys.u32("num_experts_per_tok")?,
                     expert_ffn,
                 )
@@ -314,17 +295,47 @@ fn read_moe(keys: &Keys, architecture: Architecture) -> Result<Option<MoeSummary
     Ok(Some(moe))
 }
 
+/// The width of the shared experts together (`count_key` of them, each `expert_ffn` wide),
+/// bounded as one FFN.
+fn shared_ffn(keys: &Keys, count_key: &str, expert_ffn: u32) -> Result<u32> {
+    let count = keys.opt_u32(count_key)?.unwrap_or(0);
+    match count.checked_mul(expert_ffn) {
+        Some(w) if w <= FFN.max => Ok(w),
+        _ => Err(keys.wrong(
+            count_key,
+            &format!(
+                "a count whose width together (times moe_intermediate_size {expert_ffn}) is 0 to {} ({}), got {count}",
+                FFN.max, FFN.why
+            ),
+        )),
+    }
+}
+
+/// DeepSeek's and Kimi's MLA (`rope`: whether its layers rotate `qk_rope_head_dim` dims).
+fn read_mla(keys: &Keys, rope: bool) -> Result<MlaSummary> {
+    Ok(MlaSummary {
+        q_lora_rank: keys
+            .opt_u32_in("q_lora_rank", &IntRule { min: 0, ..WIDTH })?
+            .unwrap_or(0),
+        kv_lora_rank: keys.u32_in("kv_lora_rank", &WIDTH)?,
+        qk_nope_head_dim: keys.u32_in("qk_nope_head_dim", &HEAD_DIM)?,
+        qk_rope_head_dim: keys.u32_in("qk_rope_head_dim", &IntRule { min: 0, ..HEAD_DIM })?,
+        v_head_dim: keys.u32_in("v_head_dim", &HEAD_DIM)?,
+        rope,
+    })
+}
+
 /// GLM5-Next's MLA: q-LoRA, no rope (`mla_use_nope`, `qk_rope_head_dim` 0).
 fn read_glm5_mla(keys: &Keys) -> Result<MlaSummary> {
     if keys.opt_u32("qk_rope_head_dim")? != Some(0) {
         return Err(keys.wrong("qk_rope_head_dim", "0 (glm5-next's MLA is nope-only)"));
     }
     Ok(MlaSummary {
-        q_lora_rank: keys.u32("q_lora_rank")?,
-        kv_lora_rank: keys.u32("kv_lora_rank")?,
-        qk_nope_head_dim: keys.u32("qk_nope_head_dim")?,
+        q_lora_rank: keys.u32_in("q_lora_rank", &IntRule { min: 0, ..WIDTH })?,
+        kv_lora_rank: keys.u32_in("kv_lora_rank", &WIDTH)?,
+        qk_nope_head_dim: keys.u32_in("qk_nope_head_dim", &HEAD_DIM)?,
         qk_rope_head_dim: 0,
-        v_head_dim: keys.u32("v_head_dim")?,
+        v_head_dim: keys.u32_in("v_head_dim", &HEAD_DIM)?,
         rope: false,
     })
 }
@@ -370,7 +381,11 @@ fn read_glm5_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
 
 /// GLM5-Next's DSA indexer (`index_*`); as from a GGUF, shared-indexer layers are refused.
 fn read_dsa(keys: &Keys, layers: u32) -> Result<DsaSummary> {
-    let (kpool, top_k) = (keys.u32("index_kpool")?, keys.u32("index_topk")?);
+    // the selection is at most the context's cells
+    let (kpool, top_k) = (
+        keys.u32("index_kpool")?,
+        keys.u32_in("index_topk", &CONTEXT)?,
+    );
     if kpool < 2 || top_k < kpool || !top_k.is_multiple_of(kpool) {
         return Err(keys.wrong(
             "index_kpool",
@@ -388,8 +403,8 @@ fn read_dsa(keys: &Keys, layers: u32) -> Result<DsaSummary> {
         }
     }
     Ok(DsaSummary {
-        heads: keys.u32("index_n_heads")?,
-        head_dim: keys.u32("index_head_dim")?,
+        heads: keys.u32_in("index_n_heads", &HEADS)?,
+        head_dim: keys.u32_in("index_head_dim", &HEAD_DIM)?,
         top_k,
         kpool,
         select_tail: keys
@@ -409,7 +424,10 @@ fn read_mhc(keys: &Keys) -> Result<MhcSummary> {
     Ok(MhcSummary {
         streams,
         sinkhorn_iters: keys.u32("hc_sinkhorn_iters")?,
-        eps: exact(keys.f32("hc_eps")?),
+        eps: exact(
+            keys.opt_f32_in("hc_eps", &EPSILON)?
+                .ok_or_else(|| keys.missing("hc_eps"))?,
+        ),
     })
 }
 
@@ -449,12 +467,9 @@ fn read_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
 /// The KDA facts both `linear_attn_config` readers share (kimi-linear's whole summary):
 /// `head_dim` and `short_conv_kernel_size`, with the layers that are attention instead.
 fn kda_summary(lin: &Keys, attention_layers: Vec<u32>) -> Result<KdaSummary> {
-    let conv_kernel = lin.u32("short_conv_kernel_size")?;
-    if conv_kernel < 2 {
-        return Err(lin.wrong("short_conv_kernel_size", "an integer of at least 2"));
-    }
+    let conv_kernel = lin.u32_in("short_conv_kernel_size", &CONV_KERNEL)?;
     Ok(KdaSummary {
-        head_dim: lin.u32("head_dim")?,
+        head_dim: lin.u32_in("head_dim", &HEAD_DIM)?,
         conv_kernel,
         attention_layers,
         gate_lower_bound: None,
@@ -618,6 +633,25 @@ impl Keys<'_> {
 
     fn u32(&self, key: &str) -> Result<u32> {
         self.opt_u32(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    /// `value` of `key` if `rule` allows it, else an error naming the key.
+    fn check(&self, key: &str, value: u32, rule: &IntRule) -> Result<u32> {
+        match rule.ok(value) {
+            true => Ok(value),
+            false => Err(self.wrong(key, &format!("{}, got {value}", rule.allowed()))),
+        }
+    }
+
+    /// An integer `rule` allows; `None` when absent.
+    fn opt_u32_in(&self, key: &str, rule: &IntRule) -> Result<Option<u32>> {
+        self.opt_u32(key)?
+            .map(|v| self.check(key, v, rule))
+            .transpose()
+    }
+
+    fn u32_in(&self, key: &str, rule: &IntRule) -> Result<u32> {
+        self.check(key, self.u32(key)?, rule)
     }
 
     fn opt_f32(&self, key: &str) -> Result<Option<f32>> {

@@ -4,7 +4,8 @@
 
 use super::tensors::{classify, expected, sort_tensors, tensor_meta};
 use super::{
-    exact, Architecture, Dtype, FloatRule, ModelMeta, TensorSite, MAX_LAYERS, RMS_EPS, ROPE_THETA,
+    exact, Architecture, Dtype, FloatRule, IntRule, ModelMeta, TensorSite, CONTEXT, CONV_KERNEL,
+    EPSILON, EXPERTS, FFN, HEADS, HEAD_DIM, LAYERS, ROPE_THETA, VOCAB, WIDTH,
 };
 use crate::plan::{
     ClampSummary, DsaSummary, Gating, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
@@ -35,6 +36,28 @@ impl Keys<'_> {
     }
     fn u32(&self, k: &str) -> Result<u32> {
         self.file.get_u32(&self.key(k))
+    }
+    /// `value` of the key `k` if `rule` allows it, else an error naming the key.
+    fn check(&self, k: &str, value: u32, rule: &IntRule, path: &Path) -> Result<u32> {
+        if !rule.ok(value) {
+            bail!(
+                "{}: {} is {value}; allowed: {}",
+                path.display(),
+                self.key(k),
+                rule.allowed()
+            );
+        }
+        Ok(value)
+    }
+    /// A u32 key `rule` allows.
+    fn u32_in(&self, k: &str, rule: &IntRule, path: &Path) -> Result<u32> {
+        self.check(k, self.u32(k)?, rule, path)
+    }
+    /// A u32 key `rule` allows; `None` when absent.
+    fn opt_u32_in(&self, k: &str, rule: &IntRule, path: &Path) -> Result<Option<u32>> {
+        self.opt_u32(k)?
+            .map(|v| self.check(k, v, rule, path))
+            .transpose()
     }
     fn opt_f32(&self, k: &str) -> Result<Option<f32>> {
         match self.has(k) {
@@ -102,15 +125,8 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         file: &file,
         arch: arch_name,
     };
-    let embedding = keys.u32("embedding_length")?;
-    let blocks = keys.u32("block_count")?;
-    if !(1..=MAX_LAYERS).contains(&blocks) {
-        bail!(
-            "{}: {} is {blocks}; allowed: 1 to {MAX_LAYERS} (memra plans at most {MAX_LAYERS} layers)",
-            path.display(),
-            keys.key("block_count")
-        );
-    }
+    let embedding = keys.u32_in("embedding_length", &WIDTH, path)?;
+    let blocks = keys.u32_in("block_count", &LAYERS, path)?;
     // NextN (MTP) blocks follow the trunk; plain decoding never runs them
     let nextn = keys.opt_u32("nextn_predict_layers")?.unwrap_or(0);
     if nextn >= blocks {
@@ -122,25 +138,14 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         );
     }
     let layers = blocks - nextn;
-    let ffn = keys.u32("feed_forward_length")?;
-    let context_length = keys.u32("context_length")?;
-    let rms_eps = keys.f32_in("attention.layer_norm_rms_epsilon", &RMS_EPS, None, path)?;
-    let heads = keys.u32("attention.head_count")?;
-    if heads == 0 {
-        bail!(
-            "{}: {} must be at least 1",
-            path.display(),
-            keys.key("attention.head_count")
-        );
-    }
+    let ffn = keys.u32_in("feed_forward_length", &FFN, path)?;
+    let context_length = keys.u32_in("context_length", &CONTEXT, path)?;
+    let rms_eps = keys.f32_in("attention.layer_norm_rms_epsilon", &EPSILON, None, path)?;
+    let heads = keys.u32_in("attention.head_count", &HEADS, path)?;
     let has_output = file.tensor("output.weight").is_some();
-    let vocab = match keys.opt_u32("vocab_size")? {
+    let vocab = match keys.opt_u32_in("vocab_size", &VOCAB, path)? {
         Some(v) => v,
-        None => file
-            .tensor("token_embd.weight")
-            .and_then(|t| t.dims.get(1).copied())
-            .and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| anyhow!("{}: missing tensor `token_embd.weight`", path.display()))?,
+        None => vocab_of_embedding(&file, path)?,
     };
     let glm5 = architecture == Architecture::Glm5Next;
     let kda = match architecture {
@@ -178,9 +183,34 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     let head_dim = match &mla {
         Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
         None => {
-            let head_dim = keys
-                .opt_u32("attention.key_length")?
-                .unwrap_or(embedding / heads);
+            let head_dim = match keys.opt_u32_in("attention.key_length", &HEAD_DIM, path)? {
+                Some(k) => k,
+                None => match embedding / heads {
+                    0 => bail!(
+                        "{}: {} ({embedding}) is less than {} ({heads}), a head size of 0; allowed: at least one dimension per head (or {} of 1 to {})",
+                        path.display(),
+                        keys.key("embedding_length"),
+                        keys.key("attention.head_count"),
+                        keys.key("attention.key_length"),
+                        HEAD_DIM.max
+                    ),
+                    d => d,
+                },
+            };
+            // memra's GQA attention gives values the keys' head size
+            if let Some(v) = keys.opt_u32("attention.value_length")? {
+                if v != head_dim {
+                    bail!(
+                        "{}: {} is {v}; allowed: the key head size {head_dim} ({} or {} / {}), as memra's {} attention has one head size for keys and values",
+                        path.display(),
+                        keys.key("attention.value_length"),
+                        keys.key("attention.key_length"),
+                        keys.key("embedding_length"),
+                        keys.key("attention.head_count"),
+                        arch_name
+                    );
+                }
+            }
             // llama.cpp rotates the first `rope.dimension_count` dims of a head; memra's GQA
             // rope rotates all of them
             match keys.opt_u32("rope.dimension_count")? {
@@ -208,7 +238,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         kv_heads: match &kda {
             // the per-layer array marks KDA layers with 0; MLA's absorbed form has 1
             Some(_) => 1,
-            None => keys.opt_u32("attention.head_count_kv")?.unwrap_or(heads),
+            None => kv_heads(&keys, heads, mla.is_some(), path)?,
         },
         head_dim,
         ffn,
@@ -235,6 +265,53 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     };
     meta.tensors = read_tensors(&file, &meta, path)?;
     Ok(meta)
+}
+
+/// The vocabulary from `token_embd.weight`'s rows, for a file without `vocab_size`.
+fn vocab_of_embedding(file: &GgufFile, path: &Path) -> Result<u32> {
+    let dims = &file
+        .tensor("token_embd.weight")
+        .ok_or_else(|| anyhow!("{}: missing tensor `token_embd.weight`", path.display()))?
+        .dims;
+    let &[_, rows] = dims.as_slice() else {
+        bail!(
+            "{}: tensor `token_embd.weight` has dims {dims:?}; expected [embedding, vocab]",
+            path.display()
+        );
+    };
+    match u32::try_from(rows) {
+        Ok(v) if VOCAB.ok(v) => Ok(v),
+        _ => bail!(
+            "{}: tensor `token_embd.weight` has {rows} rows (the vocabulary, as the file has no `{}.vocab_size`); allowed: {}",
+            path.display(),
+            file.get_str("general.architecture").unwrap_or_default(),
+            VOCAB.allowed()
+        ),
+    }
+}
+
+/// The kv heads of a GQA model (`attention.head_count_kv`, the query heads when absent): a
+/// divisor of the query heads, as each kv head serves a whole group; deepseek2's MLA reads
+/// the key too (the converter writes its absorbed form's 1) but no layer uses it.
+fn kv_heads(keys: &Keys, heads: u32, mla: bool, path: &Path) -> Result<u32> {
+    let kv = keys.opt_u32("attention.head_count_kv")?.unwrap_or(heads);
+    if !mla && (kv == 0 || !heads.is_multiple_of(kv)) {
+        bail!(
+            "{}: {} is {kv}; allowed: a divisor of {} ({heads})",
+            path.display(),
+            keys.key("attention.head_count_kv"),
+            keys.key("attention.head_count")
+        );
+    }
+    if mla {
+        return keys.check(
+            "attention.head_count_kv",
+            kv,
+            &IntRule { min: 0, ..HEADS },
+            path,
+        );
+    }
+    Ok(kv)
 }
 
 /// llama.cpp's "lite" deepseek2 models (DeepSeek-V2-Lite and kin), whose `q_lora_rank` it does
@@ -272,16 +349,8 @@ fn read_kda(keys: &Keys, (layers, blocks): (u32, u32), path: &Path) -> Result<Kd
             ),
         }
     }
-    let head_dim = keys.u32("kda.head_dim")?;
-    let conv_kernel = keys.u32("ssm.conv_kernel")?;
-    if head_dim == 0 || conv_kernel < 2 {
-        bail!(
-            "{}: {} ({head_dim}) must be at least 1 and {} ({conv_kernel}) at least 2",
-            path.display(),
-            keys.key("kda.head_dim"),
-            keys.key("ssm.conv_kernel")
-        );
-    }
+    let head_dim = keys.u32_in("kda.head_dim", &HEAD_DIM, path)?;
+    let conv_kernel = keys.u32_in("ssm.conv_kernel", &CONV_KERNEL, path)?;
     Ok(KdaSummary {
         head_dim,
         conv_kernel,
@@ -297,7 +366,8 @@ fn read_kda(keys: &Keys, (layers, blocks): (u32, u32), path: &Path) -> Result<Kd
 /// before, is refused by name).
 fn read_dsa(keys: &Keys, layers: u32, path: &Path) -> Result<DsaSummary> {
     let kpool = keys.u32("attention.indexer.kpool")?;
-    let top_k = keys.u32("attention.indexer.top_k")?;
+    // the selection is at most the context's cells
+    let top_k = keys.u32_in("attention.indexer.top_k", &CONTEXT, path)?;
     if kpool < 2 || top_k < kpool || !top_k.is_multiple_of(kpool) {
         bail!(
             "{}: {} ({kpool}) must be at least 2 and divide {} ({top_k})",
@@ -322,17 +392,14 @@ fn read_dsa(keys: &Keys, layers: u32, path: &Path) -> Result<DsaSummary> {
         }
     }
     Ok(DsaSummary {
-        heads: keys.u32("attention.indexer.head_count")?,
-        head_dim: keys.u32("attention.indexer.key_length")?,
+        heads: keys.u32_in("attention.indexer.head_count", &HEADS, path)?,
+        head_dim: keys.u32_in("attention.indexer.key_length", &HEAD_DIM, path)?,
         top_k,
         kpool,
         select_tail: keys
             .opt_bool("attention.indexer.kpool_select_tail")?
             .unwrap_or(false),
-        norm_eps: exact(
-            keys.opt_f32("attention.layer_norm_epsilon")?
-                .unwrap_or(1e-5),
-        ),
+        norm_eps: exact(keys.f32_in("attention.layer_norm_epsilon", &EPSILON, Some(1e-5), path)?),
     })
 }
 
@@ -349,7 +416,7 @@ fn read_mhc(keys: &Keys, path: &Path) -> Result<MhcSummary> {
     Ok(MhcSummary {
         streams,
         sinkhorn_iters: keys.u32("hyper_connection.sinkhorn_iterations")?,
-        eps: exact(keys.file.get_f32(&keys.key("hyper_connection.epsilon"))?),
+        eps: exact(keys.f32_in("hyper_connection.epsilon", &EPSILON, None, path)?),
     })
 }
 
@@ -357,8 +424,12 @@ fn read_mhc(keys: &Keys, path: &Path) -> Result<MhcSummary> {
 /// head (`attn_k_b`, `attn_v_b`, announced by the `*_length_mla` keys); the older unsplit
 /// `attn_kv_b` is refused by name. A lite model has no q-LoRA whatever its key says.
 fn read_mla(keys: &Keys, lite: bool, path: &Path) -> Result<MlaSummary> {
-    let rope = keys.u32("rope.dimension_count")?;
-    let Some(key_len) = keys.opt_u32("attention.key_length_mla")? else {
+    let rope = keys.u32_in(
+        "rope.dimension_count",
+        &IntRule { min: 0, ..HEAD_DIM },
+        path,
+    )?;
+    let Some(key_len) = keys.opt_u32_in("attention.key_length_mla", &HEAD_DIM, path)? else {
         let legacy = keys.file.tensor("blk.0.attn_kv_b.weight").is_some();
         bail!(
             "{}: {}; memra reads the per-head `attn_k_b`/`attn_v_b` form that llama.cpp's converter writes (with `{}`): convert the model again",
@@ -382,12 +453,14 @@ fn read_mla(keys: &Keys, lite: bool, path: &Path) -> Result<MlaSummary> {
     Ok(MlaSummary {
         q_lora_rank: match lite {
             true => 0,
-            false => keys.opt_u32("attention.q_lora_rank")?.unwrap_or(0),
+            false => keys
+                .opt_u32_in("attention.q_lora_rank", &IntRule { min: 0, ..WIDTH }, path)?
+                .unwrap_or(0),
         },
-        kv_lora_rank: keys.u32("attention.kv_lora_rank")?,
+        kv_lora_rank: keys.u32_in("attention.kv_lora_rank", &WIDTH, path)?,
         qk_nope_head_dim: key_len - rope,
         qk_rope_head_dim: rope,
-        v_head_dim: keys.u32("attention.value_length_mla")?,
+        v_head_dim: keys.u32_in("attention.value_length_mla", &HEAD_DIM, path)?,
         rope: true,
     })
 }
@@ -405,7 +478,7 @@ fn read_moe(
 ) -> Result<Option<MoeSummary>> {
     let (layers, vocab, ffn) = dims;
     let experts = match keys.opt_u32("expert_count")? {
-        Some(e) if e > 0 => e,
+        Some(e) if e > 0 => keys.check("expert_count", e, &EXPERTS, path)?,
         _ => return Ok(None),
     };
     let top_k = keys.u32("expert_used_count")?;
@@ -417,9 +490,31 @@ fn read_moe(
             keys.key("expert_count")
         );
     }
-    let expert_ffn = keys
-        .opt_u32("expert_feed_forward_length")?
-        .unwrap_or(ffn / top_k);
+    let expert_ffn = match keys.opt_u32_in("expert_feed_forward_length", &FFN, path)? {
+        Some(f) => f,
+        None if ffn >= top_k => ffn / top_k,
+        None => bail!(
+            "{}: {} ({ffn}) / {} ({top_k}), the width of one expert as the file has no {}, is 0; allowed: {}",
+            path.display(),
+            keys.key("feed_forward_length"),
+            keys.key("expert_used_count"),
+            keys.key("expert_feed_forward_length"),
+            FFN.allowed()
+        ),
+    };
+    // the shared experts run as one FFN of their widths together
+    let shared = keys.opt_u32("expert_shared_count")?.unwrap_or(0);
+    let shared_expert_ffn = match shared.checked_mul(expert_ffn) {
+        Some(w) if w <= FFN.max => w,
+        _ => bail!(
+            "{}: {} ({shared}) times the expert width {expert_ffn} is past {}; allowed: a shared width of 0 to {} ({})",
+            path.display(),
+            keys.key("expert_shared_count"),
+            FFN.max,
+            FFN.max,
+            FFN.why
+        ),
+    };
     let dense_layers = keys.opt_u32("leading_dense_block_count")?.unwrap_or(0);
     let kimi = arch == Architecture::KimiLinear;
     let glm5 = arch == Architecture::Glm5Next;
@@ -480,7 +575,7 @@ fn read_moe(
         experts,
         top_k,
         expert_ffn,
-        shared_expert_ffn: keys.opt_u32("expert_shared_count")?.unwrap_or(0) * expert_ffn,
+        shared_expert_ffn,
         dense_layers,
         gating,
         probs_bias: kimi || glm5 || (deepseek && keys.file.tensor(&probs_bias).is_some()),

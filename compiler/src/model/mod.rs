@@ -280,15 +280,107 @@ impl ModelMeta {
 /// tables out of memory.
 pub const MAX_LAYERS: u32 = 1024;
 
+/// An integer hyperparameter both readers bound alike: the range and why.
+#[derive(Clone, Copy)]
+pub(crate) struct IntRule {
+    pub min: u32,
+    pub max: u32,
+    pub why: &'static str,
+}
+
+impl IntRule {
+    pub fn ok(&self, v: u32) -> bool {
+        (self.min..=self.max).contains(&v)
+    }
+    /// What is allowed, for an error message: `1 to 1024 (why)`.
+    pub fn allowed(&self) -> String {
+        format!("{} to {} ({})", self.min, self.max, self.why)
+    }
+}
+
+// The bounds on a model's widths and counts. Each is generous (several times the largest real
+// model's value), and together they keep every product the compiler forms from them inside
+// u64 (and those it forms in u32, such as heads * head_dim, inside u32):
+// - the largest tensor is an expert stack, EXPERTS * FFN * WIDTH = 2^12 * 2^18 * 2^16 = 2^46
+//   elements, 2^48 bytes in f32; three per layer over MAX_LAYERS (2^10) layers is under 2^60
+//   bytes; every other tensor is at most 2^40 elements (HEADS * HEAD_DIM * WIDTH, HEADS *
+//   WIDTH * HEAD_DIM for MLA's per-head stacks, VOCAB * WIDTH = 2^36), so all weights stay
+//   under 2^61 bytes
+// - in u32: HEADS * HEAD_DIM = 2^24, a shared experts' width is bounded as one FFN width
+// - a token row of activations (a few WIDTHs, HEADS * HEAD_DIM, HEADS * WIDTH for MLA's
+//   latent queries, EXPERTS + top-k * WIDTH) is under 2^32 elements; times the placement's
+//   prefill chunk (2^15) and 4 bytes, under 2^49
+// The KV cache also grows with the placement's context and sequences; the placement's
+// validation bounds that product (`placement::validate`).
+const WIDTHS: &str = "memra's bound on model widths, which keeps its byte counts in 64 bits";
+
+/// The layers (`block_count`, `num_hidden_layers`).
+pub(crate) const LAYERS: IntRule = IntRule {
+    min: 1,
+    max: MAX_LAYERS,
+    why: "memra plans at most 1024 layers",
+};
+/// The embedding (hidden) width and MLA's LoRA ranks: 4 times Llama 3.1 405B's 16384.
+pub(crate) const WIDTH: IntRule = IntRule {
+    min: 1,
+    max: 1 << 16,
+    why: WIDTHS,
+};
+/// An FFN's hidden width (dense, one expert's, the shared experts' together): 4 times
+/// PaLM's 73728 rounded up.
+pub(crate) const FFN: IntRule = IntRule {
+    min: 1,
+    max: 1 << 18,
+    why: WIDTHS,
+};
+/// The vocabulary: 4 times Gemma 3's 262144.
+pub(crate) const VOCAB: IntRule = IntRule {
+    min: 1,
+    max: 1 << 20,
+    why: WIDTHS,
+};
+/// Attention heads (query, key/value, the DSA indexer's): 32 times DeepSeek's 128.
+pub(crate) const HEADS: IntRule = IntRule {
+    min: 1,
+    max: 1 << 12,
+    why: WIDTHS,
+};
+/// One head's width (key, value, MLA's no-rope and rope parts, KDA's, the indexer's): 16
+/// times the widest real head (256).
+pub(crate) const HEAD_DIM: IntRule = IntRule {
+    min: 1,
+    max: 1 << 12,
+    why: WIDTHS,
+};
+/// Routed experts: 8 times Qwen3-Next's 512.
+pub(crate) const EXPERTS: IntRule = IntRule {
+    min: 1,
+    max: 1 << 12,
+    why: WIDTHS,
+};
+/// The training context: 6 times Llama 4 Scout's 10M tokens (placements take at most 2^24).
+pub(crate) const CONTEXT: IntRule = IntRule {
+    min: 1,
+    max: 1 << 26,
+    why: "memra's bound on a model's context",
+};
+/// KDA's short convolution taps: 16 times the real 4.
+pub(crate) const CONV_KERNEL: IntRule = IntRule {
+    min: 2,
+    max: 64,
+    why: "memra's bound on KDA's convolution taps",
+};
+
 /// A float hyperparameter both readers check alike: what it may be, and the test.
 pub(crate) struct FloatRule {
     pub allowed: &'static str,
     pub ok: fn(f32) -> bool,
 }
 
-/// The RMS norm epsilon: real models use 1e-6 to 1e-5; 0, a negative, NaN or a huge one
-/// (1e30) gives zero, NaN or vanishing activations.
-pub(crate) const RMS_EPS: FloatRule = FloatRule {
+/// An epsilon (the RMS norm's, the DSA indexer's layer norm's, mHC's Sinkhorn's): real models
+/// use 1e-6 to 1e-5; 0, a negative, NaN or a huge one (1e30) gives zero, NaN or vanishing
+/// activations.
+pub(crate) const EPSILON: FloatRule = FloatRule {
     allowed: "a positive number below 1",
     ok: |x| x > 0.0 && x < 1.0,
 };

@@ -20,6 +20,11 @@ pub(crate) const MAX_IN_FLIGHT: i64 = 64;
 pub(crate) const MAX_PREFILL_CHUNK: i64 = 32768;
 const MAX_DEVICE_ID: i64 = 1023;
 const MAX_MEMORY_GIB: f64 = 1_048_576.0;
+/// The most bytes of KV cache and KDA state, over all layers, a placement may ask for: 1024
+/// devices (ids go to 1023) of the most memory one may declare (2^20 GiB), 2^60 bytes. Past it
+/// no placement can hold the cache, and its byte counts (layers, times the context, times the
+/// sequences, times a token's bytes) would leave 64 bits.
+const MAX_CACHE_BYTES: u128 = 1 << 60;
 /// Context used when the placement names none (capped by the model's own).
 const DEFAULT_CONTEXT: u32 = 4096;
 
@@ -36,6 +41,21 @@ fn int_in(c: &mut Collector, v: &Spanned<i64>, field: &str, lo: i64, hi: i64) ->
         );
         None
     }
+}
+
+/// Bytes of the KV caches (and KDA states) of all the model's layers, unsplit, in u128: the
+/// model's bounds keep a token's bytes small, but the placement's context and sequences
+/// multiply them.
+fn cache_bytes(model: &ModelMeta, context: u32, sequences: u32, kv: Dtype) -> u128 {
+    let kda_layers = model.kda_layers_in(0..model.layers);
+    let attention = u128::from(model.layers - kda_layers)
+        * u128::from(context)
+        * u128::from(sequences)
+        * u128::from(model.kv_bytes_per_token_layer(kv));
+    let state = model.kda.as_ref().map_or(0, |k| {
+        u128::from(kda_layers) * u128::from(sequences) * u128::from(k.state_elems(model.heads)) * 4
+    });
+    attention + state
 }
 
 pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector) -> Placement {
@@ -85,6 +105,27 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
             }
         },
     };
+    if let (Some(context), Some(sequences)) = (max_context, max_sequences) {
+        let cache = cache_bytes(model, context, sequences, kv_dtype);
+        if cache > MAX_CACHE_BYTES {
+            let (span, field) = match rt.and_then(|r| r.max_context.as_ref()) {
+                Some(v) => (v.span(), "runtime.max_context"),
+                None => (
+                    rt.and_then(|r| r.max_sequences.as_ref())
+                        .map_or(0..0, |v| v.span()),
+                    "runtime.max_sequences",
+                ),
+            };
+            c.error(
+                span,
+                field,
+                format!(
+                    "the KV cache of {context} tokens of context times {sequences} sequences over the model's {} layers is {cache} bytes; allowed: at most {MAX_CACHE_BYTES} bytes (2^60, what 1024 devices of {MAX_MEMORY_GIB} GiB hold); lower runtime.max_context or runtime.max_sequences",
+                    model.layers
+                ),
+            );
+        }
+    }
     let attention = validate_parallel(raw.parallel.as_ref(), model, c);
     let stages = validate_stages(raw.pipeline.get_ref(), model, attention, &devices, c);
     let (capture, forced_eager) = validate_capture(raw.capture.as_ref(), model, c);
