@@ -95,7 +95,8 @@ pub fn decode_all(
     n: usize,
 ) -> Result<Vec<StepOutput>> {
     let engine = open(loaded, options)?;
-    let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
+    let runtime = &loaded.plan.runtime;
+    let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
     let mut outs = Vec::new();
     session.run(prompt, n, 0, |out, _| {
         outs.push(out.clone());

@@ -47,18 +47,27 @@ pub struct Session {
     history: Vec<u32>,
     window: u64,
     chunk: usize,
+    /// Positions the caches hold (the plan's `runtime.max_context`).
+    max_context: usize,
 }
 
 impl Session {
-    /// A fresh session; at most `in_flight` steps are enqueued ahead of the host.
-    pub fn new(engine: impl Decoder + 'static, in_flight: u32) -> Session {
+    /// A fresh session of `max_context` positions; at most `in_flight` steps are enqueued
+    /// ahead of the host.
+    pub fn new(engine: impl Decoder + 'static, in_flight: u32, max_context: u32) -> Session {
         let chunk = engine.prompt_mode().rows().max(1) as usize;
         Session {
             engine: Box::new(engine),
             history: Vec::new(),
             window: u64::from(in_flight.max(1)),
             chunk,
+            max_context: max_context as usize,
         }
+    }
+
+    /// Positions the caches hold: the history, a prompt and its generated tokens together.
+    pub fn max_context(&self) -> usize {
+        self.max_context
     }
 
     /// Tokens at positions `0..len` of the caches.
@@ -94,11 +103,13 @@ impl Session {
     }
 
     /// Decodes `prompt` (after the history; prefill steps of up to the engine's chunk) and then
-    /// generates up to `max_new` tokens. `on_step` sees one output per row and whether it
+    /// generates up to `max_new` tokens, fewer where the context ends (the last generated
+    /// token needs no position of its own). `on_step` sees one output per row and whether it
     /// generated a token (the prompt's last row and all later ones do); it may stop
     /// generation. Rows before prompt index `score_from` come without logits (an engine with
     /// prefill never computes them). Returns the generated tokens. With `max_new == 0` every
-    /// prompt row is only scored.
+    /// prompt row is only scored. A prompt that does not fit after the history is refused
+    /// before anything runs.
     pub fn run(
         &mut self,
         prompt: &[u32],
@@ -110,8 +121,20 @@ impl Session {
             bail!("the prompt is empty; at least one token is needed");
         }
         let p = prompt.len();
-        let total = if max_new == 0 { p } else { p + max_new - 1 };
         let base = self.history.len();
+        if base + p > self.max_context {
+            let input = if base > 0 {
+                format!("{base} tokens already decoded and the prompt's {p}")
+            } else {
+                format!("the prompt's {p} tokens")
+            };
+            bail!(
+                "{input} do not fit the plan's runtime.max_context of {} positions; compile the placement with a larger runtime.max_context (up to the model's context length)",
+                self.max_context
+            );
+        }
+        // rows to run: the prompt's, then one per generated token but the last, in the context
+        let total = if max_new == 0 { p } else { p + max_new - 1 }.min(self.max_context - base);
         // the first row of a step whose logits are asked for: prompt rows from `score_from`
         let logits_from =
             |first: usize, rows: usize| score_from.saturating_sub(first).min(rows - 1);

@@ -407,3 +407,50 @@ fn a_bench_or_perplexity_past_the_plans_context_is_refused_before_running() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn generate_refuses_a_prompt_past_the_context_and_stops_where_the_context_ends() {
+    smollm2("smollm2");
+    let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let loaded = common::compile_scratch(
+        "context-64",
+        &format!(
+            "[model]\ngguf = {:?}\n[[devices]]\nids = [0]\nmemory_gib = 1\n[runtime]\nmax_context = 64\n[pipeline]\ndevices = [[0]]\n",
+            model.display().to_string()
+        ),
+    );
+    let plan = loaded.path.display().to_string();
+    let generate = |prompt: &str| {
+        memra_run(&[
+            "generate", &plan, "-p", prompt, "-n", "40", "--temp", "0", "-t", "1",
+        ])
+    };
+    let tokens = |prompt: &str| {
+        let tokenizer = memra_executor::text::Tokenizer::from_gguf(loaded.gguf().unwrap()).unwrap();
+        tokenizer.encode(prompt, true).unwrap().len()
+    };
+    // a prompt past the context is refused before it runs (the engine's position error came
+    // after the prompt's first chunks had run)
+    let long = "word ".repeat(100);
+    let out = generate(&long);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let want = format!(
+        "error: the prompt's {} tokens do not fit the plan's runtime.max_context of 64 positions",
+        tokens(&long)
+    );
+    assert!(err.contains(&want), "{err}");
+    // a prompt of p tokens leaves 64 - p positions: 64 - p + 1 tokens come (the last needs
+    // none), then a notice (the engine's position error ended generate there)
+    let short = "one two ".repeat(30);
+    let p = tokens(&short);
+    assert!((25..64).contains(&p), "{p}");
+    let out = generate(&short);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let want = format!(
+        "notice: stopped after {} tokens: the plan's runtime.max_context of 64 positions is full",
+        64 - p + 1
+    );
+    assert!(err.contains(&want), "{err}");
+}

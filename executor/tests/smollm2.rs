@@ -170,7 +170,8 @@ fn perplexity_of_the_first_chunk_is_close_to_llama_cpp() {
     let tokens = tokenizer.encode(&text, true).unwrap();
     assert_eq!(tokens.len() as u64, meta["n_tokens"].as_u64().unwrap());
     let engine = memra_executor::cpu::Engine::new(&plan, options(Arm::Serial)).unwrap();
-    let mut session = memra_executor::session::Session::new(engine, 1);
+    let mut session =
+        memra_executor::session::Session::new(engine, 1, plan.plan.runtime.max_context);
     let ppl = memra_executor::perplexity::perplexity(
         &mut session,
         &tokens,
@@ -208,7 +209,8 @@ fn perplexity_of_the_whole_text_is_unchanged_by_prefill() {
         memra_executor::engine::Decoder::prompt_mode(&engine),
         memra_executor::engine::PromptMode::Chunks(512)
     );
-    let mut session = memra_executor::session::Session::new(engine, 1);
+    let mut session =
+        memra_executor::session::Session::new(engine, 1, plan.plan.runtime.max_context);
     let ppl =
         memra_executor::perplexity::perplexity(&mut session, &tokens, 512, None, None, |_, _| {})
             .unwrap();

@@ -133,7 +133,8 @@ fn sampled_text_does_not_depend_on_how_the_prompt_is_cut() {
             },
             ..common::options(Arm::Serial)
         };
-        let mut session = Session::new(open(plan, options).unwrap(), 1);
+        let max_context = plan.plan.runtime.max_context;
+        let mut session = Session::new(open(plan, options).unwrap(), 1, max_context);
         let last = LONG_PROMPT.len() - 1;
         session
             .run(&LONG_PROMPT, 24, last, |_, _| Ok(Flow::Continue))

@@ -433,7 +433,8 @@ fn start(plan: &Path, run: &RunArgs, sampler: SamplerConfig) -> Result<Loaded> {
     let engine = open(&plan, options)?;
     let prints = options.holds_readback(&plan.plan);
     notice_prompt_mode(&*engine, &plan.plan, prints);
-    let session = Session::new(engine, plan.plan.runtime.in_flight);
+    let runtime = &plan.plan.runtime;
+    let session = Session::new(engine, runtime.in_flight, runtime.max_context);
     Ok(Loaded {
         prints,
         plan,

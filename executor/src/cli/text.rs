@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use super::{start, RunArgs};
+use super::{start, Loaded, RunArgs};
 use crate::dist::ProcessMap;
 use crate::sample::SamplerConfig;
 use crate::session::Flow;
@@ -36,6 +36,23 @@ fn stream(tokenizer: &Tokenizer, prints: bool) -> impl FnMut(u32) -> Result<Flow
             out.flush().context("writing to stdout")?;
         }
         Ok(Flow::Continue)
+    }
+}
+
+/// Says on stderr when the context, not `n` or an end-of-generation token, ended `generated`
+/// (the continuation of `decoded` tokens in the caches before it).
+fn notice_context_end(loaded: &Loaded, decoded: usize, generated: &[u32], n: usize) {
+    let max = loaded.session.max_context();
+    let ended_by_context = generated.len() < n
+        && decoded + generated.len() > max
+        && !generated
+            .last()
+            .is_some_and(|&t| loaded.tokenizer.is_eog(t));
+    if ended_by_context && loaded.prints {
+        eprintln!(
+            "notice: stopped after {} tokens: the plan's runtime.max_context of {max} positions is full",
+            generated.len()
+        );
     }
 }
 
@@ -64,6 +81,7 @@ pub fn generate(
         return Ok(ExitCode::SUCCESS);
     }
     println!();
+    notice_context_end(&loaded, ids.len(), &generated, n);
     let end = Instant::now();
     let prompt_s = first.map_or(0.0, |f| (f - started).as_secs_f64());
     let gen_s = first.map_or(0.0, |f| (end - f).as_secs_f64());
@@ -132,6 +150,7 @@ pub fn chat(
         let text = template.render(&messages, true)?;
         let ids = loaded.tokenizer.encode(&text, false)?;
         let mut on_token = stream(&loaded.tokenizer, loaded.prints);
+        let decoded_before = ids.len();
         let reply = loaded.session.continue_with(&ids, n, |out, generates| {
             if generates {
                 on_token(out.token)
@@ -142,6 +161,7 @@ pub fn chat(
         if loaded.prints {
             println!();
         }
+        notice_context_end(&loaded, decoded_before, &reply, n);
         let words: Vec<u32> = reply
             .into_iter()
             .filter(|&t| !loaded.tokenizer.is_eog(t))

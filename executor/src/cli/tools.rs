@@ -426,7 +426,8 @@ pub fn bench(
     for line in engine.report().into_iter().filter(|_| prints) {
         eprintln!("{line}");
     }
-    let mut session = Session::new(engine, loaded.plan.runtime.in_flight);
+    let runtime = &loaded.plan.runtime;
+    let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
     let n = n.max(2);
     let vocab = u64::from(loaded.plan.model.vocab.max(1));
     let ids: Vec<u32> = (0..prompt.max(1) as u64)
