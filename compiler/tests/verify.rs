@@ -231,5 +231,7 @@ fn every_placement_that_compiles_here_recompiles_from_its_plan() {
             checked += 1;
         }
     }
-    assert!(checked >= 40, "{checked}");
+    // a clean clone has the config.json placements and SmolLM2's (26) before the executor's
+    // tests write the synthetic models the others read
+    assert!(checked >= 20, "{checked}");
 }
