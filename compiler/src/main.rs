@@ -60,6 +60,17 @@ enum Format {
     Png,
 }
 
+impl Format {
+    /// Whether a file's first bytes are this format's, so that render may replace it.
+    fn looks_like(self) -> fn(&[u8]) -> bool {
+        match self {
+            Format::Dot => |head| head.starts_with(b"digraph"),
+            Format::Svg => |head| head.starts_with(b"<?xml") || head.starts_with(b"<svg"),
+            Format::Png => |head| head.starts_with(b"\x89PNG"),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match &cli.command {
@@ -151,6 +162,12 @@ fn render(path: &Path, output: Option<&Path>, format: Format) -> Result<bool> {
         let stem = name.trim_end_matches(".toml").trim_end_matches(".plan");
         path.with_file_name(format!("{stem}.{ext}"))
     });
+    let model = path.with_file_name(&plan.model.source);
+    refuse_to_clobber(
+        &out,
+        format.looks_like(),
+        &[(path, "plan or placement"), (&model, "model")],
+    )?;
     if let Format::Dot = format {
         std::fs::write(&out, dot).with_context(|| format!("{}: cannot write", out.display()))?;
     } else {
@@ -166,7 +183,8 @@ fn render(path: &Path, output: Option<&Path>, format: Format) -> Result<bool> {
             .stdin
             .take()
             .expect("invariant: stdin is piped")
-            .write_all(dot.as_bytes())?;
+            .write_all(dot.as_bytes())
+            .with_context(|| format!("graphviz `dot` stopped reading writing {}", out.display()))?;
         let status = child.wait()?;
         if !status.success() {
             bail!("graphviz `dot` failed ({status}) writing {}", out.display());
@@ -174,6 +192,38 @@ fn render(path: &Path, output: Option<&Path>, format: Format) -> Result<bool> {
     }
     println!("{}", out.display());
     Ok(true)
+}
+
+/// Refuses to write `out` over a file this run reads (`inputs`, each named for the message)
+/// or over any file whose first bytes are not what this command writes there (`ours`): a
+/// mistyped `--output` never replaces a placement, a model or another file of the user's.
+fn refuse_to_clobber(out: &Path, ours: fn(&[u8]) -> bool, inputs: &[(&Path, &str)]) -> Result<()> {
+    let Ok(target) = out.canonicalize() else {
+        return Ok(()); // not there yet: nothing to lose (a missing folder fails at the write)
+    };
+    for (input, what) in inputs {
+        if input.canonicalize().is_ok_and(|p| p == target) {
+            bail!(
+                "{}: is the {what} this reads, so writing there would replace it; give another --output",
+                out.display()
+            );
+        }
+    }
+    if !target.is_file() {
+        return Ok(()); // a folder: the write says so
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(&target)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 20), &mut head))
+        .with_context(|| format!("{}: cannot read", out.display()))?;
+    if !head.is_empty() && !ours(&head) {
+        bail!(
+            "{}: exists and is not a file this command writes, so writing there would replace it; \
+             give another --output, or remove the file first",
+            out.display()
+        );
+    }
+    Ok(())
 }
 
 fn compile_one(cli: &Cli, placement: &Path) -> Result<()> {
@@ -209,6 +259,16 @@ fn compile_one(cli: &Cli, placement: &Path) -> Result<()> {
             placement.display()
         );
     }
+    let model = placement.with_file_name(&compiled.plan.model.source);
+    refuse_to_clobber(
+        &out,
+        |head| {
+            String::from_utf8_lossy(head)
+                .lines()
+                .any(|l| l.starts_with("format_version"))
+        },
+        &[(placement, "placement"), (&model, "model")],
+    )?;
     std::fs::write(&out, &text).with_context(|| format!("{}: cannot write", out.display()))?;
     if !cli.quiet {
         print!("{}", summary(&compiled.plan, placement, &out));

@@ -118,3 +118,83 @@ fn a_plan_under_another_name_renders_and_diffs_as_a_plan() {
     assert_eq!(text, "plans are identical\n");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_output_over_an_input_or_a_users_file_is_refused_and_leaves_it_whole() {
+    let plans = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let dir = std::env::temp_dir().join(format!("memra-clobber-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    let placement = dir.join("p.toml");
+    std::fs::copy(plans.join("llama3-8b-pp4.toml"), &placement).unwrap();
+    let model = dir.join("models/llama-3-8b.json");
+    std::fs::copy(plans.join("models/llama-3-8b.json"), &model).unwrap();
+    let other = dir.join("other.toml");
+    std::fs::write(&other, "# someone's notes\n").unwrap();
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_memra-compile"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let before: Vec<Vec<u8>> = [&placement, &model, &other]
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let (o, fmt, dot) = ("-o".as_ref(), "--format".as_ref(), "dot".as_ref());
+    for (args, want) in [
+        (
+            vec![placement.as_os_str(), o, placement.as_os_str()],
+            "is the placement this reads",
+        ),
+        (
+            vec![placement.as_os_str(), o, model.as_os_str()],
+            "is the model this reads",
+        ),
+        (
+            vec![placement.as_os_str(), o, other.as_os_str()],
+            "exists and is not a file this command writes",
+        ),
+        (
+            vec![
+                "render".as_ref(),
+                placement.as_os_str(),
+                fmt,
+                dot,
+                o,
+                placement.as_os_str(),
+            ],
+            "is the plan or placement this reads",
+        ),
+        (
+            vec![
+                "render".as_ref(),
+                placement.as_os_str(),
+                fmt,
+                dot,
+                o,
+                other.as_os_str(),
+            ],
+            "exists and is not a file this command writes",
+        ),
+    ] {
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    for (path, was) in [&placement, &model, &other].iter().zip(&before) {
+        assert_eq!(&std::fs::read(path).unwrap(), was, "{}", path.display());
+    }
+    // What the commands write themselves they replace, as before.
+    let written = dir.join("p.plan.toml");
+    for _ in 0..2 {
+        let (code, err) = run(&[placement.as_os_str(), "-q".as_ref()]);
+        assert_eq!(code, Some(0), "{err}");
+        let (code, err) = run(&["render".as_ref(), written.as_os_str(), fmt, dot]);
+        assert_eq!(code, Some(0), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

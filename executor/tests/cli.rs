@@ -372,6 +372,10 @@ fn out_of_range_flags_are_refused_naming_the_flag_and_what_is_allowed() {
             "'--repeat <REPEAT>': 0 is too small; allowed: 1 or more",
         ),
         (
+            &["chat", p, "-p", " "],
+            "'--prompt <PROMPT>': the message is blank; allowed: a message with text",
+        ),
+        (
             &["compare", p, "--tolerance", "nan"],
             "'--tolerance <TOLERANCE>': NaN is not allowed; allowed: a finite number >= 0",
         ),

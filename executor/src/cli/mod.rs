@@ -61,7 +61,7 @@ enum Command {
         /// The execution plan.
         plan: PathBuf,
         /// A single user message; without it, chat interactively.
-        #[arg(short, long)]
+        #[arg(short, long, value_parser = message)]
         prompt: Option<String>,
         /// A system message to start the conversation with.
         #[arg(long)]
@@ -316,6 +316,14 @@ fn threads(s: &str) -> Result<usize, String> {
         Ok(n) => Err(format!("{n} is out of range; allowed: 1..={MAX_THREADS}")),
         Err(e) => Err(format!("{e}; allowed: an integer in 1..={MAX_THREADS}")),
     }
+}
+
+/// `chat --prompt`: a message with text (a blank one would end the chat before it starts).
+fn message(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("the message is blank; allowed: a message with text (leave --prompt out to chat on stdin)".into());
+    }
+    Ok(s.to_string())
 }
 
 /// A finite number >= 0, for clap.
