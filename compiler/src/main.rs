@@ -226,13 +226,55 @@ fn refuse_to_clobber(out: &Path, ours: fn(&[u8]) -> bool, inputs: &[(&Path, &str
     Ok(())
 }
 
+/// The model's path as a plan written at `out` names it (relative to the plan's folder, as
+/// the executor reads it): the placement's `source` (relative to the placement's folder)
+/// where the plan lands beside the placement, else the way from the plan's folder to the
+/// model, or its absolute path where no relative way reaches it.
+fn source_for(placement: &Path, source: &str, out: &Path) -> Result<String> {
+    let folder = |p: &Path| -> Result<PathBuf> {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::canonicalize(&dir).with_context(|| format!("{}: cannot resolve", dir.display()))
+    };
+    let (from, to) = (folder(placement)?, folder(out)?);
+    if from == to {
+        return Ok(source.to_string());
+    }
+    let model = from.join(source);
+    let model = std::fs::canonicalize(&model).unwrap_or(model);
+    let (mut a, mut b) = (to.components().peekable(), model.components().peekable());
+    while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+        if x != y {
+            break;
+        }
+        a.next();
+        b.next();
+    }
+    let up = a.count();
+    let rest: PathBuf = b.collect();
+    if up == to.components().count() {
+        // nothing in common (another drive): only the absolute path reaches it
+        return Ok(model.display().to_string());
+    }
+    let mut way = PathBuf::new();
+    for _ in 0..up {
+        way.push("..");
+    }
+    Ok(way.join(rest).display().to_string())
+}
+
 fn compile_one(cli: &Cli, placement: &Path) -> Result<()> {
-    let compiled = compile(placement).map_err(|d| anyhow!("{d}"))?;
-    let text = compiled.plan.to_toml();
+    let mut compiled = compile(placement).map_err(|d| anyhow!("{d}"))?;
     let out = cli
         .output
         .clone()
         .unwrap_or_else(|| default_output(placement));
+    let source = source_for(placement, &compiled.plan.model.source, &out)?;
+    let model = placement.with_file_name(&compiled.plan.model.source);
+    compiled.plan.model.source = source;
+    let text = compiled.plan.to_toml();
     if cli.check {
         let committed = std::fs::read_to_string(&out)
             .with_context(|| format!("{}: cannot read the committed plan", out.display()))?;
@@ -259,7 +301,6 @@ fn compile_one(cli: &Cli, placement: &Path) -> Result<()> {
             placement.display()
         );
     }
-    let model = placement.with_file_name(&compiled.plan.model.source);
     refuse_to_clobber(
         &out,
         |head| {

@@ -198,3 +198,43 @@ fn an_output_over_an_input_or_a_users_file_is_refused_and_leaves_it_whole() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_plan_written_into_another_folder_names_its_model_from_there() {
+    // the plan kept the placement's `source`, relative to the placement's folder, so a plan
+    // written elsewhere named a file that is not there
+    let plans = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let dir = std::env::temp_dir().join(format!("memra-elsewhere-{}", std::process::id()));
+    let nested = dir.join("a/b");
+    std::fs::create_dir_all(&nested).unwrap();
+    for (placement, out) in [
+        ("llama3-8b-pp4.toml", nested.join("pp4.plan.toml")),
+        ("llama3-8b-tp2.toml", dir.join("tp2.plan.toml")),
+    ] {
+        let run = Command::new(env!("CARGO_BIN_EXE_memra-compile"))
+            .arg(plans.join(placement))
+            .arg("-o")
+            .arg(&out)
+            .arg("-q")
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let plan = Plan::from_toml(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let named = out.parent().unwrap().join(&plan.model.source);
+        let committed = Plan::from_toml(
+            &std::fs::read_to_string(plans.join(placement.replace(".toml", ".plan.toml"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::canonicalize(&named).unwrap(),
+            std::fs::canonicalize(plans.join(&committed.model.source)).unwrap(),
+            "{placement}: {}",
+            plan.model.source
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
