@@ -59,9 +59,16 @@ pub fn perplexity(
         bail!("--ctx must be at least 4, got {n_ctx}");
     }
     let available = tokens.len() / n_ctx;
+    if tokens.len() < 4 {
+        bail!(
+            "the text has {} tokens; perplexity needs at least 4 (one chunk of --ctx 4 or more)",
+            tokens.len()
+        );
+    }
     if available == 0 {
         bail!(
-            "the text has {} tokens, fewer than one chunk of {n_ctx}; use a smaller --ctx",
+            "the text has {} tokens, fewer than one chunk of {n_ctx}; allowed: --ctx 4..={}",
+            tokens.len(),
             tokens.len()
         );
     }

@@ -458,3 +458,35 @@ fn generate_refuses_a_prompt_past_the_context_and_stops_where_the_context_ends()
     );
     assert!(err.contains(&want), "{err}");
 }
+
+#[test]
+fn perplexity_of_a_text_shorter_than_a_chunk_says_which_ctx_fits() {
+    smollm2("smollm2");
+    let dir = std::env::temp_dir().join(format!("memra-ppl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (empty, short) = (dir.join("empty.txt"), dir.join("short.txt"));
+    std::fs::write(&empty, "").unwrap();
+    std::fs::write(&short, "one two three four five six seven eight nine ten").unwrap();
+    for (file, want) in [
+        (&empty, "the text has 0 tokens; perplexity needs at least 4"),
+        (
+            &short,
+            "tokens, fewer than one chunk of 512; allowed: --ctx 4..=",
+        ),
+    ] {
+        let file = file.display().to_string();
+        let out = memra_run(&[
+            "perplexity",
+            "plans/smollm2.plan.toml",
+            &file,
+            "--ctx",
+            "512",
+            "-t",
+            "1",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(want), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
