@@ -113,6 +113,24 @@ def streamed_completion_chunks_join_to_the_whole_text():
 
 
 @check
+def include_usage_ends_a_stream_with_a_usage_chunk_of_no_choices():
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="Once upon a time",
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    *rest, usage = chunks
+    assert usage.choices == [] and usage.usage.completion_tokens == 5, usage
+    assert rest[-1].choices[0].finish_reason == "length" and rest[-1].usage is None, rest[-1]
+    assert all(c.usage is None for c in rest), rest
+
+
+@check
 def eight_concurrent_requests_equal_their_runs_alone():
     prompts = [
         FRANCE,

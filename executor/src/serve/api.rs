@@ -42,6 +42,9 @@ pub struct Request {
     pub seed: Option<u64>,
     /// Server-sent events instead of one body.
     pub stream: bool,
+    /// `stream_options.include_usage`: a stream ends with a chunk of no choices that carries
+    /// the usage (else the usage rides in the chunk with the finish reason).
+    pub include_usage: bool,
 }
 
 /// Which endpoint a body was sent to.
@@ -129,6 +132,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         stop: stops(f.0.get("stop"))?,
         seed,
         stream: f.boolean("stream")?.unwrap_or(false),
+        include_usage: include_usage(f.get("stream_options"))?,
     })
 }
 
@@ -356,6 +360,25 @@ fn text_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(texts.join("\n"))
+}
+
+/// `stream_options`: an object whose `include_usage`, if given, is a boolean.
+fn include_usage(value: Option<&Value>) -> Result<bool, ApiError> {
+    let Some(value) = value else {
+        return Ok(false);
+    };
+    let Value::Object(options) = value else {
+        return Err(Fields::wrong("stream_options", "an object", value));
+    };
+    Fields(options)
+        .boolean("include_usage")
+        .map_err(|_| {
+            ApiError::invalid(
+                "stream_options.include_usage",
+                "stream_options.include_usage: expected a boolean",
+            )
+        })
+        .map(|b| b.unwrap_or(false))
 }
 
 /// `stop`: a string or an array of at most `MAX_STOPS` strings.
@@ -590,6 +613,16 @@ mod tests {
                 r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
                 Endpoint::Chat,
                 Some("response_format"),
+            ),
+            (
+                r#"{"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}}"#,
+                Endpoint::Completions,
+                Some("stream_options.include_usage"),
+            ),
+            (
+                r#"{"prompt": "x", "stream_options": []}"#,
+                Endpoint::Completions,
+                Some("stream_options"),
             ),
             (r#"{"prompt": "x""#, Endpoint::Completions, None),
             (r#"[1]"#, Endpoint::Completions, None),

@@ -220,6 +220,8 @@ struct Shape {
     id: String,
     created: u64,
     model: String,
+    /// A stream's usage comes in a chunk of its own, after the finish reason's.
+    usage_chunk: bool,
 }
 
 impl Shape {
@@ -330,6 +332,7 @@ async fn answer(
         },
         created,
         model: app.model.clone(),
+        usage_chunk: request.include_usage,
     };
     let guard = CancelOnDrop(cancel);
     if request.stream {
@@ -403,8 +406,16 @@ impl Streaming {
                 self.tally.status = 200;
                 self.tally.generated = f.completion_tokens;
                 let last = shape.choice("", Some(f.reason.name()), false);
-                self.pending
-                    .push_back(shape.body(last, false, Some(&f)).to_string());
+                if shape.usage_chunk {
+                    self.pending
+                        .push_back(shape.body(last, false, None).to_string());
+                    let mut usage = shape.body(Value::Null, false, Some(&f));
+                    usage["choices"] = json!([]);
+                    self.pending.push_back(usage.to_string());
+                } else {
+                    self.pending
+                        .push_back(shape.body(last, false, Some(&f)).to_string());
+                }
                 self.pending.push_back("[DONE]".into());
                 self.ended = true;
             }
@@ -423,7 +434,8 @@ impl Streaming {
 }
 
 /// Answers with server-sent events: one chunk per piece of text, a last chunk with the
-/// finish reason and usage, then `data: [DONE]`.
+/// finish reason and usage (with `stream_options.include_usage`, the usage in a chunk of no
+/// choices after it), then `data: [DONE]`.
 fn stream(
     shape: Shape,
     rx: UnboundedReceiver<Event>,
