@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
-use memra_compiler::model::{fnv1a, model_of_plan, read_gguf, ModelMeta};
+use memra_compiler::model::{fnv1a, gguf_meta, model_of_plan, ModelMeta};
 use memra_compiler::passes::emit::model_summary;
 use memra_compiler::passes::recompile::{recompile_differences, value_differences};
 use memra_compiler::passes::verify::verify_plan;
@@ -137,7 +137,7 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
             plan_path.display()
         );
     }
-    let meta = check_model_facts(&plan, plan_path, &model_path)?;
+    let meta = check_model_facts(&plan, plan_path, &gguf, &model_path)?;
     check_program(&plan, plan_path, meta)?;
     Ok(loaded(plan, plan_path, Weights::File(gguf)))
 }
@@ -145,8 +145,13 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
 /// Refuses a plan whose `[model]` facts differ from what the compiler reads from the model
 /// file (a plan edited by hand: the fingerprint covers the file, not the plan's copy of it);
 /// returns what it read.
-fn check_model_facts(plan: &Plan, plan_path: &Path, model_path: &Path) -> Result<ModelMeta> {
-    let meta = read_gguf(model_path)
+fn check_model_facts(
+    plan: &Plan,
+    plan_path: &Path,
+    gguf: &GgufFile,
+    model_path: &Path,
+) -> Result<ModelMeta> {
+    let meta = gguf_meta(gguf, model_path)
         .with_context(|| format!("reading the model facts of plan {}", plan_path.display()))?;
     let want = serde_json::to_value(model_summary(&meta, &plan.model.source))?;
     let got = serde_json::to_value(&plan.model)?;

@@ -109,7 +109,11 @@ impl Keys<'_> {
 
 /// Read a GGUF file's header into model metadata.
 pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
-    let file = GgufFile::open(path)?;
+    gguf_meta(&GgufFile::open(path)?, path)
+}
+
+/// The model metadata of a GGUF file already open (`path` names it in errors).
+pub fn gguf_meta(file: &GgufFile, path: &Path) -> Result<ModelMeta> {
     let arch_name = file.get_str("general.architecture")?;
     let architecture = Architecture::ALL
         .into_iter()
@@ -122,7 +126,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
             )
         })?;
     let keys = Keys {
-        file: &file,
+        file,
         arch: arch_name,
     };
     let embedding = keys.u32_in("embedding_length", &WIDTH, path)?;
@@ -145,7 +149,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
     let has_output = file.tensor("output.weight").is_some();
     let vocab = match keys.opt_u32_in("vocab_size", &VOCAB, path)? {
         Some(v) => v,
-        None => vocab_of_embedding(&file, path)?,
+        None => vocab_of_embedding(file, path)?,
     };
     let glm5 = architecture == Architecture::Glm5Next;
     let kda = match architecture {
@@ -263,7 +267,7 @@ pub fn read_gguf(path: &Path) -> Result<ModelMeta> {
         tensors: Vec::new(),
         fingerprint: crate::model::fnv1a(file.header_bytes(), 0),
     };
-    meta.tensors = read_tensors(&file, &meta, path)?;
+    meta.tensors = read_tensors(file, &meta, path)?;
     Ok(meta)
 }
 

@@ -11,7 +11,7 @@ mod tensors;
 
 pub use config::read_config;
 pub use from_plan::model_of_plan;
-pub use gguf::read_gguf;
+pub use gguf::{gguf_meta, read_gguf};
 
 use crate::plan::{
     layer_kind, DsaSummary, KdaSummary, Llama3RopeSummary, MhcSummary, MlaSummary, MoeSummary,
