@@ -94,8 +94,18 @@ pub fn decode_all(
     prompt: &[u32],
     n: usize,
 ) -> Result<Vec<StepOutput>> {
-    let engine = open(loaded, options)?;
     let runtime = &loaded.plan.runtime;
+    // every step is compared, so none may be cut off where the context ends
+    let positions = prompt.len() + n.saturating_sub(1);
+    if positions > runtime.max_context as usize {
+        bail!(
+            "the prompt's {} tokens and {n} generated take {positions} positions, more than {}'s runtime.max_context of {}; give a shorter prompt or a smaller -n",
+            prompt.len(),
+            loaded.path.display(),
+            runtime.max_context
+        );
+    }
+    let engine = open(loaded, options)?;
     let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
     let mut outs = Vec::new();
     session.run(prompt, n, 0, |out, _| {

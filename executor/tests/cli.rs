@@ -490,3 +490,28 @@ fn perplexity_of_a_text_shorter_than_a_chunk_says_which_ctx_fits() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_gate_past_the_context_is_refused_not_cut_short() {
+    // generation stops where the context ends, but a gate compares every step it was asked for
+    smollm2("smollm2");
+    smollm2("smollm2-pp2");
+    let out = memra_run(&[
+        "gate",
+        "plans/smollm2-pp2.plan.toml",
+        "--reference",
+        "plans/smollm2.plan.toml",
+        "--tokens",
+        "1,2,3",
+        "-n",
+        "3000",
+        "-t",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the prompt's 3 tokens and 3000 generated take 3002 positions, more than plans/smollm2.plan.toml's runtime.max_context of 2048"),
+        "{err}"
+    );
+}
