@@ -302,19 +302,27 @@ const MAX_THREADS: usize = 1024;
 
 /// A count of at least `MIN`, for clap: the error names the allowed range.
 fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= MIN => Ok(n),
-        Ok(n) => Err(format!("{n} is too small; allowed: {MIN} or more")),
-        Err(e) => Err(format!("{e}; allowed: an integer, {MIN} or more")),
-    }
+    count_in(s, MIN, usize::MAX)
 }
 
 /// `--threads`: 1..=MAX_THREADS.
 fn threads(s: &str) -> Result<usize, String> {
+    count_in(s, 1, MAX_THREADS)
+}
+
+/// A count in `min..=max` (no upper bound when `max` is `usize::MAX`), for clap.
+fn count_in(s: &str, min: usize, max: usize) -> Result<usize, String> {
+    let bounded = max < usize::MAX;
+    let allowed = if bounded {
+        format!("{min}..={max}")
+    } else {
+        format!("{min} or more")
+    };
     match s.parse::<usize>() {
-        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
-        Ok(n) => Err(format!("{n} is out of range; allowed: 1..={MAX_THREADS}")),
-        Err(e) => Err(format!("{e}; allowed: an integer in 1..={MAX_THREADS}")),
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        Ok(n) if bounded => Err(format!("{n} is out of range; allowed: {allowed}")),
+        Ok(n) => Err(format!("{n} is too small; allowed: {allowed}")),
+        Err(e) => Err(format!("{e}; allowed: an integer, {allowed}")),
     }
 }
 

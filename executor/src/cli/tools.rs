@@ -404,7 +404,8 @@ pub(super) fn mean_sd(xs: &[f64]) -> (f64, f64) {
 
 /// `bench`: prefill and decode speed, mean ± sd over `reps` timed runs after one warm-up run.
 /// A run feeds a prompt of `prompt` tokens (at least one; spread over the vocabulary, as
-/// `llama-bench` uses random ones) and generates `n`: prefill tok/s is the prompt over the
+/// `llama-bench` uses random ones) and generates `n` (at least 2; `reps` at least 1, both
+/// checked by the command line): prefill tok/s is the prompt over the
 /// time to first token, decode tok/s the tokens after the first over their time. The weight
 /// bytes a token reads give the decode's achieved bandwidth, on CUDA next to the device's
 /// measured copy bandwidth.
@@ -428,13 +429,12 @@ pub fn bench(
     }
     let runtime = &loaded.plan.runtime;
     let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
-    let n = n.max(2);
     let vocab = u64::from(loaded.plan.model.vocab.max(1));
     let ids: Vec<u32> = (0..prompt.max(1) as u64)
         .map(|i| ((1 + i * 7919) % vocab) as u32)
         .collect();
     let (mut rates, mut prefill, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..=reps.max(1) {
+    for rep in 0..=reps {
         session.reset();
         // The prompt and the first token, then the other tokens in a run of their own: timing
         // them from the first token's readback measured nothing when the readbacks of a
