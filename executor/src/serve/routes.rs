@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -112,11 +112,15 @@ async fn models(State(app): State<Arc<App>>, method: Method) -> Response {
 }
 
 /// `GET /v1/models/{id}`: the model, or a 404 naming the one served.
-async fn model(State(app): State<Arc<App>>, method: Method, uri: Uri) -> Response {
+async fn model(
+    State(app): State<Arc<App>>,
+    method: Method,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> Response {
     let mut tally = Tally::new(&app.metrics, method.as_str(), uri.path(), "/v1/models");
-    let id = uri.path().trim_start_matches("/v1/models/");
     if id != app.model {
-        let e = ApiError::unknown_model(id, &app.model);
+        let e = ApiError::unknown_model(&id, &app.model);
         tally.status = e.status.as_u16();
         return e.into_response();
     }
