@@ -136,8 +136,10 @@ pub fn model_of_plan(plan: &Plan) -> Result<ModelMeta, Vec<String>> {
             Some(_) => {}
         }
     }
+    let have: std::collections::BTreeSet<&str> =
+        meta.tensors.iter().map(|t| t.name.as_str()).collect();
     for name in want.keys() {
-        if !meta.tensors.iter().any(|t| &t.name == name) {
+        if !have.contains(name.as_str()) {
             note(format!(
                 "weights: no rank holds `{}`, which the [model] facts give",
                 any_layer(name)
