@@ -57,10 +57,11 @@ __device__ __forceinline__ float small_to_f32(u32 q, float off) {
 #define BIAS128 8388736.0f  // 2^23 + 128: q - 128
 
 // An exact i32 -> f32 for |v| < 2^22 without the slow I2F: 1.5 * 2^23 + v has the integer in
-// its mantissa, and subtracting 1.5 * 2^23 leaves v exactly.
-__device__ __forceinline__ float int_to_f32(int v) {
-    return __int_as_float(0x4B400000 + v) - 12582912.0f;
-}
+// its mantissa, and subtracting 1.5 * 2^23 leaves v exactly. An integer sum that starts from
+// INT_BIAS (an mma's accumulator) is already biased: biased_to_f32 takes it.
+#define INT_BIAS 0x4B400000
+__device__ __forceinline__ float biased_to_f32(int biased) { return __int_as_float(biased) - 12582912.0f; }
+__device__ __forceinline__ float int_to_f32(int v) { return biased_to_f32(INT_BIAS + v); }
 
 // 1 / x correctly rounded, the bits of __frcp_rn (and so of the CPU's 1.0 / x, but for a
 // NaN's payload), in three dependent instructions where the result is normal: the hardware's

@@ -2,28 +2,40 @@
 // 32-value blocks with 4-bit quants (q4_0, q4_1), with the bits of matvec.cu's one-row
 // kernel on every row, whatever the batch.
 //
-// Why the bits agree: the one-row kernel (matvec.cu, Planar) gives lane t of a half-warp the
-// blocks t, t + 16, t + 32, ... of each K chunk and adds, block by block, (d_w * d_x) * dot
-// (+ m_w * s_x for q4_1) into one f32 accumulator with fmaf; the dot of a block's weight
-// quants with its 8-bit activation quants is an exact integer. Here an integer mma
-// (m16n8k32, s8 x s8 -> s32) computes that same integer for 16 weight rows x 8 activation
-// rows of one block at once, exactly (the order of an integer sum does not matter), and each
-// thread runs, for each of its four outputs, the sixteen per-lane chains of the one-row
-// kernel (chain v: the blocks whose index in the chunk is v mod 16, in increasing order, with
-// the same fmaf expressions), four chains side by side, combining them as the half-warp
-// butterfly (offsets 8, 4, 2, 1) does; the chunk tree ((c0 + c1) + (c2 + c3)) + ... then runs
-// over the chunk values in the one-row kernel's order. The activation quants are the one-row
-// kernel's too: quantize_rows_q8 (matvec.cu) makes them with the same quantize_x<32>.
+// Why the bits agree: the one-row kernel (matvec.cu, Planar) gives lane v of a half-warp the
+// blocks v, v + 16, v + 32, ... of each K chunk and adds, block by block, (d_w * d_x) * dot
+// (+ m_w * s_x for q4_1) into one f32 accumulator with fmaf (a lane's chain); the half-warp
+// butterfly (offsets 8, 4, 2, 1) then sums the sixteen chains, which is the fixed tree
+// (((c0 + c8) + (c4 + c12)) + ((c2 + c10) + (c6 + c14))) + (((c1 + c9) + (c5 + c13)) +
+// ((c3 + c11) + (c7 + c15))), and the chunk values meet in the balanced tree
+// ((k0 + k1) + (k2 + k3)) + .... The dot of a block's weight quants with its 8-bit activation
+// quants is an exact integer. Here an integer mma (m16n8k32, s8 x s8 -> s32) computes that same
+// integer for 16 weight rows x 8 activation rows of one block at once, exactly (the order of
+// an integer sum does not matter), and each thread runs, for each of its outputs, the chains
+// with the same fmaf expressions in the same order and sums them in the same trees. The
+// activation quants are the one-row kernel's too: quantize_rows_q8 (matvec.cu) makes them with
+// the same quantize_x<32>.
 //
-// Layout: a block takes one item of 16 weight rows and up to `tiles` tiles of 8 activation
-// rows; its warps take the (weight, tile, chunk) pieces of work in turn, a piece being one
-// chunk of K for the item's 16 rows x the tile's 8 rows (one mma per 32-value block), and
-// leave each output's chunk value in shared memory; after a barrier the block's threads
-// combine the chunk values of each output in the tree and store it. The grid's x walks the
-// items of the job's weights (q, k, v in one launch), its y the batch in groups of tiles.
+// The order of work: the chains of a chunk fall into four groups of two neighbouring pairs,
+// {v, v + 1, v + 8, v + 9} for v = 0, 4, 2, 6, and K is walked chunk by chunk, group by group,
+// and within a group in steps of 16 blocks, each step bringing one block to each of the
+// group's four chains. A group ends with two values, (c_v + c_v+8) on the even side of the tree
+// and (c_v+1 + c_v+9) on the odd side, and the groups in that order build both sides. So a
+// thread keeps four chain accumulators per output, four pending side values and the chunk
+// tree's stack; every step's blocks (two pairs of neighbours per weight row and per activation
+// row, so every 32-byte sector read is read whole) are copied to shared memory with cp.async,
+// MMA_STAGES - 1 steps ahead, and the blocks of a step past its chunk's end as zeros.
+//
+// Layout: a block of 8 warps, WM x WN, takes a tile of 16 WM weight rows (an item: 16 WM rows
+// of one weight, or for SwiGLU 8 WM rows of gate and the same rows of up) and 8 NT WN
+// activation rows; warp (m, n) computes weight rows 16 m .. of the tile against its NT tiles of
+// 8 activation rows. The grid's x walks the batch in tiles (neighbours share the item's weight
+// bytes in L2), its y the items of the job's weights (q, k, v in one launch).
 #include "common.cuh"
 
 #define MMA_MAX_SEGS 3  // the fields of MmaJob; must match MMA_MAX_SEGS in matvec_mma.rs
+#define MMA_THREADS 256 // must match MMA_THREADS in matvec_mma.rs
+#define MMA_GROUP 4     // blocks of a step per part of K: one per chain of a group
 
 struct MmaJob {
     const u8 *w0, *w1, *w2;
@@ -40,18 +52,17 @@ struct MmaJob {
     // with one segment: y0 = residual + W x (y0 may be residual)
     const float* residual;
     int batch;
-    // activation tiles of 8 rows per block (grid y: the batch in groups of `tiles`)
-    int tiles;
 };
 
 __device__ __forceinline__ const u8* mma_w(const MmaJob& j, int s) { return s == 0 ? j.w0 : s == 1 ? j.w1 : j.w2; }
 __device__ __forceinline__ float* mma_y(const MmaJob& j, int s) { return s == 0 ? j.y0 : s == 1 ? j.y1 : j.y2; }
 __device__ __forceinline__ int mma_rows(const MmaJob& j, int s) { return s == 0 ? j.rows0 : s == 1 ? j.rows1 : j.rows2; }
 
-__device__ __forceinline__ void mma_s8(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// d = c + a b for every output, d's integers plain (c = 0) or biased (c = INT_BIAS).
+__device__ __forceinline__ void mma_s8(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, int c) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c));
 }
 
 // Adds chunk `c`'s value into the pending subtrees of chunk_tree's balanced tree (stack[l]
@@ -69,157 +80,271 @@ __device__ __forceinline__ float tree_push(float* stack, int c, float x) {
     return x;
 }
 
-// What one 32-value block brings to a thread: the weight quants of its two rows (4 bytes
-// each: values 4t.. in the low nibbles, 16 + 4t.. in the high), the activation quants of its
-// mma row, the scales of its two weight rows and of its two output activation rows.
-struct Block {
-    u32 w0, w1, b0, b1, sc0, sc1;
-    float2 x0, x1;
+// Slot i of a step holds block v + OFF(i) of the step's 16 (chain v + OFF(i)); group gi's v.
+__device__ __forceinline__ int slot_offset(int i) { return (0x9810 >> (4 * i)) & 0xf; }
+__device__ __forceinline__ int group_first(int gi) { return (0x6240 >> (4 * gi)) & 0xf; }
+
+// The position of a step in the walk: chunk c, group gi, step s of the chunk's ks.
+struct Walk {
+    int c = 0, gi = 0, s = 0;
+    __device__ __forceinline__ void advance(int ks) {
+        if (++s < ks) return;
+        s = 0;
+        if (++gi < 4) return;
+        gi = 0;
+        ++c;
+    }
+    // the chunk-relative index of the step's first block
+    __device__ __forceinline__ int rel() const { return 16 * s + group_first(gi); }
 };
 
-// The addresses of one piece for this thread.
-struct Piece {
-    const u8 *q0, *q1, *s0, *s1;
-    const i8* xb;
-    const float2 *xs0, *xs1;
+// Shared bytes of one step, as matvec_mma.rs's `Tile::stage_bytes` computes them: per weight
+// row the quants of each part's 4 blocks (16 bytes of padding after them keep a warp's reads
+// off shared bank conflicts), then their scales; per activation row the quants (padded too),
+// then the (d, d * sum) pairs.
+template <int KW>
+struct StageLayout {
+    static constexpr int WQ = KW * MMA_GROUP * 16 + 16, WS = KW * MMA_GROUP * 4;
+    static constexpr int XQ = KW * MMA_GROUP * 32 + 16, XS = KW * MMA_GROUP * 8 + 8;
 };
 
-template <bool MIN>
-__device__ __forceinline__ Block load_block(const Piece& pc, int p) {
-    constexpr int S = MIN ? 4 : 2;
-    Block b;
-    b.w0 = *(const u32*)(pc.q0 + (size_t)p * 16);
-    b.w1 = *(const u32*)(pc.q1 + (size_t)p * 16);
-    b.b0 = *(const u32*)(pc.xb + 32 * p);
-    b.b1 = *(const u32*)(pc.xb + 32 * p + 16);
-    b.sc0 = MIN ? *(const u32*)(pc.s0 + S * p) : (u32)ld_u16(pc.s0 + S * p);
-    b.sc1 = MIN ? *(const u32*)(pc.s1 + S * p) : (u32)ld_u16(pc.s1 + S * p);
-    b.x0 = pc.xs0[p];
-    b.x1 = pc.xs1[p];
-    return b;
-}
-
-// The block's mma, then its terms added into the four outputs' accumulators of lane v, with
-// the one-row kernel's expressions (PQ4::piece in matvec.cu).
-template <bool MIN>
-__device__ __forceinline__ void add_block(const Block& b, float* a0, float* a1, float* a2, float* a3) {
-    u32 q0 = b.w0 & NIB, q1 = b.w1 & NIB, q2 = (b.w0 >> 4) & NIB, q3 = (b.w1 >> 4) & NIB;
-    if (!MIN) {
-        // q4_0's quants carry an offset of 8: the mma takes q - 8 itself
-        q0 = __vsub4(q0, 0x08080808u), q1 = __vsub4(q1, 0x08080808u);
-        q2 = __vsub4(q2, 0x08080808u), q3 = __vsub4(q3, 0x08080808u);
-    }
-    int d[4] = {0, 0, 0, 0};
-    mma_s8(d, q0, q1, q2, q3, b.b0, b.b1);
-    float* acc[4] = {a0, a1, a2, a3};
-    const u32 sc[4] = {b.sc0, b.sc0, b.sc1, b.sc1};
-    const float2 xs[4] = {b.x0, b.x1, b.x0, b.x1};
-#pragma unroll
-    for (int o = 0; o < 4; ++o) {
-        float a = fmaf(f16_to_f32((u16)(sc[o] & 0xffff)) * xs[o].x, int_to_f32(d[o]), *acc[o]);
-        if (MIN) a = fmaf(f16_to_f32((u16)(sc[o] >> 16)), xs[o].y, a);
-        *acc[o] = a;
-    }
-}
-
-// One piece: chunk `c` of weight `w` (planar q4: quants, then (d, m) or d per block) for the
-// item's rows r0 .. r0 + 15 and the tile's activation rows n0 .. n0 + 7; out[o] is the chunk
-// value of this thread's output o (o = 0, 1: weight row r0 + g, activation rows n0 + 2t,
-// n0 + 2t + 1; o = 2, 3: weight row r0 + g + 8).
-template <bool MIN>
-__device__ __forceinline__ void piece_q4(const MmaJob& j, const u8* w, int seg_rows, int r0, int n0, int c, float* out) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int nb = j.cols / 32, bpc = nb / j.chunks;
-    const size_t rb = (size_t)nb * 16, xstride = (size_t)j.cols + j.cols / 4;
-    constexpr int S = MIN ? 4 : 2;
-    const int wr0 = min(r0 + g, seg_rows - 1), wr1 = min(r0 + g + 8, seg_rows - 1);
-    const i8* xr0 = j.xq + (size_t)min(n0 + 2 * t, j.batch - 1) * xstride;
-    const i8* xr1 = j.xq + (size_t)min(n0 + 2 * t + 1, j.batch - 1) * xstride;
-    const Piece pc = {
-        w + (size_t)wr0 * rb + 4 * t,
-        w + (size_t)wr1 * rb + 4 * t,
-        w + (size_t)seg_rows * rb + (size_t)wr0 * nb * S,
-        w + (size_t)seg_rows * rb + (size_t)wr1 * nb * S,
-        j.xq + (size_t)min(n0 + g, j.batch - 1) * xstride + 4 * t,
-        (const float2*)(xr0 + j.cols),
-        (const float2*)(xr1 + j.cols),
-    };
-    // the half-warp butterfly's first two levels, lane by lane: b[o][i] = (lane i + lane i + 8)
-    // + (lane i + 4 + lane i + 12) of output o, the four lanes' chains run side by side (lane
-    // v's chain: the chunk's blocks v, v + 16, v + 32, ... in order)
-    const int first = c * bpc, end = first + bpc;
-    float b[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        constexpr int LANE[4] = {0, 8, 4, 12};
-        float acc[4][4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-#pragma unroll
-            for (int o = 0; o < 4; ++o) acc[q][o] = 0.f;
-        for (int p = first + i; p < end; p += 16) {
-            Block blk[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                if (p + LANE[q] < end) blk[q] = load_block<MIN>(pc, p + LANE[q]);
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                if (p + LANE[q] < end) add_block<MIN>(blk[q], &acc[q][0], &acc[q][1], &acc[q][2], &acc[q][3]);
-        }
-#pragma unroll
-        for (int o = 0; o < 4; ++o) b[o][i] = (acc[0][o] + acc[1][o]) + (acc[2][o] + acc[3][o]);
-    }
-#pragma unroll
-    for (int o = 0; o < 4; ++o) out[o] = (b[o][0] + b[o][2]) + (b[o][1] + b[o][3]);
-}
-
-// Chunk values of a piece: 4 per thread, at [(half * tiles + tile) * chunks + chunk][lane * 4 + o].
-#define MMA_PIECE_VALUES 128
-
-template <bool MIN>
+// A block of 8 warps, WM x WN x KW: warp (m, n, kz) computes weight rows 16 m .. 16 m + 15 of
+// the tile against its NT tiles of 8 activation rows, over part kz of the K chunks (chunks /
+// KW consecutive ones: a subtree of the chunk tree); the parts' subtrees meet in shared memory
+// at the end. STAGES steps are in flight.
+template <bool MIN, int NT, int WN, int KW, int STAGES>
 __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
-    extern __shared__ float part[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int halves = j.swiglu ? 2 : 1;
-    const int n_first = blockIdx.y * j.tiles * 8;
-    const int tiles = min(j.tiles, (j.batch - n_first + 7) / 8);
+    constexpr int WM = 8 / (WN * KW), BM = 16 * WM, BN = 8 * NT * WN;
+    using L = StageLayout<KW>;
+    constexpr int WS_AT = BM * L::WQ, XQ_AT = WS_AT + BM * L::WS, XS_AT = XQ_AT + BN * L::XQ;
+    constexpr int STAGE = XS_AT + BN * L::XS;
+    // each thread's copies per step: weight pieces (a block's quants and scale) of the same
+    // part and slot in rows tid / (4 KW) + 64 / KW k; activation quant halves and scale pairs
+    constexpr int WCOPIES = BM * KW * MMA_GROUP / MMA_THREADS;
+    constexpr int XQ_PIECES = BN * KW * MMA_GROUP * 2, XS_PIECES = BN * KW * MMA_GROUP;
+    constexpr int XCOPIES = (XQ_PIECES + MMA_THREADS - 1) / MMA_THREADS;
+    constexpr int S = MIN ? 4 : 2;
+    extern __shared__ __align__(16) u8 smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wm_i = warp % WM, wn_i = (warp / WM) % WN, kz = warp / (WM * WN);
+    const int nb = j.cols / 32, bpc = nb / j.chunks, ks = (bpc + 15) / 16, parts = j.chunks / KW;
+    const int item_rows = j.swiglu ? BM / 2 : BM;
     // the item's segment and first row
-    int s = 0, r0 = blockIdx.x * 16;
-    for (; s + 1 < j.segs && !j.swiglu; ++s) {
-        const int n = (mma_rows(j, s) + 15) / 16 * 16;
+    int seg = 0, r0 = blockIdx.y * item_rows;
+    for (; seg + 1 < j.segs && !j.swiglu; ++seg) {
+        const int n = (mma_rows(j, seg) + BM - 1) / BM * BM;
         if (r0 < n) break;
         r0 -= n;
     }
-    const int seg_rows = mma_rows(j, s);
-    overlap_with_neighbours();
-    for (int work = warp; work < halves * tiles * j.chunks; work += warps) {
-        const int ht = work / j.chunks, c = work - ht * j.chunks;
-        const int h = ht / tiles, tile = ht - h * tiles;
-        float out[4];
-        piece_q4<MIN>(j, mma_w(j, s + h), seg_rows, r0, n_first + 8 * tile, c, out);
-        float* at = part + (size_t)work * MMA_PIECE_VALUES + lane * 4;
+    const int seg_rows = mma_rows(j, seg), n_first = blockIdx.x * BN;
+    const size_t wrow = (size_t)nb * 16, xstride = (size_t)j.cols + j.cols / 4;
+
+    const int wi = tid & 3, wkz = (tid >> 2) % KW, wo = slot_offset(wi);
+    const u8 *wq_src[WCOPIES], *ws_src[WCOPIES];
 #pragma unroll
-        for (int o = 0; o < 4; ++o) at[o] = out[o];
+    for (int k = 0; k < WCOPIES; ++k) {
+        const int r = (tid + MMA_THREADS * k) / (MMA_GROUP * KW), half = j.swiglu && r >= BM / 2 ? 1 : 0;
+        const u8* w = mma_w(j, seg + half);
+        const int row = min(r0 + r - half * (BM / 2), seg_rows - 1);
+        wq_src[k] = w + (size_t)row * wrow;
+        ws_src[k] = w + (size_t)seg_rows * wrow + (size_t)row * nb * S;
     }
+    const int xi = (tid >> 1) & 3, xh = tid & 1, xkz = (tid >> 3) % KW, xo = slot_offset(xi);
+    const i8* xq_src[XCOPIES];
+#pragma unroll
+    for (int k = 0; k < XCOPIES; ++k) {
+        const int r = (tid + MMA_THREADS * k) / (8 * KW);
+        xq_src[k] = j.xq + (size_t)min(n_first + r, j.batch - 1) * xstride + 16 * xh;
+    }
+    const int sr = tid / (4 * KW);
+    const i8* xs_src = j.xq + (size_t)min(n_first + sr, j.batch - 1) * xstride + j.cols;
+    auto issue = [&](int buf, const Walk& w) {
+        u8* st = smem + buf * STAGE;
+        const int rel = w.rel();
+        const bool w_in = rel + wo < bpc;
+        const int wblk = (wkz * parts + w.c) * bpc + rel + wo;
+#pragma unroll
+        for (int k = 0; k < WCOPIES; ++k) {
+            const int r = (tid + MMA_THREADS * k) / (MMA_GROUP * KW);
+            cp_async16(st + r * L::WQ + 64 * wkz + 16 * wi, wq_src[k] + (size_t)wblk * 16, w_in);
+            // q4_0's 2-byte scale: the aligned word holding it (compute picks the half)
+            const u8* sc = ws_src[k] + (size_t)wblk * S;
+            cp_async4(st + WS_AT + r * L::WS + 16 * wkz + 4 * wi, (const u8*)((size_t)sc & ~(size_t)3), w_in);
+        }
+        const int xblk = (xkz * parts + w.c) * bpc + rel + xo;
+#pragma unroll
+        for (int k = 0; k < XCOPIES; ++k) {
+            const int e = tid + MMA_THREADS * k, r = e / (8 * KW);
+            if (e < XQ_PIECES)
+                cp_async16(st + XQ_AT + r * L::XQ + 128 * xkz + 32 * xi + 16 * xh, xq_src[k] + (size_t)xblk * 32, rel + xo < bpc);
+        }
+        if (tid < XS_PIECES)
+            cp_async8(st + XS_AT + sr * L::XS + 32 * wkz + 8 * wi, xs_src + (size_t)wblk * 8, w_in);
+    };
+
+    const int steps = parts * 4 * ks;
+    overlap_with_neighbours();
+    Walk ahead;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < steps) issue(st, ahead);
+        ahead.advance(ks);
+        cp_async_commit();
+    }
+    // the sides of the chunk tree: [side][output][thread] past the steps' buffers
+    float* sides = (float*)(smem + STAGES * STAGE);
+    constexpr int SIDE = NT * 4 * MMA_THREADS;
+    float acc[MMA_GROUP][NT][4], stack[NT][4][5];
+#pragma unroll
+    for (int i = 0; i < MMA_GROUP; ++i)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int o = 0; o < 4; ++o) acc[i][n][o] = 0.f;
+    const int ra = 16 * wm_i + g;
+    Walk at;
+    int buf = 0, ahead_buf = STAGES - 1;
+    for (int st = 0; st < steps; ++st) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (st + STAGES - 1 < steps) issue(ahead_buf, ahead);
+        ahead.advance(ks);
+        ahead_buf = ahead_buf == STAGES - 1 ? 0 : ahead_buf + 1;
+        cp_async_commit();
+        const u8* sg = smem + buf * STAGE;
+        buf = buf == STAGES - 1 ? 0 : buf + 1;
+        // a slot past the chunk's end was copied as zeros: its terms are fmaf(0, 0, acc) = acc
+        // exactly (an accumulator that starts at +0 never holds -0), as if it were skipped
+        const int c = kz * parts + at.c, odd = (c * bpc) & 1;
+#pragma unroll
+        for (int i = 0; i < MMA_GROUP; ++i) {
+            const u8* wq = sg + 64 * kz + 16 * i + 4 * t;
+            const u32 w0 = *(const u32*)(wq + ra * L::WQ), w1 = *(const u32*)(wq + (ra + 8) * L::WQ);
+            const u8* ws = sg + WS_AT + 16 * kz + 4 * i;
+            const u32 s0 = *(const u32*)(ws + ra * L::WS), s1 = *(const u32*)(ws + (ra + 8) * L::WS);
+            u32 a0 = w0 & NIB, a1 = w1 & NIB, a2 = (w0 >> 4) & NIB, a3 = (w1 >> 4) & NIB;
+            float d0, d1, m0 = 0.f, m1 = 0.f;
+            if (MIN) {
+                d0 = f16_to_f32((u16)(s0 & 0xffff)), m0 = f16_to_f32((u16)(s0 >> 16));
+                d1 = f16_to_f32((u16)(s1 & 0xffff)), m1 = f16_to_f32((u16)(s1 >> 16));
+            } else {
+                // q4_0's quants carry an offset of 8: the mma takes q - 8 itself; an odd block's
+                // scale is the high half of its word
+                a0 = __vsub4(a0, 0x08080808u), a1 = __vsub4(a1, 0x08080808u);
+                a2 = __vsub4(a2, 0x08080808u), a3 = __vsub4(a3, 0x08080808u);
+                const int sh = ((odd + slot_offset(i)) & 1) ? 16 : 0;
+                d0 = f16_to_f32((u16)(s0 >> sh)), d1 = f16_to_f32((u16)(s1 >> sh));
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const int nr = (wn_i * NT + n) * 8;
+                const u8* xb = sg + XQ_AT + (nr + g) * L::XQ + 128 * kz + 32 * i + 4 * t;
+                const u8* xs = sg + XS_AT + 32 * kz + 8 * i;
+                const float2 x0 = *(const float2*)(xs + (nr + 2 * t) * L::XS);
+                const float2 x1 = *(const float2*)(xs + (nr + 2 * t + 1) * L::XS);
+                // the mma adds the dots to int_to_f32's bias, so each float is one subtraction
+                int d[4];
+                mma_s8(d, a0, a1, a2, a3, *(const u32*)xb, *(const u32*)(xb + 16), INT_BIAS);
+                float* a = acc[i][n];
+                a[0] = fmaf(d0 * x0.x, biased_to_f32(d[0]), a[0]);
+                a[1] = fmaf(d0 * x1.x, biased_to_f32(d[1]), a[1]);
+                a[2] = fmaf(d1 * x0.x, biased_to_f32(d[2]), a[2]);
+                a[3] = fmaf(d1 * x1.x, biased_to_f32(d[3]), a[3]);
+                if (MIN) {
+                    a[0] = fmaf(m0, x0.y, a[0]);
+                    a[1] = fmaf(m0, x1.y, a[1]);
+                    a[2] = fmaf(m1, x0.y, a[2]);
+                    a[3] = fmaf(m1, x1.y, a[3]);
+                }
+            }
+        }
+        if (at.s == ks - 1) {
+            // the group's chains are done: (c_v + c_v+8) and (c_v+1 + c_v+9) join their sides
+            // of the chunk's tree (kept in shared memory, which few steps touch); after the
+            // last group the chunk joins the part's subtree of the chunk tree
+            const int gi = at.gi;
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int o = 0; o < 4; ++o) {
+                    const float pe = acc[0][n][o] + acc[2][n][o], po = acc[1][n][o] + acc[3][n][o];
+#pragma unroll
+                    for (int i = 0; i < MMA_GROUP; ++i) acc[i][n][o] = 0.f;
+                    float* side = sides + (n * 4 + o) * MMA_THREADS + tid;
+                    if (gi == 0) side[0] = pe, side[SIDE] = po;
+                    else if (gi == 1) side[0] = side[0] + pe, side[SIDE] = side[SIDE] + po;
+                    else if (gi == 2) side[2 * SIDE] = pe, side[3 * SIDE] = po;
+                    else {
+                        const float even = side[0] + (side[2 * SIDE] + pe), odd_side = side[SIDE] + (side[3 * SIDE] + po);
+                        side[0] = tree_push(stack[n][o], at.c, even + odd_side);
+                    }
+                }
+        }
+        at.advance(ks);
+    }
+    cp_async_wait<0>();
     __syncthreads();
-    float* y = mma_y(j, s);
-    for (int e = threadIdx.x; e < tiles * MMA_PIECE_VALUES; e += blockDim.x) {
-        const int tile = e / MMA_PIECE_VALUES, v = e - tile * MMA_PIECE_VALUES;
-        const int l = v >> 2, o = v & 3;
-        const int row = r0 + (l >> 2) + 8 * (o >> 1), b = n_first + 8 * tile + 2 * (l & 3) + (o & 1);
-        float total[2];
-        for (int h = 0; h < halves; ++h) {
-            float stack[5];
-            const float* at = part + (size_t)(h * tiles + tile) * j.chunks * MMA_PIECE_VALUES + v;
-            for (int c = 0; c < j.chunks; ++c) total[h] = tree_push(stack, c, at[(size_t)c * MMA_PIECE_VALUES]);
+    // the parts' subtrees, in a balanced tree over the parts (in the warps of part 0)
+    float total[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int o = 0; o < 4; ++o) {
+            const int at_out = (n * 4 + o) * MMA_THREADS + warp % (WM * WN) * 32 + lane;
+            const int part_stride = WM * WN * 32;
+            if (KW == 1) total[n][o] = sides[at_out];
+            else {
+                float v[KW];
+#pragma unroll
+                for (int p = 0; p < KW; ++p) v[p] = sides[at_out + p * part_stride];
+#pragma unroll
+                for (int w = 1; w < KW; w *= 2)
+#pragma unroll
+                    for (int p = 0; p < KW; p += 2 * w) v[p] = v[p] + v[p + w];
+                total[n][o] = v[0];
+            }
         }
-        if (row < seg_rows && b < j.batch) {
-            const size_t i = (size_t)b * seg_rows + row;
-            if (j.swiglu) y[i] = swiglu_limited(total[0], total[1], j.limit);
-            else y[i] = j.residual ? j.residual[i] + total[0] : total[0];
-        }
+    if (kz > 0) return;
+    // SwiGLU: the up warps leave their values in shared memory for the gate warps
+    float* up = (float*)smem;
+    constexpr int GATE_WARPS = WM / 2;
+    if (j.swiglu && wm_i >= GATE_WARPS) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int o = 0; o < 4; ++o) {
+                const int row = ra - 16 * GATE_WARPS + 8 * (o >> 1), col = (wn_i * NT + n) * 8 + 2 * t + (o & 1);
+                up[row * BN + col] = total[n][o];
+            }
     }
+    if (j.swiglu) {
+        // only the warps of part 0 meet here
+        asm volatile("bar.sync 1, %0;" ::"r"(WM * WN * 32));
+        if (wm_i >= GATE_WARPS) return;
+    }
+    float* y = mma_y(j, seg);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int o = 0; o < 4; ++o) {
+            const int rl = ra + 8 * (o >> 1), col = (wn_i * NT + n) * 8 + 2 * t + (o & 1);
+            const int row = r0 + rl, b = n_first + col;
+            if (row >= seg_rows || b >= j.batch) continue;
+            const size_t i = (size_t)b * seg_rows + row;
+            if (j.swiglu) y[i] = swiglu_limited(total[n][o], up[rl * BN + col], j.limit);
+            else y[i] = j.residual ? j.residual[i] + total[n][o] : total[n][o];
+        }
 }
 
-extern "C" __global__ void __launch_bounds__(256) matvec_mma_q4_0(const MmaJob job) { matvec_mma_run<false>(job); }
-extern "C" __global__ void __launch_bounds__(256) matvec_mma_q4_1(const MmaJob job) { matvec_mma_run<true>(job); }
+// The tiles (must match matvec_mma.rs's TILES): over more than 16 activation rows 64 weight
+// rows x 32 activation rows, or 32 x 32 with K in two parts where the launch has few tiles;
+// over 9 to 16 rows 32 x 16, K in four parts; up to 8 rows 32 x 8, K in four parts.
+#define MMA_KERNEL(NAME, MIN, NT, WN, KW, STAGES) \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) NAME(const MmaJob job) { matvec_mma_run<MIN, NT, WN, KW, STAGES>(job); }
+#define MMA_KERNELS(DT, MIN)                              \
+    MMA_KERNEL(matvec_mma_##DT, MIN, 2, 2, 1, 4)          \
+    MMA_KERNEL(matvec_mma_k2_##DT, MIN, 2, 2, 2, 4)       \
+    MMA_KERNEL(matvec_mma16_##DT, MIN, 2, 1, 4, 3)        \
+    MMA_KERNEL(matvec_mma8_##DT, MIN, 1, 1, 4, 4)
+MMA_KERNELS(q4_0, false)
+MMA_KERNELS(q4_1, true)

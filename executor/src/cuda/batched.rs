@@ -230,7 +230,7 @@ fn batch_product(
     let cols = ws[0].cols;
     let rows = x.len() / cols;
     match xq {
-        Some(xq) if rows >= MMA_MIN_ROWS && has_mma(ws[0].dtype) => {
+        Some(xq) if rows >= MMA_MIN_ROWS && has_mma(ws[0].dtype, cols) => {
             dev.quantize_rows(s, x, cols, xq)?;
             dev.matvec_mma(s, ws, xq, rows, chunks, ys, epilogue)
         }

@@ -57,7 +57,19 @@ pub const FILES: &[KernelFile] = &[
             "quantize_rows_q8",
         ]
     ),
-    kernel_file!("matvec_mma.cu", ["matvec_mma_q4_0", "matvec_mma_q4_1"]),
+    kernel_file!(
+        "matvec_mma.cu",
+        [
+            "matvec_mma_q4_0",
+            "matvec_mma_k2_q4_0",
+            "matvec_mma16_q4_0",
+            "matvec_mma8_q4_0",
+            "matvec_mma_q4_1",
+            "matvec_mma_k2_q4_1",
+            "matvec_mma16_q4_1",
+            "matvec_mma8_q4_1"
+        ]
+    ),
     kernel_file!("synth.cu", ["synth_blocks"]),
     kernel_file!("norm.cu", ["rms_norm_f32"]),
     kernel_file!(

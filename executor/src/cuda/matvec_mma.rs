@@ -17,25 +17,76 @@ use super::span::Span;
 
 /// Most weights one launch takes (MMA_MAX_SEGS in kernels/matvec_mma.cu).
 const MMA_MAX_SEGS: usize = 3;
-/// Weight rows and activation rows of one warp's mma tile.
-const MMA_WEIGHT_ROWS: usize = 16;
-const MMA_ACT_ROWS: usize = 8;
-/// Threads of a block (the kernels' `__launch_bounds__`).
-const MMA_THREADS: u32 = 256;
-/// Most activation tiles of one block, and the shared memory their chunk values may take.
-const MMA_MAX_TILES: usize = 8;
-const MMA_MAX_SHARED: usize = 64 << 10;
-/// Shared bytes of one piece's chunk values (MMA_PIECE_VALUES floats).
-const MMA_PIECE_BYTES: usize = 128 * 4;
+/// Threads of a block (MMA_THREADS in kernels/matvec_mma.cu).
+const MMA_THREADS: usize = 256;
+
+/// A block's tile of a launch (the kernel variants at the end of kernels/matvec_mma.cu): weight
+/// rows x activation rows, activation tiles of 8 rows per warp, parts of K (a warp's chunks)
+/// and steps in flight.
+struct Tile {
+    kernel: &'static str,
+    weight_rows: usize,
+    act_rows: usize,
+    warp_tiles: usize,
+    parts: usize,
+    stages: usize,
+}
+
+impl Tile {
+    /// Shared bytes of a launch: the steps' buffers (`StageLayout` in the kernels), then the
+    /// sides of every thread's chunk trees (4 floats per output).
+    fn shared_bytes(&self) -> usize {
+        let k = self.parts;
+        let stage =
+            self.weight_rows * (k * 64 + 16 + k * 16) + self.act_rows * (k * 128 + 16 + k * 32 + 8);
+        self.stages * stage + 4 * self.warp_tiles * 4 * MMA_THREADS * 4
+    }
+}
+
+const TILE_WIDE: Tile = Tile {
+    kernel: "matvec_mma",
+    weight_rows: 64,
+    act_rows: 32,
+    warp_tiles: 2,
+    parts: 1,
+    stages: 4,
+};
+const TILE_WIDE_SPLIT: Tile = Tile {
+    kernel: "matvec_mma_k2",
+    weight_rows: 32,
+    act_rows: 32,
+    warp_tiles: 2,
+    parts: 2,
+    stages: 4,
+};
+const TILE_16: Tile = Tile {
+    kernel: "matvec_mma16",
+    weight_rows: 32,
+    act_rows: 16,
+    warp_tiles: 2,
+    parts: 4,
+    stages: 3,
+};
+const TILE_8: Tile = Tile {
+    kernel: "matvec_mma8",
+    weight_rows: 32,
+    act_rows: 8,
+    warp_tiles: 1,
+    parts: 4,
+    stages: 4,
+};
+
 /// Threads of quantize_rows_q8 (MATVEC_THREADS in kernels/matvec.cu).
 const QUANTIZE_THREADS: u32 = 512;
 
 /// Activation rows from which a batched step's products run on tensor cores.
 pub const MMA_MIN_ROWS: usize = 2;
 
-/// Whether the tensor-core products take weights of `dtype`.
-pub fn has_mma(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1)
+/// Whether the tensor-core products take weights of `dtype` with `cols` columns: 4-bit
+/// blocks, an even number of them per row (so every row of quants, activation quants and
+/// q4_0 scales starts on the alignment of the kernel's copies).
+pub fn has_mma(dtype: GgmlType, cols: usize) -> bool {
+    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1) && cols.is_multiple_of(64)
 }
 
 /// Bytes of the 8-bit copy of `rows` activation rows of `cols` values: per row the quants,
@@ -59,7 +110,6 @@ struct MmaJob {
     xq: u64,
     residual: u64,
     batch: i32,
-    tiles: i32,
 }
 
 // SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
@@ -115,8 +165,8 @@ impl CudaDevice {
                 && ys.len() == ws.len()
                 && ws
                     .iter()
-                    .all(|w| w.dtype == w0.dtype && w.cols == w0.cols && has_mma(w.dtype)),
-            "matvec_mma: 1 to {MMA_MAX_SEGS} q4_0 or q4_1 weights of one dtype and K, one output each"
+                    .all(|w| w.dtype == w0.dtype && w.cols == w0.cols && has_mma(w.dtype, w.cols)),
+            "matvec_mma: 1 to {MMA_MAX_SEGS} q4_0 or q4_1 weights of one dtype and K (a multiple of 64), one output each"
         );
         assert!(
             chunks.is_power_of_two() && chunks <= MAX_CHUNKS && w0.cols.is_multiple_of(chunks * 32),
@@ -156,37 +206,41 @@ impl CudaDevice {
                 _ => 0,
             },
             batch: int(batch),
-            tiles: 0,
         };
         for (i, (w, &(y, _))) in ws.iter().zip(ys).enumerate() {
             job.w[i] = ptr(stream, &w.data);
             job.y[i] = y;
             job.rows[i] = int(w.rows);
         }
-        let items: usize = if swiglu {
-            w0.rows.div_ceil(MMA_WEIGHT_ROWS)
-        } else {
-            ws.iter().map(|w| w.rows.div_ceil(MMA_WEIGHT_ROWS)).sum()
+        let items = |tile: &Tile| -> usize {
+            if swiglu {
+                w0.rows.div_ceil(tile.weight_rows / 2)
+            } else {
+                ws.iter().map(|w| w.rows.div_ceil(tile.weight_rows)).sum()
+            }
         };
-        // a block's pieces (weight, tile, chunk) leave their chunk values in shared memory
-        let halves = if swiglu { 2 } else { 1 };
-        let per_tile = halves * chunks * MMA_PIECE_BYTES;
-        let tiles = batch
-            .div_ceil(MMA_ACT_ROWS)
-            .min(MMA_MAX_TILES)
-            .min(MMA_MAX_SHARED / per_tile)
-            .max(1);
-        job.tiles = int(tiles);
-        let smem = tiles * per_tile;
+        // few activation rows: warps split K; many: the widest tile, unless its launch would
+        // leave SMs idle (two blocks fit one)
+        let tile = match batch {
+            0..=8 if chunks >= TILE_8.parts => &TILE_8,
+            0..=16 if chunks >= TILE_16.parts => &TILE_16,
+            _ if chunks >= TILE_WIDE_SPLIT.parts
+                && batch.div_ceil(TILE_WIDE.act_rows) * items(&TILE_WIDE) < 2 * self.sm_count() =>
+            {
+                &TILE_WIDE_SPLIT
+            }
+            _ => &TILE_WIDE,
+        };
+        let smem = tile.shared_bytes();
         let cfg = LaunchConfig {
-            grid_dim: (items as u32, batch.div_ceil(tiles * MMA_ACT_ROWS) as u32, 1),
-            block_dim: (MMA_THREADS, 1, 1),
+            grid_dim: (batch.div_ceil(tile.act_rows) as u32, items(tile) as u32, 1),
+            block_dim: (MMA_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let name = format!("matvec_mma_{}", w0.dtype.name());
+        let name = format!("{}_{}", tile.kernel, w0.dtype.name());
         if smem > PLAIN_DYNAMIC_SHARED {
             self.allow_dynamic_shared(&name, 0, smem)
-                .with_context(|| format!("{name} with {chunks} chunks"))?;
+                .with_context(|| format!("{name} over {batch} rows"))?;
         }
         self.launch(stream, &name, cfg, |a| {
             a.arg(&job);

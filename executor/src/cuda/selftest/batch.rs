@@ -16,7 +16,7 @@ use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for &dtype in DTYPES {
         // the last three give the tensor-core products (q4_0, q4_1) chunks of 32, 48 and 40
-        // blocks: whole and partial stripes of the sixteen lanes
+        // blocks: whole and partial steps of sixteen blocks
         for (batch, k, chunks) in [
             (2, 512, 2),
             (8, 256, 1),
@@ -28,9 +28,16 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         ] {
             matvec_rows(cx, dtype, batch, k, chunks)?;
         }
-        if has_mma(dtype) {
-            // 32 chunks of one block: the tensor-core kernel's most chunk values per tile
+        if has_mma(dtype, 1024) {
+            // 32 chunks of one block: the chunk tree's deepest stack
             matvec_rows(cx, dtype, 20, 1024, 32)?;
+            // chunks of 9 blocks (the second starting on an odd block: q4_0's scale words)
+            // and of 18 (a step of 16 blocks, then a partial one)
+            matvec_rows(cx, dtype, 9, 576, 2)?;
+            matvec_rows(cx, dtype, 17, 576, 1)?;
+            // K in four parts of chunks of 9 blocks, over 6 rows and over 12
+            matvec_rows(cx, dtype, 6, 1152, 4)?;
+            matvec_rows(cx, dtype, 12, 1152, 4)?;
         }
     }
     attention_slots(cx)?;
@@ -119,7 +126,7 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
             m,
         );
     }
-    if !has_mma(dtype) {
+    if !has_mma(dtype, k) {
         return Ok(());
     }
     // the same three forms on tensor cores, over the rows quantized once

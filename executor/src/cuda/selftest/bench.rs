@@ -99,24 +99,27 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
         let mut one = 0.0;
         for batch in BATCH_ROWS {
             let mut kernels = vec![(Products::Tiles, "tiles")];
-            if has_mma(dtype) && batch >= MMA_MIN_ROWS {
+            if SHAPES.iter().all(|&(_, cols, _)| has_mma(dtype, cols)) && batch >= MMA_MIN_ROWS {
                 kernels.push((Products::Mma, "mma"));
             }
             for (products, kernel) in kernels {
                 let mut step_us = 0.0;
+                let mut shapes = Vec::new();
                 for (rows, cols, per_token) in SHAPES {
                     let (us, _) = product_time(dev, s, rng, dtype, rows, cols, batch, products)?;
                     step_us += per_token as f64 * us;
+                    shapes.push(format!("{rows}x{cols} {us:.1}"));
                 }
                 if batch == 1 {
                     one = step_us;
                 }
                 println!(
-                    "{:<6} {batch:>4} {kernel:>6} {step_us:>9.0} {:>11.1} {:>9.0} {:>7.1}x",
+                    "{:<6} {batch:>4} {kernel:>6} {step_us:>9.0} {:>11.1} {:>9.0} {:>7.1}x   us per launch: {}",
                     dtype.name(),
                     step_us / batch as f64,
                     batch as f64 * 1e6 / step_us,
-                    one * batch as f64 / step_us
+                    one * batch as f64 / step_us,
+                    shapes.join(", ")
                 );
             }
         }
