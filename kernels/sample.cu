@@ -1,6 +1,8 @@
 // memra kernels: sampling on the device; both kernels write the next token into a device
-// token buffer (the next step's embed reads it there). argmax_f32 picks the first index of the
-// largest logit and never a NaN, as the CPU backend's argmax does (0 if no value beats -inf).
+// token buffer (the next step's embed reads it there; a batched step's argmax of every logit
+// row, one block per row, goes back to the host instead of the logits). argmax_f32 picks the
+// first index of the largest logit and never a NaN, as the CPU backend's argmax does (0 if no
+// value beats -inf).
 // sample_f32 mirrors executor/src/sample.rs operation by operation (temperature, top-k, top-p,
 // the draw for (seed, step)) and must pick the same token: every f32 operation of the final
 // selection is an explicit round-to-nearest intrinsic, so nothing is fused or reordered.
@@ -13,8 +15,11 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+// Block b: the argmax of row b of x (n values) into token[b].
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const float* x, int n, u32* token) {
     overlap_with_neighbours();
+    x += (size_t)blockIdx.x * n;
+    token += blockIdx.x;
     __shared__ float sv[ARGMAX_THREADS / WARP];
     __shared__ int si[ARGMAX_THREADS / WARP];
     float best = -__int_as_float(0x7f800000);

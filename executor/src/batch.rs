@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use anyhow::{anyhow, bail, Result};
 use memra_compiler::plan::Plan;
 
-use crate::engine::{Arm, Decoder, Span, StepInput};
+use crate::engine::{Arm, Decoder, Readback, Span, StepInput};
 use crate::session::common_prefix;
 
 /// An engine decoding up to its plan's `runtime.max_sequences` sequences together.
@@ -31,6 +31,8 @@ pub struct Batch {
     window: usize,
     /// The spans of the steps in flight, oldest first.
     flying: VecDeque<Vec<Span>>,
+    /// What the steps bring back of each sequence's row.
+    readback: Readback,
     joins: u64,
     steps: u64,
 }
@@ -58,9 +60,11 @@ pub struct Stepped {
     /// Each sequence whose fed tokens are all decoded now, in slot order.
     pub done: Vec<Decoded>,
     /// The step's logits: a row of `vocab` values per sequence it carried, as the engine
-    /// returned them (kept whole, not copied per sequence).
+    /// returned them (kept whole, not copied per sequence); empty in a greedy batch.
     logits: Vec<f32>,
     vocab: usize,
+    /// A greedy batch's argmax of each row; else empty.
+    argmax: Vec<u32>,
 }
 
 /// A sequence a step decoded all its fed tokens of.
@@ -73,9 +77,20 @@ pub struct Decoded {
 }
 
 impl Stepped {
-    /// The logits after the last token fed to sequence `d`.
+    /// The logits after the last token fed to sequence `d`; empty in a greedy batch.
     pub fn logits(&self, d: &Decoded) -> &[f32] {
-        &self.logits[d.row * self.vocab..(d.row + 1) * self.vocab]
+        self.logits
+            .get(d.row * self.vocab..(d.row + 1) * self.vocab)
+            .unwrap_or_default()
+    }
+
+    /// The greedy token after the last token fed to sequence `d`: the argmax of its logits,
+    /// taken on the engine in a greedy batch.
+    pub fn argmax(&self, d: &Decoded) -> u32 {
+        match self.argmax.get(d.row) {
+            Some(&token) => token,
+            None => crate::sample::argmax(self.logits(d)),
+        }
     }
 }
 
@@ -90,8 +105,18 @@ impl Batch {
             max_rows,
             window: window.max(1),
             flying: VecDeque::new(),
+            readback: Readback::Logits,
             joins: 0,
             steps: 0,
+        }
+    }
+
+    /// The batch of greedy sequences: its steps bring back each sequence's argmax
+    /// (`Stepped::argmax`) and no logits, which stay where the engine computed them.
+    pub fn greedy(self) -> Batch {
+        Batch {
+            readback: Readback::Argmax,
+            ..self
         }
     }
 
@@ -166,7 +191,8 @@ impl Batch {
             let Some(spans) = self.next_spans() else {
                 break;
             };
-            self.engine.submit(StepInput::of(spans.clone()))?;
+            self.engine
+                .submit(StepInput::of(spans.clone()).reading(self.readback))?;
             for span in &spans {
                 let s = &mut self.slots[span.slot as usize];
                 s.pending.drain(..span.tokens.len());
@@ -179,10 +205,15 @@ impl Batch {
         };
         let out = self.engine.next_output()?;
         self.steps += 1;
-        if out.logits.is_empty() || out.logits.len() % spans.len() != 0 {
+        let complete = match self.readback {
+            Readback::Logits => !out.logits.is_empty() && out.logits.len() % spans.len() == 0,
+            Readback::Argmax => out.argmax.len() == spans.len(),
+        };
+        if !complete {
             bail!(
-                "a batched step returned {} logits for {} sequences; batching needs the process holding the readback rank",
+                "a batched step returned {} logits and {} argmaxes for {} sequences; batching needs the process holding the readback rank",
                 out.logits.len(),
+                out.argmax.len(),
                 spans.len()
             );
         }
@@ -205,6 +236,7 @@ impl Batch {
             done,
             logits: out.logits,
             vocab,
+            argmax: out.argmax,
         })
     }
 

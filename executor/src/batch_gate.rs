@@ -57,10 +57,18 @@ fn batch_of(plan: &LoadedPlan, options: EngineOptions) -> Result<Batch> {
     Ok(Batch::new(open(plan, options)?, slots, window))
 }
 
-/// Greedy logits of each generated token of every sequence, all decoded together by
-/// `batch`, and the most sequences one step carried.
-pub fn together(batch: &mut Batch, sequences: &[Sequence]) -> Result<(Vec<Vec<Vec<f32>>>, usize)> {
+/// What `together` decoded: per sequence, per generated token, its logits (empty in a greedy
+/// batch) and its greedy token; and the most sequences one step carried.
+pub struct Together {
+    pub logits: Vec<Vec<Vec<f32>>>,
+    pub tokens: Vec<Vec<u32>>,
+    pub widest: usize,
+}
+
+/// Every sequence decoded greedily, all together by `batch`.
+pub fn together(batch: &mut Batch, sequences: &[Sequence]) -> Result<Together> {
     let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); sequences.len()];
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); sequences.len()];
     let mut slot_of: Vec<Option<usize>> = vec![None; sequences.len()];
     let (mut next, mut widest, mut step) = (0, 0, 0);
     while next < sequences.len() || batch.used() > 0 {
@@ -78,18 +86,23 @@ pub fn together(batch: &mut Batch, sequences: &[Sequence]) -> Result<(Vec<Vec<Ve
                 .iter()
                 .position(|&s| s == Some(done.slot))
                 .ok_or_else(|| anyhow!("invariant: slot {} holds a sequence", done.slot))?;
-            let row = stepped.logits(done);
-            logits[i].push(row.to_vec());
-            if logits[i].len() == sequences[i].generate {
+            logits[i].push(stepped.logits(done).to_vec());
+            let token = stepped.argmax(done);
+            tokens[i].push(token);
+            if tokens[i].len() == sequences[i].generate {
                 batch.leave(done.slot)?;
                 slot_of[i] = None;
             } else {
-                batch.feed(done.slot, argmax(row))?;
+                batch.feed(done.slot, token)?;
             }
         }
         step += 1;
     }
-    Ok((logits, widest))
+    Ok(Together {
+        logits,
+        tokens,
+        widest,
+    })
 }
 
 /// What the gate found.
@@ -106,7 +119,9 @@ pub struct BatchGateReport {
 }
 
 /// Decodes every sequence alone with `reference` (serial arm) and all together with
-/// `batched` in each arm of `arms`, and compares every logit bit of every generated token.
+/// `batched` in each arm of `arms`, and compares every logit bit of every generated token;
+/// then once more together as a greedy batch (the engine's argmax of each row comes back,
+/// not its logits), whose tokens must be the argmaxes of the logits alone.
 pub fn batch_gate(
     reference: &LoadedPlan,
     batched: &LoadedPlan,
@@ -132,8 +147,8 @@ pub fn batch_gate(
             joins_at: 0,
             ..s.clone()
         }];
-        let (mut logits, _) = together(&mut single, &one)?;
-        alone.push(logits.remove(0));
+        let mut run = together(&mut single, &one)?;
+        alone.push(run.logits.remove(0));
     }
     drop(single);
     let mut report = BatchGateReport {
@@ -144,13 +159,39 @@ pub fn batch_gate(
     };
     for &arm in arms {
         let mut batch = batch_of(batched, EngineOptions { arm, ..options })?;
-        let (got, widest) = together(&mut batch, sequences)?;
-        report.widest.push(widest);
+        let run = together(&mut batch, sequences)?;
+        report.widest.push(run.widest);
         if report.mismatch.is_none() {
-            report.mismatch = first_difference(arm, &alone, &got);
+            report.mismatch = first_difference(arm, &alone, &run.logits);
         }
     }
+    if report.mismatch.is_none() {
+        let mut greedy = batch_of(batched, serial)?.greedy();
+        let run = together(&mut greedy, sequences)?;
+        report.mismatch = first_token_difference(&alone, &run.tokens);
+    }
     Ok(report)
+}
+
+fn first_token_difference(alone: &[Vec<Vec<f32>>], got: &[Vec<u32>]) -> Option<String> {
+    for (i, (want, got)) in alone.iter().zip(got).enumerate() {
+        for (t, (w, &g)) in want.iter().zip(got).enumerate() {
+            let w = argmax(w);
+            if w != g {
+                return Some(format!(
+                    "greedy batch, sequence {i} token {t}: the argmax of its logits alone is {w}, the engine's argmax {g}"
+                ));
+            }
+        }
+        if want.len() != got.len() {
+            return Some(format!(
+                "greedy batch, sequence {i}: {} generated tokens alone, {} together",
+                want.len(),
+                got.len()
+            ));
+        }
+    }
+    None
 }
 
 fn first_difference(arm: Arm, alone: &[Vec<Vec<f32>>], got: &[Vec<Vec<f32>>]) -> Option<String> {

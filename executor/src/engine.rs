@@ -136,6 +136,19 @@ impl Span {
 pub struct StepInput {
     /// The spans, in row order; at least one.
     pub spans: Arc<[Span]>,
+    /// What comes back of the logit rows.
+    pub readback: Readback,
+}
+
+/// What a step brings back to the host of its logit rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Readback {
+    /// Their logits.
+    #[default]
+    Logits,
+    /// Only each row's argmax (the first index of its largest logit, never a NaN's): a batch
+    /// of greedy sequences, whose logits stay where the engine computed them.
+    Argmax,
 }
 
 impl StepInput {
@@ -164,7 +177,13 @@ impl StepInput {
     pub fn of(spans: Vec<Span>) -> StepInput {
         StepInput {
             spans: Arc::from(spans),
+            readback: Readback::Logits,
         }
+    }
+
+    /// The same step, bringing back `readback` of its logit rows.
+    pub fn reading(self, readback: Readback) -> StepInput {
+        StepInput { readback, ..self }
     }
 
     /// Position of the step's first row.
@@ -319,8 +338,10 @@ pub struct StepOutput {
     /// The token sampled from the last row's logits.
     pub token: u32,
     /// Logits over the whole vocabulary of the step's `logit_rows`, one row after another;
-    /// empty in a process without the readback rank.
+    /// empty in a process without the readback rank, and with `Readback::Argmax`.
     pub logits: Vec<f32>,
+    /// With `Readback::Argmax`: each logit row's argmax, in row order; else empty.
+    pub argmax: Vec<u32>,
 }
 
 /// How an engine takes a prompt.

@@ -187,6 +187,7 @@ impl Session {
                     pos: out.pos + r as u32,
                     token: prompt.get(i + 1).copied().unwrap_or(out.token),
                     logits,
+                    argmax: Vec::new(),
                 };
                 let generates = max_new > 0 && i + 1 >= p;
                 if generates {

@@ -12,7 +12,7 @@ use super::tools::mean_sd;
 use super::RunArgs;
 use crate::batch::{window, Batch};
 use crate::engine::{open, Backend};
-use crate::sample::{argmax, SamplerConfig};
+use crate::sample::SamplerConfig;
 
 /// What one timed repetition measured.
 struct Rep {
@@ -54,7 +54,7 @@ pub fn bench_batch(
         eprintln!("{line}");
     }
     let window = window(&loaded.plan, options.arm);
-    let mut engine = Batch::new(engine, slots, window);
+    let mut engine = Batch::new(engine, slots, window).greedy();
     let n = n.max(2);
     let (prompt, vocab) = (prompt.max(1), u64::from(loaded.plan.model.vocab.max(1)));
     let mut measured = Vec::new();
@@ -124,7 +124,7 @@ fn decode_together(batch: &mut Batch, prompts: &[Vec<u32>], n: usize) -> Result<
             if generated[d.slot] == n {
                 batch.leave(d.slot)?;
             } else {
-                batch.feed(d.slot, argmax(stepped.logits(d)))?;
+                batch.feed(d.slot, stepped.argmax(d))?;
             }
         }
         if started.is_none() && slots.iter().all(|&s| generated[s] > 0) {

@@ -13,9 +13,10 @@ use memra_compiler::plan::{Boundary, Carries, Plan};
 use super::compute::RankCompute;
 use super::wire::{Payload, Wire};
 use crate::dist::Takers;
-use crate::engine::{RowAt, StepInput, StepOutput};
+use crate::engine::{Readback, RowAt, StepInput, StepOutput};
 use crate::program::{walk, Binder, Block, Cursor, Entered, Program, RankOps, Work};
 use crate::reduce::{ReduceOrder, Tree};
+use crate::sample::argmax;
 
 /// A rank's tensor-parallel group, as the rank sees it.
 #[derive(Debug)]
@@ -178,11 +179,21 @@ impl RankOps for CpuOps {
     }
 
     fn readback(&mut self, _: &str, t: u64, input: &StepInput) -> Result<()> {
+        let logits = self.compute.logits();
+        let (logits, argmax) = match input.readback {
+            Readback::Logits => (logits.to_vec(), Vec::new()),
+            Readback::Argmax => {
+                let vocab = logits.len() / input.logit_rows().len().max(1);
+                let rows = logits.chunks_exact(vocab.max(1)).map(argmax);
+                (Vec::new(), rows.collect())
+            }
+        };
         let out = StepOutput {
             step: t,
             pos: input.pos(),
             token: self.compute.token(),
-            logits: self.compute.logits().to_vec(),
+            logits,
+            argmax,
         };
         self.wire.publish(&out)?;
         // A closed channel means the host stopped listening; nothing is left to do.

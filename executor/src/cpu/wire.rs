@@ -350,6 +350,7 @@ impl Deliver for Wire {
                         pos,
                         token,
                         logits: Vec::new(),
+                        argmax: Vec::new(),
                     };
                     // A closed channel means the host stopped listening.
                     let _ = r.outputs.send(Ok(out));

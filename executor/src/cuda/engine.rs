@@ -34,7 +34,7 @@ use memra_compiler::plan::{Boundary, Step};
 
 use super::batched::check_batched;
 use super::device::CudaDevice;
-use super::enqueue::{CudaOps, InputRing, Readback, RunGraphs};
+use super::enqueue::{CudaOps, InputRing, ReadbackRing, RunGraphs};
 use super::graph::capture;
 use super::lockstep::walk_sets;
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
@@ -44,7 +44,8 @@ use super::rank::{RankDevice, Rows};
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
 use crate::engine::{
-    feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput,
+    feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, Readback, StepInput, StepLimits,
+    StepOutput,
 };
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Lockstep, Program};
@@ -66,12 +67,12 @@ pub struct Engine {
     events: BTreeMap<String, Vec<CudaEvent>>,
     inputs: Vec<InputRing>,
     /// The readback ring, in the process holding the readback rank.
-    readback: Option<Readback>,
+    readback: Option<ReadbackRing>,
     /// With a world: the engine's link and, without the readback rank, the tokens it sends.
     remote: Option<(Link, Option<Arc<TokenInbox>>)>,
     crossings: Crossings,
     /// Submitted steps not yet returned: (step, position, rows of logits).
-    pending: VecDeque<(u64, u32, usize)>,
+    pending: VecDeque<(u64, u32, usize, Readback)>,
     /// How the engine takes prompts: chunks of token rows, or token by token and why.
     prompt: PromptMode,
     arm: Arm,
@@ -211,13 +212,17 @@ impl Engine {
             Some(ri) => {
                 let reader = &ranks[ri];
                 let vocab = reader.logits(max_rows).len();
-                Some(Readback {
+                Some(ReadbackRing {
                     rank: ri,
                     logits: (0..ring)
                         .map(|_| pinned(&reader.dev, vocab))
                         .collect::<Result<_>>()?,
                     token: (0..ring)
                         .map(|_| pinned(&reader.dev, 1))
+                        .collect::<Result<_>>()?,
+                    argmax_rows: reader.dev.alloc(&reader.work_stream(), max_rows)?,
+                    argmax: (0..ring)
+                        .map(|_| pinned(&reader.dev, max_rows))
                         .collect::<Result<_>>()?,
                     done: (0..ring)
                         .map(|_| reader.dev.new_event(false))
@@ -426,7 +431,7 @@ impl Engine {
     }
 
     fn take(&mut self) -> Result<StepOutput> {
-        let (step, pos, rows) = self
+        let (step, pos, rows, readback) = self
             .pending
             .pop_front()
             .ok_or_else(|| anyhow!("no decode step is in flight"))?;
@@ -445,14 +450,24 @@ impl Engine {
             anyhow!("cuda backend: step {step}: the device failed before its readback: {e:?} (a collective traps after 30 s without its peers)")
         };
         rb.done[slot].synchronize().map_err(wait)?;
-        let all = rb.logits[slot].as_slice().map_err(wait)?;
-        let logits = all[..all.len() / self.prompt.rows() as usize * rows].to_vec();
+        let (logits, argmax) = match readback {
+            Readback::Logits => {
+                let all = rb.logits[slot].as_slice().map_err(wait)?;
+                let logits = all[..all.len() / self.prompt.rows() as usize * rows].to_vec();
+                (logits, Vec::new())
+            }
+            Readback::Argmax => {
+                let all = rb.argmax[slot].as_slice().map_err(wait)?;
+                (Vec::new(), all[..rows].to_vec())
+            }
+        };
         let token = rb.token[slot].as_slice().map_err(wait)?[0];
         let out = StepOutput {
             step,
             pos,
             token,
             logits,
+            argmax,
         };
         if let Some((link, _)) = &self.remote {
             crate::dist::broadcast(link, &out)?;
@@ -493,7 +508,8 @@ impl Decoder for Engine {
         let mut result = self
             .capture_due(t, &input)
             .and_then(|()| self.enqueue_step(t, &input, rows));
-        self.pending.push_back((t, input.pos(), rows.out()));
+        self.pending
+            .push_back((t, input.pos(), rows.out(), input.readback));
         if result.is_ok() && self.arm == Arm::Serial {
             if let Some(rb) = &self.readback {
                 let slot = (t % rb.logits.len() as u64) as usize;

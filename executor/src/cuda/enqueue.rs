@@ -14,11 +14,12 @@ use cudarc::driver::result as cu;
 use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
 use memra_compiler::plan::{event_slot, Boundary, Carries};
 
+use super::device::DeviceBuffer;
 use super::graph::Graph;
 use super::p2p::Crossings;
 use super::rank::{copy, RankDevice, Rows};
 use super::span::Span;
-use crate::engine::StepInput;
+use crate::engine::{self, StepInput};
 use crate::program::{Block, Entered, RankOps, Work};
 
 /// Graph state of one `run` step.
@@ -43,10 +44,14 @@ pub(super) struct InputRing {
 
 /// The readback ring on the sampler rank's device; `done[slot]` is recorded after a step's
 /// copies into the slot, and the host waits on it before reading.
-pub(super) struct Readback {
+pub(super) struct ReadbackRing {
     pub(super) rank: usize,
     pub(super) logits: Vec<PinnedHostSlice<f32>>,
     pub(super) token: Vec<PinnedHostSlice<u32>>,
+    /// With `engine::Readback::Argmax`: the logit rows' argmaxes, on the device, then in the
+    /// ring slot.
+    pub(super) argmax_rows: DeviceBuffer<u32>,
+    pub(super) argmax: Vec<PinnedHostSlice<u32>>,
     pub(super) done: Vec<CudaEvent>,
 }
 
@@ -59,7 +64,7 @@ pub(super) struct CudaOps<'a> {
     pub(super) boundaries: &'a [Boundary],
     pub(super) inputs: &'a mut InputRing,
     /// The readback ring, in the process holding the readback rank.
-    pub(super) readback: Option<&'a mut Readback>,
+    pub(super) readback: Option<&'a mut ReadbackRing>,
     /// Boundaries to ranks of other processes.
     pub(super) crossings: &'a Crossings,
     pub(super) inputs_sent: bool,
@@ -198,7 +203,7 @@ impl RankOps for CudaOps<'_> {
         .map_err(|e| anyhow!("cuda backend: peer copy of boundary {id}: {e:?}"))
     }
 
-    fn readback(&mut self, stream: &str, t: u64, _: &StepInput) -> Result<()> {
+    fn readback(&mut self, stream: &str, t: u64, input: &StepInput) -> Result<()> {
         let rb = match self.readback.as_deref_mut() {
             Some(rb) if rb.rank == self.ri => rb,
             _ => bail!("invariant: readback on the reading rank"),
@@ -206,15 +211,29 @@ impl RankOps for CudaOps<'_> {
         let s = self.ranks[self.ri].stream(stream)?.clone();
         let rank = &self.ranks[self.ri];
         let slot = (t % rb.logits.len() as u64) as usize;
-        let logits = rank.logits(self.rows.out());
+        let rows = self.rows.out();
+        let logits = rank.logits(rows);
         let err = |e| anyhow!("cuda backend: readback: {e:?}");
-        let host = &mut rb.logits[slot].as_mut_slice().map_err(err)?[..logits.len()];
         s.context().bind_to_thread()?;
-        // SAFETY: `host` is pinned memory of the ring slot, read by the host only after the
-        // slot's event (recorded below) has completed; `logits` is a live device span of its
-        // length
-        unsafe { cu::memcpy_dtoh_async(host, logits.addr(), s.cu_stream()) }
-            .and_then(|_| s.memcpy_dtoh(&rank.token(), &mut rb.token[slot]))
+        match input.readback {
+            engine::Readback::Logits => {
+                let host = &mut rb.logits[slot].as_mut_slice().map_err(err)?[..logits.len()];
+                // SAFETY: `host` is pinned memory of the ring slot, read by the host only after
+                // the slot's event (recorded below) has completed; `logits` is a live device
+                // span of its length
+                unsafe { cu::memcpy_dtoh_async(host, logits.addr(), s.cu_stream()) }
+                    .map_err(err)?;
+            }
+            engine::Readback::Argmax => {
+                let argmax = Span::of(&rb.argmax_rows).sub(0, rows);
+                rank.dev.argmax_rows(&s, &logits, &argmax)?;
+                let host = &mut rb.argmax[slot].as_mut_slice().map_err(err)?[..rows];
+                // SAFETY: as above, for the argmaxes
+                unsafe { cu::memcpy_dtoh_async(host, argmax.addr(), s.cu_stream()) }
+                    .map_err(err)?;
+            }
+        }
+        s.memcpy_dtoh(&rank.token(), &mut rb.token[slot])
             .and_then(|_| rb.done[slot].record(&s))
             .map_err(err)
     }

@@ -423,6 +423,26 @@ impl CudaDevice {
         })
     }
 
+    /// `out[r]` = the argmax of row r of `x` (rows of `x.len() / out.len()` values), as
+    /// `argmax` picks it, for every row at once.
+    pub fn argmax_rows(&self, stream: &CudaStream, x: &Span<f32>, out: &Span<u32>) -> Result<()> {
+        let rows = out.len();
+        assert!(
+            rows > 0 && x.len().is_multiple_of(rows),
+            "argmax_rows: {} values are not {rows} rows",
+            x.len()
+        );
+        let (xp, tp, n) = (x.addr(), out.addr(), int(x.len() / rows));
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "argmax_f32", cfg, |a| {
+            a.arg(&xp).arg(&n).arg(&tp);
+        })
+    }
+
     /// How many of the 32-bit patterns `lo .. lo + count`, as floats, get other bits from
     /// `rcp_rn` (kernels/common.cuh) than from `__frcp_rn` (kernels/check.cu; the self-test's).
     pub fn rcp_rn_mismatches(&self, stream: &Arc<CudaStream>, lo: u32, count: u32) -> Result<u64> {

@@ -64,6 +64,7 @@ impl Deliver for TokenInbox {
                     pos,
                     token,
                     logits: Vec::new(),
+                    argmax: Vec::new(),
                 });
                 self.changed.notify_all();
             }

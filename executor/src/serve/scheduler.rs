@@ -396,6 +396,7 @@ mod tests {
                 pos: input.pos(),
                 token: self.token,
                 logits,
+                argmax: Vec::new(),
             });
             Ok(())
         }
