@@ -193,7 +193,7 @@ gate_with() { # how ("" or launch) row seconds model reference candidate [gate o
     rc=$?
     echo "$out" >>"$LOG/gates.log"
     dt=$((($(date +%s%N) - t) / 100000000))
-    result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial.*logits\)|[0-9]+ of [0-9]+ runs differed' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
+    result "$name" $rc "$out" "$(echo "$out" | grep -oE '\(serial[^)]*\)|[0-9]+ of [0-9]+ runs differed' | tr '\n' ' ')$((dt / 10)).$((dt % 10))s"
 }
 bench() { # row seconds model plan [memra-run bench options]: one process; the output stays
     # in $bench_out
