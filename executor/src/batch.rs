@@ -30,9 +30,7 @@ pub struct Batch {
     /// Most steps in flight.
     window: usize,
     /// The spans of the steps in flight, oldest first.
-    flying: VecDeque<Vec<Span>>,
-    /// What the steps bring back of each sequence's row.
-    readback: Readback,
+    flying: VecDeque<(Vec<Span>, Readback)>,
     joins: u64,
     steps: u64,
 }
@@ -50,6 +48,8 @@ struct Slot {
     stepped: u64,
     /// Whether a step in flight carries the slot's rows.
     flying: bool,
+    /// Whether the sequence picks its tokens greedily (`Batch::greedy`).
+    greedy: bool,
 }
 
 /// What one engine step gave back.
@@ -60,10 +60,11 @@ pub struct Stepped {
     /// Each sequence whose fed tokens are all decoded now, in slot order.
     pub done: Vec<Decoded>,
     /// The step's logits: a row of `vocab` values per sequence it carried, as the engine
-    /// returned them (kept whole, not copied per sequence); empty in a greedy batch.
+    /// returned them (kept whole, not copied per sequence); empty in a step of greedy
+    /// sequences only (`Batch::greedy`).
     logits: Vec<f32>,
     vocab: usize,
-    /// A greedy batch's argmax of each row; else empty.
+    /// In a step of greedy sequences only, each row's argmax; else empty.
     argmax: Vec<u32>,
 }
 
@@ -77,7 +78,8 @@ pub struct Decoded {
 }
 
 impl Stepped {
-    /// The logits after the last token fed to sequence `d`; empty in a greedy batch.
+    /// The logits after the last token fed to sequence `d`; empty in a step of greedy
+    /// sequences only.
     pub fn logits(&self, d: &Decoded) -> &[f32] {
         self.logits
             .get(d.row * self.vocab..(d.row + 1) * self.vocab)
@@ -85,7 +87,7 @@ impl Stepped {
     }
 
     /// The greedy token after the last token fed to sequence `d`: the argmax of its logits,
-    /// taken on the engine in a greedy batch.
+    /// taken by the engine in a step of greedy sequences only.
     pub fn argmax(&self, d: &Decoded) -> u32 {
         match self.argmax.get(d.row) {
             Some(&token) => token,
@@ -105,19 +107,17 @@ impl Batch {
             max_rows,
             window: window.max(1),
             flying: VecDeque::new(),
-            readback: Readback::Logits,
             joins: 0,
             steps: 0,
         }
     }
 
-    /// The batch of greedy sequences: its steps bring back each sequence's argmax
-    /// (`Stepped::argmax`) and no logits, which stay where the engine computed them.
-    pub fn greedy(self) -> Batch {
-        Batch {
-            readback: Readback::Argmax,
-            ..self
-        }
+    /// The sequence in `slot` picks its tokens greedily (`Stepped::argmax`) and needs no
+    /// logits: a step whose sequences all do brings back each one's argmax, taken where the
+    /// engine computed the logits, and leaves the logits there.
+    pub fn greedy(&mut self, slot: usize) -> Result<()> {
+        self.held(slot)?.greedy = true;
+        Ok(())
     }
 
     /// Sequence slots.
@@ -151,6 +151,7 @@ impl Batch {
         s.history.truncate(common);
         s.pending = tokens[common..].to_vec();
         s.joined = Some(self.joins);
+        s.greedy = false;
         self.joins += 1;
         Ok(Some(slot))
     }
@@ -191,21 +192,26 @@ impl Batch {
             let Some(spans) = self.next_spans() else {
                 break;
             };
+            let readback = if spans.iter().all(|s| self.slots[s.slot as usize].greedy) {
+                Readback::Argmax
+            } else {
+                Readback::Logits
+            };
             self.engine
-                .submit(StepInput::of(spans.clone()).reading(self.readback))?;
+                .submit(StepInput::of(spans.clone()).reading(readback))?;
             for span in &spans {
                 let s = &mut self.slots[span.slot as usize];
                 s.pending.drain(..span.tokens.len());
                 s.flying = true;
             }
-            self.flying.push_back(spans);
+            self.flying.push_back((spans, readback));
         }
-        let Some(spans) = self.flying.pop_front() else {
+        let Some((spans, readback)) = self.flying.pop_front() else {
             return Ok(Stepped::default());
         };
         let out = self.engine.next_output()?;
         self.steps += 1;
-        let complete = match self.readback {
+        let complete = match readback {
             Readback::Logits => !out.logits.is_empty() && out.logits.len() % spans.len() == 0,
             Readback::Argmax => out.argmax.len() == spans.len(),
         };

@@ -65,8 +65,14 @@ pub struct Together {
     pub widest: usize,
 }
 
-/// Every sequence decoded greedily, all together by `batch`.
-pub fn together(batch: &mut Batch, sequences: &[Sequence]) -> Result<Together> {
+/// Every sequence decoded greedily, all together by `batch`; with `readback_argmax` the
+/// sequences are the batch's greedy ones (`Batch::greedy`: their argmaxes come back, not
+/// their logits).
+pub fn together(
+    batch: &mut Batch,
+    sequences: &[Sequence],
+    readback_argmax: bool,
+) -> Result<Together> {
     let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); sequences.len()];
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); sequences.len()];
     let mut slot_of: Vec<Option<usize>> = vec![None; sequences.len()];
@@ -76,6 +82,9 @@ pub fn together(batch: &mut Batch, sequences: &[Sequence]) -> Result<Together> {
             let Some(slot) = batch.join(&sequences[next].prompt)? else {
                 break;
             };
+            if readback_argmax {
+                batch.greedy(slot)?;
+            }
             slot_of[next] = Some(slot);
             next += 1;
         }
@@ -147,7 +156,7 @@ pub fn batch_gate(
             joins_at: 0,
             ..s.clone()
         }];
-        let mut run = together(&mut single, &one)?;
+        let mut run = together(&mut single, &one, false)?;
         alone.push(run.logits.remove(0));
     }
     drop(single);
@@ -159,15 +168,14 @@ pub fn batch_gate(
     };
     for &arm in arms {
         let mut batch = batch_of(batched, EngineOptions { arm, ..options })?;
-        let run = together(&mut batch, sequences)?;
+        let run = together(&mut batch, sequences, false)?;
         report.widest.push(run.widest);
         if report.mismatch.is_none() {
             report.mismatch = first_difference(arm, &alone, &run.logits);
         }
     }
     if report.mismatch.is_none() {
-        let mut greedy = batch_of(batched, serial)?.greedy();
-        let run = together(&mut greedy, sequences)?;
+        let run = together(&mut batch_of(batched, serial)?, sequences, true)?;
         report.mismatch = first_token_difference(&alone, &run.tokens);
     }
     Ok(report)

@@ -54,7 +54,7 @@ pub fn bench_batch(
         eprintln!("{line}");
     }
     let window = window(&loaded.plan, options.arm);
-    let mut engine = Batch::new(engine, slots, window).greedy();
+    let mut engine = Batch::new(engine, slots, window);
     let n = n.max(2);
     let (prompt, vocab) = (prompt.max(1), u64::from(loaded.plan.model.vocab.max(1)));
     let mut measured = Vec::new();
@@ -107,7 +107,10 @@ fn decode_together(batch: &mut Batch, prompts: &[Vec<u32>], n: usize) -> Result<
     let mut slots = Vec::with_capacity(prompts.len());
     for p in prompts {
         match batch.join(p)? {
-            Some(slot) => slots.push(slot),
+            Some(slot) => {
+                batch.greedy(slot)?;
+                slots.push(slot);
+            }
             None => bail!("no free sequence slot for sequence {}", slots.len()),
         }
     }

@@ -228,6 +228,10 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 Ok(Some(slot)) => {
                     self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
                     self.metrics.count_prompt(job.tokens.len());
+                    if job.sampler.is_greedy() {
+                        // its argmax comes back from the engine, not its logits
+                        batch.greedy(slot)?;
+                    }
                     running.push(Sequence::new(job, slot, tokenizer));
                 }
                 Ok(None) => {
@@ -279,7 +283,7 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 continue;
             };
             let fed = sequence
-                .advance(stepped.logits(d), &self.metrics)
+                .advance(&stepped, d, &self.metrics)
                 .and_then(|next| {
                     let batch = self.batch.as_mut().expect("invariant: stepped above");
                     next.map(|token| batch.feed(sequence.slot, token))
@@ -323,7 +327,7 @@ mod tests {
     use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
     use super::*;
-    use crate::engine::{Decoder, PromptMode, StepInput, StepOutput};
+    use crate::engine::{Decoder, PromptMode, Readback, StepInput, StepOutput};
     use crate::text::TokenizerSpec;
 
     /// A byte-level vocabulary: end of text (id 0) and the 256 byte symbols.
@@ -387,16 +391,23 @@ mod tests {
                 anyhow::bail!("the device fell over at position {}", at.pos);
             }
             self.widest.fetch_max(input.spans.len(), Ordering::Relaxed);
-            let mut logits = vec![0.0; 257 * input.spans.len()];
-            for row in logits.chunks_exact_mut(257) {
-                row[self.token as usize] = 1.0;
-            }
+            let rows = input.spans.len();
+            let (logits, argmax) = match input.readback {
+                Readback::Logits => {
+                    let mut logits = vec![0.0; 257 * rows];
+                    for row in logits.chunks_exact_mut(257) {
+                        row[self.token as usize] = 1.0;
+                    }
+                    (logits, Vec::new())
+                }
+                Readback::Argmax => (Vec::new(), vec![self.token; rows]),
+            };
             self.outputs.push_back(StepOutput {
                 step: 0,
                 pos: input.pos(),
                 token: self.token,
                 logits,
-                argmax: Vec::new(),
+                argmax,
             });
             Ok(())
         }

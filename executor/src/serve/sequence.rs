@@ -11,6 +11,7 @@ use anyhow::Result;
 use super::metrics::Metrics;
 use super::scheduler::{Event, Finish, FinishReason, Job};
 use super::stop::StopMatcher;
+use crate::batch::{Decoded, Stepped};
 use crate::sample::Sampler;
 use crate::text::{StreamDecoder, Tokenizer};
 
@@ -53,11 +54,21 @@ impl<'t> Sequence<'t> {
         self.job.cancel.load(Ordering::Relaxed) || self.job.events.is_closed()
     }
 
-    /// Picks the next token from `logits` and sends the text it releases. Returns the token
-    /// to decode next, or `None` when the sequence has ended (end of generation, a stop
+    /// Picks the next token from the step's output for it, `d` (the argmax where its sampler
+    /// is greedy, else a draw from its logits), and sends the text it releases. Returns the
+    /// token to decode next, or `None` when the sequence has ended (end of generation, a stop
     /// string, `max_tokens`).
-    pub fn advance(&mut self, logits: &[f32], metrics: &Metrics) -> Result<Option<u32>> {
-        let token = self.sampler.sample(logits);
+    pub fn advance(
+        &mut self,
+        stepped: &Stepped,
+        d: &Decoded,
+        metrics: &Metrics,
+    ) -> Result<Option<u32>> {
+        let token = if self.job.sampler.is_greedy() {
+            stepped.argmax(d)
+        } else {
+            self.sampler.sample(stepped.logits(d))
+        };
         self.sampled += 1;
         if self.tokenizer.is_eog(token) {
             self.reason = FinishReason::Stop;
