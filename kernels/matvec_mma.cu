@@ -24,13 +24,14 @@
 // thread keeps four chain accumulators per output, four pending side values and the chunk
 // tree's stack; every step's blocks (two pairs of neighbours per weight row and per activation
 // row, so every 32-byte sector read is read whole) are copied to shared memory with cp.async,
-// MMA_STAGES - 1 steps ahead, and the blocks of a step past its chunk's end as zeros.
+// STAGES - 1 steps ahead, and the blocks of a step past its chunk's end as zeros.
 //
-// Layout: a block of 8 warps, WM x WN, takes a tile of 16 WM weight rows (an item: 16 WM rows
-// of one weight, or for SwiGLU 8 WM rows of gate and the same rows of up) and 8 NT WN
-// activation rows; warp (m, n) computes weight rows 16 m .. of the tile against its NT tiles of
-// 8 activation rows. The grid's x walks the batch in tiles (neighbours share the item's weight
-// bytes in L2), its y the items of the job's weights (q, k, v in one launch).
+// Layout: a block of 8 warps, WM x WN x KW, takes a tile of 16 WM weight rows (an item: 16 WM
+// rows of one weight, or for SwiGLU 8 WM rows of gate and the same rows of up) and 8 NT WN
+// activation rows; warp (m, n, kz) computes weight rows 16 m .. of the tile against its NT
+// tiles of 8 activation rows over part kz of K (KW parts of whole chunks, each a subtree of the
+// chunk tree, joined at the end). The grid's x walks the batch in tiles (neighbours share the
+// item's weight bytes in L2), its y the items of the job's weights (q, k, v in one launch).
 #include "common.cuh"
 
 #define MMA_MAX_SEGS 3  // the fields of MmaJob; must match MMA_MAX_SEGS in matvec_mma.rs

@@ -3,7 +3,9 @@
 //! once (`quantize_rows`, the one-row matvec's own quantization), then an integer mma gives
 //! every block's exact dot for 16 weight rows x 8 activation rows at once, and the float
 //! steps after it follow the one-row kernel's lanes, butterfly and chunk tree, so every row
-//! keeps the bits of `CudaDevice::matvec` on it alone. Other dtypes, and steps of fewer rows
+//! keeps the bits of `CudaDevice::matvec` on it alone. A launch's tile (`Tile`) depends on
+//! the rows and on how many tiles the weights make: each block stages its blocks of weight
+//! and activation rows in shared memory and its warps may split K into parts of whole chunks. Other dtypes, and steps of fewer rows
 //! than `MMA_MIN_ROWS`, run the matvec tiles (`matvec.rs`).
 
 use anyhow::{Context, Result};
