@@ -337,15 +337,15 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
         }
 }
 
-// The tiles (must match matvec_mma.rs's TILES): over more than 16 activation rows 64 weight
+// The tiles (must match the `Tile`s of matvec_mma.rs): over more than 16 activation rows 64 weight
 // rows x 32 activation rows, or 32 x 32 with K in two parts where the launch has few tiles;
 // over 9 to 16 rows 32 x 16, K in four parts; up to 8 rows 32 x 8, K in four parts.
-#define MMA_KERNEL(NAME, MIN, NT, WN, KW, STAGES) \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) NAME(const MmaJob job) { matvec_mma_run<MIN, NT, WN, KW, STAGES>(job); }
-#define MMA_KERNELS(DT, MIN)                              \
-    MMA_KERNEL(matvec_mma_##DT, MIN, 2, 2, 1, 4)          \
-    MMA_KERNEL(matvec_mma_k2_##DT, MIN, 2, 2, 2, 4)       \
-    MMA_KERNEL(matvec_mma16_##DT, MIN, 2, 1, 4, 3)        \
-    MMA_KERNEL(matvec_mma8_##DT, MIN, 1, 1, 4, 4)
-MMA_KERNELS(q4_0, false)
-MMA_KERNELS(q4_1, true)
+#define MMA_ENTRY extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2)
+MMA_ENTRY matvec_mma_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, 4>(job); }
+MMA_ENTRY matvec_mma_k2_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, 4>(job); }
+MMA_ENTRY matvec_mma16_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, 3>(job); }
+MMA_ENTRY matvec_mma8_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, 4>(job); }
+MMA_ENTRY matvec_mma_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, 4>(job); }
+MMA_ENTRY matvec_mma_k2_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, 4>(job); }
+MMA_ENTRY matvec_mma16_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, 3>(job); }
+MMA_ENTRY matvec_mma8_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, 4>(job); }
