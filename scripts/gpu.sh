@@ -2,7 +2,9 @@
 # The GPU suites, from one entry: bash scripts/gpu.sh SUITE [ARGS], from anywhere in the
 # repository. `build` runs here, where Rust is, and stages the binaries in .dev/bin/, the
 # git-ignored folder the device runner carries (`carry: [".dev"]`); every other suite runs on
-# the GPU machine (which has no Rust) from that checkout.
+# the GPU machine (which has no Rust) from that checkout. Suites that compare with llama.cpp
+# build it there from .llama/llama.cpp (scripts/fetch-llamacpp.sh makes it here; carry it too:
+# `carry: [".dev", ".llama"]`).
 #
 #   build                     memra-run, memra-compile, memra-synth, cuda_selftest and the
 #                             gpu-tests test binary into .dev/bin (cargo's own target folder,
@@ -243,7 +245,7 @@ against_cpu() { # row tolerance model plan [steps, default 64] [compare options]
     result "$1" $rc "$out" "$(echo "$out" | tail -1 | sed 's/^compare [^:]*: //' | cut -c1-200)"
 }
 build_llamacpp() { # [TARGETS]: builds them (default llama-bench) into /tmp/llama-build from the carried .llama/llama.cpp
-    [ -d .llama/llama.cpp ] || { echo "no .llama/llama.cpp: carry it (see suite_llamacpp)"; return 1; }
+    [ -d .llama/llama.cpp ] || { echo "no .llama/llama.cpp: make it with scripts/fetch-llamacpp.sh and carry it"; return 1; }
     cmake -S .llama/llama.cpp -B /tmp/llama-build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
