@@ -125,6 +125,10 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     constexpr int XQ_PIECES = BN * KW * MMA_GROUP * 2, XS_PIECES = BN * KW * MMA_GROUP;
     constexpr int XCOPIES = (XQ_PIECES + MMA_THREADS - 1) / MMA_THREADS;
     constexpr int S = MIN ? 4 : 2;
+    // every piece of a step has its thread, each thread's pieces one part and slot
+    static_assert(WM * WN * KW == 8 && WM >= 2, "8 warps, at least 2 along the weight rows");
+    static_assert(WCOPIES >= 1 && BM * KW * MMA_GROUP % MMA_THREADS == 0, "whole weight pieces per thread");
+    static_assert(XS_PIECES <= MMA_THREADS && MMA_THREADS % (8 * KW) == 0, "activation pieces per thread");
     extern __shared__ __align__(16) u8 smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wm_i = warp % WM, wn_i = (warp / WM) % WN, kz = warp / (WM * WN);
@@ -320,7 +324,7 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     }
     if (j.swiglu) {
         // only the warps of part 0 meet here
-        asm volatile("bar.sync 1, %0;" ::"r"(WM * WN * 32));
+        asm volatile("bar.sync 1, %0;" ::"r"(WM * WN * 32) : "memory");
         if (wm_i >= GATE_WARPS) return;
     }
     float* y = mma_y(j, seg);

@@ -1,8 +1,8 @@
 // memra kernels: sampling on the device; both kernels write the next token into a device
 // token buffer (the next step's embed reads it there; a batched step's argmax of every logit
 // row, one block per row, goes back to the host instead of the logits). argmax_f32 picks the
-// first index of the largest logit and never a NaN, as the CPU backend's argmax does (0 if no
-// value beats -inf).
+// first index of the largest logit and never a NaN, as the host's sample::argmax does (0 if
+// no value beats -inf).
 // sample_f32 mirrors executor/src/sample.rs operation by operation (temperature, top-k, top-p,
 // the draw for (seed, step)) and must pick the same token: every f32 operation of the final
 // selection is an explicit round-to-nearest intrinsic, so nothing is fused or reordered.

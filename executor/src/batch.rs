@@ -78,20 +78,22 @@ pub struct Decoded {
 }
 
 impl Stepped {
-    /// The logits after the last token fed to sequence `d`; empty in a step of greedy
-    /// sequences only.
-    pub fn logits(&self, d: &Decoded) -> &[f32] {
-        self.logits
-            .get(d.row * self.vocab..(d.row + 1) * self.vocab)
-            .unwrap_or_default()
+    /// The logits after the last token fed to sequence `d`; `None` in a step of greedy
+    /// sequences only, which brings back their argmaxes instead.
+    pub fn logits(&self, d: &Decoded) -> Option<&[f32]> {
+        if self.logits.is_empty() {
+            return None;
+        }
+        Some(&self.logits[d.row * self.vocab..(d.row + 1) * self.vocab])
     }
 
     /// The greedy token after the last token fed to sequence `d`: the argmax of its logits,
     /// taken by the engine in a step of greedy sequences only.
     pub fn argmax(&self, d: &Decoded) -> u32 {
-        match self.argmax.get(d.row) {
-            Some(&token) => token,
-            None => crate::sample::argmax(self.logits(d)),
+        match (self.argmax.get(d.row), self.logits(d)) {
+            (Some(&token), _) => token,
+            (None, Some(logits)) => crate::sample::argmax(logits),
+            (None, None) => unreachable!("invariant: a step brings back logits or argmaxes"),
         }
     }
 }
@@ -216,11 +218,15 @@ impl Batch {
             Readback::Argmax => out.argmax.len() == spans.len(),
         };
         if !complete {
+            let want = match readback {
+                Readback::Logits => "a row of logits",
+                Readback::Argmax => "an argmax",
+            };
             bail!(
-                "a batched step returned {} logits and {} argmaxes for {} sequences; batching needs the process holding the readback rank",
+                "a batched step of {} sequences returned {} logits and {} argmaxes where each sequence needs {want}; batching needs the process holding the readback rank",
+                spans.len(),
                 out.logits.len(),
-                out.argmax.len(),
-                spans.len()
+                out.argmax.len()
             );
         }
         let vocab = out.logits.len() / spans.len();

@@ -57,22 +57,37 @@ fn batch_of(plan: &LoadedPlan, options: EngineOptions) -> Result<Batch> {
     Ok(Batch::new(open(plan, options)?, slots, window))
 }
 
-/// What `together` decoded: per sequence, per generated token, its logits (empty in a greedy
-/// batch) and its greedy token; and the most sequences one step carried.
+/// What `together` decoded: per sequence, per generated token, its logits (empty where only
+/// its argmax came back) and its greedy token; and the most sequences one step carried.
 pub struct Together {
     pub logits: Vec<Vec<Vec<f32>>>,
     pub tokens: Vec<Vec<u32>>,
     pub widest: usize,
 }
 
-/// Every sequence decoded greedily, all together by `batch`; with `readback_argmax` the
-/// sequences are the batch's greedy ones (`Batch::greedy`: their argmaxes come back, not
-/// their logits).
-pub fn together(
-    batch: &mut Batch,
-    sequences: &[Sequence],
-    readback_argmax: bool,
-) -> Result<Together> {
+/// Which sequences of a run are the batch's greedy ones (`Batch::greedy`: a step of those
+/// only brings back their argmaxes, not their logits); all pick greedy tokens either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marked {
+    None,
+    All,
+    /// Sequences 0, 2, 4, ...: steps mix both kinds.
+    EveryOther,
+}
+
+impl Marked {
+    fn greedy(self, sequence: usize) -> bool {
+        match self {
+            Marked::None => false,
+            Marked::All => true,
+            Marked::EveryOther => sequence.is_multiple_of(2),
+        }
+    }
+}
+
+/// Every sequence decoded greedily, all together by `batch`, those `marked` as the batch's
+/// greedy ones.
+pub fn together(batch: &mut Batch, sequences: &[Sequence], marked: Marked) -> Result<Together> {
     let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); sequences.len()];
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); sequences.len()];
     let mut slot_of: Vec<Option<usize>> = vec![None; sequences.len()];
@@ -82,7 +97,7 @@ pub fn together(
             let Some(slot) = batch.join(&sequences[next].prompt)? else {
                 break;
             };
-            if readback_argmax {
+            if marked.greedy(next) {
                 batch.greedy(slot)?;
             }
             slot_of[next] = Some(slot);
@@ -95,7 +110,12 @@ pub fn together(
                 .iter()
                 .position(|&s| s == Some(done.slot))
                 .ok_or_else(|| anyhow!("invariant: slot {} holds a sequence", done.slot))?;
-            logits[i].push(stepped.logits(done).to_vec());
+            logits[i].push(
+                stepped
+                    .logits(done)
+                    .map(<[f32]>::to_vec)
+                    .unwrap_or_default(),
+            );
             let token = stepped.argmax(done);
             tokens[i].push(token);
             if tokens[i].len() == sequences[i].generate {
@@ -129,8 +149,9 @@ pub struct BatchGateReport {
 
 /// Decodes every sequence alone with `reference` (serial arm) and all together with
 /// `batched` in each arm of `arms`, and compares every logit bit of every generated token;
-/// then once more together as a greedy batch (the engine's argmax of each row comes back,
-/// not its logits), whose tokens must be the argmaxes of the logits alone.
+/// in each arm also with every sequence marked greedy (the engine's argmax of each row comes
+/// back, not its logits), and in the serial arm with every other one marked (steps of both
+/// kinds), whose tokens must be the argmaxes of the logits alone.
 pub fn batch_gate(
     reference: &LoadedPlan,
     batched: &LoadedPlan,
@@ -156,7 +177,7 @@ pub fn batch_gate(
             joins_at: 0,
             ..s.clone()
         }];
-        let mut run = together(&mut single, &one, false)?;
+        let mut run = together(&mut single, &one, Marked::None)?;
         alone.push(run.logits.remove(0));
     }
     drop(single);
@@ -168,32 +189,46 @@ pub fn batch_gate(
     };
     for &arm in arms {
         let mut batch = batch_of(batched, EngineOptions { arm, ..options })?;
-        let run = together(&mut batch, sequences, false)?;
+        let run = together(&mut batch, sequences, Marked::None)?;
         report.widest.push(run.widest);
         if report.mismatch.is_none() {
             report.mismatch = first_difference(arm, &alone, &run.logits);
         }
-    }
-    if report.mismatch.is_none() {
-        let run = together(&mut batch_of(batched, serial)?, sequences, true)?;
-        report.mismatch = first_token_difference(&alone, &run.tokens);
+        let marks = match arm {
+            Arm::Serial => &[Marked::All, Marked::EveryOther][..],
+            Arm::Pipelined => &[Marked::All],
+        };
+        for &marked in marks {
+            if report.mismatch.is_none() {
+                let mut batch = batch_of(batched, EngineOptions { arm, ..options })?;
+                let run = together(&mut batch, sequences, marked)?;
+                report.mismatch = first_token_difference(arm, marked, &alone, &run.tokens);
+            }
+        }
     }
     Ok(report)
 }
 
-fn first_token_difference(alone: &[Vec<Vec<f32>>], got: &[Vec<u32>]) -> Option<String> {
+fn first_token_difference(
+    arm: Arm,
+    marked: Marked,
+    alone: &[Vec<Vec<f32>>],
+    got: &[Vec<u32>],
+) -> Option<String> {
     for (i, (want, got)) in alone.iter().zip(got).enumerate() {
         for (t, (w, &g)) in want.iter().zip(got).enumerate() {
             let w = argmax(w);
             if w != g {
                 return Some(format!(
-                    "greedy batch, sequence {i} token {t}: the argmax of its logits alone is {w}, the engine's argmax {g}"
+                    "{} arm, greedy sequences marked {marked:?}, sequence {i} token {t}: the argmax of its logits alone is {w}, together {g}",
+                    arm.name()
                 ));
             }
         }
         if want.len() != got.len() {
             return Some(format!(
-                "greedy batch, sequence {i}: {} generated tokens alone, {} together",
+                "{} arm, greedy sequences marked {marked:?}, sequence {i}: {} generated tokens alone, {} together",
+                arm.name(),
                 want.len(),
                 got.len()
             ));

@@ -113,31 +113,28 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit; the lowest index among equals. NaN never wins, except at index
-/// 0, which nothing after it then displaces (the first element is the running best, and no
-/// comparison with NaN is true). Two passes the compiler vectorizes: the largest value, in 16
-/// lanes, then the first index holding it (a batched step takes this once per sequence over
-/// the whole vocabulary).
+/// Index of the largest logit; the lowest index among equals; NaN never wins, and 0 when no
+/// logit beats -inf (the rule of the device's `argmax_f32`, kernels/sample.cu, which a batch
+/// of greedy sequences takes instead). Two passes the compiler vectorizes: the largest value,
+/// in 16 lanes, then the first index holding it (a batched step takes this once per sequence
+/// over the whole vocabulary).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let Some(&first) = logits.first() else {
-        return 0;
-    };
-    if first.is_nan() {
-        return 0;
-    }
     let larger = |best: f32, l: f32| if l > best { l } else { best };
-    let mut lanes = [first; 16];
+    let mut lanes = [f32::NEG_INFINITY; 16];
     let chunks = logits.chunks_exact(16);
     let tail = chunks
         .remainder()
         .iter()
-        .fold(first, |best, &l| larger(best, l));
+        .fold(f32::NEG_INFINITY, |best, &l| larger(best, l));
     for chunk in chunks {
         for (lane, &l) in lanes.iter_mut().zip(chunk) {
             *lane = larger(*lane, l);
         }
     }
     let max = lanes.into_iter().fold(tail, larger);
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
     // `==` takes -0 and +0 as one value, as `>` does
     logits.iter().position(|&l| l == max).unwrap_or(0) as u32
 }
@@ -220,12 +217,13 @@ fn pick(w: &[f32], u: f32) -> usize {
 mod tests {
     use super::*;
 
-    /// The definition: the first index no later logit is larger than, by `>`.
+    /// The definition: a scan from -inf at index 0, taking an index only for a larger logit
+    /// (by `>`, so never a NaN, and the first of equals).
     fn argmax_by_scan(logits: &[f32]) -> u32 {
-        let mut best = 0;
+        let (mut best, mut max) = (0, f32::NEG_INFINITY);
         for (i, &l) in logits.iter().enumerate() {
-            if l > logits[best] {
-                best = i;
+            if l > max {
+                (best, max) = (i, l);
             }
         }
         best as u32

@@ -204,7 +204,7 @@ pub fn gate_batch(plan: &Path, reference: &Path, run: &RunArgs) -> Result<ExitCo
         }
         None => {
             println!(
-                "batch gate passed: {} sequences together in {} match their runs alone in {} bit for bit (serial + pipelined, at most {} sequences in one step, {} generated tokens x {} logits; a greedy batch's argmaxes equal theirs)",
+                "batch gate passed: {} sequences together in {} match their runs alone in {} bit for bit (serial + pipelined, at most {} sequences in one step, {} generated tokens x {} logits; the argmaxes of sequences marked greedy, all or every other, equal theirs)",
                 seqs.len(),
                 plan.display(),
                 reference.path.display(),

@@ -71,7 +71,7 @@ pub struct Engine {
     /// With a world: the engine's link and, without the readback rank, the tokens it sends.
     remote: Option<(Link, Option<Arc<TokenInbox>>)>,
     crossings: Crossings,
-    /// Submitted steps not yet returned: (step, position, rows of logits).
+    /// Submitted steps not yet returned: (step, position, logit rows, what comes back of them).
     pending: VecDeque<(u64, u32, usize, Readback)>,
     /// How the engine takes prompts: chunks of token rows, or token by token and why.
     prompt: PromptMode,

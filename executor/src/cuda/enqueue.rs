@@ -226,7 +226,9 @@ impl RankOps for CudaOps<'_> {
             }
             engine::Readback::Argmax => {
                 let argmax = Span::of(&rb.argmax_rows).sub(0, rows);
-                rank.dev.argmax_rows(&s, &logits, &argmax)?;
+                rank.dev
+                    .argmax_rows(&s, &logits, &argmax)
+                    .map_err(|e| anyhow!("cuda backend: readback: {e:#}"))?;
                 let host = &mut rb.argmax[slot].as_mut_slice().map_err(err)?[..rows];
                 // SAFETY: as above, for the argmaxes
                 unsafe { cu::memcpy_dtoh_async(host, argmax.addr(), s.cu_stream()) }

@@ -182,6 +182,10 @@ impl CudaDevice {
             w0.cols
         );
         let swiglu = matches!(epilogue, Epilogue::SwiGlu { .. });
+        assert!(
+            !swiglu || (ws.len() == 2 && ws[1].rows == w0.rows),
+            "matvec_mma: SwiGLU takes gate and up weights of equal rows"
+        );
         for (w, &(_, len)) in ws.iter().zip(ys) {
             let rows = if swiglu { w0.rows } else { w.rows };
             assert_eq!(

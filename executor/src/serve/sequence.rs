@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 
 use super::metrics::Metrics;
 use super::scheduler::{Event, Finish, FinishReason, Job};
@@ -67,7 +67,10 @@ impl<'t> Sequence<'t> {
         let token = if self.job.sampler.is_greedy() {
             stepped.argmax(d)
         } else {
-            self.sampler.sample(stepped.logits(d))
+            let logits = stepped.logits(d).ok_or_else(|| {
+                anyhow!("invariant: a sampled sequence's step brings back its logits")
+            })?;
+            self.sampler.sample(logits)
         };
         self.sampled += 1;
         if self.tokenizer.is_eog(token) {

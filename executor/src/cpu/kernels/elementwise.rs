@@ -1,6 +1,6 @@
 //! Element-wise and vector-wide helpers of a decode step, with llama.cpp's semantics: RMS norm
 //! (sum of squares in f64, as ggml does), SiLU-gated product, residual add, softmax with max
-//! subtraction, and argmax for greedy sampling.
+//! subtraction (greedy sampling's argmax is `crate::sample::argmax`).
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight`, as llama.cpp's `rms_norm` followed by `mul`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -54,17 +54,4 @@ pub fn softmax(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v *= inv;
     }
-}
-
-/// Index of the largest value, the first one on ties; NaNs are never chosen (0 if all are).
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    let mut max = f32::NEG_INFINITY;
-    for (i, &v) in x.iter().enumerate() {
-        if v > max {
-            max = v;
-            best = i;
-        }
-    }
-    best
 }

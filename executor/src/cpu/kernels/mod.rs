@@ -48,7 +48,7 @@ use memra_gguf::GgmlType;
 
 pub use attention::{attention, attention_rows, KvCache, KvDtype};
 pub use dsa::{layer_norm, IndexerCache, Selection};
-pub use elementwise::{add, argmax, rms_norm, silu_mul, silu_mul_clamped, softmax};
+pub use elementwise::{add, rms_norm, silu_mul, silu_mul_clamped, softmax};
 pub use kda::{
     conv_step, decay_gate, decay_gate_bounded, delta_rule, gated_norm, l2_norm_heads, sigmoid,
     DeltaInputs, KdaState,
