@@ -209,57 +209,61 @@ pub fn batch_gate(
     Ok(report)
 }
 
+/// `run`'s first sequence whose count of generated tokens differs from its run alone.
+fn count_difference(run: &str, alone: &[Vec<Vec<f32>>], got: &[usize]) -> Option<String> {
+    let (i, (want, got)) = alone
+        .iter()
+        .zip(got)
+        .enumerate()
+        .find(|(_, (want, &got))| want.len() != got)?;
+    Some(format!(
+        "{run}, sequence {i}: {} generated tokens alone, {got} together",
+        want.len()
+    ))
+}
+
 fn first_token_difference(
     arm: Arm,
     marked: Marked,
     alone: &[Vec<Vec<f32>>],
     got: &[Vec<u32>],
 ) -> Option<String> {
+    let run = format!("{} arm, greedy sequences marked {marked:?}", arm.name());
+    let counts: Vec<usize> = got.iter().map(Vec::len).collect();
+    if let Some(m) = count_difference(&run, alone, &counts) {
+        return Some(m);
+    }
     for (i, (want, got)) in alone.iter().zip(got).enumerate() {
         for (t, (w, &g)) in want.iter().zip(got).enumerate() {
             let w = argmax(w);
             if w != g {
                 return Some(format!(
-                    "{} arm, greedy sequences marked {marked:?}, sequence {i} token {t}: the argmax of its logits alone is {w}, together {g}",
-                    arm.name()
+                    "{run}, sequence {i} token {t}: the argmax of its logits alone is {w}, together {g}"
                 ));
             }
-        }
-        if want.len() != got.len() {
-            return Some(format!(
-                "{} arm, greedy sequences marked {marked:?}, sequence {i}: {} generated tokens alone, {} together",
-                arm.name(),
-                want.len(),
-                got.len()
-            ));
         }
     }
     None
 }
 
 fn first_difference(arm: Arm, alone: &[Vec<Vec<f32>>], got: &[Vec<Vec<f32>>]) -> Option<String> {
+    let run = format!("{} arm", arm.name());
+    let counts: Vec<usize> = got.iter().map(Vec::len).collect();
+    if let Some(m) = count_difference(&run, alone, &counts) {
+        return Some(m);
+    }
     for (i, (want, got)) in alone.iter().zip(got).enumerate() {
-        if want.len() != got.len() {
-            return Some(format!(
-                "{} arm, sequence {i}: {} generated tokens alone, {} together",
-                arm.name(),
-                want.len(),
-                got.len()
-            ));
-        }
         for (t, (w, g)) in want.iter().zip(got).enumerate() {
             if w.len() != g.len() {
                 return Some(format!(
-                    "{} arm, sequence {i} token {t}: {} logits alone, {} together",
-                    arm.name(),
+                    "{run}, sequence {i} token {t}: {} logits alone, {} together",
                     w.len(),
                     g.len()
                 ));
             }
             if let Some(index) = (0..w.len()).find(|&k| w[k].to_bits() != g[k].to_bits()) {
                 return Some(format!(
-                    "{} arm, sequence {i} token {t}, logit {index}: alone {:e} ({:#010x}), together {:e} ({:#010x})",
-                    arm.name(),
+                    "{run}, sequence {i} token {t}, logit {index}: alone {:e} ({:#010x}), together {:e} ({:#010x})",
                     w[index],
                     w[index].to_bits(),
                     g[index],
