@@ -314,6 +314,15 @@ impl IntRule {
 // validation bounds that product (`placement::validate`).
 const WIDTHS: &str = "memra's bound on model widths, which keeps its byte counts in 64 bits";
 
+/// A width or count from 1 to `max`, bounded for the reason above.
+const fn width_rule(max: u32) -> IntRule {
+    IntRule {
+        min: 1,
+        max,
+        why: WIDTHS,
+    }
+}
+
 /// The layers (`block_count`, `num_hidden_layers`).
 pub(crate) const LAYERS: IntRule = IntRule {
     min: 1,
@@ -321,43 +330,19 @@ pub(crate) const LAYERS: IntRule = IntRule {
     why: "memra plans at most 1024 layers",
 };
 /// The embedding (hidden) width and MLA's LoRA ranks: 4 times Llama 3.1 405B's 16384.
-pub(crate) const WIDTH: IntRule = IntRule {
-    min: 1,
-    max: 1 << 16,
-    why: WIDTHS,
-};
+pub(crate) const WIDTH: IntRule = width_rule(1 << 16);
 /// An FFN's hidden width (dense, one expert's, the shared experts' together): 4 times
 /// PaLM's 73728 rounded up.
-pub(crate) const FFN: IntRule = IntRule {
-    min: 1,
-    max: 1 << 18,
-    why: WIDTHS,
-};
+pub(crate) const FFN: IntRule = width_rule(1 << 18);
 /// The vocabulary: 4 times Gemma 3's 262144.
-pub(crate) const VOCAB: IntRule = IntRule {
-    min: 1,
-    max: 1 << 20,
-    why: WIDTHS,
-};
+pub(crate) const VOCAB: IntRule = width_rule(1 << 20);
 /// Attention heads (query, key/value, the DSA indexer's): 32 times DeepSeek's 128.
-pub(crate) const HEADS: IntRule = IntRule {
-    min: 1,
-    max: 1 << 12,
-    why: WIDTHS,
-};
+pub(crate) const HEADS: IntRule = width_rule(1 << 12);
 /// One head's width (key, value, MLA's no-rope and rope parts, KDA's, the indexer's): 16
 /// times the widest real head (256).
-pub(crate) const HEAD_DIM: IntRule = IntRule {
-    min: 1,
-    max: 1 << 12,
-    why: WIDTHS,
-};
+pub(crate) const HEAD_DIM: IntRule = width_rule(1 << 12);
 /// Routed experts: 8 times Qwen3-Next's 512.
-pub(crate) const EXPERTS: IntRule = IntRule {
-    min: 1,
-    max: 1 << 12,
-    why: WIDTHS,
-};
+pub(crate) const EXPERTS: IntRule = width_rule(1 << 12);
 /// The training context: 6 times Llama 4 Scout's 10M tokens (placements take at most 2^24).
 pub(crate) const CONTEXT: IntRule = IntRule {
     min: 1,

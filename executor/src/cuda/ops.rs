@@ -412,15 +412,8 @@ impl CudaDevice {
         token: &mut impl DevicePtrMut<u32>,
     ) -> Result<()> {
         assert!(!token.is_empty(), "argmax: empty token buffer");
-        let (xp, tp, n) = (ptr(stream, x), ptr_mut(stream, token), int(x.len()));
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(stream, "argmax_f32", cfg, |a| {
-            a.arg(&xp).arg(&n).arg(&tp);
-        })
+        let (xp, tp) = (ptr(stream, x), ptr_mut(stream, token));
+        self.argmax_launch(stream, xp, x.len(), tp, 1)
     }
 
     /// `out[r]` = the argmax of row r of `x` (rows of `x.len() / out.len()` values), as
@@ -432,14 +425,26 @@ impl CudaDevice {
             "argmax_rows: {} values are not {rows} rows",
             x.len()
         );
-        let (xp, tp, n) = (x.addr(), out.addr(), int(x.len() / rows));
+        self.argmax_launch(stream, x.addr(), x.len() / rows, out.addr(), rows)
+    }
+
+    /// `argmax_f32` over `rows` rows of `n` values at `x`, a block per row, into `token`.
+    fn argmax_launch(
+        &self,
+        stream: &CudaStream,
+        x: u64,
+        n: usize,
+        token: u64,
+        rows: usize,
+    ) -> Result<()> {
+        let (n, rows) = (int(n), rows as u32);
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
+            grid_dim: (rows, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         self.launch(stream, "argmax_f32", cfg, |a| {
-            a.arg(&xp).arg(&n).arg(&tp);
+            a.arg(&x).arg(&n).arg(&token);
         })
     }
 
