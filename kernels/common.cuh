@@ -236,11 +236,18 @@ __device__ __forceinline__ float chunk_tree(float v, int chunks) {
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
-// Four 8 x 8 f16 matrices; lanes 8i .. 8i + 7 give matrix i's row addresses.
-__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* p) {
+// Four 8 x 8 matrices of 16-bit values (or of 8 x 16 bytes: lane l gets bytes 4 (l % 4) ..
+// of row l / 4); lanes 8i .. 8i + 7 give matrix i's row addresses, as shared addresses.
+__device__ __forceinline__ void ldmatrix_x4_at(u32* r, u32 at) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(at));
+}
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* p) { ldmatrix_x4_at(r, smem_addr(p)); }
+
+// Two such matrices (lanes 0 .. 15 give the addresses).
+__device__ __forceinline__ void ldmatrix_x2_at(u32* r, u32 at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(at));
 }
 
 // The same, each matrix transposed.

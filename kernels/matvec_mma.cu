@@ -22,9 +22,12 @@
 // group's four chains. A group ends with two values, (c_v + c_v+8) on the even side of the tree
 // and (c_v+1 + c_v+9) on the odd side, and the groups in that order build both sides. So a
 // thread keeps four chain accumulators per output, four pending side values and the chunk
-// tree's stack; every step's blocks (two pairs of neighbours per weight row and per activation
-// row, so every 32-byte sector read is read whole) are copied to shared memory with cp.async,
-// STAGES - 1 steps ahead, and the blocks of a step past its chunk's end as zeros.
+// tree's stack; where chunks have at most 16 blocks (every chain one block: the kernels'
+// `single` form) the accumulators last one step and the sides stay in registers. Every step's
+// blocks (two pairs of neighbours per weight row and per activation row, so every 32-byte
+// sector read is read whole) are copied to shared memory with cp.async, STAGES - 1 steps
+// ahead, and the blocks of a step past its chunk's end as zeros; ldmatrix brings a warp's
+// fragments from there.
 //
 // Layout: a block of 8 warps, WM x WN x KW, takes a tile of 16 WM weight rows (an item: 16 WM
 // rows of one weight, or for SwiGLU 8 WM rows of gate and the same rows of up) and 8 NT WN
@@ -66,17 +69,19 @@ __device__ __forceinline__ void mma_s8(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c));
 }
 
-// Adds chunk `c`'s value into the pending subtrees of chunk_tree's balanced tree (stack[l]
-// holds the sum of the 2^l chunks before the current one at level l); after the last chunk
-// of a power-of-two count, the returned value is the whole tree.
-__device__ __forceinline__ float tree_push(float* stack, int c, float x) {
+// Adds chunk `c`'s value into the pending subtrees of chunk_tree's balanced tree (level l at
+// stack[l * stride] holds the sum of the 2^l chunks before the current one); after the last
+// chunk of a power-of-two count, the returned value is the whole tree. LEVELS bounds the
+// chunks at 2^LEVELS.
+template <int LEVELS>
+__device__ __forceinline__ float tree_push(float* stack, int stride, int c, float x) {
 #pragma unroll
-    for (int l = 0; l < 5; ++l) {
+    for (int l = 0; l < LEVELS; ++l) {
         if (!(c & (1 << l))) {
-            stack[l] = x;
-            break;
+            stack[l * stride] = x;
+            return x;
         }
-        x = stack[l] + x;
+        x = stack[l * stride] + x;
     }
     return x;
 }
@@ -100,20 +105,27 @@ struct Walk {
 };
 
 // Shared bytes of one step, as matvec_mma.rs's `Tile::stage_bytes` computes them: per weight
-// row the quants of each part's 4 blocks (16 bytes of padding after them keep a warp's reads
-// off shared bank conflicts), then their scales; per activation row the quants (padded too),
-// then the (d, d * sum) pairs.
+// row the quants of each part's 4 blocks (16 bytes of padding after them keep ldmatrix's rows
+// on distinct banks), then their scales; per activation row the quants (padded too); then
+// the activation rows' (d, d * sum) pairs, slot by slot (a thread's two rows side by side).
 template <int KW>
 struct StageLayout {
     static constexpr int WQ = KW * MMA_GROUP * 16 + 16, WS = KW * MMA_GROUP * 4;
-    static constexpr int XQ = KW * MMA_GROUP * 32 + 16, XS = KW * MMA_GROUP * 8 + 8;
+    static constexpr int XQ = KW * MMA_GROUP * 32 + 16, XS = KW * MMA_GROUP * 8;
 };
 
 // A block of 8 warps, WM x WN x KW: warp (m, n, kz) computes weight rows 16 m .. 16 m + 15 of
 // the tile against its NT tiles of 8 activation rows, over part kz of the K chunks (chunks /
 // KW consecutive ones: a subtree of the chunk tree); the parts' subtrees meet in shared memory
 // at the end. STAGES steps are in flight.
-template <bool MIN, int NT, int WN, int KW, int STAGES>
+//
+// SINGLE: every chain has at most one block (chunks of up to 16 blocks, so a chunk is four
+// steps, one per group) and a part at most 2^LEVELS chunks. Then the four steps of a chunk are
+// unrolled, the tree's sides live in registers, each step's buffer is a constant and the
+// chunk stack ([level][output][thread]) follows the buffers in shared memory. Otherwise a chain
+// takes a step per 16 blocks, four accumulators per output carry across steps, the sides
+// follow the buffers in shared memory and the stack lives in local memory.
+template <bool MIN, int NT, int WN, int KW, int STAGES, bool SINGLE>
 __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     constexpr int WM = 8 / (WN * KW), BM = 16 * WM, BN = 8 * NT * WN;
     using L = StageLayout<KW>;
@@ -125,10 +137,17 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     constexpr int XQ_PIECES = BN * KW * MMA_GROUP * 2, XS_PIECES = BN * KW * MMA_GROUP;
     constexpr int XCOPIES = (XQ_PIECES + MMA_THREADS - 1) / MMA_THREADS;
     constexpr int S = MIN ? 4 : 2;
+    // a part's chunks: at most 8 / KW in the SINGLE form
+    constexpr int LEVELS = KW == 1 ? 3 : KW == 2 ? 2 : 1;
+    // the outputs' values at the end: per output a float per thread, then SwiGLU's up values
+    constexpr int SIDE = NT * 4 * MMA_THREADS;
     // every piece of a step has its thread, each thread's pieces one part and slot
     static_assert(WM * WN * KW == 8 && WM >= 2, "8 warps, at least 2 along the weight rows");
     static_assert(WCOPIES >= 1 && BM * KW * MMA_GROUP % MMA_THREADS == 0, "whole weight pieces per thread");
     static_assert(XS_PIECES <= MMA_THREADS && MMA_THREADS % (8 * KW) == 0, "activation pieces per thread");
+    static_assert(NT == 1 || NT == 2, "one ldmatrix per slot brings the warp's activation tiles");
+    static_assert(!SINGLE || (STAGES == 4 && STAGES * STAGE >= 4 * (SIDE + BM / 2 * BN)),
+                  "a chunk's four steps in the four buffers, which then hold the values");
     extern __shared__ __align__(16) u8 smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wm_i = warp % WM, wn_i = (warp / WM) % WN, kz = warp / (WM * WN);
@@ -145,6 +164,8 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     const size_t wrow = (size_t)nb * 16, xstride = (size_t)j.cols + j.cols / 4;
 
     const int wi = tid & 3, wkz = (tid >> 2) % KW, wo = slot_offset(wi);
+    // a part's four scales in slot order 0, 2, 1, 3 (a side's pair side by side)
+    const int ws_pos = (wi & 1) << 1 | wi >> 1;
     const u8 *wq_src[WCOPIES], *ws_src[WCOPIES];
 #pragma unroll
     for (int k = 0; k < WCOPIES; ++k) {
@@ -163,20 +184,20 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     }
     const int sr = tid / (4 * KW);
     const i8* xs_src = j.xq + (size_t)min(n_first + sr, j.batch - 1) * xstride + j.cols;
-    auto issue = [&](int buf, const Walk& w) {
+    // copies step (chunk c of each part, chunk-relative block rel) into buffer buf
+    auto issue = [&](int buf, int c, int rel) {
         u8* st = smem + buf * STAGE;
-        const int rel = w.rel();
         const bool w_in = rel + wo < bpc;
-        const int wblk = (wkz * parts + w.c) * bpc + rel + wo;
+        const int wblk = (wkz * parts + c) * bpc + rel + wo;
 #pragma unroll
         for (int k = 0; k < WCOPIES; ++k) {
             const int r = (tid + MMA_THREADS * k) / (MMA_GROUP * KW);
             cp_async16(st + r * L::WQ + 64 * wkz + 16 * wi, wq_src[k] + (size_t)wblk * 16, w_in);
             // q4_0's 2-byte scale: the aligned word holding it (compute picks the half)
             const u8* sc = ws_src[k] + (size_t)wblk * S;
-            cp_async4(st + WS_AT + r * L::WS + 16 * wkz + 4 * wi, (const u8*)((size_t)sc & ~(size_t)3), w_in);
+            cp_async4(st + WS_AT + r * L::WS + 16 * wkz + 4 * ws_pos, (const u8*)((size_t)sc & ~(size_t)3), w_in);
         }
-        const int xblk = (xkz * parts + w.c) * bpc + rel + xo;
+        const int xblk = (xkz * parts + c) * bpc + rel + xo;
 #pragma unroll
         for (int k = 0; k < XCOPIES; ++k) {
             const int e = tid + MMA_THREADS * k, r = e / (8 * KW);
@@ -184,49 +205,30 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
                 cp_async16(st + XQ_AT + r * L::XQ + 128 * xkz + 32 * xi + 16 * xh, xq_src[k] + (size_t)xblk * 32, rel + xo < bpc);
         }
         if (tid < XS_PIECES)
-            cp_async8(st + XS_AT + sr * L::XS + 32 * wkz + 8 * wi, xs_src + (size_t)wblk * 8, w_in);
+            cp_async8(st + XS_AT + ((wkz * MMA_GROUP + wi) * BN + sr) * 8, xs_src + (size_t)wblk * 8, w_in);
     };
 
-    const int steps = parts * 4 * ks;
-    overlap_with_neighbours();
-    Walk ahead;
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-        if (st < steps) issue(st, ahead);
-        ahead.advance(ks);
-        cp_async_commit();
-    }
-    // the sides of the chunk tree: [side][output][thread] past the steps' buffers
-    float* sides = (float*)(smem + STAGES * STAGE);
-    constexpr int SIDE = NT * 4 * MMA_THREADS;
-    float acc[MMA_GROUP][NT][4], stack[NT][4][5];
-#pragma unroll
-    for (int i = 0; i < MMA_GROUP; ++i)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int o = 0; o < 4; ++o) acc[i][n][o] = 0.f;
+    // this lane's ldmatrix rows: weight rows 16 m + 8 (l / 8 % 2) + l % 8 of slot 2 (l / 16)
+    // (plus the pair's first slot); activation row l % 8 of tile l / 16 (NT = 2), bytes 16 (l /
+    // 8 % 2) of the slot's block
+    const int lr = lane & 7, lm = lane >> 3;
+    const u32 a_at = smem_addr(smem) + (16 * wm_i + 8 * (lm & 1) + lr) * L::WQ + 64 * kz + 32 * (lm >> 1);
+    const u32 b_at = smem_addr(smem) + XQ_AT + ((wn_i * NT + (NT == 2 ? lm >> 1 : 0)) * 8 + lr) * L::XQ + 128 * kz + 16 * (lm & 1);
     const int ra = 16 * wm_i + g;
-    Walk at;
-    int buf = 0, ahead_buf = STAGES - 1;
-    for (int st = 0; st < steps; ++st) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        if (st + STAGES - 1 < steps) issue(ahead_buf, ahead);
-        ahead.advance(ks);
-        ahead_buf = ahead_buf == STAGES - 1 ? 0 : ahead_buf + 1;
-        cp_async_commit();
+    // one step's blocks of slots p and p + 2 (the chains on side p of the group's tree) from
+    // buffer `buf` into their accumulators acc[0] and acc[1], chunk c of K (its first block's
+    // parity places q4_0's scales)
+    auto step_pair = [&](int buf, int c, int p, float (&acc)[2][NT][4]) {
         const u8* sg = smem + buf * STAGE;
-        buf = buf == STAGES - 1 ? 0 : buf + 1;
-        // a slot past the chunk's end was copied as zeros: its terms are fmaf(0, 0, acc) = acc
-        // exactly (an accumulator that starts at +0 never holds -0), as if it were skipped
-        const int c = kz * parts + at.c, odd = (c * bpc) & 1;
+        const int odd = (c * bpc) & 1;
+        const uint2 sv0 = *(const uint2*)(sg + WS_AT + ra * L::WS + 16 * kz + 8 * p);
+        const uint2 sv1 = *(const uint2*)(sg + WS_AT + (ra + 8) * L::WS + 16 * kz + 8 * p);
+        u32 wf[4];
+        ldmatrix_x4_at(wf, a_at + buf * STAGE + 16 * p);
 #pragma unroll
-        for (int i = 0; i < MMA_GROUP; ++i) {
-            const u8* wq = sg + 64 * kz + 16 * i + 4 * t;
-            const u32 w0 = *(const u32*)(wq + ra * L::WQ), w1 = *(const u32*)(wq + (ra + 8) * L::WQ);
-            const u8* ws = sg + WS_AT + 16 * kz + 4 * i;
-            const u32 s0 = *(const u32*)(ws + ra * L::WS), s1 = *(const u32*)(ws + (ra + 8) * L::WS);
+        for (int q = 0; q < 2; ++q) {
+            const int i = p + 2 * q;
+            const u32 w0 = wf[2 * q], w1 = wf[2 * q + 1], s0 = q ? sv0.y : sv0.x, s1 = q ? sv1.y : sv1.x;
             u32 a0 = w0 & NIB, a1 = w1 & NIB, a2 = (w0 >> 4) & NIB, a3 = (w1 >> 4) & NIB;
             float d0, d1, m0 = 0.f, m1 = 0.f;
             if (MIN) {
@@ -240,68 +242,170 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
                 const int sh = ((odd + slot_offset(i)) & 1) ? 16 : 0;
                 d0 = f16_to_f32((u16)(s0 >> sh)), d1 = f16_to_f32((u16)(s1 >> sh));
             }
+            u32 bf[2 * NT];
+            if (NT == 2) ldmatrix_x4_at(bf, b_at + buf * STAGE + 32 * i);
+            else ldmatrix_x2_at(bf, b_at + buf * STAGE + 32 * i);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 const int nr = (wn_i * NT + n) * 8;
-                const u8* xb = sg + XQ_AT + (nr + g) * L::XQ + 128 * kz + 32 * i + 4 * t;
-                const u8* xs = sg + XS_AT + 32 * kz + 8 * i;
-                const float2 x0 = *(const float2*)(xs + (nr + 2 * t) * L::XS);
-                const float2 x1 = *(const float2*)(xs + (nr + 2 * t + 1) * L::XS);
+                const float4 xv = *(const float4*)(sg + XS_AT + ((kz * MMA_GROUP + i) * BN + nr + 2 * t) * 8);
                 // the mma adds the dots to int_to_f32's bias, so each float is one subtraction
                 int d[4];
-                mma_s8(d, a0, a1, a2, a3, *(const u32*)xb, *(const u32*)(xb + 16), INT_BIAS);
-                float* a = acc[i][n];
-                a[0] = fmaf(d0 * x0.x, biased_to_f32(d[0]), a[0]);
-                a[1] = fmaf(d0 * x1.x, biased_to_f32(d[1]), a[1]);
-                a[2] = fmaf(d1 * x0.x, biased_to_f32(d[2]), a[2]);
-                a[3] = fmaf(d1 * x1.x, biased_to_f32(d[3]), a[3]);
+                mma_s8(d, a0, a1, a2, a3, bf[2 * n], bf[2 * n + 1], INT_BIAS);
+                float* a = acc[q][n];
+                a[0] = fmaf(d0 * xv.x, biased_to_f32(d[0]), a[0]);
+                a[1] = fmaf(d0 * xv.z, biased_to_f32(d[1]), a[1]);
+                a[2] = fmaf(d1 * xv.x, biased_to_f32(d[2]), a[2]);
+                a[3] = fmaf(d1 * xv.z, biased_to_f32(d[3]), a[3]);
                 if (MIN) {
-                    a[0] = fmaf(m0, x0.y, a[0]);
-                    a[1] = fmaf(m0, x1.y, a[1]);
-                    a[2] = fmaf(m1, x0.y, a[2]);
-                    a[3] = fmaf(m1, x1.y, a[3]);
+                    a[0] = fmaf(m0, xv.y, a[0]);
+                    a[1] = fmaf(m0, xv.w, a[1]);
+                    a[2] = fmaf(m1, xv.y, a[2]);
+                    a[3] = fmaf(m1, xv.w, a[3]);
                 }
             }
         }
-        if (at.s == ks - 1) {
-            // the group's chains are done: (c_v + c_v+8) and (c_v+1 + c_v+9) join their sides
-            // of the chunk's tree (kept in shared memory, which few steps touch); after the
-            // last group the chunk joins the part's subtree of the chunk tree
-            const int gi = at.gi;
+    };
+
+    overlap_with_neighbours();
+    // a slot past the chunk's end was copied as zeros: its terms are fmaf(0, 0, acc) = acc
+    // exactly (an accumulator that starts at +0 never holds -0), as if it were skipped
+    float* vals = (float*)(smem + (SINGLE ? 0 : STAGES * STAGE));
+    float total[NT][4];
+    if constexpr (SINGLE) {
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) {
+            issue(st, 0, group_first(st));
+            cp_async_commit();
+        }
+        // per output: the even and odd sides of groups 0 and 1, then of group 2
+        float side[4][NT][4];
+        float* stack = (float*)(smem + STAGES * STAGE) + tid;
+        for (int c = 0; c < parts; ++c) {
+#pragma unroll
+            for (int gi = 0; gi < 4; ++gi) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                // the step three ahead: the next chunk's group gi - 1, or this chunk's last
+                if (gi == 0) issue(3, c, group_first(3));
+                else if (c + 1 < parts) issue(gi - 1, c + 1, group_first(gi - 1));
+                cp_async_commit();
+                // the group's chains are done: (c_v + c_v+8) and (c_v+1 + c_v+9) join their
+                // sides of the chunk's tree; after the last group the chunk joins the part's
+                // subtree of the chunk tree
+                float sums[2][NT][4];
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    float acc[2][NT][4];
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+#pragma unroll
+                        for (int n = 0; n < NT; ++n)
+#pragma unroll
+                            for (int o = 0; o < 4; ++o) acc[q][n][o] = 0.f;
+                    step_pair(gi, kz * parts + c, p, acc);
+#pragma unroll
+                    for (int n = 0; n < NT; ++n)
+#pragma unroll
+                        for (int o = 0; o < 4; ++o) sums[p][n][o] = acc[0][n][o] + acc[1][n][o];
+                }
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int o = 0; o < 4; ++o) {
+                        const float pe = sums[0][n][o], po = sums[1][n][o];
+                        if (gi == 0) side[0][n][o] = pe, side[1][n][o] = po;
+                        else if (gi == 1) side[0][n][o] = side[0][n][o] + pe, side[1][n][o] = side[1][n][o] + po;
+                        else if (gi == 2) side[2][n][o] = pe, side[3][n][o] = po;
+                        else {
+                            const float even = side[0][n][o] + (side[2][n][o] + pe);
+                            const float odd_side = side[1][n][o] + (side[3][n][o] + po);
+                            total[n][o] = tree_push<LEVELS>(stack + (n * 4 + o) * MMA_THREADS, SIDE, c, even + odd_side);
+                        }
+                    }
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        if (KW > 1) {
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int o = 0; o < 4; ++o) {
-                    const float pe = acc[0][n][o] + acc[2][n][o], po = acc[1][n][o] + acc[3][n][o];
-#pragma unroll
-                    for (int i = 0; i < MMA_GROUP; ++i) acc[i][n][o] = 0.f;
-                    float* side = sides + (n * 4 + o) * MMA_THREADS + tid;
-                    if (gi == 0) side[0] = pe, side[SIDE] = po;
-                    else if (gi == 1) side[0] = side[0] + pe, side[SIDE] = side[SIDE] + po;
-                    else if (gi == 2) side[2 * SIDE] = pe, side[3 * SIDE] = po;
-                    else {
-                        const float even = side[0] + (side[2 * SIDE] + pe), odd_side = side[SIDE] + (side[3 * SIDE] + po);
-                        side[0] = tree_push(stack[n][o], at.c, even + odd_side);
-                    }
-                }
+                for (int o = 0; o < 4; ++o) vals[(n * 4 + o) * MMA_THREADS + tid] = total[n][o];
+            __syncthreads();
         }
-        at.advance(ks);
+    } else {
+        Walk ahead;
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) {
+            if (st < parts * 4 * ks) issue(st, ahead.c, ahead.rel());
+            ahead.advance(ks);
+            cp_async_commit();
+        }
+        // the sides of the chunk tree: [side][output][thread] past the steps' buffers; the
+        // stack of up to 32 chunks
+        float* sides = vals;
+        // acc[p][q]: the chain of slot p + 2 q
+        float acc[2][2][NT][4], stack[NT][4][5];
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int o = 0; o < 4; ++o) acc[p][q][n][o] = 0.f;
+        Walk at;
+        int buf = 0, ahead_buf = STAGES - 1;
+        const int steps = parts * 4 * ks;
+        for (int st = 0; st < steps; ++st) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            if (st + STAGES - 1 < steps) issue(ahead_buf, ahead.c, ahead.rel());
+            ahead.advance(ks);
+            ahead_buf = ahead_buf == STAGES - 1 ? 0 : ahead_buf + 1;
+            cp_async_commit();
+            step_pair(buf, kz * parts + at.c, 0, acc[0]);
+            step_pair(buf, kz * parts + at.c, 1, acc[1]);
+            buf = buf == STAGES - 1 ? 0 : buf + 1;
+            if (at.s == ks - 1) {
+                // as SINGLE's group end, the sides in shared memory (few steps touch them)
+                const int gi = at.gi;
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int o = 0; o < 4; ++o) {
+                        const float pe = acc[0][0][n][o] + acc[0][1][n][o], po = acc[1][0][n][o] + acc[1][1][n][o];
+#pragma unroll
+                        for (int p = 0; p < 2; ++p) acc[p][0][n][o] = acc[p][1][n][o] = 0.f;
+                        float* side = sides + (n * 4 + o) * MMA_THREADS + tid;
+                        if (gi == 0) side[0] = pe, side[SIDE] = po;
+                        else if (gi == 1) side[0] = side[0] + pe, side[SIDE] = side[SIDE] + po;
+                        else if (gi == 2) side[2 * SIDE] = pe, side[3 * SIDE] = po;
+                        else {
+                            const float even = side[0] + (side[2 * SIDE] + pe), odd_side = side[SIDE] + (side[3 * SIDE] + po);
+                            side[0] = tree_push<5>(stack[n][o], 1, at.c, even + odd_side);
+                        }
+                    }
+            }
+            at.advance(ks);
+        }
+        cp_async_wait<0>();
+        __syncthreads();
     }
-    cp_async_wait<0>();
-    __syncthreads();
     // the parts' subtrees, in a balanced tree over the parts (in the warps of part 0)
-    float total[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int o = 0; o < 4; ++o) {
             const int at_out = (n * 4 + o) * MMA_THREADS + warp % (WM * WN) * 32 + lane;
             const int part_stride = WM * WN * 32;
-            if (KW == 1) total[n][o] = sides[at_out];
-            else {
+            if (KW == 1) {
+                if (!SINGLE) total[n][o] = vals[at_out];
+            } else {
                 float v[KW];
 #pragma unroll
-                for (int p = 0; p < KW; ++p) v[p] = sides[at_out + p * part_stride];
+                for (int p = 0; p < KW; ++p) v[p] = vals[at_out + p * part_stride];
 #pragma unroll
                 for (int w = 1; w < KW; w *= 2)
 #pragma unroll
@@ -311,7 +415,7 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
         }
     if (kz > 0) return;
     // SwiGLU: the up warps leave their values in shared memory for the gate warps
-    float* up = (float*)smem;
+    float* up = vals + SIDE;
     constexpr int GATE_WARPS = WM / 2;
     if (j.swiglu && wm_i >= GATE_WARPS) {
 #pragma unroll
@@ -343,13 +447,23 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
 
 // The tiles (must match the `Tile`s of matvec_mma.rs): over more than 16 activation rows 64 weight
 // rows x 32 activation rows, or 32 x 32 with K in two parts where the launch has few tiles;
-// over 9 to 16 rows 32 x 16, K in four parts; up to 8 rows 32 x 8, K in four parts.
+// over 9 to 16 rows 32 x 16, K in four parts; up to 8 rows 32 x 8, K in four parts. Each in
+// two forms: `_single` for chains of one block (chunks of up to 16 blocks, at most 8 chunks),
+// the other for any chunks.
 #define MMA_ENTRY extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2)
-MMA_ENTRY matvec_mma_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, 4>(job); }
-MMA_ENTRY matvec_mma_k2_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, 4>(job); }
-MMA_ENTRY matvec_mma16_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, 3>(job); }
-MMA_ENTRY matvec_mma8_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, 4>(job); }
-MMA_ENTRY matvec_mma_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, 4>(job); }
-MMA_ENTRY matvec_mma_k2_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, 4>(job); }
-MMA_ENTRY matvec_mma16_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, 3>(job); }
-MMA_ENTRY matvec_mma8_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, 4>(job); }
+MMA_ENTRY matvec_mma_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, 4, false>(job); }
+MMA_ENTRY matvec_mma_k2_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, 4, false>(job); }
+MMA_ENTRY matvec_mma16_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, 3, false>(job); }
+MMA_ENTRY matvec_mma8_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, 4, false>(job); }
+MMA_ENTRY matvec_mma_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, 4, true>(job); }
+MMA_ENTRY matvec_mma_k2_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, 4, true>(job); }
+MMA_ENTRY matvec_mma16_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, 4, true>(job); }
+MMA_ENTRY matvec_mma8_single_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, 4, true>(job); }
+MMA_ENTRY matvec_mma_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, 4, false>(job); }
+MMA_ENTRY matvec_mma_k2_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, 4, false>(job); }
+MMA_ENTRY matvec_mma16_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, 3, false>(job); }
+MMA_ENTRY matvec_mma8_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, 4, false>(job); }
+MMA_ENTRY matvec_mma_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, 4, true>(job); }
+MMA_ENTRY matvec_mma_k2_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, 4, true>(job); }
+MMA_ENTRY matvec_mma16_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, 4, true>(job); }
+MMA_ENTRY matvec_mma8_single_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, 4, true>(job); }

@@ -232,7 +232,7 @@ fn batch_product(
     match xq {
         Some(xq) if rows >= MMA_MIN_ROWS && has_mma(ws[0].dtype, cols) => {
             dev.quantize_rows(s, x, cols, xq)?;
-            dev.matvec_mma(s, ws, xq, rows, chunks, ys, epilogue)
+            dev.matvec_mma(s, ws, xq, rows, chunks, ys, epilogue, None)
         }
         _ => dev.matvec_job(s, ws, x, None, chunks, ys, epilogue, None),
     }

@@ -24,7 +24,7 @@ const MMA_THREADS: usize = 256;
 
 /// A block's tile of a launch (the kernel variants at the end of kernels/matvec_mma.cu): weight
 /// rows x activation rows, activation tiles of 8 rows per warp, parts of K (a warp's chunks)
-/// and steps in flight.
+/// and steps in flight where chains take several blocks.
 struct Tile {
     kernel: &'static str,
     weight_rows: usize,
@@ -34,49 +34,107 @@ struct Tile {
     stages: usize,
 }
 
-impl Tile {
-    /// Shared bytes of a launch: the steps' buffers (`StageLayout` in the kernels), then the
-    /// sides of every thread's chunk trees (4 floats per output).
-    fn shared_bytes(&self) -> usize {
-        let k = self.parts;
-        let stage =
-            self.weight_rows * (k * 64 + 16 + k * 16) + self.act_rows * (k * 128 + 16 + k * 32 + 8);
-        self.stages * stage + 4 * self.warp_tiles * 4 * MMA_THREADS * 4
+/// The tiles a launch may take, in `MmaTile` order.
+const TILES: [Tile; 4] = [
+    Tile {
+        kernel: "matvec_mma",
+        weight_rows: 64,
+        act_rows: 32,
+        warp_tiles: 2,
+        parts: 1,
+        stages: 4,
+    },
+    Tile {
+        kernel: "matvec_mma_k2",
+        weight_rows: 32,
+        act_rows: 32,
+        warp_tiles: 2,
+        parts: 2,
+        stages: 4,
+    },
+    Tile {
+        kernel: "matvec_mma16",
+        weight_rows: 32,
+        act_rows: 16,
+        warp_tiles: 2,
+        parts: 4,
+        stages: 3,
+    },
+    Tile {
+        kernel: "matvec_mma8",
+        weight_rows: 32,
+        act_rows: 8,
+        warp_tiles: 1,
+        parts: 4,
+        stages: 4,
+    },
+];
+
+/// A launch's tile: 64 weight rows x 32 activation rows; 32 x 32 with K in 2 parts; 32 x 16
+/// and 32 x 8 with K in 4 parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaTile {
+    Wide,
+    WideSplit,
+    Rows16,
+    Rows8,
+}
+
+impl MmaTile {
+    pub const ALL: [MmaTile; 4] = [
+        MmaTile::Wide,
+        MmaTile::WideSplit,
+        MmaTile::Rows16,
+        MmaTile::Rows8,
+    ];
+
+    fn tile(self) -> &'static Tile {
+        &TILES[self as usize]
+    }
+
+    /// Whether a launch of `chunks` chunks can take this tile (its parts are whole chunks).
+    pub fn fits(self, chunks: usize) -> bool {
+        chunks >= self.tile().parts
     }
 }
 
-const TILE_WIDE: Tile = Tile {
-    kernel: "matvec_mma",
-    weight_rows: 64,
-    act_rows: 32,
-    warp_tiles: 2,
-    parts: 1,
-    stages: 4,
-};
-const TILE_WIDE_SPLIT: Tile = Tile {
-    kernel: "matvec_mma_k2",
-    weight_rows: 32,
-    act_rows: 32,
-    warp_tiles: 2,
-    parts: 2,
-    stages: 4,
-};
-const TILE_16: Tile = Tile {
-    kernel: "matvec_mma16",
-    weight_rows: 32,
-    act_rows: 16,
-    warp_tiles: 2,
-    parts: 4,
-    stages: 3,
-};
-const TILE_8: Tile = Tile {
-    kernel: "matvec_mma8",
-    weight_rows: 32,
-    act_rows: 8,
-    warp_tiles: 1,
-    parts: 4,
-    stages: 4,
-};
+/// The kernel form of a launch: `single` where every chain of the one-row kernel's lanes has at
+/// most one block (chunks of up to 16 blocks, at most 8 chunks: the kernel unrolls a chunk's
+/// four steps and keeps the tree's sides in registers), else the form for any chunks.
+struct Form {
+    tile: &'static Tile,
+    single: bool,
+}
+
+impl Form {
+    fn stages(&self) -> usize {
+        if self.single {
+            4
+        } else {
+            self.tile.stages
+        }
+    }
+
+    /// Shared bytes of a launch (`StageLayout` in the kernels): the steps' buffers, then per
+    /// output and thread the chunk stack's 3 - log2(parts) levels (single) or the tree's 4
+    /// sides.
+    fn shared_bytes(&self) -> usize {
+        let t = self.tile;
+        let k = t.parts;
+        let stage = t.weight_rows * (k * 64 + 16 + k * 16) + t.act_rows * (k * 128 + 16 + k * 32);
+        let per_output = if self.single {
+            3 - k.trailing_zeros() as usize
+        } else {
+            4
+        };
+        self.stages() * stage + per_output * t.warp_tiles * 4 * MMA_THREADS * 4
+    }
+
+    fn kernel(&self, dtype: GgmlType) -> String {
+        let single = if self.single { "_single" } else { "" };
+        format!("{}{single}_{}", self.tile.kernel, dtype.name())
+    }
+}
 
 /// Threads of quantize_rows_q8 (MATVEC_THREADS in kernels/matvec.cu).
 const QUANTIZE_THREADS: u32 = 512;
@@ -149,7 +207,8 @@ impl CudaDevice {
     }
 
     /// `ys[i] = ws[i] x` for the `batch` rows of `xq` (`quantize_rows` of x), with
-    /// `epilogue` as `matvec_job` applies it; every row's bits are `matvec`'s on it alone.
+    /// `epilogue` as `matvec_job` applies it; every row's bits are `matvec`'s on it alone,
+    /// whatever the tile (`tile`, or the one that suits the launch where None).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec_mma(
         &self,
@@ -160,6 +219,7 @@ impl CudaDevice {
         chunks: usize,
         ys: &[(u64, usize)],
         epilogue: Epilogue,
+        tile: Option<MmaTile>,
     ) -> Result<()> {
         let w0 = ws[0];
         assert!(
@@ -227,23 +287,33 @@ impl CudaDevice {
         };
         // few activation rows: warps split K; many: the widest tile, unless its launch would
         // leave SMs idle (two blocks fit one)
-        let tile = match batch {
-            0..=8 if chunks >= TILE_8.parts => &TILE_8,
-            0..=16 if chunks >= TILE_16.parts => &TILE_16,
-            _ if chunks >= TILE_WIDE_SPLIT.parts
-                && batch.div_ceil(TILE_WIDE.act_rows) * items(&TILE_WIDE) < 2 * self.sm_count() =>
+        let wide = MmaTile::Wide.tile();
+        let choice = tile.unwrap_or(match batch {
+            0..=8 if MmaTile::Rows8.fits(chunks) => MmaTile::Rows8,
+            0..=16 if MmaTile::Rows16.fits(chunks) => MmaTile::Rows16,
+            _ if MmaTile::WideSplit.fits(chunks)
+                && batch.div_ceil(wide.act_rows) * items(wide) < 2 * self.sm_count() =>
             {
-                &TILE_WIDE_SPLIT
+                MmaTile::WideSplit
             }
-            _ => &TILE_WIDE,
+            _ => MmaTile::Wide,
+        });
+        assert!(
+            choice.fits(chunks),
+            "matvec_mma: the {choice:?} tile splits K into more parts than {chunks} chunks"
+        );
+        let tile = choice.tile();
+        let form = Form {
+            tile,
+            single: w0.cols / chunks <= 16 * 32 && chunks <= 8,
         };
-        let smem = tile.shared_bytes();
+        let smem = form.shared_bytes();
         let cfg = LaunchConfig {
             grid_dim: (batch.div_ceil(tile.act_rows) as u32, items(tile) as u32, 1),
             block_dim: (MMA_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let name = format!("{}_{}", tile.kernel, w0.dtype.name());
+        let name = form.kernel(w0.dtype);
         if smem > PLAIN_DYNAMIC_SHARED {
             self.allow_dynamic_shared(&name, 0, smem)
                 .with_context(|| format!("{name} over {batch} rows"))?;

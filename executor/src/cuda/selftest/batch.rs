@@ -10,7 +10,7 @@ use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cuda::matvec::Epilogue;
-use crate::cuda::matvec_mma::{has_mma, quantized_bytes};
+use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -38,6 +38,10 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
             // K in four parts of chunks of 9 blocks, over 6 rows and over 12
             matvec_rows(cx, dtype, 6, 1152, 4)?;
             matvec_rows(cx, dtype, 12, 1152, 4)?;
+            // chunks of 16 blocks, the most the kernels' single form takes (8 of them: its
+            // deepest chunk stack), over partial tiles
+            matvec_rows(cx, dtype, 37, 4096, 8)?;
+            matvec_rows(cx, dtype, 11, 2048, 4)?;
         }
     }
     attention_slots(cx)?;
@@ -129,37 +133,49 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
     if !has_mma(dtype, k) {
         return Ok(());
     }
-    // the same three forms on tensor cores, over the rows quantized once
+    // the same three forms on tensor cores, over the rows quantized once, in every tile
     let xq_buf = dev.alloc::<u8>(s, quantized_bytes(batch, k))?;
     let xq = Span::of(&xq_buf);
     dev.quantize_rows(s, &xs, k, &xq)?;
-    let many: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
-    let ys: Vec<(u64, usize)> = many.iter().map(|y| (Span::of(y).addr(), y.len())).collect();
-    dev.matvec_mma(s, &refs, &xq, batch, chunks, &ys, Epilogue::Plain)?;
-    let (res, glu) = (outs(shapes[0])?, outs(shapes[0])?);
-    let (res_y, glu_y) = (
-        (Span::of(&res).addr(), res.len()),
-        (Span::of(&glu).addr(), glu.len()),
-    );
-    let into = Epilogue::Residual(Span::of(&residual).addr());
-    dev.matvec_mma(s, &refs[..1], &xq, batch, chunks, &[res_y], into)?;
-    let swiglu = Epilogue::SwiGlu { limit: None };
-    dev.matvec_mma(s, &[&ws[0], &up], &xq, batch, chunks, &[glu_y; 2], swiglu)?;
-    let mut got_many = Vec::new();
-    for y in &many {
-        got_many.extend(dev.download(s, y)?);
-    }
-    let mismatches = [
-        bit_mismatches(&got_many, &want_many),
-        bit_mismatches(&dev.download(s, &res)?, &want_res),
-        bit_mismatches(&dev.download(s, &glu)?, &want_glu),
-    ];
-    for (form, m) in ["q/k/v", "residual", "swiglu"].iter().zip(mismatches) {
-        cx.report.exact(
-            &format!("matvec_mma_{}", dtype.name()),
-            format!("{form} {batch} rows k={k} c={chunks} == per row"),
-            m,
+    for tile in MmaTile::ALL.into_iter().filter(|t| t.fits(chunks)) {
+        let many: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
+        let ys: Vec<(u64, usize)> = many.iter().map(|y| (Span::of(y).addr(), y.len())).collect();
+        let on = Some(tile);
+        dev.matvec_mma(s, &refs, &xq, batch, chunks, &ys, Epilogue::Plain, on)?;
+        let (res, glu) = (outs(shapes[0])?, outs(shapes[0])?);
+        let (res_y, glu_y) = (
+            (Span::of(&res).addr(), res.len()),
+            (Span::of(&glu).addr(), glu.len()),
         );
+        let into = Epilogue::Residual(Span::of(&residual).addr());
+        dev.matvec_mma(s, &refs[..1], &xq, batch, chunks, &[res_y], into, on)?;
+        let swiglu = Epilogue::SwiGlu { limit: None };
+        dev.matvec_mma(
+            s,
+            &[&ws[0], &up],
+            &xq,
+            batch,
+            chunks,
+            &[glu_y; 2],
+            swiglu,
+            on,
+        )?;
+        let mut got_many = Vec::new();
+        for y in &many {
+            got_many.extend(dev.download(s, y)?);
+        }
+        let mismatches = [
+            bit_mismatches(&got_many, &want_many),
+            bit_mismatches(&dev.download(s, &res)?, &want_res),
+            bit_mismatches(&dev.download(s, &glu)?, &want_glu),
+        ];
+        for (form, m) in ["q/k/v", "residual", "swiglu"].iter().zip(mismatches) {
+            cx.report.exact(
+                &format!("matvec_mma_{}", dtype.name()),
+                format!("{form} {batch} rows k={k} c={chunks} {tile:?} tile == per row"),
+                m,
+            );
+        }
     }
     Ok(())
 }

@@ -220,6 +220,7 @@ fn product_time(
                 8,
                 &out,
                 Epilogue::Plain,
+                None,
             )
         }
     })
