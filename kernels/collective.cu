@@ -18,14 +18,14 @@
 // a block per slice; members sharing a device launch few blocks (collective.rs), because
 // their spinning blocks hold registers that the peers' kernels they wait for need, and
 // enough of them starve those kernels of every SM (a deadlock the timeout turns into a trap).
+// Such members' collectives over many values a thread read each other's parts in place
+// instead (all_reduce_rows_f32, through a mailbox per block after the inboxes).
 #include "common.cuh"
 
 #define COLL_THREADS 256
 #define COLL_SLICE 256       // values per block; must match SLICE in collective.rs
 #define COLL_MAX_MEMBERS 8   // must match MAX_MEMBERS in collective.rs
 #define COLL_MAX_TREE 16
-// Words a thread of all_reduce_rows_f32 pushes, or polls, at once (held in registers).
-#define COLL_WORDS 32
 
 __device__ __forceinline__ u64 globaltimer() {
     u64 t;
@@ -110,113 +110,131 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
     end(seq, s);
 }
 
-// all_reduce_rows_f32's push: this thread's values of `part` (its value of this block's
-// slice, then one every grid's width of slices) into every member's inbox for this member,
-// tagged with `s`. The
-// values of a batch are all loaded before the first store (the stores are ordered), so with
-// few blocks their loads' latencies overlap.
-__device__ __forceinline__ void push_rows(const u64* peers, int members, int me, int cap, const float* part,
-                                     int n, u64 s) {
-    const int stride = gridDim.x * COLL_SLICE;
-    u64* inbox[COLL_MAX_MEMBERS];
-#pragma unroll
-    for (int m = 0; m < COLL_MAX_MEMBERS; ++m)
-        if (m < members) inbox[m] = (u64*)peers[m] + ((size_t)(s & 1) * members + me) * cap;
-    for (int i0 = blockIdx.x * COLL_SLICE + threadIdx.x; i0 < n; i0 += COLL_WORDS * stride) {
-        u32 v[COLL_WORDS];
-#pragma unroll
-        for (int b = 0; b < COLL_WORDS; ++b)
-            if (i0 + b * stride < n) v[b] = __float_as_uint(part[i0 + b * stride]);
-#pragma unroll
-        for (int b = 0; b < COLL_WORDS; ++b)
-            if (i0 + b * stride < n)
-#pragma unroll
-                for (int m = 0; m < COLL_MAX_MEMBERS; ++m)
-                    if (m < members) store_relaxed(inbox[m] + i0 + b * stride, (s << 32) | (u64)v[b]);
-    }
+__device__ __forceinline__ u64 load_acquire(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
 }
 
-// The words of a batch: values i0, i0 + stride, ... (BATCH of them; those at or past n are
-// not read) from members 0 .. MM - 1 (those below `members`) of collective `s`, from this
-// member's inbox, once they have arrived. Every load of the batch is issued before any is
-// checked, so their latencies overlap: with few blocks (members sharing a device), a thread
-// polls many values and one load at a time would leave the collective latency-bound.
-template <int BATCH, int MM>
-__device__ __forceinline__ void arrived_batch(const u64* inbox, int members, int cap, int i0, int stride, int n,
-                                        u64 s, u64 start, u64 timeout_ns, u64 (&w)[BATCH][MM]) {
-    const u64* set = inbox + (size_t)(s & 1) * members * cap;
-    const u32 tag = (u32)s;
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b)
-#pragma unroll
-        for (int m = 0; m < MM; ++m)
-            if (m < members && i0 + b * stride < n) w[b][m] = load_relaxed(set + (size_t)m * cap + i0 + b * stride);
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b)
-#pragma unroll
-        for (int m = 0; m < MM; ++m)
-            if (m < members && i0 + b * stride < n)
-                while ((u32)(w[b][m] >> 32) != tag) {
-                    if (globaltimer() - start > timeout_ns) __trap();
-                    w[b][m] = load_relaxed(set + (size_t)m * cap + i0 + b * stride);
-                }
+__device__ __forceinline__ void store_release(u64* p, u64 v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// The value in word w[m] for the member index m (a tree operand).
+// Waits until the word at p holds s (acquired), trapping past the timeout.
+__device__ __forceinline__ void await_word(const u64* p, u64 s, u64 start, u64 timeout_ns) {
+    while (load_acquire(p) != s)
+        if (globaltimer() - start > timeout_ns) __trap();
+}
+
+#define COLL_ROWS_THREADS 512 // must match ROWS_THREADS in collective.rs
+// Vectors of 4 values a thread of all_reduce_rows_f32 loads from each of MM members at once.
+#define COLL_ROWS_BATCH(MM) (8 / (MM))
+
+// The group's tree (postfix, as all_reduce_f32 takes it) over the members' values v.
 template <int MM>
-__device__ __forceinline__ float member_value(const u64 (&w)[MM], int m) {
-    u32 v = 0;
+__device__ __forceinline__ float tree_value(const int* tree, int ntree, const float (&v)[MM]) {
+    float stack[MM];
+    int sp = 0;
+#pragma unroll 1
+    for (int k = 0; k < ntree; ++k) {
+        const int op = tree[k];
+        if (op >= 0) {
+            float w = 0.f;
 #pragma unroll
-    for (int j = 0; j < MM; ++j)
-        if (j == m) v = (u32)w[j];
-    return __uint_as_float(v);
-}
-
-// all_reduce_rows_f32's polling and combining for groups of at most MM members.
-template <int MM>
-__device__ __forceinline__ void reduce_arrived(const u64* inbox, const int* tree, int ntree, int members,
-                                               int n, int cap, float* x, u64 s, u64 timeout_ns) {
-    constexpr int BATCH = COLL_WORDS / MM;
-    const int stride = gridDim.x * COLL_SLICE;
-    const u64 start = globaltimer();
-    for (int i0 = blockIdx.x * COLL_SLICE + threadIdx.x; i0 < n; i0 += BATCH * stride) {
-        u64 w[BATCH][MM];
-        arrived_batch<BATCH, MM>(inbox, members, cap, i0, stride, n, s, start, timeout_ns, w);
-        float xv[BATCH];
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b)
-            if (i0 + b * stride < n) xv[b] = x[i0 + b * stride];
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            if (i0 + b * stride >= n) break;
-            float stack[COLL_MAX_MEMBERS];
-            int sp = 0;
-            for (int k = 0; k < ntree; ++k) {
-                const int op = tree[k];
-                if (op >= 0) {
-                    stack[sp++] = member_value<MM>(w[b], op);
-                } else {
-                    --sp;
-                    stack[sp - 1] = stack[sp - 1] + stack[sp];
-                }
-            }
-            x[i0 + b * stride] = xv[b] + stack[0];
+            for (int m = 0; m < MM; ++m)
+                if (m == op) w = v[m];
+            stack[sp++] = w;
+        } else {
+            --sp;
+            stack[sp - 1] = stack[sp - 1] + stack[sp];
         }
     }
+    return stack[0];
 }
 
-// all_reduce_f32 for vectors of many values a thread (a prefill step's rows on members that
-// share a device, whose few blocks each serve many slices): the same words, inboxes and tree,
-// so the same bits, with a thread's loads batched (push_rows, arrived_batch).
-extern "C" __global__ void __launch_bounds__(COLL_THREADS)
+// x[i] += the tree of the members' values i, for this block's values: vectors of 4 where every
+// pointer allows, else single values; each thread loads COLL_ROWS_BATCH(MM) of each member's
+// and of x before it combines any. Peer values go through L2 (an earlier collective's lines of the
+// same addresses may sit in this SM's L1).
+template <int MM>
+__device__ __forceinline__ void reduce_parts(const float* const* parts, const int* tree, int ntree, int members,
+                                             int n, float* x) {
+    bool vec = n % 4 == 0 && (size_t)x % 16 == 0;
+    for (int m = 0; m < members; ++m) vec = vec && (size_t)parts[m] % 16 == 0;
+    const int stride = gridDim.x * COLL_ROWS_THREADS;
+    if (vec) {
+        constexpr int BATCH = COLL_ROWS_BATCH(MM);
+        const int n4 = n / 4;
+        for (int i0 = blockIdx.x * COLL_ROWS_THREADS + threadIdx.x; i0 < n4; i0 += BATCH * stride) {
+            float4 v[BATCH][MM], xv[BATCH];
+#pragma unroll
+            for (int b = 0; b < BATCH; ++b) {
+                const int i = i0 + b * stride;
+                if (i >= n4) break;
+                xv[b] = ((const float4*)x)[i];
+#pragma unroll
+                for (int m = 0; m < MM; ++m)
+                    if (m < members) v[b][m] = __ldcg((const float4*)parts[m] + i);
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; ++b) {
+                const int i = i0 + b * stride;
+                if (i >= n4) break;
+                float c[4][MM];
+#pragma unroll
+                for (int m = 0; m < MM; ++m)
+                    c[0][m] = v[b][m].x, c[1][m] = v[b][m].y, c[2][m] = v[b][m].z, c[3][m] = v[b][m].w;
+                float4 out = xv[b];
+                out.x = out.x + tree_value<MM>(tree, ntree, c[0]);
+                out.y = out.y + tree_value<MM>(tree, ntree, c[1]);
+                out.z = out.z + tree_value<MM>(tree, ntree, c[2]);
+                out.w = out.w + tree_value<MM>(tree, ntree, c[3]);
+                ((float4*)x)[i] = out;
+            }
+        }
+        return;
+    }
+    for (int i = blockIdx.x * COLL_ROWS_THREADS + threadIdx.x; i < n; i += stride) {
+        float v[MM];
+#pragma unroll
+        for (int m = 0; m < MM; ++m)
+            if (m < members) v[m] = __ldcg(parts[m] + i);
+        x[i] = x[i] + tree_value<MM>(tree, ntree, v);
+    }
+}
+
+// all_reduce_f32 for members that share a device and vectors of many values a block (a
+// prefill or batched step's rows): no words and inboxes; the members read each other's parts
+// in place. Block b of each member publishes its part's address and the collective's sequence
+// number in its mailbox (4 words per block past the inboxes: sequence, address, done), waits
+// for block b of every member to publish, adds the tree of their values of its slices to x
+// (the same additions on the same values as all_reduce_f32, so the same bits), then says it
+// is done and waits for every member's block b to be done too: a member's part is rewritten
+// only after its kernel ends, by then nobody reads it.
+extern "C" __global__ void __launch_bounds__(COLL_ROWS_THREADS)
     all_reduce_rows_f32(const u64* peers, const int* tree, int ntree, int members, int me, int n,
                         int cap, const float* part, float* x, u64* seq, int early, u64 timeout_ns) {
     const u64 s = begin(seq, early);
-    push_rows(peers, members, me, cap, part, n, s);
-    const u64* inbox = (const u64*)peers[me];
-    if (members <= 2) reduce_arrived<2>(inbox, tree, ntree, members, n, cap, x, s, timeout_ns);
-    else if (members <= 4) reduce_arrived<4>(inbox, tree, ntree, members, n, cap, x, s, timeout_ns);
-    else reduce_arrived<COLL_MAX_MEMBERS>(inbox, tree, ntree, members, n, cap, x, s, timeout_ns);
+    const size_t mail_at = (size_t)2 * members * cap + 4 * blockIdx.x;
+    __shared__ const float* parts[COLL_MAX_MEMBERS];
+    const u64 start = globaltimer();
+    if (threadIdx.x == 0) {
+        u64* mine = (u64*)peers[me] + mail_at;
+        store_relaxed(mine + 1, (u64)part);
+        store_release(mine, s);
+    }
+    if (threadIdx.x < members) {
+        const u64* theirs = (const u64*)peers[threadIdx.x] + mail_at;
+        await_word(theirs, s, start, timeout_ns);
+        parts[threadIdx.x] = (const float*)load_relaxed(theirs + 1);
+    }
+    __syncthreads();
+    if (members <= 2) reduce_parts<2>(parts, tree, ntree, members, n, x);
+    else if (members <= 4) reduce_parts<4>(parts, tree, ntree, members, n, x);
+    else reduce_parts<COLL_MAX_MEMBERS>(parts, tree, ntree, members, n, x);
+    __syncthreads();
+    if (threadIdx.x == 0) store_release((u64*)peers[me] + mail_at + 2, s);
+    if (threadIdx.x < members) await_word((const u64*)peers[threadIdx.x] + mail_at + 2, s, start, timeout_ns);
     end(seq, s);
 }
 

@@ -18,14 +18,20 @@ use crate::reduce::Tree;
 
 /// Values per block of a collective (COLL_SLICE in kernels/collective.cu).
 const SLICE: usize = 256;
+/// Threads of a block of all_reduce_rows_f32 (COLL_ROWS_THREADS in kernels/collective.cu).
+const ROWS_THREADS: u32 = 512;
 /// Members per group the kernels address (COLL_MAX_MEMBERS in kernels/collective.cu).
 pub const MAX_MEMBERS: usize = 8;
+/// Mailbox words per block after a member's inboxes (all_reduce_rows_f32).
+const MAIL_WORDS: usize = 4;
 /// How long a member waits for its peers before the kernel traps: far beyond any decode step,
 /// so only a peer that never comes (a broken plan or a dead rank) hits it.
 const TIMEOUT_NS: u64 = 30_000_000_000;
 
 /// One rank's exchange area: an inbox per member, two sets by parity, of 8-byte words (a
-/// value and the sequence number of the collective that wrote it), and the sequence words.
+/// value and the sequence number of the collective that wrote it), then a mailbox of
+/// `MAIL_WORDS` per block (`all_reduce_rows_f32`: its part's address, the sequence numbers
+/// of its publishing and of its being done); and the sequence words.
 pub struct Exchange {
     data: DeviceBuffer<u64>,
     seq: DeviceBuffer<u64>,
@@ -43,7 +49,7 @@ impl Exchange {
     ) -> Result<Exchange> {
         let cap = cap.div_ceil(SLICE) * SLICE;
         Ok(Exchange {
-            data: dev.alloc(stream, 2 * members * cap)?,
+            data: dev.alloc(stream, 2 * members * cap + MAIL_WORDS * (cap / SLICE))?,
             seq: dev.alloc(stream, cap / SLICE)?,
             cap,
         })
@@ -102,10 +108,16 @@ pub struct Oneshot {
     /// device take one block per `SHARED_SMS_PER_BLOCK * members` SMs each, so the blocks
     /// spinning for peers never hold the SMs those peers' kernels need.
     max_blocks: usize,
+    /// Blocks of all_reduce_rows_f32 (members sharing a device): one per
+    /// `ROWS_SMS_PER_BLOCK * members` SMs.
+    rows_blocks: usize,
 }
 
 /// SMs per spinning block of a member, over the members, when members share a device.
 const SHARED_SMS_PER_BLOCK: usize = 4;
+/// The same for all_reduce_rows_f32, whose blocks spin only until the peers' blocks start:
+/// half the SMs at most, over the members.
+const ROWS_SMS_PER_BLOCK: usize = 2;
 
 /// The tree in postfix: a member index pushes, -1 adds the top two (left + right).
 pub(super) fn postfix(tree: &Tree, out: &mut Vec<i32>) {
@@ -157,6 +169,7 @@ impl Oneshot {
             } else {
                 (dev.sm_count() / (SHARED_SMS_PER_BLOCK * all.len())).max(1)
             },
+            rows_blocks: (dev.sm_count() / (ROWS_SMS_PER_BLOCK * all.len())).max(1),
         })
     }
 
@@ -172,7 +185,8 @@ impl Oneshot {
         let kernel = match what {
             Reduce::Sum => {
                 assert_eq!(n, out.len(), "invariant: all-reduce part and x lengths");
-                // a block serving several slices batches its threads' loads
+                // a block serving several slices: members share a device (own devices take
+                // a block per slice), and read each other's parts in place
                 if blocks * SLICE < n {
                     "all_reduce_rows_f32"
                 } else {
@@ -200,9 +214,15 @@ impl Oneshot {
             self.exchange.cap as i32,
         );
         let (pp, op) = (part.addr(), out.addr());
+        let (blocks, threads) = if kernel == "all_reduce_rows_f32" {
+            // a mailbox and a sequence word per block: at most one block per slice
+            (self.rows_blocks.min(n.div_ceil(SLICE)), ROWS_THREADS)
+        } else {
+            (blocks, SLICE as u32)
+        };
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (SLICE as u32, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the arguments match both kernels' signature in order and type; the tables
