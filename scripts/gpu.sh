@@ -87,6 +87,8 @@
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
 # so a lease short of device time still gets its table. Logs go to $OUT (or /tmp/memra-gpu),
 # or, for the suites that write many, to /tmp/memra-SUITE, packed as $OUT/SUITE-logs.tar.gz.
+# An experiment of its own (under the git-ignored .dev/) sources this file for the helpers
+# (`source scripts/gpu.sh`; then set SUITE and BUDGET, call logs_in, its rows, table).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -1405,6 +1407,9 @@ suite_smoke() {
     table
 }
 
+# sourced by an experiment's own script (`source scripts/gpu.sh`, then its rows and `table`):
+# the helpers above, no suite
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
 build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | final)
