@@ -18,7 +18,8 @@
 // a block per slice; members sharing a device launch few blocks (collective.rs), because
 // their spinning blocks hold registers that the peers' kernels they wait for need, and
 // enough of them starve those kernels of every SM (a deadlock the timeout turns into a trap).
-// Such members' collectives over many values a thread read each other's parts in place
+// Where members share a device, collectives of more values than those blocks' slices
+// (a prefill or batched step's rows) have the members read each other's parts in place
 // instead (all_reduce_rows_f32, through a mailbox per block after the inboxes).
 #include "common.cuh"
 
@@ -112,12 +113,12 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS)
 
 __device__ __forceinline__ u64 load_acquire(const u64* p) {
     u64 v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
 __device__ __forceinline__ void store_release(u64* p, u64 v) {
-    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // Waits until the word at p holds s (acquired), trapping past the timeout.
@@ -203,9 +204,10 @@ __device__ __forceinline__ void reduce_parts(const float* const* parts, const in
     }
 }
 
-// all_reduce_f32 for members that share a device and vectors of many values a block (a
-// prefill or batched step's rows): no words and inboxes; the members read each other's parts
-// in place. Block b of each member publishes its part's address and the collective's sequence
+// all_reduce_f32 for groups where members share a device, over vectors of more values than
+// their few blocks' slices (a prefill or batched step's rows): no words and inboxes; the
+// members read each other's parts in place (members on other devices of the group through
+// peer access; the flags are system-scoped). Block b of each member publishes its part's address and the collective's sequence
 // number in its mailbox (4 words per block past the inboxes: sequence, address, done), waits
 // for block b of every member to publish, adds the tree of their values of its slices to x
 // (the same additions on the same values as all_reduce_f32, so the same bits), then says it

@@ -104,7 +104,7 @@ struct Walk {
     __device__ __forceinline__ int rel() const { return 16 * s + group_first(gi); }
 };
 
-// Shared bytes of one step, as matvec_mma.rs's `Tile::stage_bytes` computes them: per weight
+// Shared bytes of one step, as matvec_mma.rs's `Form::shared_bytes` computes them: per weight
 // row the quants of each part's 4 blocks (16 bytes of padding after them keep ldmatrix's rows
 // on distinct banks), then their scales; per activation row the quants (padded too); then
 // the activation rows' (d, d * sum) pairs, slot by slot (a thread's two rows side by side).
@@ -217,7 +217,9 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     const int ra = 16 * wm_i + g;
     // one step's blocks of slots p and p + 2 (the chains on side p of the group's tree) from
     // buffer `buf` into their accumulators acc[0] and acc[1], chunk c of K (its first block's
-    // parity places q4_0's scales)
+    // parity places q4_0's scales). A slot past the chunk's end was copied as zeros: its terms
+    // are fmaf(0, 0, acc) = acc exactly (an accumulator that starts at +0 never holds -0), as
+    // if it were skipped.
     auto step_pair = [&](int buf, int c, int p, float (&acc)[2][NT][4]) {
         const u8* sg = smem + buf * STAGE;
         const int odd = (c * bpc) & 1;
@@ -268,8 +270,6 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     };
 
     overlap_with_neighbours();
-    // a slot past the chunk's end was copied as zeros: its terms are fmaf(0, 0, acc) = acc
-    // exactly (an accumulator that starts at +0 never holds -0), as if it were skipped
     float* vals = (float*)(smem + (SINGLE ? 0 : STAGES * STAGE));
     float total[NT][4];
     if constexpr (SINGLE) {

@@ -59,6 +59,11 @@ impl Exchange {
     pub fn address(&self) -> u64 {
         Span::of(&self.data).addr()
     }
+
+    /// Values per inbox: the members of a group address each other's inboxes by their own.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
 }
 
 /// A member's collectives, over the transport its group names.
@@ -108,16 +113,31 @@ pub struct Oneshot {
     /// device take one block per `SHARED_SMS_PER_BLOCK * members` SMs each, so the blocks
     /// spinning for peers never hold the SMs those peers' kernels need.
     max_blocks: usize,
-    /// Blocks of all_reduce_rows_f32 (members sharing a device): one per
-    /// `ROWS_SMS_PER_BLOCK * members` SMs.
+    /// Blocks of all_reduce_rows_f32 (members sharing a device).
     rows_blocks: usize,
 }
 
 /// SMs per spinning block of a member, over the members, when members share a device.
 const SHARED_SMS_PER_BLOCK: usize = 4;
-/// The same for all_reduce_rows_f32, whose blocks spin only until the peers' blocks start:
-/// half the SMs at most, over the members.
+/// The same for all_reduce_rows_f32 over the ranks on the device, whose blocks spin only
+/// while a peer's same block has not started or not finished: half the SMs at most.
 const ROWS_SMS_PER_BLOCK: usize = 2;
+
+/// How a group's members sit on devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Every member on its own device.
+    OwnDevices,
+    /// Some members share a device: each member's all_reduce_rows_f32 launches `rows_blocks`
+    /// blocks, a number the whole group agrees on (`rows_blocks`).
+    Shared { rows_blocks: usize },
+}
+
+/// Blocks of all_reduce_rows_f32 for a member on a device of `sm_count` SMs that holds
+/// `ranks` ranks; a group takes the least over its members.
+pub fn rows_blocks(sm_count: usize, ranks: usize) -> usize {
+    (sm_count / (ROWS_SMS_PER_BLOCK * ranks.max(1))).max(1)
+}
 
 /// The tree in postfix: a member index pushes, -1 adds the top two (left + right).
 pub(super) fn postfix(tree: &Tree, out: &mut Vec<i32>) {
@@ -133,8 +153,8 @@ pub(super) fn postfix(tree: &Tree, out: &mut Vec<i32>) {
 
 impl Oneshot {
     /// Connects member `me` of a group whose members' exchanges are at `all` (in member
-    /// order), combining in `tree`; the tables live on `dev`, the collectives run on `stream`. `own_devices` says that no two
-    /// members share a device.
+    /// order), combining in `tree`; the tables live on `dev`, the collectives run on
+    /// `stream`.
     pub fn connect(
         dev: &CudaDevice,
         stream: &Arc<CudaStream>,
@@ -142,7 +162,7 @@ impl Oneshot {
         all: &[u64],
         me: usize,
         tree: &Tree,
-        own_devices: bool,
+        placement: Placement,
     ) -> Result<Oneshot> {
         if all.len() > MAX_MEMBERS {
             bail!(
@@ -154,6 +174,7 @@ impl Oneshot {
         table[..all.len()].copy_from_slice(all);
         let mut ops = Vec::new();
         postfix(tree, &mut ops);
+        let own_devices = placement == Placement::OwnDevices;
         Ok(Oneshot {
             dev: dev.clone(),
             stream: stream.clone(),
@@ -169,7 +190,10 @@ impl Oneshot {
             } else {
                 (dev.sm_count() / (SHARED_SMS_PER_BLOCK * all.len())).max(1)
             },
-            rows_blocks: (dev.sm_count() / (ROWS_SMS_PER_BLOCK * all.len())).max(1),
+            rows_blocks: match placement {
+                Placement::OwnDevices => 1,
+                Placement::Shared { rows_blocks } => rows_blocks,
+            },
         })
     }
 

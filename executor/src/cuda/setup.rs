@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, CudaStream};
 use memra_compiler::plan::{Collective, Op, Plan, Step};
 
+use super::collective::{rows_blocks, Placement};
 use super::device::CudaDevice;
 use super::nccl;
 use super::rank::RankDevice;
@@ -160,8 +161,28 @@ pub(super) fn connect_groups(
                 anyhow!("rank {m} is listed by group {} but names no group", g.group)
             })?);
         }
+        let caps: BTreeSet<Option<usize>> =
+            members.iter().map(|&i| ranks[i].exchange_cap()).collect();
+        if caps.len() > 1 {
+            bail!(
+                "group {}: its members' exchanges hold {caps:?} values each; the one-shot collectives address every member's inboxes alike (the longest vector a member's collectives carry differs between members)",
+                g.group
+            );
+        }
+        let placement = if own_devices {
+            Placement::OwnDevices
+        } else {
+            // the ranks of this process on each member's device share its SMs
+            let on_device = |d: usize| ranks.iter().filter(|r| r.dev.ordinal() == d).count();
+            let rows_blocks = members
+                .iter()
+                .map(|&i| rows_blocks(ranks[i].dev.sm_count(), on_device(ranks[i].dev.ordinal())))
+                .min()
+                .unwrap_or(1);
+            Placement::Shared { rows_blocks }
+        };
         for (me, &i) in members.iter().enumerate() {
-            ranks[i].connect(&all, me, &tree, own_devices)?;
+            ranks[i].connect(&all, me, &tree, placement)?;
         }
     }
     Ok(())

@@ -21,7 +21,7 @@ use memra_compiler::plan::{
     reduction_chunks, Boundary, Carries, Collective as PlanCollective, Mixer, Plan,
 };
 
-use super::collective::{Collective, Exchange, Oneshot, Reduce};
+use super::collective::{Collective, Exchange, Oneshot, Placement, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::dsa::DsaState;
 use super::kda::{KdaState, KdaWeights};
@@ -210,21 +210,25 @@ impl RankDevice {
         self.exchange.as_ref().map(Exchange::address)
     }
 
-    /// Joins the group: `all` are the members' exchange addresses in member order;
-    /// `own_devices` says that no two members share a device.
+    /// Values per inbox of the rank's exchange.
+    pub fn exchange_cap(&self) -> Option<usize> {
+        self.exchange.as_ref().map(Exchange::cap)
+    }
+
+    /// Joins the group: `all` are the members' exchange addresses in member order.
     pub fn connect(
         &mut self,
         all: &[u64],
         me: usize,
         tree: &crate::reduce::Tree,
-        own_devices: bool,
+        placement: Placement,
     ) -> Result<()> {
         let exchange = self
             .exchange
             .take()
             .ok_or_else(|| anyhow!("rank {} is in no tensor-parallel group", self.rank))?;
         let s = self.work_stream();
-        let oneshot = Oneshot::connect(&self.dev, &s, exchange, all, me, tree, own_devices)?;
+        let oneshot = Oneshot::connect(&self.dev, &s, exchange, all, me, tree, placement)?;
         self.collective = Some(Collective::Oneshot(oneshot));
         Ok(())
     }

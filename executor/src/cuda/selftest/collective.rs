@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use memra_gguf::rng::Rng;
 
-use super::super::collective::{Collective, Exchange, Oneshot, Reduce};
+use super::super::collective::{rows_blocks, Collective, Exchange, Oneshot, Placement, Reduce};
 use super::super::graph::capture;
 use super::super::nccl;
 use super::super::span::Span;
@@ -126,15 +126,14 @@ fn oneshot(
         .into_iter()
         .enumerate()
         .map(|(me, exchange)| {
-            let c = Oneshot::connect(
-                &devs[me],
-                &streams[me],
-                exchange,
-                &all,
-                me,
-                tree,
-                own_devices,
-            )?;
+            let placement = if own_devices {
+                Placement::OwnDevices
+            } else {
+                Placement::Shared {
+                    rows_blocks: rows_blocks(devs[me].sm_count(), 2),
+                }
+            };
+            let c = Oneshot::connect(&devs[me], &streams[me], exchange, &all, me, tree, placement)?;
             Ok(Collective::Oneshot(c))
         })
         .collect()
