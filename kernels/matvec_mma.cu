@@ -86,6 +86,22 @@ __device__ __forceinline__ float tree_push(float* stack, int stride, int c, floa
     return x;
 }
 
+// A group's end: its two values, (c_v + c_v+8) on the even side of the chunk's tree and
+// (c_v+1 + c_v+9) on the odd side, join the sides (e and o for groups 0 and 1, e2 and o2 for
+// group 2); after group 3 `chunk` is the chunk's value and the result is true.
+__device__ __forceinline__ bool join_group(int gi, float pe, float po, float& e, float& o, float& e2, float& o2,
+                                           float& chunk) {
+    if (gi == 0) e = pe, o = po;
+    else if (gi == 1) e = e + pe, o = o + po;
+    else if (gi == 2) e2 = pe, o2 = po;
+    else {
+        const float even = e + (e2 + pe), odd_side = o + (o2 + po);
+        chunk = even + odd_side;
+        return true;
+    }
+    return false;
+}
+
 // Slot i of a step holds block v + OFF(i) of the step's 16 (chain v + OFF(i)); group gi's v.
 __device__ __forceinline__ int slot_offset(int i) { return (0x9810 >> (4 * i)) & 0xf; }
 __device__ __forceinline__ int group_first(int gi) { return (0x6240 >> (4 * gi)) & 0xf; }
@@ -290,9 +306,8 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
                 if (gi == 0) issue(3, c, group_first(3));
                 else if (c + 1 < parts) issue(gi - 1, c + 1, group_first(gi - 1));
                 cp_async_commit();
-                // the group's chains are done: (c_v + c_v+8) and (c_v+1 + c_v+9) join their
-                // sides of the chunk's tree; after the last group the chunk joins the part's
-                // subtree of the chunk tree
+                // the group's chains are done: they join the chunk's tree, and after the last
+                // group the chunk joins the part's subtree of the chunk tree
                 float sums[2][NT][4];
 #pragma unroll
                 for (int p = 0; p < 2; ++p) {
@@ -313,15 +328,10 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
                     for (int o = 0; o < 4; ++o) {
-                        const float pe = sums[0][n][o], po = sums[1][n][o];
-                        if (gi == 0) side[0][n][o] = pe, side[1][n][o] = po;
-                        else if (gi == 1) side[0][n][o] = side[0][n][o] + pe, side[1][n][o] = side[1][n][o] + po;
-                        else if (gi == 2) side[2][n][o] = pe, side[3][n][o] = po;
-                        else {
-                            const float even = side[0][n][o] + (side[2][n][o] + pe);
-                            const float odd_side = side[1][n][o] + (side[3][n][o] + po);
-                            total[n][o] = tree_push<LEVELS>(stack + (n * 4 + o) * MMA_THREADS, SIDE, c, even + odd_side);
-                        }
+                        float chunk;
+                        if (join_group(gi, sums[0][n][o], sums[1][n][o], side[0][n][o], side[1][n][o], side[2][n][o],
+                                       side[3][n][o], chunk))
+                            total[n][o] = tree_push<LEVELS>(stack + (n * 4 + o) * MMA_THREADS, SIDE, c, chunk);
                     }
             }
         }
@@ -379,13 +389,9 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
 #pragma unroll
                         for (int p = 0; p < 2; ++p) acc[p][0][n][o] = acc[p][1][n][o] = 0.f;
                         float* side = sides + (n * 4 + o) * MMA_THREADS + tid;
-                        if (gi == 0) side[0] = pe, side[SIDE] = po;
-                        else if (gi == 1) side[0] = side[0] + pe, side[SIDE] = side[SIDE] + po;
-                        else if (gi == 2) side[2 * SIDE] = pe, side[3 * SIDE] = po;
-                        else {
-                            const float even = side[0] + (side[2 * SIDE] + pe), odd_side = side[SIDE] + (side[3 * SIDE] + po);
-                            side[0] = tree_push<5>(stack[n][o], 1, at.c, even + odd_side);
-                        }
+                        float chunk;
+                        if (join_group(gi, pe, po, side[0], side[SIDE], side[2 * SIDE], side[3 * SIDE], chunk))
+                            side[0] = tree_push<5>(stack[n][o], 1, at.c, chunk);
                     }
             }
             at.advance(ks);

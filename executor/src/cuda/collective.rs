@@ -113,8 +113,7 @@ pub struct Oneshot {
     /// device take one block per `SHARED_SMS_PER_BLOCK * members` SMs each, so the blocks
     /// spinning for peers never hold the SMs those peers' kernels need.
     max_blocks: usize,
-    /// Blocks of all_reduce_rows_f32 (members sharing a device).
-    rows_blocks: usize,
+    placement: Placement,
 }
 
 /// SMs per spinning block of a member, over the members, when members share a device.
@@ -190,10 +189,7 @@ impl Oneshot {
             } else {
                 (dev.sm_count() / (SHARED_SMS_PER_BLOCK * all.len())).max(1)
             },
-            rows_blocks: match placement {
-                Placement::OwnDevices => 1,
-                Placement::Shared { rows_blocks } => rows_blocks,
-            },
+            placement,
         })
     }
 
@@ -205,19 +201,22 @@ impl Oneshot {
             "invariant: a collective of {n} values fits the exchange of {}",
             self.exchange.cap
         );
-        let blocks = n.div_ceil(SLICE).clamp(1, self.max_blocks);
-        let kernel = match what {
-            Reduce::Sum => {
-                assert_eq!(n, out.len(), "invariant: all-reduce part and x lengths");
-                // a block serving several slices: members share a device (own devices take
-                // a block per slice), and read each other's parts in place
-                if blocks * SLICE < n {
-                    "all_reduce_rows_f32"
-                } else {
-                    "all_reduce_f32"
-                }
+        if what == Reduce::Sum {
+            assert_eq!(n, out.len(), "invariant: all-reduce part and x lengths");
+        }
+        let mut blocks = n.div_ceil(SLICE).clamp(1, self.max_blocks);
+        let mut threads = SLICE as u32;
+        let kernel = match (what, self.placement) {
+            // more slices than the few blocks of members sharing a device: they read each
+            // other's parts in place (a mailbox and a sequence word per block: at most one
+            // block per slice)
+            (Reduce::Sum, Placement::Shared { rows_blocks }) if blocks * SLICE < n => {
+                blocks = rows_blocks.min(n.div_ceil(SLICE));
+                threads = ROWS_THREADS;
+                "all_reduce_rows_f32"
             }
-            Reduce::Gather => {
+            (Reduce::Sum, _) => "all_reduce_f32",
+            (Reduce::Gather, _) => {
                 assert!(
                     self.me != 0 || out.len() == n * self.members,
                     "invariant: the gathered logits hold every member's slice"
@@ -238,12 +237,6 @@ impl Oneshot {
             self.exchange.cap as i32,
         );
         let (pp, op) = (part.addr(), out.addr());
-        let (blocks, threads) = if kernel == "all_reduce_rows_f32" {
-            // a mailbox and a sequence word per block: at most one block per slice
-            (self.rows_blocks.min(n.div_ceil(SLICE)), ROWS_THREADS)
-        } else {
-            (blocks, SLICE as u32)
-        };
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (threads, 1, 1),

@@ -5,8 +5,9 @@
 //! steps after it follow the one-row kernel's lanes, butterfly and chunk tree, so every row
 //! keeps the bits of `CudaDevice::matvec` on it alone. A launch's tile (`Tile`) depends on
 //! the rows and on how many tiles the weights make: each block stages its blocks of weight
-//! and activation rows in shared memory and its warps may split K into parts of whole chunks. Other dtypes, and steps of fewer rows
-//! than `MMA_MIN_ROWS`, run the matvec tiles (`matvec.rs`).
+//! and activation rows in shared memory and its warps may split K into parts of whole
+//! chunks; its kernel form (`Form`) on the chunks' length. Other dtypes, and steps of fewer
+//! rows than `MMA_MIN_ROWS`, run the matvec tiles (`matvec.rs`).
 
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice, LaunchConfig};
@@ -21,10 +22,13 @@ use super::span::Span;
 const MMA_MAX_SEGS: usize = 3;
 /// Threads of a block (MMA_THREADS in kernels/matvec_mma.cu).
 const MMA_THREADS: usize = 256;
+/// Steps in flight of the single form (its kernels unroll a chunk's four steps over four
+/// buffers).
+const SINGLE_STAGES: usize = 4;
 
 /// A block's tile of a launch (the kernel variants at the end of kernels/matvec_mma.cu): weight
 /// rows x activation rows, activation tiles of 8 rows per warp, parts of K (a warp's chunks)
-/// and steps in flight where chains take several blocks.
+/// and steps in flight of the form for any chunks.
 struct Tile {
     kernel: &'static str,
     weight_rows: usize,
@@ -109,7 +113,7 @@ struct Form {
 impl Form {
     fn stages(&self) -> usize {
         if self.single {
-            4
+            SINGLE_STAGES
         } else {
             self.tile.stages
         }
