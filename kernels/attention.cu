@@ -4,7 +4,9 @@
 // 0..=*pos (clamped to the capacity). A prefill step's token rows are grid rows: row y attends
 // over 0..=*pos + y, each row with the bits of the decode step at its position. A batched
 // decode step's rows belong to different sequences: with `slots` given, row y sits at pos[y]
-// in sequence slot slots[y], whose cache is `capacity` positions from slot * capacity on.
+// in sequence slot slots[y], whose cache is `capacity` positions from slot * capacity on; a
+// pad row (slots[y] == ATTN_PAD_SLOT, a batched step padded to its graph's row count) writes
+// no cache and reads none, and its output is zeros, so it touches no sequence.
 //
 // Cache layout: `capacity` positions of `n_kv_heads * head_dim` halves (K and V separately).
 // Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads). One block
@@ -28,6 +30,8 @@
 #define ATTN_UNROLL 8
 // 128-value slices of the largest head (a lane takes 4 values of each)
 #define ATTN_SLICES (ATTN_MAX_HEAD_DIM / 128)
+// the slot of a pad row (PAD_SLOT in executor/src/cuda/ops.rs): no sequence has it
+#define ATTN_PAD_SLOT 0xffffffffu
 
 // Fixed-order block reduction of one value per warp (lane 0 of each warp wrote red[w]).
 __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
@@ -58,6 +62,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     out += blockIdx.y * q_row;
     k += blockIdx.y * kv_row;
     v += blockIdx.y * kv_row;
+    if (slots && slots[blockIdx.y] == ATTN_PAD_SLOT) {
+        for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) out[(size_t)h * head_dim + d] = 0.f;
+        return;
+    }
     const u32 p_now = slots ? pos[blockIdx.y] : *pos + blockIdx.y;
     if (slots) {
         const size_t base = (size_t)slots[blockIdx.y] * capacity * kv_row;
@@ -204,14 +212,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 // *pos + t and its v head, narrowed to f16, into the cache at that position (positions past
 // the capacity are not written), with attention_f16's rotation and narrowing, so the step's
 // attention (attention_f16 over the rows, or flash.cu) reads the cache decode steps would
-// have written. With `slots` given, row t sits at pos[t] in slot slots[t] (as attention_f16).
+// have written. With `slots` given, row t sits at pos[t] in slot slots[t] (as attention_f16);
+// a pad row (ATTN_PAD_SLOT) is not written.
 extern "C" __global__ void kv_store_rows_f16(const float* k, const float* v, u16* k_cache, u16* v_cache,
                                              const u32* pos, const u32* slots, int n_kv_heads, int head_dim,
                                              int capacity, float theta_scale, int neox) {
     overlap_with_neighbours();
     const int t = blockIdx.x, kvh = blockIdx.y;
     const u32 p = slots ? pos[t] : *pos + (u32)t;
-    if (p >= (u32)capacity) return;
+    if (p >= (u32)capacity || (slots && slots[t] == ATTN_PAD_SLOT)) return;
     const size_t row = (size_t)n_kv_heads * head_dim;
     if (slots) {
         k_cache += (size_t)slots[t] * capacity * row;

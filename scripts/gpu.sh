@@ -1006,6 +1006,8 @@ suite_batch() {
         gate "batch gate llama8b-batch64 vs $ref" 300 "$M/llama8b-q4_1.gguf" \
             "$([ $ref = self ] && echo "$out" || plan llama8b q4_1 $ref)" "$out" --batch
     done
+    # every batched run's decode steps, pad rows and graphs per bucket
+    grep -h "arm: cuda graphs" "$LOG/gates.log"
     late "decode llama8b q4_1 one sequence" ||
         bench "decode llama8b q4_1 one sequence" 100 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b)" -n 128 --reps 3
     for b in 1 4 16 64; do
@@ -1013,6 +1015,7 @@ suite_batch() {
             bench "batch $b llama8b q4_1" 200 "$M/llama8b-q4_1.gguf" "$(plan llama8b q4_1 llama8b-batch64)" \
                 --batch $b --prompt 8 -n 128 --reps 2
     done
+    grep -h "^cuda graphs" "$LOG/bench.log"
     memory_check "memory llama8b-batch64 q4_1"
     if [ -n "$build" ]; then
         llamacpp_built $build

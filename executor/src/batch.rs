@@ -122,6 +122,11 @@ impl Batch {
         Ok(())
     }
 
+    /// How the engine ran its steps so far (`Decoder::activity`).
+    pub fn activity(&self) -> Vec<String> {
+        self.engine.activity()
+    }
+
     /// Sequence slots.
     pub fn slots(&self) -> usize {
         self.slots.len()

@@ -145,6 +145,9 @@ pub struct BatchGateReport {
     pub tokens: usize,
     /// The first difference: arm, sequence, generated token, and what differs.
     pub mismatch: Option<String>,
+    /// How the batched engine ran its steps (`Decoder::activity`), per arm, each line after
+    /// its arm's name.
+    pub activity: Vec<String>,
 }
 
 /// Decodes every sequence alone with `reference` (serial arm) and all together with
@@ -186,11 +189,18 @@ pub fn batch_gate(
         widest: Vec::new(),
         tokens: alone.iter().map(Vec::len).sum(),
         mismatch: None,
+        activity: Vec::new(),
     };
     for &arm in arms {
         let mut batch = batch_of(batched, EngineOptions { arm, ..options })?;
         let run = together(&mut batch, sequences, Marked::None)?;
         report.widest.push(run.widest);
+        let activity = batch.activity();
+        report.activity.extend(
+            activity
+                .iter()
+                .map(|line| format!("{} arm: {line}", arm.name())),
+        );
         if report.mismatch.is_none() {
             report.mismatch = first_difference(arm, &alone, &run.logits);
         }

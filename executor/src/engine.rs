@@ -383,6 +383,11 @@ pub trait Decoder {
     fn report(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Lines on how the engine ran its steps so far (on CUDA: decode steps, pad rows and
+    /// graphs captured per bucket), for `bench --batch` and `gate --batch` after their runs.
+    fn activity(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Submits one step and waits for its result (nothing else may be in flight).
     fn step(&mut self, input: StepInput) -> Result<StepOutput> {
         self.submit(input)?;
@@ -417,6 +422,9 @@ impl<D: Decoder + ?Sized> Decoder for Box<D> {
     }
     fn report(&self) -> Vec<String> {
         (**self).report()
+    }
+    fn activity(&self) -> Vec<String> {
+        (**self).activity()
     }
 }
 

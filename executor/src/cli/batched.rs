@@ -73,6 +73,9 @@ pub fn bench_batch(
             measured.push(m);
         }
     }
+    for line in engine.activity() {
+        eprintln!("{line}");
+    }
     let (tok_s, tok_s_sd) = mean_sd(&measured.iter().map(|m| m.tok_s).collect::<Vec<_>>());
     let (ttft_ms, _) = mean_sd(&measured.iter().map(|m| m.ttft_ms).collect::<Vec<_>>());
     let (ms_per_token, _) = mean_sd(&measured.iter().map(|m| m.ms_per_token).collect::<Vec<_>>());

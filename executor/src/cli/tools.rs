@@ -192,6 +192,9 @@ pub fn gate_batch(plan: &Path, reference: &Path, run: &RunArgs) -> Result<ExitCo
     let options = run.options(SamplerConfig::GREEDY);
     let arms = [Arm::Serial, Arm::Pipelined];
     let report = batch_gate(&reference, &candidate, &seqs, options, &arms)?;
+    for line in &report.activity {
+        eprintln!("{line}");
+    }
     let widest: Vec<String> = report.widest.iter().map(usize::to_string).collect();
     match report.mismatch {
         Some(m) => {

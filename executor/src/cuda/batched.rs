@@ -9,7 +9,10 @@
 //! the rows (the bits of the norms the one-row decode folds into its matvecs). Attention writes every row's k and v into
 //! its own sequence slot, then runs the decode attention kernel with a grid row per token row,
 //! each at its own position over its own slot. The head takes the rows whose logits come back.
-//! Steps run eagerly: the launches depend on the row count and the logit rows of the step.
+//! A step of generated tokens only is padded to its bucket of rows and replayed from graphs
+//! (`buckets`: pad rows first, in a slot the cache write and attention skip, every row a
+//! logit row); a step with prompt rows (a joining sequence's chunk) runs eagerly, its
+//! launches depending on its row count and logit rows.
 
 use std::sync::Arc;
 

@@ -6,10 +6,12 @@
 //! host while a collective waits for a peer not yet enqueued. `setup` opens devices, groups
 //! and events.
 //!
-//! - `run`: a CUDA graph per phase (phase = step % phases): the first time a phase comes up
-//!   its ops run eagerly (warm-up), the second time they are captured on the rank's stream,
-//!   from then on replayed. A capture or instantiate failure latches that run to eager with
-//!   one message; the launches are the same, so the logits are too.
+//! - `run`: a CUDA graph per phase (step % the period of the boundary slots its work
+//!   addresses, `setup::graph_phases`) and bucket of a decode step's rows (`buckets`): the
+//!   first time a phase and bucket come up its ops run eagerly (warm-up), the second time
+//!   they are captured on the rank's stream, from then on replayed. A capture or
+//!   instantiate failure latches that run to eager with one message; the launches are the
+//!   same, so the logits are too. Steps with prompt rows run eagerly.
 //! - `island`: eager launches. `copy`: a device copy, or a peer copy between devices, on the
 //!   receiver's stream. `wait`/`record`: one CUDA event per (event, slot) with the plan's slot
 //!   rules. `readback`: logits and token into a pinned host ring of `runtime.in_flight` slots.
@@ -21,8 +23,10 @@
 //! plan's `in_flight` steps are enqueued.
 //!
 //! A plan of several sequence slots (`runtime.max_sequences`) runs every step as a batched
-//! decode step (`batched`): the rows of all its spans through the decode kernels, eagerly,
-//! every row with the bits of the one-sequence decode; prompts are rows of those steps too.
+//! decode step (`batched`): the rows of all its spans through the decode kernels, every row
+//! with the bits of the one-sequence decode; prompts are rows of those steps too (eager). A
+//! step of generated tokens only is padded to its bucket and replayed from its graphs, which
+//! the engine's `activity` line counts per bucket.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -33,15 +37,18 @@ use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
 use memra_compiler::plan::{Boundary, Step};
 
 use super::batched::check_batched;
+use super::buckets::{Buckets, RunGraphs, Shape, Tally};
 use super::device::CudaDevice;
-use super::enqueue::{CudaOps, InputRing, ReadbackRing, RunGraphs};
+use super::enqueue::{CudaOps, InputRing, ReadbackRing};
 use super::graph::capture;
 use super::lockstep::walk_sets;
 use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::p2p::{check_groups, Crossings};
 use super::prefill::prefill_rows;
-use super::rank::{RankDevice, Rows};
-use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
+use super::rank::RankDevice;
+use super::setup::{
+    check_phases, connect_groups, graph_phases, make_events, memory_report, open_devices,
+};
 use crate::dist::{Link, ProcessMap, TokenInbox};
 use crate::engine::{
     feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, Readback, StepInput, StepLimits,
@@ -82,6 +89,10 @@ pub struct Engine {
     ring: usize,
     /// Sequence slots: the plan's `runtime.max_sequences`; above 1 every step is batched.
     sequences: u32,
+    /// The row counts decode steps are padded to, a graph of each run per phase and bucket.
+    buckets: Buckets,
+    /// The steps so far, per bucket, for `activity`.
+    tally: Tally,
     /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
     feeds_sampled: bool,
     failed: bool,
@@ -154,6 +165,8 @@ impl Engine {
             }
         };
         let max_rows = prompt.rows() as usize;
+        // a decode step has a row per sequence
+        let buckets = Buckets::new(max_rows.min(sequences as usize));
         let devices = open_devices(plan, &local)?;
         let free_before: BTreeMap<u32, usize> = devices
             .iter()
@@ -243,15 +256,10 @@ impl Engine {
                 r.program
                     .iter()
                     .map(|step| match step {
-                        Step::Run { phases, .. } => {
-                            let p = (*phases).max(1) as usize;
-                            Some(RunGraphs {
-                                phases: p as u64,
-                                warmed: vec![false; p],
-                                graphs: (0..p).map(|_| None).collect(),
-                                latched: false,
-                            })
-                        }
+                        Step::Run { ops, .. } => Some(RunGraphs::new(
+                            graph_phases(plan, r.rank, ops),
+                            buckets.len(),
+                        )),
                         _ => None,
                     })
                     .collect()
@@ -283,15 +291,16 @@ impl Engine {
             max_context: plan.runtime.max_context,
             ring,
             sequences,
+            buckets,
+            tally: Tally::default(),
             feeds_sampled: feeds_sampled(plan),
             failed: false,
             report,
         })
     }
 
-    /// The walk's view of rank `ri` for one step of `rows` token rows.
-    fn ops(&mut self, ri: usize, rows: Rows) -> CudaOps<'_> {
-        let eager = rows.rows > 1 || self.sequences > 1;
+    /// The walk's view of rank `ri` for one step of `shape`.
+    fn ops(&mut self, ri: usize, shape: &Shape) -> CudaOps<'_> {
         CudaOps {
             ri,
             ranks: &mut self.ranks,
@@ -302,25 +311,25 @@ impl Engine {
             readback: self.readback.as_mut(),
             crossings: &self.crossings,
             inputs_sent: false,
-            rows,
-            eager,
+            rows: shape.rows,
+            bucket: shape.bucket,
         }
     }
 
     /// Enqueues step `t` of every local rank in plan order, the members of a group in lockstep
     /// (`walk_lockstep`; a replayed graph is one turn, so decode steps keep plan order).
-    fn enqueue_step(&mut self, t: u64, input: &StepInput, rows: Rows) -> Result<()> {
+    fn enqueue_step(&mut self, t: u64, input: &StepInput, shape: &Shape) -> Result<()> {
         let (programs, sets) = (self.programs.clone(), self.walk_sets.clone());
         for set in sets.iter() {
             if set.len() > 1 {
-                self.walk_lockstep(set, t, input, rows)?;
+                self.walk_lockstep(set, t, input, shape)?;
                 continue;
             }
             for &ri in set {
                 let mut cursor = Cursor::default();
                 walk(
                     &programs[ri],
-                    &mut self.ops(ri, rows),
+                    &mut self.ops(ri, shape),
                     &mut cursor,
                     t,
                     input,
@@ -346,7 +355,7 @@ impl Engine {
         set: &[usize],
         t: u64,
         input: &StepInput,
-        rows: Rows,
+        shape: &Shape,
     ) -> Result<()> {
         let programs = self.programs.clone();
         let mut lock = Lockstep::new(set.len());
@@ -359,7 +368,7 @@ impl Engine {
                     continue;
                 }
                 let program = &programs[ri];
-                let mut ops = self.ops(ri, rows);
+                let mut ops = self.ops(ri, shape);
                 ops.inputs_sent = sent[j];
                 lock.turn(j, program, &mut ops, t, input, &mut progressed)
                     .map_err(|e| anyhow!("rank {} step {t}: {e:#}", program.rank))?;
@@ -372,24 +381,27 @@ impl Engine {
         Ok(())
     }
 
-    /// Captures every run whose phase comes up warmed but not yet captured at step `t`, for
-    /// all ranks, before any rank enqueues the step, and uploads the graphs with the device
-    /// idle. Capturing inline would end a capture and instantiate while earlier ranks' replayed
-    /// collectives spin for a member that the host has not enqueued yet; the driver may
-    /// synchronize the device there, and the collectives would wait on the host forever.
-    fn capture_due(&mut self, t: u64, input: &StepInput) -> Result<()> {
+    /// Captures every run whose phase and bucket come up warmed but not yet captured at
+    /// decode step `t` of `shape`, for all ranks, before any rank enqueues the step, and
+    /// uploads the graphs with the device idle. Capturing inline would end a capture and
+    /// instantiate while earlier ranks' replayed collectives spin for a member that the host
+    /// has not enqueued yet; the driver may synchronize the device there, and the collectives
+    /// would wait on the host forever.
+    fn capture_due(&mut self, t: u64, input: &StepInput, shape: &Shape) -> Result<()> {
+        // a run's graph holds a decode step's launches: a step with prompt rows captures
+        // nothing
+        let Some(bucket) = shape.bucket else {
+            return Ok(());
+        };
         let due: Vec<(usize, usize)> = (0..self.ranks.len())
             .flat_map(|ri| (0..self.programs[ri].entries.len()).map(move |i| (ri, i)))
             .filter(|&(ri, i)| {
-                self.runs[ri][i].as_ref().is_some_and(|run| {
-                    let p = (t % run.phases) as usize;
-                    !run.latched && run.warmed[p] && run.graphs[p].is_none()
-                })
+                self.runs[ri][i]
+                    .as_ref()
+                    .is_some_and(|run| run.due(t, bucket))
             })
             .collect();
-        // a run's graph holds a decode step's launches: a prefill or batched step captures
-        // nothing
-        if due.is_empty() || input.rows() > 1 || self.sequences > 1 {
+        if due.is_empty() {
             return Ok(());
         }
         self.synchronize_all()?;
@@ -400,7 +412,7 @@ impl Engine {
             };
             let stream = self.ranks[ri].stream(stream_name)?.clone();
             let rank = self.ranks[ri].rank;
-            let mut ops = self.ops(ri, Rows::ONE);
+            let mut ops = self.ops(ri, shape);
             let graph = capture(&stream, || {
                 run_block(&mut ops, stream_name, block, t, input)
             })
@@ -408,12 +420,11 @@ impl Engine {
             let run = self.runs[ri][i]
                 .as_mut()
                 .expect("invariant: filtered above");
-            let p = (t % run.phases) as usize;
             match graph {
-                Ok(g) => run.graphs[p] = Some(g),
+                Ok(g) => run.captured(t, bucket, g),
                 Err(e) => {
                     eprintln!("cuda backend: rank {rank} run {}: {e}; running it eagerly from now on (logits are unchanged)", block.id);
-                    run.latched = true;
+                    run.latch();
                 }
             }
         }
@@ -486,15 +497,12 @@ impl Decoder for Engine {
         };
         input.check(self.failed, self.next_step, limits)?;
         // the logits of `logit_rows` come back as the last rows' would: one sequence's rows
-        // are one span, its logits from a row on; a batched step's head gathers its rows
-        let logit_rows = input.logit_rows();
-        let rows = Rows {
-            rows: input.rows() as usize,
-            logits_from: input.rows() as usize - logit_rows.len(),
-        };
+        // are one span, its logits from a row on; a batched step's head gathers its rows (a
+        // padded decode step's: all of them, the pad rows' never come back)
+        let shape = self.buckets.shape(&input);
         if self.sequences > 1 {
             for rank in &mut self.ranks {
-                rank.logit_rows.clone_from(&logit_rows);
+                rank.logit_rows.clone_from(&shape.logit_rows);
             }
         }
         if self.pending.len() >= self.ring {
@@ -505,11 +513,12 @@ impl Decoder for Engine {
         }
         let t = self.next_step;
         self.next_step += 1;
+        self.tally.count(&shape);
         let mut result = self
-            .capture_due(t, &input)
-            .and_then(|()| self.enqueue_step(t, &input, rows));
+            .capture_due(t, &input, &shape)
+            .and_then(|()| self.enqueue_step(t, &input, &shape));
         self.pending
-            .push_back((t, input.pos(), rows.out(), input.readback));
+            .push_back((t, input.pos(), shape.rows.returned(), input.readback));
         if result.is_ok() && self.arm == Arm::Serial {
             if let Some(rb) = &self.readback {
                 let slot = (t % rb.logits.len() as u64) as usize;
@@ -542,6 +551,13 @@ impl Decoder for Engine {
 
     fn report(&self) -> Vec<String> {
         self.report.clone()
+    }
+
+    fn activity(&self) -> Vec<String> {
+        let runs = || self.runs.iter().flatten().flatten();
+        let graphs = |bucket| runs().map(|run| run.graphs(bucket)).sum();
+        let latched = runs().filter(|run| run.latched()).count();
+        vec![self.tally.line(&self.buckets, graphs, latched)]
     }
 }
 

@@ -1,10 +1,12 @@
 //! What each program entry does on CUDA (`RankOps` for the shared program walk): enqueue it on
-//! the rank's stream. A run replays its graph for the step's phase once captured (eager the
-//! first time a phase comes up); an island is eager; a copy is a device copy, or a peer copy
-//! between devices, on the receiver's stream; waits and records are CUDA events per (event,
-//! slot) with the plan's slot rules; the readback copies logits and token into the pinned host
-//! ring. The rank's first block takes the step's inputs (position, and a prompt token on the
-//! ranks that embed) through a small pinned ring in stream order.
+//! the rank's stream. A run of a decode step replays its graph for the step's phase and bucket
+//! once captured (eager the first time they come up, `buckets`); an island is eager; a copy
+//! is a device copy, or a peer copy between devices, on the receiver's stream; waits and
+//! records are CUDA events per (event, slot) with the plan's slot rules; the readback copies
+//! the logits that come back (not a pad row's) and the token into the pinned host ring. The
+//! rank's first block takes the step's inputs (position, and a prompt token on the ranks that
+//! embed; a batched step's position, slot and token of every row, pad rows first) through a
+//! small pinned ring in stream order.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,21 +16,14 @@ use cudarc::driver::result as cu;
 use cudarc::driver::{CudaEvent, CudaStream, DeviceSlice, PinnedHostSlice};
 use memra_compiler::plan::{event_slot, Boundary, Carries};
 
+use super::buckets::{Replay, RunGraphs};
 use super::device::DeviceBuffer;
-use super::graph::Graph;
+use super::ops::PAD_SLOT;
 use super::p2p::Crossings;
 use super::rank::{copy, RankDevice, Rows};
 use super::span::Span;
 use crate::engine::{self, StepInput};
 use crate::program::{Block, Entered, RankOps, Work};
-
-/// Graph state of one `run` step.
-pub(super) struct RunGraphs {
-    pub(super) phases: u64,
-    pub(super) warmed: Vec<bool>,
-    pub(super) graphs: Vec<Option<Graph>>,
-    pub(super) latched: bool,
-}
 
 /// Pinned host memory a rank's step inputs go up from; a slot is rewritten only after the
 /// copies that read it finished (its event is recorded after them). The pinned slices' own
@@ -70,8 +65,8 @@ pub(super) struct CudaOps<'a> {
     pub(super) inputs_sent: bool,
     /// The step's token rows.
     pub(super) rows: Rows,
-    /// Whether the step runs eagerly whatever its runs say (a prefill or a batched step).
-    pub(super) eager: bool,
+    /// The bucket whose graphs replay the step's runs; `None`: a step with prompt rows, eager.
+    pub(super) bucket: Option<usize>,
 }
 
 impl CudaOps<'_> {
@@ -87,8 +82,9 @@ impl CudaOps<'_> {
             .ok_or_else(|| anyhow!("event `{event}` slot {slot} is never recorded"))
     }
 
-    /// Writes the step's position (a batched step's position and slot of every row), and the
-    /// tokens when the block embeds, in stream order.
+    /// Writes the step's position (a batched step's position and slot of every row, pad rows
+    /// first at position 0 of `PAD_SLOT`), and the tokens when the block embeds (token 0 for
+    /// a pad row), in stream order.
     fn send_inputs(
         &mut self,
         t: u64,
@@ -111,10 +107,10 @@ impl CudaOps<'_> {
             unsafe { cu::memcpy_htod_async(dst.addr(), staged, s.cu_stream()) }
                 .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
         };
+        let padding = self.rows.padding;
         if rank.batched() {
-            let (pos, slots): (Vec<u32>, Vec<u32>) = input
-                .rows_at()
-                .map(|r| (r.pos as u32, r.slot as u32))
+            let (pos, slots): (Vec<u32>, Vec<u32>) = std::iter::repeat_n((0, PAD_SLOT), padding)
+                .chain(input.rows_at().map(|r| (r.pos as u32, r.slot as u32)))
                 .unzip();
             up(&mut ring.pos[slot], &pos, rank.pos(pos.len()))?;
             up(&mut ring.slots[slot], &slots, rank.slots(slots.len()))?;
@@ -122,9 +118,12 @@ impl CudaOps<'_> {
             up(&mut ring.pos[slot], &[input.pos()], rank.pos(1))?;
         }
         if embeds {
-            let tokens = input.tokens();
-            match (tokens.is_empty(), rank.token_input()) {
-                (false, _) => up(&mut ring.token[slot], &tokens, rank.tokens(tokens.len()))?,
+            let fed = input.tokens();
+            match (fed.is_empty(), rank.token_input()) {
+                (false, _) => {
+                    let tokens: Vec<u32> = std::iter::repeat_n(0, padding).chain(fed).collect();
+                    up(&mut ring.token[slot], &tokens, rank.tokens(tokens.len()))?
+                }
                 (true, Some(b)) => {
                     copy(s, &rank.rx_slot(b, b.recv_slot(t), 1), &rank.token().cast())?
                 }
@@ -211,8 +210,11 @@ impl RankOps for CudaOps<'_> {
         let s = self.ranks[self.ri].stream(stream)?.clone();
         let rank = &self.ranks[self.ri];
         let slot = (t % rb.logits.len() as u64) as usize;
-        let rows = self.rows.out();
-        let logits = rank.logits(rows);
+        // the head's rows after the pad rows
+        let (rows, head_rows) = (self.rows.returned(), self.rows.out());
+        let all = rank.logits(head_rows);
+        let per = all.len() / head_rows;
+        let logits = all.sub(self.rows.padding * per, rows * per);
         let err = |e| anyhow!("cuda backend: readback: {e:?}");
         s.context().bind_to_thread()?;
         match input.readback {
@@ -240,7 +242,8 @@ impl RankOps for CudaOps<'_> {
             .map_err(err)
     }
 
-    /// The rank's first block takes the step's inputs; a run replays its graph once captured.
+    /// The rank's first block takes the step's inputs; a run of a decode step replays its
+    /// graph once captured.
     fn enter(
         &mut self,
         stream: &str,
@@ -257,28 +260,23 @@ impl RankOps for CudaOps<'_> {
         } else if embeds {
             bail!("embed after the rank's first run or island is not supported");
         }
-        // a run's graph holds one token row's launches: a prefill or batched step walks the
-        // run eagerly
-        let Some(run) = self.runs[at].as_mut().filter(|_| !self.eager) else {
+        // a run's graph holds a decode step's launches for its bucket's rows: a step with
+        // prompt rows walks the run eagerly
+        let (Some(run), Some(bucket)) = (self.runs[at].as_mut(), self.bucket) else {
             return Ok(Entered::Walk);
         };
-        let p = (t % run.phases) as usize;
-        if run.latched || !run.warmed[p] {
-            run.warmed[p] = true;
-            return Ok(Entered::Walk);
-        }
         let rank = self.ranks[self.ri].rank;
-        run.graphs[p]
-            .as_ref()
-            .ok_or_else(|| {
-                anyhow!(
-                    "invariant: rank {rank} run {} phase {p} captured before its step",
-                    b.id
-                )
-            })?
-            .replay()
-            .map_err(|e| anyhow!("rank {rank}: {e}"))?;
-        Ok(Entered::Done)
+        match run.enter(t, bucket) {
+            Replay::Walk => Ok(Entered::Walk),
+            Replay::Graph(g) => {
+                g.replay().map_err(|e| anyhow!("rank {rank}: {e}"))?;
+                Ok(Entered::Done)
+            }
+            Replay::Uncaptured => bail!(
+                "invariant: rank {rank} run {} is captured for step {t}'s phase and bucket before its step",
+                b.id
+            ),
+        }
     }
 
     fn work(&mut self, stream: &str, work: Work, t: u64, _: &StepInput, _: bool) -> Result<bool> {

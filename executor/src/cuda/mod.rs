@@ -8,6 +8,7 @@
 //! machines without CUDA; opening a device there fails with one clear error.
 
 mod batched;
+mod buckets;
 mod collective;
 pub mod compile;
 mod decode;

@@ -177,6 +177,10 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Cache capacities (positions) up to which attention keeps its scores in shared memory
 /// (32 KiB, within the default dynamic limit).
 pub const ATTN_SMEM_POSITIONS: usize = 8192;
+/// The sequence slot of a pad row of a batched step (`super::buckets`), which no sequence
+/// has: `attention` and `kv_store_rows` write no cache for it and give it a zero output
+/// (ATTN_PAD_SLOT in kernels/attention.cu).
+pub const PAD_SLOT: u32 = u32::MAX;
 /// The most candidates the device sampler keeps (`SAMPLE_MAX_K` in kernels/sample.cu).
 pub const MAX_TOP_K: usize = 256;
 
@@ -253,7 +257,7 @@ impl CudaDevice {
     /// left as it is), and the rotated k and v are stored as f16 at that position of `kv`
     /// (nothing is stored at a position past the capacity). With `slots` (a batched decode
     /// step), row `r` sits at position `pos[r]` of sequence slot `slots[r]` instead, each over
-    /// its own slot. The scores stay in shared memory up to `ATTN_SMEM_POSITIONS` positions of
+    /// its own slot; a row of slot `PAD_SLOT` touches no cache and its output is zeros. The scores stay in shared memory up to `ATTN_SMEM_POSITIONS` positions of
     /// capacity; past it `scores` is their scratch (`n_heads * kv.capacity` values).
     #[allow(clippy::too_many_arguments)]
     pub fn attention(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, CudaStream};
-use memra_compiler::plan::{Collective, Op, Plan, Step};
+use memra_compiler::plan::{Boundary, Carries, Collective, Op, Plan, Step};
 
 use super::collective::{rows_blocks, Placement};
 use super::device::CudaDevice;
@@ -28,14 +28,8 @@ pub(super) fn check_phases(plan: &Plan) -> Result<()> {
             else {
                 continue;
             };
-            for b in &plan.boundaries {
-                let touches = ops.iter().any(|op| match op {
-                    Op::LoadHidden => b.to_rank == r.rank && b.carries.name() == "hidden",
-                    Op::StoreHidden => b.from_rank == r.rank && b.carries.name() == "hidden",
-                    Op::StoreToken => b.from_rank == r.rank && b.carries.name() == "token",
-                    _ => false,
-                });
-                if touches && !phases.is_multiple_of(b.slots) {
+            for b in addressed(plan, r.rank, ops) {
+                if !phases.is_multiple_of(b.slots) {
                     bail!(
                         "run {id} touches boundary {} of {} slots but has {phases} phases; the cuda engine needs a multiple",
                         b.boundary,
@@ -46,6 +40,38 @@ pub(super) fn check_phases(plan: &Plan) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The boundaries whose slots the run ops `ops` of rank `rank` address inside the run, where a
+/// graph bakes the addresses in: the hidden state it loads or stores, the token it stores. The
+/// token a rank embeds is copied out of its slot before the run (`CudaOps::send_inputs`).
+fn addressed<'p>(plan: &'p Plan, rank: u32, ops: &'p [Op]) -> impl Iterator<Item = &'p Boundary> {
+    plan.boundaries.iter().filter(move |b| {
+        ops.iter().any(|op| match op {
+            Op::LoadHidden => b.to_rank == rank && b.carries == Carries::Hidden,
+            Op::StoreHidden => b.from_rank == rank && b.carries == Carries::Hidden,
+            Op::StoreToken => b.from_rank == rank && b.carries == Carries::Token,
+            _ => false,
+        })
+    })
+}
+
+/// Phases of the graphs of a run of rank `rank` doing `ops`: the least common multiple of the
+/// slot counts of the boundaries it addresses (1 for none), a divisor of the plan's phases
+/// (`check_phases`). The plan's count also covers the token slot an embedding run reads, which
+/// the engine reads before the graph: a batched PP plan's first stage takes 2 graphs per bucket
+/// where its plan has lcm(2, max_sequences + 1) phases.
+pub(super) fn graph_phases(plan: &Plan, rank: u32, ops: &[Op]) -> u32 {
+    let gcd = |mut x: u32, mut y: u32| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    addressed(plan, rank, ops).fold(1, |acc, b| {
+        let slots = b.slots.max(1);
+        acc / gcd(acc, slots) * slots
+    })
 }
 
 /// Opens every device of the `local` ranks and enables peer access between each pair that a
@@ -269,4 +295,35 @@ pub(super) fn memory_report(
         ));
     }
     Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (the plan's phases, the graphs' phases) of every run of `plan`, in plan order.
+    fn phases(plan: &Plan) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        for r in &plan.ranks {
+            for step in &r.program {
+                if let Step::Run { phases, ops, .. } = step {
+                    out.push((*phases, graph_phases(plan, r.rank, ops)));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_runs_graphs_repeat_with_the_slots_its_work_addresses() {
+        // four stages of four sequences: the token comes back to stage 0 after 4 steps (5
+        // slots), which stage 0 reads before its graph; the hidden states have 2 slots
+        let pp4 = Plan::from_toml(include_str!("../../../plans/llama3-8b-pp4.plan.toml"))
+            .expect("a golden plan parses");
+        check_phases(&pp4).unwrap();
+        assert_eq!(phases(&pp4), [(10, 2), (2, 2), (2, 2), (10, 10)]);
+        let one = Plan::from_toml(include_str!("../../../plans/smollm2-batch8.plan.toml"))
+            .expect("a golden plan parses");
+        assert_eq!(phases(&one), [(1, 1)]);
+    }
 }

@@ -175,23 +175,24 @@ pub struct RankDevice {
     pub(super) pending: Pending,
 }
 
-/// The token rows of the step being enqueued: `rows` rows, logits from row `logits_from`.
+/// The token rows of the step being enqueued: `rows` rows, logits from row `logits_from`;
+/// the first `padding` rows are a padded decode step's pad rows (`super::buckets`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rows {
     pub rows: usize,
     pub logits_from: usize,
+    pub padding: usize,
 }
 
 impl Rows {
-    /// A decode step's single row.
-    pub const ONE: Rows = Rows {
-        rows: 1,
-        logits_from: 0,
-    };
-
-    /// Rows whose logits come back.
+    /// Rows whose logits the head computes (pad rows included).
     pub fn out(self) -> usize {
         self.rows - self.logits_from
+    }
+
+    /// Rows whose logits come back: the head's rows after the pad rows.
+    pub fn returned(self) -> usize {
+        self.out() - self.padding
     }
 }
 

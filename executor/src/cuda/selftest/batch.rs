@@ -2,8 +2,9 @@
 //! over several activation rows (every dtype, every form a step uses: q/k/v in one launch, the
 //! residual add, SwiGLU; batches below, at and above a tile, with a partial last tile) against
 //! a launch per row, and for q4_0 and q4_1 the same forms on tensor cores (`matvec_mma`); and attention over rows of different sequence slots and positions (two
-//! consecutive rows of one slot among them, as a joining prompt's chunk) against each row's
-//! decode attention over a one-slot cache holding that slot's rows, outputs and caches.
+//! consecutive rows of one slot among them, as a joining prompt's chunk, and two pad rows in
+//! front, as a padded decode step's) against each row's decode attention over a one-slot
+//! cache holding that slot's rows, outputs and caches (a pad row's output is zeros).
 
 use anyhow::Result;
 use memra_gguf::GgmlType;
@@ -11,6 +12,7 @@ use memra_gguf::GgmlType;
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cuda::matvec::Epilogue;
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile};
+use crate::cuda::ops::PAD_SLOT;
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -181,14 +183,24 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
 }
 
 /// Rows at (slot, position) of a 3-slot cache, attended together, against each row's decode
-/// attention over a one-slot cache that holds its slot's rows before it.
+/// attention over a one-slot cache that holds its slot's rows before it; pad rows write no
+/// slot's cache and give zeros.
 fn attention_slots(cx: &mut Ctx) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let (n_heads, n_kv, hd, cap) = (8, 2, 64, 48);
     let (row, qrow) = (n_kv * hd, n_heads * hd);
     let rope = (10000.0, RopeStyle::Normal);
-    // (slot, position): a prompt chunk of two rows in slot 1, decode rows elsewhere
-    let at: [(u32, u32); 5] = [(2, 7), (0, 0), (1, 20), (1, 21), (0, 33)];
+    // (slot, position): two pad rows first, a prompt chunk of two rows in slot 1, decode
+    // rows elsewhere
+    let at: [(u32, u32); 7] = [
+        (PAD_SLOT, 0),
+        (PAD_SLOT, 0),
+        (2, 7),
+        (0, 0),
+        (1, 20),
+        (1, 21),
+        (0, 33),
+    ];
     let rows = at.len();
     let prefix: Vec<usize> = (0..3)
         .map(|slot| {
@@ -248,6 +260,10 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
     let got = dev.download(s, &out)?;
     let mut want = Vec::new();
     for (r, &(slot, p)) in at.iter().enumerate() {
+        if slot == PAD_SLOT {
+            want.extend(vec![0.0f32; qrow]);
+            continue;
+        }
         let one = &mut singles[slot as usize];
         let mut q1 = dev.upload(s, &q[r * qrow..(r + 1) * qrow])?;
         let (k1, v1) = (
@@ -283,7 +299,9 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
     }
     cx.report.exact(
         "attention_f16",
-        format!("{rows} rows of 3 slots == decode per slot, h={n_heads} kv={n_kv} hd={hd}"),
+        format!(
+            "{rows} rows of 3 slots (2 pad rows) == decode per slot, h={n_heads} kv={n_kv} hd={hd}"
+        ),
         bit_mismatches(&got, &want) + cache_diff,
     );
     Ok(())
