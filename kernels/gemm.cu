@@ -276,19 +276,21 @@ GEMM(gemm64_q6_k, GemmQ6_K, 64)
 //
 // gemm_wg<BN>_f16: the product of gemm128_f16 (same job, same chunks, same per-output order:
 // 16-deep f16 products accumulated in f32 in k order) as Hopper's asynchronous warpgroup
-// products. A block of two warpgroups computes a 128 x BN tile (BN = 128 or 256); warpgroup g
+// products. A block of two warpgroups computes a 128 x BN tile (BN = 128 or 256) of every
+// chunk, one chunk after the other in one pipeline (the grid has no chunk dimension); warpgroup g
 // takes token rows 64 g .. 64 g + 63 and every weight row of the tile, as BN / 128 products of
 // 64 x 128 per 16-deep slice, both operands read by the tensor cores from shared memory. A
 // step's 64 values of a row are one 128-byte line; lines are stored with the 128-byte swizzle
 // (16-byte piece c of line r at piece c ^ (r % 8)), which is what the operand descriptors say.
-// The copies run WG_AHEAD steps ahead of the products (cp.async, all 256 threads), and a
+// The copies run stages - 2 steps ahead of the products (cp.async, all 256 threads), and a
 // step's products run while the next step's copies land; a stage is refilled once both
 // warpgroups' products of it are done (the barrier of the step after).
 
 #define WG_BM 128
-#define WG_STAGES 4
-#define WG_AHEAD (WG_STAGES - 2)
 #define WG_LINE 128
+// stages of a tile of BN weight rows: as many as 193 KiB hold (6 of 32 KiB, or 4 of 48)
+template <int BN>
+__device__ constexpr int wg_stages() { return BN == 128 ? 6 : 4; }
 
 // The operand descriptor of a K-major tile at shared address `at` (1024-byte aligned at the
 // tile, plus 32 bytes per 16-deep slice): lines of 128 bytes with the 128-byte swizzle, 8-line
@@ -324,7 +326,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long a,
 // Keeps the compiler from moving accumulator registers across the asynchronous products.
 __device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
-template <int BN>
+template <class P, int BN>
 __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
     const u8* w = job.w[0];
     float* y = job.y[0];
@@ -339,34 +341,47 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
             n = job.n[i];
         }
     }
-    constexpr int NB = BN / 128;                                  // 64 x 128 products per slice
-    constexpr int STAGE = (WG_BM + BN) * WG_LINE;                 // bytes of one stage
+    constexpr bool DIRECT = gemm_direct_f16<P>();
+    static_assert(DIRECT || BN == 128, "a dequantized tile has 128 weight rows, a pair of threads each");
+    constexpr int NB = BN / 128;                                          // 64 x 128 products per slice
+    constexpr int STAGE = WG_BM * WG_LINE + BN * (DIRECT ? WG_LINE : P::RAW);  // bytes of one stage
+    constexpr int STAGES = wg_stages<BN>(), AHEAD = STAGES - 2;
     extern __shared__ u8 smem_raw[];
-    const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;       // the swizzle repeats every 1 KiB
+    const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;               // the swizzle repeats every 1 KiB
     u8* smem = smem_raw + (base - smem_addr(smem_raw));
+    // dequantized weights: two f16 tiles after the stages, step s's in tile s % 2
+    u8* tiles = smem + STAGES * STAGE;
     const int tid = threadIdx.x, wg = tid / 128;
     const int t0 = blockIdx.y * WG_BM, n0 = bx * BN;
-    const int len = k / chunks, z = blockIdx.z;
-    const int k_begin = z * len, steps = len / GEMM_BK;
-    const u16* wh = (const u16*)w;
-    // thread tid copies piece tid % 8 of lines tid / 8 + 32 j
+    // the steps of every chunk in k order, one pipeline: chunk z's partial is stored as its
+    // last step ends
+    const int steps = k / GEMM_BK, chunk_steps = steps / chunks;
+    // f16 lines: thread tid copies piece tid % 8 of lines tid / 8 + 32 j; stored bytes: weight
+    // row tid / 2 is served by threads 2 (tid / 2) and 2 (tid / 2) + 1
     const int piece = tid % 8, line0 = tid / 8;
+    const int br = tid / 2, bhalf = tid % 2;
     const auto issue = [&](int s) {
-        u8* st = smem + (s % WG_STAGES) * STAGE;
-        const int k0 = k_begin + s * GEMM_BK + 8 * piece;
+        u8* st = smem + (s % STAGES) * STAGE;
+        const int k0 = s * GEMM_BK;
 #pragma unroll
         for (int j = 0; j < WG_BM / 32; ++j) {
             const int r = line0 + 32 * j;
             const bool valid = t0 + r < m;
-            cp_async16(st + r * WG_LINE + ((piece ^ (r % 8)) << 4), valid ? a + (size_t)(t0 + r) * k + k0 : a, valid);
+            cp_async16(st + r * WG_LINE + ((piece ^ (r % 8)) << 4), valid ? a + (size_t)(t0 + r) * k + k0 + 8 * piece : a,
+                       valid);
         }
         u8* bst = st + WG_BM * WG_LINE;
+        if constexpr (DIRECT) {
+            const u16* wh = (const u16*)w;
 #pragma unroll
-        for (int j = 0; j < BN / 32; ++j) {
-            const int r = line0 + 32 * j;
-            const bool valid = n0 + r < n;
-            cp_async16(bst + r * WG_LINE + ((piece ^ (r % 8)) << 4), valid ? wh + (size_t)(n0 + r) * k + k0 : wh,
-                       valid);
+            for (int j = 0; j < BN / 32; ++j) {
+                const int r = line0 + 32 * j;
+                const bool valid = n0 + r < n;
+                cp_async16(bst + r * WG_LINE + ((piece ^ (r % 8)) << 4),
+                           valid ? wh + (size_t)(n0 + r) * k + k0 + 8 * piece : wh, valid);
+            }
+        } else {
+            P::copy(w, n, k, n0 + br, k0, bst + br * P::RAW, bhalf, n0 + br < n);
         }
     };
     float acc[NB][64];
@@ -374,58 +389,80 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     for (int b = 0; b < NB; ++b)
 #pragma unroll
         for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
+    // accumulator e of a thread: 8-column group e / 4, row lane / 4 + 8 ((e / 2) % 2), column
+    // 2 (lane % 4) + e % 2, in the rows of its warp (16 per warp of the warpgroup)
+    const int lane = tid % 32, row_base = t0 + wg * 64 + ((tid / 32) % 4) * 16 + lane / 4;
+    const auto store = [&](int z) {
+        float* out = y + (size_t)z * m * n;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) {
+                wg_hold(acc[b][e]);
+                const int t = row_base + 8 * ((e / 2) % 2);
+                const int c = n0 + b * 128 + 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+                if (t < m && c < n) out[(size_t)t * n + c] = acc[b][e];
+                acc[b][e] = 0.f;
+            }
+    };
     overlap_with_neighbours();
 #pragma unroll
-    for (int s = 0; s < WG_AHEAD; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < steps) issue(s);
         cp_async_commit();
     }
-    for (int s = 0; s < steps; ++s) {
-        cp_async_wait<WG_AHEAD - 1>();
-        fence_async_shared();
-        // step s is in its stage for every thread; both warpgroups' products of step s - 2
-        // are done (each waited for them at the end of step s - 1), so its stage is free
-        __syncthreads();
-        if (s + WG_AHEAD < steps) issue(s + WG_AHEAD);
-        cp_async_commit();
-        const u32 st = base + (s % WG_STAGES) * STAGE;
-        const u32 at = st + wg * 64 * WG_LINE, bt = st + WG_BM * WG_LINE;
-        wg_fence();
+    for (int z = 0, s = 0; z < chunks; ++z) {
+        for (int end = s + chunk_steps; s < end; ++s) {
+            cp_async_wait<AHEAD - 1>();
+            fence_async_shared();
+            // step s is in its stage for every thread; both warpgroups' products of step s - 2
+            // are done (each waited for them at the end of step s - 1), so its stage and its
+            // dequantized tile are free
+            __syncthreads();
+            if (s + AHEAD < steps) issue(s + AHEAD);
+            cp_async_commit();
+            const u32 st = base + (s % STAGES) * STAGE;
+            u32 bt = st + WG_BM * WG_LINE;
+            if constexpr (!DIRECT) {
+                // this thread's 32 values of row br as f16, swizzled like a copied line
+                __align__(16) u16 v[32];
+                P::dequant32(smem + (s % STAGES) * STAGE + WG_BM * WG_LINE + br * P::RAW, bhalf, v);
+                u8* line = tiles + (s % 2) * (BN * WG_LINE) + br * WG_LINE;
 #pragma unroll
-        for (int kk = 0; kk < GEMM_BK / 16; ++kk)
+                for (int j = 0; j < 4; ++j)
+                    *(uint4*)(line + (((4 * bhalf + j) ^ (br % 8)) << 4)) = *(const uint4*)(v + 8 * j);
+                fence_async_shared();
+                __syncthreads();
+                bt = base + STAGES * STAGE + (s % 2) * (BN * WG_LINE);
+            }
+            const u32 at = st + wg * 64 * WG_LINE;
+            wg_fence();
 #pragma unroll
-            for (int b = 0; b < NB; ++b) wgmma_m64n128k16(acc[b], wg_desc(at + 32 * kk), wg_desc(bt + b * 128 * WG_LINE + 32 * kk));
-        wg_commit();
-        wg_wait<1>();
-    }
-    wg_wait<0>();
+            for (int kk = 0; kk < GEMM_BK / 16; ++kk)
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
-    cp_async_wait<0>();
-    // accumulator e of a thread: 8-column group e / 4, row lane / 4 + 8 ((e / 2) % 2), column
-    // 2 (lane % 4) + e % 2, in the rows of its warp (16 per warp of the warpgroup)
-    float* out = y + (size_t)z * m * n;
-    const int lane = tid % 32, row_base = t0 + wg * 64 + ((tid / 32) % 4) * 16 + lane / 4;
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) {
-            const int t = row_base + 8 * ((e / 2) % 2);
-            const int c = n0 + b * 128 + 8 * (e / 4) + 2 * (lane % 4) + e % 2;
-            if (t < m && c < n) out[(size_t)t * n + c] = acc[b][e];
+                for (int b = 0; b < NB; ++b)
+                    wgmma_m64n128k16(acc[b], wg_desc(at + 32 * kk), wg_desc(bt + b * 128 * WG_LINE + 32 * kk));
+            wg_commit();
+            wg_wait<1>();
         }
+        // the chunk's products are done: its partial goes out, and the next chunk starts at 0
+        wg_wait<0>();
+        store(z);
+    }
+    cp_async_wait<0>();
 }
 
-#define GEMM_WG(name, BN)                                                                          \
+#define GEMM_WG(name, P, BN)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                              \
         name(const u16* a, const GemmJob job, int m, int k, int chunks) {                          \
-        gemm_wg_run<BN>(a, job, m, k, chunks);                                                     \
+        gemm_wg_run<P, BN>(a, job, m, k, chunks);                                                  \
     }
 
-GEMM_WG(gemm_wg128_f16, 128)
-GEMM_WG(gemm_wg256_f16, 256)
+GEMM_WG(gemm_wg128_f16, GemmF16, 128)
+GEMM_WG(gemm_wg256_f16, GemmF16, 256)
+GEMM_WG(gemm_wg128_q8_0, GemmQ8_0, 128)
+GEMM_WG(gemm_wg128_q4_0, GemmQ4<false>, 128)
+GEMM_WG(gemm_wg128_q4_1, GemmQ4<true>, 128)
 
 extern "C" __global__ void to_f16_f32(const float* x, u16* out, int n) {
     overlap_with_neighbours();

@@ -35,10 +35,18 @@ unsafe impl DeviceRepr for GemmJob {}
 /// Steps in flight (GEMM_STAGES) and the f16 tile row stride in halves (GEMM_LD).
 const GEMM_STAGES: usize = 3;
 const GEMM_LD: usize = 72;
-/// The warpgroup kernels' token rows a tile (WG_BM), stages (WG_STAGES) and line bytes.
+/// The warpgroup kernels' token rows a tile (WG_BM) and line bytes (WG_LINE).
 const WG_ROWS: usize = 128;
-const WG_STAGES: usize = 4;
 const WG_LINE: usize = 128;
+
+/// Stages of a warpgroup tile of `cols` weight rows (wg_stages in kernels/gemm.cu).
+fn wg_stages(cols: usize) -> usize {
+    if cols == 128 {
+        6
+    } else {
+        4
+    }
+}
 
 /// A block's tile, and so the kernel of a product: `Mma` is `gemm<rows>_<dtype>`
 /// (`mma.sync`, 128 weight rows, any dtype), `Wg` is `gemm_wg<cols>_f16` (Hopper's warpgroup
@@ -53,8 +61,12 @@ impl GemmTile {
     /// Every tile the self-test runs for `dtype` on a device of `arch`.
     pub fn all(dtype: GgmlType, arch: &str) -> Vec<GemmTile> {
         let mut tiles = vec![GemmTile::Mma { rows: 64 }, GemmTile::Mma { rows: 128 }];
-        if dtype == GgmlType::F16 && arch == "sm_90" {
-            tiles.extend([GemmTile::Wg { cols: 128 }, GemmTile::Wg { cols: 256 }]);
+        if arch == "sm_90" {
+            match dtype {
+                GgmlType::F16 => tiles.extend([GemmTile::Wg { cols: 128 }, GemmTile::Wg { cols: 256 }]),
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => tiles.push(GemmTile::Wg { cols: 128 }),
+                _ => {}
+            }
         }
         tiles
     }
@@ -76,26 +88,33 @@ impl GemmTile {
     /// The dynamic shared memory of the tile's kernel for `dtype`, as kernels/gemm.cu lays it
     /// out. `Mma`: the activation stages, the weight stages (a row's stored bytes of one
     /// step, padded to 16) and, unless the staged f16 rows feed the products themselves, one
-    /// f16 weight tile. `Wg`: the stages of 128-byte lines, and 1 KiB to align them.
+    /// f16 weight tile. `Wg`: the stages (activations in 128-byte lines, then f16 weight lines
+    /// or the weights' stored bytes), two dequantized f16 tiles unless f16, and 1 KiB to
+    /// align them.
     fn shared_bytes(self, dtype: GgmlType) -> usize {
+        let f16_row = 2 * GEMM_LD;
+        // a weight row's stored bytes of one step where the kernel stages them (0: it does not)
+        let staged_row = match dtype {
+            GgmlType::F16 => f16_row,
+            GgmlType::Q8_0 => (64 + 4usize).next_multiple_of(16),
+            GgmlType::Q4_0 => (32 + 4usize).next_multiple_of(16),
+            GgmlType::Q4_1 => (32 + 8usize).next_multiple_of(16),
+            _ => 0,
+        };
+        let f16 = dtype == GgmlType::F16;
         match self {
             GemmTile::Mma { rows } => {
-                let f16_row = 2 * GEMM_LD;
-                let staged_row = match dtype {
-                    GgmlType::F16 => f16_row,
-                    GgmlType::Q8_0 => (64 + 4usize).next_multiple_of(16),
-                    GgmlType::Q4_0 => (32 + 4usize).next_multiple_of(16),
-                    GgmlType::Q4_1 => (32 + 8usize).next_multiple_of(16),
-                    _ => 0,
-                };
-                let tile = if dtype == GgmlType::F16 {
-                    0
-                } else {
-                    TILE_COLS * f16_row
-                };
+                let tile = if f16 { 0 } else { TILE_COLS * f16_row };
                 GEMM_STAGES * (rows * f16_row + TILE_COLS * staged_row) + tile
             }
-            GemmTile::Wg { cols } => WG_STAGES * (WG_ROWS + cols) * WG_LINE + 1024,
+            GemmTile::Wg { cols } => {
+                let (weights, tiles) = if f16 {
+                    (cols * WG_LINE, 0)
+                } else {
+                    (cols * staged_row, 2 * cols * WG_LINE)
+                };
+                wg_stages(cols) * (WG_ROWS * WG_LINE + weights) + tiles + 1024
+            }
         }
     }
 }
@@ -190,7 +209,7 @@ impl CudaDevice {
     ) -> GemmTile {
         let blocks = |tile_rows: usize, tile_cols: usize| -> usize {
             let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
-            columns * rows.div_ceil(tile_rows) * chunks
+            columns * rows.div_ceil(tile_rows)
         };
         if dtype == GgmlType::F16 && self.arch() == "sm_90" {
             let cols = if blocks(WG_ROWS, 256) >= self.sm_count() {
@@ -200,7 +219,7 @@ impl CudaDevice {
             };
             return GemmTile::Wg { cols };
         }
-        let rows = if rows > 64 && blocks(128, TILE_COLS) >= self.sm_count() {
+        let rows = if rows > 64 && blocks(128, TILE_COLS) * chunks >= self.sm_count() {
             128
         } else {
             64
@@ -273,11 +292,16 @@ impl CudaDevice {
         }
         let ap = ptr(stream, a);
         let (m, k, c) = (int(rows), int(w0.cols), int(chunks));
+        // a warpgroup block walks every chunk of its tile
+        let chunk_blocks = match tile {
+            GemmTile::Mma { .. } => chunks,
+            GemmTile::Wg { .. } => 1,
+        };
         let cfg = LaunchConfig {
             grid_dim: (
                 columns as u32,
                 rows.div_ceil(tile_rows) as u32,
-                chunks as u32,
+                chunk_blocks as u32,
             ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
