@@ -272,6 +272,198 @@ GEMM(gemm64_q4_1, GemmQ4<true>, 64)
 GEMM(gemm64_q4_k, GemmQ4_K, 64)
 GEMM(gemm64_q6_k, GemmQ6_K, 64)
 
+// ---- Hopper: warpgroup products (wgmma) from swizzled shared memory (sm_90a) ----
+//
+// gemm_wg<BN>_f16: the product of gemm128_f16 (same job, same chunks, same per-output order:
+// 16-deep f16 products accumulated in f32 in k order) as Hopper's asynchronous warpgroup
+// products. A block of two warpgroups computes a 128 x BN tile (BN = 128 or 256) of every
+// chunk, one chunk after the other in one pipeline (the grid has no chunk dimension); warpgroup g
+// takes token rows 64 g .. 64 g + 63 and every weight row of the tile, as BN / 128 products of
+// 64 x 128 per 16-deep slice, both operands read by the tensor cores from shared memory. A
+// step's 64 values of a row are one 128-byte line; lines are stored with the 128-byte swizzle
+// (16-byte piece c of line r at piece c ^ (r % 8)), which is what the operand descriptors say.
+// The copies run stages - 2 steps ahead of the products (cp.async, all 256 threads), and a
+// step's products run while the next step's copies land; a stage is refilled once both
+// warpgroups' products of it are done (the barrier of the step after).
+
+#define WG_BM 128
+#define WG_LINE 128
+// stages of a tile of BN weight rows: as many as 193 KiB hold (6 of 32 KiB, or 4 of 48)
+template <int BN>
+__device__ constexpr int wg_stages() { return BN == 128 ? 6 : 4; }
+
+// The operand descriptor of a K-major tile at shared address `at` (1024-byte aligned at the
+// tile, plus 32 bytes per 16-deep slice): lines of 128 bytes with the 128-byte swizzle, 8-line
+// groups 1024 bytes apart.
+__device__ __forceinline__ unsigned long long wg_desc(u32 at) {
+    return (unsigned long long)((at & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Makes this thread's generic-proxy writes of shared memory (cp.async, stores) visible to the
+// tensor cores' reads (the async proxy).
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// d += a b over one 16-deep slice: a 64 x 16 (desc a), b 128 x 16 (desc b), both K-major.
+__device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long a, unsigned long long b) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    asm volatile(
+        "{\n.reg .pred keep;\nsetp.ne.b32 keep, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, keep, 1, 1, 0, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b));
+#else
+    __trap();
+#endif
+}
+
+// Keeps the compiler from moving accumulator registers across the asynchronous products.
+__device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+template <class P, int BN>
+__device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
+    const u8* w = job.w[0];
+    float* y = job.y[0];
+    int n = job.n[0], bx = blockIdx.x;
+#pragma unroll
+    for (int i = 1; i < GEMM_MAX_WEIGHTS; ++i) {
+        const int tiles = (n + BN - 1) / BN;
+        if (i < job.count && bx >= tiles) {
+            bx -= tiles;
+            w = job.w[i];
+            y = job.y[i];
+            n = job.n[i];
+        }
+    }
+    constexpr bool DIRECT = gemm_direct_f16<P>();
+    static_assert(DIRECT || BN == 128, "a dequantized tile has 128 weight rows, a pair of threads each");
+    constexpr int NB = BN / 128;                                          // 64 x 128 products per slice
+    constexpr int STAGE = WG_BM * WG_LINE + BN * (DIRECT ? WG_LINE : P::RAW);  // bytes of one stage
+    constexpr int STAGES = wg_stages<BN>(), AHEAD = STAGES - 2;
+    extern __shared__ u8 smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;               // the swizzle repeats every 1 KiB
+    u8* smem = smem_raw + (base - smem_addr(smem_raw));
+    // dequantized weights: two f16 tiles after the stages, step s's in tile s % 2
+    u8* tiles = smem + STAGES * STAGE;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int t0 = blockIdx.y * WG_BM, n0 = bx * BN;
+    // the steps of every chunk in k order, one pipeline: chunk z's partial is stored as its
+    // last step ends
+    const int steps = k / GEMM_BK, chunk_steps = steps / chunks;
+    // f16 lines: thread tid copies piece tid % 8 of lines tid / 8 + 32 j; stored bytes: weight
+    // row tid / 2 is served by threads 2 (tid / 2) and 2 (tid / 2) + 1
+    const int piece = tid % 8, line0 = tid / 8;
+    const int br = tid / 2, bhalf = tid % 2;
+    const auto issue = [&](int s) {
+        u8* st = smem + (s % STAGES) * STAGE;
+        const int k0 = s * GEMM_BK;
+#pragma unroll
+        for (int j = 0; j < WG_BM / 32; ++j) {
+            const int r = line0 + 32 * j;
+            const bool valid = t0 + r < m;
+            cp_async16(st + r * WG_LINE + ((piece ^ (r % 8)) << 4), valid ? a + (size_t)(t0 + r) * k + k0 + 8 * piece : a,
+                       valid);
+        }
+        u8* bst = st + WG_BM * WG_LINE;
+        if constexpr (DIRECT) {
+            const u16* wh = (const u16*)w;
+#pragma unroll
+            for (int j = 0; j < BN / 32; ++j) {
+                const int r = line0 + 32 * j;
+                const bool valid = n0 + r < n;
+                cp_async16(bst + r * WG_LINE + ((piece ^ (r % 8)) << 4),
+                           valid ? wh + (size_t)(n0 + r) * k + k0 + 8 * piece : wh, valid);
+            }
+        } else {
+            P::copy(w, n, k, n0 + br, k0, bst + br * P::RAW, bhalf, n0 + br < n);
+        }
+    };
+    float acc[NB][64];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
+    // accumulator e of a thread: 8-column group e / 4, row lane / 4 + 8 ((e / 2) % 2), column
+    // 2 (lane % 4) + e % 2, in the rows of its warp (16 per warp of the warpgroup)
+    const int lane = tid % 32, row_base = t0 + wg * 64 + ((tid / 32) % 4) * 16 + lane / 4;
+    const auto store = [&](int z) {
+        float* out = y + (size_t)z * m * n;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) {
+                wg_hold(acc[b][e]);
+                const int t = row_base + 8 * ((e / 2) % 2);
+                const int c = n0 + b * 128 + 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+                if (t < m && c < n) out[(size_t)t * n + c] = acc[b][e];
+                acc[b][e] = 0.f;
+            }
+    };
+    overlap_with_neighbours();
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+        if (s < steps) issue(s);
+        cp_async_commit();
+    }
+    for (int z = 0, s = 0; z < chunks; ++z) {
+        for (int end = s + chunk_steps; s < end; ++s) {
+            cp_async_wait<AHEAD - 1>();
+            fence_async_shared();
+            // step s is in its stage for every thread; both warpgroups' products of step s - 2
+            // are done (each waited for them at the end of step s - 1), so its stage and its
+            // dequantized tile are free
+            __syncthreads();
+            if (s + AHEAD < steps) issue(s + AHEAD);
+            cp_async_commit();
+            const u32 st = base + (s % STAGES) * STAGE;
+            u32 bt = st + WG_BM * WG_LINE;
+            if constexpr (!DIRECT) {
+                // this thread's 32 values of row br as f16, swizzled like a copied line
+                __align__(16) u16 v[32];
+                P::dequant32(smem + (s % STAGES) * STAGE + WG_BM * WG_LINE + br * P::RAW, bhalf, v);
+                u8* line = tiles + (s % 2) * (BN * WG_LINE) + br * WG_LINE;
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    *(uint4*)(line + (((4 * bhalf + j) ^ (br % 8)) << 4)) = *(const uint4*)(v + 8 * j);
+                fence_async_shared();
+                __syncthreads();
+                bt = base + STAGES * STAGE + (s % 2) * (BN * WG_LINE);
+            }
+            const u32 at = st + wg * 64 * WG_LINE;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < GEMM_BK / 16; ++kk)
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+                    wgmma_m64n128k16(acc[b], wg_desc(at + 32 * kk), wg_desc(bt + b * 128 * WG_LINE + 32 * kk));
+            wg_commit();
+            wg_wait<1>();
+        }
+        // the chunk's products are done: its partial goes out, and the next chunk starts at 0
+        wg_wait<0>();
+        store(z);
+    }
+    cp_async_wait<0>();
+}
+
+#define GEMM_WG(name, P, BN)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                              \
+        name(const u16* a, const GemmJob job, int m, int k, int chunks) {                          \
+        gemm_wg_run<P, BN>(a, job, m, k, chunks);                                                  \
+    }
+
+GEMM_WG(gemm_wg128_f16, GemmF16, 128)
+GEMM_WG(gemm_wg256_f16, GemmF16, 256)
+GEMM_WG(gemm_wg128_q8_0, GemmQ8_0, 128)
+GEMM_WG(gemm_wg128_q4_0, GemmQ4<false>, 128)
+GEMM_WG(gemm_wg128_q4_1, GemmQ4<true>, 128)
+
 extern "C" __global__ void to_f16_f32(const float* x, u16* out, int n) {
     overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -19,6 +19,9 @@ struct Args {
     /// Also time the matvec kernels on llama-8B shapes.
     #[arg(long)]
     bench: bool,
+    /// Also time the prefill products on llama-8B shapes, in every tile.
+    #[arg(long)]
+    prefill_bench: bool,
     /// Skip the checks (with --bench: timing only, e.g. under a profiler).
     #[arg(long)]
     no_checks: bool,
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
             device: args.device,
             checks: !args.no_checks,
             bench: args.bench,
+            prefill_bench: args.prefill_bench,
             seed: args.seed,
         }),
     };

@@ -99,6 +99,11 @@ pub const FILES: &[KernelFile] = &[
             "gemm64_q4_1",
             "gemm64_q4_k",
             "gemm64_q6_k",
+            "gemm_wg128_f16",
+            "gemm_wg256_f16",
+            "gemm_wg128_q8_0",
+            "gemm_wg128_q4_0",
+            "gemm_wg128_q4_1",
             "to_f16_f32",
             "swiglu_rows_f32",
             "add_rows_f32",
@@ -192,13 +197,23 @@ pub(crate) fn candidates(lib: &str) -> String {
     names.join(", ")
 }
 
+/// The NVRTC target of a device architecture: Hopper's arch-specific one (sm_90a, which has
+/// the warpgroup products kernels/gemm.cu uses there), else the architecture itself.
+pub fn target(arch: &str) -> String {
+    if arch == "sm_90" {
+        "sm_90a".to_string()
+    } else {
+        arch.to_string()
+    }
+}
+
 /// Compiles one file for `arch` (e.g. "sm_90").
 pub fn compile(file: &KernelFile, arch: &str) -> Result<Ptx> {
     check_nvrtc()?;
     let opts = CompileOptions {
         name: Some(file.name.to_string()),
         options: vec![
-            format!("--gpu-architecture={arch}"),
+            format!("--gpu-architecture={}", target(arch)),
             "--std=c++17".to_string(),
         ],
         ..Default::default()

@@ -13,8 +13,7 @@ use super::device::CudaDevice;
 use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
 use super::span::Span;
 
-/// Weight rows of one block's tile (GEMM_BN in kernels/gemm.cu); its token rows are 128, or
-/// 64 where tiles of 128 would leave streaming multiprocessors idle.
+/// Weight rows of one block's tile in the mma.sync kernels (GEMM_BN in kernels/gemm.cu).
 const TILE_COLS: usize = 128;
 /// Reduction depth of one step (GEMM_BK): a chunk is a whole number of steps.
 pub const GEMM_DEPTH: usize = 64;
@@ -36,25 +35,88 @@ unsafe impl DeviceRepr for GemmJob {}
 /// Steps in flight (GEMM_STAGES) and the f16 tile row stride in halves (GEMM_LD).
 const GEMM_STAGES: usize = 3;
 const GEMM_LD: usize = 72;
+/// The warpgroup kernels' token rows a tile (WG_BM) and line bytes (WG_LINE).
+const WG_ROWS: usize = 128;
+const WG_LINE: usize = 128;
 
-/// The dynamic shared memory of `gemm<tile_rows>_<dtype>`, as kernels/gemm.cu lays it out:
-/// the activation stages, the weight stages (a row's stored bytes of one step, padded to 16)
-/// and, unless the staged f16 rows feed the products themselves, one f16 weight tile.
-fn gemm_shared_bytes(dtype: GgmlType, tile_rows: usize) -> usize {
-    let f16_row = 2 * GEMM_LD;
-    let staged_row = match dtype {
-        GgmlType::F16 => f16_row,
-        GgmlType::Q8_0 => (64 + 4usize).next_multiple_of(16),
-        GgmlType::Q4_0 => (32 + 4usize).next_multiple_of(16),
-        GgmlType::Q4_1 => (32 + 8usize).next_multiple_of(16),
-        _ => 0,
-    };
-    let tile = if dtype == GgmlType::F16 {
-        0
+/// Stages of a warpgroup tile of `cols` weight rows (wg_stages in kernels/gemm.cu).
+fn wg_stages(cols: usize) -> usize {
+    if cols == 128 {
+        6
     } else {
-        TILE_COLS * f16_row
-    };
-    GEMM_STAGES * (tile_rows * f16_row + TILE_COLS * staged_row) + tile
+        4
+    }
+}
+
+/// A block's tile, and so the kernel of a product: `Mma` is `gemm<rows>_<dtype>`
+/// (`mma.sync`, 128 weight rows, any dtype), `Wg` is `gemm_wg<cols>_f16` (Hopper's warpgroup
+/// products, 128 token rows, f16 weights on sm_90).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmTile {
+    Mma { rows: usize },
+    Wg { cols: usize },
+}
+
+impl GemmTile {
+    /// Every tile the self-test runs for `dtype` on a device of `arch`.
+    pub fn all(dtype: GgmlType, arch: &str) -> Vec<GemmTile> {
+        let mut tiles = vec![GemmTile::Mma { rows: 64 }, GemmTile::Mma { rows: 128 }];
+        if arch == "sm_90" {
+            match dtype {
+                GgmlType::F16 => tiles.extend([GemmTile::Wg { cols: 128 }, GemmTile::Wg { cols: 256 }]),
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => tiles.push(GemmTile::Wg { cols: 128 }),
+                _ => {}
+            }
+        }
+        tiles
+    }
+
+    fn shape(self) -> (usize, usize) {
+        match self {
+            GemmTile::Mma { rows } => (rows, TILE_COLS),
+            GemmTile::Wg { cols } => (WG_ROWS, cols),
+        }
+    }
+
+    fn kernel(self, dtype: GgmlType) -> String {
+        match self {
+            GemmTile::Mma { rows } => format!("gemm{rows}_{}", dtype.name()),
+            GemmTile::Wg { cols } => format!("gemm_wg{cols}_{}", dtype.name()),
+        }
+    }
+
+    /// The dynamic shared memory of the tile's kernel for `dtype`, as kernels/gemm.cu lays it
+    /// out. `Mma`: the activation stages, the weight stages (a row's stored bytes of one
+    /// step, padded to 16) and, unless the staged f16 rows feed the products themselves, one
+    /// f16 weight tile. `Wg`: the stages (activations in 128-byte lines, then f16 weight lines
+    /// or the weights' stored bytes), two dequantized f16 tiles unless f16, and 1 KiB to
+    /// align them.
+    fn shared_bytes(self, dtype: GgmlType) -> usize {
+        let f16_row = 2 * GEMM_LD;
+        // a weight row's stored bytes of one step where the kernel stages them (0: it does not)
+        let staged_row = match dtype {
+            GgmlType::F16 => f16_row,
+            GgmlType::Q8_0 => (64 + 4usize).next_multiple_of(16),
+            GgmlType::Q4_0 => (32 + 4usize).next_multiple_of(16),
+            GgmlType::Q4_1 => (32 + 8usize).next_multiple_of(16),
+            _ => 0,
+        };
+        let f16 = dtype == GgmlType::F16;
+        match self {
+            GemmTile::Mma { rows } => {
+                let tile = if f16 { 0 } else { TILE_COLS * f16_row };
+                GEMM_STAGES * (rows * f16_row + TILE_COLS * staged_row) + tile
+            }
+            GemmTile::Wg { cols } => {
+                let (weights, tiles) = if f16 {
+                    (cols * WG_LINE, 0)
+                } else {
+                    (cols * staged_row, 2 * cols * WG_LINE)
+                };
+                wg_stages(cols) * (WG_ROWS * WG_LINE + weights) + tiles + 1024
+            }
+        }
+    }
 }
 
 /// A weight matrix as the GEMM reads it, by address: a whole upload or one expert's matrix of
@@ -118,8 +180,7 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// [`Self::gemm`] with `tile_rows` (64 or 128) token rows a block: every output has the
-    /// same bits with either.
+    /// [`Self::gemm`] in the kernel of `tile`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_tiled(
         &self,
@@ -129,15 +190,45 @@ impl CudaDevice {
         rows: usize,
         chunks: usize,
         y: &mut impl DevicePtrMut<f32>,
-        tile_rows: usize,
+        tile: GemmTile,
     ) -> Result<()> {
         let out = (ptr_mut(stream, y), y.len());
-        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, Some(tile_rows))
+        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, Some(tile))
     }
 
-    /// One launch of `gemm<tile_rows>_<dtype>` over the weights of `outs` (each with its
-    /// output's address and length); `tile_rows` by default 128 where those tiles fill the
-    /// device, else 64.
+    /// The tile of a launch over weights of `weight_rows` rows (in `dtype`) and `rows` token
+    /// rows in `chunks` chunks. f16 on sm_90: the warpgroup kernels, 256 weight rows a tile
+    /// where those tiles fill the device. Otherwise `mma.sync`: 128 token rows where those
+    /// tiles fill the device, else 64. Every tile gives every output the same bits.
+    pub fn gemm_tile(
+        &self,
+        dtype: GgmlType,
+        weight_rows: &[usize],
+        rows: usize,
+        chunks: usize,
+    ) -> GemmTile {
+        let blocks = |tile_rows: usize, tile_cols: usize| -> usize {
+            let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
+            columns * rows.div_ceil(tile_rows)
+        };
+        if dtype == GgmlType::F16 && self.arch() == "sm_90" {
+            let cols = if blocks(WG_ROWS, 256) >= self.sm_count() {
+                256
+            } else {
+                128
+            };
+            return GemmTile::Wg { cols };
+        }
+        let rows = if rows > 64 && blocks(128, TILE_COLS) * chunks >= self.sm_count() {
+            128
+        } else {
+            64
+        };
+        GemmTile::Mma { rows }
+    }
+
+    /// One launch over the weights of `outs` (each with its output's address and length) in
+    /// the kernel of `tile`, by default [`Self::gemm_tile`].
     fn gemm_launch(
         &self,
         stream: &CudaStream,
@@ -145,7 +236,7 @@ impl CudaDevice {
         a: &impl DevicePtr<u16>,
         rows: usize,
         chunks: usize,
-        tile_rows: Option<usize>,
+        tile: Option<GemmTile>,
     ) -> Result<()> {
         let w0 = outs[0].0;
         assert!(
@@ -175,18 +266,18 @@ impl CudaDevice {
                 w.addr
             );
         }
-        let columns: usize = outs.iter().map(|(w, _)| w.rows.div_ceil(TILE_COLS)).sum();
-        let tile_rows = match tile_rows {
-            Some(t) => t,
-            None if rows > 64 && columns * rows.div_ceil(128) * chunks >= self.sm_count() => 128,
-            None => 64,
-        };
+        let weight_rows: Vec<usize> = outs.iter().map(|(w, _)| w.rows).collect();
+        let tile = tile.unwrap_or_else(|| self.gemm_tile(w0.dtype, &weight_rows, rows, chunks));
         assert!(
-            matches!(tile_rows, 64 | 128),
-            "gemm: tiles of {tile_rows} rows"
+            GemmTile::all(w0.dtype, self.arch()).contains(&tile),
+            "gemm: no {tile:?} kernel for {} on {}",
+            w0.dtype.name(),
+            self.arch()
         );
-        let name = format!("gemm{tile_rows}_{}", w0.dtype.name());
-        let smem = gemm_shared_bytes(w0.dtype, tile_rows);
+        let (tile_rows, tile_cols) = tile.shape();
+        let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
+        let name = tile.kernel(w0.dtype);
+        let smem = tile.shared_bytes(w0.dtype);
         self.allow_dynamic_shared(&name, 0, smem)?;
         let mut job = GemmJob {
             w: [0; GEMM_MAX_WEIGHTS],
@@ -201,11 +292,16 @@ impl CudaDevice {
         }
         let ap = ptr(stream, a);
         let (m, k, c) = (int(rows), int(w0.cols), int(chunks));
+        // a warpgroup block walks every chunk of its tile
+        let chunk_blocks = match tile {
+            GemmTile::Mma { .. } => chunks,
+            GemmTile::Wg { .. } => 1,
+        };
         let cfg = LaunchConfig {
             grid_dim: (
                 columns as u32,
                 rows.div_ceil(tile_rows) as u32,
-                chunks as u32,
+                chunk_blocks as u32,
             ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,

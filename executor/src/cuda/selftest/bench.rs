@@ -17,6 +17,7 @@ use memra_gguf::GgmlType;
 use super::random;
 use crate::cuda::matvec::Epilogue;
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MMA_MIN_ROWS};
+use crate::cuda::rows::GemmTile;
 use crate::cuda::{CudaDevice, CudaStream, DeviceWeight, Span};
 
 /// (rows, cols, launches per decode token) of llama-3-8B's matrices over its 32 layers: q and
@@ -122,6 +123,62 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
                     shapes.join(", ")
                 );
             }
+        }
+    }
+    println!();
+    Ok(())
+}
+
+/// (weight rows, cols, reduction chunks, launches per layer) of llama-3-8B's prefill products:
+/// q, k and v, o (row-parallel: the canonical chunks), gate and up, down.
+const PREFILL_SHAPES: [(usize, usize, usize, usize); 5] = [
+    (4096, 4096, 1, 1),
+    (1024, 4096, 1, 2),
+    (4096, 4096, 8, 1),
+    (14336, 4096, 1, 2),
+    (4096, 14336, 8, 1),
+];
+/// Token rows of the prefill table (a full chunk) and its dtypes.
+const PREFILL_ROWS: usize = 512;
+const PREFILL_DTYPES: [GgmlType; 3] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_1];
+
+/// The prefill products of llama-3-8B over a 512-row chunk, each product launched alone in
+/// every tile its dtype has: microseconds per launch, and the chunk's products of 32 layers
+/// in ms and TFLOP/s.
+pub(super) fn prefill(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
+    println!("llama-3-8B prefill products over {PREFILL_ROWS} token rows, each launched alone (us per launch; 32 layers)");
+    for dtype in PREFILL_DTYPES {
+        for tile in GemmTile::all(dtype, dev.arch()) {
+            let (mut layer_us, mut flops, mut shapes) = (0.0, 0.0, Vec::new());
+            for (n, k, chunks, per_layer) in PREFILL_SHAPES {
+                let bytes = dtype
+                    .bytes_for((n * k) as u64)
+                    .expect("invariant: whole blocks") as usize;
+                let mut host = random_bytes(rng, bytes);
+                sanitize_halves(dtype, &mut host);
+                let w = DeviceWeight::upload(dev, s, dtype, &host, n, k)?;
+                let a: Vec<u16> = random(rng, PREFILL_ROWS * k, 1.0)
+                    .iter()
+                    .map(|&v| memra_gguf::f16::f32_to_f16(v))
+                    .collect();
+                let a = dev.upload(s, &a)?;
+                let mut y = dev.alloc::<f32>(s, chunks * PREFILL_ROWS * n)?;
+                let secs = time(dev, s, |_| {
+                    dev.gemm_tiled(s, (&w).into(), &a, PREFILL_ROWS, chunks, &mut y, tile)
+                })
+                .with_context(|| format!("timing gemm {tile:?} {dtype} {n}x{k}"))?;
+                layer_us += per_layer as f64 * secs * 1e6;
+                flops += (per_layer * 2 * PREFILL_ROWS * n * k) as f64;
+                shapes.push(format!("{n}x{k}/{chunks} {:.1}", secs * 1e6));
+            }
+            println!(
+                "{:<6} {:<14} {:>8.2} ms {:>6.0} TFLOP/s   us per launch: {}",
+                dtype.name(),
+                format!("{tile:?}"),
+                32.0 * layer_us / 1e3,
+                flops / (layer_us * 1e-6) / 1e12,
+                shapes.join(", ")
+            );
         }
     }
     println!();

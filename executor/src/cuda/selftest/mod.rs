@@ -48,6 +48,8 @@ pub struct Options {
     pub checks: bool,
     /// Also time the matvec kernels on llama-8B shapes.
     pub bench: bool,
+    /// Also time the prefill products on llama-8B shapes, in every tile.
+    pub prefill_bench: bool,
     /// Random seed for the inputs.
     pub seed: u64,
 }
@@ -219,6 +221,9 @@ pub fn run(opts: &Options) -> Result<bool> {
     }
     if opts.bench {
         bench::run(&dev, &stream, &mut cx.rng)?;
+    }
+    if opts.prefill_bench {
+        bench::prefill(&dev, &stream, &mut cx.rng)?;
     }
     let report = cx.report;
     report.print_summary();

@@ -12,6 +12,7 @@ use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx};
+use crate::cuda::rows::GemmTile;
 use crate::cuda::{CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -159,7 +160,8 @@ fn narrowed(dev: &CudaDevice, s: &Arc<CudaStream>, a: &[f32]) -> Result<DeviceBu
     Ok(a16)
 }
 
-/// `gemm_<dtype>` of `rows` rows into `chunks` partials against the f64 sums of each chunk.
+/// `gemm_<dtype>` of `rows` rows into `chunks` partials, in every tile of the dtype, against
+/// the f64 sums of each chunk.
 fn gemm(
     cx: &mut Ctx,
     dtype: GgmlType,
@@ -173,35 +175,37 @@ fn gemm(
     let a = random(&mut cx.rng, rows * k, 1.0);
     let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
     let a16 = narrowed(dev, s, &a)?;
-    let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
-    dev.gemm(s, (&w).into(), &a16, rows, chunks, &mut yd)?;
-    let y = dev.download(s, &yd)?;
-    let len = k / chunks;
-    let mut err = 0f64;
-    for z in 0..chunks {
-        for t in 0..rows {
-            for j in 0..n {
-                let (mut sum, mut scale) = (0f64, 0f64);
-                for i in z * len..(z + 1) * len {
-                    let p = half(a[t * k + i]) * half(deq[j * k + i]);
-                    sum += p;
-                    scale += p.abs();
+    for tile in GemmTile::all(dtype, dev.arch()) {
+        let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
+        dev.gemm_tiled(s, (&w).into(), &a16, rows, chunks, &mut yd, tile)?;
+        let y = dev.download(s, &yd)?;
+        let len = k / chunks;
+        let mut err = 0f64;
+        for z in 0..chunks {
+            for t in 0..rows {
+                for j in 0..n {
+                    let (mut sum, mut scale) = (0f64, 0f64);
+                    for i in z * len..(z + 1) * len {
+                        let p = half(a[t * k + i]) * half(deq[j * k + i]);
+                        sum += p;
+                        scale += p.abs();
+                    }
+                    let got = f64::from(y[(z * rows + t) * n + j]);
+                    err = err.max((got - sum).abs() / scale.max(1e-30));
                 }
-                let got = f64::from(y[(z * rows + t) * n + j]);
-                err = err.max((got - sum).abs() / scale.max(1e-30));
             }
         }
+        if y.iter().any(|v| !v.is_finite()) {
+            err = f64::NAN;
+        }
+        cx.report.tol(
+            &format!("gemm_{dtype}"),
+            format!("{tile:?} {rows}x{k} by {n}x{k} chunks={chunks}"),
+            err,
+            1e-5,
+            "rel|wx|",
+        );
     }
-    if y.iter().any(|v| !v.is_finite()) {
-        err = f64::NAN;
-    }
-    cx.report.tol(
-        &format!("gemm_{dtype}"),
-        format!("{rows}x{k} by {n}x{k} chunks={chunks}"),
-        err,
-        1e-5,
-        "rel|wx|",
-    );
     Ok(())
 }
 
@@ -245,24 +249,27 @@ fn gemm_halves(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     Ok(())
 }
 
-/// Tiles of 128 token rows give every output the bits tiles of 64 give.
+/// Every tile of the dtype (`GemmTile::all`) gives every output the bits of tiles of 64 rows.
 fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let (rows, n, k, chunks) = (300, 260, 1024, 2);
-    let (bytes, _) = random_weight(&mut cx.rng, dtype, n, k)?;
-    let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
-    let a16 = narrowed(dev, s, &random(&mut cx.rng, rows * k, 1.0))?;
-    let run = |tile_rows: usize| -> Result<Vec<f32>> {
-        let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
-        dev.gemm_tiled(s, (&w).into(), &a16, rows, chunks, &mut yd, tile_rows)?;
-        dev.download(s, &yd)
-    };
-    let (small, large) = (run(64)?, run(128)?);
-    cx.report.exact(
-        &format!("gemm_{dtype}"),
-        format!("tiles of 128 rows = tiles of 64, {rows}x{k} by {n}"),
-        bit_mismatches(&large, &small),
-    );
+    for (rows, n, k, chunks) in [(300, 260, 1024, 2), (512, 640, 2048, 8), (73, 384, 512, 1)] {
+        let (bytes, _) = random_weight(&mut cx.rng, dtype, n, k)?;
+        let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
+        let a16 = narrowed(dev, s, &random(&mut cx.rng, rows * k, 1.0))?;
+        let run = |tile: GemmTile| -> Result<Vec<f32>> {
+            let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
+            dev.gemm_tiled(s, (&w).into(), &a16, rows, chunks, &mut yd, tile)?;
+            dev.download(s, &yd)
+        };
+        let small = run(GemmTile::Mma { rows: 64 })?;
+        for tile in GemmTile::all(dtype, dev.arch()).into_iter().skip(1) {
+            cx.report.exact(
+                &format!("gemm_{dtype}"),
+                format!("{tile:?} = Mma {{ rows: 64 }}, {rows}x{k} by {n} chunks={chunks}"),
+                bit_mismatches(&run(tile)?, &small),
+            );
+        }
+    }
     Ok(())
 }
 
