@@ -274,23 +274,29 @@ GEMM(gemm64_q6_k, GemmQ6_K, 64)
 
 // ---- Hopper: warpgroup products (wgmma) from swizzled shared memory (sm_90a) ----
 //
-// gemm_wg<BN>_f16: the product of gemm128_f16 (same job, same chunks, same per-output order:
-// 16-deep f16 products accumulated in f32 in k order) as Hopper's asynchronous warpgroup
-// products. A block of two warpgroups computes a 128 x BN tile (BN = 128 or 256) of every
-// chunk, one chunk after the other in one pipeline (the grid has no chunk dimension); warpgroup g
-// takes token rows 64 g .. 64 g + 63 and every weight row of the tile, as BN / 128 products of
-// 64 x 128 per 16-deep slice, both operands read by the tensor cores from shared memory. A
-// step's 64 values of a row are one 128-byte line; lines are stored with the 128-byte swizzle
-// (16-byte piece c of line r at piece c ^ (r % 8)), which is what the operand descriptors say.
-// The copies run stages - 2 steps ahead of the products (cp.async, all 256 threads), and a
-// step's products run while the next step's copies land; a stage is refilled once both
-// warpgroups' products of it are done (the barrier of the step after).
+// gemm_wg<BN>_<dtype>: the product of gemm128_<dtype> (same job, same chunks, same
+// per-output order: 16-deep f16 products accumulated in f32 in k order, so the same bits; the
+// self-test checks every tile against gemm64) as Hopper's asynchronous warpgroup products.
+// A block of two warpgroups computes a 128 x BN tile (BN = 128 or 256 for f16, 128 for q8_0,
+// q4_0 and q4_1) of every chunk, one chunk after the other in one pipeline (the grid has no
+// chunk dimension); warpgroup g takes token rows 64 g .. 64 g + 63 and every weight row of
+// the tile, as BN / 128 products of 64 x 128 per 16-deep slice, both operands read by the
+// tensor cores from shared memory. A step's 64 values of a row are one 128-byte line; lines
+// are stored with the 128-byte swizzle (16-byte piece c of line r at piece c ^ (r % 8)),
+// which is what the operand descriptors say. f16 weight lines are copied so; the quantized
+// planar layouts' stored bytes are copied, then dequantized (gemm128's values) into one of
+// two swizzled f16 tiles. The copies run WG_AHEAD steps ahead of the products (cp.async, all
+// 256 threads), and a step's products run while the next step's copies land; a stage (and a
+// dequantized tile) is refilled once both warpgroups' products of it are done (the barrier of
+// the step after). As a chunk ends, its partial is stored, or, for a row-parallel product,
+// added into the chunks' canonical tree right there (`sum`), which saves tree_sum_f32's pass
+// over every chunk.
 
 #define WG_BM 128
 #define WG_LINE 128
-// stages of a tile of BN weight rows: as many as 193 KiB hold (6 of 32 KiB, or 4 of 48)
-template <int BN>
-__device__ constexpr int wg_stages() { return BN == 128 ? 6 : 4; }
+// steps in flight: 4 measured faster than 6 for 128-row tiles (bench/prefill-cuda.md)
+#define WG_STAGES 4
+#define WG_AHEAD (WG_STAGES - 2)
 
 // The operand descriptor of a K-major tile at shared address `at` (1024-byte aligned at the
 // tile, plus 32 bytes per 16-deep slice): lines of 128 bytes with the 128-byte swizzle, 8-line
@@ -327,7 +333,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long a,
 __device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
 template <class P, int BN>
-__device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
+__device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks, float* sum) {
     const u8* w = job.w[0];
     float* y = job.y[0];
     int n = job.n[0], bx = blockIdx.x;
@@ -345,15 +351,14 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     static_assert(DIRECT || BN == 128, "a dequantized tile has 128 weight rows, a pair of threads each");
     constexpr int NB = BN / 128;                                          // 64 x 128 products per slice
     constexpr int STAGE = WG_BM * WG_LINE + BN * (DIRECT ? WG_LINE : P::RAW);  // bytes of one stage
-    constexpr int STAGES = wg_stages<BN>(), AHEAD = STAGES - 2;
     extern __shared__ u8 smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;               // the swizzle repeats every 1 KiB
     u8* smem = smem_raw + (base - smem_addr(smem_raw));
     // dequantized weights: two f16 tiles after the stages, step s's in tile s % 2
-    u8* tiles = smem + STAGES * STAGE;
+    u8* tiles = smem + WG_STAGES * STAGE;
     const int tid = threadIdx.x, wg = tid / 128;
     const int t0 = blockIdx.y * WG_BM, n0 = bx * BN;
-    // the steps of every chunk in k order, one pipeline: chunk z's partial is stored as its
+    // the steps of every chunk in k order, one pipeline: chunk z's partial is finished as its
     // last step ends
     const int steps = k / GEMM_BK, chunk_steps = steps / chunks;
     // f16 lines: thread tid copies piece tid % 8 of lines tid / 8 + 32 j; stored bytes: weight
@@ -361,7 +366,7 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     const int piece = tid % 8, line0 = tid / 8;
     const int br = tid / 2, bhalf = tid % 2;
     const auto issue = [&](int s) {
-        u8* st = smem + (s % STAGES) * STAGE;
+        u8* st = smem + (s % WG_STAGES) * STAGE;
         const int k0 = s * GEMM_BK;
 #pragma unroll
         for (int j = 0; j < WG_BM / 32; ++j) {
@@ -392,48 +397,85 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     // accumulator e of a thread: 8-column group e / 4, row lane / 4 + 8 ((e / 2) % 2), column
     // 2 (lane % 4) + e % 2, in the rows of its warp (16 per warp of the warpgroup)
     const int lane = tid % 32, row_base = t0 + wg * 64 + ((tid / 32) % 4) * 16 + lane / 4;
-    const auto store = [&](int z) {
-        float* out = y + (size_t)z * m * n;
+    // chunk z's products are done: with `sum`, its partial joins the canonical tree (the left
+    // subtrees waiting beside it, each kept in y at its first chunk's place, are added in, in
+    // tree_sum_f32's order) and the whole tree goes to `sum`; else it is stored as chunk z. A
+    // thread reads back only values it wrote itself.
+    const bool pairs = n % 2 == 0;
+    const int col_base = n0 + 2 * (lane % 4);
+    // accumulator pair (e, e + 1) of weight rows b * 128 ..: token row t, columns c and c + 1
+#define WG_EACH_PAIR(BODY)                                                                         \
+    _Pragma("unroll") for (int b = 0; b < NB; ++b) _Pragma("unroll") for (int e = 0; e < 64; e += 2) { \
+        const int t = row_base + 8 * ((e / 2) % 2);                                                \
+        const int c = col_base + b * 128 + 8 * (e / 4);                                            \
+        if (t < m && c < n) { BODY }                                                               \
+    }
+    const auto finish = [&](int z) {
 #pragma unroll
         for (int b = 0; b < NB; ++b)
 #pragma unroll
-            for (int e = 0; e < 64; ++e) {
-                wg_hold(acc[b][e]);
-                const int t = row_base + 8 * ((e / 2) % 2);
-                const int c = n0 + b * 128 + 8 * (e / 4) + 2 * (lane % 4) + e % 2;
-                if (t < m && c < n) out[(size_t)t * n + c] = acc[b][e];
-                acc[b][e] = 0.f;
+            for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
+        int at = z;
+        for (int span = 1; sum && span < chunks && (z + 1) % (2 * span) == 0; span *= 2) {
+            at -= span;
+            const float* left = y + (size_t)at * m * n;
+            WG_EACH_PAIR({
+                const float* l = left + (size_t)t * n + c;
+                if (pairs) {
+                    const float2 v = *(const float2*)l;
+                    acc[b][e] = v.x + acc[b][e];
+                    acc[b][e + 1] = v.y + acc[b][e + 1];
+                } else {
+                    acc[b][e] = l[0] + acc[b][e];
+                    if (c + 1 < n) acc[b][e + 1] = l[1] + acc[b][e + 1];
+                }
+            })
+        }
+        float* dst = sum && z == chunks - 1 ? sum : y + (size_t)at * m * n;
+        WG_EACH_PAIR({
+            float* d = dst + (size_t)t * n + c;
+            if (pairs) {
+                *(float2*)d = make_float2(acc[b][e], acc[b][e + 1]);
+            } else {
+                d[0] = acc[b][e];
+                if (c + 1 < n) d[1] = acc[b][e + 1];
             }
+        })
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
     };
+#undef WG_EACH_PAIR
     overlap_with_neighbours();
 #pragma unroll
-    for (int s = 0; s < AHEAD; ++s) {
+    for (int s = 0; s < WG_AHEAD; ++s) {
         if (s < steps) issue(s);
         cp_async_commit();
     }
     for (int z = 0, s = 0; z < chunks; ++z) {
         for (int end = s + chunk_steps; s < end; ++s) {
-            cp_async_wait<AHEAD - 1>();
+            cp_async_wait<WG_AHEAD - 1>();
             fence_async_shared();
             // step s is in its stage for every thread; both warpgroups' products of step s - 2
             // are done (each waited for them at the end of step s - 1), so its stage and its
             // dequantized tile are free
             __syncthreads();
-            if (s + AHEAD < steps) issue(s + AHEAD);
+            if (s + WG_AHEAD < steps) issue(s + WG_AHEAD);
             cp_async_commit();
-            const u32 st = base + (s % STAGES) * STAGE;
+            const u32 st = base + (s % WG_STAGES) * STAGE;
             u32 bt = st + WG_BM * WG_LINE;
             if constexpr (!DIRECT) {
                 // this thread's 32 values of row br as f16, swizzled like a copied line
                 __align__(16) u16 v[32];
-                P::dequant32(smem + (s % STAGES) * STAGE + WG_BM * WG_LINE + br * P::RAW, bhalf, v);
+                P::dequant32(smem + (s % WG_STAGES) * STAGE + WG_BM * WG_LINE + br * P::RAW, bhalf, v);
                 u8* line = tiles + (s % 2) * (BN * WG_LINE) + br * WG_LINE;
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     *(uint4*)(line + (((4 * bhalf + j) ^ (br % 8)) << 4)) = *(const uint4*)(v + 8 * j);
                 fence_async_shared();
                 __syncthreads();
-                bt = base + STAGES * STAGE + (s % 2) * (BN * WG_LINE);
+                bt = base + WG_STAGES * STAGE + (s % 2) * (BN * WG_LINE);
             }
             const u32 at = st + wg * 64 * WG_LINE;
             wg_fence();
@@ -447,15 +489,18 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
         }
         // the chunk's products are done: its partial goes out, and the next chunk starts at 0
         wg_wait<0>();
-        store(z);
+        finish(z);
     }
     cp_async_wait<0>();
 }
 
+// gemm_wg<BN>_<dtype>: with `sum` null, chunk z's partial to y[z] as gemm128 stores it; else
+// the chunks' partials combined in the canonical tree (tree_sum_f32's) to `sum`, y holding the
+// subtrees meanwhile (the job has one weight then)
 #define GEMM_WG(name, P, BN)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                              \
-        name(const u16* a, const GemmJob job, int m, int k, int chunks) {                          \
-        gemm_wg_run<P, BN>(a, job, m, k, chunks);                                                  \
+        name(const u16* a, const GemmJob job, int m, int k, int chunks, float* sum) {              \
+        gemm_wg_run<P, BN>(a, job, m, k, chunks, sum);                                             \
     }
 
 GEMM_WG(gemm_wg128_f16, GemmF16, 128)

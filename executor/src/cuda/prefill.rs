@@ -118,9 +118,8 @@ impl RankDevice {
             if chunks == 1 {
                 whole.push((w.into(), out));
             } else {
-                let mut parts = Span::of(&rb.parts).sub(0, chunks * rows * w.rows);
-                dev.gemm(s, w.into(), &a16, rows, chunks, &mut parts)?;
-                dev.tree_sum(s, &parts, chunks, &mut out.clone())?;
+                let parts = Span::of(&rb.parts).sub(0, chunks * rows * w.rows);
+                dev.gemm_tree(s, w.into(), &a16, rows, chunks, &parts, out, None)?;
             }
         }
         dev.gemm_many(s, &whole, &a16, rows)

@@ -35,22 +35,16 @@ unsafe impl DeviceRepr for GemmJob {}
 /// Steps in flight (GEMM_STAGES) and the f16 tile row stride in halves (GEMM_LD).
 const GEMM_STAGES: usize = 3;
 const GEMM_LD: usize = 72;
-/// The warpgroup kernels' token rows a tile (WG_BM) and line bytes (WG_LINE).
+/// The warpgroup kernels' token rows a tile (WG_BM), line bytes (WG_LINE) and steps in
+/// flight (WG_STAGES).
 const WG_ROWS: usize = 128;
 const WG_LINE: usize = 128;
-
-/// Stages of a warpgroup tile of `cols` weight rows (wg_stages in kernels/gemm.cu).
-fn wg_stages(cols: usize) -> usize {
-    if cols == 128 {
-        6
-    } else {
-        4
-    }
-}
+const WG_STAGES: usize = 4;
 
 /// A block's tile, and so the kernel of a product: `Mma` is `gemm<rows>_<dtype>`
-/// (`mma.sync`, 128 weight rows, any dtype), `Wg` is `gemm_wg<cols>_f16` (Hopper's warpgroup
-/// products, 128 token rows, f16 weights on sm_90).
+/// (`mma.sync`, 128 weight rows, any dtype), `Wg` is `gemm_wg<cols>_<dtype>` (Hopper's
+/// warpgroup products on sm_90, 128 token rows: f16 in 128 or 256 weight rows, q8_0, q4_0
+/// and q4_1 in 128).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmTile {
     Mma { rows: usize },
@@ -61,10 +55,11 @@ impl GemmTile {
     /// Every tile the self-test runs for `dtype` on a device of `arch`.
     pub fn all(dtype: GgmlType, arch: &str) -> Vec<GemmTile> {
         let mut tiles = vec![GemmTile::Mma { rows: 64 }, GemmTile::Mma { rows: 128 }];
+        let wg = |cols| GemmTile::Wg { cols };
         if arch == "sm_90" {
             match dtype {
-                GgmlType::F16 => tiles.extend([GemmTile::Wg { cols: 128 }, GemmTile::Wg { cols: 256 }]),
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => tiles.push(GemmTile::Wg { cols: 128 }),
+                GgmlType::F16 => tiles.extend([wg(128), wg(256)]),
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => tiles.push(wg(128)),
                 _ => {}
             }
         }
@@ -74,7 +69,7 @@ impl GemmTile {
     fn shape(self) -> (usize, usize) {
         match self {
             GemmTile::Mma { rows } => (rows, TILE_COLS),
-            GemmTile::Wg { cols } => (WG_ROWS, cols),
+            GemmTile::Wg { cols, .. } => (WG_ROWS, cols),
         }
     }
 
@@ -113,7 +108,7 @@ impl GemmTile {
                 } else {
                     (cols * staged_row, 2 * cols * WG_LINE)
                 };
-                wg_stages(cols) * (WG_ROWS * WG_LINE + weights) + tiles + 1024
+                WG_STAGES * (WG_ROWS * WG_LINE + weights) + tiles + 1024
             }
         }
     }
@@ -155,7 +150,7 @@ impl CudaDevice {
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let out = (ptr_mut(stream, y), y.len());
-        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, None)
+        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, None, None)
     }
 
     /// For each `(w, y)`: `y` = the `rows` rows of `a` times `w`, whole (one chunk); the
@@ -174,10 +169,42 @@ impl CudaDevice {
                     .iter()
                     .map(|(w, y)| (*w, (y.addr(), y.len())))
                     .collect();
-                self.gemm_launch(stream, &outs, a, rows, 1, None)?;
+                self.gemm_launch(stream, &outs, a, rows, 1, None, None)?;
             }
         }
         Ok(())
+    }
+
+    /// `out` (`rows * w.rows` values) = the `chunks` chunks of the product (as [`Self::gemm`]
+    /// computes them) combined in the canonical tree (`tree_sum`'s), in the kernel of `tile`
+    /// (by default [`Self::gemm_tile`]); `parts` (`chunks` blocks of `rows * w.rows`) holds
+    /// them meanwhile. The warpgroup kernels add the tree as each chunk ends; the others store
+    /// every chunk, then `tree_sum` adds them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_tree(
+        &self,
+        stream: &CudaStream,
+        w: Matrix,
+        a: &impl DevicePtr<u16>,
+        rows: usize,
+        chunks: usize,
+        parts: &Span<f32>,
+        out: &Span<f32>,
+        tile: Option<GemmTile>,
+    ) -> Result<()> {
+        assert_eq!(
+            out.len(),
+            rows * w.rows,
+            "gemm_tree: out must hold {rows} x {} values",
+            w.rows
+        );
+        let tile = tile.unwrap_or_else(|| self.gemm_tile(w.dtype, &[w.rows], rows, chunks));
+        let launch = [(w, (parts.addr(), parts.len()))];
+        if let GemmTile::Wg { .. } = tile {
+            return self.gemm_launch(stream, &launch, a, rows, chunks, Some(tile), Some(out));
+        }
+        self.gemm_launch(stream, &launch, a, rows, chunks, Some(tile), None)?;
+        self.tree_sum(stream, parts, chunks, &mut out.clone())
     }
 
     /// [`Self::gemm`] in the kernel of `tile`.
@@ -193,13 +220,15 @@ impl CudaDevice {
         tile: GemmTile,
     ) -> Result<()> {
         let out = (ptr_mut(stream, y), y.len());
-        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, Some(tile))
+        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, Some(tile), None)
     }
 
     /// The tile of a launch over weights of `weight_rows` rows (in `dtype`) and `rows` token
-    /// rows in `chunks` chunks. f16 on sm_90: the warpgroup kernels, 256 weight rows a tile
-    /// where those tiles fill the device. Otherwise `mma.sync`: 128 token rows where those
-    /// tiles fill the device, else 64. Every tile gives every output the same bits.
+    /// rows in `chunks` chunks. On sm_90 the warpgroup kernels for f16 (256 weight rows a tile
+    /// where those tiles fill the device), q4_0 and q4_1 (q8_0's dequantizing warpgroup
+    /// kernel measured slower than its `mma.sync` one). Otherwise `mma.sync`: 128 token rows
+    /// where those tiles fill the device, else 64. Every tile gives every output the same
+    /// bits.
     pub fn gemm_tile(
         &self,
         dtype: GgmlType,
@@ -211,13 +240,16 @@ impl CudaDevice {
             let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
             columns * rows.div_ceil(tile_rows)
         };
-        if dtype == GgmlType::F16 && self.arch() == "sm_90" {
-            let cols = if blocks(WG_ROWS, 256) >= self.sm_count() {
-                256
-            } else {
-                128
-            };
-            return GemmTile::Wg { cols };
+        if self.arch() == "sm_90" {
+            match dtype {
+                GgmlType::F16 if blocks(WG_ROWS, 256) >= self.sm_count() => {
+                    return GemmTile::Wg { cols: 256 }
+                }
+                GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                    return GemmTile::Wg { cols: 128 }
+                }
+                _ => {}
+            }
         }
         let rows = if rows > 64 && blocks(128, TILE_COLS) * chunks >= self.sm_count() {
             128
@@ -228,7 +260,9 @@ impl CudaDevice {
     }
 
     /// One launch over the weights of `outs` (each with its output's address and length) in
-    /// the kernel of `tile`, by default [`Self::gemm_tile`].
+    /// the kernel of `tile`, by default [`Self::gemm_tile`]; with `sum` (a warpgroup tile and
+    /// one weight) its chunks' tree goes there, else each chunk to its place in the output.
+    #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &self,
         stream: &CudaStream,
@@ -237,6 +271,7 @@ impl CudaDevice {
         rows: usize,
         chunks: usize,
         tile: Option<GemmTile>,
+        sum: Option<&Span<f32>>,
     ) -> Result<()> {
         let w0 = outs[0].0;
         assert!(
@@ -274,6 +309,10 @@ impl CudaDevice {
             w0.dtype.name(),
             self.arch()
         );
+        assert!(
+            sum.is_none() || (outs.len() == 1 && matches!(tile, GemmTile::Wg { .. })),
+            "gemm: a tree sum takes one weight in a warpgroup tile"
+        );
         let (tile_rows, tile_cols) = tile.shape();
         let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
         let name = tile.kernel(w0.dtype);
@@ -306,8 +345,12 @@ impl CudaDevice {
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
         };
+        let sum = sum.map_or(0, |y| y.addr());
         self.launch(stream, &name, cfg, |l| {
             l.arg(&ap).arg(&job).arg(&m).arg(&k).arg(&c);
+            if let GemmTile::Wg { .. } = tile {
+                l.arg(&sum);
+            }
         })
     }
 

@@ -143,8 +143,8 @@ const PREFILL_ROWS: usize = 512;
 const PREFILL_DTYPES: [GgmlType; 3] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_1];
 
 /// The prefill products of llama-3-8B over a 512-row chunk, each product launched alone in
-/// every tile its dtype has: microseconds per launch, and the chunk's products of 32 layers
-/// in ms and TFLOP/s.
+/// every tile its dtype has (a row-parallel one with its chunks' tree, `gemm_tree`):
+/// microseconds per launch, and the chunk's products of 32 layers in ms and TFLOP/s.
 pub(super) fn prefill(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
     println!("llama-3-8B prefill products over {PREFILL_ROWS} token rows, each launched alone (us per launch; 32 layers)");
     for dtype in PREFILL_DTYPES {
@@ -162,9 +162,20 @@ pub(super) fn prefill(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> R
                     .map(|&v| memra_gguf::f16::f32_to_f16(v))
                     .collect();
                 let a = dev.upload(s, &a)?;
-                let mut y = dev.alloc::<f32>(s, chunks * PREFILL_ROWS * n)?;
+                let parts = dev.alloc::<f32>(s, chunks * PREFILL_ROWS * n)?;
+                let out = dev.alloc::<f32>(s, PREFILL_ROWS * n)?;
+                let (ps, os) = (Span::of(&parts), Span::of(&out));
                 let secs = time(dev, s, |_| {
-                    dev.gemm_tiled(s, (&w).into(), &a, PREFILL_ROWS, chunks, &mut y, tile)
+                    dev.gemm_tree(
+                        s,
+                        (&w).into(),
+                        &a,
+                        PREFILL_ROWS,
+                        chunks,
+                        &ps,
+                        &os,
+                        Some(tile),
+                    )
                 })
                 .with_context(|| format!("timing gemm {tile:?} {dtype} {n}x{k}"))?;
                 layer_us += per_layer as f64 * secs * 1e6;

@@ -44,6 +44,14 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for dtype in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_1] {
         gemm_shared_launch(cx, dtype)?;
     }
+    for dtype in [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
+        gemm_trees(cx, dtype)?;
+    }
     for (n_heads, n_kv, hd, p0, rows) in [(4, 2, 64, 5, 9), (8, 8, 128, 0, 70), (6, 2, 96, 31, 3)] {
         attention_rows(cx, n_heads, n_kv, hd, p0, rows)?;
     }
@@ -267,6 +275,51 @@ fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
                 &format!("gemm_{dtype}"),
                 format!("{tile:?} = Mma {{ rows: 64 }}, {rows}x{k} by {n} chunks={chunks}"),
                 bit_mismatches(&run(tile)?, &small),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The chunks' tree in every tile of the dtype (`gemm_tree`: the warpgroup kernels add it as
+/// each chunk ends) equals the chunks of tiles of 64 rows added by `tree_sum`, bit for bit.
+fn gemm_trees(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    for (rows, n, k, chunks) in [(300, 260, 1024, 2), (512, 384, 2048, 8), (73, 131, 512, 4)] {
+        let (bytes, _) = random_weight(&mut cx.rng, dtype, n, k)?;
+        let w = DeviceWeight::upload(dev, s, dtype, &bytes, n, k)?;
+        let a16 = narrowed(dev, s, &random(&mut cx.rng, rows * k, 1.0))?;
+        let parts = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
+        let out = dev.upload(s, &vec![f32::NAN; rows * n])?;
+        let (ps, os) = (Span::of(&parts), Span::of(&out));
+        dev.gemm_tree(
+            s,
+            (&w).into(),
+            &a16,
+            rows,
+            chunks,
+            &ps,
+            &os,
+            Some(GemmTile::Mma { rows: 64 }),
+        )?;
+        let reference = dev.download(s, &out)?;
+        for tile in GemmTile::all(dtype, dev.arch()).into_iter().skip(1) {
+            let parts = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
+            let out = dev.upload(s, &vec![f32::NAN; rows * n])?;
+            dev.gemm_tree(
+                s,
+                (&w).into(),
+                &a16,
+                rows,
+                chunks,
+                &Span::of(&parts),
+                &Span::of(&out),
+                Some(tile),
+            )?;
+            cx.report.exact(
+                &format!("gemm_{dtype}"),
+                format!("tree in {tile:?} = chunks of Mma {{ rows: 64 }} + tree_sum, {rows}x{k} by {n} chunks={chunks}"),
+                bit_mismatches(&dev.download(s, &out)?, &reference),
             );
         }
     }
