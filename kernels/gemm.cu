@@ -20,7 +20,10 @@
 // every other layout is dequantized from global memory into that tile when its step comes.
 // ldmatrix then feeds the mma.sync.m16n8k16 products. Rows past m and weight rows past n
 // read as zero and are not stored. The host sizes the dynamic shared memory with the same
-// numbers (gemm_shared_bytes in executor/src/cuda/rows.rs).
+// numbers (GemmTile::shared_bytes in executor/src/cuda/rows.rs).
+//
+// gemm_wg<BN>_<dtype>: the same products with Hopper's warpgroup instructions (sm_90a only;
+// see their section below).
 //
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
 // swiglu_rows_f32: out = silu(gate) * up, elementwise (swiglu_limited: clamped when limit > 0).
@@ -292,11 +295,18 @@ GEMM(gemm64_q6_k, GemmQ6_K, 64)
 // added into the chunks' canonical tree right there (`sum`), which saves tree_sum_f32's pass
 // over every chunk.
 
+// the tile's token rows and line bytes; WG_ROWS, WG_LINE and WG_STAGES in
+// executor/src/cuda/rows.rs size the shared memory with the same numbers
 #define WG_BM 128
 #define WG_LINE 128
 // steps in flight: 4 measured faster than 6 for 128-row tiles (bench/prefill-cuda.md)
 #define WG_STAGES 4
 #define WG_AHEAD (WG_STAGES - 2)
+
+// Everything below emits sm_90a instructions (wgmma, the proxy fence): it is compiled only
+// there, and the kernels trap elsewhere (the host never launches them elsewhere), so every
+// other architecture's PTX loads.
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
 
 // The operand descriptor of a K-major tile at shared address `at` (1024-byte aligned at the
 // tile, plus 32 bytes per 16-deep slice): lines of 128 bytes with the 128-byte swizzle, 8-line
@@ -318,15 +328,11 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 
 // d += a b over one 16-deep slice: a 64 x 16 (desc a), b 128 x 16 (desc b), both K-major.
 __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long a, unsigned long long b) {
-#ifdef __CUDA_ARCH_FEAT_SM90_ALL
     asm volatile(
         "{\n.reg .pred keep;\nsetp.ne.b32 keep, 1, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, keep, 1, 1, 0, 0;\n}"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(a), "l"(b));
-#else
-    __trap();
-#endif
 }
 
 // Keeps the compiler from moving accumulator registers across the asynchronous products.
@@ -351,6 +357,8 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     static_assert(DIRECT || BN == 128, "a dequantized tile has 128 weight rows, a pair of threads each");
     constexpr int NB = BN / 128;                                          // 64 x 128 products per slice
     constexpr int STAGE = WG_BM * WG_LINE + BN * (DIRECT ? WG_LINE : P::RAW);  // bytes of one stage
+    // the descriptors address tiles 1 KiB-aligned (the swizzle's period)
+    static_assert(STAGE % 1024 == 0 && (BN * WG_LINE) % 1024 == 0, "stages and tiles on 1 KiB");
     extern __shared__ u8 smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;               // the swizzle repeats every 1 KiB
     u8* smem = smem_raw + (base - smem_addr(smem_raw));
@@ -478,6 +486,11 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
                 bt = base + WG_STAGES * STAGE + (s % 2) * (BN * WG_LINE);
             }
             const u32 at = st + wg * 64 * WG_LINE;
+            // the accumulators' last writes (a finished chunk's zeros) come before the fence
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < GEMM_BK / 16; ++kk)
@@ -494,13 +507,20 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     cp_async_wait<0>();
 }
 
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 // gemm_wg<BN>_<dtype>: with `sum` null, chunk z's partial to y[z] as gemm128 stores it; else
 // the chunks' partials combined in the canonical tree (tree_sum_f32's) to `sum`, y holding the
 // subtrees meanwhile (the job has one weight then)
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+#define WG_BODY(P, BN) gemm_wg_run<P, BN>(a, job, m, k, chunks, sum);
+#else
+#define WG_BODY(P, BN) __trap();
+#endif
 #define GEMM_WG(name, P, BN)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                              \
         name(const u16* a, const GemmJob job, int m, int k, int chunks, float* sum) {              \
-        gemm_wg_run<P, BN>(a, job, m, k, chunks, sum);                                             \
+        WG_BODY(P, BN)                                                                             \
     }
 
 GEMM_WG(gemm_wg128_f16, GemmF16, 128)

@@ -1,7 +1,9 @@
 //! The kernel sources (kernels/*.cu, embedded at build time) and their NVRTC compilation. Each
 //! file is compiled once per GPU architecture (`--gpu-architecture=sm_XY` from the device's
-//! compute capability) and the PTX is cached for the process, so several devices of one kind
-//! compile once. A compile error names the file and carries the NVRTC log as text.
+//! compute capability; on sm_90 the arch-specific sm_90a, whose warpgroup instructions
+//! kernels/gemm.cu uses there) and the PTX is cached for the process, so several devices of
+//! one kind compile once. A compile error names the file and target and carries the NVRTC log
+//! as text.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -199,33 +201,34 @@ pub(crate) fn candidates(lib: &str) -> String {
 
 /// The NVRTC target of a device architecture: Hopper's arch-specific one (sm_90a, which has
 /// the warpgroup products kernels/gemm.cu uses there), else the architecture itself.
-pub fn target(arch: &str) -> String {
+fn target(arch: &str) -> &str {
     if arch == "sm_90" {
-        "sm_90a".to_string()
+        "sm_90a"
     } else {
-        arch.to_string()
+        arch
     }
 }
 
 /// Compiles one file for `arch` (e.g. "sm_90").
 pub fn compile(file: &KernelFile, arch: &str) -> Result<Ptx> {
     check_nvrtc()?;
+    let target = target(arch);
     let opts = CompileOptions {
         name: Some(file.name.to_string()),
         options: vec![
-            format!("--gpu-architecture={}", target(arch)),
+            format!("--gpu-architecture={target}"),
             "--std=c++17".to_string(),
         ],
         ..Default::default()
     };
     nvrtc::compile_ptx_with_opts(full_source(file)?, opts).map_err(|e| match e {
         CompileError::CompileError { nvrtc, log, .. } => anyhow!(
-            "cuda backend: nvrtc could not compile kernels/{} for {arch} ({nvrtc:?}):\n{}",
+            "cuda backend: nvrtc could not compile kernels/{} for {target} ({nvrtc:?}; sm_90a needs nvrtc 12.0 or later):\n{}",
             file.name,
             log.to_string_lossy().trim_end()
         ),
         other => anyhow!(
-            "cuda backend: nvrtc failed on kernels/{} for {arch}: {other:?}",
+            "cuda backend: nvrtc failed on kernels/{} for {target}: {other:?}",
             file.name
         ),
     })
@@ -278,6 +281,38 @@ mod tests {
                     direct || via_macro,
                     "kernels/{}: no entry point {entry}",
                     file.name
+                );
+            }
+        }
+    }
+
+    /// Hopper's arch-specific instructions appear only where `__CUDA_ARCH_FEAT_SM90_ALL`
+    /// guards them: other architectures' PTX (and sm_90 compiled without the `a` target)
+    /// would not load with them.
+    #[test]
+    fn arch_specific_instructions_are_guarded() {
+        const GUARD: &str = "#ifdef __CUDA_ARCH_FEAT_SM90_ALL";
+        for file in FILES {
+            let src = full_source(file).unwrap();
+            // per open conditional: whether its current branch is the guarded one
+            let mut open: Vec<bool> = Vec::new();
+            for (i, line) in src.lines().enumerate() {
+                let t = line.trim_start();
+                if t.starts_with("#if") {
+                    open.push(t.starts_with(GUARD));
+                } else if t.starts_with("#else") || t.starts_with("#elif") {
+                    if let Some(top) = open.last_mut() {
+                        *top = false;
+                    }
+                } else if t.starts_with("#endif") {
+                    open.pop();
+                }
+                let hopper_only = line.contains("wgmma.") || line.contains("fence.proxy.async");
+                assert!(
+                    !hopper_only || open.contains(&true),
+                    "kernels/{} line {}: an sm_90a instruction outside `{GUARD}`",
+                    file.name,
+                    i + 1
                 );
             }
         }

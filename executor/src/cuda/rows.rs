@@ -10,6 +10,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlic
 use memra_gguf::GgmlType;
 
 use super::device::CudaDevice;
+use super::matvec::MAX_CHUNKS;
 use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
 use super::span::Span;
 
@@ -36,7 +37,7 @@ unsafe impl DeviceRepr for GemmJob {}
 const GEMM_STAGES: usize = 3;
 const GEMM_LD: usize = 72;
 /// The warpgroup kernels' token rows a tile (WG_BM), line bytes (WG_LINE) and steps in
-/// flight (WG_STAGES).
+/// flight (WG_STAGES), as kernels/gemm.cu defines them.
 const WG_ROWS: usize = 128;
 const WG_LINE: usize = 128;
 const WG_STAGES: usize = 4;
@@ -52,7 +53,7 @@ pub enum GemmTile {
 }
 
 impl GemmTile {
-    /// Every tile the self-test runs for `dtype` on a device of `arch`.
+    /// Every tile with a kernel for `dtype` on a device of `arch` (the self-test runs each).
     pub fn all(dtype: GgmlType, arch: &str) -> Vec<GemmTile> {
         let mut tiles = vec![GemmTile::Mma { rows: 64 }, GemmTile::Mma { rows: 128 }];
         let wg = |cols| GemmTile::Wg { cols };
@@ -69,7 +70,7 @@ impl GemmTile {
     fn shape(self) -> (usize, usize) {
         match self {
             GemmTile::Mma { rows } => (rows, TILE_COLS),
-            GemmTile::Wg { cols, .. } => (WG_ROWS, cols),
+            GemmTile::Wg { cols } => (WG_ROWS, cols),
         }
     }
 
@@ -139,7 +140,9 @@ impl From<&DeviceWeight> for Matrix {
 impl CudaDevice {
     /// `y[z][t][n]` = chunk `z` of the product of f16 row `t` of `a` (`w.cols` values a row)
     /// with weight row `n`, for the `chunks` equal chunks of the reduction (`y` holds `chunks`
-    /// blocks of `rows * w.rows` values; one chunk is the product itself).
+    /// blocks of `rows * w.rows` values; one chunk is the product itself), in the kernel of
+    /// `tile` (by default [`Self::gemm_tile`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &self,
         stream: &CudaStream,
@@ -148,9 +151,10 @@ impl CudaDevice {
         rows: usize,
         chunks: usize,
         y: &mut impl DevicePtrMut<f32>,
+        tile: Option<GemmTile>,
     ) -> Result<()> {
         let out = (ptr_mut(stream, y), y.len());
-        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, None, None)
+        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, tile, None)
     }
 
     /// For each `(w, y)`: `y` = the `rows` rows of `a` times `w`, whole (one chunk); the
@@ -198,6 +202,10 @@ impl CudaDevice {
             "gemm_tree: out must hold {rows} x {} values",
             w.rows
         );
+        assert!(
+            chunks.is_power_of_two() && chunks <= MAX_CHUNKS,
+            "gemm_tree: {chunks} chunks; the canonical tree takes a power of two up to {MAX_CHUNKS}"
+        );
         let tile = tile.unwrap_or_else(|| self.gemm_tile(w.dtype, &[w.rows], rows, chunks));
         let launch = [(w, (parts.addr(), parts.len()))];
         if let GemmTile::Wg { .. } = tile {
@@ -207,28 +215,13 @@ impl CudaDevice {
         self.tree_sum(stream, parts, chunks, &mut out.clone())
     }
 
-    /// [`Self::gemm`] in the kernel of `tile`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_tiled(
-        &self,
-        stream: &CudaStream,
-        w: Matrix,
-        a: &impl DevicePtr<u16>,
-        rows: usize,
-        chunks: usize,
-        y: &mut impl DevicePtrMut<f32>,
-        tile: GemmTile,
-    ) -> Result<()> {
-        let out = (ptr_mut(stream, y), y.len());
-        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, Some(tile), None)
-    }
-
     /// The tile of a launch over weights of `weight_rows` rows (in `dtype`) and `rows` token
-    /// rows in `chunks` chunks. On sm_90 the warpgroup kernels for f16 (256 weight rows a tile
-    /// where those tiles fill the device), q4_0 and q4_1 (q8_0's dequantizing warpgroup
-    /// kernel measured slower than its `mma.sync` one). Otherwise `mma.sync`: 128 token rows
-    /// where those tiles fill the device, else 64. Every tile gives every output the same
-    /// bits.
+    /// rows in `chunks` chunks. On sm_90, over more than 64 rows, the warpgroup kernels for
+    /// f16 (256 weight rows a tile where those tiles fill the device), q4_0 and q4_1 (q8_0's
+    /// dequantizing warpgroup kernel measured slower than its `mma.sync` one). Otherwise
+    /// `mma.sync`: 128 token rows where those tiles fill the device, else 64 (a few rows, such
+    /// as an expert's share of a chunk, fill a 64-row tile better). Every tile gives every
+    /// output the same bits.
     pub fn gemm_tile(
         &self,
         dtype: GgmlType,
@@ -240,7 +233,7 @@ impl CudaDevice {
             let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
             columns * rows.div_ceil(tile_rows)
         };
-        if self.arch() == "sm_90" {
+        if self.arch() == "sm_90" && rows > 64 {
             match dtype {
                 GgmlType::F16 if blocks(WG_ROWS, 256) >= self.sm_count() => {
                     return GemmTile::Wg { cols: 256 }
@@ -345,6 +338,19 @@ impl CudaDevice {
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
         };
+        if let GemmTile::Wg { .. } = tile {
+            // the warpgroup kernels store (and read back) pairs of values
+            let addrs = outs
+                .iter()
+                .map(|(_, (y, _))| *y)
+                .chain(sum.map(|y| y.addr()));
+            for addr in addrs {
+                anyhow::ensure!(
+                    addr.is_multiple_of(8),
+                    "gemm: an output at address {addr:#x}, not 8-byte aligned"
+                );
+            }
+        }
         let sum = sum.map_or(0, |y| y.addr());
         self.launch(stream, &name, cfg, |l| {
             l.arg(&ap).arg(&job).arg(&m).arg(&k).arg(&c);

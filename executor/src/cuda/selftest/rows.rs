@@ -36,12 +36,18 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q6_K,
     ] {
         gemm_tiles(cx, dtype)?;
     }
-    for dtype in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_1] {
+    for dtype in [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
         gemm_shared_launch(cx, dtype)?;
     }
     for dtype in [
@@ -185,7 +191,7 @@ fn gemm(
     let a16 = narrowed(dev, s, &a)?;
     for tile in GemmTile::all(dtype, dev.arch()) {
         let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
-        dev.gemm_tiled(s, (&w).into(), &a16, rows, chunks, &mut yd, tile)?;
+        dev.gemm(s, (&w).into(), &a16, rows, chunks, &mut yd, Some(tile))?;
         let y = dev.download(s, &yd)?;
         let len = k / chunks;
         let mut err = 0f64;
@@ -242,7 +248,7 @@ fn gemm_halves(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
             .collect();
         let a16 = narrowed(dev, s, &part)?;
         let mut yd = dev.alloc::<f32>(s, c * rows * n)?;
-        dev.gemm(s, (&w).into(), &a16, rows, c, &mut yd)?;
+        dev.gemm(s, (&w).into(), &a16, rows, c, &mut yd, None)?;
         dev.download(s, &yd)
     };
     let full = run(&quantize(0..k)?, 0..k, chunks)?;
@@ -266,7 +272,7 @@ fn gemm_tiles(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         let a16 = narrowed(dev, s, &random(&mut cx.rng, rows * k, 1.0))?;
         let run = |tile: GemmTile| -> Result<Vec<f32>> {
             let mut yd = dev.upload(s, &vec![f32::NAN; chunks * rows * n])?;
-            dev.gemm_tiled(s, (&w).into(), &a16, rows, chunks, &mut yd, tile)?;
+            dev.gemm(s, (&w).into(), &a16, rows, chunks, &mut yd, Some(tile))?;
             dev.download(s, &yd)
         };
         let small = run(GemmTile::Mma { rows: 64 })?;
@@ -340,7 +346,7 @@ fn gemm_shared_launch(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let mut alone = Vec::new();
     for w in &weights {
         let mut yd = dev.upload(s, &vec![f32::NAN; rows * w.rows])?;
-        dev.gemm(s, w.into(), &a16, rows, 1, &mut yd)?;
+        dev.gemm(s, w.into(), &a16, rows, 1, &mut yd, None)?;
         alone.extend(dev.download(s, &yd)?);
     }
     let outs = weights
