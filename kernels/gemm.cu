@@ -134,22 +134,32 @@ struct GemmJob {
     int count;
 };
 
-template <class P, int BM>
-__device__ __forceinline__ void gemm_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
-    // this block's weight and its tile column there
-    const u8* w = job.w[0];
-    float* y = job.y[0];
-    int n = job.n[0], bx = blockIdx.x;
+// This block's weight of the job, its output and rows, and its tile column there, for tiles
+// of TILE weight rows (block column x covers the weights' tiles in order).
+struct GemmPart {
+    const u8* w;
+    float* y;
+    int n, bx;
+};
+template <int TILE>
+__device__ __forceinline__ GemmPart gemm_part(const GemmJob& job) {
+    GemmPart p{job.w[0], job.y[0], job.n[0], (int)blockIdx.x};
 #pragma unroll
     for (int i = 1; i < GEMM_MAX_WEIGHTS; ++i) {
-        const int tiles = (n + GEMM_BN - 1) / GEMM_BN;
-        if (i < job.count && bx >= tiles) {
-            bx -= tiles;
-            w = job.w[i];
-            y = job.y[i];
-            n = job.n[i];
+        const int tiles = (p.n + TILE - 1) / TILE;
+        if (i < job.count && p.bx >= tiles) {
+            p = GemmPart{job.w[i], job.y[i], job.n[i], p.bx - tiles};
         }
     }
+    return p;
+}
+
+template <class P, int BM>
+__device__ __forceinline__ void gemm_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
+    const GemmPart part = gemm_part<GEMM_BN>(job);
+    const u8* w = part.w;
+    float* y = part.y;
+    const int n = part.n, bx = part.bx;
     constexpr int MI = BM / 32;  // m16 tiles of a warp
     constexpr int RAW = P::RAW;
     constexpr bool DIRECT = gemm_direct_f16<P>();
@@ -340,19 +350,10 @@ __device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"
 
 template <class P, int BN>
 __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks, float* sum) {
-    const u8* w = job.w[0];
-    float* y = job.y[0];
-    int n = job.n[0], bx = blockIdx.x;
-#pragma unroll
-    for (int i = 1; i < GEMM_MAX_WEIGHTS; ++i) {
-        const int tiles = (n + BN - 1) / BN;
-        if (i < job.count && bx >= tiles) {
-            bx -= tiles;
-            w = job.w[i];
-            y = job.y[i];
-            n = job.n[i];
-        }
-    }
+    const GemmPart part = gemm_part<BN>(job);
+    const u8* w = part.w;
+    float* y = part.y;
+    const int n = part.n, bx = part.bx;
     constexpr bool DIRECT = gemm_direct_f16<P>();
     static_assert(DIRECT || BN == 128, "a dequantized tile has 128 weight rows, a pair of threads each");
     constexpr int NB = BN / 128;                                          // 64 x 128 products per slice
