@@ -140,7 +140,12 @@ const PREFILL_SHAPES: [(usize, usize, usize, usize); 5] = [
 ];
 /// Token rows of the prefill table (a full chunk) and its dtypes.
 const PREFILL_ROWS: usize = 512;
-const PREFILL_DTYPES: [GgmlType; 3] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_1];
+const PREFILL_DTYPES: [GgmlType; 4] = [
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+];
 
 /// The prefill products of llama-3-8B over a 512-row chunk, each product launched alone in
 /// every tile its dtype has (a row-parallel one with its chunks' tree, `gemm_tree`):
@@ -148,23 +153,29 @@ const PREFILL_DTYPES: [GgmlType; 3] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::
 pub(super) fn prefill(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
     println!("llama-3-8B prefill products over {PREFILL_ROWS} token rows, each launched alone (us per launch; 32 layers)");
     for dtype in PREFILL_DTYPES {
-        for tile in GemmTile::all(dtype, dev.arch()) {
-            let (mut layer_us, mut flops, mut shapes) = (0.0, 0.0, Vec::new());
-            for (n, k, chunks, per_layer) in PREFILL_SHAPES {
-                let bytes = dtype
-                    .bytes_for((n * k) as u64)
-                    .expect("invariant: whole blocks") as usize;
-                let mut host = random_bytes(rng, bytes);
-                sanitize_halves(dtype, &mut host);
-                let w = DeviceWeight::upload(dev, s, dtype, &host, n, k)?;
-                let a: Vec<u16> = random(rng, PREFILL_ROWS * k, 1.0)
-                    .iter()
-                    .map(|&v| memra_gguf::f16::f32_to_f16(v))
-                    .collect();
-                let a = dev.upload(s, &a)?;
-                let parts = dev.alloc::<f32>(s, chunks * PREFILL_ROWS * n)?;
-                let out = dev.alloc::<f32>(s, PREFILL_ROWS * n)?;
-                let (ps, os) = (Span::of(&parts), Span::of(&out));
+        let tiles = GemmTile::all(dtype, dev.arch());
+        // per tile: microseconds a layer, and each shape's time
+        let mut layer_us = vec![0.0; tiles.len()];
+        let mut shapes = vec![Vec::new(); tiles.len()];
+        let mut flops = 0.0;
+        for (n, k, chunks, per_layer) in PREFILL_SHAPES {
+            // one weight and input per shape, timed in every tile
+            let bytes = dtype
+                .bytes_for((n * k) as u64)
+                .expect("invariant: whole blocks") as usize;
+            let mut host = random_bytes(rng, bytes);
+            sanitize_halves(dtype, &mut host);
+            let w = DeviceWeight::upload(dev, s, dtype, &host, n, k)?;
+            let a: Vec<u16> = random(rng, PREFILL_ROWS * k, 1.0)
+                .iter()
+                .map(|&v| memra_gguf::f16::f32_to_f16(v))
+                .collect();
+            let a = dev.upload(s, &a)?;
+            let parts = dev.alloc::<f32>(s, chunks * PREFILL_ROWS * n)?;
+            let out = dev.alloc::<f32>(s, PREFILL_ROWS * n)?;
+            let (ps, os) = (Span::of(&parts), Span::of(&out));
+            flops += (per_layer * 2 * PREFILL_ROWS * n * k) as f64;
+            for (i, &tile) in tiles.iter().enumerate() {
                 let secs = time(dev, s, |_| {
                     dev.gemm_tree(
                         s,
@@ -178,17 +189,18 @@ pub(super) fn prefill(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> R
                     )
                 })
                 .with_context(|| format!("timing gemm {tile:?} {dtype} {n}x{k}"))?;
-                layer_us += per_layer as f64 * secs * 1e6;
-                flops += (per_layer * 2 * PREFILL_ROWS * n * k) as f64;
-                shapes.push(format!("{n}x{k}/{chunks} {:.1}", secs * 1e6));
+                layer_us[i] += per_layer as f64 * secs * 1e6;
+                shapes[i].push(format!("{n}x{k}/{chunks} {:.1}", secs * 1e6));
             }
+        }
+        for (i, tile) in tiles.iter().enumerate() {
             println!(
                 "{:<6} {:<14} {:>8.2} ms {:>6.0} TFLOP/s   us per launch: {}",
                 dtype.name(),
                 format!("{tile:?}"),
-                32.0 * layer_us / 1e3,
-                flops / (layer_us * 1e-6) / 1e12,
-                shapes.join(", ")
+                32.0 * layer_us[i] / 1e3,
+                flops / (layer_us[i] * 1e-6) / 1e12,
+                shapes[i].join(", ")
             );
         }
     }
