@@ -4,12 +4,13 @@
 // for the `t < m` token rows of the f16 activations `a` (row-major, `k` values a row) and the
 // `n` rows of a weight in the device layout of DeviceWeight::upload; for each of up to three
 // weights of one input in one launch (q, k and v; gate and up), so small products share the
-// device's waves. Chunk z covers k in [z * k / chunks, (z + 1) * k / chunks): a row-parallel
-// product's chunks are the plan's canonical reduction chunks, so the chunks a tensor-parallel
-// rank holds give the same bits as on one rank and `tree_sum_f32` combines them in the
-// canonical tree. Every output's chunk is a sequence of 16-deep f16 tensor-core products
-// accumulated in f32 in k order, whatever its tile or launch: the same rows and weights give
-// the same bits on any rank.
+// device's waves; the blocks of one weight tile's token-row tiles are neighbours (gemm_part).
+// Chunk z covers k in [z * k / chunks, (z + 1) * k / chunks): a row-parallel product's chunks
+// are the plan's canonical reduction chunks, so the chunks a tensor-parallel rank holds give
+// the same bits as on one rank and `tree_sum_f32` combines them in the canonical tree. Every
+// output's chunk is a sequence of 16-deep f16 tensor-core products accumulated in f32 in k
+// order, whatever its tile or launch: the same rows and weights give the same bits on any
+// rank.
 //
 // A block computes a GEMM_BM x 128 tile (GEMM_BM = 128, or 64 where the larger tiles would not
 // fill the device; 8 warps as 2 x 4, each (GEMM_BM / 2) x 32) over 64-deep k steps, with
@@ -26,7 +27,8 @@
 // see their section below).
 //
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
-// swiglu_rows_f32: out = silu(gate) * up, elementwise (swiglu_limited: clamped when limit > 0).
+// swiglu_rows_f32: out = silu(gate) * up, elementwise (swiglu_limited: clamped when limit > 0);
+// with `out16`, also narrowed to f16 there (to_f16_f32's bits), the down projection's input.
 // add_rows_f32: x[t][i] += b[i] for every row t.
 // row_positions_u32: out[t] = pos[0] + t, the position of each token row of the step.
 #include "common.cuh"
@@ -134,21 +136,25 @@ struct GemmJob {
     int count;
 };
 
-// This block's weight of the job, its output and rows, and its tile column there, for tiles
-// of TILE weight rows (block column x covers the weights' tiles in order).
+// This block's weight of the job, its output and rows, its tile column there and its first
+// token row, for tiles of BM token rows and TILE weight rows. Blocks go token-row tile first
+// (block x is row tile x % row tiles of tile column x / row tiles, the columns covering the
+// weights' tiles in order), so the blocks that share a weight tile run side by side and read
+// it from DRAM once, the activation rows staying in L2.
 struct GemmPart {
     const u8* w;
     float* y;
-    int n, bx;
+    int n, bx, t0, index;
 };
-template <int TILE>
-__device__ __forceinline__ GemmPart gemm_part(const GemmJob& job) {
-    GemmPart p{job.w[0], job.y[0], job.n[0], (int)blockIdx.x};
+template <int BM, int TILE>
+__device__ __forceinline__ GemmPart gemm_part(const GemmJob& job, int m) {
+    const int row_tiles = (m + BM - 1) / BM;
+    GemmPart p{job.w[0], job.y[0], job.n[0], (int)blockIdx.x / row_tiles, (int)blockIdx.x % row_tiles * BM, 0};
 #pragma unroll
     for (int i = 1; i < GEMM_MAX_WEIGHTS; ++i) {
         const int tiles = (p.n + TILE - 1) / TILE;
         if (i < job.count && p.bx >= tiles) {
-            p = GemmPart{job.w[i], job.y[i], job.n[i], p.bx - tiles};
+            p = GemmPart{job.w[i], job.y[i], job.n[i], p.bx - tiles, p.t0, i};
         }
     }
     return p;
@@ -156,7 +162,7 @@ __device__ __forceinline__ GemmPart gemm_part(const GemmJob& job) {
 
 template <class P, int BM>
 __device__ __forceinline__ void gemm_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
-    const GemmPart part = gemm_part<GEMM_BN>(job);
+    const GemmPart part = gemm_part<BM, GEMM_BN>(job, m);
     const u8* w = part.w;
     float* y = part.y;
     const int n = part.n, bx = part.bx;
@@ -169,7 +175,7 @@ __device__ __forceinline__ void gemm_run(const u16* a, const GemmJob& job, int m
     u16* bt = (u16*)(raw + GEMM_STAGES * GEMM_BN * RAW);                      // [BN][LD]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp / 4, wn = warp % 4;
-    const int t0 = blockIdx.y * BM, n0 = bx * GEMM_BN;
+    const int t0 = part.t0, n0 = bx * GEMM_BN;
     const int len = k / chunks, z = blockIdx.z;
     const int k_begin = z * len, steps = len / GEMM_BK;
     float acc[MI][4][4];
@@ -313,6 +319,16 @@ GEMM(gemm64_q6_k, GemmQ6_K, 64)
 #define WG_STAGES 4
 #define WG_AHEAD (WG_STAGES - 2)
 
+// A tensor map (CUtensorMap, made by the host's cuTensorMapEncodeTiled), passed by value: the
+// activations' and each weight's of a gemm_tma launch.
+struct __align__(64) TensorMap {
+    unsigned long long word[16];
+};
+struct TmaMaps {
+    TensorMap a;
+    TensorMap w[GEMM_MAX_WEIGHTS];
+};
+
 // Everything below emits sm_90a instructions (wgmma, the proxy fence): it is compiled only
 // there, and the kernels trap elsewhere (the host never launches them elsewhere), so every
 // other architecture's PTX loads.
@@ -348,9 +364,63 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long a,
 // Keeps the compiler from moving accumulator registers across the asynchronous products.
 __device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
+// The accumulators of a warpgroup's 64 token rows as chunk z of the product ends: with
+// `sum`, the partial joins the canonical tree (the left subtrees waiting beside it, each kept
+// in y at its first chunk's place, are added in, in tree_sum_f32's order) and the whole tree
+// goes to `sum`; else it is stored as chunk z. A thread reads back only values it wrote
+// itself. Accumulator e of a thread: 8-column group e / 4 of its 128-row product b, token row
+// row_base + 8 ((e / 2) % 2), columns col_base + b * 128 + 8 (e / 4) and the next; then they
+// start again at 0.
+template <int NB>
+__device__ __forceinline__ void wg_finish(float (&acc)[NB][64], int z, int chunks, float* y, float* sum, int m, int n,
+                                          int row_base, int col_base) {
+    const bool pairs = n % 2 == 0;
+#define WG_EACH_PAIR(BODY)                                                                         \
+    _Pragma("unroll") for (int b = 0; b < NB; ++b) _Pragma("unroll") for (int e = 0; e < 64; e += 2) { \
+        const int t = row_base + 8 * ((e / 2) % 2);                                                \
+        const int c = col_base + b * 128 + 8 * (e / 4);                                            \
+        if (t < m && c < n) { BODY }                                                               \
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
+    int at = z;
+    for (int span = 1; sum && span < chunks && (z + 1) % (2 * span) == 0; span *= 2) {
+        at -= span;
+        const float* left = y + (size_t)at * m * n;
+        WG_EACH_PAIR({
+            const float* l = left + (size_t)t * n + c;
+            if (pairs) {
+                const float2 v = *(const float2*)l;
+                acc[b][e] = v.x + acc[b][e];
+                acc[b][e + 1] = v.y + acc[b][e + 1];
+            } else {
+                acc[b][e] = l[0] + acc[b][e];
+                if (c + 1 < n) acc[b][e + 1] = l[1] + acc[b][e + 1];
+            }
+        })
+    }
+    float* dst = sum && z == chunks - 1 ? sum : y + (size_t)at * m * n;
+    WG_EACH_PAIR({
+        float* d = dst + (size_t)t * n + c;
+        if (pairs) {
+            *(float2*)d = make_float2(acc[b][e], acc[b][e + 1]);
+        } else {
+            d[0] = acc[b][e];
+            if (c + 1 < n) d[1] = acc[b][e + 1];
+        }
+    })
+#undef WG_EACH_PAIR
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
+}
+
 template <class P, int BN>
 __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks, float* sum) {
-    const GemmPart part = gemm_part<BN>(job);
+    const GemmPart part = gemm_part<WG_BM, BN>(job, m);
     const u8* w = part.w;
     float* y = part.y;
     const int n = part.n, bx = part.bx;
@@ -366,7 +436,7 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     // dequantized weights: two f16 tiles after the stages, step s's in tile s % 2
     u8* tiles = smem + WG_STAGES * STAGE;
     const int tid = threadIdx.x, wg = tid / 128;
-    const int t0 = blockIdx.y * WG_BM, n0 = bx * BN;
+    const int t0 = part.t0, n0 = bx * BN;
     // the steps of every chunk in k order, one pipeline: chunk z's partial is finished as its
     // last step ends
     const int steps = k / GEMM_BK, chunk_steps = steps / chunks;
@@ -406,56 +476,7 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     // accumulator e of a thread: 8-column group e / 4, row lane / 4 + 8 ((e / 2) % 2), column
     // 2 (lane % 4) + e % 2, in the rows of its warp (16 per warp of the warpgroup)
     const int lane = tid % 32, row_base = t0 + wg * 64 + ((tid / 32) % 4) * 16 + lane / 4;
-    // chunk z's products are done: with `sum`, its partial joins the canonical tree (the left
-    // subtrees waiting beside it, each kept in y at its first chunk's place, are added in, in
-    // tree_sum_f32's order) and the whole tree goes to `sum`; else it is stored as chunk z. A
-    // thread reads back only values it wrote itself.
-    const bool pairs = n % 2 == 0;
     const int col_base = n0 + 2 * (lane % 4);
-    // accumulator pair (e, e + 1) of weight rows b * 128 ..: token row t, columns c and c + 1
-#define WG_EACH_PAIR(BODY)                                                                         \
-    _Pragma("unroll") for (int b = 0; b < NB; ++b) _Pragma("unroll") for (int e = 0; e < 64; e += 2) { \
-        const int t = row_base + 8 * ((e / 2) % 2);                                                \
-        const int c = col_base + b * 128 + 8 * (e / 4);                                            \
-        if (t < m && c < n) { BODY }                                                               \
-    }
-    const auto finish = [&](int z) {
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-            for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
-        int at = z;
-        for (int span = 1; sum && span < chunks && (z + 1) % (2 * span) == 0; span *= 2) {
-            at -= span;
-            const float* left = y + (size_t)at * m * n;
-            WG_EACH_PAIR({
-                const float* l = left + (size_t)t * n + c;
-                if (pairs) {
-                    const float2 v = *(const float2*)l;
-                    acc[b][e] = v.x + acc[b][e];
-                    acc[b][e + 1] = v.y + acc[b][e + 1];
-                } else {
-                    acc[b][e] = l[0] + acc[b][e];
-                    if (c + 1 < n) acc[b][e + 1] = l[1] + acc[b][e + 1];
-                }
-            })
-        }
-        float* dst = sum && z == chunks - 1 ? sum : y + (size_t)at * m * n;
-        WG_EACH_PAIR({
-            float* d = dst + (size_t)t * n + c;
-            if (pairs) {
-                *(float2*)d = make_float2(acc[b][e], acc[b][e + 1]);
-            } else {
-                d[0] = acc[b][e];
-                if (c + 1 < n) d[1] = acc[b][e + 1];
-            }
-        })
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-            for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
-    };
-#undef WG_EACH_PAIR
     overlap_with_neighbours();
 #pragma unroll
     for (int s = 0; s < WG_AHEAD; ++s) {
@@ -503,9 +524,128 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
         }
         // the chunk's products are done: its partial goes out, and the next chunk starts at 0
         wg_wait<0>();
-        finish(z);
+        wg_finish<NB>(acc, z, chunks, y, sum, m, n, row_base, col_base);
     }
     cp_async_wait<0>();
+}
+
+// ---- Hopper: warp-specialized f16 products, tiles copied by the tensor memory accelerator ----
+//
+// gemm_tma<BN>_f16: gemm_wg<BN>_f16's products (same job, chunks, chunk tree and per-output
+// order, so the same bits) with the copies taken off the product warps. A block has three
+// warpgroups. Warpgroup 0 produces: one thread issues each step's two bulk tensor copies (the
+// step's 64 values of the tile's 128 token rows and of its BN weight rows, 128-byte lines with
+// the 128-byte swizzle the operand descriptors name; rows past m or n arrive as zeros) into a
+// ring of TMA_STAGES stages, each copy completing on its stage's `full` barrier. Warpgroups 1
+// and 2 take token rows 0..63 and 64..127 of the tile: each waits for a stage's `full`, issues
+// its products and, once they are done (the next step's wait), releases the stage on its
+// `empty` barrier (one arrival per product warp), which the producer waits for before it
+// refills the stage. The producer gives its registers up (setmaxnreg) so that the product
+// warpgroups can hold 128 accumulators a thread for 256-row tiles.
+
+// the tile's stages: TMA_STAGES, WG_BM and WG_LINE in executor/src/cuda/rows.rs size the
+// shared memory with the same numbers (192 KiB of stages for both tiles)
+#define TMA_STAGES(BN) ((BN) == 256 ? 4 : 6)
+#define TMA_THREADS 384
+
+__device__ __forceinline__ void bar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrives on the barrier and adds `bytes` to the transfers its phase waits for.
+__device__ __forceinline__ void bar_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void bar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nretry:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra retry;\n}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// The box of `map` at (x: the column, y: the row) to shared address dst, completing on `bar`.
+__device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int x, int y, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"(map), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+
+template <int BN>
+__device__ __forceinline__ void gemm_tma_run(const TmaMaps& maps, const GemmJob& job, int m, int k, int chunks,
+                                             float* sum) {
+    constexpr int NB = BN / 128, STAGES = TMA_STAGES(BN);
+    constexpr u32 A_BYTES = WG_BM * WG_LINE, STAGE = A_BYTES + BN * WG_LINE;
+    static_assert(STAGE % 1024 == 0, "stages on 1 KiB, the swizzle's period");
+    const GemmPart part = gemm_part<WG_BM, BN>(job, m);
+    extern __shared__ u8 smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;
+    // the barriers after the stages: full[STAGES], then empty[STAGES]
+    const u32 full = base + STAGES * STAGE, empty = full + 8 * STAGES;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int steps = k / GEMM_BK, chunk_steps = steps / chunks;
+    if (tid == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            bar_init(full + 8 * i, 1);
+            bar_init(empty + 8 * i, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    overlap_with_neighbours();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid == 0) {
+            const TensorMap* w = &maps.w[part.index];
+            for (int s = 0; s < steps; ++s) {
+                const int slot = s % STAGES;
+                // the products of step s - STAGES, the stage's last, are done
+                if (s >= STAGES) bar_wait(empty + 8 * slot, (s / STAGES - 1) & 1);
+                const u32 st = base + slot * STAGE, bar = full + 8 * slot;
+                bar_expect(bar, STAGE);
+                tma_tile(st, &maps.a, s * GEMM_BK, part.t0, bar);
+                tma_tile(st + A_BYTES, w, s * GEMM_BK, part.bx * BN, bar);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        const int cw = wg - 1, lane = tid % 32;
+        const int row_base = part.t0 + cw * 64 + ((tid / 32) % 4) * 16 + lane / 4;
+        const int col_base = part.bx * BN + 2 * (lane % 4);
+        float acc[NB][64];
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
+        for (int z = 0, s = 0; z < chunks; ++z) {
+            for (const int first = s, end = s + chunk_steps; s < end; ++s) {
+                const int slot = s % STAGES;
+                bar_wait(full + 8 * slot, (s / STAGES) & 1);
+                const u32 at = base + slot * STAGE + cw * 64 * WG_LINE, bt = base + slot * STAGE + A_BYTES;
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+#pragma unroll
+                    for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < GEMM_BK / 16; ++kk)
+#pragma unroll
+                    for (int b = 0; b < NB; ++b)
+                        wgmma_m64n128k16(acc[b], wg_desc(at + 32 * kk), wg_desc(bt + b * 128 * WG_LINE + 32 * kk));
+                wg_commit();
+                wg_wait<1>();
+                // this warp's products of step s - 1 are done: its share of that stage is free
+                if (s > first && lane == 0) bar_arrive(empty + 8 * ((s - 1) % STAGES));
+            }
+            wg_wait<0>();
+            if (lane == 0) bar_arrive(empty + 8 * ((s - 1) % STAGES));
+            wg_finish<NB>(acc, z, chunks, part.y, sum, m, part.n, row_base, col_base);
+        }
+    }
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -530,17 +670,35 @@ GEMM_WG(gemm_wg128_q8_0, GemmQ8_0, 128)
 GEMM_WG(gemm_wg128_q4_0, GemmQ4<false>, 128)
 GEMM_WG(gemm_wg128_q4_1, GemmQ4<true>, 128)
 
+// gemm_tma<BN>_f16: as gemm_wg<BN>_f16, the copies by the tensor memory accelerator
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+#define TMA_BODY(BN) gemm_tma_run<BN>(maps, job, m, k, chunks, sum);
+#else
+#define TMA_BODY(BN) __trap();
+#endif
+#define GEMM_TMA(name, BN)                                                                         \
+    extern "C" __global__ void __launch_bounds__(TMA_THREADS, 1) name(                             \
+        const __grid_constant__ TmaMaps maps, const GemmJob job, int m, int k, int chunks, float* sum) { \
+        TMA_BODY(BN)                                                                               \
+    }
+
+GEMM_TMA(gemm_tma128_f16, 128)
+GEMM_TMA(gemm_tma256_f16, 256)
+
 extern "C" __global__ void to_f16_f32(const float* x, u16* out, int n) {
     overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f32_to_f16(x[i]);
 }
 
-extern "C" __global__ void swiglu_rows_f32(const float* gate, const float* up, float* out, int n,
+extern "C" __global__ void swiglu_rows_f32(const float* gate, const float* up, float* out, u16* out16, int n,
                                            float limit) {
     overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = swiglu_limited(gate[i], up[i], limit);
+    if (i >= n) return;
+    const float y = swiglu_limited(gate[i], up[i], limit);
+    out[i] = y;
+    if (out16) out16[i] = f32_to_f16(y);
 }
 
 extern "C" __global__ void add_rows_f32(float* x, const float* b, int cols, int n) {

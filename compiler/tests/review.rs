@@ -35,8 +35,8 @@ layers:
   layer 8 moved: rank 1 (stage 1, device 1) -> rank 0 (stage 0, device 0)
 programs:
   rank 0:
-    - run r0.run0 (10 phases): embed, layers 0..8: attn_pre attn_core attn_out ffn, store_hidden
-    + run r0.run0 (10 phases): embed, layers 0..9: attn_pre attn_core attn_out ffn, store_hidden
+    - run r0.run0 (2 phases): embed, layers 0..8: attn_pre attn_core attn_out ffn, store_hidden
+    + run r0.run0 (2 phases): embed, layers 0..9: attn_pre attn_core attn_out ffn, store_hidden
   rank 1:
     - run r1.run0 (2 phases): load_hidden, layers 8..16: attn_pre attn_core attn_out ffn, store_hidden
     + run r1.run0 (2 phases): load_hidden, layers 9..16: attn_pre attn_core attn_out ffn, store_hidden

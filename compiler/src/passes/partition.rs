@@ -199,17 +199,18 @@ impl Builder<'_> {
                 event,
             });
         }
+        // the slots a run's graph bakes in: the hidden state it loads or stores, the token it
+        // stores; the token a run embeds is staged by the engine before the run
         let phases = self
             .topo
             .boundaries
             .iter()
-            .filter(|b| {
-                let (load, store) = match b.carries {
-                    Carries::Hidden => (Op::LoadHidden, Op::StoreHidden),
-                    Carries::Token => (Op::Embed, Op::StoreToken),
-                };
-                (b.to_rank == self.rank && ops.contains(&load))
-                    || (b.from_rank == self.rank && ops.contains(&store))
+            .filter(|b| match b.carries {
+                Carries::Hidden => {
+                    (b.to_rank == self.rank && ops.contains(&Op::LoadHidden))
+                        || (b.from_rank == self.rank && ops.contains(&Op::StoreHidden))
+                }
+                Carries::Token => b.from_rank == self.rank && ops.contains(&Op::StoreToken),
             })
             .fold(1, |acc, b| lcm(acc, b.slots));
         let step = match group.class {

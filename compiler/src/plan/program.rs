@@ -49,7 +49,10 @@ pub enum Step {
     Run {
         id: String,
         stream: String,
-        /// 2 when the run's baked addresses alternate per step (it touches a boundary slot).
+        /// Steps after which the run's baked addresses repeat: the least common multiple of
+        /// the slot counts of the boundaries it loads or stores inside the run (the hidden
+        /// state in and out, the token it samples); 1 when it touches none. The token a run
+        /// embeds is staged before the run, so its slots do not count.
         phases: u32,
         ops: Vec<Op>,
     },

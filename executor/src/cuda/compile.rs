@@ -103,6 +103,8 @@ pub const FILES: &[KernelFile] = &[
             "gemm64_q6_k",
             "gemm_wg128_f16",
             "gemm_wg256_f16",
+            "gemm_tma128_f16",
+            "gemm_tma256_f16",
             "gemm_wg128_q8_0",
             "gemm_wg128_q4_0",
             "gemm_wg128_q4_1",
@@ -307,7 +309,9 @@ mod tests {
                 } else if t.starts_with("#endif") {
                     open.pop();
                 }
-                let hopper_only = line.contains("wgmma.") || line.contains("fence.proxy.async");
+                let hopper_only = ["wgmma.", "fence.proxy.async", "setmaxnreg"]
+                    .iter()
+                    .any(|i| line.contains(i));
                 assert!(
                     !hopper_only || open.contains(&true),
                     "kernels/{} line {}: an sm_90a instruction outside `{GUARD}`",

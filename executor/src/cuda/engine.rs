@@ -6,8 +6,8 @@
 //! host while a collective waits for a peer not yet enqueued. `setup` opens devices, groups
 //! and events.
 //!
-//! - `run`: a CUDA graph per phase (step % the period of the boundary slots its work
-//!   addresses, `setup::graph_phases`) and bucket of a decode step's rows (`buckets`): the
+//! - `run`: a CUDA graph per phase (step % the run's `phases`, the period of the boundary
+//!   slots its work addresses, checked by `setup::check_phases`) and bucket of a decode step's rows (`buckets`): the
 //!   first time a phase and bucket come up its ops run eagerly (warm-up), the second time
 //!   they are captured on the rank's stream, from then on replayed. A capture or
 //!   instantiate failure latches that run to eager with one message; the launches are the
@@ -46,9 +46,7 @@ use super::ops::{MAX_HEAD_DIM, MAX_TOP_K};
 use super::p2p::{check_groups, Crossings};
 use super::prefill::prefill_rows;
 use super::rank::RankDevice;
-use super::setup::{
-    check_phases, connect_groups, graph_phases, make_events, memory_report, open_devices,
-};
+use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
 use crate::engine::{
     feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, Readback, StepInput, StepLimits,
@@ -256,10 +254,7 @@ impl Engine {
                 r.program
                     .iter()
                     .map(|step| match step {
-                        Step::Run { ops, .. } => Some(RunGraphs::new(
-                            graph_phases(plan, r.rank, ops),
-                            buckets.len(),
-                        )),
+                        Step::Run { phases, .. } => Some(RunGraphs::new(*phases, buckets.len())),
                         _ => None,
                     })
                     .collect()

@@ -228,16 +228,35 @@ impl CudaDevice {
         eps: f32,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        self.rms_norm_narrowing(stream, x, weight, eps, out, None)
+    }
+
+    /// [`Self::rms_norm`], with `out16` also receiving `out` narrowed to f16 (the bits of
+    /// [`Self::to_f16`] of `out`): the input of a prefill step's products, in the same launch.
+    pub fn rms_norm_narrowing(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        weight: &impl DevicePtr<f32>,
+        eps: f32,
+        out: &mut impl DevicePtrMut<f32>,
+        out16: Option<&Span<u16>>,
+    ) -> Result<()> {
         let n = weight.len();
         assert!(
             n > 0 && x.len().is_multiple_of(n) && out.len() == x.len(),
             "rms_norm: x and out must hold whole rows of the weight's length"
         );
+        assert!(
+            out16.is_none_or(|h| h.len() >= x.len()),
+            "rms_norm: out16 is shorter than x"
+        );
         let rows = x.len() / n;
-        let (xp, wp, op, n) = (
+        let (xp, wp, op, hp, n) = (
             ptr(stream, x),
             ptr(stream, weight),
             ptr_mut(stream, out),
+            out16.map_or(0, Span::addr),
             int(n),
         );
         let cfg = LaunchConfig {
@@ -246,7 +265,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         self.launch(stream, "rms_norm_f32", cfg, |a| {
-            a.arg(&xp).arg(&wp).arg(&op).arg(&n).arg(&eps);
+            a.arg(&xp).arg(&wp).arg(&op).arg(&hp).arg(&n).arg(&eps);
         })
     }
 

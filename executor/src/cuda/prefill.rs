@@ -87,11 +87,14 @@ impl RowBuffers {
 impl RankDevice {
     /// For each `(w, out)`: `out` (rows x `w.rows`) = the `rows` rows of `input` (rows x
     /// `w.cols`, the same for every weight) times `w`, combined over `chunks` reduction chunks
-    /// in the canonical tree. The input is narrowed to f16 once for all of them.
+    /// in the canonical tree. The input is narrowed to f16 once for all of them, unless the
+    /// kernel that wrote it left it narrowed in [`Self::narrowed_rows`] (`narrowed`).
+    #[allow(clippy::too_many_arguments)]
     fn products(
         &self,
         s: &Arc<CudaStream>,
         input: &Span<f32>,
+        mut narrowed: bool,
         rows: usize,
         chunks: usize,
         products: &[(&DeviceWeight, &Span<f32>)],
@@ -99,7 +102,6 @@ impl RankDevice {
         let dev = &self.dev;
         let rb = self.row_buffers()?;
         let mut a16 = Span::of(&rb.a16).sub(0, input.len());
-        let mut narrowed = false;
         // whole products (one chunk) go out together, sharing launches
         let mut whole = Vec::new();
         for &(w, out) in products {
@@ -125,6 +127,13 @@ impl RankDevice {
         dev.gemm_many(s, &whole, &a16, rows)
     }
 
+    /// The f16 rows the products read, `len` values: a kernel that writes a product's input
+    /// may leave it narrowed there too (`rms_norm_narrowing`, `swiglu_rows`), saving the
+    /// products' own narrowing pass.
+    fn narrowed_rows(&self, len: usize) -> Result<Span<u16>> {
+        Ok(Span::of(&self.row_buffers()?.a16).sub(0, len))
+    }
+
     /// The f16 rows buffer as bytes, where a batched decode step (which runs no GEMM) keeps
     /// its activation rows quantized for the tensor-core products (`matvec_mma`); `None` on a
     /// rank allocated for one token row.
@@ -141,13 +150,14 @@ impl RankDevice {
     }
 
     /// The row-parallel product into x: added at once on a lone rank, left in `partial` for
-    /// the group's all-reduce otherwise.
+    /// the group's all-reduce otherwise; `narrowed` as for [`Self::products`].
     #[allow(clippy::too_many_arguments)]
     fn row_parallel(
         &self,
         s: &Arc<CudaStream>,
         w: &DeviceWeight,
         input: &Span<f32>,
+        narrowed: bool,
         rows: usize,
         chunks: Option<usize>,
         reduced: bool,
@@ -160,7 +170,7 @@ impl RankDevice {
             .max(1);
         let x = Self::rows_of(&self.buf.x, rows, d);
         let partial = Self::rows_of(&self.buf.partial, rows, d);
-        self.products(s, input, rows, chunks, &[(w, &partial)])?;
+        self.products(s, input, narrowed, rows, chunks, &[(w, &partial)])?;
         if reduced {
             Ok(())
         } else {
@@ -206,8 +216,9 @@ impl RankDevice {
         match seg {
             Segment::AttnPre => {
                 let (g, q, k, v) = gqa()?;
-                dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
-                self.products(s, &xn, rows, 1, &[(&g.q, &q), (&g.k, &k), (&g.v, &v)])?;
+                let a16 = self.narrowed_rows(xn.len())?;
+                dev.rms_norm_narrowing(s, &x, &lw.attn_norm, eps, &mut xn.clone(), Some(&a16))?;
+                self.products(s, &xn, true, rows, 1, &[(&g.q, &q), (&g.k, &k), (&g.v, &v)])?;
                 g.finish_qkv(dev, s, [&q, &k, &v], eps)
             }
             Segment::AttnCore => {
@@ -219,7 +230,7 @@ impl RankDevice {
                 let att = Self::rows_of(&b.att, rows, lw.o.cols);
                 self.pending = Pending::Hidden;
                 let (chunks, reduced) = (self.geo.row_chunks.map(|c| c.0), self.geo.attn_reduced);
-                self.row_parallel(s, &lw.o, &att, rows, chunks, reduced)
+                self.row_parallel(s, &lw.o, &att, false, rows, chunks, reduced)
             }
             Segment::Ffn => {
                 let FfnWeights::Dense(ffn) = &lw.ffn else {
@@ -228,12 +239,15 @@ impl RankDevice {
                 let f = ffn.gate.rows;
                 let gate = Self::rows_of(&b.gate, rows, f);
                 let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
-                dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
-                self.products(s, &xn, rows, 1, &[(&ffn.gate, &gate), (&ffn.up, &up)])?;
-                dev.swiglu_rows(s, &gate, &up, ffn.clamp, &mut gate.clone())?;
+                let a16 = self.narrowed_rows(xn.len())?;
+                dev.rms_norm_narrowing(s, &x, &lw.ffn_norm, eps, &mut xn.clone(), Some(&a16))?;
+                self.products(s, &xn, true, rows, 1, &[(&ffn.gate, &gate), (&ffn.up, &up)])?;
+                let a16 = self.narrowed_rows(gate.len())?;
+                dev.swiglu_rows(s, &gate, &up, ffn.clamp, &mut gate.clone(), Some(&a16))?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
-                self.row_parallel(s, &ffn.down, &gate, rows, chunks, self.geo.tp_degree > 1)
+                let tp = self.geo.tp_degree > 1;
+                self.row_parallel(s, &ffn.down, &gate, true, rows, chunks, tp)
             }
             other => bail!(
                 "segment `{}` has no prefill kernels on the cuda backend",
@@ -337,15 +351,16 @@ impl RankDevice {
                 let f = g.gate.rows;
                 let gate = Self::rows_of(&b.gate, rows, f);
                 let up = Span::of(&self.row_buffers()?.up).sub(0, rows * f);
-                self.products(s, &xn, rows, 1, &[(&g.gate, &gate), (&g.up, &up)])?;
-                dev.swiglu_rows(s, &gate, &up, g.clamp, &mut gate.clone())?;
+                self.products(s, &xn, false, rows, 1, &[(&g.gate, &gate), (&g.up, &up)])?;
+                let a16 = self.narrowed_rows(gate.len())?;
+                dev.swiglu_rows(s, &gate, &up, g.clamp, &mut gate.clone(), Some(&a16))?;
                 let chunks = self
                     .geo
                     .row_chunks
                     .map_or_else(|| full_chunks(&g.down), |c| c.1);
                 let k = state.router.top_k as usize;
                 let out = Span::of(&state.rows).sub(k * rows * d, rows * d);
-                self.products(s, &gate, rows, chunks.max(1), &[(&g.down, &out)])?;
+                self.products(s, &gate, true, rows, chunks.max(1), &[(&g.down, &out)])?;
                 if lone {
                     state.combine(dev, s, &x, false)?;
                 }
@@ -365,7 +380,7 @@ impl RankDevice {
         self.dev
             .rms_norm(s, &x, norm, self.geo.eps, &mut xn.clone())?;
         let logits = Self::rows_of(&self.buf.logits, out, w.rows);
-        self.products(s, &xn, out, 1, &[(w, &logits)])
+        self.products(s, &xn, false, out, 1, &[(w, &logits)])
     }
 }
 

@@ -41,15 +41,79 @@ const GEMM_LD: usize = 72;
 const WG_ROWS: usize = 128;
 const WG_LINE: usize = 128;
 const WG_STAGES: usize = 4;
+/// Threads of a `gemm_tma` block (TMA_THREADS: a producer warpgroup and two product ones).
+const TMA_THREADS: u32 = 384;
+
+/// A `gemm_tma` tile's stages (TMA_STAGES in kernels/gemm.cu): 192 KiB of them either way.
+fn tma_stages(cols: usize) -> usize {
+    if cols == 256 {
+        4
+    } else {
+        6
+    }
+}
+
+/// The kernel parameter of a `gemm_tma` launch (`TmaMaps`): the tensor maps of the
+/// activations and of each weight.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TmaMaps {
+    a: [u64; 16],
+    w: [[u64; 16]; GEMM_MAX_WEIGHTS],
+}
+
+// SAFETY: plain old data in the kernel's C layout (CUtensorMap is 16 opaque 64-bit words)
+unsafe impl DeviceRepr for TmaMaps {}
+
+/// The tensor map of a row-major f16 matrix of `rows` x `cols` at device address `addr`,
+/// read in boxes of `box_rows` rows x 64 values (one 128-byte line a row) with the 128-byte
+/// swizzle the warpgroup operand descriptors name; rows past the end read as zeros.
+fn f16_tensor_map(addr: u64, rows: usize, cols: usize, box_rows: usize) -> Result<[u64; 16]> {
+    use cudarc::driver::sys::{
+        cuTensorMapEncodeTiled, CUresult, CUtensorMap, CUtensorMapDataType,
+        CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let dims = [cols as u64, rows as u64];
+    let strides = [2 * cols as u64];
+    let boxes = [GEMM_DEPTH as u32, box_rows as u32];
+    let steps = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+    // SAFETY: every pointer names a live array of the rank's length (2, and 1 stride); the
+    // address is a device allocation of `rows` rows of `cols` f16 values (the caller checked)
+    let rc = unsafe {
+        cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            2,
+            addr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    anyhow::ensure!(
+        rc == CUresult::CUDA_SUCCESS,
+        "cuda backend: the tensor map of {rows} x {cols} f16 values at {addr:#x} ({box_rows}-row boxes): {rc:?}"
+    );
+    // SAFETY: initialized by the successful call
+    Ok(unsafe { map.assume_init() }.opaque)
+}
 
 /// A block's tile, and so the kernel of a product: `Mma` is `gemm<rows>_<dtype>`
 /// (`mma.sync`, 128 weight rows, any dtype), `Wg` is `gemm_wg<cols>_<dtype>` (Hopper's
 /// warpgroup products on sm_90, 128 token rows: f16 in 128 or 256 weight rows, q8_0, q4_0
-/// and q4_1 in 128).
+/// and q4_1 in 128), `Tma` is `gemm_tma<cols>_f16` (the warpgroup products of f16 with the
+/// copies by the tensor memory accelerator, 128 token rows x 128 or 256 weight rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmTile {
     Mma { rows: usize },
     Wg { cols: usize },
+    Tma { cols: usize },
 }
 
 impl GemmTile {
@@ -59,7 +123,12 @@ impl GemmTile {
         let wg = |cols| GemmTile::Wg { cols };
         if arch == "sm_90" {
             match dtype {
-                GgmlType::F16 => tiles.extend([wg(128), wg(256)]),
+                GgmlType::F16 => tiles.extend([
+                    wg(128),
+                    wg(256),
+                    GemmTile::Tma { cols: 128 },
+                    GemmTile::Tma { cols: 256 },
+                ]),
                 GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => tiles.push(wg(128)),
                 _ => {}
             }
@@ -67,10 +136,16 @@ impl GemmTile {
         tiles
     }
 
+    /// Whether a block walks every reduction chunk of its tile (adding a row-parallel
+    /// product's tree as each chunk ends), rather than the grid having a block per chunk.
+    fn walks_chunks(self) -> bool {
+        matches!(self, GemmTile::Wg { .. } | GemmTile::Tma { .. })
+    }
+
     fn shape(self) -> (usize, usize) {
         match self {
             GemmTile::Mma { rows } => (rows, TILE_COLS),
-            GemmTile::Wg { cols } => (WG_ROWS, cols),
+            GemmTile::Wg { cols } | GemmTile::Tma { cols } => (WG_ROWS, cols),
         }
     }
 
@@ -78,6 +153,7 @@ impl GemmTile {
         match self {
             GemmTile::Mma { rows } => format!("gemm{rows}_{}", dtype.name()),
             GemmTile::Wg { cols } => format!("gemm_wg{cols}_{}", dtype.name()),
+            GemmTile::Tma { cols } => format!("gemm_tma{cols}_{}", dtype.name()),
         }
     }
 
@@ -86,7 +162,8 @@ impl GemmTile {
     /// step, padded to 16) and, unless the staged f16 rows feed the products themselves, one
     /// f16 weight tile. `Wg`: the stages (activations in 128-byte lines, then f16 weight lines
     /// or the weights' stored bytes), two dequantized f16 tiles unless f16, and 1 KiB to
-    /// align them.
+    /// align them. `Tma`: its stages of activation and weight lines, then a full and an
+    /// empty barrier (8 bytes each) per stage, and 1 KiB to align them.
     fn shared_bytes(self, dtype: GgmlType) -> usize {
         let f16_row = 2 * GEMM_LD;
         // a weight row's stored bytes of one step where the kernel stages them (0: it does not)
@@ -111,6 +188,7 @@ impl GemmTile {
                 };
                 WG_STAGES * (WG_ROWS * WG_LINE + weights) + tiles + 1024
             }
+            GemmTile::Tma { cols } => tma_stages(cols) * ((WG_ROWS + cols) * WG_LINE + 16) + 1024,
         }
     }
 }
@@ -208,7 +286,7 @@ impl CudaDevice {
         );
         let tile = tile.unwrap_or_else(|| self.gemm_tile(w.dtype, &[w.rows], rows, chunks));
         let launch = [(w, (parts.addr(), parts.len()))];
-        if let GemmTile::Wg { .. } = tile {
+        if tile.walks_chunks() {
             return self.gemm_launch(stream, &launch, a, rows, chunks, Some(tile), Some(out));
         }
         self.gemm_launch(stream, &launch, a, rows, chunks, Some(tile), None)?;
@@ -236,11 +314,10 @@ impl CudaDevice {
         if self.arch() == "sm_90" && rows > 64 {
             match dtype {
                 GgmlType::F16 if blocks(WG_ROWS, 256) >= self.sm_count() => {
-                    return GemmTile::Wg { cols: 256 }
+                    return GemmTile::Tma { cols: 256 }
                 }
-                GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                    return GemmTile::Wg { cols: 128 }
-                }
+                GgmlType::F16 => return GemmTile::Tma { cols: 128 },
+                GgmlType::Q4_0 | GgmlType::Q4_1 => return GemmTile::Wg { cols: 128 },
                 _ => {}
             }
         }
@@ -303,7 +380,7 @@ impl CudaDevice {
             self.arch()
         );
         assert!(
-            sum.is_none() || (outs.len() == 1 && matches!(tile, GemmTile::Wg { .. })),
+            sum.is_none() || (outs.len() == 1 && tile.walks_chunks()),
             "gemm: a tree sum takes one weight in a warpgroup tile"
         );
         let (tile_rows, tile_cols) = tile.shape();
@@ -325,20 +402,26 @@ impl CudaDevice {
         let ap = ptr(stream, a);
         let (m, k, c) = (int(rows), int(w0.cols), int(chunks));
         // a warpgroup block walks every chunk of its tile
-        let chunk_blocks = match tile {
-            GemmTile::Mma { .. } => chunks,
-            GemmTile::Wg { .. } => 1,
-        };
+        let chunk_blocks = if tile.walks_chunks() { 1 } else { chunks };
+        // the token-row tiles of a tile column are neighbours in launch order (gemm_part)
         let cfg = LaunchConfig {
             grid_dim: (
-                columns as u32,
-                rows.div_ceil(tile_rows) as u32,
+                (columns * rows.div_ceil(tile_rows)) as u32,
+                1,
                 chunk_blocks as u32,
             ),
-            block_dim: (256, 1, 1),
+            block_dim: (
+                if let GemmTile::Tma { .. } = tile {
+                    TMA_THREADS
+                } else {
+                    256
+                },
+                1,
+                1,
+            ),
             shared_mem_bytes: smem as u32,
         };
-        if let GemmTile::Wg { .. } = tile {
+        if tile.walks_chunks() {
             // the warpgroup kernels store (and read back) pairs of values
             let addrs = outs
                 .iter()
@@ -352,9 +435,21 @@ impl CudaDevice {
             }
         }
         let sum = sum.map_or(0, |y| y.addr());
+        if let GemmTile::Tma { cols } = tile {
+            let mut maps = TmaMaps {
+                a: f16_tensor_map(ap, rows, w0.cols, WG_ROWS)?,
+                w: [[0; 16]; GEMM_MAX_WEIGHTS],
+            };
+            for (map, (w, _)) in maps.w.iter_mut().zip(outs) {
+                *map = f16_tensor_map(w.addr, w.rows, w.cols, cols)?;
+            }
+            return self.launch(stream, &name, cfg, |l| {
+                l.arg(&maps).arg(&job).arg(&m).arg(&k).arg(&c).arg(&sum);
+            });
+        }
         self.launch(stream, &name, cfg, |l| {
             l.arg(&ap).arg(&job).arg(&m).arg(&k).arg(&c);
-            if let GemmTile::Wg { .. } = tile {
+            if tile.walks_chunks() {
                 l.arg(&sum);
             }
         })
@@ -375,7 +470,8 @@ impl CudaDevice {
     }
 
     /// `out = silu(gate) * up`, elementwise; with `limit`, gate and up clamped first
-    /// (`cpu::kernels::silu_mul_clamped`).
+    /// (`cpu::kernels::silu_mul_clamped`); with `out16`, `out` narrowed to f16 there too (the
+    /// bits of [`Self::to_f16`] of `out`), in the same launch.
     pub fn swiglu_rows(
         &self,
         stream: &CudaStream,
@@ -383,20 +479,26 @@ impl CudaDevice {
         up: &impl DevicePtr<f32>,
         limit: Option<f32>,
         out: &mut impl DevicePtrMut<f32>,
+        out16: Option<&Span<u16>>,
     ) -> Result<()> {
         assert!(
             gate.len() == up.len() && out.len() == gate.len(),
             "swiglu_rows: lengths differ"
         );
-        let (gp, up_, op, n) = (
+        assert!(
+            out16.is_none_or(|h| h.len() >= gate.len()),
+            "swiglu_rows: out16 is shorter than gate"
+        );
+        let (gp, up_, op, hp, n) = (
             ptr(stream, gate),
             ptr(stream, up),
             ptr_mut(stream, out),
+            out16.map_or(0, Span::addr),
             int(gate.len()),
         );
         let limit = limit.unwrap_or(0.0);
         self.launch(stream, "swiglu_rows_f32", grid(gate.len(), 256), |l| {
-            l.arg(&gp).arg(&up_).arg(&op).arg(&n).arg(&limit);
+            l.arg(&gp).arg(&up_).arg(&op).arg(&hp).arg(&n).arg(&limit);
         })
     }
 

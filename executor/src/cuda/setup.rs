@@ -56,24 +56,6 @@ fn addressed<'p>(plan: &'p Plan, rank: u32, ops: &'p [Op]) -> impl Iterator<Item
     })
 }
 
-/// Phases of the graphs of a run of rank `rank` doing `ops`: the least common multiple of the
-/// slot counts of the boundaries it addresses (1 for none), a divisor of the plan's phases
-/// (`check_phases`). The plan's count also covers the token slot an embedding run reads, which
-/// the engine reads before the graph: a batched PP plan's first stage takes 2 graphs per bucket
-/// where its plan has lcm(2, max_sequences + 1) phases.
-pub(super) fn graph_phases(plan: &Plan, rank: u32, ops: &[Op]) -> u32 {
-    let gcd = |mut x: u32, mut y: u32| {
-        while y != 0 {
-            (x, y) = (y, x % y);
-        }
-        x
-    };
-    addressed(plan, rank, ops).fold(1, |acc, b| {
-        let slots = b.slots.max(1);
-        acc / gcd(acc, slots) * slots
-    })
-}
-
 /// Opens every device of the `local` ranks and enables peer access between each pair that a
 /// boundary or a tensor-parallel group connects; a pair without P2P is refused by name.
 pub(super) fn open_devices(plan: &Plan, local: &[u32]) -> Result<BTreeMap<u32, CudaDevice>> {
@@ -301,29 +283,21 @@ pub(super) fn memory_report(
 mod tests {
     use super::*;
 
-    /// (the plan's phases, the graphs' phases) of every run of `plan`, in plan order.
-    fn phases(plan: &Plan) -> Vec<(u32, u32)> {
-        let mut out = Vec::new();
-        for r in &plan.ranks {
-            for step in &r.program {
-                if let Step::Run { phases, ops, .. } = step {
-                    out.push((*phases, graph_phases(plan, r.rank, ops)));
-                }
-            }
-        }
-        out
-    }
-
     #[test]
-    fn a_runs_graphs_repeat_with_the_slots_its_work_addresses() {
-        // four stages of four sequences: the token comes back to stage 0 after 4 steps (5
-        // slots), which stage 0 reads before its graph; the hidden states have 2 slots
-        let pp4 = Plan::from_toml(include_str!("../../../plans/llama3-8b-pp4.plan.toml"))
-            .expect("a golden plan parses");
+    fn a_run_whose_phases_miss_a_boundarys_slots_is_refused_by_name() {
+        // four stages of four sequences: the hidden states have 2 slots; the token comes back
+        // to stage 0 through 5, which stage 0 stages before its graph and the sampler stores
+        let text = include_str!("../../../plans/llama3-8b-pp4.plan.toml");
+        let pp4 = Plan::from_toml(text).expect("a golden plan parses");
         check_phases(&pp4).unwrap();
-        assert_eq!(phases(&pp4), [(10, 2), (2, 2), (2, 2), (10, 10)]);
-        let one = Plan::from_toml(include_str!("../../../plans/smollm2-batch8.plan.toml"))
-            .expect("a golden plan parses");
-        assert_eq!(phases(&one), [(1, 1)]);
+        let from = r#"id = "r1.run0", stream = "compute", phases = 2"#;
+        assert!(text.contains(from));
+        let bad = Plan::from_toml(&text.replace(from, &from.replace("= 2", "= 3")))
+            .expect("an edited plan parses");
+        let err = check_phases(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains("run r1.run0 touches boundary 0 of 2 slots but has 3 phases"),
+            "{err}"
+        );
     }
 }

@@ -284,7 +284,7 @@ fn fusion(cx: &mut Ctx, dtype: GgmlType, cols: usize) -> Result<()> {
     );
     let (gd, ud) = (dev.upload(s, &alone[1])?, dev.upload(s, &alone[2])?);
     let mut rows = dev.alloc::<f32>(s, ws[1].rows)?;
-    dev.swiglu_rows(s, &gd, &ud, Some(limit), &mut rows)?;
+    dev.swiglu_rows(s, &gd, &ud, Some(limit), &mut rows, None)?;
     cx.report.exact(
         &format!("matvec_{dtype}"),
         format!("swiglu_rows clamped at {limit} == the fused launch, 22x{cols}"),

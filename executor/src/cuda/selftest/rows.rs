@@ -72,6 +72,53 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for (p0, rows) in [(0, 1), (37, 300)] {
         positions(cx, p0, rows)?;
     }
+    narrowing(cx)?;
+    Ok(())
+}
+
+/// The f16 copies the norm and the SiLU gate leave for the products (`rms_norm_narrowing`,
+/// `swiglu_rows` with `out16`) equal `to_f16` of their f32 outputs, bit for bit, and the f32
+/// outputs are the plain launches'.
+fn narrowing(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (rows, n) = (37, 1000);
+    let halves = |d: &DeviceBuffer<u16>| -> Result<Vec<f32>> {
+        Ok(dev.download(s, d)?.into_iter().map(f16_to_f32).collect())
+    };
+    let narrowed = |y: &DeviceBuffer<f32>| -> Result<Vec<f32>> {
+        let mut h = dev.alloc::<u16>(s, y.len())?;
+        dev.to_f16(s, y, &mut h)?;
+        halves(&h)
+    };
+    let x = dev.upload(s, &random(&mut cx.rng, rows * n, 3.0))?;
+    let up = dev.upload(s, &random(&mut cx.rng, rows * n, 3.0))?;
+    let weight = dev.upload(s, &random(&mut cx.rng, n, 1.0))?;
+    let (mut plain, mut fused) = (
+        dev.alloc::<f32>(s, rows * n)?,
+        dev.alloc::<f32>(s, rows * n)?,
+    );
+    let h = dev.alloc::<u16>(s, rows * n)?;
+    dev.rms_norm(s, &x, &weight, 1e-5, &mut plain)?;
+    dev.rms_norm_narrowing(s, &x, &weight, 1e-5, &mut fused, Some(&Span::of(&h)))?;
+    let wrong = bit_mismatches(&dev.download(s, &fused)?, &dev.download(s, &plain)?)
+        + bit_mismatches(&halves(&h)?, &narrowed(&plain)?);
+    cx.report.exact(
+        "rms_norm_f32",
+        format!("narrowing {rows} rows of {n} == rms_norm then to_f16"),
+        wrong,
+    );
+    for limit in [None, Some(2.5)] {
+        let h = dev.alloc::<u16>(s, rows * n)?;
+        dev.swiglu_rows(s, &x, &up, limit, &mut plain, None)?;
+        dev.swiglu_rows(s, &x, &up, limit, &mut fused, Some(&Span::of(&h)))?;
+        let wrong = bit_mismatches(&dev.download(s, &fused)?, &dev.download(s, &plain)?)
+            + bit_mismatches(&halves(&h)?, &narrowed(&plain)?);
+        cx.report.exact(
+            "swiglu_rows_f32",
+            format!("narrowing {rows}x{n} (limit {limit:?}) == swiglu_rows then to_f16"),
+            wrong,
+        );
+    }
     Ok(())
 }
 
