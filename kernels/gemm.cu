@@ -364,23 +364,44 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long a,
 // Keeps the compiler from moving accumulator registers across the asynchronous products.
 __device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
-// The accumulators of a warpgroup's 64 token rows as chunk z of the product ends: with
-// `sum`, the partial joins the canonical tree (the left subtrees waiting beside it, each kept
-// in y at its first chunk's place, are added in, in tree_sum_f32's order) and the whole tree
-// goes to `sum`; else it is stored as chunk z. A thread reads back only values it wrote
-// itself. Accumulator e of a thread: 8-column group e / 4 of its 128-row product b, token row
-// row_base + 8 ((e / 2) % 2), columns col_base + b * 128 + 8 (e / 4) and the next; then they
-// start again at 0.
-template <int NB>
-__device__ __forceinline__ void wg_finish(float (&acc)[NB][64], int z, int chunks, float* y, float* sum, int m, int n,
-                                          int row_base, int col_base) {
-    const bool pairs = n % 2 == 0;
+// Accumulator e of a thread: 8-column group e / 4 of its 128-row product b, token row
+// row_base + 8 ((e / 2) % 2), columns col_base + b * 128 + 8 (e / 4) and the next. BODY runs
+// for each pair (e, e + 1) inside the product (token row t, columns c and c + 1).
 #define WG_EACH_PAIR(BODY)                                                                         \
     _Pragma("unroll") for (int b = 0; b < NB; ++b) _Pragma("unroll") for (int e = 0; e < 64; e += 2) { \
         const int t = row_base + 8 * ((e / 2) % 2);                                                \
         const int c = col_base + b * 128 + 8 * (e / 4);                                            \
         if (t < m && c < n) { BODY }                                                               \
     }
+
+// Stores the accumulators of a warpgroup's 64 token rows to dst (rows of n) and sets them to 0.
+template <int NB>
+__device__ __forceinline__ void wg_store(float (&acc)[NB][64], float* dst, int m, int n, int row_base, int col_base) {
+    const bool pairs = n % 2 == 0;
+    WG_EACH_PAIR({
+        float* d = dst + (size_t)t * n + c;
+        if (pairs) {
+            *(float2*)d = make_float2(acc[b][e], acc[b][e + 1]);
+        } else {
+            d[0] = acc[b][e];
+            if (c + 1 < n) d[1] = acc[b][e + 1];
+        }
+    })
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
+}
+
+// The accumulators of a warpgroup's 64 token rows as chunk z of the product ends: with
+// `sum`, the partial joins the canonical tree (the left subtrees waiting beside it, each kept
+// in y at its first chunk's place, are added in, in tree_sum_f32's order) and the whole tree
+// goes to `sum`; else it is stored as chunk z. A thread reads back only values it wrote
+// itself. The accumulators start again at 0.
+template <int NB>
+__device__ __forceinline__ void wg_finish(float (&acc)[NB][64], int z, int chunks, float* y, float* sum, int m, int n,
+                                          int row_base, int col_base) {
+    const bool pairs = n % 2 == 0;
 #pragma unroll
     for (int b = 0; b < NB; ++b)
 #pragma unroll
@@ -401,22 +422,9 @@ __device__ __forceinline__ void wg_finish(float (&acc)[NB][64], int z, int chunk
             }
         })
     }
-    float* dst = sum && z == chunks - 1 ? sum : y + (size_t)at * m * n;
-    WG_EACH_PAIR({
-        float* d = dst + (size_t)t * n + c;
-        if (pairs) {
-            *(float2*)d = make_float2(acc[b][e], acc[b][e + 1]);
-        } else {
-            d[0] = acc[b][e];
-            if (c + 1 < n) d[1] = acc[b][e + 1];
-        }
-    })
-#undef WG_EACH_PAIR
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
+    wg_store<NB>(acc, sum && z == chunks - 1 ? sum : y + (size_t)at * m * n, m, n, row_base, col_base);
 }
+#undef WG_EACH_PAIR
 
 template <class P, int BN>
 __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks, float* sum) {
@@ -543,9 +551,17 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
 // refills the stage. The producer gives its registers up (setmaxnreg) so that the product
 // warpgroups can hold 128 accumulators a thread for 256-row tiles.
 
-// the tile's stages: TMA_STAGES, WG_BM and WG_LINE in executor/src/cuda/rows.rs size the
-// shared memory with the same numbers (192 KiB of stages for both tiles)
+// gemm_tma128_tree_f16: gemm_tma128_f16 for a row-parallel product of up to 8 chunks into
+// `sum`, with the chunks' tree kept on chip: a warpgroup holds the pending left subtree of
+// one chunk in registers and those of two and of four in shared memory (each thread its own
+// values), so no partial goes through y and a chunk's end costs a few adds. (The subtree of
+// two in registers too spills: 192 values and the addresses exceed the 232 registers.)
+
+// the tile's stages: TMA_STAGES, TMA_TREE_STAGES, WG_BM and WG_LINE in
+// executor/src/cuda/rows.rs size the shared memory with the same numbers (192 KiB of stages
+// for either tile; 96 KiB beside the tree's 128 KiB of subtrees)
 #define TMA_STAGES(BN) ((BN) == 256 ? 4 : 6)
+#define TMA_TREE_STAGES 3
 #define TMA_THREADS 384
 
 __device__ __forceinline__ void bar_init(u32 bar, u32 count) {
@@ -575,17 +591,54 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int x, i
         : "memory");
 }
 
-template <int BN>
+// The chunk tree of gemm_tma128_tree_f16 as chunk z (of `chunks`, a power of two up to 8)
+// ends, tree_sum_f32's order: acc joins the pending left subtrees it completes (l1: one chunk;
+// l2 and l4: two and four, in shared memory, value e at [128 e]); true when acc then holds the
+// whole tree, else acc waits as the pending subtree of its size (and the caller zeroes it).
+__device__ __forceinline__ bool tma_tree(float (&acc)[64], float (&l1)[64], float* l2, float* l4, int z, int chunks) {
+    if (chunks == 1) return true;
+    if (z % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e < 64; ++e) l1[e] = acc[e];
+        return false;
+    }
+#pragma unroll
+    for (int e = 0; e < 64; ++e) acc[e] = l1[e] + acc[e];
+    if (chunks == 2) return true;
+    if ((z + 1) % 4 != 0) {
+#pragma unroll
+        for (int e = 0; e < 64; ++e) l2[128 * e] = acc[e];
+        return false;
+    }
+#pragma unroll
+    for (int e = 0; e < 64; ++e) acc[e] = l2[128 * e] + acc[e];
+    if (chunks == 4) return true;
+    if ((z + 1) % 8 != 0) {
+#pragma unroll
+        for (int e = 0; e < 64; ++e) l4[128 * e] = acc[e];
+        return false;
+    }
+#pragma unroll
+    for (int e = 0; e < 64; ++e) acc[e] = l4[128 * e] + acc[e];
+    return true;
+}
+
+template <int BN, bool TREE>
 __device__ __forceinline__ void gemm_tma_run(const TmaMaps& maps, const GemmJob& job, int m, int k, int chunks,
                                              float* sum) {
-    constexpr int NB = BN / 128, STAGES = TMA_STAGES(BN);
+    constexpr int NB = BN / 128, STAGES = TREE ? TMA_TREE_STAGES : TMA_STAGES(BN);
     constexpr u32 A_BYTES = WG_BM * WG_LINE, STAGE = A_BYTES + BN * WG_LINE;
     static_assert(STAGE % 1024 == 0, "stages on 1 KiB, the swizzle's period");
+    static_assert(!TREE || NB == 1, "the on-chip tree holds a 128-row tile's subtrees");
     const GemmPart part = gemm_part<WG_BM, BN>(job, m);
     extern __shared__ u8 smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;
-    // the barriers after the stages: full[STAGES], then empty[STAGES]
-    const u32 full = base + STAGES * STAGE, empty = full + 8 * STAGES;
+    u8* smem = smem_raw + (base - smem_addr(smem_raw));
+    // after the stages: the tree's subtrees of two and of four chunks (TREE: a float per value
+    // of the tile each), then the barriers full[STAGES] and empty[STAGES]
+    float* twos = (float*)(smem + STAGES * STAGE);
+    float* fours = twos + (TREE ? WG_BM * BN : 0);
+    const u32 full = base + STAGES * STAGE + (TREE ? 2 * WG_BM * BN * 4 : 0), empty = full + 8 * STAGES;
     const int tid = threadIdx.x, wg = tid / 128;
     const int steps = k / GEMM_BK, chunk_steps = steps / chunks;
     if (tid == 0) {
@@ -621,6 +674,9 @@ __device__ __forceinline__ void gemm_tma_run(const TmaMaps& maps, const GemmJob&
         for (int b = 0; b < NB; ++b)
 #pragma unroll
             for (int e = 0; e < 64; ++e) acc[b][e] = 0.f;
+        // TREE: the pending subtree of one chunk, and this thread's values of those of two and four
+        float ones[TREE ? 64 : 1];
+        const int mine = cw * 64 * 128 + tid % 128;
         for (int z = 0, s = 0; z < chunks; ++z) {
             for (const int first = s, end = s + chunk_steps; s < end; ++s) {
                 const int slot = s % STAGES;
@@ -643,7 +699,18 @@ __device__ __forceinline__ void gemm_tma_run(const TmaMaps& maps, const GemmJob&
             }
             wg_wait<0>();
             if (lane == 0) bar_arrive(empty + 8 * ((s - 1) % STAGES));
-            wg_finish<NB>(acc, z, chunks, part.y, sum, m, part.n, row_base, col_base);
+            if constexpr (TREE) {
+#pragma unroll
+                for (int e = 0; e < 64; ++e) wg_hold(acc[0][e]);
+                if (tma_tree(acc[0], ones, twos + mine, fours + mine, z, chunks)) {
+                    wg_store<NB>(acc, sum, m, part.n, row_base, col_base);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 64; ++e) acc[0][e] = 0.f;
+                }
+            } else {
+                wg_finish<NB>(acc, z, chunks, part.y, sum, m, part.n, row_base, col_base);
+            }
         }
     }
 }
@@ -672,18 +739,19 @@ GEMM_WG(gemm_wg128_q4_1, GemmQ4<true>, 128)
 
 // gemm_tma<BN>_f16: as gemm_wg<BN>_f16, the copies by the tensor memory accelerator
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
-#define TMA_BODY(BN) gemm_tma_run<BN>(maps, job, m, k, chunks, sum);
+#define TMA_BODY(BN, TREE) gemm_tma_run<BN, TREE>(maps, job, m, k, chunks, sum);
 #else
-#define TMA_BODY(BN) __trap();
+#define TMA_BODY(BN, TREE) __trap();
 #endif
-#define GEMM_TMA(name, BN)                                                                         \
+#define GEMM_TMA(name, BN, TREE)                                                                   \
     extern "C" __global__ void __launch_bounds__(TMA_THREADS, 1) name(                             \
         const __grid_constant__ TmaMaps maps, const GemmJob job, int m, int k, int chunks, float* sum) { \
-        TMA_BODY(BN)                                                                               \
+        TMA_BODY(BN, TREE)                                                                         \
     }
 
-GEMM_TMA(gemm_tma128_f16, 128)
-GEMM_TMA(gemm_tma256_f16, 256)
+GEMM_TMA(gemm_tma128_f16, 128, false)
+GEMM_TMA(gemm_tma256_f16, 256, false)
+GEMM_TMA(gemm_tma128_tree_f16, 128, true)
 
 extern "C" __global__ void to_f16_f32(const float* x, u16* out, int n) {
     overlap_with_neighbours();

@@ -105,6 +105,7 @@ pub const FILES: &[KernelFile] = &[
             "gemm_wg256_f16",
             "gemm_tma128_f16",
             "gemm_tma256_f16",
+            "gemm_tma128_tree_f16",
             "gemm_wg128_q8_0",
             "gemm_wg128_q4_0",
             "gemm_wg128_q4_1",

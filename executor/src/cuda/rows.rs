@@ -44,14 +44,17 @@ const WG_STAGES: usize = 4;
 /// Threads of a `gemm_tma` block (TMA_THREADS: a producer warpgroup and two product ones).
 const TMA_THREADS: u32 = 384;
 
-/// A `gemm_tma` tile's stages (TMA_STAGES in kernels/gemm.cu): 192 KiB of them either way.
-fn tma_stages(cols: usize) -> usize {
-    if cols == 256 {
-        4
-    } else {
-        6
+/// A `gemm_tma` tile's stages (TMA_STAGES in kernels/gemm.cu): 192 KiB of them either way;
+/// `gemm_tma128_tree_f16`'s (TMA_TREE_STAGES), beside its subtrees of two and four chunks.
+fn tma_stages(cols: usize, tree: bool) -> usize {
+    match (cols, tree) {
+        (_, true) => 3,
+        (256, false) => 4,
+        _ => 6,
     }
 }
+/// Most chunks `gemm_tma128_tree_f16` keeps the tree of on chip.
+const TMA_TREE_CHUNKS: usize = 8;
 
 /// The kernel parameter of a `gemm_tma` launch (`TmaMaps`): the tensor maps of the
 /// activations and of each weight.
@@ -149,10 +152,17 @@ impl GemmTile {
         }
     }
 
-    fn kernel(self, dtype: GgmlType) -> String {
+    /// Whether a launch of this tile over `chunks` chunks into a tree `sum` keeps the tree on
+    /// chip (`gemm_tma128_tree_f16`).
+    fn tree_on_chip(self, chunks: usize, sum: bool) -> bool {
+        self == GemmTile::Tma { cols: 128 } && sum && chunks <= TMA_TREE_CHUNKS
+    }
+
+    fn kernel(self, dtype: GgmlType, tree: bool) -> String {
         match self {
             GemmTile::Mma { rows } => format!("gemm{rows}_{}", dtype.name()),
             GemmTile::Wg { cols } => format!("gemm_wg{cols}_{}", dtype.name()),
+            GemmTile::Tma { cols } if tree => format!("gemm_tma{cols}_tree_{}", dtype.name()),
             GemmTile::Tma { cols } => format!("gemm_tma{cols}_{}", dtype.name()),
         }
     }
@@ -162,9 +172,10 @@ impl GemmTile {
     /// step, padded to 16) and, unless the staged f16 rows feed the products themselves, one
     /// f16 weight tile. `Wg`: the stages (activations in 128-byte lines, then f16 weight lines
     /// or the weights' stored bytes), two dequantized f16 tiles unless f16, and 1 KiB to
-    /// align them. `Tma`: its stages of activation and weight lines, then a full and an
-    /// empty barrier (8 bytes each) per stage, and 1 KiB to align them.
-    fn shared_bytes(self, dtype: GgmlType) -> usize {
+    /// align them. `Tma`: its stages of activation and weight lines, with the tree on chip
+    /// (`tree`) the subtrees of two and of four chunks (a float per value of the tile each),
+    /// then a full and an empty barrier (8 bytes each) per stage, and 1 KiB to align them.
+    fn shared_bytes(self, dtype: GgmlType, tree: bool) -> usize {
         let f16_row = 2 * GEMM_LD;
         // a weight row's stored bytes of one step where the kernel stages them (0: it does not)
         let staged_row = match dtype {
@@ -188,7 +199,10 @@ impl GemmTile {
                 };
                 WG_STAGES * (WG_ROWS * WG_LINE + weights) + tiles + 1024
             }
-            GemmTile::Tma { cols } => tma_stages(cols) * ((WG_ROWS + cols) * WG_LINE + 16) + 1024,
+            GemmTile::Tma { cols } => {
+                let subtrees = if tree { 2 * WG_ROWS * cols * 4 } else { 0 };
+                tma_stages(cols, tree) * ((WG_ROWS + cols) * WG_LINE + 16) + subtrees + 1024
+            }
         }
     }
 }
@@ -294,9 +308,11 @@ impl CudaDevice {
     }
 
     /// The tile of a launch over weights of `weight_rows` rows (in `dtype`) and `rows` token
-    /// rows in `chunks` chunks. On sm_90, over more than 64 rows, the warpgroup kernels for
-    /// f16 (256 weight rows a tile where those tiles fill the device), q4_0 and q4_1 (q8_0's
-    /// dequantizing warpgroup kernel measured slower than its `mma.sync` one). Otherwise
+    /// rows in `chunks` chunks. On sm_90, over more than 64 rows, the warpgroup kernels: for
+    /// f16 `gemm_tma` (256 weight rows a tile where those tiles fill the device and the product
+    /// is whole, else 128, whose tree of a row-parallel product's chunks stays on chip), for
+    /// q4_0 and q4_1 `gemm_wg` (q8_0's dequantizing warpgroup kernel measured slower than its
+    /// `mma.sync` one). Otherwise
     /// `mma.sync`: 128 token rows where those tiles fill the device, else 64 (a few rows, such
     /// as an expert's share of a chunk, fill a 64-row tile better). Every tile gives every
     /// output the same bits.
@@ -313,7 +329,8 @@ impl CudaDevice {
         };
         if self.arch() == "sm_90" && rows > 64 {
             match dtype {
-                GgmlType::F16 if blocks(WG_ROWS, 256) >= self.sm_count() => {
+                // a row-parallel product's chunks: its tree on chip in 128-row tiles
+                GgmlType::F16 if chunks == 1 && blocks(WG_ROWS, 256) >= self.sm_count() => {
                     return GemmTile::Tma { cols: 256 }
                 }
                 GgmlType::F16 => return GemmTile::Tma { cols: 128 },
@@ -385,8 +402,9 @@ impl CudaDevice {
         );
         let (tile_rows, tile_cols) = tile.shape();
         let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
-        let name = tile.kernel(w0.dtype);
-        let smem = tile.shared_bytes(w0.dtype);
+        let tree = tile.tree_on_chip(chunks, sum.is_some());
+        let name = tile.kernel(w0.dtype, tree);
+        let smem = tile.shared_bytes(w0.dtype, tree);
         self.allow_dynamic_shared(&name, 0, smem)?;
         let mut job = GemmJob {
             w: [0; GEMM_MAX_WEIGHTS],
