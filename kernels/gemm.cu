@@ -23,8 +23,8 @@
 // read as zero and are not stored. The host sizes the dynamic shared memory with the same
 // numbers (GemmTile::shared_bytes in executor/src/cuda/rows.rs).
 //
-// gemm_wg<BN>_<dtype>: the same products with Hopper's warpgroup instructions (sm_90a only;
-// see their section below).
+// gemm_wg128_<dtype> (q8_0, q4_0, q4_1) and gemm_tma<BN>_f16: the same products with Hopper's
+// warpgroup instructions (sm_90a only; see their sections below).
 //
 // to_f16_f32: the activations narrowed to f16 (round to nearest even).
 // swiglu_rows_f32: out = silu(gate) * up, elementwise (swiglu_limited: clamped when limit > 0);
@@ -293,23 +293,23 @@ GEMM(gemm64_q6_k, GemmQ6_K, 64)
 
 // ---- Hopper: warpgroup products (wgmma) from swizzled shared memory (sm_90a) ----
 //
-// gemm_wg<BN>_<dtype>: the product of gemm128_<dtype> (same job, same chunks, same
-// per-output order: 16-deep f16 products accumulated in f32 in k order, so the same bits; the
-// self-test checks every tile against gemm64) as Hopper's asynchronous warpgroup products.
-// A block of two warpgroups computes a 128 x BN tile (BN = 128 or 256 for f16, 128 for q8_0,
-// q4_0 and q4_1) of every chunk, one chunk after the other in one pipeline (the grid has no
-// chunk dimension); warpgroup g takes token rows 64 g .. 64 g + 63 and every weight row of
-// the tile, as BN / 128 products of 64 x 128 per 16-deep slice, both operands read by the
-// tensor cores from shared memory. A step's 64 values of a row are one 128-byte line; lines
-// are stored with the 128-byte swizzle (16-byte piece c of line r at piece c ^ (r % 8)),
-// which is what the operand descriptors say. f16 weight lines are copied so; the quantized
-// planar layouts' stored bytes are copied, then dequantized (gemm128's values) into one of
-// two swizzled f16 tiles. The copies run WG_AHEAD steps ahead of the products (cp.async, all
-// 256 threads), and a step's products run while the next step's copies land; a stage (and a
-// dequantized tile) is refilled once both warpgroups' products of it are done (the barrier of
-// the step after). As a chunk ends, its partial is stored, or, for a row-parallel product,
-// added into the chunks' canonical tree right there (`sum`), which saves tree_sum_f32's pass
-// over every chunk.
+// gemm_wg128_<dtype>: the product of gemm128_<dtype> for the quantized planar layouts (q8_0,
+// q4_0, q4_1; same job, same chunks, same per-output order: 16-deep f16 products accumulated
+// in f32 in k order, so the same bits; the self-test checks every tile against gemm64) as
+// Hopper's asynchronous warpgroup products. A block of two warpgroups computes a 128 x 128
+// tile of every chunk, one chunk after the other in one pipeline (the grid has no chunk
+// dimension); warpgroup g takes token rows 64 g .. 64 g + 63 and every weight row of the tile,
+// a product of 64 x 128 per 16-deep slice, both operands read by the tensor cores from shared
+// memory. A step's 64 values of a row are one 128-byte line; lines are stored with the
+// 128-byte swizzle (16-byte piece c of line r at piece c ^ (r % 8)), which is what the operand
+// descriptors say. Activation lines are copied so; the weights' stored bytes are copied, then
+// dequantized (gemm128's values) into one of two swizzled f16 tiles. The copies run WG_AHEAD
+// steps ahead of the products (cp.async, all 256 threads), and a step's products run while
+// the next step's copies land; a stage (and a dequantized tile) is refilled once both
+// warpgroups' products of it are done (the barrier of the step after). As a chunk ends, its
+// partial is stored, or, for a row-parallel product, added into the chunks' canonical tree
+// right there (`sum`), which saves tree_sum_f32's pass over every chunk. f16 weights need no
+// dequantizing threads: they take gemm_tma (below).
 
 // the tile's token rows and line bytes; WG_ROWS, WG_LINE and WG_STAGES in
 // executor/src/cuda/rows.rs size the shared memory with the same numbers
@@ -426,16 +426,16 @@ __device__ __forceinline__ void wg_finish(float (&acc)[NB][64], int z, int chunk
 }
 #undef WG_EACH_PAIR
 
-template <class P, int BN>
+template <class P>
 __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, int m, int k, int chunks, float* sum) {
+    // a dequantized tile has 128 weight rows, a pair of threads each
+    constexpr int BN = 128, NB = 1;
+    static_assert(P::RAW > 0 && !gemm_direct_f16<P>(), "a planar quantized layout");
     const GemmPart part = gemm_part<WG_BM, BN>(job, m);
     const u8* w = part.w;
     float* y = part.y;
     const int n = part.n, bx = part.bx;
-    constexpr bool DIRECT = gemm_direct_f16<P>();
-    static_assert(DIRECT || BN == 128, "a dequantized tile has 128 weight rows, a pair of threads each");
-    constexpr int NB = BN / 128;                                          // 64 x 128 products per slice
-    constexpr int STAGE = WG_BM * WG_LINE + BN * (DIRECT ? WG_LINE : P::RAW);  // bytes of one stage
+    constexpr int STAGE = WG_BM * WG_LINE + BN * P::RAW;  // bytes of one stage
     // the descriptors address tiles 1 KiB-aligned (the swizzle's period)
     static_assert(STAGE % 1024 == 0 && (BN * WG_LINE) % 1024 == 0, "stages and tiles on 1 KiB");
     extern __shared__ u8 smem_raw[];
@@ -448,8 +448,8 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     // the steps of every chunk in k order, one pipeline: chunk z's partial is finished as its
     // last step ends
     const int steps = k / GEMM_BK, chunk_steps = steps / chunks;
-    // f16 lines: thread tid copies piece tid % 8 of lines tid / 8 + 32 j; stored bytes: weight
-    // row tid / 2 is served by threads 2 (tid / 2) and 2 (tid / 2) + 1
+    // activation lines: thread tid copies piece tid % 8 of lines tid / 8 + 32 j; stored
+    // bytes: weight row tid / 2 is served by threads 2 (tid / 2) and 2 (tid / 2) + 1
     const int piece = tid % 8, line0 = tid / 8;
     const int br = tid / 2, bhalf = tid % 2;
     const auto issue = [&](int s) {
@@ -462,19 +462,7 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
             cp_async16(st + r * WG_LINE + ((piece ^ (r % 8)) << 4), valid ? a + (size_t)(t0 + r) * k + k0 + 8 * piece : a,
                        valid);
         }
-        u8* bst = st + WG_BM * WG_LINE;
-        if constexpr (DIRECT) {
-            const u16* wh = (const u16*)w;
-#pragma unroll
-            for (int j = 0; j < BN / 32; ++j) {
-                const int r = line0 + 32 * j;
-                const bool valid = n0 + r < n;
-                cp_async16(bst + r * WG_LINE + ((piece ^ (r % 8)) << 4),
-                           valid ? wh + (size_t)(n0 + r) * k + k0 + 8 * piece : wh, valid);
-            }
-        } else {
-            P::copy(w, n, k, n0 + br, k0, bst + br * P::RAW, bhalf, n0 + br < n);
-        }
+        P::copy(w, n, k, n0 + br, k0, st + WG_BM * WG_LINE + br * P::RAW, bhalf, n0 + br < n);
     };
     float acc[NB][64];
 #pragma unroll
@@ -502,19 +490,16 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
             if (s + WG_AHEAD < steps) issue(s + WG_AHEAD);
             cp_async_commit();
             const u32 st = base + (s % WG_STAGES) * STAGE;
-            u32 bt = st + WG_BM * WG_LINE;
-            if constexpr (!DIRECT) {
-                // this thread's 32 values of row br as f16, swizzled like a copied line
-                __align__(16) u16 v[32];
-                P::dequant32(smem + (s % WG_STAGES) * STAGE + WG_BM * WG_LINE + br * P::RAW, bhalf, v);
-                u8* line = tiles + (s % 2) * (BN * WG_LINE) + br * WG_LINE;
+            // this thread's 32 values of row br as f16, swizzled like a copied line
+            __align__(16) u16 v[32];
+            P::dequant32(smem + (s % WG_STAGES) * STAGE + WG_BM * WG_LINE + br * P::RAW, bhalf, v);
+            u8* line = tiles + (s % 2) * (BN * WG_LINE) + br * WG_LINE;
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    *(uint4*)(line + (((4 * bhalf + j) ^ (br % 8)) << 4)) = *(const uint4*)(v + 8 * j);
-                fence_async_shared();
-                __syncthreads();
-                bt = base + WG_STAGES * STAGE + (s % 2) * (BN * WG_LINE);
-            }
+            for (int j = 0; j < 4; ++j)
+                *(uint4*)(line + (((4 * bhalf + j) ^ (br % 8)) << 4)) = *(const uint4*)(v + 8 * j);
+            fence_async_shared();
+            __syncthreads();
+            const u32 bt = base + WG_STAGES * STAGE + (s % 2) * (BN * WG_LINE);
             const u32 at = st + wg * 64 * WG_LINE;
             // the accumulators' last writes (a finished chunk's zeros) come before the fence
 #pragma unroll
@@ -539,8 +524,9 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
 
 // ---- Hopper: warp-specialized f16 products, tiles copied by the tensor memory accelerator ----
 //
-// gemm_tma<BN>_f16: gemm_wg<BN>_f16's products (same job, chunks, chunk tree and per-output
-// order, so the same bits) with the copies taken off the product warps. A block has three
+// gemm_tma<BN>_f16 (BN = 128 or 256): gemm128_f16's products (same job, chunks and per-output
+// order, so the same bits) on gemm_wg's warpgroup products, chunk walk and chunk tree, with
+// the copies taken off the product warps. A block has three
 // warpgroups. Warpgroup 0 produces: one thread issues each step's two bulk tensor copies (the
 // step's 64 values of the tile's 128 token rows and of its BN weight rows, 128-byte lines with
 // the 128-byte swizzle the operand descriptors name; rows past m or n arrive as zeros) into a
@@ -717,27 +703,26 @@ __device__ __forceinline__ void gemm_tma_run(const TmaMaps& maps, const GemmJob&
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// gemm_wg<BN>_<dtype>: with `sum` null, chunk z's partial to y[z] as gemm128 stores it; else
+// gemm_wg128_<dtype>, gemm_tma<BN>_f16: with `sum` null, chunk z's partial to y[z] as gemm128 stores it; else
 // the chunks' partials combined in the canonical tree (tree_sum_f32's) to `sum`, y holding the
 // subtrees meanwhile (the job has one weight then)
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
-#define WG_BODY(P, BN) gemm_wg_run<P, BN>(a, job, m, k, chunks, sum);
+#define WG_BODY(P) gemm_wg_run<P>(a, job, m, k, chunks, sum);
 #else
-#define WG_BODY(P, BN) __trap();
+#define WG_BODY(P) __trap();
 #endif
-#define GEMM_WG(name, P, BN)                                                                       \
+#define GEMM_WG(name, P)                                                                           \
     extern "C" __global__ void __launch_bounds__(256)                                              \
         name(const u16* a, const GemmJob job, int m, int k, int chunks, float* sum) {              \
-        WG_BODY(P, BN)                                                                             \
+        WG_BODY(P)                                                                                 \
     }
 
-GEMM_WG(gemm_wg128_f16, GemmF16, 128)
-GEMM_WG(gemm_wg256_f16, GemmF16, 256)
-GEMM_WG(gemm_wg128_q8_0, GemmQ8_0, 128)
-GEMM_WG(gemm_wg128_q4_0, GemmQ4<false>, 128)
-GEMM_WG(gemm_wg128_q4_1, GemmQ4<true>, 128)
+GEMM_WG(gemm_wg128_q8_0, GemmQ8_0)
+GEMM_WG(gemm_wg128_q4_0, GemmQ4<false>)
+GEMM_WG(gemm_wg128_q4_1, GemmQ4<true>)
 
-// gemm_tma<BN>_f16: as gemm_wg<BN>_f16, the copies by the tensor memory accelerator
+// gemm_tma<BN>_f16 and gemm_tma128_tree_f16: f16 weights, the copies by the tensor memory
+// accelerator
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 #define TMA_BODY(BN, TREE) gemm_tma_run<BN, TREE>(maps, job, m, k, chunks, sum);
 #else

@@ -101,8 +101,6 @@ pub const FILES: &[KernelFile] = &[
             "gemm64_q4_1",
             "gemm64_q4_k",
             "gemm64_q6_k",
-            "gemm_wg128_f16",
-            "gemm_wg256_f16",
             "gemm_tma128_f16",
             "gemm_tma256_f16",
             "gemm_tma128_tree_f16",

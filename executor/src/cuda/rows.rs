@@ -14,7 +14,8 @@ use super::matvec::MAX_CHUNKS;
 use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
 use super::span::Span;
 
-/// Weight rows of one block's tile in the mma.sync kernels (GEMM_BN in kernels/gemm.cu).
+/// Weight rows of one block's tile in the mma.sync and dequantizing warpgroup kernels (GEMM_BN
+/// in kernels/gemm.cu).
 const TILE_COLS: usize = 128;
 /// Reduction depth of one step (GEMM_BK): a chunk is a whole number of steps.
 pub const GEMM_DEPTH: usize = 64;
@@ -108,14 +109,14 @@ fn f16_tensor_map(addr: u64, rows: usize, cols: usize, box_rows: usize) -> Resul
 }
 
 /// A block's tile, and so the kernel of a product: `Mma` is `gemm<rows>_<dtype>`
-/// (`mma.sync`, 128 weight rows, any dtype), `Wg` is `gemm_wg<cols>_<dtype>` (Hopper's
-/// warpgroup products on sm_90, 128 token rows: f16 in 128 or 256 weight rows, q8_0, q4_0
-/// and q4_1 in 128), `Tma` is `gemm_tma<cols>_f16` (the warpgroup products of f16 with the
-/// copies by the tensor memory accelerator, 128 token rows x 128 or 256 weight rows).
+/// (`mma.sync`, 128 weight rows, any dtype); on sm_90, Hopper's warpgroup products over 128
+/// token rows: `Wg` is `gemm_wg128_<dtype>` (q8_0, q4_0 and q4_1 dequantized by the product
+/// threads, 128 weight rows), `Tma` is `gemm_tma<cols>_f16` (f16, the copies by the tensor
+/// memory accelerator, 128 or 256 weight rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmTile {
     Mma { rows: usize },
-    Wg { cols: usize },
+    Wg,
     Tma { cols: usize },
 }
 
@@ -123,16 +124,12 @@ impl GemmTile {
     /// Every tile with a kernel for `dtype` on a device of `arch` (the self-test runs each).
     pub fn all(dtype: GgmlType, arch: &str) -> Vec<GemmTile> {
         let mut tiles = vec![GemmTile::Mma { rows: 64 }, GemmTile::Mma { rows: 128 }];
-        let wg = |cols| GemmTile::Wg { cols };
         if arch == "sm_90" {
             match dtype {
-                GgmlType::F16 => tiles.extend([
-                    wg(128),
-                    wg(256),
-                    GemmTile::Tma { cols: 128 },
-                    GemmTile::Tma { cols: 256 },
-                ]),
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => tiles.push(wg(128)),
+                GgmlType::F16 => {
+                    tiles.extend([GemmTile::Tma { cols: 128 }, GemmTile::Tma { cols: 256 }])
+                }
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => tiles.push(GemmTile::Wg),
                 _ => {}
             }
         }
@@ -142,13 +139,14 @@ impl GemmTile {
     /// Whether a block walks every reduction chunk of its tile (adding a row-parallel
     /// product's tree as each chunk ends), rather than the grid having a block per chunk.
     fn walks_chunks(self) -> bool {
-        matches!(self, GemmTile::Wg { .. } | GemmTile::Tma { .. })
+        matches!(self, GemmTile::Wg | GemmTile::Tma { .. })
     }
 
     fn shape(self) -> (usize, usize) {
         match self {
             GemmTile::Mma { rows } => (rows, TILE_COLS),
-            GemmTile::Wg { cols } | GemmTile::Tma { cols } => (WG_ROWS, cols),
+            GemmTile::Wg => (WG_ROWS, TILE_COLS),
+            GemmTile::Tma { cols } => (WG_ROWS, cols),
         }
     }
 
@@ -161,7 +159,7 @@ impl GemmTile {
     fn kernel(self, dtype: GgmlType, tree: bool) -> String {
         match self {
             GemmTile::Mma { rows } => format!("gemm{rows}_{}", dtype.name()),
-            GemmTile::Wg { cols } => format!("gemm_wg{cols}_{}", dtype.name()),
+            GemmTile::Wg => format!("gemm_wg{TILE_COLS}_{}", dtype.name()),
             GemmTile::Tma { cols } if tree => format!("gemm_tma{cols}_tree_{}", dtype.name()),
             GemmTile::Tma { cols } => format!("gemm_tma{cols}_{}", dtype.name()),
         }
@@ -170,9 +168,8 @@ impl GemmTile {
     /// The dynamic shared memory of the tile's kernel for `dtype`, as kernels/gemm.cu lays it
     /// out. `Mma`: the activation stages, the weight stages (a row's stored bytes of one
     /// step, padded to 16) and, unless the staged f16 rows feed the products themselves, one
-    /// f16 weight tile. `Wg`: the stages (activations in 128-byte lines, then f16 weight lines
-    /// or the weights' stored bytes), two dequantized f16 tiles unless f16, and 1 KiB to
-    /// align them. `Tma`: its stages of activation and weight lines, with the tree on chip
+    /// f16 weight tile. `Wg`: the stages (activations in 128-byte lines, then the weights'
+    /// stored bytes), two dequantized f16 tiles, and 1 KiB to align them. `Tma`: its stages of activation and weight lines, with the tree on chip
     /// (`tree`) the subtrees of two and of four chunks (a float per value of the tile each),
     /// then a full and an empty barrier (8 bytes each) per stage, and 1 KiB to align them.
     fn shared_bytes(self, dtype: GgmlType, tree: bool) -> usize {
@@ -191,13 +188,10 @@ impl GemmTile {
                 let tile = if f16 { 0 } else { TILE_COLS * f16_row };
                 GEMM_STAGES * (rows * f16_row + TILE_COLS * staged_row) + tile
             }
-            GemmTile::Wg { cols } => {
-                let (weights, tiles) = if f16 {
-                    (cols * WG_LINE, 0)
-                } else {
-                    (cols * staged_row, 2 * cols * WG_LINE)
-                };
-                WG_STAGES * (WG_ROWS * WG_LINE + weights) + tiles + 1024
+            GemmTile::Wg => {
+                WG_STAGES * (WG_ROWS * WG_LINE + TILE_COLS * staged_row)
+                    + 2 * TILE_COLS * WG_LINE
+                    + 1024
             }
             GemmTile::Tma { cols } => {
                 let subtrees = if tree { 2 * WG_ROWS * cols * 4 } else { 0 };
@@ -311,8 +305,7 @@ impl CudaDevice {
     /// rows in `chunks` chunks. On sm_90, over more than 64 rows, the warpgroup kernels: for
     /// f16 `gemm_tma` (256 weight rows a tile where those tiles fill the device and the product
     /// is whole, else 128, whose tree of a row-parallel product's chunks stays on chip), for
-    /// q4_0 and q4_1 `gemm_wg` (q8_0's dequantizing warpgroup kernel measured slower than its
-    /// `mma.sync` one). Otherwise
+    /// q8_0, q4_0 and q4_1 `gemm_wg`. Otherwise
     /// `mma.sync`: 128 token rows where those tiles fill the device, else 64 (a few rows, such
     /// as an expert's share of a chunk, fill a 64-row tile better). Every tile gives every
     /// output the same bits.
@@ -334,7 +327,7 @@ impl CudaDevice {
                     return GemmTile::Tma { cols: 256 }
                 }
                 GgmlType::F16 => return GemmTile::Tma { cols: 128 },
-                GgmlType::Q4_0 | GgmlType::Q4_1 => return GemmTile::Wg { cols: 128 },
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => return GemmTile::Wg,
                 _ => {}
             }
         }
