@@ -364,6 +364,25 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long a,
 // Keeps the compiler from moving accumulator registers across the asynchronous products.
 __device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
+// One 64-deep step of a warpgroup's products, issued and committed (not waited for): acc[b]
+// += the 64 token rows at `at` times the 128 weight rows at bt + b * 128 lines, both K-major
+// 128-byte-swizzled tiles. The accumulators' last writes (a finished chunk's zeros) come
+// before the fence.
+template <int NB>
+__device__ __forceinline__ void wg_step(float (&acc)[NB][64], u32 at, u32 bt) {
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < GEMM_BK / 16; ++kk)
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+            wgmma_m64n128k16(acc[b], wg_desc(at + 32 * kk), wg_desc(bt + b * 128 * WG_LINE + 32 * kk));
+    wg_commit();
+}
+
 // Accumulator e of a thread: 8-column group e / 4 of its 128-row product b, token row
 // row_base + 8 ((e / 2) % 2), columns col_base + b * 128 + 8 (e / 4) and the next. BODY runs
 // for each pair (e, e + 1) inside the product (token row t, columns c and c + 1).
@@ -501,18 +520,7 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
             __syncthreads();
             const u32 bt = base + WG_STAGES * STAGE + (s % 2) * (BN * WG_LINE);
             const u32 at = st + wg * 64 * WG_LINE;
-            // the accumulators' last writes (a finished chunk's zeros) come before the fence
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-#pragma unroll
-                for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < GEMM_BK / 16; ++kk)
-#pragma unroll
-                for (int b = 0; b < NB; ++b)
-                    wgmma_m64n128k16(acc[b], wg_desc(at + 32 * kk), wg_desc(bt + b * 128 * WG_LINE + 32 * kk));
-            wg_commit();
+            wg_step<NB>(acc, at, bt);
             wg_wait<1>();
         }
         // the chunk's products are done: its partial goes out, and the next chunk starts at 0
@@ -668,17 +676,7 @@ __device__ __forceinline__ void gemm_tma_run(const TmaMaps& maps, const GemmJob&
                 const int slot = s % STAGES;
                 bar_wait(full + 8 * slot, (s / STAGES) & 1);
                 const u32 at = base + slot * STAGE + cw * 64 * WG_LINE, bt = base + slot * STAGE + A_BYTES;
-#pragma unroll
-                for (int b = 0; b < NB; ++b)
-#pragma unroll
-                    for (int e = 0; e < 64; ++e) wg_hold(acc[b][e]);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < GEMM_BK / 16; ++kk)
-#pragma unroll
-                    for (int b = 0; b < NB; ++b)
-                        wgmma_m64n128k16(acc[b], wg_desc(at + 32 * kk), wg_desc(bt + b * 128 * WG_LINE + 32 * kk));
-                wg_commit();
+                wg_step<NB>(acc, at, bt);
                 wg_wait<1>();
                 // this warp's products of step s - 1 are done: its share of that stage is free
                 if (s > first && lane == 0) bar_arrive(empty + 8 * ((s - 1) % STAGES));

@@ -37,6 +37,8 @@
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
 #   ncu-token SHAPE DTYPE [STEPS] [PLACEMENT]   Nsight Compute time of each kernel of one
 #                             decode step (SHAPE-eager by default; SHAPE NAME-lN: a depth cut)
+#   ncu-prefill SHAPE DTYPE [PLACEMENT]   Nsight Compute time of each kernel of a 512-row
+#                             prefill chunk (SHAPE by default, graphs; as bench runs it)
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
 #   moe [SECONDS]             qwen3moe and deepseek2 on CUDA: self-test, tiny-qwen3moe gates
 #                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
@@ -735,25 +737,56 @@ suite_ncu_token() {
     fi
     local shape=$1 dtype=$2 steps=${3:-64} placement=${4:-$1-eager} model plan_path csv per_step
     logs_in "$LOG"
-    model="$M/$shape-$dtype.gguf"
-    if [ ! -f "$model" ]; then
-        # NAME-lN is the depth cut of the real-width shape NAME to N layers
-        if [[ "$shape" =~ ^(.*)-l([0-9]+)$ ]]; then
-            synth_cut "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "$dtype"
-        else
-            synth "$shape" "$dtype"
-        fi
-    fi
+    model=$(ncu_model "$shape" "$dtype")
     plan_path=$(plan "$shape" "$dtype" "$placement")
     csv="$LOG/ncu-$shape-$dtype.csv"
     per_step=$(ncu_run "$model" "$plan_path" 1 2>/dev/null | grep -c '"gpu__time_duration.sum"')
     ncu_run "$model" "$plan_path" "$steps" --launch-skip $(((steps - 1) * per_step)) --launch-count "$per_step" \
         >"$csv" 2>"$LOG/ncu-$shape-$dtype.err"
-    python3 - "$csv" 1 "$shape $dtype, decode step $steps" <<'PY'
+    kernel_times "$csv" 1 "$shape $dtype, kernel time of one eager decode step $steps (Nsight Compute)" "us/token"
+}
+# Nsight Compute time of each kernel of two prefill chunks of 512 rows (bench's warm-up run
+# and its timed one, each also decoding 2 tokens), per chunk.
+suite_ncu_prefill() {
+    if [ $# -lt 2 ]; then
+        echo "usage: scripts/gpu.sh ncu-prefill SHAPE DTYPE [PLACEMENT]" >&2
+        exit 2
+    fi
+    local shape=$1 dtype=$2 placement=${3:-$1} model csv
+    logs_in "$LOG"
+    model=$(ncu_model "$shape" "$dtype")
+    csv="$LOG/ncu-prefill-$shape-$dtype.csv"
+    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+        "$BIN/memra-run" bench --backend cuda --prompt 512 -n 2 --reps 1 --model "$model" \
+        "$(plan "$shape" "$dtype" "$placement")" >"$csv" 2>"$LOG/ncu-prefill-$shape-$dtype.err"
+    kernel_times "$csv" 2 "$shape $dtype, kernel time of a 512-row prefill chunk and 2 decode steps (Nsight Compute)" "us/chunk"
+}
+ncu_model() { # shape dtype: the synthetic model's path, made first if missing
+    local model="$M/$1-$2.gguf"
+    if [ ! -f "$model" ]; then
+        # NAME-lN is the depth cut of the real-width shape NAME to N layers
+        if [[ "$1" =~ ^(.*)-l([0-9]+)$ ]]; then
+            synth_cut "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "$2"
+        else
+            synth "$1" "$2"
+        fi
+    fi
+    echo "$model"
+}
+ncu_run() { # model plan steps [ncu options]: a one-token prompt, so STEPS decode steps of
+    # equal launches
+    local model=$1 plan_path=$2 n=$3
+    shift 3
+    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv "$@" \
+        "$BIN/memra-run" generate --backend cuda --temp 0 -n "$n" -p "a" --model "$model" "$plan_path"
+}
+kernel_times() { # csv runs title unit: Nsight Compute's kernel times summed per kernel name
+    # and divided by RUNS, largest first
+    python3 - "$@" <<'PY'
 import csv, sys, collections
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 rows = list(csv.DictReader(lines))
-steps = int(sys.argv[2])
+runs, unit = int(sys.argv[2]), sys.argv[4]
 t = collections.defaultdict(float); n = collections.Counter()
 for r in rows:
     if r.get("Metric Name") != "gpu__time_duration.sum":
@@ -763,19 +796,12 @@ for r in rows:
     name = r["Kernel Name"].split("(")[0]
     t[name] += v; n[name] += 1
 total = sum(t.values())
-print(f"== {sys.argv[3]}: kernel time of one eager decode step (Nsight Compute)")
-print(f"{'kernel':<22} {'us/token':>9} {'launches':>9} {'avg us':>7} {'share':>6}")
+print(f"== {sys.argv[3]}")
+print(f"{'kernel':<24} {unit:>9} {'launches':>9} {'avg us':>7} {'share':>6}")
 for k in sorted(t, key=t.get, reverse=True):
-    print(f"{k:<22} {t[k] / steps:9.1f} {n[k] / steps:9.1f} {t[k] / n[k]:7.2f} {100 * t[k] / total:5.1f}%")
-print(f"{'all kernels':<22} {total / steps:9.1f} {sum(n.values()) / steps:9.1f}")
+    print(f"{k:<24} {t[k] / runs:9.1f} {n[k] / runs:9.1f} {t[k] / n[k]:7.2f} {100 * t[k] / total:5.1f}%")
+print(f"{'all kernels':<24} {total / runs:9.1f} {sum(n.values()) / runs:9.1f}")
 PY
-}
-ncu_run() { # model plan steps [ncu options]: a one-token prompt, so STEPS decode steps of
-    # equal launches
-    local model=$1 plan_path=$2 n=$3
-    shift 3
-    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv "$@" \
-        "$BIN/memra-run" generate --backend cuda --temp 0 -n "$n" -p "a" --model "$model" "$plan_path"
 }
 
 # After the real model's parts arrived (see suite_real): the CUDA self-test (sampling
@@ -1415,7 +1441,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | ncu-prefill | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;
