@@ -199,19 +199,12 @@ impl Builder<'_> {
                 event,
             });
         }
-        // the slots a run's graph bakes in: the hidden state it loads or stores, the token it
-        // stores; the token a run embeds is staged by the engine before the run
+        // the period of the slot addresses the run's graph bakes in
         let phases = self
             .topo
             .boundaries
             .iter()
-            .filter(|b| match b.carries {
-                Carries::Hidden => {
-                    (b.to_rank == self.rank && ops.contains(&Op::LoadHidden))
-                        || (b.from_rank == self.rank && ops.contains(&Op::StoreHidden))
-                }
-                Carries::Token => b.from_rank == self.rank && ops.contains(&Op::StoreToken),
-            })
+            .filter(|b| b.addressed_by(self.rank, &ops))
             .fold(1, |acc, b| lcm(acc, b.slots));
         let step = match group.class {
             None => {

@@ -233,6 +233,18 @@ impl Boundary {
     pub fn send_slot(&self, step: u64) -> u32 {
         (step % u64::from(self.slots)) as u32
     }
+    /// Whether the run ops `ops` of rank `rank` address this boundary's slots inside the run,
+    /// where a graph bakes the addresses in: the hidden state it loads or stores, the token it
+    /// samples into. The token a rank embeds is copied out of its slot before the run.
+    pub fn addressed_by(&self, rank: u32, ops: &[Op]) -> bool {
+        match self.carries {
+            Carries::Hidden => {
+                (self.to_rank == rank && ops.contains(&Op::LoadHidden))
+                    || (self.from_rank == rank && ops.contains(&Op::StoreHidden))
+            }
+            Carries::Token => self.from_rank == rank && ops.contains(&Op::StoreToken),
+        }
+    }
     /// Slot the receiver takes at decode step `step`: the one sent `lag` steps earlier.
     pub fn recv_slot(&self, step: u64) -> u32 {
         let slots = u64::from(self.slots);

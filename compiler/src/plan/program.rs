@@ -50,9 +50,10 @@ pub enum Step {
         id: String,
         stream: String,
         /// Steps after which the run's baked addresses repeat: the least common multiple of
-        /// the slot counts of the boundaries it loads or stores inside the run (the hidden
-        /// state in and out, the token it samples); 1 when it touches none. The token a run
-        /// embeds is staged before the run, so its slots do not count.
+        /// the slot counts of the boundaries it addresses inside the run
+        /// (`Boundary::addressed_by`: the hidden state in and out, the token it samples); 1
+        /// when it touches none. The token a run embeds is staged before the run, so its
+        /// slots do not count.
         phases: u32,
         ops: Vec<Op>,
     },

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, CudaStream};
-use memra_compiler::plan::{Boundary, Carries, Collective, Op, Plan, Step};
+use memra_compiler::plan::{Collective, Plan, Step};
 
 use super::collective::{rows_blocks, Placement};
 use super::device::CudaDevice;
@@ -28,7 +28,11 @@ pub(super) fn check_phases(plan: &Plan) -> Result<()> {
             else {
                 continue;
             };
-            for b in addressed(plan, r.rank, ops) {
+            for b in plan
+                .boundaries
+                .iter()
+                .filter(|b| b.addressed_by(r.rank, ops))
+            {
                 if !phases.is_multiple_of(b.slots) {
                     bail!(
                         "run {id} touches boundary {} of {} slots but has {phases} phases; the cuda engine needs a multiple",
@@ -40,20 +44,6 @@ pub(super) fn check_phases(plan: &Plan) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The boundaries whose slots the run ops `ops` of rank `rank` address inside the run, where a
-/// graph bakes the addresses in: the hidden state it loads or stores, the token it stores. The
-/// token a rank embeds is copied out of its slot before the run (`CudaOps::send_inputs`).
-fn addressed<'p>(plan: &'p Plan, rank: u32, ops: &'p [Op]) -> impl Iterator<Item = &'p Boundary> {
-    plan.boundaries.iter().filter(move |b| {
-        ops.iter().any(|op| match op {
-            Op::LoadHidden => b.to_rank == rank && b.carries == Carries::Hidden,
-            Op::StoreHidden => b.from_rank == rank && b.carries == Carries::Hidden,
-            Op::StoreToken => b.from_rank == rank && b.carries == Carries::Token,
-            _ => false,
-        })
-    })
 }
 
 /// Opens every device of the `local` ranks and enables peer access between each pair that a
