@@ -534,16 +534,15 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
 //
 // gemm_tma<BN>_f16 (BN = 128 or 256): gemm128_f16's products (same job, chunks and per-output
 // order, so the same bits) on gemm_wg's warpgroup products, chunk walk and chunk tree, with
-// the copies taken off the product warps. A block has three
-// warpgroups. Warpgroup 0 produces: one thread issues each step's two bulk tensor copies (the
-// step's 64 values of the tile's 128 token rows and of its BN weight rows, 128-byte lines with
-// the 128-byte swizzle the operand descriptors name; rows past m or n arrive as zeros) into a
-// ring of TMA_STAGES stages, each copy completing on its stage's `full` barrier. Warpgroups 1
-// and 2 take token rows 0..63 and 64..127 of the tile: each waits for a stage's `full`, issues
-// its products and, once they are done (the next step's wait), releases the stage on its
-// `empty` barrier (one arrival per product warp), which the producer waits for before it
-// refills the stage. The producer gives its registers up (setmaxnreg) so that the product
-// warpgroups can hold 128 accumulators a thread for 256-row tiles.
+// the copies taken off the product warps. A block has three warpgroups. Warpgroup 0 produces:
+// one thread issues each step's two bulk tensor copies (the step's 64 values of the tile's 128
+// token rows and of its BN weight rows, 128-byte lines with the 128-byte swizzle the operand
+// descriptors name; rows past m or n arrive as zeros) into a ring of TMA_STAGES stages, each
+// copy completing on its stage's `full` barrier. Warpgroups 1 and 2 take token rows 0..63 and
+// 64..127 of the tile: each waits for a stage's `full`, issues its products and, once they are
+// done (the next step's wait), releases the stage on its `empty` barrier (one arrival per
+// product warp), which the producer waits for before it refills the stage. The producer gives
+// its registers up (setmaxnreg: 40 a thread) so that the product warpgroups may use 232.
 
 // gemm_tma128_tree_f16: gemm_tma128_f16 for a row-parallel product of up to 8 chunks into
 // `sum`, with the chunks' tree kept on chip: a warpgroup holds the pending left subtree of
