@@ -7,11 +7,11 @@
 //! and events.
 //!
 //! - `run`: a CUDA graph per phase (step % the run's `phases`, the period of the boundary
-//!   slots its work addresses, checked by `setup::check_phases`) and bucket of a decode step's rows (`buckets`): the
-//!   first time a phase and bucket come up its ops run eagerly (warm-up), the second time
-//!   they are captured on the rank's stream, from then on replayed. A capture or
-//!   instantiate failure latches that run to eager with one message; the launches are the
-//!   same, so the logits are too. Steps with prompt rows run eagerly.
+//!   slots its work addresses, checked by `setup::check_phases`) and bucket of a decode
+//!   step's rows (`buckets`): the first time a phase and bucket come up its ops run eagerly
+//!   (warm-up), the second time they are captured on the rank's stream, from then on
+//!   replayed. A capture or instantiate failure latches that run to eager with one message;
+//!   the launches are the same, so the logits are too. Steps with prompt rows run eagerly.
 //! - `island`: eager launches. `copy`: a device copy, or a peer copy between devices, on the
 //!   receiver's stream. `wait`/`record`: one CUDA event per (event, slot) with the plan's slot
 //!   rules. `readback`: logits and token into a pinned host ring of `runtime.in_flight` slots.

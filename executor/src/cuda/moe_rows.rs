@@ -149,8 +149,7 @@ impl MoeRows {
             dev.moe_gather(s, xn, &a, k, &a16.sub(0, count * d))?;
             dev.gemm(s, e.gate.matrix(i), &a16, count, 1, &mut gate.clone(), None)?;
             dev.gemm(s, e.up.matrix(i), &a16, count, 1, &mut up.clone(), None)?;
-            dev.swiglu_rows(s, &gate, &up, e.clamp, &mut gate.clone(), None)?;
-            dev.to_f16(s, &gate, &mut a16.sub(0, count * ff))?;
+            dev.swiglu_rows(s, &gate, &up, e.clamp, &mut gate.clone(), Some(&a16))?;
             dev.gemm(s, e.down.matrix(i), &a16, count, 1, &mut y.clone(), None)?;
             dev.moe_scatter(s, &y, &a, &Span::of(&self.weights), (k, rows), &blocks)?;
         }

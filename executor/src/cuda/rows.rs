@@ -142,6 +142,14 @@ impl GemmTile {
         matches!(self, GemmTile::Wg | GemmTile::Tma { .. })
     }
 
+    /// Threads of a block of the tile's kernel.
+    fn threads(self) -> u32 {
+        match self {
+            GemmTile::Tma { .. } => TMA_THREADS,
+            GemmTile::Mma { .. } | GemmTile::Wg => 256,
+        }
+    }
+
     fn shape(self) -> (usize, usize) {
         match self {
             GemmTile::Mma { rows } => (rows, TILE_COLS),
@@ -169,9 +177,10 @@ impl GemmTile {
     /// out. `Mma`: the activation stages, the weight stages (a row's stored bytes of one
     /// step, padded to 16) and, unless the staged f16 rows feed the products themselves, one
     /// f16 weight tile. `Wg`: the stages (activations in 128-byte lines, then the weights'
-    /// stored bytes), two dequantized f16 tiles, and 1 KiB to align them. `Tma`: its stages of activation and weight lines, with the tree on chip
-    /// (`tree`) the subtrees of two and of four chunks (a float per value of the tile each),
-    /// then a full and an empty barrier (8 bytes each) per stage, and 1 KiB to align them.
+    /// stored bytes), two dequantized f16 tiles, and 1 KiB to align them. `Tma`: its stages of
+    /// activation and weight lines, with the tree on chip (`tree`) the subtrees of two and of
+    /// four chunks (a float per value of the tile each), then a full and an empty barrier (8
+    /// bytes each) per stage, and 1 KiB to align them.
     fn shared_bytes(self, dtype: GgmlType, tree: bool) -> usize {
         let f16_row = 2 * GEMM_LD;
         // a weight row's stored bytes of one step where the kernel stages them (0: it does not)
@@ -421,15 +430,7 @@ impl CudaDevice {
                 1,
                 chunk_blocks as u32,
             ),
-            block_dim: (
-                if let GemmTile::Tma { .. } = tile {
-                    TMA_THREADS
-                } else {
-                    256
-                },
-                1,
-                1,
-            ),
+            block_dim: (tile.threads(), 1, 1),
             shared_mem_bytes: smem as u32,
         };
         if tile.walks_chunks() {
