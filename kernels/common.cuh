@@ -108,9 +108,12 @@ __device__ __forceinline__ float exp_in_place_warp_sum(float* sc, int n, float m
     return warp_sum(sum);
 }
 
+// The sum of a half-warp's sixteen lanes, neighbours first: the tree (S0 + S1) + (S2 + S3) with
+// S_g = (l_4g + l_4g+1) + (l_4g+2 + l_4g+3), which matvec_mma.cu builds four lanes' chains at a
+// time.
 __device__ __forceinline__ float half_warp_sum(float v) {
 #pragma unroll
-    for (int off = 8; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    for (int off = 1; off < 16; off <<= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
     return v;
 }
 

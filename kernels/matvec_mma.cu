@@ -5,29 +5,25 @@
 // Why the bits agree: the one-row kernel (matvec.cu, Planar) gives lane v of a half-warp the
 // blocks v, v + 16, v + 32, ... of each K chunk and adds, block by block, (d_w * d_x) * dot
 // (+ m_w * s_x for q4_1) into one f32 accumulator with fmaf (a lane's chain); the half-warp
-// butterfly (offsets 8, 4, 2, 1) then sums the sixteen chains, which is the fixed tree
-// (((c0 + c8) + (c4 + c12)) + ((c2 + c10) + (c6 + c14))) + (((c1 + c9) + (c5 + c13)) +
-// ((c3 + c11) + (c7 + c15))), and the chunk values meet in the balanced tree
-// ((k0 + k1) + (k2 + k3)) + .... The dot of a block's weight quants with its 8-bit activation
-// quants is an exact integer. Here an integer mma (m16n8k32, s8 x s8 -> s32) computes that same
-// integer for 16 weight rows x 8 activation rows of one block at once, exactly (the order of
-// an integer sum does not matter), and each thread runs, for each of its outputs, the chains
-// with the same fmaf expressions in the same order and sums them in the same trees. The
-// activation quants are the one-row kernel's too: quantize_rows_q8 (matvec.cu) makes them with
-// the same quantize_x<32>.
+// butterfly (half_warp_sum: offsets 1, 2, 4, 8) then sums the sixteen chains, which is the
+// fixed tree (S0 + S1) + (S2 + S3) with S_g = (c_4g + c_4g+1) + (c_4g+2 + c_4g+3), and the
+// chunk values meet in the balanced tree ((k0 + k1) + (k2 + k3)) + .... The dot of a block's
+// weight quants with its 8-bit activation quants is an exact integer. Here an integer mma
+// (m16n8k32, s8 x s8 -> s32) computes that same integer for 16 weight rows x 8 activation rows
+// of one block at once, exactly (the order of an integer sum does not matter), and each thread
+// runs, for each of its outputs, the chains with the same fmaf expressions in the same order
+// and sums them in the same trees. The activation quants are the one-row kernel's too:
+// quantize_rows_q8 (matvec.cu) makes them with the same quantize_x<32>.
 //
-// The order of work: the chains of a chunk fall into four groups of two neighbouring pairs,
-// {v, v + 1, v + 8, v + 9} for v = 0, 4, 2, 6, and K is walked chunk by chunk, group by group,
-// and within a group in steps of 16 blocks, each step bringing one block to each of the
-// group's four chains. A group ends with two values, (c_v + c_v+8) on the even side of the tree
-// and (c_v+1 + c_v+9) on the odd side, and the groups in that order build both sides. So a
-// thread keeps four chain accumulators per output, four pending side values and the chunk
-// tree's stack; where chunks have at most 16 blocks (every chain one block: the kernels'
-// `single` form) the accumulators last one step and the sides stay in registers. Every step's
-// blocks (two pairs of neighbours per weight row and per activation row, so every 32-byte
-// sector read is read whole) are copied to shared memory with cp.async, STAGES - 1 steps
-// ahead, and the blocks of a step past its chunk's end as zeros; ldmatrix brings a warp's
-// fragments from there.
+// The order of work: the chains of a chunk fall into four groups of four neighbours, group g
+// the chains 4g .. 4g + 3, and K is walked chunk by chunk, group by group, and within a group
+// in steps of 16 blocks, each step bringing one block to each of the group's chains (blocks 16
+// s + 4g .. 16 s + 4g + 3 of the chunk: 64 contiguous bytes of every weight row). A group
+// takes as many steps as its chains have blocks, and ends with S_g; S0 + S1 and S2 wait for
+// S3, then the chunk joins the chunk tree (its pending subtrees in shared memory). So a thread
+// keeps four chain accumulators per output and two pending values. Every step's blocks are
+// copied to shared memory with cp.async, STAGES - 1 steps ahead, and blocks past a chunk's end
+// as zeros; ldmatrix brings a warp's fragments from there.
 //
 // Layout: a block of 8 warps, WM x WN x KW, takes a tile of 16 WM weight rows (an item: 16 WM
 // rows of one weight, or for SwiGLU 8 WM rows of gate and the same rows of up) and 8 NT WN
@@ -40,6 +36,7 @@
 #define MMA_MAX_SEGS 3  // the fields of MmaJob; must match MMA_MAX_SEGS in matvec_mma.rs
 #define MMA_THREADS 256 // must match MMA_THREADS in matvec_mma.rs
 #define MMA_GROUP 4     // blocks of a step per part of K: one per chain of a group
+#define MMA_LEVELS 5    // levels of the chunk stack: parts of up to 32 chunks
 
 struct MmaJob {
     const u8 *w0, *w1, *w2;
@@ -71,12 +68,11 @@ __device__ __forceinline__ void mma_s8(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u
 
 // Adds chunk `c`'s value into the pending subtrees of chunk_tree's balanced tree (level l at
 // stack[l * stride] holds the sum of the 2^l chunks before the current one); after the last
-// chunk of a power-of-two count, the returned value is the whole tree. LEVELS bounds the
-// chunks at 2^LEVELS.
-template <int LEVELS>
+// chunk of a power-of-two count, the returned value is the whole tree. A part of 2^L chunks
+// touches levels below L only.
 __device__ __forceinline__ float tree_push(float* stack, int stride, int c, float x) {
 #pragma unroll
-    for (int l = 0; l < LEVELS; ++l) {
+    for (int l = 0; l < MMA_LEVELS; ++l) {
         if (!(c & (1 << l))) {
             stack[l * stride] = x;
             return x;
@@ -86,41 +82,28 @@ __device__ __forceinline__ float tree_push(float* stack, int stride, int c, floa
     return x;
 }
 
-// A group's end: its two values, (c_v + c_v+8) on the even side of the chunk's tree and
-// (c_v+1 + c_v+9) on the odd side, join the sides (e and o for groups 0 and 1, e2 and o2 for
-// group 2); after group 3 `chunk` is the chunk's value and the result is true.
-__device__ __forceinline__ bool join_group(int gi, float pe, float po, float& e, float& o, float& e2, float& o2,
-                                           float& chunk) {
-    if (gi == 0) e = pe, o = po;
-    else if (gi == 1) e = e + pe, o = o + po;
-    else if (gi == 2) e2 = pe, o2 = po;
-    else {
-        const float even = e + (e2 + pe), odd_side = o + (o2 + po);
-        chunk = even + odd_side;
-        return true;
-    }
-    return false;
-}
+// Steps of group g in a chunk of bpc blocks: its chains' blocks, 16 apart; in the single form
+// (chunks of at most 16 blocks) one, of zeros where the group's chains have no block.
+template <bool SINGLE>
+__device__ __forceinline__ int group_steps(int bpc, int g) { return SINGLE ? 1 : (bpc + 15 - 4 * g) >> 4; }
 
-// Slot i of a step holds block v + OFF(i) of the step's 16 (chain v + OFF(i)); group gi's v.
-__device__ __forceinline__ int slot_offset(int i) { return (0x9810 >> (4 * i)) & 0xf; }
-__device__ __forceinline__ int group_first(int gi) { return (0x6240 >> (4 * gi)) & 0xf; }
-
-// The position of a step in the walk: chunk c, group gi, step s of the chunk's ks.
+// The position of a step in the walk: chunk c, group g, step s of the group's.
+template <bool SINGLE>
 struct Walk {
-    int c = 0, gi = 0, s = 0;
-    __device__ __forceinline__ void advance(int ks) {
-        if (++s < ks) return;
-        s = 0;
-        if (++gi < 4) return;
-        gi = 0;
-        ++c;
+    int c = 0, g = 0, s = 0;
+    __device__ __forceinline__ void advance(int bpc) {
+        ++s;
+        // group 0 has a step in every chunk, so this ends
+        while (s >= group_steps<SINGLE>(bpc, g)) {
+            s = 0;
+            if (++g == 4) g = 0, ++c;
+        }
     }
     // the chunk-relative index of the step's first block
-    __device__ __forceinline__ int rel() const { return 16 * s + group_first(gi); }
+    __device__ __forceinline__ int rel() const { return 16 * s + 4 * g; }
 };
 
-// Shared bytes of one step, as matvec_mma.rs's `Form::shared_bytes` computes them: per weight
+// Shared bytes of one step, as matvec_mma.rs's `Tile::shared_bytes` computes them: per weight
 // row the quants of each part's 4 blocks (16 bytes of padding after them keep ldmatrix's rows
 // on distinct banks), then their scales; per activation row the quants (padded too); then
 // the activation rows' (d, d * sum) pairs, slot by slot (a thread's two rows side by side).
@@ -133,41 +116,40 @@ struct StageLayout {
 // A block of 8 warps, WM x WN x KW: warp (m, n, kz) computes weight rows 16 m .. 16 m + 15 of
 // the tile against its NT tiles of 8 activation rows, over part kz of the K chunks (chunks /
 // KW consecutive ones: a subtree of the chunk tree); the parts' subtrees meet in shared memory
-// at the end. STAGES steps are in flight.
-//
-// SINGLE: every chain has at most one block (chunks of up to 16 blocks, so a chunk is four
-// steps, one per group) and a part at most 2^LEVELS chunks. Then the four steps of a chunk are
-// unrolled, the tree's sides live in registers, each step's buffer is a constant and the
-// chunk stack ([level][output][thread]) follows the buffers in shared memory. Otherwise a chain
-// takes a step per 16 blocks, four accumulators per output carry across steps, the sides
-// follow the buffers in shared memory and the stack lives in local memory.
-template <bool MIN, int NT, int WN, int KW, int STAGES, bool SINGLE>
+// at the end. STAGES steps are in flight; the chunk stack ([level][output][thread]) follows
+// their buffers. SINGLE (chunks of at most 16 blocks): a chunk is four steps, one per group,
+// in the four buffers, so the kernel unrolls them with constant buffers.
+template <bool MIN, int NT, int WN, int KW, bool SINGLE>
 __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
+    constexpr int STAGES = 4;
     constexpr int WM = 8 / (WN * KW), BM = 16 * WM, BN = 8 * NT * WN;
     using L = StageLayout<KW>;
     constexpr int WS_AT = BM * L::WQ, XQ_AT = WS_AT + BM * L::WS, XS_AT = XQ_AT + BN * L::XQ;
     constexpr int STAGE = XS_AT + BN * L::XS;
-    // each thread's copies per step: weight pieces (a block's quants and scale) of the same
-    // part and slot in rows tid / (4 KW) + 64 / KW k; activation quant halves and scale pairs
+    // each thread's copies per step: weight pieces (a block's quants and scale) of one row and
+    // slot in WCOPIES consecutive parts; activation quant halves of one row, slot and half in
+    // XCOPIES consecutive parts; an activation scale pair
     constexpr int WCOPIES = BM * KW * MMA_GROUP / MMA_THREADS;
     constexpr int XQ_PIECES = BN * KW * MMA_GROUP * 2, XS_PIECES = BN * KW * MMA_GROUP;
     constexpr int XCOPIES = (XQ_PIECES + MMA_THREADS - 1) / MMA_THREADS;
     constexpr int S = MIN ? 4 : 2;
-    // a part's chunks: at most 8 / KW in the SINGLE form
-    constexpr int LEVELS = KW == 1 ? 3 : KW == 2 ? 2 : 1;
-    // the outputs' values at the end: per output a float per thread, then SwiGLU's up values
+    // a level of the chunk stack: a float per output and thread
     constexpr int SIDE = NT * 4 * MMA_THREADS;
     // every piece of a step has its thread, each thread's pieces one part and slot
     static_assert(WM * WN * KW == 8 && WM >= 2, "8 warps, at least 2 along the weight rows");
-    static_assert(WCOPIES >= 1 && BM * KW * MMA_GROUP % MMA_THREADS == 0, "whole weight pieces per thread");
+    static_assert(WCOPIES >= 1 && BM * KW * MMA_GROUP % MMA_THREADS == 0 && KW % WCOPIES == 0, "whole weight pieces per thread");
+    static_assert(KW % XCOPIES == 0 && (XCOPIES == 1 || XQ_PIECES % MMA_THREADS == 0), "whole activation pieces per thread");
     static_assert(XS_PIECES <= MMA_THREADS && MMA_THREADS % (8 * KW) == 0, "activation pieces per thread");
     static_assert(NT == 1 || NT == 2, "one ldmatrix per slot brings the warp's activation tiles");
-    static_assert(!SINGLE || (STAGES == 4 && STAGES * STAGE >= 4 * (SIDE + BM / 2 * BN)),
-                  "a chunk's four steps in the four buffers, which then hold the values");
+    static_assert(STAGES * STAGE >= 4 * BM / 2 * BN, "the buffers hold SwiGLU's up values at the end");
     extern __shared__ __align__(16) u8 smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wm_i = warp % WM, wn_i = (warp / WM) % WN, kz = warp / (WM * WN);
-    const int nb = j.cols / 32, bpc = nb / j.chunks, ks = (bpc + 15) / 16, parts = j.chunks / KW;
+    const int nb = j.cols / 32, bpc = nb / j.chunks, parts = j.chunks / KW;
+    int steps = 0;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) steps += group_steps<SINGLE>(bpc, gi);
+    steps *= parts;
     const int item_rows = j.swiglu ? BM / 2 : BM;
     // the item's segment and first row
     int seg = 0, r0 = blockIdx.y * item_rows;
@@ -179,73 +161,71 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     const int seg_rows = mma_rows(j, seg), n_first = blockIdx.x * BN;
     const size_t wrow = (size_t)nb * 16, xstride = (size_t)j.cols + j.cols / 4;
 
-    const int wi = tid & 3, wkz = (tid >> 2) % KW, wo = slot_offset(wi);
-    // a part's four scales in slot order 0, 2, 1, 3 (a side's pair side by side)
-    const int ws_pos = (wi & 1) << 1 | wi >> 1;
-    const u8 *wq_src[WCOPIES], *ws_src[WCOPIES];
-#pragma unroll
-    for (int k = 0; k < WCOPIES; ++k) {
-        const int r = (tid + MMA_THREADS * k) / (MMA_GROUP * KW), half = j.swiglu && r >= BM / 2 ? 1 : 0;
+    // this thread's weight row, slot and first part
+    const int wi = tid & 3, wkz = (tid >> 2) % (KW / WCOPIES) * WCOPIES, wr = tid / (MMA_GROUP * KW / WCOPIES);
+    const u8 *wq_src, *ws_src;
+    {
+        const int half = j.swiglu && wr >= BM / 2 ? 1 : 0;
         const u8* w = mma_w(j, seg + half);
-        const int row = min(r0 + r - half * (BM / 2), seg_rows - 1);
-        wq_src[k] = w + (size_t)row * wrow;
-        ws_src[k] = w + (size_t)seg_rows * wrow + (size_t)row * nb * S;
+        const int row = min(r0 + wr - half * (BM / 2), seg_rows - 1);
+        wq_src = w + (size_t)row * wrow;
+        ws_src = w + (size_t)seg_rows * wrow + (size_t)row * nb * S;
     }
-    const int xi = (tid >> 1) & 3, xh = tid & 1, xkz = (tid >> 3) % KW, xo = slot_offset(xi);
-    const i8* xq_src[XCOPIES];
-#pragma unroll
-    for (int k = 0; k < XCOPIES; ++k) {
-        const int r = (tid + MMA_THREADS * k) / (8 * KW);
-        xq_src[k] = j.xq + (size_t)min(n_first + r, j.batch - 1) * xstride + 16 * xh;
-    }
-    const int sr = tid / (4 * KW);
+    // this thread's activation row, slot, half and first part
+    const int xi = (tid >> 1) & 3, xh = tid & 1, xkz = (tid >> 3) % (KW / XCOPIES) * XCOPIES;
+    const int xr = tid / (8 * KW / XCOPIES);
+    const i8* xq_src = j.xq + (size_t)min(n_first + xr, j.batch - 1) * xstride + 16 * xh;
+    // this thread's activation scale pair: row sr, slot wi, part skz
+    const int skz = (tid >> 2) % KW, sr = tid / (4 * KW);
     const i8* xs_src = j.xq + (size_t)min(n_first + sr, j.batch - 1) * xstride + j.cols;
+    const int part_blocks = parts * bpc;
     // copies step (chunk c of each part, chunk-relative block rel) into buffer buf
     auto issue = [&](int buf, int c, int rel) {
         u8* st = smem + buf * STAGE;
-        const bool w_in = rel + wo < bpc;
-        const int wblk = (wkz * parts + c) * bpc + rel + wo;
+        const bool w_in = rel + wi < bpc;
+        const int wblk = (wkz * parts + c) * bpc + rel + wi;
 #pragma unroll
         for (int k = 0; k < WCOPIES; ++k) {
-            const int r = (tid + MMA_THREADS * k) / (MMA_GROUP * KW);
-            cp_async16(st + r * L::WQ + 64 * wkz + 16 * wi, wq_src[k] + (size_t)wblk * 16, w_in);
+            const int blk = wblk + k * part_blocks;
+            cp_async16(st + wr * L::WQ + 64 * (wkz + k) + 16 * wi, wq_src + (size_t)blk * 16, w_in);
             // q4_0's 2-byte scale: the aligned word holding it (compute picks the half)
-            const u8* sc = ws_src[k] + (size_t)wblk * S;
-            cp_async4(st + WS_AT + r * L::WS + 16 * wkz + 4 * ws_pos, (const u8*)((size_t)sc & ~(size_t)3), w_in);
+            const u8* sc = ws_src + (size_t)blk * S;
+            cp_async4(st + WS_AT + wr * L::WS + 16 * (wkz + k) + 4 * wi, (const u8*)((size_t)sc & ~(size_t)3), w_in);
         }
-        const int xblk = (xkz * parts + c) * bpc + rel + xo;
+        const int xblk = (xkz * parts + c) * bpc + rel + xi;
+        if (tid < XQ_PIECES / XCOPIES) {
 #pragma unroll
-        for (int k = 0; k < XCOPIES; ++k) {
-            const int e = tid + MMA_THREADS * k, r = e / (8 * KW);
-            if (e < XQ_PIECES)
-                cp_async16(st + XQ_AT + r * L::XQ + 128 * xkz + 32 * xi + 16 * xh, xq_src[k] + (size_t)xblk * 32, rel + xo < bpc);
+            for (int k = 0; k < XCOPIES; ++k)
+                cp_async16(st + XQ_AT + xr * L::XQ + 128 * (xkz + k) + 32 * xi + 16 * xh,
+                           xq_src + (size_t)(xblk + k * part_blocks) * 32, rel + xi < bpc);
         }
         if (tid < XS_PIECES)
-            cp_async8(st + XS_AT + ((wkz * MMA_GROUP + wi) * BN + sr) * 8, xs_src + (size_t)wblk * 8, w_in);
+            cp_async8(st + XS_AT + ((skz * MMA_GROUP + wi) * BN + sr) * 8,
+                      xs_src + (size_t)((skz * parts + c) * bpc + rel + wi) * 8, w_in);
     };
 
-    // this lane's ldmatrix rows: weight rows 16 m + 8 (l / 8 % 2) + l % 8 of slot 2 (l / 16)
-    // (plus the pair's first slot); activation row l % 8 of tile l / 16 (NT = 2), bytes 16 (l /
-    // 8 % 2) of the slot's block
+    // this lane's ldmatrix rows: weight rows 16 m + 8 (l / 8 % 2) + l % 8 of slot l / 16 (plus
+    // the pair's first slot); activation row l % 8 of tile l / 16 (NT = 2), bytes 16 (l / 8 %
+    // 2) of the slot's block
     const int lr = lane & 7, lm = lane >> 3;
-    const u32 a_at = smem_addr(smem) + (16 * wm_i + 8 * (lm & 1) + lr) * L::WQ + 64 * kz + 32 * (lm >> 1);
+    const u32 a_at = smem_addr(smem) + (16 * wm_i + 8 * (lm & 1) + lr) * L::WQ + 64 * kz + 16 * (lm >> 1);
     const u32 b_at = smem_addr(smem) + XQ_AT + ((wn_i * NT + (NT == 2 ? lm >> 1 : 0)) * 8 + lr) * L::XQ + 128 * kz + 16 * (lm & 1);
     const int ra = 16 * wm_i + g;
-    // one step's blocks of slots p and p + 2 (the chains on side p of the group's tree) from
-    // buffer `buf` into their accumulators acc[0] and acc[1], chunk c of K (its first block's
-    // parity places q4_0's scales). A slot past the chunk's end was copied as zeros: its terms
-    // are fmaf(0, 0, acc) = acc exactly (an accumulator that starts at +0 never holds -0), as
-    // if it were skipped.
+    // one step's blocks of slots 2p and 2p + 1 (chains 4g + 2p and 4g + 2p + 1) from buffer
+    // `buf` into their accumulators acc[0] and acc[1], chunk c of K (its first block's parity
+    // places q4_0's scales). A slot past the chunk's end was copied as zeros: its terms are
+    // fmaf(0, 0, acc) = acc exactly (an accumulator that starts at +0 never holds -0), as if it
+    // were skipped.
     auto step_pair = [&](int buf, int c, int p, float (&acc)[2][NT][4]) {
         const u8* sg = smem + buf * STAGE;
         const int odd = (c * bpc) & 1;
         const uint2 sv0 = *(const uint2*)(sg + WS_AT + ra * L::WS + 16 * kz + 8 * p);
         const uint2 sv1 = *(const uint2*)(sg + WS_AT + (ra + 8) * L::WS + 16 * kz + 8 * p);
         u32 wf[4];
-        ldmatrix_x4_at(wf, a_at + buf * STAGE + 16 * p);
+        ldmatrix_x4_at(wf, a_at + buf * STAGE + 32 * p);
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-            const int i = p + 2 * q;
+            const int i = 2 * p + q;
             const u32 w0 = wf[2 * q], w1 = wf[2 * q + 1], s0 = q ? sv0.y : sv0.x, s1 = q ? sv1.y : sv1.x;
             u32 a0 = w0 & NIB, a1 = w1 & NIB, a2 = (w0 >> 4) & NIB, a3 = (w1 >> 4) & NIB;
             float d0, d1, m0 = 0.f, m1 = 0.f;
@@ -257,7 +237,7 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
                 // scale is the high half of its word
                 a0 = __vsub4(a0, 0x08080808u), a1 = __vsub4(a1, 0x08080808u);
                 a2 = __vsub4(a2, 0x08080808u), a3 = __vsub4(a3, 0x08080808u);
-                const int sh = ((odd + slot_offset(i)) & 1) ? 16 : 0;
+                const int sh = ((odd + i) & 1) ? 16 : 0;
                 d0 = f16_to_f32((u16)(s0 >> sh)), d1 = f16_to_f32((u16)(s1 >> sh));
             }
             u32 bf[2 * NT];
@@ -286,142 +266,83 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
     };
 
     overlap_with_neighbours();
-    float* vals = (float*)(smem + (SINGLE ? 0 : STAGES * STAGE));
-    float total[NT][4];
-    if constexpr (SINGLE) {
+    Walk<SINGLE> ahead;
 #pragma unroll
-        for (int st = 0; st < STAGES - 1; ++st) {
-            issue(st, 0, group_first(st));
-            cp_async_commit();
-        }
-        // per output: the even and odd sides of groups 0 and 1, then of group 2
-        float side[4][NT][4];
-        float* stack = (float*)(smem + STAGES * STAGE) + tid;
-        for (int c = 0; c < parts; ++c) {
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < steps) issue(st, ahead.c, ahead.rel());
+        ahead.advance(bpc);
+        cp_async_commit();
+    }
+    // the chunk stack's levels below log2(parts), then the part's value (level `top`)
+    float* stack = (float*)(smem + STAGES * STAGE) + tid;
+    const int top = 31 - __clz(parts);
+    int buf = 0, ahead_buf = STAGES - 1, step = 0;
+    for (int c = 0; c < parts; ++c) {
+        // per output: S0 + S1 (then S0 + S1 waits beside S2)
+        float pend[NT][4], pend2[NT][4];
 #pragma unroll
-            for (int gi = 0; gi < 4; ++gi) {
-                cp_async_wait<STAGES - 2>();
-                __syncthreads();
-                // the step three ahead: the next chunk's group gi - 1, or this chunk's last
-                if (gi == 0) issue(3, c, group_first(3));
-                else if (c + 1 < parts) issue(gi - 1, c + 1, group_first(gi - 1));
-                cp_async_commit();
-                // the group's chains are done: they join the chunk's tree, and after the last
-                // group the chunk joins the part's subtree of the chunk tree
-                float sums[2][NT][4];
+        for (int gi = 0; gi < 4; ++gi) {
+            // acc[p][q]: the chain 4 gi + 2 p + q
+            float acc[2][2][NT][4];
 #pragma unroll
-                for (int p = 0; p < 2; ++p) {
-                    float acc[2][NT][4];
+            for (int p = 0; p < 2; ++p)
 #pragma unroll
-                    for (int q = 0; q < 2; ++q)
-#pragma unroll
-                        for (int n = 0; n < NT; ++n)
-#pragma unroll
-                            for (int o = 0; o < 4; ++o) acc[q][n][o] = 0.f;
-                    step_pair(gi, kz * parts + c, p, acc);
+                for (int q = 0; q < 2; ++q)
 #pragma unroll
                     for (int n = 0; n < NT; ++n)
 #pragma unroll
-                        for (int o = 0; o < 4; ++o) sums[p][n][o] = acc[0][n][o] + acc[1][n][o];
-                }
-#pragma unroll
-                for (int n = 0; n < NT; ++n)
-#pragma unroll
-                    for (int o = 0; o < 4; ++o) {
-                        float chunk;
-                        if (join_group(gi, sums[0][n][o], sums[1][n][o], side[0][n][o], side[1][n][o], side[2][n][o],
-                                       side[3][n][o], chunk))
-                            total[n][o] = tree_push<LEVELS>(stack + (n * 4 + o) * MMA_THREADS, SIDE, c, chunk);
-                    }
+                        for (int o = 0; o < 4; ++o) acc[p][q][n][o] = 0.f;
+            for (int s = group_steps<SINGLE>(bpc, gi); s > 0; --s, ++step) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                const int at = SINGLE ? gi : buf, next = SINGLE ? (gi + STAGES - 1) % STAGES : ahead_buf;
+                if (step + STAGES - 1 < steps) issue(next, ahead.c, ahead.rel());
+                ahead.advance(bpc);
+                ahead_buf = ahead_buf == STAGES - 1 ? 0 : ahead_buf + 1;
+                cp_async_commit();
+                step_pair(at, kz * parts + c, 0, acc[0]);
+                step_pair(at, kz * parts + c, 1, acc[1]);
+                buf = buf == STAGES - 1 ? 0 : buf + 1;
             }
-        }
-        cp_async_wait<0>();
-        __syncthreads();
-        if (KW > 1) {
+            // the group's chains are done: S_g joins the chunk's tree, and after the last group
+            // the chunk joins the part's subtree of the chunk tree
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int o = 0; o < 4; ++o) vals[(n * 4 + o) * MMA_THREADS + tid] = total[n][o];
-            __syncthreads();
-        }
-    } else {
-        Walk ahead;
-#pragma unroll
-        for (int st = 0; st < STAGES - 1; ++st) {
-            if (st < parts * 4 * ks) issue(st, ahead.c, ahead.rel());
-            ahead.advance(ks);
-            cp_async_commit();
-        }
-        // the sides of the chunk tree: [side][output][thread] past the steps' buffers; the
-        // stack of up to 32 chunks
-        float* sides = vals;
-        // acc[p][q]: the chain of slot p + 2 q
-        float acc[2][2][NT][4], stack[NT][4][5];
-#pragma unroll
-        for (int p = 0; p < 2; ++p)
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-                for (int n = 0; n < NT; ++n)
-#pragma unroll
-                    for (int o = 0; o < 4; ++o) acc[p][q][n][o] = 0.f;
-        Walk at;
-        int buf = 0, ahead_buf = STAGES - 1;
-        const int steps = parts * 4 * ks;
-        for (int st = 0; st < steps; ++st) {
-            cp_async_wait<STAGES - 2>();
-            __syncthreads();
-            if (st + STAGES - 1 < steps) issue(ahead_buf, ahead.c, ahead.rel());
-            ahead.advance(ks);
-            ahead_buf = ahead_buf == STAGES - 1 ? 0 : ahead_buf + 1;
-            cp_async_commit();
-            step_pair(buf, kz * parts + at.c, 0, acc[0]);
-            step_pair(buf, kz * parts + at.c, 1, acc[1]);
-            buf = buf == STAGES - 1 ? 0 : buf + 1;
-            if (at.s == ks - 1) {
-                // as SINGLE's group end, the sides in shared memory (few steps touch them)
-                const int gi = at.gi;
-#pragma unroll
-                for (int n = 0; n < NT; ++n)
-#pragma unroll
-                    for (int o = 0; o < 4; ++o) {
-                        const float pe = acc[0][0][n][o] + acc[0][1][n][o], po = acc[1][0][n][o] + acc[1][1][n][o];
-#pragma unroll
-                        for (int p = 0; p < 2; ++p) acc[p][0][n][o] = acc[p][1][n][o] = 0.f;
-                        float* side = sides + (n * 4 + o) * MMA_THREADS + tid;
-                        float chunk;
-                        if (join_group(gi, pe, po, side[0], side[SIDE], side[2 * SIDE], side[3 * SIDE], chunk))
-                            side[0] = tree_push<5>(stack[n][o], 1, at.c, chunk);
+                for (int o = 0; o < 4; ++o) {
+                    const float sg = (acc[0][0][n][o] + acc[0][1][n][o]) + (acc[1][0][n][o] + acc[1][1][n][o]);
+                    if (gi == 0) pend[n][o] = sg;
+                    else if (gi == 1) pend[n][o] = pend[n][o] + sg;
+                    else if (gi == 2) pend2[n][o] = sg;
+                    else {
+                        float* at = stack + (n * 4 + o) * MMA_THREADS;
+                        const float v = tree_push(at, SIDE, c, pend[n][o] + (pend2[n][o] + sg));
+                        if (c == parts - 1) at[top * SIDE] = v;
                     }
-            }
-            at.advance(ks);
+                }
         }
-        cp_async_wait<0>();
-        __syncthreads();
     }
+    cp_async_wait<0>();
+    __syncthreads();
     // the parts' subtrees, in a balanced tree over the parts (in the warps of part 0)
+    const float* parts_at = (const float*)(smem + STAGES * STAGE) + top * SIDE + warp % (WM * WN) * 32 + lane;
+    float total[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int o = 0; o < 4; ++o) {
-            const int at_out = (n * 4 + o) * MMA_THREADS + warp % (WM * WN) * 32 + lane;
-            const int part_stride = WM * WN * 32;
-            if (KW == 1) {
-                if (!SINGLE) total[n][o] = vals[at_out];
-            } else {
-                float v[KW];
+            float v[KW];
 #pragma unroll
-                for (int p = 0; p < KW; ++p) v[p] = vals[at_out + p * part_stride];
+            for (int p = 0; p < KW; ++p) v[p] = parts_at[(n * 4 + o) * MMA_THREADS + p * WM * WN * 32];
 #pragma unroll
-                for (int w = 1; w < KW; w *= 2)
+            for (int w = 1; w < KW; w *= 2)
 #pragma unroll
-                    for (int p = 0; p < KW; p += 2 * w) v[p] = v[p] + v[p + w];
-                total[n][o] = v[0];
-            }
+                for (int p = 0; p < KW; p += 2 * w) v[p] = v[p] + v[p + w];
+            total[n][o] = v[0];
         }
     if (kz > 0) return;
     // SwiGLU: the up warps leave their values in shared memory for the gate warps
-    float* up = vals + SIDE;
+    float* up = (float*)smem;
     constexpr int GATE_WARPS = WM / 2;
     if (j.swiglu && wm_i >= GATE_WARPS) {
 #pragma unroll
@@ -451,25 +372,24 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
         }
 }
 
-// The tiles (must match the `Tile`s of matvec_mma.rs): over more than 16 activation rows 64 weight
-// rows x 32 activation rows, or 32 x 32 with K in two parts where the launch has few tiles;
-// over 9 to 16 rows 32 x 16, K in four parts; up to 8 rows 32 x 8, K in four parts. Each in
-// two forms: `_single` for chains of one block (chunks of up to 16 blocks, at most 8 chunks),
-// the other for any chunks.
+// The tiles (must match the `Tile`s of matvec_mma.rs): over more than 16 activation rows 64
+// weight rows x 32 activation rows, or 32 x 32 with K in two parts where the launch has few
+// tiles; over 9 to 16 rows 32 x 16, K in four parts; up to 8 rows 32 x 8, K in four parts.
+// Each in two forms: `_single` for chunks of up to 16 blocks, the other for any chunks.
 #define MMA_ENTRY extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2)
-MMA_ENTRY matvec_mma_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, 4, false>(job); }
-MMA_ENTRY matvec_mma_k2_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, 4, false>(job); }
-MMA_ENTRY matvec_mma16_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, 3, false>(job); }
-MMA_ENTRY matvec_mma8_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, 4, false>(job); }
-MMA_ENTRY matvec_mma_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, 4, true>(job); }
-MMA_ENTRY matvec_mma_k2_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, 4, true>(job); }
-MMA_ENTRY matvec_mma16_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, 4, true>(job); }
-MMA_ENTRY matvec_mma8_single_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, 4, true>(job); }
-MMA_ENTRY matvec_mma_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, 4, false>(job); }
-MMA_ENTRY matvec_mma_k2_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, 4, false>(job); }
-MMA_ENTRY matvec_mma16_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, 3, false>(job); }
-MMA_ENTRY matvec_mma8_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, 4, false>(job); }
-MMA_ENTRY matvec_mma_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, 4, true>(job); }
-MMA_ENTRY matvec_mma_k2_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, 4, true>(job); }
-MMA_ENTRY matvec_mma16_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, 4, true>(job); }
-MMA_ENTRY matvec_mma8_single_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, 4, true>(job); }
+MMA_ENTRY matvec_mma_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, false>(job); }
+MMA_ENTRY matvec_mma_k2_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, false>(job); }
+MMA_ENTRY matvec_mma16_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, false>(job); }
+MMA_ENTRY matvec_mma8_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, false>(job); }
+MMA_ENTRY matvec_mma_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 1, true>(job); }
+MMA_ENTRY matvec_mma_k2_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 2, 2, true>(job); }
+MMA_ENTRY matvec_mma16_single_q4_0(const MmaJob job) { matvec_mma_run<false, 2, 1, 4, true>(job); }
+MMA_ENTRY matvec_mma8_single_q4_0(const MmaJob job) { matvec_mma_run<false, 1, 1, 4, true>(job); }
+MMA_ENTRY matvec_mma_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, false>(job); }
+MMA_ENTRY matvec_mma_k2_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, false>(job); }
+MMA_ENTRY matvec_mma16_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, false>(job); }
+MMA_ENTRY matvec_mma8_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, false>(job); }
+MMA_ENTRY matvec_mma_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 1, true>(job); }
+MMA_ENTRY matvec_mma_k2_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 2, 2, true>(job); }
+MMA_ENTRY matvec_mma16_single_q4_1(const MmaJob job) { matvec_mma_run<true, 2, 1, 4, true>(job); }
+MMA_ENTRY matvec_mma8_single_q4_1(const MmaJob job) { matvec_mma_run<true, 1, 1, 4, true>(job); }

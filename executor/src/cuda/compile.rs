@@ -77,7 +77,7 @@ pub const FILES: &[KernelFile] = &[
             "matvec_mma_single_q4_1",
             "matvec_mma_k2_single_q4_1",
             "matvec_mma16_single_q4_1",
-            "matvec_mma8_single_q4_1"
+            "matvec_mma8_single_q4_1",
         ]
     ),
     kernel_file!("synth.cu", ["synth_blocks"]),

@@ -6,8 +6,8 @@
 //! keeps the bits of `CudaDevice::matvec` on it alone. A launch's tile (`Tile`) depends on
 //! the rows and on how many tiles the weights make: each block stages its blocks of weight
 //! and activation rows in shared memory and its warps may split K into parts of whole
-//! chunks; its kernel form (`Form`) on the chunks' length. Other dtypes, and steps of fewer
-//! rows than `MMA_MIN_ROWS`, run the matvec tiles (`matvec.rs`).
+//! chunks; chunks of at most 16 blocks take the kernels' single form. Other dtypes, and
+//! steps of fewer rows than `MMA_MIN_ROWS`, run the matvec tiles (`matvec.rs`).
 
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice, LaunchConfig};
@@ -22,20 +22,31 @@ use super::span::Span;
 const MMA_MAX_SEGS: usize = 3;
 /// Threads of a block (MMA_THREADS in kernels/matvec_mma.cu).
 const MMA_THREADS: usize = 256;
-/// Steps in flight of the single form (its kernels unroll a chunk's four steps over four
-/// buffers).
-const SINGLE_STAGES: usize = 4;
+/// Steps in flight (STAGES of the kernel variants).
+const STAGES: usize = 4;
 
 /// A block's tile of a launch (the kernel variants at the end of kernels/matvec_mma.cu): weight
-/// rows x activation rows, activation tiles of 8 rows per warp, parts of K (a warp's chunks)
-/// and steps in flight of the form for any chunks.
+/// rows x activation rows, activation tiles of 8 rows per warp and parts of K (a warp's
+/// chunks).
 struct Tile {
     kernel: &'static str,
     weight_rows: usize,
     act_rows: usize,
     warp_tiles: usize,
     parts: usize,
-    stages: usize,
+}
+
+impl Tile {
+    /// Shared bytes of a launch over `chunks` chunks (`StageLayout` in the kernels): the
+    /// steps' buffers, then per output and thread the chunk stack's log2(chunks / parts)
+    /// levels and the part's value.
+    fn shared_bytes(&self, chunks: usize) -> usize {
+        let k = self.parts;
+        let stage =
+            self.weight_rows * (k * 64 + 16 + k * 16) + self.act_rows * (k * 128 + 16 + k * 32);
+        let levels = (chunks / k).trailing_zeros() as usize + 1;
+        STAGES * stage + levels * self.warp_tiles * 4 * MMA_THREADS * 4
+    }
 }
 
 /// The tiles a launch may take, in `MmaTile` order.
@@ -46,7 +57,6 @@ const TILES: [Tile; 4] = [
         act_rows: 32,
         warp_tiles: 2,
         parts: 1,
-        stages: 4,
     },
     Tile {
         kernel: "matvec_mma_k2",
@@ -54,7 +64,6 @@ const TILES: [Tile; 4] = [
         act_rows: 32,
         warp_tiles: 2,
         parts: 2,
-        stages: 4,
     },
     Tile {
         kernel: "matvec_mma16",
@@ -62,7 +71,6 @@ const TILES: [Tile; 4] = [
         act_rows: 16,
         warp_tiles: 2,
         parts: 4,
-        stages: 3,
     },
     Tile {
         kernel: "matvec_mma8",
@@ -70,7 +78,6 @@ const TILES: [Tile; 4] = [
         act_rows: 8,
         warp_tiles: 1,
         parts: 4,
-        stages: 4,
     },
 ];
 
@@ -99,44 +106,6 @@ impl MmaTile {
     /// Whether a launch of `chunks` chunks can take this tile (its parts are whole chunks).
     pub fn fits(self, chunks: usize) -> bool {
         chunks >= self.tile().parts
-    }
-}
-
-/// The kernel form of a launch: `single` where every chain of the one-row kernel's lanes has at
-/// most one block (chunks of up to 16 blocks, at most 8 chunks: the kernel unrolls a chunk's
-/// four steps and keeps the tree's sides in registers), else the form for any chunks.
-struct Form {
-    tile: &'static Tile,
-    single: bool,
-}
-
-impl Form {
-    fn stages(&self) -> usize {
-        if self.single {
-            SINGLE_STAGES
-        } else {
-            self.tile.stages
-        }
-    }
-
-    /// Shared bytes of a launch (`StageLayout` in the kernels): the steps' buffers, then per
-    /// output and thread the chunk stack's 3 - log2(parts) levels (single) or the tree's 4
-    /// sides.
-    fn shared_bytes(&self) -> usize {
-        let t = self.tile;
-        let k = t.parts;
-        let stage = t.weight_rows * (k * 64 + 16 + k * 16) + t.act_rows * (k * 128 + 16 + k * 32);
-        let per_output = if self.single {
-            3 - k.trailing_zeros() as usize
-        } else {
-            4
-        };
-        self.stages() * stage + per_output * t.warp_tiles * 4 * MMA_THREADS * 4
-    }
-
-    fn kernel(&self, dtype: GgmlType) -> String {
-        let single = if self.single { "_single" } else { "" };
-        format!("{}{single}_{}", self.tile.kernel, dtype.name())
     }
 }
 
@@ -307,17 +276,19 @@ impl CudaDevice {
             "matvec_mma: the {choice:?} tile splits K into more parts than {chunks} chunks"
         );
         let tile = choice.tile();
-        let form = Form {
-            tile,
-            single: w0.cols / chunks <= 16 * 32 && chunks <= 8,
-        };
-        let smem = form.shared_bytes();
+        let smem = tile.shared_bytes(chunks);
         let cfg = LaunchConfig {
             grid_dim: (batch.div_ceil(tile.act_rows) as u32, items(tile) as u32, 1),
             block_dim: (MMA_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let name = form.kernel(w0.dtype);
+        // the single form where chunks have at most 16 blocks (a step per group)
+        let single = if w0.cols / chunks <= 16 * 32 {
+            "_single"
+        } else {
+            ""
+        };
+        let name = format!("{}{single}_{}", tile.kernel, w0.dtype.name());
         if smem > PLAIN_DYNAMIC_SHARED {
             self.allow_dynamic_shared(&name, 0, smem)
                 .with_context(|| format!("{name} over {batch} rows"))?;

@@ -40,10 +40,14 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
             // K in four parts of chunks of 9 blocks, over 6 rows and over 12
             matvec_rows(cx, dtype, 6, 1152, 4)?;
             matvec_rows(cx, dtype, 12, 1152, 4)?;
-            // chunks of 16 blocks, the most the kernels' single form takes (8 of them: its
-            // deepest chunk stack), over partial tiles
+            // chunks of 16 blocks (one step per group; 8 chunks as llama's 4096 columns), over
+            // partial tiles
             matvec_rows(cx, dtype, 37, 4096, 8)?;
             matvec_rows(cx, dtype, 11, 2048, 4)?;
+            // chunks of 56 blocks, as llama's 14336 columns in 8 chunks: groups of 4 and of 3
+            // steps
+            matvec_rows(cx, dtype, 19, 3584, 2)?;
+            matvec_rows(cx, dtype, 6, 14336, 8)?;
         }
     }
     attention_slots(cx)?;
