@@ -40,7 +40,9 @@ __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+// four blocks per SM (64 registers, no spills; the batched step's launch of a block per head
+// and row runs in fewer waves: 78 registers gave three)
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 4)
     attention_f16(float* q, const float* k, const float* v, u16* k_cache, u16* v_cache, float* out,
                   float* scores, const u32* pos, const u32* slots, int n_heads, int n_kv_heads,
                   int head_dim, int capacity, float scale, float theta_scale, int neox) {

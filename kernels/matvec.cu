@@ -102,11 +102,22 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
 // The 8-bit copies of a batched step's activation rows for the tensor-core products
 // (matvec_mma.cu), each made by quantize_x<32> as a matvec block makes its own: block b takes
 // row b of x (`cols` values) and writes its quants then its (d, d * sum) pairs to
-// out + b * (cols + cols / 4) bytes.
-extern "C" __global__ void __launch_bounds__(MATVEC_THREADS) quantize_rows_q8(const float* x, int cols, i8* out) {
+// out + b * (cols + cols / 4) bytes. With `norm`, the row is rms_norm(x) * norm first (the
+// bits of rms_norm_f32, left in xn too), in the same launch.
+extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)
+    quantize_rows_q8(const float* x, int cols, i8* out, const float* norm, float eps, float* xn) {
     i8* q = out + (size_t)blockIdx.x * (cols + cols / 4);
     overlap_with_neighbours();
-    quantize_x<32>(x + (size_t)blockIdx.x * cols, cols, q, (float*)(q + cols));
+    const float* row = x + (size_t)blockIdx.x * cols;
+    if (norm) {
+        const float s = block_rms_scale<NORM_UNROLL_WIDE>(row, cols, eps);
+        float* yr = xn + (size_t)blockIdx.x * cols;
+        for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) yr[i] = __fmul_rn(__fmul_rn(row[i], s), norm[i]);
+        // the block's own writes, read back by other threads of it
+        __syncthreads();
+        row = yr;
+    }
+    quantize_x<32>(row, cols, q, (float*)(q + cols));
 }
 
 // The activations a quantized policy reads: quants and per-block scales in shared memory.

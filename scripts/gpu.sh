@@ -35,10 +35,13 @@
 #                             across GPUs, one process per GPU), its speed and a
 #                             DeepSeek-V3-shaped 4-layer cut's against llama.cpp
 #   profile [KERNEL...]       SM clock during the matvec benchmark, Nsight Compute per kernel
+#                             (PROFILE_SKIP: its launches skipped first, default 330)
 #   ncu-token SHAPE DTYPE [STEPS] [PLACEMENT]   Nsight Compute time of each kernel of one
 #                             decode step (SHAPE-eager by default; SHAPE NAME-lN: a depth cut)
 #   ncu-prefill SHAPE DTYPE [PLACEMENT]   Nsight Compute time of each kernel of a 512-row
 #                             prefill chunk (SHAPE by default, graphs; as bench runs it)
+#   ncu-batch SHAPE DTYPE B [PLACEMENT]   Nsight Compute time of each kernel of one batched
+#                             decode step of B sequences (SHAPE-batch64 by default)
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
 #   moe [SECONDS]             qwen3moe and deepseek2 on CUDA: self-test, tiny-qwen3moe gates
 #                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
@@ -703,7 +706,9 @@ suite_llamacpp() {
 # each KERNEL (default matvec_q4_1 matvec_f16) at 14336x4096, the third benchmark shape, to
 # show what bounds them.
 suite_profile() {
-    local selftest=${SELFTEST:-$BIN/cuda_selftest} kernels=("$@") smi bench_rc k
+    # PROFILE_SKIP: launches of each kernel skipped before the profiled one (default 330: the
+    # benchmark launches each kernel 160 times per shape, so launch 330 is in the third shape)
+    local selftest=${SELFTEST:-$BIN/cuda_selftest} kernels=("$@") skip=${PROFILE_SKIP:-330} smi bench_rc k
     logs_in "$LOG"
     [ ${#kernels[@]} -eq 0 ] && kernels=(matvec_q4_1 matvec_f16)
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 100 >"$LOG/clocks.csv" &
@@ -712,16 +717,19 @@ suite_profile() {
     bench_rc=$?
     kill "$smi"
     for k in "${kernels[@]}"; do
-        # the benchmark launches each kernel 160 times per shape: launch 330 is in the third shape
-        ncu --clock-control none --kernel-name "$k" --launch-skip 330 --launch-count 1 \
+        ncu --clock-control none --kernel-name "$k" --launch-skip "$skip" --launch-count 1 \
             --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
-            --section MemoryWorkloadAnalysis "$selftest" --bench --no-checks >"$LOG/ncu-$k.txt" 2>&1
+            --section MemoryWorkloadAnalysis --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio" \
+            "$selftest" --bench --no-checks >"$LOG/ncu-$k.txt" 2>&1
         echo "== $k"
         grep -E "SM Frequency|DRAM Throughput|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Executed Ipc|L1/TEX Hit|Mem Busy|Max Bandwidth|Block Limit" "$LOG/ncu-$k.txt" | sed 's/  */ /g'
         grep -E "^ *(WRN|INF|OPT) " "$LOG/ncu-$k.txt" | cut -c1-300 | head -6
+        # the stall reasons that cost a warp at least a tenth of a cycle per issued instruction
+        grep -E "issue_stalled_.*_per_issue_active" "$LOG/ncu-$k.txt" | awk '$NF + 0 >= 0.1 { sub("smsp__average_warps_issue_stalled_", "", $1); sub("_per_issue_active.ratio", "", $1); printf "%s %s; ", $1, $NF } END { print "" }'
     done
     echo "== sm clock (MHz) during the benchmark: $(cut -d, -f2 "$LOG/clocks.csv" | tr -dc '0-9\n' | sort -n | uniq -c | sort -rn | head -4 | tr '\n' ' ')"
     grep -E "^(f16|q8_0|q4_1|q4_k) |device-to-device" "$LOG/bench.log"
+    sed -n '/tensor-core launches as the engine makes them/,/^$/p' "$LOG/bench.log"
     echo "bench exit $bench_rc"
 }
 
@@ -780,21 +788,23 @@ ncu_run() { # model plan steps [ncu options]: a one-token prompt, so STEPS decod
     ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv "$@" \
         "$BIN/memra-run" generate --backend cuda --temp 0 -n "$n" -p "a" --model "$model" "$plan_path"
 }
-kernel_times() { # csv runs title unit: Nsight Compute's kernel times summed per kernel name
-    # and divided by RUNS, largest first
+kernel_times() { # csv runs title unit [base_csv]: Nsight Compute's kernel times summed per
+    # kernel name (less BASE_CSV's, where given) and divided by RUNS, largest first
     python3 - "$@" <<'PY'
 import csv, sys, collections
-lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
-rows = list(csv.DictReader(lines))
 runs, unit = int(sys.argv[2]), sys.argv[4]
 t = collections.defaultdict(float); n = collections.Counter()
-for r in rows:
-    if r.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    v = float(r["Metric Value"].replace(",", ""))
-    v *= {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
-    name = r["Kernel Name"].split("(")[0]
-    t[name] += v; n[name] += 1
+for path, sign in [(sys.argv[1], 1)] + [(p, -1) for p in sys.argv[5:6]]:
+    lines = [l for l in open(path) if l.startswith('"')]
+    for r in csv.DictReader(lines):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        v = float(r["Metric Value"].replace(",", ""))
+        v *= {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
+        name = r["Kernel Name"].split("(")[0]
+        t[name] += sign * v; n[name] += sign
+for k in [k for k in t if n[k] == 0 and abs(t[k]) < 1.0]:
+    del t[k]
 total = sum(t.values())
 print(f"== {sys.argv[3]}")
 print(f"{'kernel':<24} {unit:>9} {'launches':>9} {'avg us':>7} {'share':>6}")
@@ -802,6 +812,28 @@ for k in sorted(t, key=t.get, reverse=True):
     print(f"{k:<24} {t[k] / runs:9.1f} {n[k] / runs:9.1f} {t[k] / n[k]:7.2f} {100 * t[k] / total:5.1f}%")
 print(f"{'all kernels':<24} {total / runs:9.1f} {sum(n.values()) / runs:9.1f}")
 PY
+}
+
+# Nsight Compute time of each kernel of one batched decode step of B sequences (SHAPE's
+# PLACEMENT, default SHAPE-batch64): bench --batch B with 2 and with 4 tokens each (a warm-up
+# run and the timed one, so 4 steps more), the difference per step.
+suite_ncu_batch() {
+    if [ $# -lt 3 ]; then
+        echo "usage: scripts/gpu.sh ncu-batch SHAPE DTYPE B [PLACEMENT]" >&2
+        exit 2
+    fi
+    local shape=$1 dtype=$2 b=$3 placement=${4:-$1-batch64} model plan_path n
+    logs_in "$LOG"
+    model=$(ncu_model "$shape" "$dtype")
+    plan_path=$(plan "$shape" "$dtype" "$placement")
+    for n in 2 4; do
+        ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+            "$BIN/memra-run" bench --backend cuda --batch "$b" --prompt 8 -n $n --reps 1 --model "$model" "$plan_path" \
+            >"$LOG/ncu-batch$b-$shape-$dtype-n$n.csv" 2>"$LOG/ncu-batch$b-$shape-$dtype-n$n.err"
+    done
+    kernel_times "$LOG/ncu-batch$b-$shape-$dtype-n4.csv" 4 \
+        "$shape $dtype, kernel time of one decode step of $b sequences (Nsight Compute)" "us/step" \
+        "$LOG/ncu-batch$b-$shape-$dtype-n2.csv"
 }
 
 # After the real model's parts arrived (see suite_real): the CUDA self-test (sampling
@@ -1015,6 +1047,7 @@ suite_batch() {
     grep -E "^(matvec_rows8|attention_f16 .*slots)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     grep -E "^(kernel|matvec_rows8_q4_1|matvec_q4_1) " "$LOG/selftest.log" | head -4
     sed -n '/decode step of B sequences/,/^$/p' "$LOG/selftest.log"
+    sed -n '/tensor-core launches as the engine makes them/,/^$/p' "$LOG/selftest.log"
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait $synth1b
     for ref in llama1b-decode self; do
@@ -1441,7 +1474,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | ncu-prefill | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | ncu-prefill | ncu-batch | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

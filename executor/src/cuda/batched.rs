@@ -21,7 +21,7 @@ use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
 
 use super::device::CudaDevice;
-use super::matvec::Epilogue;
+use super::matvec::{Epilogue, Norm};
 use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
 use super::moe::FfnWeights;
 use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
@@ -86,10 +86,14 @@ impl RankDevice {
         );
         let eps = self.geo.eps;
         let xq = self.quantized_rows();
-        let product =
-            |ws: &[&DeviceWeight], x: &Span<f32>, chunks, ys: &[(u64, usize)], epilogue| {
-                batch_product(dev, xq.as_ref(), s, ws, x, chunks, ys, epilogue)
-            };
+        let product = |ws: &[&DeviceWeight],
+                       x: &Span<f32>,
+                       norm: Option<(Norm, &Span<f32>)>,
+                       chunks,
+                       ys: &[(u64, usize)],
+                       epilogue| {
+            batch_product(dev, xq.as_ref(), s, ws, x, norm, chunks, ys, epilogue)
+        };
         let out = |y: &Span<f32>| (y.addr(), y.len());
         // the row-parallel product: added to x in the same launch on a lone rank, left in
         // `partial` for the group's all-reduce otherwise
@@ -97,24 +101,29 @@ impl RankDevice {
             let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
             if reduced {
                 let partial = Self::rows_of(&b.partial, rows, d);
-                product(&[w], input, chunks, &[out(&partial)], Epilogue::Plain)
+                product(&[w], input, None, chunks, &[out(&partial)], Epilogue::Plain)
             } else {
                 let into_x = Epilogue::Residual(x.addr());
-                product(&[w], input, chunks, &[out(&x)], into_x)
+                product(&[w], input, None, chunks, &[out(&x)], into_x)
             }
         };
         match seg {
             Segment::AttnPre => {
-                dev.rms_norm(s, &x, &lw.attn_norm, eps, &mut xn.clone())?;
+                let norm = Norm {
+                    weight: &lw.attn_norm,
+                    eps,
+                };
                 let (ws, ys) = ([&g.q, &g.k, &g.v], [out(&q), out(&k), out(&v)]);
                 if ws
                     .iter()
                     .all(|w| w.dtype == g.q.dtype && chunks_of(w) == chunks_of(&g.q))
                 {
-                    product(&ws, &xn, chunks_of(&g.q), &ys, Epilogue::Plain)?;
+                    let plain = Epilogue::Plain;
+                    product(&ws, &x, Some((norm, &xn)), chunks_of(&g.q), &ys, plain)?;
                 } else {
+                    dev.rms_norm(s, &x, norm.weight, eps, &mut xn.clone())?;
                     for (w, y) in ws.iter().zip(ys) {
-                        product(&[w], &xn, chunks_of(w), &[y], Epilogue::Plain)?;
+                        product(&[w], &xn, None, chunks_of(w), &[y], Epilogue::Plain)?;
                     }
                 }
                 g.finish_qkv(dev, s, [&q, &k, &v], eps)
@@ -160,10 +169,13 @@ impl RankDevice {
                     bail!("gate and up weights of layer {layer} differ in dtype or shape ({} {}x{}, {} {}x{}); the cuda backend fuses them", gw.dtype, gw.rows, gw.cols, uw.dtype, uw.rows, uw.cols);
                 }
                 let gate = Self::rows_of(&b.gate, rows, gw.rows);
-                dev.rms_norm(s, &x, &lw.ffn_norm, eps, &mut xn.clone())?;
+                let norm = Norm {
+                    weight: &lw.ffn_norm,
+                    eps,
+                };
                 let swiglu = Epilogue::SwiGlu { limit: ffn.clamp };
                 let ys = [out(&gate), out(&gate)];
-                product(&[gw, uw], &xn, chunks_of(gw), &ys, swiglu)?;
+                product(&[gw, uw], &x, Some((norm, &xn)), chunks_of(gw), &ys, swiglu)?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
                 row_parallel(&ffn.down, &gate, chunks, self.geo.tp_degree > 1)
@@ -197,17 +209,21 @@ impl RankDevice {
             )?;
             i += n;
         }
-        self.dev
-            .rms_norm(s, &xn, norm, self.geo.eps, &mut xn.clone())?;
         let logits = Self::rows_of(&self.buf.logits, out, w.rows);
         let ys = [(logits.addr(), logits.len())];
         let xq = self.quantized_rows();
+        let norm = Norm {
+            weight: norm,
+            eps: self.geo.eps,
+        };
+        // normalized in place
         batch_product(
             &self.dev,
             xq.as_ref(),
             s,
             &[w],
             &xn,
+            Some((norm, &xn)),
             chunks_of(w),
             &ys,
             Epilogue::Plain,
@@ -218,7 +234,8 @@ impl RankDevice {
 /// `ys[i] = ws[i] x` (`epilogue` applied) over the rows of `x`, weights of one dtype and K: on
 /// tensor cores, x quantized once into `xq` (the rank's row buffers), when the dtype has the
 /// kernels and the step has `MMA_MIN_ROWS` rows or more, else the matvec tiles; every row has
-/// the one-row decode's bits either way.
+/// the one-row decode's bits either way. With `norm`, x is first `rms_norm`ed with it into its
+/// span (which may be x), in the quantizing launch where there is one.
 #[allow(clippy::too_many_arguments)]
 fn batch_product(
     dev: &CudaDevice,
@@ -226,6 +243,7 @@ fn batch_product(
     s: &Arc<CudaStream>,
     ws: &[&DeviceWeight],
     x: &Span<f32>,
+    norm: Option<(Norm, &Span<f32>)>,
     chunks: usize,
     ys: &[(u64, usize)],
     epilogue: Epilogue,
@@ -234,9 +252,18 @@ fn batch_product(
     let rows = x.len() / cols;
     match xq {
         Some(xq) if rows >= MMA_MIN_ROWS && has_mma(ws[0].dtype, cols) => {
-            dev.quantize_rows(s, x, cols, xq)?;
+            dev.quantize_rows(s, x, cols, xq, norm)?;
             dev.matvec_mma(s, ws, xq, rows, chunks, ys, epilogue, None)
         }
-        _ => dev.matvec_job(s, ws, x, None, chunks, ys, epilogue, None),
+        _ => {
+            let x = match norm {
+                Some((norm, xn)) => {
+                    dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+                    xn
+                }
+                None => x,
+            };
+            dev.matvec_job(s, ws, x, None, chunks, ys, epilogue, None)
+        }
     }
 }

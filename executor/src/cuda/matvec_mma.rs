@@ -14,7 +14,7 @@ use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, PLAIN_DYNAMIC_SHARED};
-use super::matvec::{matvec_act_bytes, Epilogue, MAX_CHUNKS};
+use super::matvec::{matvec_act_bytes, Epilogue, Norm, MAX_CHUNKS};
 use super::ops::{int, ptr, DeviceWeight};
 use super::span::Span;
 
@@ -149,13 +149,16 @@ struct MmaJob {
 unsafe impl DeviceRepr for MmaJob {}
 
 impl CudaDevice {
-    /// The 8-bit copy of the `x.len() / cols` rows of `x` into `out` (`quantized_bytes`).
+    /// The 8-bit copy of the `x.len() / cols` rows of `x` into `out` (`quantized_bytes`); with
+    /// `norm`, of the rows `rms_norm` makes with it, which are also left in its span, in the
+    /// same launch.
     pub fn quantize_rows(
         &self,
         stream: &CudaStream,
         x: &Span<f32>,
         cols: usize,
         out: &Span<u8>,
+        norm: Option<(Norm, &Span<f32>)>,
     ) -> Result<()> {
         let rows = x.len() / cols;
         assert!(
@@ -168,14 +171,23 @@ impl CudaDevice {
             "quantize_rows: {} bytes for {rows} rows of {cols}",
             out.len()
         );
+        assert!(
+            norm.as_ref()
+                .is_none_or(|(n, xn)| n.weight.len() == cols && xn.len() == x.len()),
+            "quantize_rows: the norm's weight must hold a row and its output the rows"
+        );
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (QUANTIZE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let (xp, op, n) = (x.addr(), out.addr(), int(cols));
+        let (np, eps, xnp) = match &norm {
+            Some((norm, xn)) => (ptr(stream, norm.weight), norm.eps, xn.addr()),
+            None => (0, 0.0, 0),
+        };
         self.launch(stream, "quantize_rows_q8", cfg, |a| {
-            a.arg(&xp).arg(&n).arg(&op);
+            a.arg(&xp).arg(&n).arg(&op).arg(&np).arg(&eps).arg(&xnp);
         })
     }
 
@@ -258,18 +270,29 @@ impl CudaDevice {
                 ws.iter().map(|w| w.rows.div_ceil(tile.weight_rows)).sum()
             }
         };
-        // few activation rows: warps split K; many: the widest tile, unless its launch would
-        // leave SMs idle (two blocks fit one)
-        let wide = MmaTile::Wide.tile();
-        let choice = tile.unwrap_or(match batch {
-            0..=8 if MmaTile::Rows8.fits(chunks) => MmaTile::Rows8,
-            0..=16 if MmaTile::Rows16.fits(chunks) => MmaTile::Rows16,
-            _ if MmaTile::WideSplit.fits(chunks)
-                && batch.div_ceil(wide.act_rows) * items(wide) < 2 * self.sm_count() =>
-            {
-                MmaTile::WideSplit
-            }
-            _ => MmaTile::Wide,
+        // the batch's tiles, from the fewest weight reads to the most blocks (where chunks are
+        // too few for its tiles, the wide ones): the first that gives every SM two blocks (one
+        // that leaves SMs idle runs at nearly the speed of a full one), else the last
+        let fitting = |tiles: &[MmaTile]| -> Vec<MmaTile> {
+            tiles.iter().copied().filter(|t| t.fits(chunks)).collect()
+        };
+        let mut candidates = fitting(match batch {
+            0..=8 => &[MmaTile::Rows8],
+            9..=16 => &[MmaTile::Rows16, MmaTile::Rows8],
+            _ => &[],
+        });
+        if candidates.is_empty() {
+            candidates = fitting(&[MmaTile::Wide, MmaTile::WideSplit]);
+        }
+        let fills = |t: &MmaTile| {
+            batch.div_ceil(t.tile().act_rows) * items(t.tile()) >= 2 * self.sm_count()
+        };
+        let choice = tile.unwrap_or_else(|| {
+            *candidates
+                .iter()
+                .find(|t| fills(t))
+                .or(candidates.last())
+                .expect("invariant: the wide tile fits any chunks")
         });
         assert!(
             choice.fits(chunks),

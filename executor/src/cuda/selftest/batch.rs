@@ -1,7 +1,9 @@
 //! The kernels of a batched decode step, bit for bit against the one-row decode: the matvec
 //! over several activation rows (every dtype, every form a step uses: q/k/v in one launch, the
 //! residual add, SwiGLU; batches below, at and above a tile, with a partial last tile) against
-//! a launch per row, and for q4_0 and q4_1 the same forms on tensor cores (`matvec_mma`); and attention over rows of different sequence slots and positions (two
+//! a launch per row, and for q4_0 and q4_1 the same forms on tensor cores (`matvec_mma`); the
+//! rows' quantization with its RMS norm in the launch against the two launches; and
+//! attention over rows of different sequence slots and positions (two
 //! consecutive rows of one slot among them, as a joining prompt's chunk, and two pad rows in
 //! front, as a padded decode step's) against each row's decode attention over a one-slot
 //! cache holding that slot's rows, outputs and caches (a pad row's output is zeros).
@@ -10,7 +12,7 @@ use anyhow::Result;
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
-use crate::cuda::matvec::Epilogue;
+use crate::cuda::matvec::{Epilogue, Norm};
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile};
 use crate::cuda::ops::PAD_SLOT;
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
@@ -50,7 +52,43 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
             matvec_rows(cx, dtype, 6, 14336, 8)?;
         }
     }
+    for (rows, cols) in [(5, 4096), (3, 576), (64, 14336)] {
+        normed_quantize(cx, rows, cols)?;
+    }
     attention_slots(cx)?;
+    Ok(())
+}
+
+/// `quantize_rows` with a norm against `rms_norm` then `quantize_rows`: the quantized rows
+/// and the normalized ones, bit for bit.
+fn normed_quantize(cx: &mut Ctx, rows: usize, cols: usize) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let x = dev.upload(s, &random(&mut cx.rng, rows * cols, 3.0))?;
+    let weight = dev.upload(s, &random(&mut cx.rng, cols, 1.0))?;
+    let norm = Norm {
+        weight: &weight,
+        eps: 1e-5,
+    };
+    let (xs, bytes) = (Span::of(&x), quantized_bytes(rows, cols));
+    let (mut want_xn, want_q) = (
+        dev.alloc::<f32>(s, rows * cols)?,
+        dev.alloc::<u8>(s, bytes)?,
+    );
+    dev.rms_norm(s, &x, &weight, norm.eps, &mut want_xn)?;
+    dev.quantize_rows(s, &Span::of(&want_xn), cols, &Span::of(&want_q), None)?;
+    let (got_xn, got_q) = (
+        dev.alloc::<f32>(s, rows * cols)?,
+        dev.alloc::<u8>(s, bytes)?,
+    );
+    let xn = Span::of(&got_xn);
+    dev.quantize_rows(s, &xs, cols, &Span::of(&got_q), Some((norm, &xn)))?;
+    let (q1, q2) = (dev.download(s, &got_q)?, dev.download(s, &want_q)?);
+    let quant_diff = q1.iter().zip(&q2).filter(|(a, b)| a != b).count();
+    cx.report.exact(
+        "quantize_rows_q8",
+        format!("{rows} rows of {cols} normed in the launch == rms_norm, then quantize_rows"),
+        bit_mismatches(&dev.download(s, &got_xn)?, &dev.download(s, &want_xn)?) + quant_diff,
+    );
     Ok(())
 }
 
@@ -142,7 +180,7 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
     // the same three forms on tensor cores, over the rows quantized once, in every tile
     let xq_buf = dev.alloc::<u8>(s, quantized_bytes(batch, k))?;
     let xq = Span::of(&xq_buf);
-    dev.quantize_rows(s, &xs, k, &xq)?;
+    dev.quantize_rows(s, &xs, k, &xq, None)?;
     for tile in MmaTile::ALL.into_iter().filter(|t| t.fits(chunks)) {
         let many: Vec<_> = shapes.iter().map(|&n| outs(n)).collect::<Result<_>>()?;
         let ys: Vec<(u64, usize)> = many.iter().map(|y| (Span::of(y).addr(), y.len())).collect();

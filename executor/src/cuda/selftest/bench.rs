@@ -16,9 +16,10 @@ use memra_gguf::GgmlType;
 
 use super::random;
 use crate::cuda::matvec::Epilogue;
-use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MMA_MIN_ROWS};
+use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile, MMA_MIN_ROWS};
 use crate::cuda::rows::GemmTile;
 use crate::cuda::{CudaDevice, CudaStream, DeviceWeight, Span};
+use memra_compiler::plan::reduction_chunks;
 
 /// (rows, cols, launches per decode token) of llama-3-8B's matrices over its 32 layers: q and
 /// o, k and v, FFN gate and up, FFN down, and the output head.
@@ -124,6 +125,166 @@ pub(super) fn run(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Resul
                 );
             }
         }
+    }
+    println!();
+    mma_launches(dev, s, rng)
+}
+
+/// A tensor-core launch of a llama-3-8B batched decode step as the engine makes it.
+struct MmaLaunch {
+    name: &'static str,
+    /// (rows, cols) of each weight
+    weights: &'static [(usize, usize)],
+    epilogue: MmaEpilogue,
+    per_step: usize,
+}
+
+const MMA_LAUNCHES: [MmaLaunch; 5] = [
+    MmaLaunch {
+        name: "qkv",
+        weights: &[(4096, 4096), (1024, 4096), (1024, 4096)],
+        epilogue: MmaEpilogue::Plain,
+        per_step: 32,
+    },
+    MmaLaunch {
+        name: "o",
+        weights: &[(4096, 4096)],
+        epilogue: MmaEpilogue::Residual,
+        per_step: 32,
+    },
+    MmaLaunch {
+        name: "gate+up",
+        weights: &[(14336, 4096), (14336, 4096)],
+        epilogue: MmaEpilogue::SwiGlu,
+        per_step: 32,
+    },
+    MmaLaunch {
+        name: "down",
+        weights: &[(4096, 14336)],
+        epilogue: MmaEpilogue::Residual,
+        per_step: 32,
+    },
+    MmaLaunch {
+        name: "head",
+        weights: &[(128256, 4096)],
+        epilogue: MmaEpilogue::Plain,
+        per_step: 1,
+    },
+];
+/// Activation rows of the tile table.
+const MMA_TABLE_ROWS: [usize; 2] = [16, 64];
+
+#[derive(Clone, Copy)]
+enum MmaEpilogue {
+    Plain,
+    Residual,
+    SwiGlu,
+}
+
+/// Every launch of `MMA_LAUNCHES` (q4_1) in every tile that fits it and in the one
+/// `matvec_mma` picks: microseconds per launch (the rows' quantization included), and the
+/// step's products in each choice, so a tile rule can be judged against the best per launch.
+fn mma_launches(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
+    let dtype = GgmlType::Q4_1;
+    println!("llama-3-8B batched decode step, q4_1 tensor-core launches as the engine makes them, per tile (us per launch, the rows' quantization included)");
+    let mut header = format!("{:>4} {:<8} {:>10}", "B", "launch", "picked");
+    for tile in MmaTile::ALL {
+        header += &format!(" {:>10}", format!("{tile:?}"));
+    }
+    println!("{header}");
+    for batch in MMA_TABLE_ROWS {
+        let (mut picked_us, mut best_us) = (0.0, 0.0);
+        for MmaLaunch {
+            name,
+            weights: shapes,
+            epilogue,
+            per_step,
+        } in MMA_LAUNCHES
+        {
+            let cols = shapes[0].1;
+            let chunks = reduction_chunks(cols as u64, 32) as usize;
+            let weight_bytes = |rows: usize, cols: usize| {
+                dtype
+                    .bytes_for((rows * cols) as u64)
+                    .expect("invariant: whole blocks") as usize
+            };
+            let bytes: usize = shapes.iter().map(|&(r, c)| weight_bytes(r, c)).sum();
+            let copies = ROTATE_BYTES.div_ceil(bytes).max(2);
+            let mut first = Vec::new();
+            for &(rows, cols) in shapes {
+                let mut host = random_bytes(rng, weight_bytes(rows, cols));
+                sanitize_halves(dtype, &mut host);
+                first.push(DeviceWeight::upload(dev, s, dtype, &host, rows, cols)?);
+            }
+            let mut sets = Vec::new();
+            for _ in 1..copies {
+                let mut set = Vec::new();
+                for w in &first {
+                    let mut data = dev.alloc::<u8>(s, w.data.len())?;
+                    dev.copy(s, &w.data, &mut data)?;
+                    set.push(DeviceWeight {
+                        dtype,
+                        data,
+                        rows: w.rows,
+                        cols: w.cols,
+                    });
+                }
+                sets.push(set);
+            }
+            sets.push(first);
+            let x = dev.upload(s, &random(rng, batch * cols, 1.0))?;
+            let xq_buf = dev.alloc::<u8>(s, quantized_bytes(batch, cols))?;
+            let ys: Vec<_> = shapes
+                .iter()
+                .map(|&(rows, _)| dev.alloc::<f32>(s, batch * rows))
+                .collect::<Result<_>>()?;
+            let (xs, xq) = (Span::of(&x), Span::of(&xq_buf));
+            let (out, epilogue): (Vec<(u64, usize)>, Epilogue) = match epilogue {
+                MmaEpilogue::Plain => (
+                    ys.iter().map(|y| (Span::of(y).addr(), y.len())).collect(),
+                    Epilogue::Plain,
+                ),
+                MmaEpilogue::Residual => {
+                    let y = Span::of(&ys[0]);
+                    (vec![(y.addr(), ys[0].len())], Epilogue::Residual(y.addr()))
+                }
+                MmaEpilogue::SwiGlu => {
+                    let y = Span::of(&ys[0]);
+                    (
+                        vec![(y.addr(), ys[0].len()); 2],
+                        Epilogue::SwiGlu { limit: None },
+                    )
+                }
+            };
+            let mut row = format!("{batch:>4} {name:<8}");
+            let mut best = f64::INFINITY;
+            for tile in std::iter::once(None).chain(MmaTile::ALL.map(Some)) {
+                if tile.is_some_and(|t| !t.fits(chunks)) {
+                    row += &format!(" {:>10}", "-");
+                    continue;
+                }
+                let secs = time(dev, s, |i| {
+                    let ws: Vec<&DeviceWeight> = sets[i % copies].iter().collect();
+                    dev.quantize_rows(s, &xs, cols, &xq, None)?;
+                    dev.matvec_mma(s, &ws, &xq, batch, chunks, &out, epilogue, tile)
+                })
+                .with_context(|| {
+                    format!("timing the {name} launch over {batch} rows in {tile:?}")
+                })?;
+                let us = secs * 1e6;
+                match tile {
+                    None => picked_us += per_step as f64 * us,
+                    Some(_) => best = best.min(us),
+                }
+                row += &format!(" {us:>10.1}");
+            }
+            best_us += per_step as f64 * best;
+            println!("{row}");
+        }
+        println!(
+            "{batch:>4} step: {:.0} us as picked, {:.0} us with the best tile per launch",
+            picked_us, best_us
+        );
     }
     println!();
     Ok(())
@@ -291,7 +452,7 @@ fn product_time(
     let secs = time(dev, s, |i| match products {
         Products::Tiles => dev.matvec(s, &weights[i % copies], &x, 8, &mut y),
         Products::Mma => {
-            dev.quantize_rows(s, &xs, cols, &xq)?;
+            dev.quantize_rows(s, &xs, cols, &xq, None)?;
             dev.matvec_mma(
                 s,
                 &[&weights[i % copies]],
