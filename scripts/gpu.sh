@@ -809,7 +809,8 @@ total = sum(t.values())
 print(f"== {sys.argv[3]}")
 print(f"{'kernel':<24} {unit:>9} {'launches':>9} {'avg us':>7} {'share':>6}")
 for k in sorted(t, key=t.get, reverse=True):
-    print(f"{k:<24} {t[k] / runs:9.1f} {n[k] / runs:9.1f} {t[k] / n[k]:7.2f} {100 * t[k] / total:5.1f}%")
+    avg = f"{t[k] / n[k]:7.2f}" if n[k] else f"{'-':>7}"
+    print(f"{k:<24} {t[k] / runs:9.1f} {n[k] / runs:9.1f} {avg} {100 * t[k] / total:5.1f}%")
 print(f"{'all kernels':<24} {total / runs:9.1f} {sum(n.values()) / runs:9.1f}")
 PY
 }
