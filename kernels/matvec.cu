@@ -99,6 +99,17 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
     }
 }
 
+// rms_norm(x) * norm of one row of `cols` values into `out` (shared or device memory), with the
+// bits of rms_norm_f32, for every thread of the block (all must call it); returns out.
+__device__ const float* normed_row(const float* x, const float* norm, int cols, float eps, float* out) {
+    const float scale = block_rms_scale(x, cols, eps);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) out[i] = __fmul_rn(__fmul_rn(x[i], scale), norm[i]);
+    // the block's own writes, read by its other threads
+    __syncthreads();
+    return out;
+}
+
 // The 8-bit copies of a batched step's activation rows for the tensor-core products
 // (matvec_mma.cu), each made by quantize_x<32> as a matvec block makes its own: block b takes
 // row b of x (`cols` values) and writes its quants then its (d, d * sum) pairs to
@@ -109,14 +120,7 @@ extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)
     i8* q = out + (size_t)blockIdx.x * (cols + cols / 4);
     overlap_with_neighbours();
     const float* row = x + (size_t)blockIdx.x * cols;
-    if (norm) {
-        const float s = block_rms_scale<NORM_UNROLL_WIDE>(row, cols, eps);
-        float* yr = xn + (size_t)blockIdx.x * cols;
-        for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) yr[i] = __fmul_rn(__fmul_rn(row[i], s), norm[i]);
-        // the block's own writes, read back by other threads of it
-        __syncthreads();
-        row = yr;
-    }
+    if (norm) row = normed_row(row, norm, cols, eps, xn + (size_t)blockIdx.x * cols);
     quantize_x<32>(row, cols, q, (float*)(q + cols));
 }
 
@@ -675,12 +679,7 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
     const float* x = j.x + (size_t)tile * NB * cols;
     const Act act = {(const i8*)act_smem, (const float*)((const i8*)act_smem + cols)};
     if (NB == 1 && j.norm) {
-        float* xn = (float*)((u8*)act_smem + j.xn_offset);
-        const float scale = block_rms_scale(j.x, cols, j.eps);
-#pragma unroll 8
-        for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) xn[i] = __fmul_rn(__fmul_rn(j.x[i], scale), j.norm[i]);
-        __syncthreads();
-        x = xn;
+        x = normed_row(j.x, j.norm, cols, j.eps, (float*)((u8*)act_smem + j.xn_offset));
     }
     if (P::ACT_BLOCK != 0) {
         for (int b = 0; b < nb; ++b) {

@@ -764,8 +764,7 @@ suite_ncu_prefill() {
     logs_in "$LOG"
     model=$(ncu_model "$shape" "$dtype")
     csv="$LOG/ncu-prefill-$shape-$dtype.csv"
-    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
-        "$BIN/memra-run" bench --backend cuda --prompt 512 -n 2 --reps 1 --model "$model" \
+    ncu_times "$BIN/memra-run" bench --backend cuda --prompt 512 -n 2 --reps 1 --model "$model" \
         "$(plan "$shape" "$dtype" "$placement")" >"$csv" 2>"$LOG/ncu-prefill-$shape-$dtype.err"
     kernel_times "$csv" 2 "$shape $dtype, kernel time of a 512-row prefill chunk and 2 decode steps (Nsight Compute)" "us/chunk"
 }
@@ -781,12 +780,15 @@ ncu_model() { # shape dtype: the synthetic model's path, made first if missing
     fi
     echo "$model"
 }
+ncu_times() { # [ncu options] command...: each kernel's duration, as CSV, caches and clocks
+    # left alone
+    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv "$@"
+}
 ncu_run() { # model plan steps [ncu options]: a one-token prompt, so STEPS decode steps of
     # equal launches
     local model=$1 plan_path=$2 n=$3
     shift 3
-    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv "$@" \
-        "$BIN/memra-run" generate --backend cuda --temp 0 -n "$n" -p "a" --model "$model" "$plan_path"
+    ncu_times "$@" "$BIN/memra-run" generate --backend cuda --temp 0 -n "$n" -p "a" --model "$model" "$plan_path"
 }
 kernel_times() { # csv runs title unit [base_csv]: Nsight Compute's kernel times summed per
     # kernel name (less BASE_CSV's, where given) and divided by RUNS, largest first
@@ -828,8 +830,7 @@ suite_ncu_batch() {
     model=$(ncu_model "$shape" "$dtype")
     plan_path=$(plan "$shape" "$dtype" "$placement")
     for n in 2 4; do
-        ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
-            "$BIN/memra-run" bench --backend cuda --batch "$b" --prompt 8 -n $n --reps 1 --model "$model" "$plan_path" \
+        ncu_times "$BIN/memra-run" bench --backend cuda --batch "$b" --prompt 8 -n $n --reps 1 --model "$model" "$plan_path" \
             >"$LOG/ncu-batch$b-$shape-$dtype-n$n.csv" 2>"$LOG/ncu-batch$b-$shape-$dtype-n$n.err"
     done
     kernel_times "$LOG/ncu-batch$b-$shape-$dtype-n4.csv" 4 \

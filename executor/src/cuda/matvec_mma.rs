@@ -273,25 +273,24 @@ impl CudaDevice {
         // the batch's tiles, from the fewest weight reads to the most blocks (where chunks are
         // too few for its tiles, the wide ones): the first that gives every SM two blocks (one
         // that leaves SMs idle runs at nearly the speed of a full one), else the last
-        let fitting = |tiles: &[MmaTile]| -> Vec<MmaTile> {
-            tiles.iter().copied().filter(|t| t.fits(chunks)).collect()
-        };
-        let mut candidates = fitting(match batch {
-            0..=8 => &[MmaTile::Rows8],
-            9..=16 => &[MmaTile::Rows16, MmaTile::Rows8],
-            _ => &[],
-        });
-        if candidates.is_empty() {
-            candidates = fitting(&[MmaTile::Wide, MmaTile::WideSplit]);
-        }
-        let fills = |t: &MmaTile| {
-            batch.div_ceil(t.tile().act_rows) * items(t.tile()) >= 2 * self.sm_count()
-        };
         let choice = tile.unwrap_or_else(|| {
-            *candidates
-                .iter()
-                .find(|t| fills(t))
-                .or(candidates.last())
+            let small: &[MmaTile] = match batch {
+                0..=8 => &[MmaTile::Rows8],
+                9..=16 => &[MmaTile::Rows16, MmaTile::Rows8],
+                _ => &[],
+            };
+            let tiles = if small.iter().any(|t| t.fits(chunks)) {
+                small
+            } else {
+                &[MmaTile::Wide, MmaTile::WideSplit]
+            };
+            let fitting = || tiles.iter().copied().filter(|t| t.fits(chunks));
+            let fills = |t: &MmaTile| {
+                batch.div_ceil(t.tile().act_rows) * items(t.tile()) >= 2 * self.sm_count()
+            };
+            fitting()
+                .find(fills)
+                .or_else(|| fitting().next_back())
                 .expect("invariant: the wide tile fits any chunks")
         });
         assert!(

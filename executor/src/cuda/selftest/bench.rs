@@ -203,35 +203,8 @@ fn mma_launches(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<
         {
             let cols = shapes[0].1;
             let chunks = reduction_chunks(cols as u64, 32) as usize;
-            let weight_bytes = |rows: usize, cols: usize| {
-                dtype
-                    .bytes_for((rows * cols) as u64)
-                    .expect("invariant: whole blocks") as usize
-            };
-            let bytes: usize = shapes.iter().map(|&(r, c)| weight_bytes(r, c)).sum();
-            let copies = ROTATE_BYTES.div_ceil(bytes).max(2);
-            let mut first = Vec::new();
-            for &(rows, cols) in shapes {
-                let mut host = random_bytes(rng, weight_bytes(rows, cols));
-                sanitize_halves(dtype, &mut host);
-                first.push(DeviceWeight::upload(dev, s, dtype, &host, rows, cols)?);
-            }
-            let mut sets = Vec::new();
-            for _ in 1..copies {
-                let mut set = Vec::new();
-                for w in &first {
-                    let mut data = dev.alloc::<u8>(s, w.data.len())?;
-                    dev.copy(s, &w.data, &mut data)?;
-                    set.push(DeviceWeight {
-                        dtype,
-                        data,
-                        rows: w.rows,
-                        cols: w.cols,
-                    });
-                }
-                sets.push(set);
-            }
-            sets.push(first);
+            let sets = rotated_weights(dev, s, rng, dtype, shapes)?;
+            let copies = sets.len();
             let x = dev.upload(s, &random(rng, batch * cols, 1.0))?;
             let xq_buf = dev.alloc::<u8>(s, quantized_bytes(batch, cols))?;
             let ys: Vec<_> = shapes
@@ -369,6 +342,45 @@ pub(super) fn prefill(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> R
     Ok(())
 }
 
+/// Random weights of `shapes` (rows, cols) and copies of them, as many sets as cover
+/// `ROTATE_BYTES` (at least two), so that launches cycling through the sets read their weights
+/// from device memory, not from L2.
+fn rotated_weights(
+    dev: &CudaDevice,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    dtype: GgmlType,
+    shapes: &[(usize, usize)],
+) -> Result<Vec<Vec<DeviceWeight>>> {
+    let mut first = Vec::new();
+    for &(rows, cols) in shapes {
+        let bytes = dtype
+            .bytes_for((rows * cols) as u64)
+            .expect("invariant: whole blocks") as usize;
+        let mut host = random_bytes(rng, bytes);
+        sanitize_halves(dtype, &mut host);
+        first.push(DeviceWeight::upload(dev, s, dtype, &host, rows, cols)?);
+    }
+    let bytes: usize = first.iter().map(|w| w.data.len()).sum();
+    let mut sets = Vec::new();
+    for _ in 1..ROTATE_BYTES.div_ceil(bytes).max(2) {
+        let mut set = Vec::new();
+        for w in &first {
+            let mut data = dev.alloc::<u8>(s, w.data.len())?;
+            dev.copy(s, &w.data, &mut data)?;
+            set.push(DeviceWeight {
+                dtype,
+                data,
+                rows: w.rows,
+                cols: w.cols,
+            });
+        }
+        sets.push(set);
+    }
+    sets.push(first);
+    Ok(sets)
+}
+
 /// Median seconds per launch of `launch` over `TRIALS` batches of `BATCH`, after a warm-up.
 fn time(
     dev: &CudaDevice,
@@ -426,36 +438,20 @@ fn product_time(
     batch: usize,
     products: Products,
 ) -> Result<(f64, f64)> {
-    let bytes = dtype
-        .bytes_for((rows * cols) as u64)
-        .expect("invariant: whole blocks") as usize;
-    let mut host = random_bytes(rng, bytes);
-    sanitize_halves(dtype, &mut host);
-    let copies = ROTATE_BYTES.div_ceil(bytes).max(2);
-    let first = DeviceWeight::upload(dev, s, dtype, &host, rows, cols)?;
-    let mut weights = vec![first];
-    for _ in 1..copies {
-        let mut data = dev.alloc::<u8>(s, bytes)?;
-        dev.copy(s, &weights[0].data, &mut data)?;
-        weights.push(DeviceWeight {
-            dtype,
-            data,
-            rows,
-            cols,
-        });
-    }
+    let sets = rotated_weights(dev, s, rng, dtype, &[(rows, cols)])?;
+    let (copies, bytes) = (sets.len(), sets[0][0].data.len());
     let x = dev.upload(s, &random(rng, batch * cols, 1.0))?;
     let mut y = dev.alloc::<f32>(s, batch * rows)?;
     let xq_buf = dev.alloc::<u8>(s, quantized_bytes(batch, cols))?;
     let (xs, xq) = (Span::of(&x), Span::of(&xq_buf));
     let out = [(Span::of(&y).addr(), y.len())];
     let secs = time(dev, s, |i| match products {
-        Products::Tiles => dev.matvec(s, &weights[i % copies], &x, 8, &mut y),
+        Products::Tiles => dev.matvec(s, &sets[i % copies][0], &x, 8, &mut y),
         Products::Mma => {
             dev.quantize_rows(s, &xs, cols, &xq, None)?;
             dev.matvec_mma(
                 s,
-                &[&weights[i % copies]],
+                &[&sets[i % copies][0]],
                 &xq,
                 batch,
                 8,
