@@ -99,29 +99,54 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
     }
 }
 
+// One value of rms_norm_f32's output: x by the row's scale (block_rms_scale), then by the
+// norm's weight.
+__device__ __forceinline__ float normed(float x, float scale, float w) { return __fmul_rn(__fmul_rn(x, scale), w); }
+
 // rms_norm(x) * norm of one row of `cols` values into `out` (shared or device memory), with the
 // bits of rms_norm_f32, for every thread of the block (all must call it); returns out.
 __device__ const float* normed_row(const float* x, const float* norm, int cols, float eps, float* out) {
     const float scale = block_rms_scale(x, cols, eps);
 #pragma unroll 8
-    for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) out[i] = __fmul_rn(__fmul_rn(x[i], scale), norm[i]);
+    for (int i = threadIdx.x; i < cols; i += MATVEC_THREADS) out[i] = normed(x[i], scale, norm[i]);
     // the block's own writes, read by its other threads
     __syncthreads();
     return out;
 }
 
+// Blocks of 32 values one quantize_rows_q8 block quantizes: one quantize_x<32> pass of its
+// warps (QUANTIZE_SLICE in matvec_mma.rs).
+#define QUANTIZE_SLICE (4 * MATVEC_WARPS)
+
 // The 8-bit copies of a batched step's activation rows for the tensor-core products
-// (matvec_mma.cu), each made by quantize_x<32> as a matvec block makes its own: block b takes
-// row b of x (`cols` values) and writes its quants then its (d, d * sum) pairs to
-// out + b * (cols + cols / 4) bytes. With `norm`, the row is rms_norm(x) * norm first (the
-// bits of rms_norm_f32, left in xn too), in the same launch.
+// (matvec_mma.cu), each 32-value block made by quantize_x<32> as a matvec block makes its own
+// (the blocks are independent, so any split of a row gives the same bits): block (r, s) takes
+// blocks QUANTIZE_SLICE s .. of row r of x (`cols` values) and writes their quants and their
+// (d, d * sum) pairs where the row's copy at out + r * (cols + cols / 4) bytes has them (its
+// quants, then its pairs). With `norm`, the row is rms_norm(x) * norm first (the bits of
+// rms_norm_f32; every block of the row computes its scale over the whole row), the slice's
+// values left in xn too and quantized from shared memory, in the same launch.
 extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)
     quantize_rows_q8(const float* x, int cols, i8* out, const float* norm, float eps, float* xn) {
+    __shared__ __align__(16) float part[32 * QUANTIZE_SLICE];
     i8* q = out + (size_t)blockIdx.x * (cols + cols / 4);
+    float* scales = (float*)(q + cols);
     overlap_with_neighbours();
     const float* row = x + (size_t)blockIdx.x * cols;
-    if (norm) row = normed_row(row, norm, cols, eps, xn + (size_t)blockIdx.x * cols);
-    quantize_x<32>(row, cols, q, (float*)(q + cols));
+    const int lo = 32 * QUANTIZE_SLICE * blockIdx.y, n = min(32 * QUANTIZE_SLICE, cols - lo);
+    const float* values = row + lo;
+    if (norm) {
+        const float scale = block_rms_scale(row, cols, eps);
+        float* xn_row = xn + (size_t)blockIdx.x * cols + lo;
+        for (int i = threadIdx.x; i < n; i += MATVEC_THREADS) {
+            const float v = normed(values[i], scale, norm[lo + i]);
+            part[i] = v;
+            xn_row[i] = v;
+        }
+        __syncthreads();
+        values = part;
+    }
+    quantize_x<32>(values, n, q + lo, scales + lo / 16);
 }
 
 // The activations a quantized policy reads: quants and per-block scales in shared memory.

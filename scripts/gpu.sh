@@ -41,7 +41,9 @@
 #   ncu-prefill SHAPE DTYPE [PLACEMENT]   Nsight Compute time of each kernel of a 512-row
 #                             prefill chunk (SHAPE by default, graphs; as bench runs it)
 #   ncu-batch SHAPE DTYPE B [PLACEMENT]   Nsight Compute time of each kernel of one batched
-#                             decode step of B sequences (SHAPE-batch64 by default)
+#                             decode step of B sequences (SHAPE-batch64 by default); with
+#                             NCU_KERNELS="K ...", a full report on one launch of each K
+#                             (launch NCU_SKIP + 1, default 41)
 #   final                     sampling self-test, sampled text CPU vs CUDA (real SmolLM2)
 #   moe [SECONDS]             qwen3moe and deepseek2 on CUDA: self-test, tiny-qwen3moe gates
 #                             (graphs, TP-2, TP-4, EP-4, PP-2 on device 0), tiny-deepseek2 and
@@ -717,15 +719,7 @@ suite_profile() {
     bench_rc=$?
     kill "$smi"
     for k in "${kernels[@]}"; do
-        ncu --clock-control none --kernel-name "$k" --launch-skip "$skip" --launch-count 1 \
-            --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
-            --section MemoryWorkloadAnalysis --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio" \
-            "$selftest" --bench --no-checks >"$LOG/ncu-$k.txt" 2>&1
-        echo "== $k"
-        grep -E "SM Frequency|DRAM Throughput|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Executed Ipc|L1/TEX Hit|Mem Busy|Max Bandwidth|Block Limit" "$LOG/ncu-$k.txt" | sed 's/  */ /g'
-        grep -E "^ *(WRN|INF|OPT) " "$LOG/ncu-$k.txt" | cut -c1-300 | head -6
-        # the stall reasons that cost a warp at least a tenth of a cycle per issued instruction
-        grep -E "issue_stalled_.*_per_issue_active" "$LOG/ncu-$k.txt" | awk '$NF + 0 >= 0.1 { sub("smsp__average_warps_issue_stalled_", "", $1); sub("_per_issue_active.ratio", "", $1); printf "%s %s; ", $1, $NF } END { print "" }'
+        ncu_detail "$LOG/ncu-$k.txt" "$k" "$skip" "$selftest" --bench --no-checks
     done
     echo "== sm clock (MHz) during the benchmark: $(cut -d, -f2 "$LOG/clocks.csv" | tr -dc '0-9\n' | sort -n | uniq -c | sort -rn | head -4 | tr '\n' ' ')"
     grep -E "^(f16|q8_0|q4_1|q4_k) |device-to-device" "$LOG/bench.log"
@@ -767,6 +761,25 @@ suite_ncu_prefill() {
     ncu_times "$BIN/memra-run" bench --backend cuda --prompt 512 -n 2 --reps 1 --model "$model" \
         "$(plan "$shape" "$dtype" "$placement")" >"$csv" 2>"$LOG/ncu-prefill-$shape-$dtype.err"
     kernel_times "$csv" 2 "$shape $dtype, kernel time of a 512-row prefill chunk and 2 decode steps (Nsight Compute)" "us/chunk"
+}
+ncu_detail() { # log kernel skip command...: Nsight Compute's report on launch SKIP + 1 of
+    # KERNEL in COMMAND (clocks left alone), into LOG, and its main lines: speed of light,
+    # occupancy, the pipes and shared-memory wavefronts, the stall reasons
+    local log=$1 k=$2 skip=$3
+    shift 3
+    ncu --clock-control none --kernel-name "$k" --launch-skip "$skip" --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+        --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+        --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active|l1tex__data_pipe_lsu_wavefronts_mem_shared_op_(ld|st)\.sum|l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld\.sum|smsp__inst_executed\.sum|sm__pipe_tensor_op_imma_cycles_active\.avg\.pct_of_peak_sustained_active|lts__t_bytes\.sum|dram__bytes_read\.sum)$" \
+        "$@" >"$log" 2>&1
+    echo "== $k (launch $((skip + 1)))"
+    grep -E "SM Frequency|DRAM Throughput|Duration|Compute \(SM\) Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Executed Ipc A|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Block Limit (Reg|Shared)|Spilling Requests  " "$log" | sed 's/  */ /g'
+    grep -E "^ *(smsp__inst_executed.sum|l1tex__data|sm__pipe_tensor|lts__t_bytes|dram__bytes_read) " "$log" | sed 's/  */ /g'
+    # the pipes at least a tenth busy, and the stall reasons that cost a warp at least a tenth
+    # of a cycle per issued instruction
+    grep -E "sm__inst_executed_pipe_.*pct_of_peak" "$log" | awk '$NF + 0 >= 10 { sub("sm__inst_executed_pipe_", "", $1); sub(".avg.pct_of_peak_sustained_active", "", $1); printf "%s %s%%; ", $1, $NF } END { print "" }'
+    grep -E "issue_stalled_.*_per_issue_active" "$log" | awk '$NF + 0 >= 0.1 { sub("smsp__average_warps_issue_stalled_", "", $1); sub("_per_issue_active.ratio", "", $1); printf "%s %s; ", $1, $NF } END { print "" }'
 }
 ncu_model() { # shape dtype: the synthetic model's path, made first if missing
     local model="$M/$1-$2.gguf"
@@ -836,6 +849,12 @@ suite_ncu_batch() {
     kernel_times "$LOG/ncu-batch$b-$shape-$dtype-n4.csv" 4 \
         "$shape $dtype, kernel time of one decode step of $b sequences (Nsight Compute)" "us/step" \
         "$LOG/ncu-batch$b-$shape-$dtype-n2.csv"
+    # NCU_KERNELS: kernels to report on in full, each one launch in the timed run's steps
+    local k
+    for k in ${NCU_KERNELS:-}; do
+        ncu_detail "$LOG/ncu-batch$b-$k.txt" "$k" "${NCU_SKIP:-40}" "$BIN/memra-run" bench --backend cuda \
+            --batch "$b" --prompt 8 -n 4 --reps 1 --model "$model" "$plan_path"
+    done
 }
 
 # After the real model's parts arrived (see suite_real): the CUDA self-test (sampling

@@ -25,7 +25,7 @@ use super::matvec::{Epilogue, Norm};
 use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
 use super::moe::FfnWeights;
 use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
-use super::rank::{copy, MixerWeights, Pending, RankDevice};
+use super::rank::{copy, MixerWeights, Pending, RankDevice, Rows};
 use super::span::Span;
 
 /// Most sequence slots a plan may have on the cuda backend (each row of a step is a grid row
@@ -67,9 +67,10 @@ impl RankDevice {
         &mut self,
         layer: u32,
         seg: Segment,
-        rows: usize,
+        step: Rows,
         s: &Arc<CudaStream>,
     ) -> Result<()> {
+        let rows = step.rows;
         let li = self.geo.layer_index(layer, self.layers.len())?;
         let lw = &self.layers[li];
         let MixerWeights::Gqa(g) = &lw.mixer else {
@@ -136,8 +137,10 @@ impl RankDevice {
                 let kv = self.kv[li]
                     .as_mut()
                     .expect("invariant: a GQA layer has its cache");
-                if rows > 1 {
-                    // a prompt chunk's rows read the rows before them from the cache
+                if !step.decode {
+                    // a prompt chunk's rows read the rows before them from the cache (in a
+                    // decode step each row's attention writes the one entry it reads that
+                    // the step makes)
                     self.dev
                         .kv_store_rows(s, &k, &v, kv, &pos, Some(&slots), rope)?;
                 }

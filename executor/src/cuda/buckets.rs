@@ -85,6 +85,7 @@ impl Buckets {
                     rows: self.rows[i],
                     logits_from: 0,
                     padding: self.rows[i] - n,
+                    decode: true,
                 },
                 logit_rows: (0..self.rows[i]).collect(),
                 bucket: Some(i),
@@ -96,6 +97,7 @@ impl Buckets {
                         rows: n,
                         logits_from: n - logit_rows.len(),
                         padding: 0,
+                        decode: false,
                     },
                     logit_rows,
                     bucket: None,
@@ -300,7 +302,8 @@ mod tests {
             Rows {
                 rows: 4,
                 logits_from: 0,
-                padding: 1
+                padding: 1,
+                decode: true,
             }
         );
         assert_eq!(s.bucket, Some(2));
@@ -322,7 +325,8 @@ mod tests {
             Rows {
                 rows: 5,
                 logits_from: 2,
-                padding: 0
+                padding: 0,
+                decode: false,
             }
         );
         assert_eq!(s.logit_rows, [0, 3, 4]);
@@ -337,6 +341,7 @@ mod tests {
             rows: 1,
             logits_from: 0,
             padding: 0,
+            decode: true,
         };
         assert_eq!((decode.rows, decode.bucket), (one, Some(0)));
         let prefill = b.shape(&StepInput::prompt(0, &[1, 2, 3, 4], 3));

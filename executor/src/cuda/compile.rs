@@ -113,7 +113,10 @@ pub const FILES: &[KernelFile] = &[
             "row_positions_u32",
         ]
     ),
-    kernel_file!("attention.cu", ["attention_f16", "kv_store_rows_f16"]),
+    kernel_file!(
+        "attention.cu",
+        ["attention_f16", "attention_group_f16", "kv_store_rows_f16"]
+    ),
     kernel_file!(
         "flash.cu",
         ["flash_attention_hd64", "flash_attention_hd128"]

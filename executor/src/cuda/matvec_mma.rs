@@ -112,6 +112,10 @@ impl MmaTile {
 /// Threads of quantize_rows_q8 (MATVEC_THREADS in kernels/matvec.cu).
 const QUANTIZE_THREADS: u32 = 512;
 
+/// 32-value blocks of a row one quantize_rows_q8 block takes (QUANTIZE_SLICE in
+/// kernels/matvec.cu).
+const QUANTIZE_SLICE: usize = 64;
+
 /// Activation rows from which a batched step's products run on tensor cores.
 pub const MMA_MIN_ROWS: usize = 2;
 
@@ -177,7 +181,7 @@ impl CudaDevice {
             "quantize_rows: the norm's weight must hold a row and its output the rows"
         );
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
+            grid_dim: (rows as u32, (cols / 32).div_ceil(QUANTIZE_SLICE) as u32, 1),
             block_dim: (QUANTIZE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -177,6 +177,14 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Cache capacities (positions) up to which attention keeps its scores in shared memory
 /// (32 KiB, within the default dynamic limit).
 pub const ATTN_SMEM_POSITIONS: usize = 8192;
+
+/// Query heads a block of attention_group_f16 takes (ATTN_GROUP_HEADS in kernels/attention.cu).
+pub(super) const ATTN_GROUP_HEADS: usize = 4;
+/// Blocks of attention_f16 an SM holds at once (its launch bounds).
+const ATTN_BLOCKS_PER_SM: usize = 4;
+/// Most bytes of scores a block of attention_group_f16 keeps (beside its 13.5 KiB of static
+/// shared memory, within the 48 KiB a launch takes without raising its limit).
+const ATTN_GROUP_SCORE_BYTES: usize = 32 << 10;
 /// The sequence slot of a pad row of a batched step (`super::buckets`), which no sequence
 /// has: `attention` and `kv_store_rows` write no cache for it and give it a zero output
 /// (ATTN_PAD_SLOT in kernels/attention.cu).
@@ -269,6 +277,24 @@ impl CudaDevice {
         })
     }
 
+    /// Whether `attention` over `rows` token rows takes a block per ATTN_GROUP_HEADS query
+    /// heads of a KV head (the same bits as a block per head, each head's work and reductions
+    /// unchanged, the k and v loads shared): where a block per head would not all fit on the
+    /// device at once (a batched step of many rows), the group divides by ATTN_GROUP_HEADS and
+    /// the heads' scores fit the default 48 KiB of shared memory.
+    pub(super) fn attention_grouped(
+        &self,
+        rows: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        capacity: usize,
+    ) -> bool {
+        let group = n_heads / n_kv_heads;
+        group.is_multiple_of(ATTN_GROUP_HEADS)
+            && 4 * ATTN_GROUP_HEADS * capacity <= ATTN_GROUP_SCORE_BYTES
+            && rows * n_heads > ATTN_BLOCKS_PER_SM * self.sm_count()
+    }
+
     /// Attention of the query heads in `q` (heads of `kv.head_dim`) over positions `0..=pos[0]`
     /// of `kv` (with several token rows in k, v, q and out: row `r` over `0..=pos[0] + r`, its
     /// earlier rows already in the cache by `kv_store_rows`), scale `1 / sqrt(head_dim)`, into `out`, with the rotary embedding and the cache
@@ -337,12 +363,23 @@ impl CudaDevice {
         let slp = slots.map_or(0, Span::addr);
         let op = ptr_mut(stream, out);
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
+        let grouped = self.attention_grouped(rows, n_heads, kv.n_kv_heads, kv.capacity);
+        let heads = if grouped { ATTN_GROUP_HEADS } else { 1 };
         let cfg = LaunchConfig {
-            grid_dim: (n_heads as u32, rows as u32, 1),
+            grid_dim: ((n_heads / heads) as u32, rows as u32, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: if in_smem { 4 * cap as u32 } else { 0 },
+            shared_mem_bytes: if in_smem {
+                (4 * heads * kv.capacity) as u32
+            } else {
+                0
+            },
         };
-        self.launch(stream, "attention_f16", cfg, |a| {
+        let name = if grouped {
+            "attention_group_f16"
+        } else {
+            "attention_f16"
+        };
+        self.launch(stream, name, cfg, |a| {
             a.arg(&qp)
                 .arg(&kp)
                 .arg(&vp)

@@ -176,12 +176,15 @@ pub struct RankDevice {
 }
 
 /// The token rows of the step being enqueued: `rows` rows, logits from row `logits_from`;
-/// the first `padding` rows are a padded decode step's pad rows (`super::buckets`).
+/// the first `padding` rows are a padded decode step's pad rows (`super::buckets`). In a
+/// `decode` step every row is a different sequence's next token, so no row reads a cache
+/// entry another row of the step writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rows {
     pub rows: usize,
     pub logits_from: usize,
     pub padding: usize,
+    pub decode: bool,
 }
 
 impl Rows {
@@ -363,7 +366,7 @@ impl RankDevice {
                 }
             }
             Work::Segment { layer, segment } if self.batched() => {
-                self.batch_segment(layer, segment, rows.rows, s)
+                self.batch_segment(layer, segment, rows, s)
             }
             Work::Segment { layer, segment } if rows.rows > 1 => {
                 self.prefill_segment(layer, segment, rows.rows, s)

@@ -224,17 +224,14 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
     Ok(())
 }
 
-/// Rows at (slot, position) of a 3-slot cache, attended together, against each row's decode
+/// Rows at (slot, position) of a cache of slots, attended together, against each row's decode
 /// attention over a one-slot cache that holds its slot's rows before it; pad rows write no
-/// slot's cache and give zeros.
+/// slot's cache and give zeros. Two launches: 3 slots (two pad rows, a prompt chunk of two
+/// rows in slot 1, decode rows elsewhere), and a decode row in each of as many slots as make
+/// `attention` take a block per four heads of a KV head (the one-slot calls take a block per
+/// head).
 fn attention_slots(cx: &mut Ctx) -> Result<()> {
-    let (dev, s) = (cx.dev, cx.s);
-    let (n_heads, n_kv, hd, cap) = (8, 2, 64, 48);
-    let (row, qrow) = (n_kv * hd, n_heads * hd);
-    let rope = (10000.0, RopeStyle::Normal);
-    // (slot, position): two pad rows first, a prompt chunk of two rows in slot 1, decode
-    // rows elsewhere
-    let at: [(u32, u32); 7] = [
+    let few = [
         (PAD_SLOT, 0),
         (PAD_SLOT, 0),
         (2, 7),
@@ -243,18 +240,42 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
         (1, 21),
         (0, 33),
     ];
+    attention_slots_at(cx, &few)?;
+    let n = 4 * cx.dev.sm_count() / 8 + 4;
+    let many: Vec<(u32, u32)> = std::iter::once((PAD_SLOT, 0))
+        .chain((0..n as u32).map(|slot| (slot, (7 * slot + 3) % 47)))
+        .collect();
+    anyhow::ensure!(
+        cx.dev.attention_grouped(many.len(), 8, 2, 48),
+        "selftest: {} rows of 8 heads do not take the grouped attention",
+        many.len()
+    );
+    attention_slots_at(cx, &many)
+}
+
+fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (n_heads, n_kv, hd, cap) = (8, 2, 64, 48);
+    let (row, qrow) = (n_kv * hd, n_heads * hd);
+    let rope = (10000.0, RopeStyle::Normal);
+    let slots = at
+        .iter()
+        .filter(|a| a.0 != PAD_SLOT)
+        .map(|a| a.0 as usize + 1)
+        .max()
+        .unwrap_or(0);
     let rows = at.len();
-    let prefix: Vec<usize> = (0..3)
+    let prefix: Vec<usize> = (0..slots)
         .map(|slot| {
             at.iter()
-                .filter(|a| a.0 == slot)
+                .filter(|a| a.0 as usize == slot)
                 .map(|a| a.1 as usize)
                 .min()
                 .unwrap_or(0)
         })
         .collect();
     // the slots' earlier rows, written as decode steps of each slot would have
-    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 3)?;
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, slots)?;
     let mut singles = Vec::new();
     for (slot, &p0) in prefix.iter().enumerate() {
         let mut one = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
@@ -280,8 +301,8 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
         random(&mut cx.rng, rows * row, 1.0),
     );
     let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
-    let pd = dev.upload(s, &at.map(|a| a.1))?;
-    let sd = dev.upload(s, &at.map(|a| a.0))?;
+    let pd = dev.upload(s, &at.iter().map(|a| a.1).collect::<Vec<_>>())?;
+    let sd = dev.upload(s, &at.iter().map(|a| a.0).collect::<Vec<_>>())?;
     let (pos_span, slot_span) = (Span::of(&pd), Span::of(&sd));
     let mut qd = dev.upload(s, &q)?;
     let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
@@ -342,7 +363,9 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
     cx.report.exact(
         "attention_f16",
         format!(
-            "{rows} rows of 3 slots (2 pad rows) == decode per slot, h={n_heads} kv={n_kv} hd={hd}"
+            "{rows} rows of {slots} slots ({} pad rows){} == decode per slot, h={n_heads} kv={n_kv} hd={hd}",
+            rows - at.iter().filter(|a| a.0 != PAD_SLOT).count(),
+            if dev.attention_grouped(rows, n_heads, n_kv, cap) { ", 4 heads a block" } else { "" }
         ),
         bit_mismatches(&got, &want) + cache_diff,
     );
