@@ -849,7 +849,8 @@ suite_ncu_batch() {
     kernel_times "$LOG/ncu-batch$b-$shape-$dtype-n4.csv" 4 \
         "$shape $dtype, kernel time of one decode step of $b sequences (Nsight Compute)" "us/step" \
         "$LOG/ncu-batch$b-$shape-$dtype-n2.csv"
-    # NCU_KERNELS: kernels to report on in full, each one launch in the timed run's steps
+    # NCU_KERNELS: kernels to report on in full, each its launch NCU_SKIP + 1 of the run (the
+    # prompt's launches count too: with many rows of the mma kernels, that may be a prefill one)
     local k
     for k in ${NCU_KERNELS:-}; do
         ncu_detail "$LOG/ncu-batch$b-$k.txt" "$k" "${NCU_SKIP:-40}" "$BIN/memra-run" bench --backend cuda \

@@ -364,7 +364,11 @@ impl CudaDevice {
         let op = ptr_mut(stream, out);
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
         let grouped = self.attention_grouped(rows, n_heads, kv.n_kv_heads, kv.capacity);
-        let heads = if grouped { ATTN_GROUP_HEADS } else { 1 };
+        let (name, heads) = if grouped {
+            ("attention_group_f16", ATTN_GROUP_HEADS)
+        } else {
+            ("attention_f16", 1)
+        };
         let cfg = LaunchConfig {
             grid_dim: ((n_heads / heads) as u32, rows as u32, 1),
             block_dim: (256, 1, 1),
@@ -373,11 +377,6 @@ impl CudaDevice {
             } else {
                 0
             },
-        };
-        let name = if grouped {
-            "attention_group_f16"
-        } else {
-            "attention_f16"
         };
         self.launch(stream, name, cfg, |a| {
             a.arg(&qp)

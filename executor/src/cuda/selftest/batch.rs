@@ -231,6 +231,7 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
 /// `attention` take a block per four heads of a KV head (the one-slot calls take a block per
 /// head).
 fn attention_slots(cx: &mut Ctx) -> Result<()> {
+    let (n_heads, n_kv, cap) = (SLOTS_HEADS, SLOTS_KV_HEADS, SLOTS_CAPACITY);
     let few = [
         (PAD_SLOT, 0),
         (PAD_SLOT, 0),
@@ -241,21 +242,27 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
         (0, 33),
     ];
     attention_slots_at(cx, &few)?;
-    let n = 4 * cx.dev.sm_count() / 8 + 4;
+    let n = 4 * cx.dev.sm_count() / n_heads + 4;
     let many: Vec<(u32, u32)> = std::iter::once((PAD_SLOT, 0))
         .chain((0..n as u32).map(|slot| (slot, (7 * slot + 3) % 47)))
         .collect();
     anyhow::ensure!(
-        cx.dev.attention_grouped(many.len(), 8, 2, 48),
-        "selftest: {} rows of 8 heads do not take the grouped attention",
+        cx.dev.attention_grouped(many.len(), n_heads, n_kv, cap),
+        "selftest: {} rows of {n_heads} heads do not take the grouped attention",
         many.len()
     );
     attention_slots_at(cx, &many)
 }
 
+/// The heads, KV heads, head dimension and cache capacity of `attention_slots`' launches.
+const SLOTS_HEADS: usize = 8;
+const SLOTS_KV_HEADS: usize = 2;
+const SLOTS_HEAD_DIM: usize = 64;
+const SLOTS_CAPACITY: usize = 48;
+
 fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
-    let (n_heads, n_kv, hd, cap) = (8, 2, 64, 48);
+    let (n_heads, n_kv, hd, cap) = (SLOTS_HEADS, SLOTS_KV_HEADS, SLOTS_HEAD_DIM, SLOTS_CAPACITY);
     let (row, qrow) = (n_kv * hd, n_heads * hd);
     let rope = (10000.0, RopeStyle::Normal);
     let slots = at
