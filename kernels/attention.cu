@@ -23,7 +23,10 @@
 // (GPT-NeoX, qwen2, qwen3). Scores are scaled by `scale` (1 / sqrt(head_dim)), softmax
 // subtracts the max; every reduction has a fixed order, so the result is deterministic. The
 // scores live in dynamic shared memory when the launch gives it (capacity values), else in a
-// caller-given f32 scratch of n_heads * capacity values.
+// caller-given f32 scratch of n_heads * capacity values. With `xq`, every row's output also
+// goes into its 8-bit copy there (the bits quantize_rows_q8 makes of it; head_dim a multiple
+// of 32, so a warp's lanes hold whole blocks): the input of the o product on tensor cores,
+// which then needs no launch of its own to quantize it.
 #include "common.cuh"
 
 #define ATTN_THREADS 256
@@ -42,6 +45,17 @@ __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
     return r;
 }
 
+// Value `col` of this block's row of the output, v, into the row's 8-bit copy at xq
+// (quantize_rows_q8's layout: `cols` quants, then a (d, d * sum) pair per 32 values); a warp's
+// lanes hold one 32-value block (every lane of the warp calls this).
+__device__ __forceinline__ void quantized_out(i8* xq, int cols, int col, float v) {
+    const float vs[1] = {v};
+    const Q8Block b = quantize_block32(vs);
+    i8* row = xq + (size_t)blockIdx.y * (cols + cols / 4);
+    row[col] = (i8)b.quants;
+    if (col % 32 == 0) ((float2*)(row + cols))[col / 32] = b.pair;
+}
+
 // Block (head block, row): the HPB query heads h0 = HPB * blockIdx.x .. of one KV head (HPB
 // divides the group). Each head's values, and every reduction over them, are those of a block
 // of its own (HPB = 1): the heads only share the block's loads of the KV head's k and v rows,
@@ -49,7 +63,7 @@ __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
 // are at sc + j * capacity.
 template <int HPB>
 __device__ __forceinline__ void attention_run(float* q, const float* k, const float* v, u16* k_cache, u16* v_cache,
-                                              float* out, float* scores, const u32* pos, const u32* slots,
+                                              float* out, i8* xq, float* scores, const u32* pos, const u32* slots,
                                               int n_heads, int n_kv_heads, int head_dim, int capacity, float scale,
                                               float theta_scale, int neox) {
     overlap_with_neighbours();
@@ -71,7 +85,10 @@ __device__ __forceinline__ void attention_run(float* q, const float* k, const fl
     k += blockIdx.y * kv_row;
     v += blockIdx.y * kv_row;
     if (slots && slots[blockIdx.y] == ATTN_PAD_SLOT) {
-        for (int d = threadIdx.x; d < HPB * head_dim; d += ATTN_THREADS) out[(size_t)h0 * head_dim + d] = 0.f;
+        for (int d = threadIdx.x; d < HPB * head_dim; d += ATTN_THREADS) {
+            out[(size_t)h0 * head_dim + d] = 0.f;
+            if (xq) quantized_out(xq, n_heads * head_dim, h0 * head_dim + d, 0.f);
+        }
         return;
     }
     const u32 p_now = slots ? pos[blockIdx.y] : *pos + blockIdx.y;
@@ -243,15 +260,16 @@ __device__ __forceinline__ void attention_run(float* q, const float* k, const fl
             float o = part[0][d];
             for (int w = 1; w < ATTN_WARPS; ++w) o += part[w][d];
             out[(size_t)(h0 + j) * head_dim + d] = o;
+            if (xq) quantized_out(xq, n_heads * head_dim, (h0 + j) * head_dim + d, o);
         }
     }
 }
 
 #define ATTN_ARGS                                                                                          \
-    float *q, const float *k, const float *v, u16 *k_cache, u16 *v_cache, float *out, float *scores,        \
+    float *q, const float *k, const float *v, u16 *k_cache, u16 *v_cache, float *out, i8 *xq, float *scores, \
         const u32 *pos, const u32 *slots, int n_heads, int n_kv_heads, int head_dim, int capacity, float scale, \
         float theta_scale, int neox
-#define ATTN_PASS q, k, v, k_cache, v_cache, out, scores, pos, slots, n_heads, n_kv_heads, head_dim, capacity, scale, theta_scale, neox
+#define ATTN_PASS q, k, v, k_cache, v_cache, out, xq, scores, pos, slots, n_heads, n_kv_heads, head_dim, capacity, scale, theta_scale, neox
 // a block per head, four per SM (64 registers, no spills; the batched step's launch of a
 // block per head and row runs in fewer waves: 78 registers gave three)
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 4) attention_f16(ATTN_ARGS) { attention_run<1>(ATTN_PASS); }

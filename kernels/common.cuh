@@ -30,6 +30,40 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
 // f32 rounded to the nearest f16 value (round to nearest even), kept as f32.
 __device__ __forceinline__ float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
+// One 32-value block of an activation row's 8-bit copy (q8_1's layout), its values in 32 / N
+// consecutive lanes aligned by that count, N values each (lane l the values N l .. N l + N -
+// 1; every lane of the warp takes part, a lane without values with zeros). q =
+// round_half_even(v * id) with d = amax / 127 and id = 127 / amax (0 for an all-zero block);
+// the max and the integer sum are exact, so any lanes that hold a block's values make its bits.
+// Returns the lane's N quants packed from the low byte and the block's (d, d * sum) as the f16
+// values the format stores (as the CPU does).
+struct Q8Block {
+    u32 quants;
+    float2 pair;
+};
+template <int N>
+__device__ __forceinline__ Q8Block quantize_block32(const float (&v)[N]) {
+    static_assert(N == 1 || N == 4, "a block's values in 32 or 8 lanes");
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+    for (int off = 16 / N; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+    const float d = __fdiv_rn(amax, 127.f);
+    const float id = amax != 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    u32 quants = 0;
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int q = __float2int_rn(__fmul_rn(v[i], id));
+        quants |= (u32)(q & 255) << (8 * i);
+        sum += q;
+    }
+#pragma unroll
+    for (int off = 16 / N; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+    return {quants, make_float2(round_f16(d), round_f16(__fmul_rn(d, (float)sum)))};
+}
+
 // bf16 -> f32, exact.
 __device__ __forceinline__ float bf16_to_f32(u16 h) {
     return __uint_as_float(((u32)h) << 16);
@@ -143,13 +177,19 @@ __device__ __forceinline__ void wait_for_predecessor() {
 }
 
 // Lets the next kernel on the stream begin launching (its blocks then wait in
-// wait_for_predecessor), then waits for the previous kernel. Kernels that spin on other
-// grids (the collectives) only wait: a dependent launched early could hold the SMs that the
-// grids they wait for need.
-__device__ __forceinline__ void overlap_with_neighbours() {
+// wait_for_predecessor). Before its own wait, a kernel may only read memory no kernel writes
+// (the weights).
+__device__ __forceinline__ void launch_dependents() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+// Both: the next kernel may launch, then this one waits for the previous. Kernels that spin
+// on other grids (the collectives) only wait: a dependent launched early could hold the SMs
+// that the grids they wait for need.
+__device__ __forceinline__ void overlap_with_neighbours() {
+    launch_dependents();
     wait_for_predecessor();
 }
 
@@ -260,19 +300,22 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
                  : "r"(smem_addr(p)));
 }
 
-// Asynchronous copies of 16, 8 or 4 bytes from global to shared memory (sm_80 and later);
-// with `valid` false the destination gets zeros and `src` is not read. A thread's copies
+// Asynchronous copies of 16, 8 or 4 bytes from global to shared memory (sm_80 and later), to
+// a pointer or (`_at`) a shared address; with `valid` false the destination gets zeros and `src` is not read. A thread's copies
 // since its last commit form a group; cp_async_wait<N> waits until at most N of its groups
 // are in flight.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+__device__ __forceinline__ void cp_async16_at(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 8 : 0));
+__device__ __forceinline__ void cp_async8_at(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
 }
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+__device__ __forceinline__ void cp_async4_at(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) { cp_async16_at(smem_addr(dst), src, valid); }
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) { cp_async8_at(smem_addr(dst), src, valid); }
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) { cp_async4_at(smem_addr(dst), src, valid); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -63,22 +63,13 @@ __device__ void quantize_x(const float* x, int cols, i8* q, float* scales) {
         const int nb = cols / 32, sub = lane >> 3, l = lane & 7;
         for (int b0 = 4 * warp; b0 < nb; b0 += 4 * MATVEC_WARPS) {
             const int b = b0 + sub;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (b < nb) v = *(const float4*)(x + 32 * b + 4 * l);
-            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-            for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-            const float d = __fdiv_rn(amax, 127.f);
-            const float id = amax != 0.f ? __fdiv_rn(127.f, amax) : 0.f;
-            const int q0 = __float2int_rn(__fmul_rn(v.x, id)), q1 = __float2int_rn(__fmul_rn(v.y, id));
-            const int q2 = __float2int_rn(__fmul_rn(v.z, id)), q3 = __float2int_rn(__fmul_rn(v.w, id));
-            int sum = q0 + q1 + q2 + q3;
-#pragma unroll
-            for (int off = 4; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+            float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (b < nb) v4 = *(const float4*)(x + 32 * b + 4 * l);
+            const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+            const Q8Block qb = quantize_block32(v);
             if (b < nb) {
-                ((u32*)q)[8 * b + l] = (u32)(q0 & 255) | (u32)(q1 & 255) << 8 | (u32)(q2 & 255) << 16 | (u32)q3 << 24;
-                // d and d * sum as the f16 values the q8_1 block format stores (as the CPU does)
-                if (l == 0) ((float2*)scales)[b] = make_float2(round_f16(d), round_f16(__fmul_rn(d, (float)sum)));
+                ((u32*)q)[8 * b + l] = qb.quants;
+                if (l == 0) ((float2*)scales)[b] = qb.pair;
             }
         }
     } else {

@@ -66,20 +66,30 @@ __device__ __forceinline__ void mma_s8(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c));
 }
 
-// Adds chunk `c`'s value into the pending subtrees of chunk_tree's balanced tree (level l at
-// stack[l * stride] holds the sum of the 2^l chunks before the current one); after the last
-// chunk of a power-of-two count, the returned value is the whole tree. A part of 2^L chunks
-// touches levels below L only.
-__device__ __forceinline__ float tree_push(float* stack, int stride, int c, float x) {
+// The pointer p, which the compiler may no longer take apart into a base and offsets that a
+// loop adds again at every use: a loop's addresses stay one multiply-add from it.
+template <typename T>
+__device__ __forceinline__ T* whole(T* p) {
+    asm("mov.b64 %0, %0;" : "+l"(p));
+    return p;
+}
+
+// Adds chunk `c`'s values x (output i's pending subtrees at stack[i * MMA_THREADS]) into
+// the pending subtrees of chunk_tree's balanced tree (level l at stack[l * stride] holds the
+// sum of the 2^l chunks before the current one); after the last chunk of a power-of-two
+// count, x holds the whole tree. A part of 2^L chunks touches levels below L only.
+template <int N>
+__device__ __forceinline__ void tree_push(float* stack, int stride, int c, float (&x)[N]) {
 #pragma unroll
     for (int l = 0; l < MMA_LEVELS; ++l) {
         if (!(c & (1 << l))) {
-            stack[l * stride] = x;
-            return x;
+#pragma unroll
+            for (int i = 0; i < N; ++i) stack[l * stride + i * MMA_THREADS] = x[i];
+            return;
         }
-        x = stack[l * stride] + x;
+#pragma unroll
+        for (int i = 0; i < N; ++i) x[i] = stack[l * stride + i * MMA_THREADS] + x[i];
     }
-    return x;
 }
 
 // Steps of group g in a chunk of bpc blocks: its chains' blocks, 16 apart; in the single form
@@ -92,15 +102,16 @@ template <bool SINGLE>
 struct Walk {
     int c = 0, g = 0, s = 0;
     __device__ __forceinline__ void advance(int bpc) {
-        ++s;
-        // group 0 has a step in every chunk, so this ends
-        while (s >= group_steps<SINGLE>(bpc, g)) {
+        // every group has a step in every chunk: the single form one, the other (chunks of
+        // more than 16 blocks) at least one
+        if (++s >= group_steps<SINGLE>(bpc, g)) {
             s = 0;
             if (++g == 4) g = 0, ++c;
         }
     }
-    // the chunk-relative index of the step's first block
+    // the index of the step's first block in its chunk, and in its part
     __device__ __forceinline__ int rel() const { return 16 * s + 4 * g; }
+    __device__ __forceinline__ u32 at(int bpc) const { return c * bpc + rel(); }
 };
 
 // Shared bytes of one step, as matvec_mma.rs's `Tile::shared_bytes` computes them: per weight
@@ -163,45 +174,57 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
 
     // this thread's weight row, slot and first part
     const int wi = tid & 3, wkz = (tid >> 2) % (KW / WCOPIES) * WCOPIES, wr = tid / (MMA_GROUP * KW / WCOPIES);
+    // this thread's activation row, slot, half and first part
+    const int xi = (tid >> 1) & 3, xh = tid & 1, xkz = (tid >> 3) % (KW / XCOPIES) * XCOPIES;
+    const int xr = tid / (8 * KW / XCOPIES);
+    // this thread's activation scale pair: row sr, slot wi, part skz
+    const int skz = (tid >> 2) % KW, sr = tid / (4 * KW);
+    const u32 part_blocks = parts * bpc;
+    // the thread's sources at its slot's block of chunk 0 of its first part (a step adds its
+    // block's index in the part, `at`, and a further copy whole parts) and its destinations
+    // in buffer 0
     const u8 *wq_src, *ws_src;
     {
         const int half = j.swiglu && wr >= BM / 2 ? 1 : 0;
         const u8* w = mma_w(j, seg + half);
         const int row = min(r0 + wr - half * (BM / 2), seg_rows - 1);
-        wq_src = w + (size_t)row * wrow;
-        ws_src = w + (size_t)seg_rows * wrow + (size_t)row * nb * S;
+        const size_t first = (size_t)wkz * part_blocks + wi;
+        wq_src = w + (size_t)row * wrow + first * 16;
+        ws_src = w + (size_t)seg_rows * wrow + ((size_t)row * nb + first) * S;
     }
-    // this thread's activation row, slot, half and first part
-    const int xi = (tid >> 1) & 3, xh = tid & 1, xkz = (tid >> 3) % (KW / XCOPIES) * XCOPIES;
-    const int xr = tid / (8 * KW / XCOPIES);
-    const i8* xq_src = j.xq + (size_t)min(n_first + xr, j.batch - 1) * xstride + 16 * xh;
-    // this thread's activation scale pair: row sr, slot wi, part skz
-    const int skz = (tid >> 2) % KW, sr = tid / (4 * KW);
-    const i8* xs_src = j.xq + (size_t)min(n_first + sr, j.batch - 1) * xstride + j.cols;
-    const int part_blocks = parts * bpc;
-    // copies step (chunk c of each part, chunk-relative block rel) into buffer buf
-    auto issue = [&](int buf, int c, int rel) {
-        u8* st = smem + buf * STAGE;
+    const i8 *xq_src = j.xq + (size_t)min(n_first + xr, j.batch - 1) * xstride + 16 * xh + ((size_t)xkz * part_blocks + xi) * 32;
+    const i8 *xs_src = j.xq + (size_t)min(n_first + sr, j.batch - 1) * xstride + j.cols + ((size_t)skz * part_blocks + wi) * 8;
+    wq_src = whole(wq_src), ws_src = whole(ws_src), xq_src = whole(xq_src), xs_src = whole(xs_src);
+    const u32 w_dst = smem_addr(smem) + wr * L::WQ + 64 * wkz + 16 * wi;
+    const u32 ws_dst = smem_addr(smem) + WS_AT + wr * L::WS + 16 * wkz + 4 * wi;
+    const u32 xq_dst = smem_addr(smem) + XQ_AT + xr * L::XQ + 128 * xkz + 32 * xi + 16 * xh;
+    const u32 xs_dst = smem_addr(smem) + XS_AT + ((skz * MMA_GROUP + wi) * BN + sr) * 8;
+    // copies the step whose first block is `rel` in its chunk and `at` in its part into
+    // buffer buf
+    auto issue_weights = [&](int buf, u32 at, int rel) {
+        const u32 st = buf * STAGE;
         const bool w_in = rel + wi < bpc;
-        const int wblk = (wkz * parts + c) * bpc + rel + wi;
 #pragma unroll
         for (int k = 0; k < WCOPIES; ++k) {
-            const int blk = wblk + k * part_blocks;
-            cp_async16(st + wr * L::WQ + 64 * (wkz + k) + 16 * wi, wq_src + (size_t)blk * 16, w_in);
+            const u32 blk = at + k * part_blocks;
+            cp_async16_at(w_dst + st + 64 * k, wq_src + (size_t)blk * 16, w_in);
             // q4_0's 2-byte scale: the aligned word holding it (compute picks the half)
             const u8* sc = ws_src + (size_t)blk * S;
-            cp_async4(st + WS_AT + wr * L::WS + 16 * (wkz + k) + 4 * wi, (const u8*)((size_t)sc & ~(size_t)3), w_in);
+            cp_async4_at(ws_dst + st + 16 * k, MIN ? sc : (const u8*)((size_t)sc & ~(size_t)3), w_in);
         }
-        const int xblk = (xkz * parts + c) * bpc + rel + xi;
-        if (tid < XQ_PIECES / XCOPIES) {
+    };
+    auto issue_activations = [&](int buf, u32 at, int rel) {
+        const u32 st = buf * STAGE;
+        if (XQ_PIECES / XCOPIES >= MMA_THREADS || tid < XQ_PIECES / XCOPIES) {
 #pragma unroll
             for (int k = 0; k < XCOPIES; ++k)
-                cp_async16(st + XQ_AT + xr * L::XQ + 128 * (xkz + k) + 32 * xi + 16 * xh,
-                           xq_src + (size_t)(xblk + k * part_blocks) * 32, rel + xi < bpc);
+                cp_async16_at(xq_dst + st + 128 * k, xq_src + (size_t)(at + k * part_blocks) * 32, rel + xi < bpc);
         }
-        if (tid < XS_PIECES)
-            cp_async8(st + XS_AT + ((skz * MMA_GROUP + wi) * BN + sr) * 8,
-                      xs_src + (size_t)((skz * parts + c) * bpc + rel + wi) * 8, w_in);
+        if (XS_PIECES >= MMA_THREADS || tid < XS_PIECES) cp_async8_at(xs_dst + st, xs_src + (size_t)at * 8, rel + wi < bpc);
+    };
+    auto issue = [&](int buf, u32 at, int rel) {
+        issue_weights(buf, at, rel);
+        issue_activations(buf, at, rel);
     };
 
     // this lane's ldmatrix rows: weight rows 16 m + 8 (l / 8 % 2) + l % 8 of slot l / 16 (plus
@@ -265,11 +288,23 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
         }
     };
 
-    overlap_with_neighbours();
+    // the first steps' weights, which no kernel writes, while the previous kernel drains; then
+    // their activations, each step's in a group of its own (the first group with all the
+    // weights)
+    launch_dependents();
     Walk<SINGLE> ahead;
+    {
+        Walk<SINGLE> first;
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) {
+            if (st < steps) issue_weights(st, first.at(bpc), first.rel());
+            first.advance(bpc);
+        }
+    }
+    wait_for_predecessor();
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
-        if (st < steps) issue(st, ahead.c, ahead.rel());
+        if (st < steps) issue_activations(st, ahead.at(bpc), ahead.rel());
         ahead.advance(bpc);
         cp_async_commit();
     }
@@ -296,7 +331,7 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();
                 const int at = SINGLE ? gi : buf, next = SINGLE ? (gi + STAGES - 1) % STAGES : ahead_buf;
-                if (step + STAGES - 1 < steps) issue(next, ahead.c, ahead.rel());
+                if (step + STAGES - 1 < steps) issue(next, ahead.at(bpc), ahead.rel());
                 ahead.advance(bpc);
                 ahead_buf = ahead_buf == STAGES - 1 ? 0 : ahead_buf + 1;
                 cp_async_commit();
@@ -306,6 +341,7 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
             }
             // the group's chains are done: S_g joins the chunk's tree, and after the last group
             // the chunk joins the part's subtree of the chunk tree
+            float chunk[NT * 4];
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -314,12 +350,15 @@ __device__ __forceinline__ void matvec_mma_run(const MmaJob& j) {
                     if (gi == 0) pend[n][o] = sg;
                     else if (gi == 1) pend[n][o] = pend[n][o] + sg;
                     else if (gi == 2) pend2[n][o] = sg;
-                    else {
-                        float* at = stack + (n * 4 + o) * MMA_THREADS;
-                        const float v = tree_push(at, SIDE, c, pend[n][o] + (pend2[n][o] + sg));
-                        if (c == parts - 1) at[top * SIDE] = v;
-                    }
+                    else chunk[n * 4 + o] = pend[n][o] + (pend2[n][o] + sg);
                 }
+            if (gi == 3) {
+                tree_push(stack, SIDE, c, chunk);
+                if (c == parts - 1) {
+#pragma unroll
+                    for (int i = 0; i < NT * 4; ++i) stack[top * SIDE + i * MMA_THREADS] = chunk[i];
+                }
+            }
         }
     }
     cp_async_wait<0>();

@@ -87,25 +87,23 @@ impl RankDevice {
         );
         let eps = self.geo.eps;
         let xq = self.quantized_rows();
-        let product = |ws: &[&DeviceWeight],
-                       x: &Span<f32>,
-                       norm: Option<(Norm, &Span<f32>)>,
-                       chunks,
-                       ys: &[(u64, usize)],
-                       epilogue| {
-            batch_product(dev, xq.as_ref(), s, ws, x, norm, chunks, ys, epilogue)
+        let product = |ws: &[&DeviceWeight], x: Input, chunks, ys: &[(u64, usize)], epilogue| {
+            batch_product(dev, xq.as_ref(), s, ws, x, chunks, ys, epilogue)
         };
+        // the attention's output is quantized for the o product in the attention's launch
+        // where that product takes the tensor cores
+        let att_quantized = on_tensor_cores(xq.as_ref(), rows, &lw.o);
         let out = |y: &Span<f32>| (y.addr(), y.len());
         // the row-parallel product: added to x in the same launch on a lone rank, left in
         // `partial` for the group's all-reduce otherwise
-        let row_parallel = |w: &DeviceWeight, input: &Span<f32>, chunks: Option<usize>, reduced| {
+        let row_parallel = |w: &DeviceWeight, input: Input, chunks: Option<usize>, reduced| {
             let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
             if reduced {
                 let partial = Self::rows_of(&b.partial, rows, d);
-                product(&[w], input, None, chunks, &[out(&partial)], Epilogue::Plain)
+                product(&[w], input, chunks, &[out(&partial)], Epilogue::Plain)
             } else {
                 let into_x = Epilogue::Residual(x.addr());
-                product(&[w], input, None, chunks, &[out(&x)], into_x)
+                product(&[w], input, chunks, &[out(&x)], into_x)
             }
         };
         match seg {
@@ -120,11 +118,13 @@ impl RankDevice {
                     .all(|w| w.dtype == g.q.dtype && chunks_of(w) == chunks_of(&g.q))
                 {
                     let plain = Epilogue::Plain;
-                    product(&ws, &x, Some((norm, &xn)), chunks_of(&g.q), &ys, plain)?;
+                    let input = Input::Rows(&x, Some((norm, &xn)));
+                    product(&ws, input, chunks_of(&g.q), &ys, plain)?;
                 } else {
                     dev.rms_norm(s, &x, norm.weight, eps, &mut xn.clone())?;
                     for (w, y) in ws.iter().zip(ys) {
-                        product(&[w], &xn, None, chunks_of(w), &[y], Epilogue::Plain)?;
+                        let input = Input::Rows(&xn, None);
+                        product(&[w], input, chunks_of(w), &[y], Epilogue::Plain)?;
                     }
                 }
                 g.finish_qkv(dev, s, [&q, &k, &v], eps)
@@ -155,13 +155,19 @@ impl RankDevice {
                     rope,
                     &mut scores.clone(),
                     &mut att.clone(),
+                    xq.as_ref().filter(|_| att_quantized),
                 )
             }
             Segment::AttnOut => {
                 let att = Self::rows_of(&b.att, rows, lw.o.cols);
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.0);
-                row_parallel(&lw.o, &att, chunks, self.geo.attn_reduced)
+                let input = if att_quantized {
+                    Input::Quantized(&att)
+                } else {
+                    Input::Rows(&att, None)
+                };
+                row_parallel(&lw.o, input, chunks, self.geo.attn_reduced)
             }
             Segment::Ffn => {
                 let FfnWeights::Dense(ffn) = &lw.ffn else {
@@ -178,10 +184,12 @@ impl RankDevice {
                 };
                 let swiglu = Epilogue::SwiGlu { limit: ffn.clamp };
                 let ys = [out(&gate), out(&gate)];
-                product(&[gw, uw], &x, Some((norm, &xn)), chunks_of(gw), &ys, swiglu)?;
+                let input = Input::Rows(&x, Some((norm, &xn)));
+                product(&[gw, uw], input, chunks_of(gw), &ys, swiglu)?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
-                row_parallel(&ffn.down, &gate, chunks, self.geo.tp_degree > 1)
+                let input = Input::Rows(&gate, None);
+                row_parallel(&ffn.down, input, chunks, self.geo.tp_degree > 1)
             }
             other => bail!(
                 "segment `{}` has no batched decode kernels on the cuda backend",
@@ -225,8 +233,7 @@ impl RankDevice {
             xq.as_ref(),
             s,
             &[w],
-            &xn,
-            Some((norm, &xn)),
+            Input::Rows(&xn, Some((norm, &xn))),
             chunks_of(w),
             &ys,
             Epilogue::Plain,
@@ -234,31 +241,49 @@ impl RankDevice {
     }
 }
 
-/// `ys[i] = ws[i] x` (`epilogue` applied) over the rows of `x`, weights of one dtype and K: on
-/// tensor cores, x quantized once into `xq` (the rank's row buffers), when the dtype has the
-/// kernels and the step has `MMA_MIN_ROWS` rows or more, else the matvec tiles; every row has
-/// the one-row decode's bits either way. With `norm`, x is first `rms_norm`ed with it into its
-/// span (which may be x), in the quantizing launch where there is one.
+/// A product's activation rows x: as f32 rows, `rms_norm`ed first with the norm into its span
+/// (which may be x) where one is given; or x whose 8-bit copy the launch that wrote x also
+/// left in the rank's `xq` (where `on_tensor_cores` holds for the product).
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Rows(&'a Span<f32>, Option<(Norm<'a>, &'a Span<f32>)>),
+    Quantized(&'a Span<f32>),
+}
+
+/// Whether a product of `w` over `rows` activation rows runs on tensor cores, from the 8-bit
+/// copy of its rows in `xq` (the rank's row buffers).
+fn on_tensor_cores(xq: Option<&Span<u8>>, rows: usize, w: &DeviceWeight) -> bool {
+    xq.is_some() && rows >= MMA_MIN_ROWS && has_mma(w.dtype, w.cols)
+}
+
+/// `ys[i] = ws[i] x` (`epilogue` applied) over the rows of x, weights of one dtype and K: on
+/// tensor cores (`on_tensor_cores`), x quantized once into `xq` unless it is already there,
+/// else the matvec tiles; every row has the one-row decode's bits either way.
 #[allow(clippy::too_many_arguments)]
 fn batch_product(
     dev: &CudaDevice,
     xq: Option<&Span<u8>>,
     s: &Arc<CudaStream>,
     ws: &[&DeviceWeight],
-    x: &Span<f32>,
-    norm: Option<(Norm, &Span<f32>)>,
+    x: Input,
     chunks: usize,
     ys: &[(u64, usize)],
     epilogue: Epilogue,
 ) -> Result<()> {
     let cols = ws[0].cols;
-    let rows = x.len() / cols;
-    match xq {
-        Some(xq) if rows >= MMA_MIN_ROWS && has_mma(ws[0].dtype, cols) => {
-            dev.quantize_rows(s, x, cols, xq, norm)?;
+    let (Input::Rows(rows_of, _) | Input::Quantized(rows_of)) = x;
+    let rows = rows_of.len() / cols;
+    match (xq, x) {
+        (Some(xq), x) if on_tensor_cores(Some(xq), rows, ws[0]) => {
+            if let Input::Rows(x, norm) = x {
+                dev.quantize_rows(s, x, cols, xq, norm)?;
+            }
             dev.matvec_mma(s, ws, xq, rows, chunks, ys, epilogue, None)
         }
-        _ => {
+        (_, Input::Quantized(_)) => {
+            bail!("invariant: a batched product's rows were quantized for tensor cores it does not take")
+        }
+        (_, Input::Rows(x, norm)) => {
             let x = match norm {
                 Some((norm, xn)) => {
                     dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;

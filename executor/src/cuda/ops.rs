@@ -14,6 +14,7 @@ use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer, KernelArgs};
 use super::matvec::MAX_CHUNKS;
+use super::matvec_mma::quantized_bytes;
 use super::span::Span;
 use crate::sample::SamplerConfig;
 
@@ -303,7 +304,9 @@ impl CudaDevice {
     /// (nothing is stored at a position past the capacity). With `slots` (a batched decode
     /// step), row `r` sits at position `pos[r]` of sequence slot `slots[r]` instead, each over
     /// its own slot; a row of slot `PAD_SLOT` touches no cache and its output is zeros. The scores stay in shared memory up to `ATTN_SMEM_POSITIONS` positions of
-    /// capacity; past it `scores` is their scratch (`n_heads * kv.capacity` values).
+    /// capacity; past it `scores` is their scratch (`n_heads * kv.capacity` values). With
+    /// `quantized`, each row of `out` is also left there as `quantize_rows` would make its
+    /// 8-bit copy, bit for bit (head_dim a multiple of 32).
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -317,6 +320,7 @@ impl CudaDevice {
         rope: (f32, RopeStyle),
         scores: &mut impl DevicePtrMut<f32>,
         out: &mut impl DevicePtrMut<f32>,
+        quantized: Option<&Span<u8>>,
     ) -> Result<()> {
         let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
         assert!(
@@ -362,6 +366,12 @@ impl CudaDevice {
         let sp = if in_smem { 0 } else { ptr_mut(stream, scores) };
         let slp = slots.map_or(0, Span::addr);
         let op = ptr_mut(stream, out);
+        assert!(
+            quantized.is_none_or(|xq| hd.is_multiple_of(32)
+                && xq.len() >= quantized_bytes(rows, n_heads * hd)),
+            "attention: an 8-bit copy of the output needs heads of whole 32-value blocks and room for its rows"
+        );
+        let xqp = quantized.map_or(0, Span::addr);
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
         let grouped = self.attention_grouped(rows, n_heads, kv.n_kv_heads, kv.capacity);
         let (name, heads) = if grouped {
@@ -385,6 +395,7 @@ impl CudaDevice {
                 .arg(&kc)
                 .arg(&vc)
                 .arg(&op)
+                .arg(&xqp)
                 .arg(&sp)
                 .arg(&pp)
                 .arg(&slp)

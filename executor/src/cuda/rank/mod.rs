@@ -513,6 +513,7 @@ impl RankDevice {
             rope,
             &mut Span::of(&self.buf.scores),
             &mut out.clone(),
+            None,
         )
     }
 

@@ -314,6 +314,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
     let mut qd = dev.upload(s, &q)?;
     let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
     let mut out = dev.alloc::<f32>(s, rows * qrow)?;
+    let xq = dev.alloc::<u8>(s, quantized_bytes(rows, qrow))?;
     dev.kv_store_rows(s, &kd, &vd, &mut kv, &pos_span, Some(&slot_span), rope)?;
     dev.attention(
         s,
@@ -326,8 +327,14 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
         rope,
         &mut scores,
         &mut out,
+        Some(&Span::of(&xq)),
     )?;
     let got = dev.download(s, &out)?;
+    // the output's 8-bit copy, made in the launch, against quantize_rows of the output
+    let xq_want = dev.alloc::<u8>(s, quantized_bytes(rows, qrow))?;
+    dev.quantize_rows(s, &Span::of(&out), qrow, &Span::of(&xq_want), None)?;
+    let (xq_got, xq_want) = (dev.download(s, &xq)?, dev.download(s, &xq_want)?);
+    let xq_diff = xq_got.iter().zip(&xq_want).filter(|(a, b)| a != b).count();
     let mut want = Vec::new();
     for (r, &(slot, p)) in at.iter().enumerate() {
         if slot == PAD_SLOT {
@@ -353,6 +360,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
             rope,
             &mut scores,
             &mut o1,
+            None,
         )?;
         want.extend(dev.download(s, &o1)?);
     }
@@ -370,11 +378,11 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
     cx.report.exact(
         "attention_f16",
         format!(
-            "{rows} rows of {slots} slots ({} pad rows){} == decode per slot, h={n_heads} kv={n_kv} hd={hd}",
+            "{rows} rows of {slots} slots ({} pad rows){} == decode per slot, 8-bit copy == quantize_rows, h={n_heads} kv={n_kv} hd={hd}",
             rows - at.iter().filter(|a| a.0 != PAD_SLOT).count(),
             if dev.attention_grouped(rows, n_heads, n_kv, cap) { ", 4 heads a block" } else { "" }
         ),
-        bit_mismatches(&got, &want) + cache_diff,
+        bit_mismatches(&got, &want) + cache_diff + xq_diff,
     );
     Ok(())
 }

@@ -201,6 +201,7 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
         (theta, style),
         &mut scores,
         &mut out,
+        None,
     )?;
     let half = hd / 2;
     let theta_scale = theta.powf(-2.0 / hd as f32);
@@ -295,6 +296,7 @@ fn attention(
             rope,
             &mut scores,
             &mut out,
+            None,
         )?;
     }
     let got = dev.download(s, &out)?;

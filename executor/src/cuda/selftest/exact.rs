@@ -404,6 +404,7 @@ impl Step {
             (10000.0, RopeStyle::Normal),
             &mut self.scores,
             &mut self.att,
+            None,
         )?;
         dev.matvec_residual(s, &self.wo, &self.att, 1, &self.h, &mut self.o)?;
         let norm = Norm {

@@ -185,6 +185,7 @@ fn flash_rows(
         rope,
         &mut scores,
         &mut want,
+        None,
     )?;
     let (got, want) = (dev.download(s, &fast)?, dev.download(s, &want)?);
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
@@ -464,6 +465,7 @@ fn attention_rows(
                 rope,
                 &mut scores,
                 &mut out,
+                None,
             )?;
             if keep {
                 qd = qc;
@@ -492,6 +494,7 @@ fn attention_rows(
         rope,
         &mut scores,
         &mut out,
+        None,
     )?;
     let (o, qr) = (dev.download(s, &out)?, dev.download(s, &qd)?);
     let got: Vec<f32> = (0..rows)
