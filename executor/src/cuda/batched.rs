@@ -6,9 +6,11 @@
 //! (kernels/matvec_mma.cu, which replays the one-row kernel's lanes and tree), for other
 //! dtypes the decode matvec over tiles of rows (kernels/matvec.cu loads each weight piece once
 //! per tile and keeps every row's lane partition and tree); norms are their own launches over
-//! the rows (the bits of the norms the one-row decode folds into its matvecs). Attention writes every row's k and v into
-//! its own sequence slot, then runs the decode attention kernel with a grid row per token row,
-//! each at its own position over its own slot. The head takes the rows whose logits come back.
+//! the rows (the bits of the norms the one-row decode folds into its matvecs). Attention writes
+//! every row's k and v into its own sequence slot, then runs the decode attention kernel with
+//! a grid row per token row, each at its own position over its own slot (leaving the o
+//! product's 8-bit rows where that product takes the tensor cores). The head takes the rows
+//! whose logits come back.
 //! A step of generated tokens only is padded to its bucket of rows and replayed from graphs
 //! (`buckets`: pad rows first, in a slot the cache write and attention skip, every row a
 //! logit row); a step with prompt rows (a joining sequence's chunk) runs eagerly, its
