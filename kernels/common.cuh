@@ -301,9 +301,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
 }
 
 // Asynchronous copies of 16, 8 or 4 bytes from global to shared memory (sm_80 and later), to
-// a pointer or (`_at`) a shared address; with `valid` false the destination gets zeros and `src` is not read. A thread's copies
-// since its last commit form a group; cp_async_wait<N> waits until at most N of its groups
-// are in flight.
+// a pointer or (`_at`) a shared address; with `valid` false the destination gets zeros and
+// `src` is not read. A thread's copies since its last commit form a group; cp_async_wait<N>
+// waits until at most N of its groups are in flight.
 __device__ __forceinline__ void cp_async16_at(u32 dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
