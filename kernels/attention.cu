@@ -1,6 +1,6 @@
 // memra kernels: single-token attention over an f16 KV cache, fused with the rotary position
 // embedding of q and k and the cache write of the current position. The position comes from
-// device memory, so captured graphs replay at every step: attention_f16 attends over positions
+// device memory, so captured graphs replay at every step: a row attends over positions
 // 0..=*pos (clamped to the capacity). A prefill step's token rows are grid rows: row y attends
 // over 0..=*pos + y, each row with the bits of the decode step at its position. A batched
 // decode step's rows belong to different sequences: with `slots` given, row y sits at pos[y]
@@ -9,30 +9,46 @@
 // no cache and reads none, and its output is zeros, so it touches no sequence.
 //
 // Cache layout: `capacity` positions of `n_kv_heads * head_dim` halves (K and V separately).
-// Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads). One block
-// per query head (attention_f16), or per ATTN_GROUP_HEADS heads of a KV head
-// (attention_group_f16, each head with the bits it has in a block of its own). A block rotates
-// its q heads (written back to q), and the rotated k and the v of its KV head at the current
-// position, narrowed to f16, serve it from shared memory; the block of each group's first
-// head also writes them to the cache slot *pos (k itself stays as it is).
-// No block reads that slot from the cache, so the write needs no ordering, and the bits are
-// those of a cache write followed by attention. Rotation: the angle of pair i is
+// Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads).
+//
+// The canonical order (what fixes the bits): a row's positions fall into chunks of ATTN_CHUNK
+// (positions c * ATTN_CHUNK ..), fixed by the position alone. Chunk c gives, per head, its
+// max m_c, the sum l_c of exp(s - m_c) over its scores s, and o_c = sum of exp(s - m_c) v (f32
+// weights), each in a fixed order inside the chunk. The chunks then merge in chunk order:
+// (M, L, O) starts at chunk 0's and takes chunk c as M' = max(M, m_c), L' = L e^(M - M') +
+// l_c e^(m_c - M'), O' likewise; the output is O / L. Two forms compute exactly this:
+// - the walk (attention_f16, attention_group_f16): a block takes a row's head(s) over all its
+//   chunks and merges as it goes; for steps of many rows, whose grid fills the device;
+// - the split (attention_split_f16, attention_split_group_f16, then attention_merge_f16): a
+//   block per chunk writes (m_c, l_c, o_c) to `parts`, and the merge kernel walks them in chunk
+//   order (flash-decoding); for steps of few rows, where a long context would leave one block
+//   per head walking thousands of positions.
+// Either form, a block per query head or per ATTN_GROUP_HEADS heads of a KV head (each head
+// with the bits it has in a block of its own: the heads only share the loads of k and v), a
+// walk or a split: the same bits, so the launch may pick by occupancy alone.
+//
+// A block rotates its q heads (the walk writes them back rotated, as does the merge kernel
+// after a split), and the rotated k and the v of its KV head at the current position,
+// narrowed to f16, serve it from shared memory; the block of each group's first head whose
+// chunk holds the current position also writes them to the cache slot *pos (k itself stays as
+// it is). No block reads that slot from the cache, so the write needs no ordering, and the
+// bits are those of a cache write followed by attention. Rotation: the angle of pair i is
 // pos * theta_scale^i reached by repeated f32 multiplication, as llama.cpp and the CPU backend
 // do (theta_scale = theta^(-2 / head_dim), computed on the host so the angles match to the
 // bit); `neox` = 0 rotates adjacent pairs (2i, 2i + 1) (llama), 1 rotates (i, i + head_dim / 2)
-// (GPT-NeoX, qwen2, qwen3). Scores are scaled by `scale` (1 / sqrt(head_dim)), softmax
-// subtracts the max; every reduction has a fixed order, so the result is deterministic. The
-// scores live in dynamic shared memory when the launch gives it (capacity values), else in a
-// caller-given f32 scratch of n_heads * capacity values. With `xq`, every row's output also
-// goes into its 8-bit copy there (the bits quantize_rows_q8 makes of it; head_dim a multiple
-// of 32, so a warp's lanes hold whole blocks): the input of the o product on tensor cores,
-// which then needs no launch of its own to quantize it.
+// (GPT-NeoX, qwen2, qwen3). Scores are scaled by `scale` (1 / sqrt(head_dim)); q is narrowed to
+// the f16 cache's dtype, as the CPU backend does. With `xq`, every row's output also goes into
+// its 8-bit copy there (the bits quantize_rows_q8 makes of it; head_dim a multiple of 32, so a
+// warp's lanes hold whole blocks): the input of the o product on tensor cores, which then
+// needs no launch of its own to quantize it.
 #include "common.cuh"
 
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / WARP)
 #define ATTN_MAX_HEAD_DIM 256
 #define ATTN_UNROLL 8
+// positions of a chunk (ATTN_CHUNK in executor/src/cuda/ops.rs)
+#define ATTN_CHUNK 256
 // 128-value slices of the largest head (a lane takes 4 values of each)
 #define ATTN_SLICES (ATTN_MAX_HEAD_DIM / 128)
 // the slot of a pad row (PAD_SLOT in executor/src/cuda/ops.rs): no sequence has it
@@ -45,108 +61,129 @@ __device__ __forceinline__ float block_combine(const float* red, bool is_max) {
     return r;
 }
 
-// Value `col` of this block's row of the output, v, into the row's 8-bit copy at xq
+// Value `col` of row `row` of the output, v, into the row's 8-bit copy at xq
 // (quantize_rows_q8's layout: `cols` quants, then a (d, d * sum) pair per 32 values); a warp's
 // lanes hold one 32-value block (every lane of the warp calls this).
-__device__ __forceinline__ void quantized_out(i8* xq, int cols, int col, float v) {
+__device__ __forceinline__ void quantized_out(i8* xq, int cols, int row, int col, float v) {
     const float vs[1] = {v};
     const Q8Block b = quantize_block32(vs);
-    i8* row = xq + (size_t)blockIdx.y * (cols + cols / 4);
-    row[col] = (i8)b.quants;
-    if (col % 32 == 0) ((float2*)(row + cols))[col / 32] = b.pair;
+    i8* r = xq + (size_t)row * (cols + cols / 4);
+    r[col] = (i8)b.quants;
+    if (col % 32 == 0) ((float2*)(r + cols))[col / 32] = b.pair;
 }
 
-// Block (head block, row): the HPB query heads h0 = HPB * blockIdx.x .. of one KV head (HPB
-// divides the group). Each head's values, and every reduction over them, are those of a block
-// of its own (HPB = 1): the heads only share the block's loads of the KV head's k and v rows,
-// so a batched step of many rows runs in fewer waves with the same bits. The scores of head j
-// are at sc + j * capacity.
-template <int HPB>
-__device__ __forceinline__ void attention_run(float* q, const float* k, const float* v, u16* k_cache, u16* v_cache,
-                                              float* out, i8* xq, float* scores, const u32* pos, const u32* slots,
-                                              int n_heads, int n_kv_heads, int head_dim, int capacity, float scale,
-                                              float theta_scale, int neox) {
-    overlap_with_neighbours();
-    extern __shared__ float smem_scores[];
-    __shared__ float qh[HPB][ATTN_MAX_HEAD_DIM];
-    __shared__ __align__(16) u16 k_now[ATTN_MAX_HEAD_DIM];
-    __shared__ __align__(16) u16 v_now[ATTN_MAX_HEAD_DIM];
-    __shared__ float red[HPB][ATTN_WARPS];
-    __shared__ float part[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
-    __shared__ float stat[HPB];
-    const int h0 = blockIdx.x * HPB, group = n_heads / n_kv_heads;
-    const int kvh = h0 / group;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // token row blockIdx.y of a prefill step sits at *pos + blockIdx.y; kv_store_rows_f16 has
-    // written the rows before it to the cache, with the bits this block writes for its own
-    const size_t q_row = (size_t)n_heads * head_dim, kv_row = (size_t)n_kv_heads * head_dim;
-    q += blockIdx.y * q_row;
-    out += blockIdx.y * q_row;
-    k += blockIdx.y * kv_row;
-    v += blockIdx.y * kv_row;
-    if (slots && slots[blockIdx.y] == ATTN_PAD_SLOT) {
-        for (int d = threadIdx.x; d < HPB * head_dim; d += ATTN_THREADS) {
-            out[(size_t)h0 * head_dim + d] = 0.f;
-            if (xq) quantized_out(xq, n_heads * head_dim, h0 * head_dim + d, 0.f);
-        }
-        return;
-    }
-    const u32 p_now = slots ? pos[blockIdx.y] : *pos + blockIdx.y;
-    if (slots) {
-        const size_t base = (size_t)slots[blockIdx.y] * capacity * kv_row;
-        k_cache += base;
-        v_cache += base;
-    }
-    const int n_ctx = min((int)p_now + 1, capacity);
-    // the current position is in the window unless the cache is full
-    const int now = p_now < (u32)capacity ? (int)p_now : -1;
-    const bool writer = h0 % group == 0 && now >= 0;
-    const size_t row = (size_t)n_kv_heads * head_dim;
-    float* sc = scores ? scores + (size_t)h0 * capacity : smem_scores;
-    // position p's k or v row of this block's KV head: shared memory for the current position
-    const auto cache_row = [&](const u16* cache, const u16* now_row, int p) -> const u16* {
-        return p == now ? now_row : cache + (size_t)p * row + (size_t)kvh * head_dim;
-    };
+// One step of the chunk-order merge: (m, l, o) of the next chunk into the running (M, L, O).
+// Explicit roundings, so that every kernel that merges gives the same bits.
+struct Merged {
+    float m, l, o;
+};
+__device__ __forceinline__ Merged merge_chunk(Merged run, Merged c, bool first) {
+    if (first) return c;
+    const float mx = fmaxf(run.m, c.m);
+    const float a = expf(__fsub_rn(run.m, mx)), b = expf(__fsub_rn(c.m, mx));
+    return {mx, __fadd_rn(__fmul_rn(run.l, a), __fmul_rn(c.l, b)), __fadd_rn(__fmul_rn(run.o, a), __fmul_rn(c.o, b))};
+}
 
-    // rotate q and k; q and the probabilities are narrowed to the f16 cache's dtype, as the CPU
-    // backend does. The block owns its q heads and writes them back rotated; k stays as it is
-    // (the other blocks of the group read it).
+#define ATTN_ARGS                                                                                          \
+    float *q, const float *k, const float *v, u16 *k_cache, u16 *v_cache, float *out, i8 *xq, float *parts, \
+        const u32 *pos, const u32 *slots, int n_heads, int n_kv_heads, int head_dim, int capacity, float scale, \
+        float theta_scale, int neox
+#define ATTN_PASS q, k, v, k_cache, v_cache, out, xq, parts, pos, slots, n_heads, n_kv_heads, head_dim, capacity, scale, theta_scale, neox
+
+// Where row `y` of a step sits: its position, how many positions it attends over, the
+// current position's index in the window (-1 when the cache is full), and its slot's caches.
+struct AttnRow {
+    u32 p_now;
+    int n_ctx, now;
+    const u16* k_cache;
+    const u16* v_cache;
+    bool pad;
+};
+__device__ __forceinline__ AttnRow attn_row(const u32* pos, const u32* slots, int y, int capacity, size_t kv_row,
+                                            const u16* k_cache, const u16* v_cache) {
+    AttnRow r;
+    r.pad = slots && slots[y] == ATTN_PAD_SLOT;
+    r.p_now = r.pad ? 0 : slots ? pos[y] : *pos + y;
+    r.n_ctx = min((int)r.p_now + 1, capacity);
+    r.now = r.p_now < (u32)capacity ? (int)r.p_now : -1;
+    const size_t base = slots && !r.pad ? (size_t)slots[y] * capacity * kv_row : 0;
+    r.k_cache = k_cache + base;
+    r.v_cache = v_cache + base;
+    return r;
+}
+
+template <int HPB>
+struct AttnSmem {
+    float qh[HPB][ATTN_MAX_HEAD_DIM];
+    __align__(16) u16 k_now[ATTN_MAX_HEAD_DIM];
+    __align__(16) u16 v_now[ATTN_MAX_HEAD_DIM];
+    float red[HPB][ATTN_WARPS];
+    float part[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
+    float sc[HPB][ATTN_CHUNK];
+    float stat[2][HPB];
+};
+
+// Block (head block, row[, chunk]) of HPB query heads h0 = HPB * blockIdx.x .. of one KV head
+// (HPB divides the group): the q heads rotated (and narrowed) into shared memory, written back
+// to q when `write_q`; the current position's k and v into shared memory, and into the cache
+// when `write_kv`.
+template <int HPB>
+__device__ __forceinline__ void attn_prologue(AttnSmem<HPB>& sm, float* q, const float* k, const float* v,
+                                              u16* k_cache, u16* v_cache, const AttnRow& r, int h0, int kvh,
+                                              int head_dim, size_t kv_row, float theta_scale, int neox, bool write_q,
+                                              bool write_kv) {
     const int half = head_dim / 2;
     const float* krow = k + (size_t)kvh * head_dim;
-    u16* k_slot = k_cache + (size_t)max(now, 0) * row + (size_t)kvh * head_dim;
+    u16* k_slot = k_cache + (size_t)max(r.now, 0) * kv_row + (size_t)kvh * head_dim;
+    u16* v_slot = v_cache + (size_t)max(r.now, 0) * kv_row + (size_t)kvh * head_dim;
     for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
         const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
 #pragma unroll
         for (int j = 0; j < HPB; ++j) {
             float* qrow = q + (size_t)(h0 + j) * head_dim;
-            const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)p_now, theta_scale);
-            qrow[a] = rq.x;
-            qrow[b] = rq.y;
-            qh[j][a] = round_f16(rq.x);
-            qh[j][b] = round_f16(rq.y);
+            const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)r.p_now, theta_scale);
+            sm.qh[j][a] = round_f16(rq.x);
+            sm.qh[j][b] = round_f16(rq.y);
+            if (write_q) {
+                qrow[a] = rq.x;
+                qrow[b] = rq.y;
+            }
         }
-        const float2 rk = rope_pair(krow[a], krow[b], i, (float)p_now, theta_scale);
-        k_now[a] = f32_to_f16(rk.x);
-        k_now[b] = f32_to_f16(rk.y);
-        if (writer) {
-            k_slot[a] = k_now[a];
-            k_slot[b] = k_now[b];
+        const float2 rk = rope_pair(krow[a], krow[b], i, (float)r.p_now, theta_scale);
+        sm.k_now[a] = f32_to_f16(rk.x);
+        sm.k_now[b] = f32_to_f16(rk.y);
+        if (write_kv) {
+            k_slot[a] = sm.k_now[a];
+            k_slot[b] = sm.k_now[b];
         }
     }
     for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) {
-        v_now[d] = f32_to_f16(v[(size_t)kvh * head_dim + d]);
-        if (writer) v_cache[(size_t)max(now, 0) * row + (size_t)kvh * head_dim + d] = v_now[d];
+        sm.v_now[d] = f32_to_f16(v[(size_t)kvh * head_dim + d]);
+        if (write_kv) v_slot[d] = sm.v_now[d];
     }
     __syncthreads();
+}
 
-    // scores: warp w takes positions w, w + ATTN_WARPS, ..., ATTN_UNROLL of them at once so
-    // their loads are in flight together; lane l takes values 4l .. 4l + 3 of each 128-value
-    // slice of the head, in order, then the warp adds its lanes (positions past the end read
-    // the last one and are dropped; the current position's k comes from shared memory)
+// Chunk c of the row's positions for the block's HPB heads: res[j] gets head j's (m_c, l_c)
+// and, in the thread d = threadIdx.x < head_dim, o_c[d]. Every thread of the block calls it.
+template <int HPB>
+__device__ __forceinline__ void attn_chunk(AttnSmem<HPB>& sm, const AttnRow& r, int c, int kvh, int head_dim,
+                                           size_t kv_row, float scale, Merged (&res)[HPB]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int p_begin = c * ATTN_CHUNK, n = min(ATTN_CHUNK, r.n_ctx - p_begin);
+    // position p's k or v row of this block's KV head: shared memory for the current position
+    const auto cache_row = [&](const u16* cache, const u16* now_row, int i) -> const u16* {
+        const int p = p_begin + i;
+        return p == r.now ? now_row : cache + (size_t)p * kv_row + (size_t)kvh * head_dim;
+    };
+    // scores: warp w takes the chunk's positions w, w + ATTN_WARPS, ..., ATTN_UNROLL of them at
+    // once so their loads are in flight together; lane l takes values 4l .. 4l + 3 of each
+    // 128-value slice of the head, in order, then the warp adds its lanes (positions past the
+    // end read the last one and are dropped)
     float mx[HPB];
 #pragma unroll
     for (int j = 0; j < HPB; ++j) mx[j] = -__int_as_float(0x7f800000);
-    for (int p0 = warp; p0 < n_ctx; p0 += ATTN_WARPS * ATTN_UNROLL) {
+    for (int i0 = warp; i0 < n; i0 += ATTN_WARPS * ATTN_UNROLL) {
         float s[HPB][ATTN_UNROLL];
 #pragma unroll
         for (int j = 0; j < HPB; ++j)
@@ -155,55 +192,50 @@ __device__ __forceinline__ void attention_run(float* q, const float* k, const fl
         for (int d = 4 * lane; d < head_dim; d += 4 * WARP) {
             uint2 kw[ATTN_UNROLL];
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u) kw[u] = *(const uint2*)(cache_row(k_cache, k_now, min(p0 + u * ATTN_WARPS, n_ctx - 1)) + d);
+            for (int u = 0; u < ATTN_UNROLL; ++u)
+                kw[u] = *(const uint2*)(cache_row(r.k_cache, sm.k_now, min(i0 + u * ATTN_WARPS, n - 1)) + d);
 #pragma unroll
             for (int u = 0; u < ATTN_UNROLL; ++u) {
                 const float k0 = f16_to_f32((u16)(kw[u].x & 0xffff)), k1 = f16_to_f32((u16)(kw[u].x >> 16));
                 const float k2 = f16_to_f32((u16)(kw[u].y & 0xffff)), k3 = f16_to_f32((u16)(kw[u].y >> 16));
 #pragma unroll
                 for (int j = 0; j < HPB; ++j) {
-                    s[j][u] = fmaf(qh[j][d], k0, s[j][u]);
-                    s[j][u] = fmaf(qh[j][d + 1], k1, s[j][u]);
-                    s[j][u] = fmaf(qh[j][d + 2], k2, s[j][u]);
-                    s[j][u] = fmaf(qh[j][d + 3], k3, s[j][u]);
+                    s[j][u] = fmaf(sm.qh[j][d], k0, s[j][u]);
+                    s[j][u] = fmaf(sm.qh[j][d + 1], k1, s[j][u]);
+                    s[j][u] = fmaf(sm.qh[j][d + 2], k2, s[j][u]);
+                    s[j][u] = fmaf(sm.qh[j][d + 3], k3, s[j][u]);
                 }
             }
         }
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int p = p0 + u * ATTN_WARPS;
+            const int i = i0 + u * ATTN_WARPS;
 #pragma unroll
             for (int j = 0; j < HPB; ++j) {
-                const float v = warp_sum(s[j][u]) * scale;
-                if (p < n_ctx) {
-                    if (lane == 0) sc[(size_t)j * capacity + p] = v;
-                    mx[j] = fmaxf(mx[j], v);
+                const float val = warp_sum(s[j][u]) * scale;
+                if (i < n) {
+                    if (lane == 0) sm.sc[j][i] = val;
+                    mx[j] = fmaxf(mx[j], val);
                 }
             }
         }
     }
 #pragma unroll
     for (int j = 0; j < HPB; ++j)
-        if (lane == 0) red[j][warp] = mx[j];
+        if (lane == 0) sm.red[j][warp] = mx[j];
     __syncthreads();
-    if (threadIdx.x < HPB) stat[threadIdx.x] = block_combine(red[threadIdx.x], true);
+    if (threadIdx.x < HPB) sm.stat[0][threadIdx.x] = block_combine(sm.red[threadIdx.x], true);
     __syncthreads();
-#pragma unroll
-    for (int j = 0; j < HPB; ++j) mx[j] = stat[j];
-
     // exponentials and their sums
-    float inv[HPB];
+    float l[HPB];
 #pragma unroll
-    for (int j = 0; j < HPB; ++j) inv[j] = exp_in_place_warp_sum(sc + (size_t)j * capacity, n_ctx, mx[j], ATTN_THREADS);
+    for (int j = 0; j < HPB; ++j) l[j] = exp_in_place_warp_sum(sm.sc[j], n, sm.stat[0][j], ATTN_THREADS);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < HPB; ++j)
-        if (lane == 0) red[j][warp] = inv[j];
+        if (lane == 0) sm.red[j][warp] = l[j];
     __syncthreads();
-    if (threadIdx.x < HPB) stat[threadIdx.x] = 1.0f / block_combine(red[threadIdx.x], false);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < HPB; ++j) inv[j] = stat[j];
+    if (threadIdx.x < HPB) sm.stat[1][threadIdx.x] = block_combine(sm.red[threadIdx.x], false);
 
     // weighted sum of values: warp w takes the positions it scored, ATTN_UNROLL at once, lane l
     // values 4l .. 4l + 3 of each 128-value slice; each value adds its positions in order, then
@@ -214,12 +246,12 @@ __device__ __forceinline__ void attention_run(float* q, const float* k, const fl
 #pragma unroll
         for (int i = 0; i < ATTN_SLICES; ++i)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
-    for (int p0 = warp; p0 < n_ctx; p0 += ATTN_WARPS * ATTN_UNROLL) {
+            for (int e = 0; e < 4; ++e) acc[j][i][e] = 0.f;
+    for (int i0 = warp; i0 < n; i0 += ATTN_WARPS * ATTN_UNROLL) {
         uint2 vw[ATTN_UNROLL][ATTN_SLICES];
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const u16* vr = cache_row(v_cache, v_now, min(p0 + u * ATTN_WARPS, n_ctx - 1));
+            const u16* vr = cache_row(r.v_cache, sm.v_now, min(i0 + u * ATTN_WARPS, n - 1));
 #pragma unroll
             for (int i = 0; i < ATTN_SLICES; ++i) {
                 const int d = 128 * i + 4 * lane;
@@ -228,11 +260,11 @@ __device__ __forceinline__ void attention_run(float* q, const float* k, const fl
         }
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int p = p0 + u * ATTN_WARPS;
-            if (p >= n_ctx) break;
+            const int p = i0 + u * ATTN_WARPS;
+            if (p >= n) break;
 #pragma unroll
             for (int j = 0; j < HPB; ++j) {
-                const float pr = round_f16(sc[(size_t)j * capacity + p] * inv[j]);
+                const float pr = sm.sc[j][p];
 #pragma unroll
                 for (int i = 0; i < ATTN_SLICES; ++i) {
                     if (128 * i + 4 * lane >= head_dim) break;
@@ -247,38 +279,144 @@ __device__ __forceinline__ void attention_run(float* q, const float* k, const fl
 #pragma unroll
     for (int j = 0; j < HPB; ++j) {
         // the previous head's readers of `part` are done
-        if (j > 0) __syncthreads();
+        __syncthreads();
 #pragma unroll
         for (int i = 0; i < ATTN_SLICES; ++i) {
             const int d = 128 * i + 4 * lane;
             if (d < head_dim)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) part[warp][d + c] = acc[j][i][c];
+                for (int e = 0; e < 4; ++e) sm.part[warp][d + e] = acc[j][i][e];
         }
         __syncthreads();
-        for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) {
-            float o = part[0][d];
-            for (int w = 1; w < ATTN_WARPS; ++w) o += part[w][d];
-            out[(size_t)(h0 + j) * head_dim + d] = o;
-            if (xq) quantized_out(xq, n_heads * head_dim, (h0 + j) * head_dim + d, o);
+        float o = 0.f;
+        if (threadIdx.x < head_dim) {
+            o = sm.part[0][threadIdx.x];
+            for (int w = 1; w < ATTN_WARPS; ++w) o += sm.part[w][threadIdx.x];
+        }
+        res[j] = {sm.stat[0][j], sm.stat[1][j], o};
+    }
+    // the next chunk's writers of sc, stat and part wait for this chunk's readers
+    __syncthreads();
+}
+
+// Value d of head h's output of row y (every thread of the block calls it, d = threadIdx.x):
+// out, and its 8-bit copy with `xq`.
+__device__ __forceinline__ void attn_out(float* out, i8* xq, int n_heads, int head_dim, int y, int h, float o) {
+    const int d = threadIdx.x;
+    if (d < head_dim) out[(size_t)y * n_heads * head_dim + (size_t)h * head_dim + d] = o;
+    // whole warps inside the head (head_dim a multiple of 32 with xq)
+    if (xq && d < head_dim) quantized_out(xq, n_heads * head_dim, y, h * head_dim + d, o);
+}
+
+// The walk: block (head block, row) over all the row's chunks, merged in chunk order.
+template <int HPB>
+__device__ __forceinline__ void attention_walk(ATTN_ARGS) {
+    overlap_with_neighbours();
+    __shared__ AttnSmem<HPB> sm;
+    const int h0 = blockIdx.x * HPB, group = n_heads / n_kv_heads, kvh = h0 / group, y = blockIdx.y;
+    const size_t kv_row = (size_t)n_kv_heads * head_dim, q_row = (size_t)n_heads * head_dim;
+    const AttnRow r = attn_row(pos, slots, y, capacity, kv_row, k_cache, v_cache);
+    if (r.pad) {
+#pragma unroll
+        for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, 0.f);
+        return;
+    }
+    // token row y of a prefill step sits at *pos + y; kv_store_rows_f16 has written the rows
+    // before it to the cache, with the bits this block writes for its own
+    attn_prologue<HPB>(sm, q + y * q_row, k + y * kv_row, v + y * kv_row, (u16*)r.k_cache, (u16*)r.v_cache, r, h0,
+                       kvh, head_dim, kv_row, theta_scale, neox, true, h0 % group == 0 && r.now >= 0);
+    Merged run[HPB];
+    const int chunks = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    for (int c = 0; c < chunks; ++c) {
+        Merged res[HPB];
+        attn_chunk<HPB>(sm, r, c, kvh, head_dim, kv_row, scale, res);
+#pragma unroll
+        for (int j = 0; j < HPB; ++j) run[j] = merge_chunk(run[j], res[j], c == 0);
+    }
+#pragma unroll
+    for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, __fdiv_rn(run[j].o, run[j].l));
+}
+
+// Where chunk c of head h of row y keeps its partial in `parts`: o_c at the returned offset
+// (head_dim values), (m_c, l_c) at 2 * index past all the o values. `chunks` per row and head
+// (capacity / ATTN_CHUNK, rounded up), `rows` rows.
+__device__ __forceinline__ size_t part_index(int y, int h, int c, int n_heads, int chunks) {
+    return ((size_t)y * n_heads + h) * chunks + c;
+}
+
+// The split: block (head block, row, chunk) writes its chunk's partials.
+template <int HPB>
+__device__ __forceinline__ void attention_split(ATTN_ARGS) {
+    overlap_with_neighbours();
+    __shared__ AttnSmem<HPB> sm;
+    const int h0 = blockIdx.x * HPB, group = n_heads / n_kv_heads, kvh = h0 / group, y = blockIdx.y, c = blockIdx.z;
+    const size_t kv_row = (size_t)n_kv_heads * head_dim, q_row = (size_t)n_heads * head_dim;
+    const AttnRow r = attn_row(pos, slots, y, capacity, kv_row, k_cache, v_cache);
+    if (r.pad || c * ATTN_CHUNK >= r.n_ctx) return;
+    const bool writer = h0 % group == 0 && r.now >= 0 && r.now / ATTN_CHUNK == c;
+    attn_prologue<HPB>(sm, q + y * q_row, k + y * kv_row, v + y * kv_row, (u16*)r.k_cache, (u16*)r.v_cache, r, h0,
+                       kvh, head_dim, kv_row, theta_scale, neox, false, writer);
+    Merged res[HPB];
+    attn_chunk<HPB>(sm, r, c, kvh, head_dim, kv_row, scale, res);
+    const int chunks = gridDim.z;
+    const size_t stats = (size_t)gridDim.y * n_heads * chunks * head_dim;
+#pragma unroll
+    for (int j = 0; j < HPB; ++j) {
+        const size_t at = part_index(y, h0 + j, c, n_heads, chunks);
+        if (threadIdx.x < head_dim) parts[at * head_dim + threadIdx.x] = res[j].o;
+        if (threadIdx.x == 0) {
+            parts[stats + 2 * at] = res[j].m;
+            parts[stats + 2 * at + 1] = res[j].l;
         }
     }
 }
 
-#define ATTN_ARGS                                                                                          \
-    float *q, const float *k, const float *v, u16 *k_cache, u16 *v_cache, float *out, i8 *xq, float *scores, \
-        const u32 *pos, const u32 *slots, int n_heads, int n_kv_heads, int head_dim, int capacity, float scale, \
-        float theta_scale, int neox
-#define ATTN_PASS q, k, v, k_cache, v_cache, out, xq, scores, pos, slots, n_heads, n_kv_heads, head_dim, capacity, scale, theta_scale, neox
-// a block per head, four per SM (64 registers, no spills; the batched step's launch of a
-// block per head and row runs in fewer waves: 78 registers gave three)
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 4) attention_f16(ATTN_ARGS) { attention_run<1>(ATTN_PASS); }
+// a block per head, four per SM
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 4) attention_f16(ATTN_ARGS) { attention_walk<1>(ATTN_PASS); }
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 4) attention_split_f16(ATTN_ARGS) {
+    attention_split<1>(ATTN_PASS);
+}
 // a block per ATTN_GROUP_HEADS heads of a KV head (ATTN_GROUP_HEADS in ops.rs)
 #define ATTN_GROUP_HEADS 4
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attention_group_f16(ATTN_ARGS) {
-    attention_run<ATTN_GROUP_HEADS>(ATTN_PASS);
+    attention_walk<ATTN_GROUP_HEADS>(ATTN_PASS);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attention_split_group_f16(ATTN_ARGS) {
+    attention_split<ATTN_GROUP_HEADS>(ATTN_PASS);
 }
 
+// The split's merge, block (head, row): the row's chunk partials in chunk order, the output
+// (and its 8-bit copy), and the head's q written back rotated (the split's blocks leave q as
+// it was, each reading it). `chunks` as the split's grid had them. A pad row's output is zeros.
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_merge_f16(ATTN_ARGS, int chunks) {
+    overlap_with_neighbours();
+    const int h = blockIdx.x, y = blockIdx.y;
+    const size_t kv_row = (size_t)n_kv_heads * head_dim;
+    const AttnRow r = attn_row(pos, slots, y, capacity, kv_row, k_cache, v_cache);
+    if (r.pad) {
+        attn_out(out, xq, n_heads, head_dim, y, h, 0.f);
+        return;
+    }
+    const size_t stats = (size_t)gridDim.y * n_heads * chunks * head_dim;
+    const int d = threadIdx.x;
+    Merged run{};
+    const int used = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    for (int c = 0; c < used; ++c) {
+        const size_t at = part_index(y, h, c, n_heads, chunks);
+        const Merged part = {parts[stats + 2 * at], parts[stats + 2 * at + 1],
+                             d < head_dim ? parts[at * head_dim + d] : 0.f};
+        run = merge_chunk(run, part, c == 0);
+    }
+    attn_out(out, xq, n_heads, head_dim, y, h, __fdiv_rn(run.o, run.l));
+    float* qrow = q + (size_t)y * n_heads * head_dim + (size_t)h * head_dim;
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)r.p_now, theta_scale);
+        qrow[a] = rq.x;
+        qrow[b] = rq.y;
+    }
+}
 // kv_store_rows_f16, block (t, kv head): row t of a prefill step's k head rotated to position
 // *pos + t and its v head, narrowed to f16, into the cache at that position (positions past
 // the capacity are not written), with attention_f16's rotation and narrowing, so the step's

@@ -26,7 +26,7 @@ use super::device::CudaDevice;
 use super::matvec::{Epilogue, Norm};
 use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
 use super::moe::FfnWeights;
-use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
+use super::ops::DeviceWeight;
 use super::rank::{copy, MixerWeights, Pending, RankDevice, Rows};
 use super::span::Span;
 
@@ -49,12 +49,6 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
     });
     if !dense_gqa {
         bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers dense GQA layers (MoE, MLA and KDA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
-    }
-    if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
-        bail!(
-            "runtime.max_context is {}; the cuda backend's batched decode keeps attention scores in shared memory, up to {ATTN_SMEM_POSITIONS} positions",
-            plan.runtime.max_context
-        );
     }
     Ok(())
 }
@@ -135,7 +129,7 @@ impl RankDevice {
                 let att = Self::rows_of(&b.att, rows, lw.o.cols);
                 let (pos, slots) = (self.pos(rows), self.slots(rows));
                 let rope = (self.geo.theta, self.geo.rope);
-                let scores = Span::of(&b.scores);
+                let parts = Span::of(&b.attn_parts);
                 let kv = self.kv[li]
                     .as_mut()
                     .expect("invariant: a GQA layer has its cache");
@@ -155,7 +149,7 @@ impl RankDevice {
                     &pos,
                     Some(&slots),
                     rope,
-                    &mut scores.clone(),
+                    &parts,
                     &mut att.clone(),
                     xq.as_ref().filter(|_| att_quantized),
                 )

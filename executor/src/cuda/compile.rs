@@ -115,7 +115,14 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!(
         "attention.cu",
-        ["attention_f16", "attention_group_f16", "kv_store_rows_f16"]
+        [
+            "attention_f16",
+            "attention_group_f16",
+            "attention_split_f16",
+            "attention_split_group_f16",
+            "attention_merge_f16",
+            "kv_store_rows_f16"
+        ]
     ),
     kernel_file!(
         "flash.cu",

@@ -175,17 +175,33 @@ pub use crate::rope::RopeStyle;
 
 /// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
-/// Cache capacities (positions) up to which attention keeps its scores in shared memory
-/// (32 KiB, within the default dynamic limit).
-pub const ATTN_SMEM_POSITIONS: usize = 8192;
+/// Positions of a chunk of attention's canonical order (ATTN_CHUNK in kernels/attention.cu):
+/// a row's positions are scored and summed per chunk, and the chunks merge in chunk order.
+pub const ATTN_CHUNK: usize = 256;
+/// Most rows a step's attention splits across blocks per chunk (flash-decoding); steps of more
+/// rows fill the device with a block per row and head, walking the chunks (the same bits).
+pub const ATTN_SPLIT_ROWS: usize = 16;
+
+/// Values of the scratch the split attention of `rows` rows of `n_heads` heads over a cache of
+/// `capacity` positions needs: per row, head and chunk, the chunk's partial output, max and sum.
+pub fn attention_parts_len(rows: usize, n_heads: usize, head_dim: usize, capacity: usize) -> usize {
+    rows * n_heads * capacity.div_ceil(ATTN_CHUNK) * (head_dim + 2)
+}
+
+/// The parameters every attention kernel takes (ATTN_ARGS in kernels/attention.cu), in order:
+/// q, k, v, k cache, v cache, out, xq, parts, pos, slots; heads, KV heads, head dim, capacity;
+/// scale, theta scale; neox.
+struct AttentionArgs {
+    ptrs: [u64; 10],
+    ints: [i32; 4],
+    floats: [f32; 2],
+    neox: i32,
+}
 
 /// Query heads a block of attention_group_f16 takes (ATTN_GROUP_HEADS in kernels/attention.cu).
 pub(super) const ATTN_GROUP_HEADS: usize = 4;
 /// Blocks of attention_f16 an SM holds at once (its launch bounds).
 const ATTN_BLOCKS_PER_SM: usize = 4;
-/// Most bytes of scores a block of attention_group_f16 keeps (beside its 13.5 KiB of static
-/// shared memory, within the 48 KiB a launch takes without raising its limit).
-const ATTN_GROUP_SCORE_BYTES: usize = 32 << 10;
 /// The sequence slot of a pad row of a batched step (`super::buckets`), which no sequence
 /// has: `attention` and `kv_store_rows` write no cache for it and give it a zero output
 /// (ATTN_PAD_SLOT in kernels/attention.cu).
@@ -281,32 +297,27 @@ impl CudaDevice {
     /// Whether `attention` over `rows` token rows takes a block per ATTN_GROUP_HEADS query
     /// heads of a KV head (the same bits as a block per head, each head's work and reductions
     /// unchanged, the k and v loads shared): where a block per head would not all fit on the
-    /// device at once (a batched step of many rows), the group divides by ATTN_GROUP_HEADS and
-    /// the heads' scores fit the default 48 KiB of shared memory.
-    pub(super) fn attention_grouped(
-        &self,
-        rows: usize,
-        n_heads: usize,
-        n_kv_heads: usize,
-        capacity: usize,
-    ) -> bool {
+    /// device at once (a batched step of many rows) and the group divides by ATTN_GROUP_HEADS.
+    pub(super) fn attention_grouped(&self, rows: usize, n_heads: usize, n_kv_heads: usize) -> bool {
         let group = n_heads / n_kv_heads;
         group.is_multiple_of(ATTN_GROUP_HEADS)
-            && 4 * ATTN_GROUP_HEADS * capacity <= ATTN_GROUP_SCORE_BYTES
             && rows * n_heads > ATTN_BLOCKS_PER_SM * self.sm_count()
     }
 
     /// Attention of the query heads in `q` (heads of `kv.head_dim`) over positions `0..=pos[0]`
     /// of `kv` (with several token rows in k, v, q and out: row `r` over `0..=pos[0] + r`, its
-    /// earlier rows already in the cache by `kv_store_rows`), scale `1 / sqrt(head_dim)`, into `out`, with the rotary embedding and the cache
-    /// write in the same launch: q and k are rotated to position `pos[0]` (q in place; k is
-    /// left as it is), and the rotated k and v are stored as f16 at that position of `kv`
-    /// (nothing is stored at a position past the capacity). With `slots` (a batched decode
-    /// step), row `r` sits at position `pos[r]` of sequence slot `slots[r]` instead, each over
-    /// its own slot; a row of slot `PAD_SLOT` touches no cache and its output is zeros. The scores stay in shared memory up to `ATTN_SMEM_POSITIONS` positions of
-    /// capacity; past it `scores` is their scratch (`n_heads * kv.capacity` values). With
-    /// `quantized`, each row of `out` is also left there as `quantize_rows` would make its
-    /// 8-bit copy, bit for bit (head_dim a multiple of 32).
+    /// earlier rows already in the cache by `kv_store_rows`), scale `1 / sqrt(head_dim)`, into
+    /// `out`, with the rotary embedding and the cache write in the same launch: q and k are
+    /// rotated to position `pos[0]` (q in place; k is left as it is), and the rotated k and v
+    /// are stored as f16 at that position of `kv` (nothing is stored at a position past the
+    /// capacity). With `slots` (a batched decode step), row `r` sits at position `pos[r]` of
+    /// sequence slot `slots[r]` instead, each over its own slot; a row of slot `PAD_SLOT`
+    /// touches no cache and its output is zeros. Steps of up to `ATTN_SPLIT_ROWS` rows whose
+    /// cache holds several chunks split each row's chunks across blocks and merge them in a
+    /// second launch where `parts` holds `attention_parts_len` values; otherwise a block walks
+    /// a row's chunks. Both give the same bits. With `quantized`, each row of `out` is also left
+    /// there as `quantize_rows` would make its 8-bit copy, bit for bit (head_dim a multiple of
+    /// 32).
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -318,7 +329,7 @@ impl CudaDevice {
         pos: &impl DevicePtr<u32>,
         slots: Option<&Span<u32>>,
         rope: (f32, RopeStyle),
-        scores: &mut impl DevicePtrMut<f32>,
+        parts: &Span<f32>,
         out: &mut impl DevicePtrMut<f32>,
         quantized: Option<&Span<u8>>,
     ) -> Result<()> {
@@ -346,11 +357,6 @@ impl CudaDevice {
             slots.is_none_or(|sl| sl.len() >= rows && pos.len() >= rows),
             "attention: slots and pos must name every row's slot and position"
         );
-        let in_smem = kv.capacity <= ATTN_SMEM_POSITIONS;
-        assert!(
-            in_smem || (rows == 1 && scores.len() >= n_heads * kv.capacity),
-            "attention: scores needs n_heads * capacity values, and several rows need the scores in shared memory"
-        );
         let scale = 1.0 / (hd as f32).sqrt();
         let (theta, style) = rope;
         // computed on the host exactly as the CPU backend does, so the angles match bit for bit
@@ -363,7 +369,6 @@ impl CudaDevice {
             ptr(stream, pos),
         );
         let (kc, vc) = (ptr_mut(stream, &mut kv.k), ptr_mut(stream, &mut kv.v));
-        let sp = if in_smem { 0 } else { ptr_mut(stream, scores) };
         let slp = slots.map_or(0, Span::addr);
         let op = ptr_mut(stream, out);
         assert!(
@@ -372,40 +377,63 @@ impl CudaDevice {
             "attention: an 8-bit copy of the output needs heads of whole 32-value blocks and room for its rows"
         );
         let xqp = quantized.map_or(0, Span::addr);
+        let chunks = kv.capacity.div_ceil(ATTN_CHUNK);
+        let split = chunks > 1
+            && rows <= ATTN_SPLIT_ROWS
+            && parts.len() >= attention_parts_len(rows, n_heads, hd, kv.capacity);
+        let pap = parts.addr();
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
-        let grouped = self.attention_grouped(rows, n_heads, kv.n_kv_heads, kv.capacity);
-        let (name, heads) = if grouped {
-            ("attention_group_f16", ATTN_GROUP_HEADS)
-        } else {
-            ("attention_f16", 1)
+        let grouped = self.attention_grouped(rows, n_heads, kv.n_kv_heads);
+        let heads = if grouped { ATTN_GROUP_HEADS } else { 1 };
+        let name = match (split, grouped) {
+            (false, false) => "attention_f16",
+            (false, true) => "attention_group_f16",
+            (true, false) => "attention_split_f16",
+            (true, true) => "attention_split_group_f16",
         };
-        let cfg = LaunchConfig {
-            grid_dim: ((n_heads / heads) as u32, rows as u32, 1),
+        let args = AttentionArgs {
+            ptrs: [qp, kp, vp, kc, vc, op, xqp, pap, pp, slp],
+            ints: [nh, nkv, hd, cap],
+            floats: [scale, theta_scale],
+            neox,
+        };
+        let grid = |x: usize, z: usize| LaunchConfig {
+            grid_dim: (x as u32, rows as u32, z as u32),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: if in_smem {
-                (4 * heads * kv.capacity) as u32
-            } else {
-                0
-            },
+            shared_mem_bytes: 0,
         };
+        if !split {
+            return self.launch_attention(stream, name, grid(n_heads / heads, 1), &args, None);
+        }
+        self.launch_attention(stream, name, grid(n_heads / heads, chunks), &args, None)?;
+        let merge = grid(n_heads, 1);
+        self.launch_attention(
+            stream,
+            "attention_merge_f16",
+            merge,
+            &args,
+            Some(int(chunks)),
+        )
+    }
+
+    /// One launch of an attention kernel of kernels/attention.cu: its common parameters, and
+    /// the merge kernel's chunk count.
+    fn launch_attention(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &AttentionArgs,
+        chunks: Option<i32>,
+    ) -> Result<()> {
         self.launch(stream, name, cfg, |a| {
-            a.arg(&qp)
-                .arg(&kp)
-                .arg(&vp)
-                .arg(&kc)
-                .arg(&vc)
-                .arg(&op)
-                .arg(&xqp)
-                .arg(&sp)
-                .arg(&pp)
-                .arg(&slp)
-                .arg(&nh)
-                .arg(&nkv)
-                .arg(&hd)
-                .arg(&cap)
-                .arg(&scale)
-                .arg(&theta_scale)
-                .arg(&neox);
+            args.ptrs.iter().for_each(|p| _ = a.arg(p));
+            args.ints.iter().for_each(|i| _ = a.arg(i));
+            args.floats.iter().for_each(|f| _ = a.arg(f));
+            a.arg(&args.neox);
+            if let Some(c) = &chunks {
+                a.arg(c);
+            }
         })
     }
 

@@ -24,7 +24,7 @@ use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
 use super::moe::{full_chunks, FfnWeights};
 use super::moe_rows::unfit;
-use super::ops::{DeviceWeight, ATTN_SMEM_POSITIONS};
+use super::ops::DeviceWeight;
 use super::rank::{MixerWeights, Pending, RankDevice, Rows};
 use super::rows::GEMM_DEPTH;
 use super::span::Span;
@@ -33,9 +33,6 @@ use super::span::Span;
 /// run token by token.
 pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     let m = &plan.model;
-    if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
-        return Err("the cuda prefill attention keeps its scores in shared memory, up to 8192 positions of context");
-    }
     if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer == Mixer::Dsa) {
         return Err("the cuda prefill has no DSA selection or mHC kernels over token rows; DSA and mHC prompts run token by token");
     }

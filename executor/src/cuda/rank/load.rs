@@ -225,7 +225,10 @@ impl RankDevice {
             att: dev.alloc(&s, n * n_att)?,
             partial: dev.alloc(&s, n * d)?,
             gate: dev.alloc(&s, n * gate_rows)?,
-            scores: dev.alloc(&s, (nq / hd).max(1) * ctx)?,
+            attn_parts: dev.alloc(
+                &s,
+                attention_parts_len(n.min(ATTN_SPLIT_ROWS), (nq / hd).max(1), hd, ctx),
+            )?,
             logits: dev.alloc(&s, n * logits_len)?,
             full_logits: if r.head && group_len > 1 && r.tp_index == 0 {
                 Some(dev.alloc(&s, n * logits_len * group_len)?)

@@ -29,7 +29,7 @@ use super::matvec::Norm;
 use super::mhc::{HcState, HcWeights};
 use super::mla::{MlaState, MlaWeights};
 use super::moe::{FfnWeights, MoeState};
-use super::ops::{DeviceKv, DeviceWeight};
+use super::ops::{attention_parts_len, DeviceKv, DeviceWeight, ATTN_SPLIT_ROWS};
 use super::rows::FLASH_HEAD_DIMS;
 use super::span::Span;
 use super::synth::device_matrix;
@@ -117,7 +117,8 @@ pub(super) struct Buffers {
     pub att: DeviceBuffer<f32>,
     pub partial: DeviceBuffer<f32>,
     pub gate: DeviceBuffer<f32>,
-    pub scores: DeviceBuffer<f32>,
+    /// Scratch of a split attention's chunk partials (`ops::attention_parts_len`).
+    pub attn_parts: DeviceBuffer<f32>,
     pub logits: DeviceBuffer<f32>,
     full_logits: Option<DeviceBuffer<f32>>,
     /// The step's position (one; a batched step's: one per row).
@@ -511,7 +512,7 @@ impl RankDevice {
             &pos,
             None,
             rope,
-            &mut Span::of(&self.buf.scores),
+            &Span::of(&self.buf.attn_parts),
             &mut out.clone(),
             None,
         )

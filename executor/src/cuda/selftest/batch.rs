@@ -14,7 +14,7 @@ use memra_gguf::GgmlType;
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cuda::matvec::{Epilogue, Norm};
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile};
-use crate::cuda::ops::PAD_SLOT;
+use crate::cuda::ops::{attention_parts_len, PAD_SLOT};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -231,23 +231,25 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
 /// `attention` take a block per four heads of a KV head (the one-slot calls take a block per
 /// head).
 fn attention_slots(cx: &mut Ctx) -> Result<()> {
-    let (n_heads, n_kv, cap) = (SLOTS_HEADS, SLOTS_KV_HEADS, SLOTS_CAPACITY);
+    let (n_heads, n_kv) = (SLOTS_HEADS, SLOTS_KV_HEADS);
+    // positions over several chunks of the canonical order: the few rows split each row's
+    // chunks across blocks, the many walk them, and the one-slot calls split
     let few = [
         (PAD_SLOT, 0),
         (PAD_SLOT, 0),
         (2, 7),
         (0, 0),
-        (1, 20),
-        (1, 21),
-        (0, 33),
+        (1, 300),
+        (1, 301),
+        (0, 533),
     ];
     attention_slots_at(cx, &few)?;
     let n = 4 * cx.dev.sm_count() / n_heads + 4;
     let many: Vec<(u32, u32)> = std::iter::once((PAD_SLOT, 0))
-        .chain((0..n as u32).map(|slot| (slot, (7 * slot + 3) % 47)))
+        .chain((0..n as u32).map(|slot| (slot, (97 * slot + 3) % 650)))
         .collect();
     anyhow::ensure!(
-        cx.dev.attention_grouped(many.len(), n_heads, n_kv, cap),
+        cx.dev.attention_grouped(many.len(), n_heads, n_kv),
         "selftest: {} rows of {n_heads} heads do not take the grouped attention",
         many.len()
     );
@@ -258,7 +260,7 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
 const SLOTS_HEADS: usize = 8;
 const SLOTS_KV_HEADS: usize = 2;
 const SLOTS_HEAD_DIM: usize = 64;
-const SLOTS_CAPACITY: usize = 48;
+const SLOTS_CAPACITY: usize = 700;
 
 fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
@@ -312,7 +314,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
     let sd = dev.upload(s, &at.iter().map(|a| a.0).collect::<Vec<_>>())?;
     let (pos_span, slot_span) = (Span::of(&pd), Span::of(&sd));
     let mut qd = dev.upload(s, &q)?;
-    let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
+    let parts = dev.alloc::<f32>(s, attention_parts_len(rows, n_heads, hd, cap))?;
     let mut out = dev.alloc::<f32>(s, rows * qrow)?;
     let xq = dev.alloc::<u8>(s, quantized_bytes(rows, qrow))?;
     dev.kv_store_rows(s, &kd, &vd, &mut kv, &pos_span, Some(&slot_span), rope)?;
@@ -325,7 +327,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
         &pos_span,
         Some(&slot_span),
         rope,
-        &mut scores,
+        &Span::of(&parts),
         &mut out,
         Some(&Span::of(&xq)),
     )?;
@@ -358,7 +360,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
             &p1,
             None,
             rope,
-            &mut scores,
+            &Span::of(&parts),
             &mut o1,
             None,
         )?;
@@ -380,7 +382,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
         format!(
             "{rows} rows of {slots} slots ({} pad rows){} == decode per slot, 8-bit copy == quantize_rows, h={n_heads} kv={n_kv} hd={hd}",
             rows - at.iter().filter(|a| a.0 != PAD_SLOT).count(),
-            if dev.attention_grouped(rows, n_heads, n_kv, cap) { ", 4 heads a block" } else { "" }
+            if dev.attention_grouped(rows, n_heads, n_kv) { ", 4 heads a block" } else { "" }
         ),
         bit_mismatches(&got, &want) + cache_diff + xq_diff,
     );

@@ -10,7 +10,8 @@ use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cpu::kernels::reference::{effective_x, matvec_row};
-use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle};
+use crate::cuda::ops::attention_parts_len;
+use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for &dtype in DTYPES {
@@ -25,13 +26,16 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
             rope(cx, style, pos)?;
         }
     }
-    // the last case's capacity puts the scores in device memory, not shared memory
+    // the last cases' capacities split each head's positions across blocks by chunk
+    // (flash-decoding), over one chunk, three and five
     for (n_heads, n_kv, hd, cap, pos) in [
         (6, 2, 64, 50, 36),
         (4, 4, 128, 8, 0),
         (8, 1, 32, 300, 299),
         (2, 2, 96, 20, 11),
         (4, 2, 64, 9000, 40),
+        (4, 1, 256, 600, 599),
+        (8, 2, 128, 1200, 1100),
     ] {
         attention(cx, n_heads, n_kv, hd, cap, pos)?;
     }
@@ -188,7 +192,7 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
     let cap = pos as usize + 1;
     let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
     let pd = dev.upload(s, &[pos])?;
-    let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
+    let parts = dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?;
     let mut out = dev.alloc::<f32>(s, n)?;
     dev.attention(
         s,
@@ -199,7 +203,7 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
         &pd,
         None,
         (theta, style),
-        &mut scores,
+        &Span::of(&parts),
         &mut out,
         None,
     )?;
@@ -276,7 +280,7 @@ fn attention(
     let row = n_kv * hd;
     let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
     let mut pd = dev.alloc::<u32>(s, 1)?;
-    let mut scores = dev.alloc::<f32>(s, n_heads * cap)?;
+    let parts = dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?;
     let mut out = dev.upload(s, &vec![f32::NAN; n_heads * hd])?;
     let rope = (10000.0, RopeStyle::Normal);
     let mut qd = dev.alloc::<f32>(s, n_heads * hd)?;
@@ -294,7 +298,7 @@ fn attention(
             &pd,
             None,
             rope,
-            &mut scores,
+            &Span::of(&parts),
             &mut out,
             None,
         )?;
@@ -309,7 +313,8 @@ fn attention(
     );
     let scale = 1.0 / (hd as f64).sqrt();
     let group = n_heads / n_kv;
-    // The kernel narrows q and the probabilities to the cache's f16, as the CPU backend does.
+    // The kernel narrows q to the cache's f16, as the CPU backend does; its probabilities
+    // stay f32.
     let half = |x: f32| f64::from(f16_to_f32(f32_to_f16(x)));
     let mut err = 0f64;
     for h in 0..n_heads {
@@ -327,9 +332,7 @@ fn attention(
         let e: Vec<f64> = sc.iter().map(|v| (v - max).exp()).collect();
         let sum: f64 = e.iter().sum();
         for d in 0..hd {
-            let want: f64 = (0..=pos)
-                .map(|p| half((e[p] / sum) as f32) * at(&vs, p, d))
-                .sum();
+            let want: f64 = (0..=pos).map(|p| e[p] / sum * at(&vs, p, d)).sum();
             err = err.max((f64::from(got[h * hd + d]) - want).abs());
         }
     }

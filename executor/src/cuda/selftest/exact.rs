@@ -402,7 +402,7 @@ impl Step {
             &self.pos,
             None,
             (10000.0, RopeStyle::Normal),
-            &mut self.scores,
+            &Span::of(&self.scores),
             &mut self.att,
             None,
         )?;

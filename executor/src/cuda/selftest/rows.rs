@@ -12,6 +12,7 @@ use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx};
+use crate::cuda::ops::attention_parts_len;
 use crate::cuda::rows::GemmTile;
 use crate::cuda::{CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle, Span};
 
@@ -58,7 +59,13 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     ] {
         gemm_trees(cx, dtype)?;
     }
-    for (n_heads, n_kv, hd, p0, rows) in [(4, 2, 64, 5, 9), (8, 8, 128, 0, 70), (6, 2, 96, 31, 3)] {
+    // the decode steps split positions past the first chunk across blocks, the prefill rows walk
+    for (n_heads, n_kv, hd, p0, rows) in [
+        (4, 2, 64, 5, 9),
+        (8, 8, 128, 0, 70),
+        (6, 2, 96, 31, 3),
+        (4, 2, 64, 300, 9),
+    ] {
         attention_rows(cx, n_heads, n_kv, hd, p0, rows)?;
     }
     for (n_heads, n_kv, hd, p0, rows) in [
@@ -173,7 +180,7 @@ fn flash_rows(
     dev.flash_attention(s, &qd, &kv, &pd, rows, rope, &mut fast)?;
     let mut qc = dev.upload(s, &q)?;
     let mut want = dev.alloc::<f32>(s, rows * qrow)?;
-    let mut scores = dev.alloc::<f32>(s, 0)?;
+    let no_parts = dev.alloc::<f32>(s, 0)?;
     dev.attention(
         s,
         &mut qc,
@@ -183,7 +190,7 @@ fn flash_rows(
         &pd,
         None,
         rope,
-        &mut scores,
+        &Span::of(&no_parts),
         &mut want,
         None,
     )?;
@@ -437,7 +444,10 @@ fn attention_rows(
     let q = random(&mut cx.rng, total * qrow, 1.0);
     let k = random(&mut cx.rng, total * row, 2.0);
     let v = random(&mut cx.rng, total * row, 1.0);
-    let mut scores = dev.alloc::<f32>(s, 0)?;
+    let (no_parts, parts) = (
+        dev.alloc::<f32>(s, 0)?,
+        dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?,
+    );
     // decode: one step per position
     let mut kv_a = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
     let mut kv_b = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
@@ -463,7 +473,7 @@ fn attention_rows(
                 &pd,
                 None,
                 rope,
-                &mut scores,
+                &Span::of(&parts),
                 &mut out,
                 None,
             )?;
@@ -492,7 +502,7 @@ fn attention_rows(
         &pd,
         None,
         rope,
-        &mut scores,
+        &Span::of(&no_parts),
         &mut out,
         None,
     )?;
