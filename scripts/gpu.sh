@@ -9,7 +9,7 @@
 #   build                     memra-run, memra-compile, memra-synth, cuda_selftest and the
 #                             gpu-tests test binary into .dev/bin (cargo's own target folder,
 #                             or CARGO_TARGET_DIR when set)
-#   smoke [SECONDS]           a session's first call: the self-test and a cross-section of the
+#   smoke [SECONDS]           first on a fresh tree: the self-test and a cross-section of the
 #                             gates (prefill dense and MoE/MLA/KDA, tiny and real-width
 #                             glm5-next, batch)
 #   selftest                  every kernel against the CPU reference with the matvec bandwidth
@@ -386,7 +386,7 @@ suite_gates() {
     late "soak smol135m-pp4 x100" ||
         gate "soak smol135m-pp4 x100" 200 "$M/smol135m-q8_0.gguf" "$smol-eager.plan.toml" "$smol-pp4.plan.toml" --repeat 100
     # teacher-forced within the oracle's bound, as suite_moe explains: greedy, this random model
-    # parts from the CPU at step 50 in every session since the first (bench/cuda-gates.md)
+    # parts from the CPU at step 50 in every run since the first (bench/cuda-gates.md)
     late "cuda vs cpu smol135m q8_0" ||
         against_cpu "cuda vs cpu smol135m q8_0" 5e-2 "$M/smol135m-q8_0.gguf" "$smol.plan.toml" 64 --teacher-forced --conditioning 1e-6
     gates_of llama1b q4_1 "${llama[@]}"
@@ -1432,7 +1432,7 @@ suite_glm5() {
     table
 }
 
-# ---- smoke: the first call of a session: is the tree that was never on a GPU sound?
+# ---- smoke: the first call on a fresh tree: is the tree that was never on a GPU sound?
 #   the self-test (every kernel against the CPU reference, the device's synthetic blocks
 #   against the host's); prefill gates of llama1b (graphs, TP-2, PP-2 x TP-2) over a two-chunk
 #   prompt and of the tiny MoE/MLA/KDA models (TP-2, EP-4, PP-2); tiny-glm5-next gates in f32
