@@ -72,18 +72,6 @@ __device__ __forceinline__ void quantized_out(i8* xq, int cols, int row, int col
     if (col % 32 == 0) ((float2*)(r + cols))[col / 32] = b.pair;
 }
 
-// One step of the chunk-order merge: (m, l, o) of the next chunk into the running (M, L, O).
-// Explicit roundings, so that every kernel that merges gives the same bits.
-struct Merged {
-    float m, l, o;
-};
-__device__ __forceinline__ Merged merge_chunk(Merged run, Merged c, bool first) {
-    if (first) return c;
-    const float mx = fmaxf(run.m, c.m);
-    const float a = expf(__fsub_rn(run.m, mx)), b = expf(__fsub_rn(c.m, mx));
-    return {mx, __fadd_rn(__fmul_rn(run.l, a), __fmul_rn(c.l, b)), __fadd_rn(__fmul_rn(run.o, a), __fmul_rn(c.o, b))};
-}
-
 #define ATTN_ARGS                                                                                          \
     float *q, const float *k, const float *v, u16 *k_cache, u16 *v_cache, float *out, i8 *xq, float *parts, \
         const u32 *pos, const u32 *slots, int n_heads, int n_kv_heads, int head_dim, int capacity, float scale, \

@@ -426,3 +426,18 @@ __device__ __forceinline__ float deq_q6_k(WeightRow row, int i) {
     float sc = (float)(i8)b[192 + 8 * n + e / 16];
     return __fmul_rn(__fmul_rn(f16_to_f32(ld_u16(b + 208)), sc), (float)(q - 32));
 }
+
+// ---- attention's chunk-order merge: shared by attention.cu and mla.cu ----
+
+// One step of the chunk-order merge of a softmax-weighted sum: (m, l, o) of the next chunk (its
+// max score, its sum of exp(s - m) and its sum of exp(s - m) v) into the running (M, L, O).
+// Explicit roundings, so that every kernel that merges gives the same bits.
+struct Merged {
+    float m, l, o;
+};
+__device__ __forceinline__ Merged merge_chunk(Merged run, Merged c, bool first) {
+    if (first) return c;
+    const float mx = fmaxf(run.m, c.m);
+    const float a = expf(__fsub_rn(run.m, mx)), b = expf(__fsub_rn(c.m, mx));
+    return {mx, __fadd_rn(__fmul_rn(run.l, a), __fmul_rn(c.l, b)), __fadd_rn(__fmul_rn(run.o, a), __fmul_rn(c.o, b))};
+}

@@ -155,7 +155,15 @@ pub const FILES: &[KernelFile] = &[
             "moe_unheld_f32"
         ]
     ),
-    kernel_file!("mla.cu", ["mla_rope_f32", "mla_attention_f16"]),
+    kernel_file!(
+        "mla.cu",
+        [
+            "mla_rope_f32",
+            "mla_attention_split2_f16",
+            "mla_attention_split8_f16",
+            "mla_merge_f16"
+        ]
+    ),
     kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(
         "dsa.cu",

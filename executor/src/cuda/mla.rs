@@ -182,7 +182,8 @@ pub(super) struct MlaState {
     row: DeviceBuffer<f32>,
     q_lat: DeviceBuffer<f32>,
     lat: DeviceBuffer<f32>,
-    scores: DeviceBuffer<f32>,
+    /// Scratch of latent attention's chunk partials (`mla_parts_len`).
+    parts: DeviceBuffer<f32>,
     /// The ids of the heads this rank holds, in order: the slots of the absorbed products.
     head_ids: DeviceBuffer<i32>,
     /// By the rank's layer index; `None` for GQA layers.
@@ -243,7 +244,14 @@ impl MlaState {
             row: dev.alloc(s, most(|x| x.width))?,
             q_lat: dev.alloc(s, most(|x| x.heads * x.width))?,
             lat: dev.alloc(s, most(|x| x.heads * x.kvl))?,
-            scores: dev.alloc(s, most(|x| x.heads) * capacity)?,
+            parts: dev.alloc(
+                s,
+                shapes
+                    .iter()
+                    .map(|x| mla_parts_len(x.heads, x.kvl, capacity))
+                    .max()
+                    .unwrap_or(1),
+            )?,
             head_ids: dev.upload(s, &head_ids)?,
             caches,
             capacity,
@@ -367,7 +375,7 @@ impl MlaState {
             &Span::of(&self.row).sub(0, sh.width),
             &Span::of(cache),
             &lat,
-            &Span::of(&self.scores),
+            &Span::of(&self.parts),
             pos,
             (sh.heads, sh.kvl, self.capacity),
             self.kq_scale,
@@ -484,7 +492,8 @@ impl CudaDevice {
     /// Latent attention (`cpu::kernels::latent_attention` over positions `0..=pos[0]`, or
     /// `latent_attention_at` over DSA's `cells`: a count, then the positions) of the `heads`
     /// queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to the
-    /// cache at `pos[0]` first; `scores` is `heads * capacity` scratch.
+    /// cache at `pos[0]` first: each head's chunks of `MLA_CHUNK` rows across blocks, then
+    /// merged in chunk order (kernels/mla.cu); `parts` holds `mla_parts_len` values.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention(
         &self,
@@ -493,7 +502,7 @@ impl CudaDevice {
         row: &Span<f32>,
         cache: &Span<u16>,
         out: &Span<f32>,
-        scores: &Span<f32>,
+        parts: &Span<f32>,
         pos: &Span<u32>,
         (heads, kvl, capacity): (usize, usize, usize),
         scale: f32,
@@ -503,31 +512,54 @@ impl CudaDevice {
         assert!(
             width <= MAX_LATENT_WIDTH
                 && kvl <= width
+                && width.is_multiple_of(2)
+                && kvl.is_multiple_of(2)
                 && q_lat.len() == heads * width
                 && out.len() == heads * kvl
                 && cache.len() >= width * capacity
-                && scores.len() >= heads * capacity
+                && parts.len() >= mla_parts_len(heads, kvl, capacity)
                 && cells.is_none_or(|c| c.len() > capacity),
             "mla_attention: {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
         );
-        let (qp, rp, cp, op, sp, pp) = (
+        let (qp, rp, cp, op, pap, pp) = (
             q_lat.addr(),
             row.addr(),
             cache.addr(),
             out.addr(),
-            scores.addr(),
+            parts.addr(),
             pos.addr(),
         );
         let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
         let cp_cells = cells.map_or(0, Span::addr);
-        let cfg = LaunchConfig {
-            grid_dim: (heads as u32, 1, 1),
+        let chunks = capacity.div_ceil(MLA_CHUNK);
+        // many heads share each row's loads eight to a block; few take two, for more blocks
+        let (name, per_block) = if heads >= 32 {
+            ("mla_attention_split8_f16", 8)
+        } else {
+            ("mla_attention_split2_f16", 2)
+        };
+        let cfg = |x: usize, y: usize| LaunchConfig {
+            grid_dim: (x as u32, y as u32, 1),
             block_dim: (MLA_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.launch(s, "mla_attention_f16", cfg, |a| {
-            a.arg(&qp).arg(&rp).arg(&cp).arg(&op).arg(&sp).arg(&pp);
+        self.launch(s, name, cfg(heads.div_ceil(per_block), chunks), |a| {
+            a.arg(&qp).arg(&rp).arg(&cp).arg(&pap).arg(&pp);
             a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale).arg(&cp_cells);
+        })?;
+        let nc = int(chunks);
+        self.launch(s, "mla_merge_f16", cfg(heads, 1), |a| {
+            a.arg(&pap).arg(&op).arg(&pp).arg(&h).arg(&k).arg(&c);
+            a.arg(&cp_cells).arg(&nc);
         })
     }
+}
+
+/// Rows of a chunk of latent attention's canonical order (MLA_CHUNK in kernels/mla.cu).
+pub const MLA_CHUNK: usize = 128;
+
+/// Values of the scratch latent attention of `heads` heads with latents of `kvl` over a cache of
+/// `capacity` rows needs: per head and chunk, its latent sums, max and sum.
+pub fn mla_parts_len(heads: usize, kvl: usize, capacity: usize) -> usize {
+    heads * capacity.div_ceil(MLA_CHUNK) * (kvl + 2)
 }

@@ -198,6 +198,15 @@ struct AttentionArgs {
     neox: i32,
 }
 
+/// How an attention launch lays out its blocks (all forms give the same bits): each row's
+/// chunks split across blocks and merged after (`split`) or walked by one block, and a block per
+/// query head or per `ATTN_GROUP_HEADS` heads of a KV head (`grouped`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct AttentionForm {
+    pub split: bool,
+    pub grouped: bool,
+}
+
 /// Query heads a block of attention_group_f16 takes (ATTN_GROUP_HEADS in kernels/attention.cu).
 pub(super) const ATTN_GROUP_HEADS: usize = 4;
 /// Blocks of attention_f16 an SM holds at once (its launch bounds).
@@ -333,6 +342,30 @@ impl CudaDevice {
         out: &mut impl DevicePtrMut<f32>,
         quantized: Option<&Span<u8>>,
     ) -> Result<()> {
+        self.attention_as(
+            stream, q, k, v, kv, pos, slots, rope, parts, out, quantized, None,
+        )
+    }
+
+    /// [`Self::attention`] in `form` (`None`: the one `attention` picks), for the self-test,
+    /// which checks that every form gives the same bits, and its benchmark. A split form needs
+    /// `parts` of `attention_parts_len` values.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_as(
+        &self,
+        stream: &CudaStream,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &impl DevicePtr<f32>,
+        v: &impl DevicePtr<f32>,
+        kv: &mut DeviceKv,
+        pos: &impl DevicePtr<u32>,
+        slots: Option<&Span<u32>>,
+        rope: (f32, RopeStyle),
+        parts: &Span<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+        quantized: Option<&Span<u8>>,
+        form: Option<AttentionForm>,
+    ) -> Result<()> {
         let (hd, row) = (kv.head_dim, kv.n_kv_heads * kv.head_dim);
         assert!(
             hd <= MAX_HEAD_DIM && hd.is_multiple_of(4),
@@ -378,12 +411,18 @@ impl CudaDevice {
         );
         let xqp = quantized.map_or(0, Span::addr);
         let chunks = kv.capacity.div_ceil(ATTN_CHUNK);
-        let split = chunks > 1
-            && rows <= ATTN_SPLIT_ROWS
-            && parts.len() >= attention_parts_len(rows, n_heads, hd, kv.capacity);
+        let room = parts.len() >= attention_parts_len(rows, n_heads, hd, kv.capacity);
+        let form = form.unwrap_or(AttentionForm {
+            split: chunks > 1 && rows <= ATTN_SPLIT_ROWS && room,
+            grouped: self.attention_grouped(rows, n_heads, kv.n_kv_heads),
+        });
+        let AttentionForm { split, grouped } = form;
+        assert!(
+            (!split || room) && (!grouped || (n_heads / kv.n_kv_heads).is_multiple_of(ATTN_GROUP_HEADS)),
+            "attention: a split needs attention_parts_len values of parts, a grouped form groups of {ATTN_GROUP_HEADS} heads"
+        );
         let pap = parts.addr();
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
-        let grouped = self.attention_grouped(rows, n_heads, kv.n_kv_heads);
         let heads = if grouped { ATTN_GROUP_HEADS } else { 1 };
         let name = match (split, grouped) {
             (false, false) => "attention_f16",

@@ -6,7 +6,9 @@
 //! its weight bytes over that time, against the copy, is the decode bandwidth the kernels
 //! reach, and its inverse the tok/s they allow (attention and small ops excluded). Then the
 //! same token's matvecs over batches of rows (a batched decode step of B sequences): the
-//! step's time, the aggregate tok/s and its gain over one row.
+//! step's time, the aggregate tok/s and its gain over one row. Last, attention of one decode
+//! row over depths of context in each of its forms (walk or split, a block per head or per
+//! four heads).
 
 use std::sync::Arc;
 
@@ -17,8 +19,9 @@ use memra_gguf::GgmlType;
 use super::random;
 use crate::cuda::matvec::Epilogue;
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile, MMA_MIN_ROWS};
+use crate::cuda::ops::{attention_parts_len, AttentionForm};
 use crate::cuda::rows::GemmTile;
-use crate::cuda::{CudaDevice, CudaStream, DeviceWeight, Span};
+use crate::cuda::{CudaDevice, CudaStream, DeviceKv, DeviceWeight, RopeStyle, Span};
 use memra_compiler::plan::reduction_chunks;
 
 /// (rows, cols, launches per decode token) of llama-3-8B's matrices over its 32 layers: q and
@@ -379,6 +382,69 @@ fn rotated_weights(
     }
     sets.push(first);
     Ok(sets)
+}
+
+/// Attention of one decode row at llama-3-8B's heads (32 query heads, 8 KV heads of 128) over
+/// depths of context, in each form: microseconds per call (a split's two launches together)
+/// and the cache bytes read per second.
+pub(super) fn attention(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
+    let (n_heads, n_kv, hd, cap) = (32, 8, 128, 32768);
+    let row = n_kv * hd;
+    let rope = (500000.0, RopeStyle::Normal);
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
+    // the cache's values do not change its speed: a random block of rows written over and over
+    let block = 4096;
+    let (k, v) = (
+        dev.upload(s, &random(rng, block * row, 2.0))?,
+        dev.upload(s, &random(rng, block * row, 1.0))?,
+    );
+    for start in (0..cap).step_by(block) {
+        let at = dev.upload(s, &[start as u32])?;
+        dev.kv_store_rows(s, &k, &v, &mut kv, &at, None, rope)?;
+    }
+    let mut q = dev.upload(s, &random(rng, n_heads * hd, 1.0))?;
+    let (k1, v1) = (
+        dev.upload(s, &random(rng, row, 2.0))?,
+        dev.upload(s, &random(rng, row, 1.0))?,
+    );
+    let parts = dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?;
+    let mut out = dev.alloc::<f32>(s, n_heads * hd)?;
+    println!("\nattention of one decode row, llama-3-8B heads ({n_heads} q, {n_kv} kv, {hd} dims), cache of {cap}: us per call (GB/s of cache read)");
+    let forms = [(false, false), (false, true), (true, false), (true, true)];
+    println!(
+        "{:>6} {:>18} {:>18} {:>18} {:>18}",
+        "depth", "walk", "walk grouped", "split", "split grouped"
+    );
+    for depth in [512usize, 4096, 16384, 32767] {
+        let pd = dev.upload(s, &[depth as u32])?;
+        let mut cells = Vec::new();
+        for (split, grouped) in forms {
+            let form = Some(AttentionForm { split, grouped });
+            let secs = time(dev, s, |_| {
+                dev.attention_as(
+                    s,
+                    &mut q,
+                    &k1,
+                    &v1,
+                    &mut kv,
+                    &pd,
+                    None,
+                    rope,
+                    &Span::of(&parts),
+                    &mut out,
+                    None,
+                    form,
+                )
+            })?;
+            let bytes = 2.0 * 2.0 * (depth + 1) as f64 * row as f64;
+            cells.push(format!("{:.1} ({:.0})", secs * 1e6, bytes / secs / 1e9));
+        }
+        println!(
+            "{depth:>6} {:>18} {:>18} {:>18} {:>18}",
+            cells[0], cells[1], cells[2], cells[3]
+        );
+    }
+    Ok(())
 }
 
 /// Median seconds per launch of `launch` over `TRIALS` batches of `BATCH`, after a warm-up.

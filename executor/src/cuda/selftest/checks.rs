@@ -10,7 +10,7 @@ use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cpu::kernels::reference::{effective_x, matvec_row};
-use crate::cuda::ops::attention_parts_len;
+use crate::cuda::ops::{attention_parts_len, AttentionForm};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -39,6 +39,7 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     ] {
         attention(cx, n_heads, n_kv, hd, cap, pos)?;
     }
+    attention_forms(cx)?;
     elementwise(cx)?;
     argmax(cx)?;
     rcp_rn(cx)?;
@@ -383,5 +384,62 @@ fn argmax(cx: &mut Ctx) -> Result<()> {
         format!("all -inf (got {got}, want 0)"),
         usize::from(got != 0),
     );
+    Ok(())
+}
+
+/// Every form of attention (a walk or a split, a block per head or per four heads of a KV
+/// head) over the same cache, the same row and q: the same output and rotated q, bit for bit.
+fn attention_forms(cx: &mut Ctx) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (n_heads, n_kv, hd, cap, pos) = (8, 2, 128, 1100, 1000usize);
+    let row = n_kv * hd;
+    let rope = (10000.0, RopeStyle::Normal);
+    let mut kv = DeviceKv::new(dev, s, n_kv, hd, cap, 1)?;
+    let (k, v) = (
+        random(&mut cx.rng, pos * row, 2.0),
+        random(&mut cx.rng, pos * row, 1.0),
+    );
+    let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
+    dev.kv_store_rows(s, &kd, &vd, &mut kv, &dev.upload(s, &[0u32])?, None, rope)?;
+    let q = random(&mut cx.rng, n_heads * hd, 1.0);
+    let (k1, v1) = (
+        dev.upload(s, &random(&mut cx.rng, row, 2.0))?,
+        dev.upload(s, &random(&mut cx.rng, row, 1.0))?,
+    );
+    let pd = dev.upload(s, &[pos as u32])?;
+    let parts = dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?;
+    let mut results = Vec::new();
+    for (split, grouped) in [(false, false), (false, true), (true, false), (true, true)] {
+        let mut qd = dev.upload(s, &q)?;
+        let mut out = dev.alloc::<f32>(s, n_heads * hd)?;
+        let form = AttentionForm { split, grouped };
+        dev.attention_as(
+            s,
+            &mut qd,
+            &k1,
+            &v1,
+            &mut kv,
+            &pd,
+            None,
+            rope,
+            &Span::of(&parts),
+            &mut out,
+            None,
+            Some(form),
+        )?;
+        let mut got = dev.download(s, &out)?;
+        got.extend(dev.download(s, &qd)?);
+        results.push((form, got));
+    }
+    for (form, got) in &results[1..] {
+        cx.report.exact(
+            "attention_f16",
+            format!(
+                "{form:?} == walk, a block per head: h={n_heads} kv={n_kv} hd={hd} ctx={}",
+                pos + 1
+            ),
+            bit_mismatches(got, &results[0].1),
+        );
+    }
     Ok(())
 }

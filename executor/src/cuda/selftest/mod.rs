@@ -221,6 +221,7 @@ pub fn run(opts: &Options) -> Result<bool> {
     }
     if opts.bench {
         bench::run(&dev, &stream, &mut cx.rng)?;
+        bench::attention(&dev, &stream, &mut cx.rng)?;
     }
     if opts.prefill_bench {
         bench::prefill(&dev, &stream, &mut cx.rng)?;
