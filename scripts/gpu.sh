@@ -1439,8 +1439,8 @@ suite_glm5() {
 }
 
 # ---- depth: memra against llama.cpp after a long context, on files of llama.cpp's own tools
-# (issue 36; the method of docs' Oracles: the same GGUF for both, written by gguf-py, quantized
-# by llama-quantize, decode timed at context depths 0, 512 and 4096).
+# (the method of issue 36: the same GGUF for both, written by gguf-py, quantized by
+# llama-quantize, decode timed at context depths 0, 512 and 4096).
 #   - files: scripts/depth_models.py writes each model's depth cut at real widths in F16 with
 #     the gguf wheel the caller carries in .dev/wheels (scripts/fetch-depth-wheels.sh; the
 #     image's numpy, tqdm and pyyaml serve it), into a tmpfs when one can be mounted (the
@@ -1452,8 +1452,10 @@ suite_glm5() {
 #   - models (the order of the rows; MODEL... picks some): qwen3moe (Qwen3-30B-A3B widths, 4
 #     layers), deepseek2 (DeepSeek-V2-Lite, MLA, 4 layers), kimi-linear (Kimi-Linear-48B-A3B,
 #     KDA, KDA, KDA, MLA), llama8b (Llama-3-8B, all 32 layers), glm5-next (GLM-5.3-Flash, KDA,
-#     KDA, KDA, MLA+DSA in mHC streams; its attention.indexer.types as a config with
-#     indexer_types converts, unless DEPTH_INDEXER_TYPES=omit);
+#     KDA, KDA, MLA+DSA in mHC streams; attention.indexer.types written as the converter
+#     writes a config's indexer_types, KDA layers false and DSA layers alternating full and
+#     shared, which memra refuses today (issue 35); DEPTH_INDEXER_TYPES=omit writes the file
+#     of a config without them, which decodes the same in a cut of one DSA layer);
 #   - timing, after the build, one GPU: `llama-bench -p 0 -n 128 -d 0,512,4096` (-fa 1, -ngl
 #     99, -r 3) and `memra-run bench --prompt D -n 128 --reps 2` of plans/synthetic/depth/
 #     at D = 0 and 4096; then the half cuts (llama-bench -d 0,4096 and memra at D = 0 and
