@@ -1617,8 +1617,10 @@ suite_depth() {
     row "llama-quantize build (cpu)" "$(ok_or_fail $?)" "$(tail -1 "$LOG/quantizer-build.log" | cut -c1-120)"
     depth_quantize "$f16" "${models[@]}" &
     quantizing=$!
-    # the timings run after the build, not beside it: its cores would slow memra's host side
+    # the timings run after the build, not beside it: its cores would slow memra's host side;
+    # files still being written or quantized then yield to them
     llamacpp_built $build
+    renice -n 10 -p $writer $quantizing $(pgrep -P $writer) $(pgrep -P $quantizing) >/dev/null 2>&1
     for m in "${models[@]}"; do
         depth_ready "$m" || continue
         l=$(depth_layers "$m")
