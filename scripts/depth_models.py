@@ -12,6 +12,7 @@ BPE vocabulary so that llama.cpp (llama-bench) and memra both load the file. Wei
 seeded random values; only the values are synthetic.
 
     depth_models.py write MODEL... --out DIR [--tiny] [--outtype f16|f32] [--layers N]
+                          [--no-indexer-types] [--sparse] [--seed S]
     depth_models.py cut IN OUT --layers N
     depth_models.py size MODEL... [--tiny]
 
@@ -21,7 +22,16 @@ seeded random values; only the values are synthetic.
 and glm5-next (GLM-5.3-Flash, 4 layers: KDA, KDA, KDA, MLA+DSA, in mHC streams). --tiny keeps
 every layer kind at small widths, for checks on a CPU. `cut` keeps a file's first N blocks (any
 storage type: a quantized file stays quantized), so that two layer counts of one file give the
-time a layer adds. `size` prints the bytes `write` would make.
+time a layer adds. `size` prints the bytes `write` would make. --sparse writes the header and
+the tensor table only, the data a hole of its size: what a loader makes of a real-width header,
+at no disk cost. glm5-next carries `attention.indexer.types` as the converter writes a config's
+`indexer_types` (KDA layers false, DSA layers alternating full and shared, the first full);
+--no-indexer-types writes the file of a config without them.
+
+Where a depth cut cannot be the converter's file as is, the file says what llama.cpp needs:
+deepseek2 writes `attention.q_lora_rank` 0 (V2-Lite's config has none, the converter then
+writes no key, and llama.cpp infers "no q-LoRA" from 26 or 27 layers only); glm5-next is
+converted without its NextN block (the converter's --no-mtp).
 
 Values: a tensor walks a pool of 2^22 + 15 seeded uniform values (zero mean, unit standard
 deviation) from an offset drawn from its name and the seed, scaled to a standard deviation of
