@@ -89,6 +89,12 @@
 #                             file (with .llama/llama.cpp carried); with 2 GPUs, all 45
 #                             GLM-5.3-Flash layers with synthetic weights: PP-2 and TP-2
 #                             speed, each gated against PP-2 eager
+#   depth [SECONDS] [MODEL...]  memra against llama.cpp on the same files, written by
+#                             llama.cpp's own tools (scripts/depth_models.py with gguf-py, then
+#                             llama-quantize Q4_1): decode tok/s after 0, 512 and 4096 tokens
+#                             of context and the time a layer adds (two layer counts) of
+#                             qwen3moe, deepseek2, kimi-linear, llama8b and glm5-next at real
+#                             widths (carry .dev with .dev/wheels, and .llama)
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -1432,6 +1438,220 @@ suite_glm5() {
     table
 }
 
+# ---- depth: memra against llama.cpp after a long context, on files of llama.cpp's own tools
+# (the method of issue 36: the same GGUF for both, written by gguf-py, quantized by
+# llama-quantize, decode timed at context depths 0, 512 and 4096).
+#   - files: scripts/depth_models.py writes each model's depth cut at real widths in F16 with
+#     the gguf wheel the caller carries in .dev/wheels (scripts/fetch-depth-wheels.sh; the
+#     image's numpy, tqdm and pyyaml serve it), into a tmpfs when one can be mounted (the
+#     GLM-5.3-Flash cut is 49 GB in F16), else into /tmp/memra-models; a CPU-only
+#     llama-quantize, built first, makes Q4_1 with a Q8_0 token embedding of each
+#     (`llama-quantize --token-embedding-type q8_0 F16 OUT Q4_1`) while llama-bench's CUDA
+#     build runs; `depth_models.py cut` then keeps the first half of the blocks of the
+#     quantized file, the same weights;
+#   - models (the order of the rows; MODEL... picks some): qwen3moe (Qwen3-30B-A3B widths, 4
+#     layers), deepseek2 (DeepSeek-V2-Lite, MLA, 4 layers), kimi-linear (Kimi-Linear-48B-A3B,
+#     KDA, KDA, KDA, MLA), llama8b (Llama-3-8B, all 32 layers), glm5-next (GLM-5.3-Flash, KDA,
+#     KDA, KDA, MLA+DSA in mHC streams; attention.indexer.types written as the converter
+#     writes a config's indexer_types, KDA layers false and DSA layers alternating full and
+#     shared, which memra refuses today (issue 35); DEPTH_INDEXER_TYPES=omit writes the file
+#     of a config without them, which decodes the same in a cut of one DSA layer);
+#   - timing, after the build, one GPU: `llama-bench -p 0 -n 128 -d 0,512,4096` (-fa 1, -ngl
+#     99, -r 3) and `memra-run bench --prompt D -n 128 --reps 2` of plans/synthetic/depth/
+#     at D = 0 and 4096; then the half cuts (llama-bench -d 0,4096 and memra at D = 0 and
+#     4096); then memra at D = 512 (what the budget skips comes last);
+#   - the last rows, `= MODEL ...`: per model and depth, memra's and llama.cpp's decode tok/s
+#     and their ratio (memra / llama.cpp), and the time a layer adds. With t(L) = 1e6 / tok/s
+#     the microseconds a token takes in a cut of L blocks, and H = L / 2,
+#         us per layer = (t(L) - t(H)) / (L - H),
+#     the difference of two layer counts of the same file at the same context depth: the
+#     embedding, the output head and the per-token overhead cancel. For the 4-layer cuts it
+#     is the mean of blocks 2 and 3 (both MoE; for kimi-linear and glm5-next one KDA and the
+#     MLA block), for llama8b of blocks 16 to 31.
+# SECONDS defaults to 480 (a row that would start later is skipped); about 4 minutes of it
+# are the llama.cpp builds. DEPTH_TINY=1 writes the small widths of depth_models.py --tiny
+# instead (a check of the files' pipeline; plans/synthetic/depth/ holds the real cuts only).
+depth_layers() { # model: the blocks of its cut
+    depth_py size "$1" ${DEPTH_TINY:+--tiny} | sed -n 's/^[^ ]* l\([0-9]*\) .*/\1/p'
+}
+depth_quantizer() { # a CPU-only llama-quantize at /tmp/llama-quantize/bin, so that the files are
+    # quantized while the CUDA build of llama-bench (build_llamacpp) runs
+    cmake -S .llama/llama.cpp -B /tmp/llama-quantize -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release &&
+        cmake --build /tmp/llama-quantize --target llama-quantize -j "$(nproc)"
+}
+depth_py() { # scripts/depth_models.py ARGS with the carried gguf
+    PYTHONPATH=/tmp/depth-site python3 scripts/depth_models.py "$@"
+}
+depth_write() { # F16DIR MODEL...: writes each model's F16 cut, then $DEPTH_DONE/MODEL.written (or
+    # .fail), waiting for room first while earlier files are still being quantized
+    local dir=$1 m need avail waited types=()
+    shift
+    [ "${DEPTH_INDEXER_TYPES:-}" != omit ] || types=(--no-indexer-types)
+    for m; do
+        need=$(depth_py size "$m" ${DEPTH_TINY:+--tiny} "${types[@]}" | awk '{ print $(NF - 1) }')
+        waited=0
+        while avail=$(df --output=avail -B1 "$dir" | tail -1) && [ "$avail" -lt $((need + (1 << 30))) ]; do
+            if [ $waited -ge 300 ] || [ -z "$(ls "$dir"/*.gguf 2>/dev/null)" ]; then break; fi
+            sleep 2
+            waited=$((waited + 2))
+        done
+        if [ "$avail" -lt $((need + (1 << 30))) ]; then
+            echo "no room: $need bytes of F16 and $avail free in $dir" >"$DEPTH_DONE/$m.fail"
+        elif depth_py write "$m" --out "$dir" ${DEPTH_TINY:+--tiny} "${types[@]}" >>"$LOG/write.log" 2>&1; then
+            touch "$DEPTH_DONE/$m.written"
+        else
+            echo "depth_models.py write $m: $(tail -1 "$LOG/write.log")" >"$DEPTH_DONE/$m.fail"
+        fi
+    done
+}
+depth_quantize() { # F16DIR MODEL...: each written cut quantized into $M, its F16 removed, the
+    # half cut made; then $DEPTH_DONE/MODEL.ok (or .fail)
+    local dir=$1 m l f16 out
+    shift
+    for m; do
+        l=$(depth_layers "$m")
+        f16="$dir/depth-$m-l$l-f16.gguf" out="$M/depth-$m-l$l-q4_1.gguf"
+        while [ ! -e "$DEPTH_DONE/$m.written" ] && [ ! -e "$DEPTH_DONE/$m.fail" ]; do sleep 1; done
+        [ -e "$DEPTH_DONE/$m.written" ] || continue
+        if ! /tmp/llama-quantize/bin/llama-quantize --token-embedding-type q8_0 "$f16" "$out" Q4_1 \
+            >>"$LOG/quantize.log" 2>&1; then
+            echo "llama-quantize $m: $(tail -1 "$LOG/quantize.log")" >"$DEPTH_DONE/$m.fail"
+        elif ! depth_py cut "$out" "$M/depth-$m-l$((l / 2))-q4_1.gguf" --layers $((l / 2)) \
+            >>"$LOG/write.log" 2>&1; then
+            echo "depth_models.py cut $m: $(tail -1 "$LOG/write.log")" >"$DEPTH_DONE/$m.fail"
+        else
+            touch "$DEPTH_DONE/$m.ok"
+        fi
+        rm -f "$f16"
+    done
+}
+depth_ready() { # model: true once its files are made; a FAIL row when they could not be, a
+    # skip row past the budget
+    while [ ! -e "$DEPTH_DONE/$1.ok" ] && [ ! -e "$DEPTH_DONE/$1.fail" ]; do
+        late "files $1" && return 1
+        sleep 2
+    done
+    if [ -e "$DEPTH_DONE/$1.fail" ]; then
+        row "files $1" FAIL "$(head -1 "$DEPTH_DONE/$1.fail" | cut -c1-200)"
+        return 1
+    fi
+    row "files $1" ok "$(ls -l "$M"/depth-"$1"-l*-q4_1.gguf | awk '{ printf "%s %.2f GB  ", $NF, $5 / 1e9 }' | sed "s|$M/||g")"
+}
+depth_llama() { # model layers depths: llama-bench of the cut; each depth's tg128 tok/s into
+    # lcpp[model-lL-dD]
+    local m=$1 l=$2 name="llama-bench $1 l$2" from d tps
+    from=$(wc -l <"$LOG/llama-bench.txt")
+    late "$name" && return
+    llama_bench "$name" "$M/depth-$m-l$l-q4_1.gguf" -p 0 -n 128 -d "$3"
+    # | model | size | params | backend | ngl | fa | test | t/s |: "tg128" at depth 0, else "tg128 @ dD"
+    while read -r d tps; do
+        lcpp[$m-l$l-d$d]=$tps
+    done < <(tail -n +$((from + 1)) "$LOG/llama-bench.txt" | awk -F'|' 'NF > 3 && $(NF - 2) ~ /tg128/ {
+        d = 0; if (match($(NF - 2), /@ d[0-9]+/)) d = substr($(NF - 2), RSTART + 3, RLENGTH - 3)
+        split($(NF - 1), v, "±"); gsub(/ /, "", v[1]); print d, v[1] }')
+}
+depth_memra() { # model layers depth: memra-run bench of the cut; tok/s into mem[model-lL-dD]
+    local m=$1 l=$2 d=$3 name="memra $1 l$2 d$3" plan
+    late "$name" && return
+    rm -f "$P/q4_1/depth-$m-l$l.plan.toml"
+    plan=$(plan "depth-$m-l$l" q4_1 "depth/depth-$m-l$l")
+    if [ ! -f "$plan" ]; then
+        row "$name" FAIL "memra-compile: $(grep -a 'error' "$LOG/compile.log" | tail -1 | cut -c1-300)"
+        return
+    fi
+    bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$d" -n 128 --reps 2
+    mem[$m-l$l-d$d]=$(echo "$bench_out" | sed -n 's/.* reps: \([0-9.]*\) ± .*/\1/p' | tail -1)
+}
+depth_summary() { # model: its `= ` rows (see suite_depth)
+    local m=$1 l h d a b
+    l=$(depth_layers "$m")
+    h=$((l / 2))
+    for d in 0 512 4096; do
+        a=${mem[$m-l$l-d$d]:-} b=${lcpp[$m-l$l-d$d]:-}
+        if [ -n "$a" ] && [ -n "$b" ]; then
+            row "= $m l$l d$d" ok "$(awk -v a="$a" -v b="$b" 'BEGIN { printf "memra %.1f vs llama.cpp %.1f tok/s: %.2fx", a, b, a / b }')"
+        else
+            row "= $m l$l d$d" skip "memra ${a:-none}, llama.cpp ${b:-none} tok/s"
+        fi
+    done
+    for d in 0 4096; do
+        if [ -n "${mem[$m-l$l-d$d]:-}" ] && [ -n "${mem[$m-l$h-d$d]:-}" ] &&
+            [ -n "${lcpp[$m-l$l-d$d]:-}" ] && [ -n "${lcpp[$m-l$h-d$d]:-}" ]; then
+            row "= $m per layer d$d" ok "$(awk -v ml="${mem[$m-l$l-d$d]}" -v mh="${mem[$m-l$h-d$d]}" \
+                -v ll="${lcpp[$m-l$l-d$d]}" -v lh="${lcpp[$m-l$h-d$d]}" -v l="$l" -v h="$h" 'BEGIN {
+                    a = (1e6 / ml - 1e6 / mh) / (l - h); b = (1e6 / ll - 1e6 / lh) / (l - h)
+                    printf "memra %.1f vs llama.cpp %.1f us per layer (l%d - l%d): %.2fx", a, b, l, h, a / b }')"
+        else
+            row "= $m per layer d$d" skip "needs both cuts timed by both"
+        fi
+    done
+}
+suite_depth() {
+    BUDGET=480
+    if [[ ${1:-} =~ ^[0-9]+$ ]]; then BUDGET=$1 && shift; fi
+    local models=("$@") m l f16 mounted= build quantizer writer quantizing
+    [ ${#models[@]} -gt 0 ] || models=(qwen3moe deepseek2 kimi-linear llama8b glm5-next)
+    local -A mem=() lcpp=()
+    logs_in /tmp/memra-depth
+    stamp name,driver_version,memory.total
+    DEPTH_DONE=/tmp/memra-depth/done
+    rm -rf "$DEPTH_DONE" && mkdir -p "$DEPTH_DONE"
+    : >"$LOG/llama-bench.txt"
+    [ -d .llama/llama.cpp ] || { row "llama.cpp" FAIL "no .llama/llama.cpp: make it with scripts/fetch-llamacpp.sh and carry it"; table; }
+    if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/depth-site .dev/wheels/*.whl >"$LOG/wheels.log" 2>&1 ||
+        ! PYTHONPATH=/tmp/depth-site python3 -c 'import gguf, numpy; print("gguf", gguf.__file__, "numpy", numpy.__version__)' >>"$LOG/wheels.log" 2>&1; then
+        row "gguf wheel" FAIL "$(tail -1 "$LOG/wheels.log" | cut -c1-200) (scripts/fetch-depth-wheels.sh makes .dev/wheels; carry .dev)"
+        table
+    fi
+    row "gguf wheel" ok "$(tail -1 "$LOG/wheels.log")"
+    # llama-bench's build yields (nice 5) to the files' writing and quantizing, which are the
+    # longer way to the first timing
+    (renice -n 5 -p $BASHPID >/dev/null && build_llamacpp) >"$LOG/llama-build.log" 2>&1 &
+    build=$!
+    depth_quantizer >"$LOG/quantizer-build.log" 2>&1 &
+    quantizer=$!
+    # the F16 files in memory: a tmpfs of its own (the image's /dev/shm is sized from the
+    # memory seen at boot, a quarter of the machine's)
+    f16=/tmp/memra-depth-f16
+    mkdir -p "$f16"
+    if mount -t tmpfs -o size=100g tmpfs "$f16" 2>"$LOG/mount.log"; then mounted=1; else f16=$M/depth-f16; mkdir -p "$f16"; fi
+    depth_write "$f16" "${models[@]}" &
+    writer=$!
+    wait $quantizer
+    row "llama-quantize build (cpu)" "$(ok_or_fail $?)" "$(tail -1 "$LOG/quantizer-build.log" | cut -c1-120)"
+    depth_quantize "$f16" "${models[@]}" &
+    quantizing=$!
+    # the timings run after the build, not beside it: its cores would slow memra's host side;
+    # files still being written or quantized then yield to them
+    llamacpp_built $build
+    renice -n 10 -p $writer $quantizing $(pgrep -P $writer) $(pgrep -P $quantizing) >/dev/null 2>&1
+    for m in "${models[@]}"; do
+        depth_ready "$m" || continue
+        l=$(depth_layers "$m")
+        depth_llama "$m" "$l" 0,512,4096
+        depth_memra "$m" "$l" 0
+        depth_memra "$m" "$l" 4096
+    done
+    for m in "${models[@]}"; do
+        [ -e "$DEPTH_DONE/$m.ok" ] || continue
+        l=$(($(depth_layers "$m") / 2))
+        depth_llama "$m" "$l" 0,4096
+        depth_memra "$m" "$l" 0
+        depth_memra "$m" "$l" 4096
+    done
+    for m in "${models[@]}"; do
+        [ -e "$DEPTH_DONE/$m.ok" ] && depth_memra "$m" "$(depth_layers "$m")" 512
+    done
+    kill $writer $quantizing 2>/dev/null
+    wait $writer $quantizing 2>/dev/null
+    [ -z "$mounted" ] || umount "$f16" 2>/dev/null
+    for m in "${models[@]}"; do depth_summary "$m"; done
+    table
+}
+
 # ---- smoke: the first call on a fresh tree: is the tree that was never on a GPU sound?
 #   the self-test (every kernel against the CPU reference, the device's synthetic blocks
 #   against the host's); prefill gates of llama1b (graphs, TP-2, PP-2 x TP-2) over a two-chunk
@@ -1496,7 +1716,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | profile | ncu-token | ncu-prefill | ncu-batch | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | profile | ncu-token | ncu-prefill | ncu-batch | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;
