@@ -12,11 +12,12 @@
 // Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads).
 //
 // The canonical order (what fixes the bits): a row's positions fall into chunks of ATTN_CHUNK
-// (positions c * ATTN_CHUNK ..), fixed by the position alone. Chunk c gives, per head, its
-// max m_c, the sum l_c of exp(s - m_c) over its scores s, and o_c = sum of exp(s - m_c) v (f32
-// weights), each in a fixed order inside the chunk. The chunks then merge in chunk order:
-// (M, L, O) starts at chunk 0's and takes chunk c as M' = max(M, m_c), L' = L e^(M - M') +
-// l_c e^(m_c - M'), O' likewise; the output is O / L. Two forms compute exactly this:
+// (positions c * ATTN_CHUNK ..), each of sub-chunks of ATTN_SUB, fixed by the position alone.
+// A sub-chunk gives, per head, its max m, the sum l of exp(s - m) over its scores s and
+// o = sum of exp(s - m) v (f32 weights), each in a fixed order; its chunk's sub-chunks merge in
+// order into the chunk's (m_c, l_c, o_c): (M, L, O) starts at the first's and takes the next as
+// M' = max(M, m), L' = L e^(M - M') + l e^(m - M'), O' likewise (merge_chunk). The chunks then
+// merge in chunk order the same way; the output is O / L. Two forms compute exactly this:
 // - the walk (attention_f16, attention_group_f16): a block takes a row's head(s) over all its
 //   chunks and merges as it goes; for steps of many rows, whose grid fills the device;
 // - the split (attention_split_f16, attention_split_group_f16, then attention_merge_f16): a
@@ -47,19 +48,17 @@
 #define ATTN_WARPS (ATTN_THREADS / WARP)
 #define ATTN_MAX_HEAD_DIM 256
 #define ATTN_UNROLL 8
+// positions of a sub-chunk (a warp's, a lane each) and 16-byte loads of a k row in flight
+#define ATTN_SUB 32
+#define ATTN_AHEAD 4
+// value rows of a sub-chunk loaded at once
+#define ATTN_VROWS 4
 // positions of a chunk (ATTN_CHUNK in executor/src/cuda/ops.rs)
 #define ATTN_CHUNK 256
 // 128-value slices of the largest head (a lane takes 4 values of each)
 #define ATTN_SLICES (ATTN_MAX_HEAD_DIM / 128)
 // the slot of a pad row (PAD_SLOT in executor/src/cuda/ops.rs): no sequence has it
 #define ATTN_PAD_SLOT 0xffffffffu
-
-// Fixed-order block reduction of one value per warp (lane 0 of each warp wrote red[w]).
-__device__ __forceinline__ float block_combine(const float* red, bool is_max) {
-    float r = red[0];
-    for (int w = 1; w < ATTN_WARPS; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-    return r;
-}
 
 // Value `col` of row `row` of the output, v, into the row's 8-bit copy at xq
 // (quantize_rows_q8's layout: `cols` quants, then a (d, d * sum) pair per 32 values); a warp's
@@ -105,10 +104,10 @@ struct AttnSmem {
     float qh[HPB][ATTN_MAX_HEAD_DIM];
     __align__(16) u16 k_now[ATTN_MAX_HEAD_DIM];
     __align__(16) u16 v_now[ATTN_MAX_HEAD_DIM];
-    float red[HPB][ATTN_WARPS];
-    float part[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
-    float sc[HPB][ATTN_CHUNK];
-    float stat[2][HPB];
+    // each warp's sub-chunk: its max, sum and weighted values per head
+    float wm[HPB][ATTN_WARPS];
+    float wl[HPB][ATTN_WARPS];
+    float wo[HPB][ATTN_WARPS][ATTN_MAX_HEAD_DIM];
 };
 
 // Block (head block, row[, chunk]) of HPB query heads h0 = HPB * blockIdx.x .. of one KV head
@@ -154,136 +153,124 @@ __device__ __forceinline__ void attn_prologue(AttnSmem<HPB>& sm, float* q, const
 
 // Chunk c of the row's positions for the block's HPB heads: res[j] gets head j's (m_c, l_c)
 // and, in the thread d = threadIdx.x < head_dim, o_c[d]. Every thread of the block calls it.
+// Warp w takes the chunk's sub-chunk w (ATTN_SUB positions), lane l its position l: the lane's
+// score is its dot product in dimension order; the warp's max, exp(s - max) per lane, their sum
+// (warp_sum's order) and, per value, the weighted sum over the sub-chunk's positions in order
+// (lane l holding values 4l .. 4l + 3 of each 128-value slice). The sub-chunks then merge in
+// order (merge_chunk) into the chunk's (m_c, l_c, o_c).
 template <int HPB>
 __device__ __forceinline__ void attn_chunk(AttnSmem<HPB>& sm, const AttnRow& r, int c, int kvh, int head_dim,
                                            size_t kv_row, float scale, Merged (&res)[HPB]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p_begin = c * ATTN_CHUNK, n = min(ATTN_CHUNK, r.n_ctx - p_begin);
+    const int subs = (n + ATTN_SUB - 1) / ATTN_SUB;
     // position p's k or v row of this block's KV head: shared memory for the current position
     const auto cache_row = [&](const u16* cache, const u16* now_row, int i) -> const u16* {
         const int p = p_begin + i;
         return p == r.now ? now_row : cache + (size_t)p * kv_row + (size_t)kvh * head_dim;
     };
-    // scores: warp w takes the chunk's positions w, w + ATTN_WARPS, ..., ATTN_UNROLL of them at
-    // once so their loads are in flight together; lane l takes values 4l .. 4l + 3 of each
-    // 128-value slice of the head, in order, then the warp adds its lanes (positions past the
-    // end read the last one and are dropped)
-    float mx[HPB];
+    if (warp < subs) {
+        const int i0 = warp * ATTN_SUB, nv = min(ATTN_SUB, n - i0);
+        const bool valid = lane < nv;
+        // a lane past the end scores the last position and drops it
+        const u16* krow = cache_row(r.k_cache, sm.k_now, i0 + min(lane, nv - 1));
+        float s[HPB];
 #pragma unroll
-    for (int j = 0; j < HPB; ++j) mx[j] = -__int_as_float(0x7f800000);
-    for (int i0 = warp; i0 < n; i0 += ATTN_WARPS * ATTN_UNROLL) {
-        float s[HPB][ATTN_UNROLL];
+        for (int j = 0; j < HPB; ++j) s[j] = 0.f;
+        for (int d0 = 0; d0 < head_dim; d0 += 8 * ATTN_AHEAD) {
+            uint4 kw[ATTN_AHEAD];
+#pragma unroll
+            for (int u = 0; u < ATTN_AHEAD; ++u)
+                if (d0 + 8 * u < head_dim) kw[u] = *(const uint4*)(krow + d0 + 8 * u);
+#pragma unroll
+            for (int u = 0; u < ATTN_AHEAD; ++u) {
+                const int d = d0 + 8 * u;
+                if (d >= head_dim) break;
+                const u32 w4[4] = {kw[u].x, kw[u].y, kw[u].z, kw[u].w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float k0 = f16_to_f32((u16)(w4[e] & 0xffff)), k1 = f16_to_f32((u16)(w4[e] >> 16));
+#pragma unroll
+                    for (int j = 0; j < HPB; ++j) {
+                        s[j] = fmaf(sm.qh[j][d + 2 * e], k0, s[j]);
+                        s[j] = fmaf(sm.qh[j][d + 2 * e + 1], k1, s[j]);
+                    }
+                }
+            }
+        }
+        float e[HPB];
+#pragma unroll
+        for (int j = 0; j < HPB; ++j) {
+            const float sv = s[j] * scale;
+            float m = valid ? sv : -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, off));
+            e[j] = valid ? expf(sv - m) : 0.f;
+            const float l = warp_sum(e[j]);
+            if (lane == 0) {
+                sm.wm[j][warp] = m;
+                sm.wl[j][warp] = l;
+            }
+        }
+        // weighted values: the sub-chunk's positions in order, ATTN_VROWS rows loaded at once
+        float acc[HPB][ATTN_SLICES][4];
 #pragma unroll
         for (int j = 0; j < HPB; ++j)
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u) s[j][u] = 0.f;
-        for (int d = 4 * lane; d < head_dim; d += 4 * WARP) {
-            uint2 kw[ATTN_UNROLL];
+            for (int i = 0; i < ATTN_SLICES; ++i)
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u)
-                kw[u] = *(const uint2*)(cache_row(r.k_cache, sm.k_now, min(i0 + u * ATTN_WARPS, n - 1)) + d);
+                for (int x = 0; x < 4; ++x) acc[j][i][x] = 0.f;
+        for (int p0 = 0; p0 < nv; p0 += ATTN_VROWS) {
+            uint2 vw[ATTN_VROWS][ATTN_SLICES];
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u) {
-                const float k0 = f16_to_f32((u16)(kw[u].x & 0xffff)), k1 = f16_to_f32((u16)(kw[u].x >> 16));
-                const float k2 = f16_to_f32((u16)(kw[u].y & 0xffff)), k3 = f16_to_f32((u16)(kw[u].y >> 16));
+            for (int u = 0; u < ATTN_VROWS; ++u) {
+                const u16* vr = cache_row(r.v_cache, sm.v_now, i0 + min(p0 + u, nv - 1));
 #pragma unroll
-                for (int j = 0; j < HPB; ++j) {
-                    s[j][u] = fmaf(sm.qh[j][d], k0, s[j][u]);
-                    s[j][u] = fmaf(sm.qh[j][d + 1], k1, s[j][u]);
-                    s[j][u] = fmaf(sm.qh[j][d + 2], k2, s[j][u]);
-                    s[j][u] = fmaf(sm.qh[j][d + 3], k3, s[j][u]);
+                for (int i = 0; i < ATTN_SLICES; ++i) {
+                    const int d = 128 * i + 4 * lane;
+                    if (d < head_dim) vw[u][i] = *(const uint2*)(vr + d);
                 }
+            }
+#pragma unroll
+            for (int u = 0; u < ATTN_VROWS; ++u) {
+                // every lane takes part in the shuffles; positions past the end add nothing
+                float pr[HPB];
+#pragma unroll
+                for (int j = 0; j < HPB; ++j) pr[j] = __shfl_sync(FULL_MASK, e[j], (p0 + u) & 31);
+                if (p0 + u >= nv) break;
+#pragma unroll
+                for (int j = 0; j < HPB; ++j)
+#pragma unroll
+                    for (int i = 0; i < ATTN_SLICES; ++i) {
+                        if (128 * i + 4 * lane >= head_dim) break;
+                        acc[j][i][0] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].x & 0xffff)), acc[j][i][0]);
+                        acc[j][i][1] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].x >> 16)), acc[j][i][1]);
+                        acc[j][i][2] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].y & 0xffff)), acc[j][i][2]);
+                        acc[j][i][3] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].y >> 16)), acc[j][i][3]);
+                    }
             }
         }
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int i = i0 + u * ATTN_WARPS;
-#pragma unroll
-            for (int j = 0; j < HPB; ++j) {
-                const float val = warp_sum(s[j][u]) * scale;
-                if (i < n) {
-                    if (lane == 0) sm.sc[j][i] = val;
-                    mx[j] = fmaxf(mx[j], val);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < HPB; ++j)
-        if (lane == 0) sm.red[j][warp] = mx[j];
-    __syncthreads();
-    if (threadIdx.x < HPB) sm.stat[0][threadIdx.x] = block_combine(sm.red[threadIdx.x], true);
-    __syncthreads();
-    // exponentials and their sums
-    float l[HPB];
-#pragma unroll
-    for (int j = 0; j < HPB; ++j) l[j] = exp_in_place_warp_sum(sm.sc[j], n, sm.stat[0][j], ATTN_THREADS);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < HPB; ++j)
-        if (lane == 0) sm.red[j][warp] = l[j];
-    __syncthreads();
-    if (threadIdx.x < HPB) sm.stat[1][threadIdx.x] = block_combine(sm.red[threadIdx.x], false);
-
-    // weighted sum of values: warp w takes the positions it scored, ATTN_UNROLL at once, lane l
-    // values 4l .. 4l + 3 of each 128-value slice; each value adds its positions in order, then
-    // the warps' sums add in warp order
-    float acc[HPB][ATTN_SLICES][4];
-#pragma unroll
-    for (int j = 0; j < HPB; ++j)
-#pragma unroll
-        for (int i = 0; i < ATTN_SLICES; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][i][e] = 0.f;
-    for (int i0 = warp; i0 < n; i0 += ATTN_WARPS * ATTN_UNROLL) {
-        uint2 vw[ATTN_UNROLL][ATTN_SLICES];
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const u16* vr = cache_row(r.v_cache, sm.v_now, min(i0 + u * ATTN_WARPS, n - 1));
+        for (int j = 0; j < HPB; ++j)
 #pragma unroll
             for (int i = 0; i < ATTN_SLICES; ++i) {
                 const int d = 128 * i + 4 * lane;
-                if (d < head_dim) vw[u][i] = *(const uint2*)(vr + d);
+                if (d < head_dim)
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) sm.wo[j][warp][d + x] = acc[j][i][x];
             }
-        }
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int p = i0 + u * ATTN_WARPS;
-            if (p >= n) break;
-#pragma unroll
-            for (int j = 0; j < HPB; ++j) {
-                const float pr = sm.sc[j][p];
-#pragma unroll
-                for (int i = 0; i < ATTN_SLICES; ++i) {
-                    if (128 * i + 4 * lane >= head_dim) break;
-                    acc[j][i][0] = fmaf(pr, f16_to_f32((u16)(vw[u][i].x & 0xffff)), acc[j][i][0]);
-                    acc[j][i][1] = fmaf(pr, f16_to_f32((u16)(vw[u][i].x >> 16)), acc[j][i][1]);
-                    acc[j][i][2] = fmaf(pr, f16_to_f32((u16)(vw[u][i].y & 0xffff)), acc[j][i][2]);
-                    acc[j][i][3] = fmaf(pr, f16_to_f32((u16)(vw[u][i].y >> 16)), acc[j][i][3]);
-                }
-            }
-        }
     }
+    __syncthreads();
+    // the sub-chunks in order: every thread the max and sum, thread d value d
+    const int d = threadIdx.x;
 #pragma unroll
     for (int j = 0; j < HPB; ++j) {
-        // the previous head's readers of `part` are done
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < ATTN_SLICES; ++i) {
-            const int d = 128 * i + 4 * lane;
-            if (d < head_dim)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sm.part[warp][d + e] = acc[j][i][e];
-        }
-        __syncthreads();
-        float o = 0.f;
-        if (threadIdx.x < head_dim) {
-            o = sm.part[0][threadIdx.x];
-            for (int w = 1; w < ATTN_WARPS; ++w) o += sm.part[w][threadIdx.x];
-        }
-        res[j] = {sm.stat[0][j], sm.stat[1][j], o};
+        Merged run{};
+        for (int w = 0; w < subs; ++w)
+            run = merge_chunk(run, {sm.wm[j][w], sm.wl[j][w], d < head_dim ? sm.wo[j][w][d] : 0.f}, w == 0);
+        res[j] = run;
     }
-    // the next chunk's writers of sc, stat and part wait for this chunk's readers
+    // the next chunk's writers of wm, wl and wo wait for this chunk's readers
     __syncthreads();
 }
 
