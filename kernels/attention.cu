@@ -20,16 +20,16 @@
 // merge in chunk order the same way; the output is O / L. Two forms compute exactly this:
 // - the walk (attention_f16, attention_group_f16): a block takes a row's head(s) over all its
 //   chunks and merges as it goes; for steps of many rows, whose grid fills the device;
-// - the split (attention_split_f16, attention_split_group_f16, then attention_merge_f16): a
-//   block per chunk writes (m_c, l_c, o_c) to `parts`, and the merge kernel walks them in chunk
-//   order (flash-decoding); for steps of few rows, where a long context would leave one block
-//   per head walking thousands of positions.
+// - the split (attention_split_f16, attention_split_group_f16): a block per chunk writes
+//   (m_c, l_c, o_c) to `parts`, and the last of a row's chunk blocks to finish merges them in
+//   chunk order (flash-decoding); for steps of few rows, where a long context would leave one
+//   block per head walking thousands of positions.
 // Either form, a block per query head or per ATTN_GROUP_HEADS heads of a KV head (each head
 // with the bits it has in a block of its own: the heads only share the loads of k and v), a
 // walk or a split: the same bits, so the launch may pick by occupancy alone.
 //
-// A block rotates its q heads (the walk writes them back rotated, as does the merge kernel
-// after a split), and the rotated k and the v of its KV head at the current position,
+// A block rotates its q heads (the walk writes them back rotated, as does a split's merging
+// block), and the rotated k and the v of its KV head at the current position,
 // narrowed to f16, serve it from shared memory; the block of each group's first head whose
 // chunk holds the current position also writes them to the cache slot *pos (k itself stays as
 // it is). No block reads that slot from the cache, so the write needs no ordering, and the
@@ -312,29 +312,41 @@ __device__ __forceinline__ void attention_walk(ATTN_ARGS) {
     for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, __fdiv_rn(run[j].o, run[j].l));
 }
 
-// Where chunk c of head h of row y keeps its partial in `parts`: o_c at the returned offset
-// (head_dim values), (m_c, l_c) at 2 * index past all the o values. `chunks` per row and head
-// (capacity / ATTN_CHUNK, rounded up), `rows` rows.
+// Where chunk c of head h of row y keeps its partial in `parts`: o_c at index * head_dim
+// (head_dim values), (m_c, l_c) at 2 * index past all the o values, then one arrival counter
+// per row and head (u32, zero between launches). `chunks` per row and head (capacity /
+// ATTN_CHUNK, rounded up).
 __device__ __forceinline__ size_t part_index(int y, int h, int c, int n_heads, int chunks) {
     return ((size_t)y * n_heads + h) * chunks + c;
 }
 
-// The split: block (head block, row, chunk) writes its chunk's partials.
+// The split: block (head block, row, chunk) writes its chunk's partials; the last of the row's
+// chunk blocks of its heads to arrive (an arrival counter per row and head block) merges them
+// in chunk order, writes the output (and its 8-bit copy) and the q heads rotated (every other
+// block of these heads has read q by then), and sets the counter back to zero. Which block is
+// last does not change the bits: the merge reads every chunk's partial in chunk order.
 template <int HPB>
 __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     overlap_with_neighbours();
     __shared__ AttnSmem<HPB> sm;
+    __shared__ bool last;
     const int h0 = blockIdx.x * HPB, group = n_heads / n_kv_heads, kvh = h0 / group, y = blockIdx.y, c = blockIdx.z;
     const size_t kv_row = (size_t)n_kv_heads * head_dim, q_row = (size_t)n_heads * head_dim;
     const AttnRow r = attn_row(pos, slots, y, capacity, kv_row, k_cache, v_cache);
-    if (r.pad || c * ATTN_CHUNK >= r.n_ctx) return;
+    if (r.pad) {
+        if (c == 0)
+#pragma unroll
+            for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, 0.f);
+        return;
+    }
+    if (c * ATTN_CHUNK >= r.n_ctx) return;
     const bool writer = h0 % group == 0 && r.now >= 0 && r.now / ATTN_CHUNK == c;
     attn_prologue<HPB>(sm, q + y * q_row, k + y * kv_row, v + y * kv_row, (u16*)r.k_cache, (u16*)r.v_cache, r, h0,
                        kvh, head_dim, kv_row, theta_scale, neox, false, writer);
     Merged res[HPB];
     attn_chunk<HPB>(sm, r, c, kvh, head_dim, kv_row, scale, res);
-    const int chunks = gridDim.z;
-    const size_t stats = (size_t)gridDim.y * n_heads * chunks * head_dim;
+    const int chunks = gridDim.z, used = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    const size_t total = (size_t)gridDim.y * n_heads * chunks, stats = total * head_dim;
 #pragma unroll
     for (int j = 0; j < HPB; ++j) {
         const size_t at = part_index(y, h0 + j, c, n_heads, chunks);
@@ -342,6 +354,40 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
         if (threadIdx.x == 0) {
             parts[stats + 2 * at] = res[j].m;
             parts[stats + 2 * at + 1] = res[j].l;
+        }
+    }
+    // the partials are visible device-wide before this block counts itself in
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* arrived = (u32*)(parts + stats + 2 * total) + (size_t)y * n_heads + h0;
+        last = atomicAdd(arrived, 1u) == (u32)used - 1;
+        if (last) atomicExch(arrived, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int j = 0; j < HPB; ++j) {
+        Merged run{};
+        for (int cc = 0; cc < used; ++cc) {
+            const size_t at = part_index(y, h0 + j, cc, n_heads, chunks);
+            const Merged part = {__ldcg(parts + stats + 2 * at), __ldcg(parts + stats + 2 * at + 1),
+                                 threadIdx.x < head_dim ? __ldcg(parts + at * head_dim + threadIdx.x) : 0.f};
+            run = merge_chunk(run, part, cc == 0);
+        }
+        attn_out(out, xq, n_heads, head_dim, y, h0 + j, __fdiv_rn(run.o, run.l));
+    }
+    // q rotated, as the walk leaves it (the same rotation as the prologue's)
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+#pragma unroll
+        for (int j = 0; j < HPB; ++j) {
+            float* qrow = q + y * q_row + (size_t)(h0 + j) * head_dim;
+            const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)r.p_now, theta_scale);
+            qrow[a] = rq.x;
+            qrow[b] = rq.y;
         }
     }
 }
@@ -360,38 +406,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attention_split_gr
     attention_split<ATTN_GROUP_HEADS>(ATTN_PASS);
 }
 
-// The split's merge, block (head, row): the row's chunk partials in chunk order, the output
-// (and its 8-bit copy), and the head's q written back rotated (the split's blocks leave q as
-// it was, each reading it). `chunks` as the split's grid had them. A pad row's output is zeros.
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_merge_f16(ATTN_ARGS, int chunks) {
-    overlap_with_neighbours();
-    const int h = blockIdx.x, y = blockIdx.y;
-    const size_t kv_row = (size_t)n_kv_heads * head_dim;
-    const AttnRow r = attn_row(pos, slots, y, capacity, kv_row, k_cache, v_cache);
-    if (r.pad) {
-        attn_out(out, xq, n_heads, head_dim, y, h, 0.f);
-        return;
-    }
-    const size_t stats = (size_t)gridDim.y * n_heads * chunks * head_dim;
-    const int d = threadIdx.x;
-    Merged run{};
-    const int used = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    for (int c = 0; c < used; ++c) {
-        const size_t at = part_index(y, h, c, n_heads, chunks);
-        const Merged part = {parts[stats + 2 * at], parts[stats + 2 * at + 1],
-                             d < head_dim ? parts[at * head_dim + d] : 0.f};
-        run = merge_chunk(run, part, c == 0);
-    }
-    attn_out(out, xq, n_heads, head_dim, y, h, __fdiv_rn(run.o, run.l));
-    float* qrow = q + (size_t)y * n_heads * head_dim + (size_t)h * head_dim;
-    const int half = head_dim / 2;
-    for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)r.p_now, theta_scale);
-        qrow[a] = rq.x;
-        qrow[b] = rq.y;
-    }
-}
 // kv_store_rows_f16, block (t, kv head): row t of a prefill step's k head rotated to position
 // *pos + t and its v head, narrowed to f16, into the cache at that position (positions past
 // the capacity are not written), with attention_f16's rotation and narrowing, so the step's

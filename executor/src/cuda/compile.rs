@@ -120,7 +120,6 @@ pub const FILES: &[KernelFile] = &[
             "attention_group_f16",
             "attention_split_f16",
             "attention_split_group_f16",
-            "attention_merge_f16",
             "kv_store_rows_f16"
         ]
     ),

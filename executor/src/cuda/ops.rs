@@ -183,19 +183,11 @@ pub const ATTN_CHUNK: usize = 256;
 pub const ATTN_SPLIT_ROWS: usize = 16;
 
 /// Values of the scratch the split attention of `rows` rows of `n_heads` heads over a cache of
-/// `capacity` positions needs: per row, head and chunk, the chunk's partial output, max and sum.
+/// `capacity` positions needs: per row, head and chunk, the chunk's partial output, max and sum,
+/// then an arrival counter per row and head (zero between launches: the scratch is allocated
+/// zeroed and each launch's merging blocks set theirs back).
 pub fn attention_parts_len(rows: usize, n_heads: usize, head_dim: usize, capacity: usize) -> usize {
-    rows * n_heads * capacity.div_ceil(ATTN_CHUNK) * (head_dim + 2)
-}
-
-/// The parameters every attention kernel takes (ATTN_ARGS in kernels/attention.cu), in order:
-/// q, k, v, k cache, v cache, out, xq, parts, pos, slots; heads, KV heads, head dim, capacity;
-/// scale, theta scale; neox.
-struct AttentionArgs {
-    ptrs: [u64; 10],
-    ints: [i32; 4],
-    floats: [f32; 2],
-    neox: i32,
+    rows * n_heads * (capacity.div_ceil(ATTN_CHUNK) * (head_dim + 2) + 1)
 }
 
 /// How an attention launch lays out its blocks (all forms give the same bits): each row's
@@ -322,9 +314,9 @@ impl CudaDevice {
     /// capacity). With `slots` (a batched decode step), row `r` sits at position `pos[r]` of
     /// sequence slot `slots[r]` instead, each over its own slot; a row of slot `PAD_SLOT`
     /// touches no cache and its output is zeros. Steps of up to `ATTN_SPLIT_ROWS` rows whose
-    /// cache holds several chunks split each row's chunks across blocks and merge them in a
-    /// second launch where `parts` holds `attention_parts_len` values; otherwise a block walks
-    /// a row's chunks. Both give the same bits. With `quantized`, each row of `out` is also left
+    /// cache holds several chunks split each row's chunks across blocks, the last of them to
+    /// finish merging them, where `parts` holds `attention_parts_len` values; otherwise a block
+    /// walks a row's chunks. Both give the same bits. With `quantized`, each row of `out` is also left
     /// there as `quantize_rows` would make its 8-bit copy, bit for bit (head_dim a multiple of
     /// 32).
     #[allow(clippy::too_many_arguments)]
@@ -430,49 +422,18 @@ impl CudaDevice {
             (true, false) => "attention_split_f16",
             (true, true) => "attention_split_group_f16",
         };
-        let args = AttentionArgs {
-            ptrs: [qp, kp, vp, kc, vc, op, xqp, pap, pp, slp],
-            ints: [nh, nkv, hd, cap],
-            floats: [scale, theta_scale],
-            neox,
-        };
-        let grid = |x: usize, z: usize| LaunchConfig {
-            grid_dim: (x as u32, rows as u32, z as u32),
+        let z = if split { chunks } else { 1 };
+        let cfg = LaunchConfig {
+            grid_dim: ((n_heads / heads) as u32, rows as u32, z as u32),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        if !split {
-            return self.launch_attention(stream, name, grid(n_heads / heads, 1), &args, None);
-        }
-        self.launch_attention(stream, name, grid(n_heads / heads, chunks), &args, None)?;
-        let merge = grid(n_heads, 1);
-        self.launch_attention(
-            stream,
-            "attention_merge_f16",
-            merge,
-            &args,
-            Some(int(chunks)),
-        )
-    }
-
-    /// One launch of an attention kernel of kernels/attention.cu: its common parameters, and
-    /// the merge kernel's chunk count.
-    fn launch_attention(
-        &self,
-        stream: &CudaStream,
-        name: &str,
-        cfg: LaunchConfig,
-        args: &AttentionArgs,
-        chunks: Option<i32>,
-    ) -> Result<()> {
         self.launch(stream, name, cfg, |a| {
-            args.ptrs.iter().for_each(|p| _ = a.arg(p));
-            args.ints.iter().for_each(|i| _ = a.arg(i));
-            args.floats.iter().for_each(|f| _ = a.arg(f));
-            a.arg(&args.neox);
-            if let Some(c) = &chunks {
-                a.arg(c);
+            for p in [&qp, &kp, &vp, &kc, &vc, &op, &xqp, &pap, &pp, &slp] {
+                a.arg(p);
             }
+            a.arg(&nh).arg(&nkv).arg(&hd).arg(&cap);
+            a.arg(&scale).arg(&theta_scale).arg(&neox);
         })
     }
 
