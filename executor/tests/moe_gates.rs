@@ -17,7 +17,7 @@ mod common;
 
 use common::{
     assert_bit_identical, assert_plan_up_to_date, compile_scratch, reversed_fold_mismatch, root,
-    synth_model,
+    synth_model, synthetic_variant,
 };
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, PromptMode};
@@ -226,15 +226,7 @@ const LONG_PROMPT: [u32; 11] = [254, 72, 101, 108, 108, 111, 7, 99, 250, 3, 64];
 /// compiled in a scratch directory (its model written first).
 fn variant(name: &str, runtime: &str) -> LoadedPlan {
     synthetic(name);
-    let text = std::fs::read_to_string(root().join(format!("plans/synthetic/{name}.toml")))
-        .unwrap()
-        .replace(
-            "gguf = \"../../models/",
-            &format!("gguf = \"{}/models/", root().display()),
-        )
-        .replace("[runtime]\n", &format!("[runtime]\n{runtime}\n"));
-    let tag = runtime.replace([' ', '='], "");
-    compile_scratch(&format!("{name}-{tag}"), &text)
+    synthetic_variant("", name, runtime)
 }
 
 fn mode(plan: &LoadedPlan) -> PromptMode {
