@@ -3,15 +3,16 @@
 //! indexer, mHC, clamp and bounded-decay facts, NextN blocks left out as llama.cpp leaves
 //! them for plain decoding, and clear errors for what memra does not run.
 
-use memra_compiler::model::{read_config, read_gguf, Dtype, Mixer, ModelMeta};
+mod common;
+
+use common::{assert_same_facts, read_config_text};
+use memra_compiler::model::{read_gguf, Dtype, Mixer, ModelMeta};
 use memra_compiler::plan::{ClampSummary, DsaSummary, FfnKind, Gating, MhcSummary};
 use memra_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use std::path::{Path, PathBuf};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memra-glm5-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    common::scratch("glm5", name)
 }
 
 /// The tiny synthetic glm5-next model (q8_0) written as `{tag}.gguf` (one file per test:
@@ -173,35 +174,14 @@ fn what_memra_does_not_run_is_refused_by_name() {
 const TINY_CONFIG: &str = include_str!("../../plans/models/tiny-glm5-next.json");
 
 fn config(tag: &str, text: &str) -> anyhow::Result<ModelMeta> {
-    let path = scratch(&format!("{tag}.json"));
-    std::fs::write(&path, text).unwrap();
-    read_config(&path, Dtype::Q8_0)
+    read_config_text(scratch(&format!("{tag}.json")), text, Dtype::Q8_0)
 }
 
 #[test]
 fn config_json_gives_the_gguf_facts() {
     let from_gguf = read(&tiny_gguf("facts"));
     let from_config = config("facts", TINY_CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(from_config.kda, from_gguf.kda);
-    assert_eq!(from_config.mla, from_gguf.mla);
-    assert_eq!(from_config.moe, from_gguf.moe);
-    assert_eq!(from_config.dsa, from_gguf.dsa);
-    assert_eq!(from_config.mhc, from_gguf.mhc);
-    assert_eq!(
-        (
-            from_config.layers,
-            from_config.kv_heads,
-            from_config.head_dim
-        ),
-        (from_gguf.layers, from_gguf.kv_heads, from_gguf.head_dim)
-    );
-    let shapes = |m: &ModelMeta| -> Vec<(String, Vec<u64>)> {
-        m.tensors
-            .iter()
-            .map(|t| (t.name.clone(), t.shape.clone()))
-            .collect()
-    };
-    assert_eq!(shapes(&from_config), shapes(&from_gguf));
+    assert_same_facts(&from_config, &from_gguf);
     // the converter's f32 tensors stay f32 under a quantized placement dtype
     let hc = from_config
         .tensors

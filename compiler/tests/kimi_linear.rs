@@ -3,15 +3,16 @@
 //! and MoE facts and tensors; the schema puts KDA and MLA layers where the per-layer
 //! `head_count_kv` array (or `full_attn_layers`) says; a malformed layer list is a clear error.
 
-use memra_compiler::model::{read_config, read_gguf, Dtype, Mixer, ModelMeta};
+mod common;
+
+use common::{assert_same_facts, read_config_text};
+use memra_compiler::model::{read_gguf, Dtype, Mixer, ModelMeta};
 use memra_compiler::plan::{FfnKind, Gating};
 use memra_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use std::path::PathBuf;
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memra-kimi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    common::scratch("kimi", name)
 }
 
 /// The tiny synthetic kimi-linear model (f32) written as `{tag}.gguf` (one file per test:
@@ -36,9 +37,7 @@ const TINY_CONFIG: &str = r#"{"model_type": "kimi_linear", "hidden_size": 256,
     "short_conv_kernel_size": 4}}"#;
 
 fn config(tag: &str, text: &str) -> anyhow::Result<ModelMeta> {
-    let path = scratch(&format!("{tag}.json"));
-    std::fs::write(&path, text).unwrap();
-    read_config(&path, Dtype::F32)
+    read_config_text(scratch(&format!("{tag}.json")), text, Dtype::F32)
 }
 
 #[test]
@@ -78,24 +77,7 @@ fn the_schema_alternates_kda_and_mla_as_the_file_says() {
 fn config_json_gives_the_gguf_facts() {
     let (_, from_gguf) = tiny_gguf("facts");
     let from_config = config("facts", TINY_CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(from_config.kda, from_gguf.kda);
-    assert_eq!(from_config.mla, from_gguf.mla);
-    assert_eq!(from_config.moe, from_gguf.moe);
-    assert_eq!(
-        (
-            from_config.heads,
-            from_config.kv_heads,
-            from_config.head_dim
-        ),
-        (from_gguf.heads, from_gguf.kv_heads, from_gguf.head_dim)
-    );
-    let shapes = |m: &ModelMeta| -> Vec<(String, Vec<u64>)> {
-        m.tensors
-            .iter()
-            .map(|t| (t.name.clone(), t.shape.clone()))
-            .collect()
-    };
-    assert_eq!(shapes(&from_config), shapes(&from_gguf));
+    assert_same_facts(&from_config, &from_gguf);
 }
 
 #[test]

@@ -12,6 +12,7 @@ pub mod dist;
 pub mod engine;
 pub mod gate;
 pub mod geometry;
+pub(crate) mod layer_weights;
 pub mod perplexity;
 pub mod plan_load;
 pub mod program;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{compile_scratch, options, root, smollm2, synth_model, tiny_tp_model};
+use common::{options, smollm2, synth_model, synthetic_variant, tiny_tp_model};
 use memra_executor::batch::window;
 use memra_executor::batch_gate::{batch_gate, sequences, Sequence};
 use memra_executor::cpu::Arm;
@@ -61,15 +61,7 @@ fn smollm2_sequences_decoded_together_equal_their_runs_alone() {
 
 /// `plans/synthetic/{name}.toml` with `runtime` lines added, compiled in a scratch directory.
 fn variant(name: &str, runtime: &str) -> LoadedPlan {
-    let text = std::fs::read_to_string(root().join(format!("plans/synthetic/{name}.toml")))
-        .unwrap()
-        .replace(
-            "gguf = \"../../models/",
-            &format!("gguf = \"{}/models/", root().display()),
-        )
-        .replace("[runtime]\n", &format!("[runtime]\n{runtime}\n"));
-    let tag = runtime.replace([' ', '=', '\n'], "");
-    compile_scratch(&format!("batch-{name}-{tag}"), &text)
+    synthetic_variant("batch-", name, runtime)
 }
 
 #[test]

@@ -17,10 +17,11 @@ mod common;
 
 use common::{
     assert_bit_identical, assert_plan_up_to_date, compile_scratch, reversed_fold_mismatch, root,
-    synth_model,
+    synth_model, synthetic_variant,
 };
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, PromptMode};
+use memra_executor::gate::GateReport;
 use memra_executor::plan_load::{load, LoadedPlan};
 
 /// Prompt tokens (the synthetic models have no tokenizer).
@@ -222,19 +223,16 @@ fn a_wrong_reduction_order_fails_the_moe_gate() {
 /// A prompt longer than the small chunks below, so it takes several prefill steps.
 const LONG_PROMPT: [u32; 11] = [254, 72, 101, 108, 108, 111, 7, 99, 250, 3, 64];
 
+/// `candidate` gives `reference`'s bits over `LONG_PROMPT` and `GENERATED` tokens.
+fn gate_long(label: &str, reference: &LoadedPlan, candidate: &LoadedPlan) -> GateReport {
+    assert_bit_identical(label, reference, candidate, &LONG_PROMPT, GENERATED)
+}
+
 /// The committed placement `plans/synthetic/{name}.toml` with `runtime` lines added,
 /// compiled in a scratch directory (its model written first).
 fn variant(name: &str, runtime: &str) -> LoadedPlan {
     synthetic(name);
-    let text = std::fs::read_to_string(root().join(format!("plans/synthetic/{name}.toml")))
-        .unwrap()
-        .replace(
-            "gguf = \"../../models/",
-            &format!("gguf = \"{}/models/", root().display()),
-        )
-        .replace("[runtime]\n", &format!("[runtime]\n{runtime}\n"));
-    let tag = runtime.replace([' ', '='], "");
-    compile_scratch(&format!("{name}-{tag}"), &text)
+    synthetic_variant("", name, runtime)
 }
 
 fn mode(plan: &LoadedPlan) -> PromptMode {
@@ -256,18 +254,12 @@ fn moe_mla_and_kda_prefill_gives_the_bits_of_token_by_token_decoding() {
         let one_by_one = variant(name, "prefill_chunk = 1");
         assert_eq!(mode(&chunked), PromptMode::Chunks(256), "{name}");
         assert_eq!(mode(&one_by_one), PromptMode::Chunks(1), "{name}");
-        assert_bit_identical(name, &chunked, &one_by_one, &LONG_PROMPT, GENERATED);
+        gate_long(name, &chunked, &one_by_one);
     }
     // f32 weights keep a last-bit change of any row (q8_0 activations may absorb it)
     let chunked = f32_plan("ds2-f32-c256", "[0]", "");
     let one_by_one = f32_plan("ds2-f32-c1", "[0]", "prefill_chunk = 1");
-    assert_bit_identical(
-        "ds2-f32 chunk 1",
-        &chunked,
-        &one_by_one,
-        &LONG_PROMPT,
-        GENERATED,
-    );
+    gate_long("ds2-f32 chunk 1", &chunked, &one_by_one);
 }
 
 #[test]
@@ -280,22 +272,10 @@ fn moe_mla_and_kda_prompts_in_several_chunks_are_bit_identical_in_every_plan() {
             .unwrap();
         let candidate = variant(name, "prefill_chunk = 4");
         assert_eq!(mode(&candidate), PromptMode::Chunks(4), "{name}");
-        let report = assert_bit_identical(
-            name,
-            &synthetic(reference),
-            &candidate,
-            &LONG_PROMPT,
-            GENERATED,
-        );
+        let report = gate_long(name, &synthetic(reference), &candidate);
         assert_eq!(report.steps, LONG_PROMPT.len() + GENERATED - 1, "{name}");
     }
     let reference = f32_plan("ds2-f32-ref", "[0]", "");
     let candidate = f32_plan("ds2-f32-tp4-c4", "[0, 1, 2, 3]", "prefill_chunk = 4");
-    assert_bit_identical(
-        "ds2-f32-tp4 chunk 4",
-        &reference,
-        &candidate,
-        &LONG_PROMPT,
-        GENERATED,
-    );
+    gate_long("ds2-f32-tp4 chunk 4", &reference, &candidate);
 }

@@ -359,15 +359,7 @@ fn read_glm5_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
             None => return Err(keys.wrong("layer_types", &allowed)),
         }
     }
-    let lin = keys
-        .opt_object("linear_attn_config")?
-        .ok_or_else(|| keys.missing("linear_attn_config"))?;
-    if lin.opt_u32("num_heads")?.is_some_and(|n| n != heads) {
-        return Err(lin.wrong(
-            "num_heads",
-            &format!("num_attention_heads ({heads}), as llama.cpp reads glm5-next"),
-        ));
-    }
+    let lin = linear_attn_config(keys, heads, "glm5-next")?;
     Ok(KdaSummary {
         gate_lower_bound: lin
             .opt("gate_lower_bound", "a number", |v| {
@@ -434,16 +426,7 @@ fn read_mhc(keys: &Keys) -> Result<MhcSummary> {
 /// Kimi's `linear_attn_config`: the KDA head size and convolution taps, and the full-attention
 /// (MLA) layers, which the config numbers from 1.
 fn read_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
-    let lin = keys
-        .opt_object("linear_attn_config")?
-        .ok_or_else(|| keys.missing("linear_attn_config"))?;
-    // llama.cpp gives KDA layers the model's head count
-    if lin.opt_u32("num_heads")?.is_some_and(|n| n != heads) {
-        return Err(lin.wrong(
-            "num_heads",
-            &format!("num_attention_heads ({heads}), as llama.cpp reads kimi-linear"),
-        ));
-    }
+    let lin = linear_attn_config(keys, heads, "kimi-linear")?;
     let list = lin
         .obj
         .get("full_attn_layers")
@@ -462,6 +445,21 @@ fn read_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
     attention_layers.sort_unstable();
     attention_layers.dedup();
     kda_summary(&lin, attention_layers)
+}
+
+/// The `linear_attn_config` object, whose `num_heads` (if given) must be the model's head
+/// count: llama.cpp gives KDA layers the model's heads when it reads `arch`.
+fn linear_attn_config<'a>(keys: &'a Keys, heads: u32, arch: &str) -> Result<Keys<'a>> {
+    let lin = keys
+        .opt_object("linear_attn_config")?
+        .ok_or_else(|| keys.missing("linear_attn_config"))?;
+    if lin.opt_u32("num_heads")?.is_some_and(|n| n != heads) {
+        return Err(lin.wrong(
+            "num_heads",
+            &format!("num_attention_heads ({heads}), as llama.cpp reads {arch}"),
+        ));
+    }
+    Ok(lin)
 }
 
 /// The KDA facts both `linear_attn_config` readers share (kimi-linear's whole summary):

@@ -8,8 +8,8 @@ use anyhow::{bail, Result};
 use super::kernels::{
     combine_into, hc_collapse, hc_expand, hc_mix, HcAffine, HcMix, MIXES, STREAMS,
 };
-use super::layer::HcWeights;
 use super::segments::{full_k, norm_rows, sized, view, Activations, Ctx, Pending};
+use crate::layer_weights::HcWeights;
 
 /// mHC's residual: per token row `STREAMS` rows of the embedding width, and each token row's
 /// mixing weights of the sublayer running (its mixes kept between uses).

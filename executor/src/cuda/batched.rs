@@ -26,9 +26,9 @@ use super::device::CudaDevice;
 use super::matvec::{Epilogue, Norm};
 use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
 use super::moe::FfnWeights;
-use super::ops::DeviceWeight;
 use super::rank::{copy, MixerWeights, Pending, RankDevice, Rows};
 use super::span::Span;
+use super::weights::DeviceWeight;
 
 /// Most sequence slots a plan may have on the cuda backend (each row of a step is a grid row
 /// of the attention launch, and the host stages every row's position and slot).

@@ -14,9 +14,9 @@ use memra_compiler::plan::{reduction_chunks, Segment};
 
 use super::matvec::Norm;
 use super::moe::FfnWeights;
-use super::ops::DeviceWeight;
 use super::rank::{MixerWeights, Pending, RankDevice};
 use super::span::Span;
+use super::weights::DeviceWeight;
 
 impl RankDevice {
     /// Enqueues segment `seg` of `layer` for the step's one token row on `s`.

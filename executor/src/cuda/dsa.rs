@@ -1,5 +1,5 @@
 //! The DSA indexer with k-pool compression (glm5-next) on a CUDA device: typed launches of
-//! kernels/dsa.cu, with the math of the CPU backend's `cpu::kernels::dsa` (`layer_norm` and
+//! kernels/dsa.cu, with the math of the CPU backend's `cpu/kernels/dsa.rs` (`layer_norm` and
 //! `IndexerCache::write` in `dsa_write`, `IndexerCache::select` with ggml's tie order in
 //! `dsa_score` then `dsa_select`). The selected cells feed `mla_attention`'s sparse form. The
 //! position is read from device memory, so the launches are capturable. An indexer cache
@@ -16,11 +16,9 @@ use memra_compiler::plan::Plan;
 
 use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
 use super::matvec::Norm;
-use super::moe::full_chunks;
-use super::ops::{grid, int, DeviceWeight};
-use super::rank::upload_matrix;
 use super::span::Span;
-use crate::cpu::layer::IndexerWeights as HostIndexer;
+use super::weights::{full_chunks, grid, int, upload_matrix, DeviceWeight};
+use crate::layer_weights::IndexerWeights as HostIndexer;
 use crate::weights::RankWeights;
 
 /// The widest indexer key the kernels take (DSA_MAX_DIM in kernels/dsa.cu).
@@ -202,7 +200,7 @@ impl CudaDevice {
     }
 }
 
-/// One DSA layer's indexer on the device (`cpu::layer::IndexerWeights`, checked there).
+/// One DSA layer's indexer on the device (`layer_weights::IndexerWeights`, checked there).
 pub(super) struct IndexerWeights {
     q_b: DeviceWeight,
     k: DeviceWeight,

@@ -23,11 +23,9 @@ use memra_compiler::plan::Plan;
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
-use super::moe::full_chunks;
-use super::ops::DeviceWeight;
-use super::rank::upload_matrix;
 use super::span::Span;
-use crate::cpu::layer::KdaWeights as HostKda;
+use super::weights::{full_chunks, upload_matrix, DeviceWeight};
+use crate::layer_weights::KdaWeights as HostKda;
 use crate::weights::RankWeights;
 
 /// The widest KDA head the kernels take (KDA_MAX_DIM in kernels/kda.cu).
@@ -310,7 +308,7 @@ pub(super) struct KdaGates {
     pub gate: Span<f32>,
     /// `ssm_norm.weight`, `d`.
     pub norm: Span<f32>,
-    /// The bounded decay's lower bound (`cpu::kernels::decay_gate_bounded`), else softplus.
+    /// The bounded decay's lower bound (the CPU kernel `decay_gate_bounded`), else softplus.
     pub bound: Option<f32>,
 }
 
@@ -328,7 +326,7 @@ fn head_block(d: usize) -> u32 {
 }
 
 impl CudaDevice {
-    /// One token through the q, k and v convolutions (`cpu::kernels::conv_step` on each, `x`,
+    /// One token through the q, k and v convolutions (the CPU kernel `conv_step` on each, `x`,
     /// `window` and `out` holding q, k and v one after the other, `w` their taps), then
     /// `l2_norm_heads` on the q and k heads, as the CPU runs them for `heads` heads of `hd`.
     #[allow(clippy::too_many_arguments)]
@@ -371,9 +369,9 @@ impl CudaDevice {
         })
     }
 
-    /// The decay gate and rate (`cpu::kernels::decay_gate`, or `decay_gate_bounded` with
+    /// The decay gate and rate (the CPU kernel `decay_gate`, or `decay_gate_bounded` with
     /// `g.bound`, and `sigmoid`), the gated delta rule
-    /// on `heads` key-major states of `d x d` in `states` (`cpu::kernels::delta_rule`, in
+    /// on `heads` key-major states of `d x d` in `states` (the CPU kernel `delta_rule`, in
     /// place) and `gated_norm` with `eps`, of the q, k, v in `qkv`, into `out`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda_delta(

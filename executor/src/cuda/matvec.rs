@@ -10,8 +10,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlic
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
-use super::ops::{int, ptr, ptr_mut, DeviceWeight};
 use super::span::Span;
+use super::weights::{int, ptr, ptr_mut, DeviceWeight};
 
 /// Rows per matvec work item and threads per block; must match MATVEC_ROWS and
 /// MATVEC_THREADS in kernels/matvec.cu.

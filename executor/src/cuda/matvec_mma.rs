@@ -15,8 +15,8 @@ use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, PLAIN_DYNAMIC_SHARED};
 use super::matvec::{matvec_act_bytes, Epilogue, Norm, MAX_CHUNKS};
-use super::ops::{int, ptr, DeviceWeight};
 use super::span::Span;
+use super::weights::{int, ptr, DeviceWeight};
 
 /// Most weights one launch takes (MMA_MAX_SEGS in kernels/matvec_mma.cu).
 const MMA_MAX_SEGS: usize = 3;

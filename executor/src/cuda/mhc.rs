@@ -1,8 +1,8 @@
 //! mHC (glm5-next's residual streams) on a CUDA rank: typed launches of kernels/mhc.cu, with
-//! the math of the CPU backend's `cpu::kernels::mhc` (`hc_mix` then `hc_collapse` in
+//! the math of the CPU backend's `cpu/kernels/mhc.rs` (`hc_mix` then `hc_collapse` in
 //! `hc_pre`, `hc_expand` in `hc_post`, `hc_mean`, and the embedding copied into every stream),
 //! each launch over every token row of the step, one grid row each; and the rank's `HcState`,
-//! the CPU's `cpu::mhc` on the device: the streams (what pipeline boundaries carry), the
+//! the CPU's `cpu/mhc.rs` on the device: the streams (what pipeline boundaries carry), the
 //! `hc_attn_pre` and `hc_ffn_pre` segments (the 24 mixes are the product of the RMS-normed
 //! streams, unit weight, by `hc_*_fn`: a normed matvec) and the finish of a sublayer, which
 //! spreads its output over the streams instead of adding it to the residual. The mixing is
@@ -17,22 +17,19 @@ use memra_compiler::plan::Plan;
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
-use super::moe::full_chunks;
-use super::ops::{int, DeviceWeight};
-use super::rank::upload_matrix;
 use super::span::Span;
-use crate::cpu::kernels::{MIXES, STREAMS};
-use crate::cpu::layer::HcWeights as HostHc;
+use super::weights::{full_chunks, int, upload_matrix, DeviceWeight};
+use crate::layer_weights::{HcWeights as HostHc, MIXES, STREAMS};
 use crate::weights::RankWeights;
 
 /// Values of one token's mixing weights on the device: pre, post, then the combination
-/// `comb[dst + STREAMS * src]` (`HC_MIX_LEN` in kernels/mhc.cu, `cpu::kernels::HcMix`).
+/// `comb[dst + STREAMS * src]` (`HC_MIX_LEN` in kernels/mhc.cu, the CPU's `HcMix`).
 pub const MIX_LEN: usize = 2 * STREAMS + STREAMS * STREAMS;
 
 /// Threads of a block of the mHC launches.
 const THREADS: usize = 256;
 
-/// One sublayer's mHC weights on the device (`cpu::layer::HcWeights`, checked there).
+/// One sublayer's mHC weights on the device (`layer_weights::HcWeights`, checked there).
 pub(super) struct HcWeights {
     mixes: DeviceWeight,
     scale: DeviceBuffer<f32>,
@@ -187,7 +184,7 @@ impl HcState {
     }
 }
 
-/// A sublayer's learned map from mixes to mixing weights (`cpu::kernels::HcAffine`) and the
+/// A sublayer's learned map from mixes to mixing weights (the CPU's `HcAffine`) and the
 /// plan's Sinkhorn settings (`model.mhc`).
 pub(super) struct HcAffine {
     /// Pre, post and combination scales (3 values).

@@ -18,10 +18,9 @@ use memra_compiler::plan::{Mixer, Plan};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::dsa::IndexerWeights;
 use super::matvec::{ExpertSel, Norm};
-use super::moe::{full_chunks, DeviceStack};
-use super::ops::{DeviceWeight, RopeStyle};
+use super::ops::RopeStyle;
 use super::span::Span;
-use super::synth::device_matrix;
+use super::weights::{device_matrix, full_chunks, DeviceStack, DeviceWeight};
 use crate::geometry::RankGeometry;
 use crate::rope::{mla_kq_scale, Yarn};
 use crate::weights::RankWeights;
@@ -434,7 +433,7 @@ fn int(n: usize) -> i32 {
 
 impl CudaDevice {
     /// Rotates the first `n_rot` values of each of `n_vecs` vectors of `src` (`stride` apart)
-    /// into `dst` at position `pos[0]`, as `cpu::kernels::rope_part` with `rotation`'s
+    /// into `dst` at position `pos[0]`, as the CPU kernel `rope_part` with `rotation`'s
     /// `theta_scale` (`theta^(-2 / n_rot)`), neox flag and YaRN when given; without a
     /// rotation, copies them as they are.
     #[allow(clippy::too_many_arguments)]
@@ -489,7 +488,7 @@ impl CudaDevice {
         })
     }
 
-    /// Latent attention (`cpu::kernels::latent_attention` over positions `0..=pos[0]`, or
+    /// Latent attention (the CPU kernel `latent_attention` over positions `0..=pos[0]`, or
     /// `latent_attention_at` over DSA's `cells`: a count, then the positions) of the `heads`
     /// queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to the
     /// cache at `pos[0]` first: each head's chunks of `MLA_CHUNK` rows across blocks, then

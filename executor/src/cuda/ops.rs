@@ -1,5 +1,6 @@
-//! The device weights and KV cache, and the typed launch helpers of every kernel family but the
-//! matvec's (`matvec.rs`), mirroring the CPU kernels: argument checks on
+//! The device KV cache, and the typed launch helpers of every kernel family but the matvec's
+//! (`matvec.rs`) and the layer kinds', mirroring the CPU kernels (the device weights and the
+//! pieces every helper is made of are in `weights.rs`): argument checks on
 //! the host (shape contracts are guaranteed by the plan compiler, so a violation is a bug and
 //! panics, as on the CPU), then an asynchronous launch on the given stream. Every per-step
 //! value (token, position) is read from device memory, so any sequence of these launches can
@@ -10,129 +11,14 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
-use memra_gguf::GgmlType;
 
-use super::device::{CudaDevice, DeviceBuffer, KernelArgs};
+use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::MAX_CHUNKS;
 use super::matvec_mma::quantized_bytes;
 use super::span::Span;
+use super::weights::{grid, int, ptr, ptr_mut, DeviceWeight};
 use crate::sample::SamplerConfig;
 
-/// A weight matrix on the device: `rows` rows of `cols` values of `dtype`, in GGUF's row
-/// layout except for the 32-value block types of [`Planes`], which are split in two planes.
-pub struct DeviceWeight {
-    /// Element type; one of `memra_gguf::SUPPORTED`.
-    pub dtype: GgmlType,
-    /// The tensor bytes in the device layout.
-    pub data: DeviceBuffer<u8>,
-    /// Output dimension.
-    pub rows: usize,
-    /// Reduction dimension (K), a whole number of `dtype` blocks.
-    pub cols: usize,
-}
-
-impl DeviceWeight {
-    /// Uploads a checked weight: supported dtype, whole blocks per row, exact byte count.
-    pub fn upload(
-        dev: &CudaDevice,
-        stream: &Arc<CudaStream>,
-        dtype: GgmlType,
-        bytes: &[u8],
-        rows: usize,
-        cols: usize,
-    ) -> Result<DeviceWeight> {
-        dtype.check_supported()?;
-        let Some(row_bytes) = dtype.bytes_for(cols as u64) else {
-            anyhow::bail!(
-                "{cols} columns is not a multiple of the {dtype} block size {}",
-                dtype.block_size()
-            );
-        };
-        let need = row_bytes as usize * rows;
-        if bytes.len() != need {
-            anyhow::bail!(
-                "a {rows}x{cols} {dtype} weight takes {need} bytes, got {}",
-                bytes.len()
-            );
-        }
-        let data = match Planes::of(dtype) {
-            Some(planes) => dev.upload(stream, &planes.split(bytes))?,
-            None => dev.upload(stream, bytes)?,
-        };
-        Ok(DeviceWeight {
-            dtype,
-            data,
-            rows,
-            cols,
-        })
-    }
-}
-
-/// Matrices of `matrix_bytes` GGUF bytes each, back to back in `matrices`, in the device
-/// layout (planar for the 32-value block types, else as stored), each `stride` bytes after
-/// the one before it, zeros between: a stack of experts or heads as the device holds it.
-pub(crate) fn device_layout(
-    dtype: GgmlType,
-    matrices: &[u8],
-    matrix_bytes: usize,
-    stride: usize,
-) -> Vec<u8> {
-    let mut out = vec![0u8; stride * matrices.len().div_ceil(matrix_bytes.max(1))];
-    for (m, to) in matrices
-        .chunks_exact(matrix_bytes)
-        .zip(out.chunks_mut(stride))
-    {
-        match Planes::of(dtype) {
-            Some(p) => to[..matrix_bytes].copy_from_slice(&p.split(m)),
-            None => to[..matrix_bytes].copy_from_slice(m),
-        }
-    }
-    out
-}
-
-/// The planar device layout of the 32-value block types (q8_0, q4_0, q4_1): every block's quant
-/// bytes first, in GGUF's (row, block) order, then every block's scale bytes in the same order.
-/// A row's quants are then contiguous and 16-byte aligned, so the matvec kernels load 16 quant
-/// bytes at once instead of gathering them around each block's scales (kernels/matvec.cu);
-/// the size is unchanged and the values are the same.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Planes {
-    /// Scale bytes at the start of each GGUF block (f16 d, or f16 d and m).
-    pub scale_bytes: usize,
-    /// Quant bytes after them.
-    pub quant_bytes: usize,
-}
-
-impl Planes {
-    /// The planes of `dtype`, if it is stored planar.
-    pub fn of(dtype: GgmlType) -> Option<Planes> {
-        let scale_bytes = match dtype {
-            GgmlType::Q8_0 | GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 4,
-            _ => return None,
-        };
-        Some(Planes {
-            scale_bytes,
-            quant_bytes: dtype.block_bytes() - scale_bytes,
-        })
-    }
-
-    /// GGUF blocks (a whole number of them) in the planar layout.
-    pub fn split(self, blocks: &[u8]) -> Vec<u8> {
-        let block = self.scale_bytes + self.quant_bytes;
-        let n = blocks.len() / block;
-        let mut out = vec![0u8; blocks.len()];
-        let (quants, scales) = out.split_at_mut(n * self.quant_bytes);
-        for (i, b) in blocks.chunks_exact(block).enumerate() {
-            let (s, q) = b.split_at(self.scale_bytes);
-            scales[i * self.scale_bytes..(i + 1) * self.scale_bytes].copy_from_slice(s);
-            quants[i * self.quant_bytes..(i + 1) * self.quant_bytes].copy_from_slice(q);
-        }
-        out
-    }
-}
-
-/// One layer's f16 KV cache: per sequence slot, `capacity` positions of `n_kv_heads *
 /// head_dim` halves, K and V (slot `s` from position `s * capacity` on).
 pub struct DeviceKv {
     /// Keys, position-major.
@@ -210,41 +96,7 @@ pub const PAD_SLOT: u32 = u32::MAX;
 /// The most candidates the device sampler keeps (`SAMPLE_MAX_K` in kernels/sample.cu).
 pub const MAX_TOP_K: usize = 256;
 
-pub(super) fn grid(n: usize, threads: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n.div_ceil(threads).max(1) as u32, 1, 1),
-        block_dim: (threads as u32, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-pub(super) fn ptr<T>(stream: &CudaStream, b: &impl DevicePtr<T>) -> u64 {
-    // the guard records nothing: event tracking is off for memra contexts
-    b.device_ptr(stream).0
-}
-
-pub(super) fn ptr_mut<T>(stream: &CudaStream, b: &mut impl DevicePtrMut<T>) -> u64 {
-    b.device_ptr_mut(stream).0
-}
-
-pub(super) fn int(n: usize) -> i32 {
-    i32::try_from(n).expect("invariant: kernel sizes fit in i32")
-}
-
 impl CudaDevice {
-    pub(super) fn launch<'a>(
-        &self,
-        stream: &CudaStream,
-        name: &str,
-        cfg: LaunchConfig,
-        push: impl FnOnce(&mut KernelArgs<'a>),
-    ) -> Result<()> {
-        // SAFETY: each helper below pushes exactly the parameters of its kernel's signature, in
-        // order and with matching types; the pointers are live device buffers of the sizes the
-        // helper checked
-        unsafe { self.launch_kernel(stream, name, cfg, push) }
-    }
-
     /// `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight` for each of `rows` rows of `n`.
     pub fn rms_norm(
         &self,
@@ -620,46 +472,5 @@ impl CudaDevice {
         self.launch(stream, "tree_sum_f32", grid(n, 256), |a| {
             a.arg(&pp).arg(&di).arg(&ni).arg(&op);
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn planes_put_every_quant_before_every_scale_in_block_order() {
-        // three q4_1 blocks, each byte its block number * 20 + offset
-        let blocks: Vec<u8> = (0..60).collect();
-        let planes = Planes::of(GgmlType::Q4_1).unwrap();
-        let split = planes.split(&blocks);
-        let mut want: Vec<u8> = Vec::new();
-        for b in 0..3u8 {
-            want.extend(20 * b + 4..20 * b + 20);
-        }
-        for b in 0..3u8 {
-            want.extend(20 * b..20 * b + 4);
-        }
-        assert_eq!(split, want);
-        assert_eq!(Planes::of(GgmlType::Q8_0).unwrap().quant_bytes, 32);
-        assert_eq!(Planes::of(GgmlType::Q4_0).unwrap().scale_bytes, 2);
-        assert_eq!(Planes::of(GgmlType::Q4_K), None);
-        assert_eq!(Planes::of(GgmlType::F16), None);
-    }
-
-    #[test]
-    fn a_stack_lies_matrix_by_matrix_at_its_stride() {
-        // two q4_1 matrices of two blocks each: each planar, 48 bytes apart, zeros between
-        let matrices: Vec<u8> = (0..80).collect();
-        let planes = Planes::of(GgmlType::Q4_1).unwrap();
-        let laid = device_layout(GgmlType::Q4_1, &matrices, 40, 48);
-        let mut want = planes.split(&matrices[..40]);
-        want.resize(48, 0);
-        want.extend(planes.split(&matrices[40..]));
-        want.resize(96, 0);
-        assert_eq!(laid, want);
-        // other types keep their bytes
-        let kept = device_layout(GgmlType::Q4_K, &matrices, 40, 40);
-        assert_eq!(kept, matrices);
     }
 }

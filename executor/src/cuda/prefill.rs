@@ -22,12 +22,12 @@ use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
-use super::moe::{full_chunks, FfnWeights};
-use super::moe_rows::unfit;
-use super::ops::DeviceWeight;
+use super::moe::unfit;
+use super::moe::FfnWeights;
 use super::rank::{MixerWeights, Pending, RankDevice, Rows};
 use super::rows::GEMM_DEPTH;
 use super::span::Span;
+use super::weights::{full_chunks, DeviceWeight};
 
 /// The token rows a step of `plan` may have on CUDA: the plan's prefill chunk, or why prompts
 /// run token by token.

@@ -11,8 +11,9 @@ use memra_gguf::GgmlType;
 
 use super::device::CudaDevice;
 use super::matvec::MAX_CHUNKS;
-use super::ops::{grid, int, ptr, ptr_mut, DeviceKv, DeviceWeight, RopeStyle};
+use super::ops::{DeviceKv, RopeStyle};
 use super::span::Span;
+use super::weights::{grid, int, ptr, ptr_mut, DeviceWeight};
 
 /// Weight rows of one block's tile in the mma.sync and dequantizing warpgroup kernels (GEMM_BN
 /// in kernels/gemm.cu).
@@ -482,7 +483,7 @@ impl CudaDevice {
     }
 
     /// `out = silu(gate) * up`, elementwise; with `limit`, gate and up clamped first
-    /// (`cpu::kernels::silu_mul_clamped`); with `out16`, `out` narrowed to f16 there too (the
+    /// (the CPU kernel `silu_mul_clamped`); with `out16`, `out` narrowed to f16 there too (the
     /// bits of [`Self::to_f16`] of `out`), in the same launch.
     pub fn swiglu_rows(
         &self,

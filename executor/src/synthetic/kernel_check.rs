@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::cuda::ops::Planes;
-use crate::cuda::synth::{checked_shards, host_layout, kernel_format};
+use crate::cuda::synth::{checked_shards, host_layout};
+use crate::cuda::weights::{kernel_format, Planes};
 
 /// The CUDA names synth.cu uses, for the host.
 const SHIM: &str = r#"

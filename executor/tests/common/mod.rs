@@ -103,6 +103,20 @@ pub fn compile_scratch(name: &str, text: &str) -> LoadedPlan {
     load(&plan, None).unwrap_or_else(|e| panic!("{name}: {e:#}"))
 }
 
+/// The committed placement `plans/synthetic/{name}.toml` (its model path made absolute) with
+/// `runtime` lines added, compiled in the scratch directory `{prefix}{name}-{runtime}`.
+pub fn synthetic_variant(prefix: &str, name: &str, runtime: &str) -> LoadedPlan {
+    let text = std::fs::read_to_string(root().join(format!("plans/synthetic/{name}.toml")))
+        .unwrap()
+        .replace(
+            "gguf = \"../../models/",
+            &format!("gguf = \"{}/models/", root().display()),
+        )
+        .replace("[runtime]\n", &format!("[runtime]\n{runtime}\n"));
+    let tag = runtime.replace([' ', '=', '\n'], "");
+    compile_scratch(&format!("{prefix}{name}-{tag}"), &text)
+}
+
 /// Fails unless `plans/synthetic/{name}.plan.toml` is what the compiler makes of its placement
 /// today (the compiler's golden test cannot write the synthetic models).
 pub fn assert_plan_up_to_date(name: &str) {

@@ -6,9 +6,9 @@
 
 use anyhow::{bail, Result};
 
-use super::emit::{common_head, keyed, Head, Spec};
-use super::ffn::{DeepseekFfn, Routed};
-use super::plan::{output_head, residual, token_embd, Block, Planned};
+use super::emit::{common_head, head_of, keyed, Head, Spec};
+use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::plan::{residual, Block, Planned};
 use crate::{GgmlType, Value};
 
 /// How router logits become expert probabilities (`expert_gating_func`).
@@ -310,26 +310,10 @@ pub(crate) fn attention(s: &MlaDims, b: &Block, res: f32) -> Vec<Planned> {
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = DeepseekFfn {
-        dim: s.dim,
-        dense_layers: s.dense_layers,
-        dense_ffn: s.ffn,
-        experts: Routed {
-            experts: u64::from(s.experts),
-            ffn: s.expert_ffn,
-            probs_bias: s.routing.probs_bias,
-        },
-        shared_ffn: s.expert_ffn * u64::from(s.shared_experts),
-        res,
-    };
-    let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
-    for l in 0..s.layers {
-        let b = Block::new(l, dtype);
-        p.extend(attention(&s.mla_dims(), &b, res));
-        p.extend(ffn.tensors(&b, l));
-    }
-    p.extend(output_head(s.dim, s.vocab, false, dtype));
-    p
+    let ffn = deepseek_ffn!(s, s.routing.probs_bias, res);
+    ffn.model(s.layers, s.vocab, dtype, |b, _| {
+        attention(&s.mla_dims(), b, res)
+    })
 }
 
 /// The deepseek2 metadata keys of `s`, in the converter's order. `attention.key_length` and
@@ -339,15 +323,7 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
 /// layer count).
 fn metadata(s: &Deepseek2Shape) -> Vec<(String, Value)> {
     let mut kv = common_head(
-        Head {
-            arch: "deepseek2",
-            name: s.name,
-            layers: s.layers,
-            context: s.context,
-            dim: s.dim,
-            ffn: s.ffn,
-            heads: s.heads,
-        },
+        head_of!("deepseek2", s),
         [
             ("attention.head_count_kv", Value::U32(1)),
             ("rope.freq_base", Value::F32(s.rope_base)),

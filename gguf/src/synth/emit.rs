@@ -96,6 +96,23 @@ pub(crate) struct Head<'a> {
     pub heads: u32,
 }
 
+/// The [`Head`] of `s`, a shape with its fields (`name`, `layers`, `context`, `dim`, `ffn`,
+/// `heads`), as architecture `arch` (`Head` in scope where it is used).
+macro_rules! head_of {
+    ($arch:expr, $s:expr) => {
+        Head {
+            arch: $arch,
+            name: $s.name,
+            layers: $s.layers,
+            context: $s.context,
+            dim: $s.dim,
+            ffn: $s.ffn,
+            heads: $s.heads,
+        }
+    };
+}
+pub(crate) use head_of;
+
 /// `h`'s entries (architecture, name, block count, context, width, FFN width, heads), then
 /// `rest`, in file order (unprefixed, for `keyed`).
 pub(crate) fn common_head<const N: usize>(

@@ -3,7 +3,7 @@
 //! layer, laid out as llama.cpp's converters store them: one 3-d tensor per projection with
 //! the expert index outermost, and the router kept in F32.
 
-use super::plan::{f32_uniform, matrix, Block, Planned};
+use super::plan::{f32_uniform, matrix, output_head, token_embd, Block, Planned};
 use crate::GgmlType;
 
 /// The routed experts of one MoE layer.
@@ -58,7 +58,48 @@ pub(crate) struct DeepseekFfn {
     pub res: f32,
 }
 
+/// The [`DeepseekFfn`] of `s`, a shape with the fields of one (`dim`, `dense_layers`, `ffn`
+/// for the dense layers, `experts`, `expert_ffn`, `shared_experts`), with the selection bias
+/// if `probs_bias` and down projections divided by `res`.
+macro_rules! deepseek_ffn {
+    ($s:expr, $probs_bias:expr, $res:expr) => {
+        DeepseekFfn {
+            dim: $s.dim,
+            dense_layers: $s.dense_layers,
+            dense_ffn: $s.ffn,
+            experts: Routed {
+                experts: u64::from($s.experts),
+                ffn: $s.expert_ffn,
+                probs_bias: $probs_bias,
+            },
+            shared_ffn: $s.expert_ffn * u64::from($s.shared_experts),
+            res: $res,
+        }
+    };
+}
+pub(crate) use deepseek_ffn;
+
 impl DeepseekFfn {
+    /// Every tensor of a model of `layers` such layers and `vocab` tokens, matrices in
+    /// `dtype`, in file order: the embedding, each layer's `mixer` tensors (block `b` of layer
+    /// `l`) then its FFN's, the untied head.
+    pub fn model(
+        &self,
+        layers: u32,
+        vocab: u64,
+        dtype: GgmlType,
+        mut mixer: impl FnMut(&Block, u32) -> Vec<Planned>,
+    ) -> Vec<Planned> {
+        let mut p = vec![token_embd(self.dim, vocab, dtype)];
+        for l in 0..layers {
+            let b = Block::new(l, dtype);
+            p.extend(mixer(&b, l));
+            p.extend(self.tensors(&b, l));
+        }
+        p.extend(output_head(self.dim, vocab, false, dtype));
+        p
+    }
+
     /// The tensors of layer `l` (block `b`).
     pub fn tensors(&self, b: &Block, l: u32) -> Vec<Planned> {
         let mut p = vec![b.norm("ffn_norm", self.dim)];

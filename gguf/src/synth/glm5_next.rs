@@ -8,11 +8,10 @@
 //! and `exp_probs_b` tensors are F32.
 
 use super::deepseek2::Gating;
-use super::emit::{common_head, keyed, Head, Spec};
-use super::ffn::{DeepseekFfn, Routed};
-use super::plan::{
-    f32_around, f32_uniform, matrix, norm, output_head, residual, token_embd, Block, Planned,
-};
+use super::emit::{common_head, head_of, keyed, Head, Spec};
+use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::kimi_linear::kda;
+use super::plan::{f32_around, f32_uniform, matrix, norm, residual, Block, Planned};
 use crate::{GgmlType, Value};
 
 /// A GLM5-Next shape.
@@ -203,36 +202,6 @@ fn hc(s: &Glm5NextShape, b: &Block, which: &str) -> Vec<Planned> {
     ]
 }
 
-/// A KDA layer's mixer tensors of block `b` (its attention norm first).
-fn kda(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
-    let (h, hd) = (u64::from(s.heads), s.kda_head);
-    let w = h * hd;
-    let keep = |name: &str, dims: &[u64]| {
-        matrix(b.name(&format!("{name}.weight")), dims, 1.0, exact(dtype))
-    };
-    let mut p = vec![b.norm("attn_norm", s.dim)];
-    for x in ["q", "k", "v"] {
-        p.push(b.matrix(&format!("attn_{x}"), &[s.dim, w], 1.0));
-    }
-    // ggml's ssm_conv reads f32 weights only; taps of std 1/sqrt(taps)
-    let taps = 3f32.sqrt() / (s.conv as f32).sqrt();
-    for x in ["q", "k", "v"] {
-        let name = b.name(&format!("ssm_conv1d_{x}.weight"));
-        p.push(f32_uniform(name, &[s.conv, 1, w], taps));
-    }
-    p.push(keep("ssm_f_a", &[s.dim, hd]));
-    p.push(keep("ssm_f_b", &[hd, w]));
-    p.push(keep("ssm_beta", &[s.dim, h]));
-    // -exp(A_log) per head, a 1-d tensor in glm5-next
-    p.push(f32_around(b.name("ssm_a"), &[h], -0.6, 0.4));
-    p.push(f32_uniform(b.name("ssm_dt.bias"), &[w], 0.5));
-    p.push(keep("ssm_g_a", &[s.dim, hd]));
-    p.push(keep("ssm_g_b", &[hd, w]));
-    p.push(norm(b.name("ssm_norm.weight"), hd));
-    p.push(b.matrix("attn_output", &[w, s.dim], res));
-    p
-}
-
 /// A nope-MLA layer's mixer and indexer tensors of block `b` (its attention norm first).
 fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
     let h = u64::from(s.heads);
@@ -274,31 +243,23 @@ fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> 
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = DeepseekFfn {
-        dim: s.dim,
-        dense_layers: s.dense_layers,
-        dense_ffn: s.ffn,
-        experts: Routed {
-            experts: u64::from(s.experts),
-            ffn: s.expert_ffn,
-            probs_bias: true,
-        },
-        shared_ffn: s.expert_ffn * u64::from(s.shared_experts),
-        res,
-    };
-    let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
-    for l in 0..s.layers {
-        let b = Block::new(l, dtype);
-        p.extend(hc(s, &b, "attn"));
-        p.extend(hc(s, &b, "ffn"));
+    let ffn = deepseek_ffn!(s, true, res);
+    ffn.model(s.layers, s.vocab, dtype, |b, l| {
+        let mut p = hc(s, b, "attn");
+        p.extend(hc(s, b, "ffn"));
         match s.is_attention(l) {
-            true => p.extend(mla(s, &b, dtype, res)),
-            false => p.extend(kda(s, &b, dtype, res)),
+            true => p.extend(mla(s, b, dtype, res)),
+            false => {
+                let h = u64::from(s.heads);
+                let keep = |name: &str, dims: &[u64]| {
+                    matrix(b.name(&format!("{name}.weight")), dims, 1.0, exact(dtype))
+                };
+                // ssm_a is a 1-d tensor in glm5-next
+                p.extend(kda(b, (s.dim, h, s.kda_head, s.conv), &[h], res, keep))
+            }
         }
-        p.extend(ffn.tensors(&b, l));
-    }
-    p.extend(output_head(s.dim, s.vocab, false, dtype));
-    p
+        p
+    })
 }
 
 /// The glm5-next metadata keys of `s`, in the converter's order: MLA runs absorbed (MQA over
@@ -309,15 +270,7 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
         .collect();
     let limits = || Value::Array((0..s.layers).map(|_| Value::F32(s.swiglu_limit)).collect());
     let mut kv = common_head(
-        Head {
-            arch: "glm5-next",
-            name: s.name,
-            layers: s.layers,
-            context: s.context,
-            dim: s.dim,
-            ffn: s.ffn,
-            heads: s.heads,
-        },
+        head_of!("glm5-next", s),
         [
             ("attention.head_count_kv", Value::Array(kv_heads)),
             ("attention.layer_norm_rms_epsilon", Value::F32(s.norm_eps)),

@@ -6,11 +6,9 @@
 //! convolutions are `[d_conv, 1, channels]` in F32, `ssm_a` holds `-exp(A_log)` as `[1, heads]`.
 
 use super::deepseek2::{attention, Gating, MlaDims};
-use super::emit::{common_head, keyed, Head, Spec};
-use super::ffn::{DeepseekFfn, Routed};
-use super::plan::{
-    f32_around, f32_uniform, norm, output_head, residual, token_embd, Block, Planned,
-};
+use super::emit::{common_head, head_of, keyed, Head, Spec};
+use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::plan::{f32_around, f32_uniform, norm, residual, Block, Planned};
 use crate::{GgmlType, Value};
 
 /// A Kimi-Linear shape.
@@ -113,61 +111,57 @@ impl KimiLinearShape {
     }
 }
 
-/// A KDA layer's mixer tensors of block `b` (its attention norm first).
-fn kda(s: &KimiLinearShape, b: &Block, res: f32) -> Vec<Planned> {
-    let (h, hd) = (u64::from(s.heads), s.kda_head);
-    let w = h * hd;
-    let mut p = vec![b.norm("attn_norm", s.dim)];
+/// A KDA layer's mixer tensors of block `b` (its attention norm first), of width `dim`,
+/// `heads` heads of `hd` and convolutions of `conv` taps: `ssm_a` of shape `a_dims` (`[1,
+/// heads]` in kimi-linear, `[heads]` in glm5-next), the decay and output gates' low-rank
+/// matrices and beta made by `low_rank` (name, dims), the output projection divided by `res`.
+pub(crate) fn kda(
+    b: &Block,
+    (dim, heads, hd, conv): (u64, u64, u64, u64),
+    a_dims: &[u64],
+    res: f32,
+    low_rank: impl Fn(&str, &[u64]) -> Planned,
+) -> Vec<Planned> {
+    let (h, w) = (heads, heads * hd);
+    let mut p = vec![b.norm("attn_norm", dim)];
     for x in ["q", "k", "v"] {
-        p.push(b.matrix(&format!("attn_{x}"), &[s.dim, w], 1.0));
+        p.push(b.matrix(&format!("attn_{x}"), &[dim, w], 1.0));
     }
     // ggml's ssm_conv reads f32 weights only; taps of std 1/sqrt(taps)
-    let taps = 3f32.sqrt() / (s.conv as f32).sqrt();
+    let taps = 3f32.sqrt() / (conv as f32).sqrt();
     for x in ["q", "k", "v"] {
         let name = b.name(&format!("ssm_conv1d_{x}.weight"));
-        p.push(f32_uniform(name, &[s.conv, 1, w], taps));
+        p.push(f32_uniform(name, &[conv, 1, w], taps));
     }
-    p.push(b.matrix("ssm_f_a", &[s.dim, hd], 1.0));
-    p.push(b.matrix("ssm_f_b", &[hd, w], 1.0));
-    p.push(b.matrix("ssm_beta", &[s.dim, h], 1.0));
+    p.push(low_rank("ssm_f_a", &[dim, hd]));
+    p.push(low_rank("ssm_f_b", &[hd, w]));
+    p.push(low_rank("ssm_beta", &[dim, h]));
     // -exp(A_log) per head in [-1, -0.2): decays of e^-0.1 to e^-1 per token keep the
     // state carrying several tokens
-    p.push(f32_around(b.name("ssm_a"), &[1, h], -0.6, 0.4));
+    p.push(f32_around(b.name("ssm_a"), a_dims, -0.6, 0.4));
     p.push(f32_uniform(b.name("ssm_dt.bias"), &[w], 0.5));
-    p.push(b.matrix("ssm_g_a", &[s.dim, hd], 1.0));
-    p.push(b.matrix("ssm_g_b", &[hd, w], 1.0));
+    p.push(low_rank("ssm_g_a", &[dim, hd]));
+    p.push(low_rank("ssm_g_b", &[hd, w]));
     p.push(norm(b.name("ssm_norm.weight"), hd));
-    p.push(b.matrix("attn_output", &[w, s.dim], res));
+    p.push(b.matrix("attn_output", &[w, dim], res));
     p
 }
 
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = DeepseekFfn {
-        dim: s.dim,
-        dense_layers: s.dense_layers,
-        dense_ffn: s.ffn,
-        experts: Routed {
-            experts: u64::from(s.experts),
-            ffn: s.expert_ffn,
-            probs_bias: true,
-        },
-        shared_ffn: s.expert_ffn * u64::from(s.shared_experts),
-        res,
-    };
+    let ffn = deepseek_ffn!(s, true, res);
     let mla = s.mla();
-    let mut p = vec![token_embd(s.dim, s.vocab, dtype)];
-    for l in 0..s.layers {
-        let b = Block::new(l, dtype);
-        match s.is_attention(l) {
-            true => p.extend(attention(&mla, &b, res)),
-            false => p.extend(kda(s, &b, res)),
+    ffn.model(s.layers, s.vocab, dtype, |b, l| match s.is_attention(l) {
+        true => attention(&mla, b, res),
+        false => {
+            let h = u64::from(s.heads);
+            let widths = (s.dim, h, s.kda_head, s.conv);
+            kda(b, widths, &[1, h], res, |name, dims| {
+                b.matrix(name, dims, 1.0)
+            })
         }
-        p.extend(ffn.tensors(&b, l));
-    }
-    p.extend(output_head(s.dim, s.vocab, false, dtype));
-    p
+    })
 }
 
 /// The kimi-linear metadata keys of `s`, in the converter's order: MLA runs absorbed (MQA over
@@ -177,15 +171,7 @@ fn metadata(s: &KimiLinearShape) -> Vec<(String, Value)> {
         .map(|l| Value::U32(u32::from(s.is_attention(l))))
         .collect();
     let kv = common_head(
-        Head {
-            arch: "kimi-linear",
-            name: s.name,
-            layers: s.layers,
-            context: s.context,
-            dim: s.dim,
-            ffn: s.ffn,
-            heads: s.heads,
-        },
+        head_of!("kimi-linear", s),
         [
             ("attention.head_count_kv", Value::Array(kv_heads)),
             ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),

@@ -2,7 +2,7 @@
 //! FFN in every layer (softmax router, normalized top-k weights, no shared expert), with the
 //! tensors and metadata keys llama.cpp's converter writes for Qwen3-MoE checkpoints.
 
-use super::emit::{common_head, keyed, Head, Spec};
+use super::emit::{common_head, head_of, keyed, Head, Spec};
 use super::ffn::{routed, Routed};
 use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
@@ -112,15 +112,7 @@ fn metadata(s: &Qwen3MoeShape) -> Vec<(String, Value)> {
     keyed(
         "qwen3moe",
         common_head(
-            Head {
-                arch: "qwen3moe",
-                name: s.name,
-                layers: s.layers,
-                context: s.context,
-                dim: s.dim,
-                ffn: s.ffn,
-                heads: s.heads,
-            },
+            head_of!("qwen3moe", s),
             [
                 ("attention.head_count_kv", Value::U32(s.kv_heads)),
                 ("rope.freq_base", Value::F32(s.rope_base)),

@@ -5,11 +5,7 @@
 //! the sublayer), the post weights (how much of the output each stream receives) and a 4x4
 //! combination of the streams, normalized by Sinkhorn iterations.
 
-/// mHC streams (llama.cpp supports 4 only).
-pub const STREAMS: usize = 4;
-
-/// Mixes per token: pre and post weights, then the combination.
-pub const MIXES: usize = (2 + STREAMS) * STREAMS;
+pub use crate::layer_weights::{MIXES, STREAMS};
 
 /// One sublayer's mixing weights for one token.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -3,7 +3,7 @@
 
 use super::{full_k, norm_rows, sized, view, Activations, Ctx};
 use crate::cpu::kernels::{self, KdaState};
-use crate::cpu::layer::KdaWeights;
+use crate::layer_weights::KdaWeights;
 
 /// KDA over every row of the step: norm, q/k/v each through its projection (one product
 /// over the rows) and its causal convolution (row after row, advancing the window state of

@@ -5,6 +5,7 @@
 use anyhow::{anyhow, bail};
 
 use super::*;
+use crate::cuda::weights::upload_matrix;
 
 impl RankDevice {
     /// Uploads rank `rank`'s shards to `dev` and allocates its buffers for steps of up to

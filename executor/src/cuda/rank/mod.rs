@@ -29,14 +29,14 @@ use super::matvec::Norm;
 use super::mhc::{HcState, HcWeights};
 use super::mla::{MlaState, MlaWeights};
 use super::moe::{FfnWeights, MoeState};
-use super::ops::{attention_parts_len, DeviceKv, DeviceWeight, ATTN_SPLIT_ROWS};
+use super::ops::{attention_parts_len, DeviceKv, ATTN_SPLIT_ROWS};
 use super::rows::FLASH_HEAD_DIMS;
 use super::span::Span;
-use super::synth::device_matrix;
+use super::weights::{device_matrix, DeviceWeight};
 use crate::geometry::RankGeometry;
 use crate::program::Work;
 use crate::sample::SamplerConfig;
-use crate::weights::{Matrix, RankWeights};
+use crate::weights::RankWeights;
 
 mod load;
 
@@ -198,15 +198,6 @@ impl Rows {
     pub fn returned(self) -> usize {
         self.out() - self.padding
     }
-}
-
-/// Uploads a weight matrix taken from the rank's shards.
-pub(super) fn upload_matrix(
-    dev: &CudaDevice,
-    s: &Arc<CudaStream>,
-    m: Matrix,
-) -> Result<DeviceWeight> {
-    DeviceWeight::upload(dev, s, m.dtype, &m.data, m.rows, m.cols)
 }
 
 impl RankDevice {

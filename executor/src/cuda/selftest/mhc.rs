@@ -18,7 +18,7 @@ use crate::cpu::kernels::{
     MIXES, STREAMS,
 };
 use crate::cuda::mhc::{HcAffine, MIX_LEN};
-use crate::cuda::moe::full_chunks;
+use crate::cuda::weights::full_chunks;
 use crate::cuda::{capture, DeviceWeight, Norm, Span};
 
 /// The epsilon of the streams' RMS norm.

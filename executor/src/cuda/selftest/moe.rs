@@ -16,7 +16,8 @@ use memra_gguf::GgmlType;
 use super::exact::report_replay;
 use super::{bit_mismatches, random, random_weight, Ctx};
 use crate::cpu::kernels::{self, combine_into, silu_mul, silu_mul_clamped, Pool, Router, Weight};
-use crate::cuda::moe::{full_chunks, DeviceStack, MoeState, MoeWeights};
+use crate::cuda::moe::{MoeState, MoeWeights};
+use crate::cuda::weights::{full_chunks, DeviceStack};
 use crate::cuda::{capture, CudaDevice, CudaStream, DeviceBuffer, DeviceWeight, Norm, Span};
 use crate::weights::Stack;
 

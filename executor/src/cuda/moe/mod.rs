@@ -3,25 +3,26 @@
 //! The router picks the top-k on the device (kernels/moe.cu) and the expert matvecs read the
 //! chosen ids and weights from device memory (matvec.cu's expert mode), so an MoE layer has
 //! no host round trip and is captured like any other. The combine keeps the CPU backend's
-//! contract (`cpu::kernels::moe`): the selected experts' weighted rows (`-0.0` for experts
+//! contract (`cpu/kernels/moe.rs`): the selected experts' weighted rows (`-0.0` for experts
 //! held elsewhere), then the shared experts' row, are summed by the group's all-reduce over a
 //! zeroed buffer, and every rank adds the rows in one fixed order. A prefill step's routed
-//! experts are in `moe_rows`; its rows are slot-major, so the all-reduce and the combine take
+//! experts are in `rows`; its rows are slot-major, so the all-reduce and the combine take
 //! every token row at once.
 
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use memra_compiler::plan::{reduction_chunks, ClampedFfn, FfnKind, Gating, MoeSummary, Plan};
+use memra_compiler::plan::{ClampedFfn, FfnKind, Gating, MoeSummary, Plan};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{ExpertSel, Norm};
-use super::moe_rows::MoeRows;
-use super::ops::{device_layout, DeviceWeight};
 use super::span::Span;
-use super::synth::device_matrix;
-use crate::weights::{RankWeights, Stack};
+use super::weights::{device_matrix, full_chunks, int, DeviceStack, DeviceWeight};
+use crate::weights::RankWeights;
+pub(super) use rows::{unfit, MoeRows};
+
+mod rows;
 
 /// Most experts the device router takes (MOE_MAX_EXPERTS in kernels/moe.cu).
 pub const MAX_EXPERTS: usize = 512;
@@ -35,77 +36,6 @@ pub(super) struct Gated {
     pub down: DeviceWeight,
     /// The SwiGLU clamp limit (glm5-next).
     pub clamp: Option<f32>,
-}
-
-/// The experts `first..first + count` of a 3-D expert tensor on the device: one matrix of
-/// `rows x cols` each, each in the device layout of its own (planar for the 32-value block
-/// types), `stride` bytes apart (16-byte aligned).
-pub(super) struct DeviceStack {
-    /// Shape and dtype of one matrix; `data` holds all of them.
-    pub weight: DeviceWeight,
-    pub first: usize,
-    pub count: usize,
-    pub stride: usize,
-}
-
-impl DeviceStack {
-    /// Bytes from one matrix of `n` bytes to the next.
-    fn stride(n: usize) -> usize {
-        n.next_multiple_of(256)
-    }
-
-    /// The stack `name` of the rank's shards on the device: drawn there if it waited to be
-    /// drawn (synthetic weights), else taken on the host and uploaded.
-    pub fn take(
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
-        w: &mut RankWeights,
-        name: &str,
-    ) -> Result<DeviceStack> {
-        let Some(blocks) = w.take_drawn_stack(name) else {
-            return DeviceStack::upload(dev, s, &w.take_stack(name)?);
-        };
-        let stride = Self::stride(blocks.matrix_bytes());
-        Ok(DeviceStack {
-            weight: DeviceWeight {
-                dtype: blocks.dtype(),
-                data: dev.draw_blocks(s, &blocks, stride)?,
-                rows: blocks.rows as usize,
-                cols: blocks.cols() as usize,
-            },
-            first: (blocks.first_row / blocks.rows) as usize,
-            count: blocks.count as usize,
-            stride,
-        })
-    }
-
-    /// Uploads a stack this rank holds.
-    pub fn upload(dev: &CudaDevice, s: &Arc<CudaStream>, st: &Stack) -> Result<DeviceStack> {
-        st.dtype.check_supported()?;
-        if !st.cols.is_multiple_of(st.dtype.block_size()) {
-            bail!(
-                "{} columns is not a multiple of the {} block size {}",
-                st.cols,
-                st.dtype,
-                st.dtype.block_size()
-            );
-        }
-        let n = st.matrix_bytes();
-        let stride = Self::stride(n);
-        let mut bytes = device_layout(st.dtype, &st.data[..n * st.count], n, stride);
-        bytes.resize(stride * st.count.max(1), 0);
-        Ok(DeviceStack {
-            weight: DeviceWeight {
-                dtype: st.dtype,
-                data: dev.upload(s, &bytes)?,
-                rows: st.rows,
-                cols: st.cols,
-            },
-            first: st.first,
-            count: st.count,
-            stride,
-        })
-    }
 }
 
 /// Routed experts: the router (whole on every rank) and this rank's experts.
@@ -351,15 +281,6 @@ impl MoeState {
         let rows = if reduced { &self.sum } else { &self.rows };
         dev.moe_combine(s, &Span::of(rows), self.row_count(), x, reduced)
     }
-}
-
-/// The canonical chunk count of a product over a whole K.
-pub(super) fn full_chunks(w: &DeviceWeight) -> usize {
-    reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
-}
-
-fn int(n: usize) -> i32 {
-    i32::try_from(n).expect("invariant: kernel sizes fit in i32")
 }
 
 impl CudaDevice {

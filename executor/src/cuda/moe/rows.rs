@@ -16,15 +16,15 @@ use anyhow::Result;
 use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::MoeSummary;
 
-use super::device::{CudaDevice, DeviceBuffer};
-use super::matvec::ExpertSel;
-use super::moe::{full_chunks, DeviceStack, MoeWeights};
-use super::ops::{grid, int};
-use super::rows::{Matrix, GEMM_DEPTH};
-use super::span::Span;
+use super::MoeWeights;
+use crate::cuda::device::{CudaDevice, DeviceBuffer};
+use crate::cuda::matvec::ExpertSel;
+use crate::cuda::rows::{Matrix, GEMM_DEPTH};
+use crate::cuda::span::Span;
+use crate::cuda::weights::{full_chunks, grid, int, DeviceStack};
 
 /// A prefill step's buffers of the routed experts, for up to `rows` token rows.
-pub(super) struct MoeRows {
+pub(crate) struct MoeRows {
     /// Experts selected per row.
     k: usize,
     /// Router logits of every row.
@@ -158,7 +158,7 @@ impl MoeRows {
 }
 
 /// Why the routed experts of `moe` (hidden size `d`) cannot take the prefill GEMMs, if so.
-pub(super) fn unfit(moe: &MoeSummary, d: u64) -> Option<&'static str> {
+pub(crate) fn unfit(moe: &MoeSummary, d: u64) -> Option<&'static str> {
     let depth = GEMM_DEPTH as u64;
     if !d.is_multiple_of(depth) || !u64::from(moe.expert_ffn).is_multiple_of(depth) {
         return Some("the cuda prefill runs experts as GEMMs over whole 64-value steps; this model's hidden or expert width is not a multiple of 64");
