@@ -526,24 +526,25 @@ fn a_gate_past_the_context_is_refused_not_cut_short() {
 }
 
 #[test]
-fn a_placement_given_as_a_plan_is_named_with_the_command_that_compiles_it() {
-    let out = memra_run(&["generate", "plans/smollm2.toml", "-p", "hi"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
-        "error: plans/smollm2.toml: this file is a placement, not an execution plan; compile it first with `memra-compile plans/smollm2.toml`, then run the plan it writes (plans/smollm2.plan.toml)\n"
-    );
-}
-
-#[test]
-fn a_plan_of_a_config_json_run_on_its_file_points_at_synthetic_weights_and_prints_no_seed() {
+fn a_placement_or_a_config_json_plan_is_named_with_what_to_run_instead_and_no_seed() {
     // sampled (--temp 0.8) without --seed: a run that fails while loading prints no seed
-    let out = memra_run(&["generate", "plans/llama3-8b-tp2.plan.toml", "-p", "hi"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
-        "error: plans/llama3-8b-tp2.plan.toml: its model plans/models/llama-3-8b.json is a config.json, which holds no weights; run the plan with --weights synthetic (seeded weights of the plan's shapes, no tokenizer: bench, gate --tokens), or compile a placement whose [model] gguf names a GGUF file\n"
-    );
+    for (plan, want) in [
+        (
+            "plans/smollm2.toml",
+            "this file is a placement, not an execution plan; compile it first with `memra-compile plans/smollm2.toml`, then run the plan it writes (plans/smollm2.plan.toml)",
+        ),
+        (
+            "plans/llama3-8b-tp2.plan.toml",
+            "its model plans/models/llama-3-8b.json is a config.json, which holds no weights; run the plan with --weights synthetic (seeded weights of the plan's shapes, no tokenizer: bench, gate --tokens), or compile a placement whose [model] gguf names a GGUF file",
+        ),
+    ] {
+        let out = memra_run(&["generate", plan, "-p", "hi"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("error: {plan}: {want}\n")
+        );
+    }
 }
 
 #[test]
