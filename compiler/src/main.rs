@@ -7,8 +7,10 @@ use memra_compiler::passes::compile;
 use memra_compiler::plan::{Plan, Step};
 use memra_compiler::review::{load_plan_or_placement, semantic_diff, to_dot};
 use memra_compiler::textdiff::unified;
+use memra_gguf::output::{escaped, escaped_lines, write_atomically};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{ExitCode, Stdio};
 
 /// Compile a placement plan (TOML) and its model's metadata into an execution plan.
 #[derive(Parser)]
@@ -41,15 +43,18 @@ enum Command {
     /// its placement `NAME.toml` compiles to now.
     /// Exits 1 when they differ.
     Diff { old: PathBuf, new: Option<PathBuf> },
-    /// Draw a plan: DOT always; SVG or PNG through graphviz's `dot` when it is installed.
+    /// Draw a plan: DOT text always; SVG or PNG through graphviz's `dot` when it is
+    /// installed. Without --format (and without an --output ending in .svg or .png) it draws
+    /// SVG, or writes DOT text with a note on how to draw it where graphviz is missing.
     Render {
         /// A plan (a file with `format_version`) or a placement.
         plan: PathBuf,
         /// Output file (default: the plan's name with the format's extension).
         #[arg(short, long)]
         output: Option<PathBuf>,
-        #[arg(long, value_enum, default_value = "svg")]
-        format: Format,
+        /// dot, svg or png [default: the --output's extension, else svg, else dot].
+        #[arg(long, value_enum)]
+        format: Option<Format>,
     },
 }
 
@@ -61,6 +66,22 @@ enum Format {
 }
 
 impl Format {
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Dot => "dot",
+            Format::Svg => "svg",
+            Format::Png => "png",
+        }
+    }
+
+    /// The format a file name's extension names, if any.
+    fn of(path: &Path) -> Option<Format> {
+        let ext = path.extension()?.to_str()?;
+        [Format::Dot, Format::Svg, Format::Png]
+            .into_iter()
+            .find(|f| f.extension().eq_ignore_ascii_case(ext))
+    }
+
     /// Whether a file's first bytes are this format's, so that render may replace it.
     fn looks_like(self) -> fn(&[u8]) -> bool {
         match self {
@@ -86,7 +107,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", escaped_lines(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -107,7 +128,7 @@ fn compile_all(cli: &Cli) -> Result<bool> {
     let mut ok = true;
     for placement in &cli.placements {
         if let Err(e) = compile_one(cli, placement) {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", escaped_lines(&format!("{e:#}")));
             ok = false;
         }
     }
@@ -149,49 +170,88 @@ fn diff(old: &Path, new: Option<&Path>) -> Result<bool> {
     Ok(false)
 }
 
-fn render(path: &Path, output: Option<&Path>, format: Format) -> Result<bool> {
+fn render(path: &Path, output: Option<&Path>, format: Option<Format>) -> Result<bool> {
     let plan = load_plan_or_placement(path)?;
     let dot = to_dot(&plan);
-    let ext = match format {
-        Format::Dot => "dot",
-        Format::Svg => "svg",
-        Format::Png => "png",
+    let asked = format.or_else(|| output.and_then(Format::of));
+    let named = |format: Format| {
+        output.map(Path::to_path_buf).unwrap_or_else(|| {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            let stem = name.trim_end_matches(".toml").trim_end_matches(".plan");
+            path.with_file_name(format!("{stem}.{}", format.extension()))
+        })
     };
-    let out = output.map(Path::to_path_buf).unwrap_or_else(|| {
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let stem = name.trim_end_matches(".toml").trim_end_matches(".plan");
-        path.with_file_name(format!("{stem}.{ext}"))
-    });
+    let (format, bytes) = match asked.unwrap_or(Format::Svg) {
+        Format::Dot => (Format::Dot, dot.into_bytes()),
+        drawn => match graphviz(&dot, drawn)? {
+            Some(bytes) => (drawn, bytes),
+            None if asked.is_none() => {
+                let (out, svg) = (named(Format::Dot), named(Format::Svg));
+                eprintln!(
+                    "note: graphviz's `dot` is not installed, so this wrote DOT text, not SVG, to {}; \
+                     draw it with `dot -Tsvg {} -o {}` once graphviz is installed",
+                    out.display(),
+                    out.display(),
+                    svg.display()
+                );
+                (Format::Dot, dot.into_bytes())
+            }
+            None => bail!(
+                "graphviz's `dot` is needed for {} output and is not installed; install graphviz, or use --format dot for DOT text",
+                drawn.extension()
+            ),
+        },
+    };
+    let out = named(format);
     let model = path.with_file_name(&plan.model.source);
     refuse_to_clobber(
         &out,
         format.looks_like(),
         &[(path, "plan or placement"), (&model, "model")],
     )?;
-    if let Format::Dot = format {
-        std::fs::write(&out, dot).with_context(|| format!("{}: cannot write", out.display()))?;
-    } else {
-        let mut child = std::process::Command::new("dot")
-            .arg(format!("-T{ext}"))
-            .arg("-o")
-            .arg(&out)
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| anyhow!("graphviz `dot` is needed for {ext} output ({e}); install graphviz or use --format dot"))?;
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .expect("invariant: stdin is piped")
-            .write_all(dot.as_bytes())
-            .with_context(|| format!("graphviz `dot` stopped reading writing {}", out.display()))?;
-        let status = child.wait()?;
-        if !status.success() {
-            bail!("graphviz `dot` failed ({status}) writing {}", out.display());
-        }
-    }
+    write_atomically(&out, |f| Ok(f.write_all(&bytes)?))?;
     println!("{}", out.display());
     Ok(true)
+}
+
+/// `dot` drawn by graphviz as `format` (svg or png), or `None` where graphviz's `dot` is not
+/// installed.
+fn graphviz(dot: &str, format: Format) -> Result<Option<Vec<u8>>> {
+    let ext = format.extension();
+    let child = std::process::Command::new("dot")
+        .arg(format!("-T{ext}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => bail!("graphviz's `dot` did not start: {e}"),
+    };
+    let mut stdin = child.stdin.take().expect("invariant: stdin is piped");
+    // written from a thread of its own, so a picture larger than the pipe cannot stall both
+    let fed = std::thread::scope(|s| {
+        let feed = s.spawn(move || stdin.write_all(dot.as_bytes()));
+        let out = child.wait_with_output();
+        (
+            feed.join()
+                .expect("invariant: writing a pipe does not panic"),
+            out,
+        )
+    });
+    let out = match fed {
+        (_, Err(e)) => bail!("graphviz's `dot` failed: {e}"),
+        (Err(e), _) => bail!("graphviz's `dot` stopped reading the graph: {e}"),
+        (Ok(()), Ok(out)) => out,
+    };
+    if !out.status.success() {
+        bail!(
+            "graphviz's `dot -T{ext}` failed ({}): {}",
+            out.status,
+            escaped(String::from_utf8_lossy(&out.stderr).trim())
+        );
+    }
+    Ok(Some(out.stdout))
 }
 
 /// Refuses to write `out` over a file this run reads (`inputs`, each named for the message)
@@ -310,7 +370,7 @@ fn compile_one(cli: &Cli, placement: &Path) -> Result<()> {
         },
         &[(placement, "placement"), (&model, "model")],
     )?;
-    std::fs::write(&out, &text).with_context(|| format!("{}: cannot write", out.display()))?;
+    write_atomically(&out, |f| Ok(f.write_all(text.as_bytes())?))?;
     if !cli.quiet {
         print!("{}", summary(&compiled.plan, placement, &out));
     }
@@ -326,11 +386,12 @@ fn mib(bytes: u64) -> String {
     }
 }
 
-/// The per-rank summary printed after a compile.
+/// The per-rank summary printed after a compile. A plan runs on either backend, so what
+/// only a cuda run takes (its runtime, transport, graph capture) is said apart, as such.
 fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
     let m = &plan.model;
     let mut s = format!(
-        "{} -> {}\nmodel {} ({}, {} layers, fingerprint {}), placement {}, capture {:?}, prefill chunk {}\n",
+        "{} -> {}\nmodel {} ({}, {} layers, fingerprint {}), placement {}, prefill chunk {}\n",
         placement.display(),
         out.display(),
         m.name,
@@ -338,7 +399,6 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
         m.layers,
         m.fingerprint,
         plan.placement_hash,
-        plan.runtime.capture,
         plan.runtime.prefill_chunk
     );
     for r in &plan.ranks {
@@ -377,19 +437,24 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
                 0 => String::new(),
                 n => format!(", state {}", mib(n)),
             };
+            let transport = match d.transport_bytes {
+                0 => String::new(),
+                n => format!(" and transport {}", mib(n)),
+            };
             s += &format!(
-                "device {}: {} of {} (weights {}, kv {}{state}, buffers {}, cuda runtime {}, transport {})
-",
+                "device {}: {} (weights {}, kv {}{state}, buffers {}); on cuda {} of {} with the cuda runtime's {}{transport}\n",
                 d.device,
-                mib(d.total_bytes),
-                mib(d.memory_bytes),
+                mib(d.total_bytes - d.runtime_bytes - d.transport_bytes),
                 mib(d.weight_bytes),
                 mib(d.kv_bytes),
                 mib(d.buffer_bytes),
+                mib(d.total_bytes),
+                mib(d.memory_bytes),
                 mib(d.runtime_bytes),
-                mib(d.transport_bytes)
             );
         }
     }
+    let capture = format!("{:?}", plan.runtime.capture).to_lowercase();
+    s += &format!("on cuda: capture {capture}\n");
     s
 }

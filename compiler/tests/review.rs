@@ -238,3 +238,164 @@ fn a_plan_written_into_another_folder_names_its_model_from_there() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A fresh, empty folder for `tag` (under the system's temporary folder).
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("memra-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map(|()| dir).unwrap()
+}
+
+/// How many files `dir` holds (no temporary file left behind: only the ones written).
+fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir).unwrap().count()
+}
+
+#[test]
+fn render_without_graphviz_writes_dot_text_and_says_how_to_draw_it() {
+    let plans = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let dir = scratch("render-nodot");
+    let plan = dir.join("pp4.plan.toml");
+    std::fs::copy(plans.join("llama3-8b-pp4.plan.toml"), &plan).unwrap();
+    // an empty PATH: no graphviz `dot`, whatever this machine has installed
+    let render = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_memra-compile"))
+            .env("PATH", &dir)
+            .arg("render")
+            .arg(&plan)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = render(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let dot = dir.join("pp4.dot");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", dot.display())
+    );
+    assert_eq!(
+        err,
+        format!(
+            "note: graphviz's `dot` is not installed, so this wrote DOT text, not SVG, to {}; draw it with `dot -Tsvg {} -o {}` once graphviz is installed\n",
+            dot.display(),
+            dot.display(),
+            dir.join("pp4.svg").display()
+        )
+    );
+    assert!(std::fs::read_to_string(&dot)
+        .unwrap()
+        .starts_with("digraph"));
+    // SVG asked for by name is not replaced by something else: a clear error, nothing written
+    for args in [&["--format", "svg"][..], &["-o", "x.png"]] {
+        let out = render(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: graphviz's `dot` is needed for ")
+                && err.ends_with(
+                    " output and is not installed; install graphviz, or use --format dot for DOT text\n"
+                ),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(files_in(&dir), 2, "pp4.plan.toml and pp4.dot");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_plan_write_cut_short_by_a_file_size_limit_leaves_the_old_plan_whole() {
+    let plans = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let dir = scratch("fsize");
+    let out = dir.join("out.plan.toml");
+    // a good plan under the name, and a placement whose plan (70 kB) is past a 10 kB limit
+    let old = std::fs::read(plans.join("smollm2.plan.toml")).unwrap();
+    std::fs::write(&out, &old).unwrap();
+    let compile = |limited: bool| {
+        // the signal ignored, the limit reaches the write as an error (EFBIG), as a full disk
+        let limit = if limited {
+            "trap '' XFSZ; ulimit -f 10; "
+        } else {
+            ""
+        };
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("{limit}exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_memra-compile"))
+            .arg(plans.join("llama3-8b-tp2.toml"))
+            .arg("-q")
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let failed = compile(true);
+    let err = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!("error: {}: cannot write: ", out.display())),
+        "{err}"
+    );
+    assert!(std::fs::read(&out).unwrap() == old, "the old plan changed");
+    assert_eq!(files_in(&dir), 1, "out.plan.toml");
+    // without the limit the same command replaces it whole
+    let done = compile(false);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let new = std::fs::read_to_string(&out).unwrap();
+    assert!(new.len() > 10 << 10 && Plan::from_toml(&new).is_ok());
+    assert_eq!(files_in(&dir), 1, "out.plan.toml");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_plan_given_to_memra_compile_is_named_as_one_with_the_commands_that_take_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-compile"))
+        .current_dir(&root)
+        .arg("plans/llama3-8b-tp2.plan.toml")
+        .arg("-o")
+        .arg(std::env::temp_dir().join("memra-should-not-exist.plan.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: plans/llama3-8b-tp2.plan.toml:1:1: format_version: this file is an execution plan written by memra-compile, not a placement; memra-run takes it (memra-run generate plans/llama3-8b-tp2.plan.toml --prompt TEXT), and memra-compile takes its placement: memra-compile plans/llama3-8b-tp2.toml\n"
+    );
+}
+
+#[test]
+fn the_summary_says_apart_what_only_a_cuda_run_takes() {
+    let plans = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans");
+    let dir = scratch("summary");
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-compile"))
+        .arg(plans.join("llama3-8b-pp2-tp2.toml"))
+        .arg("-o")
+        .arg(dir.join("p.plan.toml"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let devices: Vec<&str> = text.lines().filter(|l| l.starts_with("device ")).collect();
+    assert_eq!(devices.len(), 4, "{text}");
+    for line in devices {
+        let (any, cuda) = line.split_once("; on cuda ").expect(line);
+        assert!(!any.contains("cuda") && !any.contains("runtime"), "{line}");
+        assert!(
+            cuda.contains(" with the cuda runtime's 531.0 MiB"),
+            "{line}"
+        );
+    }
+    assert!(!text.lines().next().unwrap().contains("capture"), "{text}");
+    assert!(text.ends_with("\non cuda: capture graphs\n"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -56,8 +56,9 @@ fn main() -> ExitCode {
             for (file, ptx) in compile::FILES.iter().zip(ptx.iter()) {
                 if let Some(dir) = &args.ptx_dir {
                     let path = dir.join(file.name.replace(".cu", ".ptx"));
-                    std::fs::write(&path, ptx.to_src())
-                        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+                    memra_gguf::output::write_atomically(&path, |f| {
+                        Ok(std::io::Write::write_all(f, ptx.to_src().as_bytes())?)
+                    })?;
                 }
                 println!(
                     "kernels/{}: {} entry points, {} bytes of ptx",

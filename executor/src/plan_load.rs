@@ -14,6 +14,7 @@ use memra_compiler::passes::emit::model_summary;
 use memra_compiler::passes::recompile::{recompile_differences, value_differences};
 use memra_compiler::passes::verify::verify_plan;
 use memra_compiler::plan::Plan;
+use memra_gguf::output::escaped;
 use memra_gguf::progress::{Progress, Unit};
 use memra_gguf::GgufFile;
 
@@ -122,11 +123,18 @@ pub fn fingerprint(gguf: &GgufFile) -> String {
 pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
     let plan = read_verified(plan_path)?;
     let model_path = model.map_or_else(|| default_model_path(plan_path, &plan), Path::to_path_buf);
-    let gguf = GgufFile::open(&model_path).with_context(|| {
-        format!(
+    let gguf = GgufFile::open(&model_path).map_err(|e| {
+        if is_json(&model_path) {
+            return anyhow!(
+                "{}: its model {} is a config.json, which holds no weights; run the plan with --weights synthetic (seeded weights of the plan's shapes, no tokenizer: bench, gate --tokens), or compile a placement whose [model] gguf names a GGUF file",
+                plan_path.display(),
+                model_path.display()
+            );
+        }
+        e.context(format!(
             "loading the model of plan {} (pass --model PATH to use another file)",
             plan_path.display()
-        )
+        ))
     })?;
     let found = fingerprint(&gguf);
     if found != plan.model.fingerprint {
@@ -140,6 +148,16 @@ pub fn load(plan_path: &Path, model: Option<&Path>) -> Result<LoadedPlan> {
     let meta = check_model_facts(&plan, plan_path, &gguf, &model_path)?;
     check_program(&plan, plan_path, meta)?;
     Ok(loaded(plan, plan_path, Weights::File(gguf)))
+}
+
+/// Whether the file at `path` starts like JSON (a `{` after any blank space): a model's
+/// config.json where a GGUF was expected.
+fn is_json(path: &Path) -> bool {
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    head[..n].trim_ascii_start().starts_with(b"{")
 }
 
 /// Refuses a plan whose `[model]` facts differ from what the compiler reads from the model
@@ -201,9 +219,7 @@ pub fn load_synthetic(plan_path: &Path) -> Result<LoadedPlan> {
 
 /// The plan at `plan_path`, parsed, verified and checked to be runnable.
 fn read_verified(plan_path: &Path) -> Result<Plan> {
-    let text = std::fs::read_to_string(plan_path)
-        .with_context(|| format!("cannot read plan {}", plan_path.display()))?;
-    let plan = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
+    let plan = Plan::read(plan_path)?;
     let errors = verify_plan(&plan);
     if !errors.is_empty() {
         bail!(
@@ -234,7 +250,8 @@ fn check_runnable(plan: &Plan) -> Result<()> {
     let arch = plan.model.architecture.as_str();
     if !RUNNABLE_ARCHITECTURES.contains(&arch) {
         bail!(
-            "architecture `{arch}` is not supported by the executor; supported: {}",
+            "architecture `{}` is not supported by the executor; supported: {}",
+            escaped(arch),
             RUNNABLE_ARCHITECTURES.join(", ")
         );
     }

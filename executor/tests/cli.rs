@@ -2,7 +2,9 @@
 //! sampled text, the gate passes a pipeline plan, the cuda backend says it is not built and
 //! refuses the layer kinds it does not run yet, bench reports prefill speed and time to first
 //! token, bench --batch the aggregate speed of sequences decoded together, compare --per-step
-//! each step's error, compare --conditioning the steps too ill-conditioned to judge.
+//! each step's error, compare --conditioning the steps too ill-conditioned to judge; a
+//! placement given as a plan and a config.json plan run on its file are named with what to
+//! do instead, a cpu run names no cuda figure, and a drawn seed is printed once a run starts.
 
 mod common;
 
@@ -261,8 +263,15 @@ fn bench_reports_prefill_speed_and_time_to_first_token() {
             && text.contains("time to first token"),
         "{text}"
     );
+    // graph capture is the cuda backend's: a cpu run does not name it
+    assert!(
+        text.starts_with("plans/smollm2.plan.toml: cpu 1 threads, placement ")
+            && !text.contains("capture"),
+        "{text}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&stdout(&memra_run(&[&args[..], &["--json"]].concat()))).unwrap();
+    assert!(json["capture"].is_null(), "{json}");
     assert_eq!(json["prompt_tokens"], 16);
     assert_eq!(json["prompt_mode"], "prefill chunks of 512");
     assert!(json["prefill_tok_s"].as_f64().unwrap() > 0.0, "{json}");
@@ -513,5 +522,58 @@ fn a_gate_past_the_context_is_refused_not_cut_short() {
     assert!(
         err.contains("the prompt's 3 tokens and 3000 generated take 3002 positions, more than plans/smollm2.plan.toml's runtime.max_context of 2048"),
         "{err}"
+    );
+}
+
+#[test]
+fn a_placement_or_a_config_json_plan_is_named_with_what_to_run_instead_and_no_seed() {
+    // sampled (--temp 0.8) without --seed: a run that fails while loading prints no seed
+    for (plan, want) in [
+        (
+            "plans/smollm2.toml",
+            "this file is a placement, not an execution plan; compile it first with `memra-compile plans/smollm2.toml`, then run the plan it writes (plans/smollm2.plan.toml)",
+        ),
+        (
+            "plans/llama3-8b-tp2.plan.toml",
+            "its model plans/models/llama-3-8b.json is a config.json, which holds no weights; run the plan with --weights synthetic (seeded weights of the plan's shapes, no tokenizer: bench, gate --tokens), or compile a placement whose [model] gguf names a GGUF file",
+        ),
+    ] {
+        let out = memra_run(&["generate", plan, "-p", "hi"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("error: {plan}: {want}\n")
+        );
+    }
+}
+
+#[test]
+fn a_sampled_run_prints_its_drawn_seed_once_it_has_started() {
+    smollm2("smollm2");
+    let out = memra_run(&[
+        "generate",
+        "plans/smollm2.plan.toml",
+        "-p",
+        "Once upon a time,",
+        "-n",
+        "2",
+        "-t",
+        "1",
+    ]);
+    stdout(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("seed: "))
+        .unwrap_or_else(|| panic!("no seed line: {err}"));
+    let seed: u64 = line["seed: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        line,
+        format!("seed: {seed} (pass --seed {seed} to repeat this run)")
     );
 }

@@ -1,14 +1,16 @@
 //! GGUF container support for memra: a memory-mapped reader that parses the header, metadata
 //! and tensor infos without touching weights and hands out validated byte ranges; a v3
 //! writer; bit-exact dequantization (and quantization) of the types memra runs; the
-//! synthetic llama model generator behind `memra-synth`; and the progress reports of the
-//! project's long work.
+//! synthetic llama model generator behind `memra-synth`; the progress reports of the
+//! project's long work; and how every memra tool writes its files and quotes a file's bytes
+//! (`output`: the lowest crate, so every writer shares one way).
 
 mod dequant;
 pub mod f16;
 mod ggml_type;
 pub mod layout;
 mod metadata;
+pub mod output;
 pub mod progress;
 mod quant;
 mod reader;

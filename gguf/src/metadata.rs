@@ -4,19 +4,25 @@
 
 use anyhow::{anyhow, bail, Result};
 
+use crate::output::escaped;
 use crate::{GgufFile, Value};
 
 impl GgufFile {
     /// The value of `key`, or "missing key `key` in FILE".
     pub fn get(&self, key: &str) -> Result<&Value> {
-        self.metadata
-            .get(key)
-            .ok_or_else(|| anyhow!("missing key `{key}` in {}", self.path().display()))
+        self.metadata.get(key).ok_or_else(|| {
+            anyhow!(
+                "missing key `{}` in {}",
+                escaped(key),
+                self.path().display()
+            )
+        })
     }
 
     fn mismatch(&self, key: &str, v: &Value, expected: &str) -> anyhow::Error {
         anyhow!(
-            "key `{key}` in {} is {} {v}, expected {expected}",
+            "key `{}` in {} is {} {v}, expected {expected}",
+            escaped(key),
             self.path().display(),
             v.type_name()
         )
@@ -82,7 +88,8 @@ impl GgufFile {
             .map(|(i, v)| {
                 v.as_str().ok_or_else(|| {
                     anyhow!(
-                        "key `{key}` in {}: element {i} is {}, expected a string",
+                        "key `{}` in {}: element {i} is {}, expected a string",
+                        escaped(key),
                         self.path().display(),
                         v.type_name()
                     )

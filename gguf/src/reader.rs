@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
 
+use crate::output::escaped;
 use crate::value::{min_encoded_len, type_id};
 use crate::{GgmlType, TensorInfo, Value};
 
@@ -120,7 +121,7 @@ impl GgufFile {
                 self.path.display(),
                 rows.start,
                 rows.end,
-                t.name,
+                escaped(&t.name),
                 t.rows()
             );
         }
@@ -132,8 +133,13 @@ impl GgufFile {
     /// Dequantizes a whole tensor to f32.
     pub fn dequantize_tensor(&self, t: &TensorInfo) -> Result<Vec<f32>> {
         let mut out = vec![0f32; t.n_elements() as usize];
-        crate::dequantize(t.dtype, self.tensor_bytes(t), &mut out)
-            .map_err(|e| anyhow!("{}: tensor `{}`: {e}", self.path.display(), t.name))?;
+        crate::dequantize(t.dtype, self.tensor_bytes(t), &mut out).map_err(|e| {
+            anyhow!(
+                "{}: tensor `{}`: {e}",
+                self.path.display(),
+                escaped(&t.name)
+            )
+        })?;
         Ok(out)
     }
 }
@@ -282,10 +288,12 @@ fn parse(buf: &[u8]) -> Result<Parsed> {
         let key = std::str::from_utf8(c.bytes_str("metadata key")?)
             .map_err(|_| anyhow!("at byte {at}: metadata key is not valid utf-8"))?
             .to_string();
-        let ty = c.u32(&key)?;
-        let v = c.value(ty, &key, 0)?;
-        if metadata.insert(key.clone(), v).is_some() {
-            bail!("at byte {at}: duplicate metadata key `{key}`");
+        // the key as messages quote it (a crafted key's escape sequences escaped)
+        let shown = escaped(&key).to_string();
+        let ty = c.u32(&shown)?;
+        let v = c.value(ty, &shown, 0)?;
+        if metadata.insert(key, v).is_some() {
+            bail!("at byte {at}: duplicate metadata key `{shown}`");
         }
     }
     let mut tensors = Vec::with_capacity(n_tensors as usize);
@@ -308,18 +316,19 @@ fn tensor_info(c: &mut Cursor) -> Result<TensorInfo> {
     let name = std::str::from_utf8(c.bytes_str("tensor name")?)
         .map_err(|_| anyhow!("at byte {at}: tensor name is not valid utf-8"))?
         .to_string();
-    let n_dims = c.u32(&name)?;
+    let shown = escaped(&name).to_string();
+    let n_dims = c.u32(&shown)?;
     if n_dims > MAX_DIMS {
-        bail!("tensor `{name}`: {n_dims} dims, at most {MAX_DIMS} are allowed");
+        bail!("tensor `{shown}`: {n_dims} dims, at most {MAX_DIMS} are allowed");
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     for _ in 0..n_dims {
-        dims.push(c.u64(&name)?);
+        dims.push(c.u64(&shown)?);
     }
-    let id = c.u32(&name)?;
+    let id = c.u32(&shown)?;
     let dtype = GgmlType::from_id(id)
-        .ok_or_else(|| anyhow!("tensor `{name}`: unknown ggml type id {id}"))?;
-    let offset = c.u64(&name)?;
+        .ok_or_else(|| anyhow!("tensor `{shown}`: unknown ggml type id {id}"))?;
+    let offset = c.u64(&shown)?;
     Ok(TensorInfo {
         name,
         dims,
@@ -353,17 +362,21 @@ fn validate_tensors(
     let mut ranges = Vec::new();
     for t in tensors {
         if seen.insert(t.name.as_str(), ()).is_some() {
-            errors.push(format!("duplicate tensor name `{}`", t.name));
+            errors.push(format!("duplicate tensor name `{}`", escaped(&t.name)));
         }
         match tensor_range(t, alignment, data_offset, file_len) {
             Ok(r) => ranges.push((r, t.name.as_str())),
-            Err(e) => errors.push(format!("tensor `{}`: {e}", t.name)),
+            Err(e) => errors.push(format!("tensor `{}`: {e}", escaped(&t.name))),
         }
     }
     ranges.sort();
     for w in ranges.windows(2) {
         if w[0].0 .1 > w[1].0 .0 {
-            errors.push(format!("tensors `{}` and `{}` overlap", w[0].1, w[1].1));
+            errors.push(format!(
+                "tensors `{}` and `{}` overlap",
+                escaped(w[0].1),
+                escaped(w[1].1)
+            ));
         }
     }
     if errors.is_empty() {

@@ -140,10 +140,11 @@ pub(crate) fn min_encoded_len(id: u32) -> Option<u64> {
 }
 
 impl std::fmt::Display for Value {
-    /// Short human form: numbers as written, strings quoted, arrays by length.
+    /// Short human form: numbers as written, strings quoted (control characters escaped),
+    /// arrays by length.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Value::Str(s) => write!(f, "\"{s}\""),
+            Value::Str(s) => write!(f, "\"{}\"", crate::output::escaped(s)),
             Value::Array(a) => write!(f, "[{} items]", a.len()),
             Value::Bool(b) => write!(f, "{b}"),
             Value::F32(v) => write!(f, "{v}"),

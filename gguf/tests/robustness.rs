@@ -428,3 +428,45 @@ fn writer_rejects_what_the_reader_would() {
         .to_string()
         .contains("tensor `streamed`: 9 bytes written but it takes 8"));
 }
+
+#[test]
+fn messages_quoting_a_files_keys_names_and_strings_escape_control_characters() {
+    let (key, name) = ("evil\x1b[31m.flag", "red\x1b[0m.weight");
+    let mut w = GgufWriter::new();
+    w.add(key, Value::Bool(true)).unwrap();
+    w.add("k.str", Value::Str("clear\x1b[2J\u{202e}".into()))
+        .unwrap();
+    w.add_tensor(name, &[2, 1], GgmlType::F32, f32_bytes(&[1.0, 2.0]))
+        .unwrap();
+    let mut b = w.to_bytes().unwrap();
+    let p = write(&b, "escape");
+    let file = GgufFile::open(&p).unwrap();
+    let wrong_type = file.get_u32("k.str").unwrap_err().to_string();
+    assert_eq!(
+        wrong_type,
+        format!(
+            "key `k.str` in {} is string \"clear\\x1b[2J\\u{{202e}}\", expected an integer that fits uint32",
+            p.display()
+        )
+    );
+    let missing = file.get_u32("no\x07such").unwrap_err().to_string();
+    assert!(
+        missing.starts_with("missing key `no\\x07such` in "),
+        "{missing}"
+    );
+    let _ = std::fs::remove_file(&p);
+    // the bool's byte follows its key and the u32 type id
+    let at = find(&b, key.as_bytes()) + key.len() + 4;
+    b[at] = 2;
+    assert_eq!(
+        open_err(&b),
+        format!("at byte {at}: key `evil\\x1b[31m.flag`: bool byte is 2, expected 0 or 1")
+    );
+    b[at] = 1;
+    let ty = info_field(&b, name, "type");
+    b[ty..ty + 4].copy_from_slice(&99u32.to_le_bytes());
+    assert_eq!(
+        open_err(&b),
+        "tensor `red\\x1b[0m.weight`: unknown ggml type id 99"
+    );
+}

@@ -11,6 +11,7 @@ use crate::plan::{
     MoeSummary, YarnSummary,
 };
 use anyhow::{anyhow, Context, Result};
+use memra_gguf::output::escaped;
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -60,8 +61,9 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         .ok_or_else(|| {
             let names: Vec<&str> = MODEL_TYPES.iter().map(|(n, _)| *n).collect();
             anyhow!(
-                "{}: model_type `{model_type}` is not supported; supported: {}",
+                "{}: model_type `{}` is not supported; supported: {}",
                 path.display(),
+                escaped(model_type),
                 names.join(", ")
             )
         })?;

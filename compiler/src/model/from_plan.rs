@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use super::tensors::{expected, sort_tensors, tensor_meta};
 use super::{Architecture, Dtype, ModelMeta, TensorMeta, TensorSite};
 use crate::plan::Plan;
+use memra_gguf::output::escaped;
 
 /// The model of `plan`'s facts and weight shards; every disagreement between the two, or
 /// between ranks holding one tensor, is one error naming the tensor. The facts that give the
@@ -22,7 +23,7 @@ pub fn model_of_plan(plan: &Plan) -> Result<ModelMeta, Vec<String>> {
     if architecture.is_none() {
         errors.push(format!(
             "model.architecture `{}` is not supported; supported: {}",
-            m.architecture,
+            escaped(&m.architecture),
             Architecture::supported_list()
         ));
     }
@@ -30,7 +31,7 @@ pub fn model_of_plan(plan: &Plan) -> Result<ModelMeta, Vec<String>> {
     if fingerprint.is_none() || m.fingerprint.len() != 16 {
         errors.push(format!(
             "model.fingerprint `{}` is not 16 hex digits",
-            m.fingerprint
+            escaped(&m.fingerprint)
         ));
     }
     // Every tensor some rank holds, with the shape and dtype of the whole tensor.
@@ -40,8 +41,8 @@ pub fn model_of_plan(plan: &Plan) -> Result<ModelMeta, Vec<String>> {
             match held.get(w.tensor.as_str()) {
                 Some(&(first, dtype, shape)) if (dtype, shape) != (&w.dtype, &w.shape[..]) => {
                     errors.push(format!(
-                        "rank {} weights: `{}` is {} {:?}, but rank {first} holds it as {dtype} {shape:?}; the ranks of one tensor agree on its shape and dtype",
-                        r.rank, w.tensor, w.dtype, w.shape
+                        "rank {} weights: `{}` is {} {:?}, but rank {first} holds it as {} {shape:?}; the ranks of one tensor agree on its shape and dtype",
+                        r.rank, escaped(&w.tensor), escaped(&w.dtype), w.shape, escaped(dtype)
                     ));
                 }
                 Some(_) => {}
@@ -55,7 +56,9 @@ pub fn model_of_plan(plan: &Plan) -> Result<ModelMeta, Vec<String>> {
     for (&name, &(rank, dtype, shape)) in &held {
         let Some(dt) = Dtype::from_name(dtype) else {
             errors.push(format!(
-                "rank {rank} weights: `{name}` has dtype `{dtype}`; supported: {}",
+                "rank {rank} weights: `{}` has dtype `{}`; supported: {}",
+                escaped(name),
+                escaped(dtype),
                 Dtype::supported_list()
             ));
             continue;
@@ -63,7 +66,8 @@ pub fn model_of_plan(plan: &Plan) -> Result<ModelMeta, Vec<String>> {
         match tensor_meta(name, dt, shape.to_vec()) {
             Some(t) => tensors.push(t),
             None => errors.push(format!(
-                "rank {rank} weights: `{name}` is not a tensor of any supported architecture"
+                "rank {rank} weights: `{}` is not a tensor of any supported architecture",
+                escaped(name)
             )),
         }
     }

@@ -11,6 +11,7 @@ use crate::plan::{
     ClampSummary, DsaSummary, Gating, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
 };
 use anyhow::{anyhow, bail, Result};
+use memra_gguf::output::escaped;
 use memra_gguf::{GgufFile, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -120,8 +121,9 @@ pub fn gguf_meta(file: &GgufFile, path: &Path) -> Result<ModelMeta> {
         .find(|a| a.name() == arch_name)
         .ok_or_else(|| {
             anyhow!(
-                "{}: architecture `{arch_name}` is not supported; supported: {}",
+                "{}: architecture `{}` is not supported; supported: {}",
                 path.display(),
+                escaped(arch_name),
                 Architecture::supported_list()
             )
         })?;
@@ -612,8 +614,9 @@ fn read_yarn(
         "yarn" => {}
         "none" => return Ok(None),
         other => bail!(
-            "{}: {kind} is `{other}`; supported: yarn, none (memra implements no other rope scaling)",
-            path.display()
+            "{}: {kind} is `{}`; supported: yarn, none (memra implements no other rope scaling)",
+            path.display(),
+            escaped(other)
         ),
     }
     let factor = keys.opt_f32("rope.scaling.factor")?.unwrap_or(0.0);
@@ -660,7 +663,7 @@ fn read_tensors(file: &GgufFile, meta: &ModelMeta, path: &Path) -> Result<Vec<su
             anyhow!(
                 "{}: tensor `{}` is not part of a {} model with these hyperparameters",
                 path.display(),
-                info.name,
+                escaped(&info.name),
                 meta.architecture.name()
             )
         })?;
@@ -675,7 +678,7 @@ fn read_tensors(file: &GgufFile, meta: &ModelMeta, path: &Path) -> Result<Vec<su
             anyhow!(
                 "{}: tensor `{}` has dtype {}, which is not supported; supported: {}",
                 path.display(),
-                info.name,
+                escaped(&info.name),
                 info.dtype.name(),
                 Dtype::supported_list()
             )

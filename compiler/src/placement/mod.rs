@@ -193,14 +193,25 @@ pub fn load(path: &Path) -> Result<(Placement, ModelMeta), Diagnostics> {
     let text =
         String::from_utf8(bytes).map_err(|e| single(&file, format!("not utf-8 text: {e}")))?;
     let raw: RawPlacement = toml::from_str(&text).map_err(|e| {
-        let span = e.span().unwrap_or(0..0);
-        let message = e
+        let mut span = e.span().unwrap_or(0..0);
+        let mut message = e
             .message()
             .trim_end_matches('\n')
             .replace("expected i64", "expected an integer")
             .replace("expected f64", "expected a number");
+        let mut field = field_at(&text, span.start);
+        if let Some(key) = plan_version_key(&text) {
+            (span, field) = (key, "format_version".to_string());
+            message = format!(
+                "this file is an execution plan written by memra-compile, not a placement; memra-run takes it (memra-run generate {file} --prompt TEXT){}",
+                match placement_beside(path) {
+                    Some(p) => format!(", and memra-compile takes its placement: memra-compile {}", p.display()),
+                    None => String::new(),
+                }
+            );
+        }
         let mut c = Collector::new(&file, &text);
-        c.error(span.clone(), &field_at(&text, span.start), message);
+        c.error(span, &field, message);
         c.finish().expect_err("invariant: one error was recorded")
     })?;
     let mut c = Collector::new(&file, &text);
@@ -211,6 +222,27 @@ pub fn load(path: &Path) -> Result<(Placement, ModelMeta), Diagnostics> {
         (Some(p), Some(m)) => Ok((p, m)),
         _ => unreachable!("invariant: a missing model records an error"),
     }
+}
+
+/// The line of a plan's top-level `format_version` in `text`, if it is a plan's (TOML with
+/// that key): what tells an execution plan from a placement.
+fn plan_version_key(text: &str) -> Option<Range<usize>> {
+    #[derive(Deserialize)]
+    struct Version {
+        format_version: Option<Spanned<toml::Value>>,
+    }
+    let version: Version = toml::from_str(text).ok()?;
+    let value = version.format_version?.span();
+    let line = text[..value.start].rfind('\n').map_or(0, |i| i + 1);
+    Some(line..value.end)
+}
+
+/// `NAME.toml` beside a `NAME.plan.toml`, where it exists: the placement a plan was likely
+/// compiled from.
+fn placement_beside(plan: &Path) -> Option<PathBuf> {
+    let name = plan.file_name()?.to_str()?;
+    let placement = plan.with_file_name(format!("{}.toml", name.strip_suffix(".plan.toml")?));
+    placement.is_file().then_some(placement)
 }
 
 /// The dotted field a byte offset sits in, read off the text: the last `[section]` header

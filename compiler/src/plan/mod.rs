@@ -13,10 +13,19 @@
 //! are in flight across pipeline stages). Steps that touch a boundary slot use
 //! `Boundary::send_slot` or `recv_slot`; boundary events are per slot too.
 
+use anyhow::{anyhow, Context};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// Version of the plan format; the executor refuses any other.
 pub const FORMAT_VERSION: u32 = 2;
+
+/// Whether TOML `text` is a placement (a `[pipeline]` table, no `format_version`) rather
+/// than a plan.
+fn is_placement(text: &str) -> bool {
+    text.parse::<toml::Table>()
+        .is_ok_and(|t| t.contains_key("pipeline") && !t.contains_key("format_version"))
+}
 
 /// Slots of a hidden-state boundary (double buffering).
 pub const HIDDEN_SLOTS: u32 = 2;
@@ -397,17 +406,38 @@ pub fn reduction_chunks(k: u64, block: u64) -> u32 {
 }
 
 impl Plan {
+    /// Reads the plan at `path`. A placement given instead is named as one, with the command
+    /// that compiles it.
+    pub fn read(path: &Path) -> anyhow::Result<Plan> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read the plan", path.display()))?;
+        Plan::from_toml(&text).map_err(|e| {
+            let file = path.display();
+            if !is_placement(&text) {
+                return anyhow!("{file}: {e}");
+            }
+            let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+            let plan = path.with_file_name(format!("{stem}.plan.toml"));
+            anyhow!(
+                "{file}: this file is a placement, not an execution plan; compile it first with `memra-compile {file}`, then run the plan it writes ({})",
+                plan.display()
+            )
+        })
+    }
+
     /// Parse plan text, refusing other format versions.
     pub fn from_toml(text: &str) -> Result<Plan, String> {
         #[derive(Deserialize)]
         struct VersionOnly {
-            format_version: u32,
+            format_version: Option<u32>,
         }
         let version: VersionOnly = toml::from_str(text).map_err(|e| e.message().to_string())?;
-        if version.format_version != FORMAT_VERSION {
+        let Some(format_version) = version.format_version else {
+            return Err("this file is not an execution plan: it has no format_version (memra-compile writes plans from placements)".into());
+        };
+        if format_version != FORMAT_VERSION {
             return Err(format!(
-                "plan format version {} is not supported; this build reads version {FORMAT_VERSION}",
-                version.format_version
+                "plan format version {format_version} is not supported; this build reads version {FORMAT_VERSION}"
             ));
         }
         toml::from_str(text).map_err(|e| e.to_string())

@@ -53,9 +53,7 @@ struct Running {
 /// Starts the plan's processes with `command` (a subcommand and its arguments, without the
 /// plan) and waits for them.
 pub fn launch(plan_path: &Path, command: &[String]) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(plan_path)
-        .with_context(|| format!("cannot read plan {}", plan_path.display()))?;
-    let plan = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan_path.display()))?;
+    let plan = Plan::read(plan_path)?;
     let map = ProcessMap::of(&plan);
     check_hosts(&plan, &map)?;
     let args = |p: u32, rendezvous: &str| -> Vec<String> {

@@ -17,9 +17,10 @@ mod tools;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use memra_compiler::plan::Plan;
+use memra_gguf::output::escaped_lines;
 
 use crate::cpu::ReduceOrder;
 use crate::dist::{ProcessMap, World, PEER_FAILED};
@@ -352,16 +353,30 @@ fn positive(s: &str) -> Result<f32, String> {
     }
 }
 
+/// The sampler settings of a run and whether its seed was drawn from the clock.
+#[derive(Clone, Copy)]
+struct Sampling {
+    config: SamplerConfig,
+    drawn_seed: bool,
+}
+
+impl Sampling {
+    /// Says on stderr which seed a sampled run drew, so it can be repeated; called once the
+    /// run has started (a run that fails while loading has nothing to repeat).
+    fn announce(&self, prints: bool) {
+        let seed = self.config.seed;
+        if self.drawn_seed && self.config.temperature > 0.0 && prints {
+            eprintln!("seed: {seed} (pass --seed {seed} to repeat this run)");
+        }
+    }
+}
+
 impl SamplingArgs {
-    fn config(&self) -> Result<SamplerConfig> {
+    fn config(&self) -> Result<Sampling> {
         let seed = self.seed.unwrap_or_else(|| {
-            let seed = std::time::SystemTime::now()
+            std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64 & 0xffff_ffff);
-            if self.temperature > 0.0 {
-                eprintln!("seed: {seed} (pass --seed {seed} to repeat this run)");
-            }
-            seed
+                .map_or(0, |d| d.as_nanos() as u64 & 0xffff_ffff)
         });
         let config = SamplerConfig {
             temperature: self.temperature,
@@ -370,7 +385,10 @@ impl SamplingArgs {
             seed,
         };
         config.validate()?;
-        Ok(config)
+        Ok(Sampling {
+            config,
+            drawn_seed: self.seed.is_none(),
+        })
     }
 }
 
@@ -391,9 +409,7 @@ impl RunArgs {
         let Some(w) = self.processes else {
             return Ok(());
         };
-        let text = std::fs::read_to_string(plan)
-            .with_context(|| format!("cannot read plan {}", plan.display()))?;
-        let parsed = Plan::from_toml(&text).map_err(|e| anyhow!("{}: {e}", plan.display()))?;
+        let parsed = Plan::read(plan)?;
         ProcessMap::of(&parsed)
             .check(w)
             .map_err(|e| anyhow!("{}: {e}", plan.display()))
@@ -509,7 +525,7 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) if world.is_broken() => {
             world.abort(&format!("{e:#}"));
-            eprintln!("error: {e:#}");
+            fail(&e);
             ExitCode::from(PEER_FAILED)
         }
         Err(e) => {
@@ -519,8 +535,9 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Prints `e` and its causes (control characters a file slipped in escaped).
 fn fail(e: &anyhow::Error) -> ExitCode {
-    eprintln!("error: {e:#}");
+    eprintln!("error: {}", escaped_lines(&format!("{e:#}")));
     ExitCode::FAILURE
 }
 

@@ -13,9 +13,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use super::{start, Loaded, RunArgs};
+use super::{start, Loaded, RunArgs, Sampling};
 use crate::dist::ProcessMap;
-use crate::sample::SamplerConfig;
 use crate::session::Flow;
 use crate::text::{ChatTemplate, Message, Tokenizer};
 
@@ -61,10 +60,11 @@ pub fn generate(
     plan: &Path,
     prompt: &str,
     n: usize,
-    sampler: SamplerConfig,
+    sampling: Sampling,
     run: &RunArgs,
 ) -> Result<ExitCode> {
-    let mut loaded = start(plan, run, sampler)?;
+    let mut loaded = start(plan, run, sampling.config)?;
+    sampling.announce(loaded.prints);
     let ids = loaded.tokenizer.encode(prompt, true)?;
     let started = Instant::now();
     let mut first: Option<Instant> = None;
@@ -101,10 +101,11 @@ pub fn chat(
     prompt: Option<&str>,
     system: Option<&str>,
     n: usize,
-    sampler: SamplerConfig,
+    sampling: Sampling,
     run: &RunArgs,
 ) -> Result<ExitCode> {
-    let mut loaded = start(plan, run, sampler)?;
+    let mut loaded = start(plan, run, sampling.config)?;
+    sampling.announce(loaded.prints);
     let template = ChatTemplate::from_gguf(loaded.plan.gguf()?, &loaded.tokenizer)?;
     let mut messages: Vec<Message> = system
         .map(|s| Message::new("system", s))

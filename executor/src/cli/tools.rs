@@ -476,14 +476,18 @@ pub fn bench(
         Backend::Cpu => None,
         Backend::Cuda => Some(cuda_copy_bandwidth(p)?),
     };
-    let capture = format!("{:?}", p.runtime.capture).to_lowercase();
+    // graph capture is the cuda backend's: a cpu run names none
+    let capture = match options.backend {
+        Backend::Cpu => None,
+        Backend::Cuda => Some(format!("{:?}", p.runtime.capture).to_lowercase()),
+    };
     if json {
         println!(
-            "{{\"plan\": {:?}, \"placement_hash\": {:?}, \"backend\": {:?}, \"capture\": {:?}, \"prompt_tokens\": {}, \"prompt_mode\": {:?}, \"prefill_tok_s\": {pp:.2}, \"prefill_tok_s_sd\": {pp_sd:.2}, \"ttft_ms\": {ttft_ms:.3}, \"tokens\": {n}, \"reps\": {}, \"tok_s\": {mean:.2}, \"tok_s_sd\": {sd:.2}, \"ms_per_token\": {:.4}, \"weight_bytes_per_token\": {bytes}, \"gb_s\": {gbs:.1}, \"copy_gb_s\": {}, \"share_of_copy\": {}}}",
+            "{{\"plan\": {:?}, \"placement_hash\": {:?}, \"backend\": {:?}, \"capture\": {}, \"prompt_tokens\": {}, \"prompt_mode\": {:?}, \"prefill_tok_s\": {pp:.2}, \"prefill_tok_s_sd\": {pp_sd:.2}, \"ttft_ms\": {ttft_ms:.3}, \"tokens\": {n}, \"reps\": {}, \"tok_s\": {mean:.2}, \"tok_s_sd\": {sd:.2}, \"ms_per_token\": {:.4}, \"weight_bytes_per_token\": {bytes}, \"gb_s\": {gbs:.1}, \"copy_gb_s\": {}, \"share_of_copy\": {}}}",
             plan.display().to_string(),
             p.placement_hash,
             on,
-            capture,
+            capture.as_deref().map_or("null".into(), |c| format!("{c:?}")),
             ids.len(),
             chunk,
             rates.len(),
@@ -504,8 +508,9 @@ pub fn bench(
         } else {
             String::new()
         };
+        let capture = capture.map_or(String::new(), |c| format!(", capture {c}"));
         println!(
-            "{}: {on}, capture {capture}, placement {}, {prefill}{n} tokens x {} reps: {mean:.1} ± {sd:.1} tok/s ({:.3} ms/token), {:.1} MB/token, {gbs:.1} GB/s{share}",
+            "{}: {on}{capture}, placement {}, {prefill}{n} tokens x {} reps: {mean:.1} ± {sd:.1} tok/s ({:.3} ms/token), {:.1} MB/token, {gbs:.1} GB/s{share}",
             plan.display(),
             p.placement_hash,
             rates.len(),

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
 use clap::Parser;
+use memra_gguf::output::escaped_lines;
 use memra_gguf::{progress, synth, GgmlType};
 
 /// Write a synthetic GGUF with seeded random weights.
@@ -39,7 +40,7 @@ fn main() -> ExitCode {
     match synthesize(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", escaped_lines(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

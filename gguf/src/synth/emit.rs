@@ -6,9 +6,10 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::plan::{Init, Planned};
+use crate::output::write_atomically;
 use crate::progress::{Progress, Unit};
 use crate::rng::Rng;
 use crate::{quantize, GgmlType, GgufWriter, Value};
@@ -176,9 +177,6 @@ pub(crate) fn write_spec(
         }
         w.declare_tensor(&p.name, &p.dims, p.dtype)?;
     }
-    let file =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut stream = w.start(BufWriter::with_capacity(1 << 22, file))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let report = if progress {
         let bytes = w.tensors().iter().map(|t| t.n_bytes()).sum();
@@ -186,39 +184,37 @@ pub(crate) fn write_spec(
     } else {
         Progress::silent()
     };
-    let planned = &spec.tensors;
-    for (ti, p) in planned.iter().enumerate() {
-        let rows_per_chunk = (CHUNK_VALUES / p.dims[0]).max(1);
-        let n_chunks = p.rows().div_ceil(rows_per_chunk);
-        let mut next = 0;
-        while next < n_chunks {
-            let batch: Vec<u64> = (next..n_chunks.min(next + 2 * threads as u64)).collect();
-            next += batch.len() as u64;
-            let results: Vec<Result<Vec<u8>>> = std::thread::scope(|sc| {
-                let handles: Vec<_> = batch
-                    .iter()
-                    .map(|&c| {
-                        let rows = rows_per_chunk.min(p.rows() - c * rows_per_chunk);
-                        sc.spawn(move || chunk_bytes(p, seed, ti, c, rows))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("invariant: generation does not panic"))
-                    .collect()
-            });
-            for r in results {
-                let bytes = r?;
-                stream
-                    .write(&bytes)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                report.inc(bytes.len() as u64);
+    write_atomically(path, |file| {
+        let mut stream = w.start(BufWriter::with_capacity(1 << 22, file))?;
+        for (ti, p) in spec.tensors.iter().enumerate() {
+            let rows_per_chunk = (CHUNK_VALUES / p.dims[0]).max(1);
+            let n_chunks = p.rows().div_ceil(rows_per_chunk);
+            let mut next = 0;
+            while next < n_chunks {
+                let batch: Vec<u64> = (next..n_chunks.min(next + 2 * threads as u64)).collect();
+                next += batch.len() as u64;
+                let results: Vec<Result<Vec<u8>>> = std::thread::scope(|sc| {
+                    let handles: Vec<_> = batch
+                        .iter()
+                        .map(|&c| {
+                            let rows = rows_per_chunk.min(p.rows() - c * rows_per_chunk);
+                            sc.spawn(move || chunk_bytes(p, seed, ti, c, rows))
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("invariant: generation does not panic"))
+                        .collect()
+                });
+                for r in results {
+                    let bytes = r?;
+                    stream.write(&bytes)?;
+                    report.inc(bytes.len() as u64);
+                }
             }
         }
-    }
-    let mut file = stream.finish()?;
-    file.flush()
-        .with_context(|| format!("cannot flush {}", path.display()))?;
+        Ok(stream.finish()?.flush()?)
+    })?;
     report.finish();
     Ok(())
 }
