@@ -85,6 +85,24 @@ __device__ __forceinline__ int mla_attended(const int* cells, u32 p_now, int cap
 // index * kv_lora, its (max, sum) pair at 2 * index past all heads' sums.
 __device__ __forceinline__ size_t mla_part(int h, int c, int chunks) { return (size_t)h * chunks + c; }
 
+// Each head's max (is_max) or sum of the warps' values v[j], in warp order, into to[j] (every
+// thread calls it; `to` is read after the next barrier).
+template <int HPB>
+__device__ __forceinline__ void mla_heads_combine(float (&red)[HPB][MLA_WARPS], const float (&v)[HPB], float* to,
+                                                  bool is_max) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < HPB; ++j)
+        if (lane == 0) red[j][warp] = v[j];
+    __syncthreads();
+    if (threadIdx.x < HPB) {
+        float r = red[threadIdx.x][0];
+        for (int w = 1; w < MLA_WARPS; ++w) r = is_max ? fmaxf(r, red[threadIdx.x][w]) : r + red[threadIdx.x][w];
+        to[threadIdx.x] = r;
+    }
+    __syncthreads();
+}
+
 template <int HPB>
 __device__ __forceinline__ void mla_split(const float* q_lat, const float* row_now, u16* cache, float* parts,
                                           const u32* pos, int n_heads, int kv_lora, int width, int capacity,
@@ -144,29 +162,12 @@ __device__ __forceinline__ void mla_split(const float* q_lat, const float* row_n
             mx[j] = fmaxf(mx[j], v);
         }
     }
-#pragma unroll
-    for (int j = 0; j < HPB; ++j)
-        if (lane == 0) red[j][warp] = mx[j];
-    __syncthreads();
-    if (threadIdx.x < HPB) {
-        float m = red[threadIdx.x][0];
-        for (int w = 1; w < MLA_WARPS; ++w) m = fmaxf(m, red[threadIdx.x][w]);
-        stat[0][threadIdx.x] = m;
-    }
-    __syncthreads();
+    mla_heads_combine<HPB>(red, mx, stat[0], true);
     float l[HPB];
 #pragma unroll
     for (int j = 0; j < HPB; ++j) l[j] = exp_in_place_warp_sum(sc[j], n, stat[0][j], MLA_THREADS);
     __syncthreads();
-#pragma unroll
-    for (int j = 0; j < HPB; ++j)
-        if (lane == 0) red[j][warp] = l[j];
-    __syncthreads();
-    if (threadIdx.x < HPB) {
-        float t = red[threadIdx.x][0];
-        for (int w = 1; w < MLA_WARPS; ++w) t += red[threadIdx.x][w];
-        stat[1][threadIdx.x] = t;
-    }
+    mla_heads_combine<HPB>(red, l, stat[1], false);
 
     // weighted sum of the latents: thread t the value pairs 2t, 2t + 1, then 2 * MLA_THREADS
     // on, over the chunk's rows in order

@@ -152,6 +152,7 @@ impl RankDevice {
                     &parts,
                     &mut att.clone(),
                     xq.as_ref().filter(|_| att_quantized),
+                    None,
                 )
             }
             Segment::AttnOut => {

@@ -80,7 +80,7 @@ pub fn attention_parts_len(rows: usize, n_heads: usize, head_dim: usize, capacit
 /// chunks split across blocks and merged after (`split`) or walked by one block, and a block per
 /// query head or per `ATTN_GROUP_HEADS` heads of a KV head (`grouped`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct AttentionForm {
+pub struct AttentionForm {
     pub split: bool,
     pub grouped: bool,
 }
@@ -170,32 +170,10 @@ impl CudaDevice {
     /// finish merging them, where `parts` holds `attention_parts_len` values; otherwise a block
     /// walks a row's chunks. Both give the same bits. With `quantized`, each row of `out` is also left
     /// there as `quantize_rows` would make its 8-bit copy, bit for bit (head_dim a multiple of
-    /// 32).
+    /// 32). `form` lays the blocks out (`None`: as the step's rows and `parts` suit best); every
+    /// form gives the same bits, which the self-test checks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
-        &self,
-        stream: &CudaStream,
-        q: &mut impl DevicePtrMut<f32>,
-        k: &impl DevicePtr<f32>,
-        v: &impl DevicePtr<f32>,
-        kv: &mut DeviceKv,
-        pos: &impl DevicePtr<u32>,
-        slots: Option<&Span<u32>>,
-        rope: (f32, RopeStyle),
-        parts: &Span<f32>,
-        out: &mut impl DevicePtrMut<f32>,
-        quantized: Option<&Span<u8>>,
-    ) -> Result<()> {
-        self.attention_as(
-            stream, q, k, v, kv, pos, slots, rope, parts, out, quantized, None,
-        )
-    }
-
-    /// [`Self::attention`] in `form` (`None`: the one `attention` picks), for the self-test,
-    /// which checks that every form gives the same bits, and its benchmark. A split form needs
-    /// `parts` of `attention_parts_len` values.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention_as(
         &self,
         stream: &CudaStream,
         q: &mut impl DevicePtrMut<f32>,

@@ -506,6 +506,7 @@ impl RankDevice {
             &Span::of(&self.buf.attn_parts),
             &mut out.clone(),
             None,
+            None,
         )
     }
 

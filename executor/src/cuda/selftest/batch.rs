@@ -330,6 +330,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
         &Span::of(&parts),
         &mut out,
         Some(&Span::of(&xq)),
+        None,
     )?;
     let got = dev.download(s, &out)?;
     // the output's 8-bit copy, made in the launch, against quantize_rows of the output
@@ -362,6 +363,7 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
             rope,
             &Span::of(&parts),
             &mut o1,
+            None,
             None,
         )?;
         want.extend(dev.download(s, &o1)?);

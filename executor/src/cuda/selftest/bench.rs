@@ -421,7 +421,7 @@ pub(super) fn attention(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) ->
         for (split, grouped) in forms {
             let form = Some(AttentionForm { split, grouped });
             let secs = time(dev, s, |_| {
-                dev.attention_as(
+                dev.attention(
                     s,
                     &mut q,
                     &k1,

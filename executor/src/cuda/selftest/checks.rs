@@ -207,6 +207,7 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
         &Span::of(&parts),
         &mut out,
         None,
+        None,
     )?;
     let half = hd / 2;
     let theta_scale = theta.powf(-2.0 / hd as f32);
@@ -301,6 +302,7 @@ fn attention(
             rope,
             &Span::of(&parts),
             &mut out,
+            None,
             None,
         )?;
     }
@@ -413,7 +415,7 @@ fn attention_forms(cx: &mut Ctx) -> Result<()> {
         let mut qd = dev.upload(s, &q)?;
         let mut out = dev.alloc::<f32>(s, n_heads * hd)?;
         let form = AttentionForm { split, grouped };
-        dev.attention_as(
+        dev.attention(
             s,
             &mut qd,
             &k1,

@@ -405,6 +405,7 @@ impl Step {
             &Span::of(&self.scores),
             &mut self.att,
             None,
+            None,
         )?;
         dev.matvec_residual(s, &self.wo, &self.att, 1, &self.h, &mut self.o)?;
         let norm = Norm {

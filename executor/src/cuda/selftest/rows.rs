@@ -193,6 +193,7 @@ fn flash_rows(
         &Span::of(&no_parts),
         &mut want,
         None,
+        None,
     )?;
     let (got, want) = (dev.download(s, &fast)?, dev.download(s, &want)?);
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
@@ -476,6 +477,7 @@ fn attention_rows(
                 &Span::of(&parts),
                 &mut out,
                 None,
+                None,
             )?;
             if keep {
                 qd = qc;
@@ -504,6 +506,7 @@ fn attention_rows(
         rope,
         &Span::of(&no_parts),
         &mut out,
+        None,
         None,
     )?;
     let (o, qr) = (dev.download(s, &out)?, dev.download(s, &qd)?);
