@@ -55,6 +55,8 @@
 #define ATTN_VROWS 4
 // positions of a chunk (ATTN_CHUNK in executor/src/cuda/ops.rs)
 #define ATTN_CHUNK 256
+// most rows a split takes (ATTN_SPLIT_ROWS in executor/src/cuda/ops.rs)
+#define ATTN_SPLIT_ROWS 16
 // 128-value slices of the largest head (a lane takes 4 values of each)
 #define ATTN_SLICES (ATTN_MAX_HEAD_DIM / 128)
 // the slot of a pad row (PAD_SLOT in executor/src/cuda/ops.rs): no sequence has it
@@ -312,9 +314,10 @@ __device__ __forceinline__ void attention_walk(ATTN_ARGS) {
     for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, __fdiv_rn(run[j].o, run[j].l));
 }
 
-// Where chunk c of head h of row y keeps its partial in `parts`: o_c at index * head_dim
-// (head_dim values), (m_c, l_c) at 2 * index past all the o values, then one arrival counter
-// per row and head (u32, zero between launches). `chunks` per row and head (capacity /
+// Where chunk c of head h of row y keeps its partial in `parts`: first ATTN_SPLIT_ROWS *
+// n_heads arrival counters (u32, one per row and head, at the same place whatever the step's
+// rows, so they stay zero between launches), then o_c at index * head_dim (head_dim values),
+// then (m_c, l_c) at 2 * index past all the o values. `chunks` per row and head (capacity /
 // ATTN_CHUNK, rounded up).
 __device__ __forceinline__ size_t part_index(int y, int h, int c, int n_heads, int chunks) {
     return ((size_t)y * n_heads + h) * chunks + c;
@@ -346,6 +349,8 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     Merged res[HPB];
     attn_chunk<HPB>(sm, r, c, kvh, head_dim, kv_row, scale, res);
     const int chunks = gridDim.z, used = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    u32* arrived = (u32*)parts + (size_t)y * n_heads + h0;
+    parts += (size_t)ATTN_SPLIT_ROWS * n_heads;
     const size_t total = (size_t)gridDim.y * n_heads * chunks, stats = total * head_dim;
 #pragma unroll
     for (int j = 0; j < HPB; ++j) {
@@ -360,7 +365,6 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        u32* arrived = (u32*)(parts + stats + 2 * total) + (size_t)y * n_heads + h0;
         last = atomicAdd(arrived, 1u) == (u32)used - 1;
         if (last) atomicExch(arrived, 0u);
     }

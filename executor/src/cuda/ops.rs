@@ -66,14 +66,16 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const ATTN_CHUNK: usize = 256;
 /// Most rows a step's attention splits across blocks per chunk (flash-decoding); steps of more
 /// rows fill the device with a block per row and head, walking the chunks (the same bits).
+/// ATTN_SPLIT_ROWS in kernels/attention.cu.
 pub const ATTN_SPLIT_ROWS: usize = 16;
 
-/// Values of the scratch the split attention of `rows` rows of `n_heads` heads over a cache of
-/// `capacity` positions needs: per row, head and chunk, the chunk's partial output, max and sum,
-/// then an arrival counter per row and head (zero between launches: the scratch is allocated
-/// zeroed and each launch's merging blocks set theirs back).
+/// Values of the scratch the split attention of `rows` rows (at most `ATTN_SPLIT_ROWS`) of
+/// `n_heads` heads over a cache of `capacity` positions needs: an arrival counter per row and
+/// head for `ATTN_SPLIT_ROWS` rows (zero between launches: the scratch is allocated zeroed and
+/// each launch's merging blocks set theirs back), then per row, head and chunk the chunk's
+/// partial output, max and sum.
 pub fn attention_parts_len(rows: usize, n_heads: usize, head_dim: usize, capacity: usize) -> usize {
-    rows * n_heads * (capacity.div_ceil(ATTN_CHUNK) * (head_dim + 2) + 1)
+    n_heads * (ATTN_SPLIT_ROWS + rows * capacity.div_ceil(ATTN_CHUNK) * (head_dim + 2))
 }
 
 /// How an attention launch lays out its blocks (all forms give the same bits): each row's
@@ -240,7 +242,7 @@ impl CudaDevice {
         });
         let AttentionForm { split, grouped } = form;
         assert!(
-            (!split || room) && (!grouped || (n_heads / kv.n_kv_heads).is_multiple_of(ATTN_GROUP_HEADS)),
+            (!split || (room && rows <= ATTN_SPLIT_ROWS)) && (!grouped || (n_heads / kv.n_kv_heads).is_multiple_of(ATTN_GROUP_HEADS)),
             "attention: a split needs attention_parts_len values of parts, a grouped form groups of {ATTN_GROUP_HEADS} heads"
         );
         let pap = parts.addr();

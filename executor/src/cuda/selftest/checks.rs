@@ -10,7 +10,7 @@ use memra_gguf::GgmlType;
 
 use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cpu::kernels::reference::{effective_x, matvec_row};
-use crate::cuda::ops::{attention_parts_len, AttentionForm};
+use crate::cuda::ops::{attention_parts_len, AttentionForm, ATTN_SPLIT_ROWS};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -409,7 +409,37 @@ fn attention_forms(cx: &mut Ctx) -> Result<()> {
         dev.upload(s, &random(&mut cx.rng, row, 1.0))?,
     );
     let pd = dev.upload(s, &[pos as u32])?;
-    let parts = dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?;
+    let parts = dev.alloc::<f32>(s, attention_parts_len(ATTN_SPLIT_ROWS, n_heads, hd, cap))?;
+    // first a split of as many rows as a split takes, over the same scratch: the one-row
+    // splits after it must find their arrival counters where it left them (zero)
+    let many = ATTN_SPLIT_ROWS;
+    let (km, vm) = (
+        dev.upload(s, &random(&mut cx.rng, many * row, 2.0))?,
+        dev.upload(s, &random(&mut cx.rng, many * row, 1.0))?,
+    );
+    let first = dev.upload(s, &[(pos - many) as u32])?;
+    dev.kv_store_rows(s, &km, &vm, &mut kv, &first, None, rope)?;
+    let mut qm = dev.upload(s, &random(&mut cx.rng, many * n_heads * hd, 1.0))?;
+    let mut om = dev.alloc::<f32>(s, many * n_heads * hd)?;
+    let split = AttentionForm {
+        split: true,
+        grouped: false,
+    };
+    let parts_span = Span::of(&parts);
+    dev.attention(
+        s,
+        &mut qm,
+        &km,
+        &vm,
+        &mut kv,
+        &first,
+        None,
+        rope,
+        &parts_span,
+        &mut om,
+        None,
+        Some(split),
+    )?;
     let mut results = Vec::new();
     for (split, grouped) in [(false, false), (false, true), (true, false), (true, true)] {
         let mut qd = dev.upload(s, &q)?;
