@@ -1346,6 +1346,12 @@ suite_deepseek() {
 #   - CUDA against the CPU backend: f32 within 1e-3 over 64 greedy steps, q8_0 teacher-forced
 #     within 5e-2 over 32 steps (the bounds and the reason of suite_moe);
 #   - the PP-4 plan gated 100 times against the eager one (q8_0);
+#   - tiny-glm5-next-shared (8 layers, the MLA layers alternating full and shared indexers:
+#     layers 3 and 7 reuse the selection of layers 1 and 5) f32 and q8_0: graphs, TP-2,
+#     EP-2, PP-2 cut at 3 (between the full layer 1 and the shared layer 3: the boundary
+#     carries the selection after the four streams), PP-4 cut at 2, 3, 6 (a KDA-only stage
+#     passes the selection on) and the shared layers as eager islands, against its 1-rank
+#     eager CUDA run, every logit bit, both arms; CUDA against the CPU as above;
 #   - GLM-5.3-Flash at real width cut to 4 layers (plans/models/glm-5.3-flash-l4.json: 3 KDA
 #     layers, an MLA+DSA layer, a dense FFN then 3 MoE layers of 256 experts; q4_k, 14.3 GB),
 #     `--weights synthetic`: graphs, PP-2, TP-2 and the DSA layer eager gated against its
@@ -1361,7 +1367,8 @@ suite_glm5() {
     BUDGET=${1:-300}
     logs_in /tmp/memra-glm5
     stamp name,driver_version,memory.total
-    local dtype rc tol ref cand shape=tiny-glm5-next cut=glm-5.3-flash-l4 synths=() build=
+    local dtype rc tol ref cand shape=tiny-glm5-next shared=tiny-glm5-next-shared
+    local cut=glm-5.3-flash-l4 synths=() build=
     # llama.cpp only when its source is carried
     if [ -d .llama/llama.cpp ]; then
         build_llamacpp >"$LOG/llama-build.log" 2>&1 &
@@ -1369,6 +1376,8 @@ suite_glm5() {
     fi
     for dtype in f32 q8_0; do
         synth $shape $dtype &
+        synths+=($!)
+        synth $shared $dtype &
         synths+=($!)
     done
     synth_cut glm-5.3-flash 4 q4_k &
@@ -1385,6 +1394,14 @@ suite_glm5() {
         late "cuda vs cpu $shape $dtype" ||
             against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
                 "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"
+    done
+    for dtype in f32 q8_0; do
+        gates_of $shared "$dtype" cuda/$shared-eager cuda/$shared cuda/$shared-tp2 cuda/$shared-ep2 \
+            cuda/$shared-pp2 cuda/$shared-pp4 cuda/$shared-mla-eager
+        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
+        late "cuda vs cpu $shared $dtype" ||
+            against_cpu "cuda vs cpu $shared $dtype" "${tol[0]}" "$M/$shared-$dtype.gguf" \
+                "$(plan $shared "$dtype" cuda/$shared)" "${tol[@]:1}"
     done
     late "soak $shape-pp4 q8_0 x100" ||
         gate "soak $shape-pp4 q8_0 x100" 240 "$M/$shape-q8_0.gguf" "$P/q8_0/$shape-eager.plan.toml" \

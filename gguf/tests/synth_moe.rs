@@ -282,7 +282,7 @@ fn model_lookup_covers_every_architecture() {
         e,
         "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
          llama8b-tp2-rank, tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
-         deepseek-v3, tiny-kimi-linear, tiny-glm5-next, glm-5.3-flash"
+         deepseek-v3, tiny-kimi-linear, tiny-glm5-next, tiny-glm5-next-shared, glm-5.3-flash"
     );
     let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();
     assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
@@ -430,6 +430,27 @@ fn glm_5_3_flash_follows_its_config() {
     assert_eq!(
         mla,
         (0..s.layers).map(|l| s.is_attention(l)).collect::<Vec<_>>()
+    );
+    // the indexers: the MLA layers alternate full and shared, from a full one
+    let types = text.split("\"indexer_types\": [").nth(1).unwrap();
+    let full: Vec<bool> = types
+        .split(']')
+        .next()
+        .unwrap()
+        .split(',')
+        .map(|t| t.trim() == "\"full\"")
+        .collect();
+    assert_eq!(
+        full,
+        (0..s.layers).map(|l| s.has_indexer(l)).collect::<Vec<_>>()
+    );
+    let mla_full: Vec<bool> = (0..s.layers)
+        .filter(|&l| s.is_attention(l))
+        .map(|l| s.has_indexer(l))
+        .collect();
+    assert_eq!(mla_full.len(), 12);
+    assert!(
+        mla_full.iter().step_by(2).all(|&f| f) && mla_full.iter().skip(1).step_by(2).all(|&f| !f)
     );
     for (key, value) in [
         ("hidden_size", s.dim as f64),

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
+use memra_compiler::plan::{reduction_chunks, FfnKind, Plan, Segment};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
@@ -36,7 +36,7 @@ pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     if plan.runtime.max_context as usize > ATTN_SMEM_POSITIONS {
         return Err("the cuda prefill attention keeps its scores in shared memory, up to 8192 positions of context");
     }
-    if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer == Mixer::Dsa) {
+    if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer.is_sparse()) {
         return Err("the cuda prefill has no DSA selection or mHC kernels over token rows; DSA and mHC prompts run token by token");
     }
     let moe = (0..m.layers).any(|l| matches!(m.layer_kind(l).ffn, FfnKind::Moe { .. }));

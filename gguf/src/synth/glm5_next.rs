@@ -36,6 +36,11 @@ pub struct Glm5NextShape {
     pub attention_every: u32,
     /// One more MLA layer off that pattern (GLM-5.3-Flash's last layer), or none.
     pub extra_attention: Option<u32>,
+    /// Whether the MLA layers alternate a full DSA indexer and a shared one (the second,
+    /// fourth, ... MLA layer reuses the selection of the one before and has no indexer
+    /// tensors), written as `attention.indexer.types` (KDA layers false, as llama.cpp does
+    /// not read them); otherwise every layer has its indexer and the key is not written.
+    pub shared_indexers: bool,
     /// MLA query low-rank width.
     pub q_lora_rank: u64,
     /// MLA latent width.
@@ -100,6 +105,7 @@ const GLM_5_3_FLASH: Glm5NextShape = Glm5NextShape {
     gate_lower_bound: Some(-5.0),
     attention_every: 4,
     extra_attention: Some(44),
+    shared_indexers: true,
     q_lora_rank: 1536,
     kv_lora_rank: 512,
     qk_nope: 192,
@@ -126,7 +132,9 @@ const GLM_5_3_FLASH: Glm5NextShape = Glm5NextShape {
 /// The glm5-next shapes. The tiny one alternates KDA and MLA (layers 1 and 3 are MLA), so
 /// both pipeline stages of a cut at 2 hold both kinds; its indexer keeps 2 pools of 4 (plus
 /// the incomplete pool), so attention turns sparse from position 12 on; its clamp of 2
-/// clips a few percent of the SwiGLU inputs.
+/// clips a few percent of the SwiGLU inputs. tiny-glm5-next-shared is it at 8 layers whose
+/// MLA layers alternate full and shared indexers (KDA, full, KDA, shared, KDA, full, KDA,
+/// shared): a cut at 2 or 3 parts a shared layer from the full one it reads.
 pub const GLM5_NEXT_SHAPES: &[Glm5NextShape] = &[
     Glm5NextShape {
         name: "tiny-glm5-next",
@@ -138,6 +146,40 @@ pub const GLM5_NEXT_SHAPES: &[Glm5NextShape] = &[
         gate_lower_bound: Some(-1.0),
         attention_every: 2,
         extra_attention: None,
+        shared_indexers: false,
+        q_lora_rank: 128,
+        kv_lora_rank: 128,
+        qk_nope: 64,
+        v_head: 64,
+        indexer_heads: 2,
+        indexer_head: 32,
+        indexer_top_k: 8,
+        kpool: 4,
+        sinkhorn_iters: 20,
+        hc_eps: 1e-6,
+        ffn: 512,
+        dense_layers: 1,
+        experts: 8,
+        experts_used: 2,
+        expert_ffn: 256,
+        shared_experts: 1,
+        weights_scale: 2.5,
+        swiglu_limit: 2.0,
+        vocab: 256,
+        context: 4096,
+        norm_eps: 1e-6,
+    },
+    Glm5NextShape {
+        name: "tiny-glm5-next-shared",
+        dim: 256,
+        layers: 8,
+        heads: 4,
+        kda_head: 32,
+        conv: 4,
+        gate_lower_bound: Some(-1.0),
+        attention_every: 2,
+        extra_attention: None,
+        shared_indexers: true,
         q_lora_rank: 128,
         kv_lora_rank: 128,
         qk_nope: 64,
@@ -167,6 +209,14 @@ impl Glm5NextShape {
     /// Whether layer `l` is an MLA (sparse attention) layer.
     pub fn is_attention(&self, l: u32) -> bool {
         (l + 1).is_multiple_of(self.attention_every) || self.extra_attention == Some(l)
+    }
+
+    /// Whether layer `l` has a DSA indexer of its own (`attention.indexer.types[l]`): every
+    /// MLA layer unless the MLA layers alternate full and shared (see `shared_indexers`),
+    /// never a KDA layer.
+    pub fn has_indexer(&self, l: u32) -> bool {
+        let nth = (0..l).filter(|&k| self.is_attention(k)).count();
+        self.is_attention(l) && (!self.shared_indexers || nth % 2 == 0)
     }
 
     /// This shape cut to its first `layers` blocks.
@@ -234,14 +284,14 @@ fn kda(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> 
 }
 
 /// A nope-MLA layer's mixer and indexer tensors of block `b` (its attention norm first).
-fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
+fn mla(s: &Glm5NextShape, l: u32, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
     let h = u64::from(s.heads);
     let (r, kv, id) = (s.q_lora_rank, s.kv_lora_rank, s.indexer_head);
     let ih = u64::from(s.indexer_heads);
     let keep = |name: &str, dims: &[u64]| {
         matrix(b.name(&format!("{name}.weight")), dims, 1.0, exact(dtype))
     };
-    vec![
+    let mut p = vec![
         b.norm("attn_norm", s.dim),
         b.norm("attn_q_a_norm", r),
         b.norm("attn_kv_a_norm", kv),
@@ -252,6 +302,11 @@ fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> 
         keep("attn_k_b", &[s.qk_nope, kv, h]),
         keep("attn_v_b", &[kv, s.v_head, h]),
         b.matrix("attn_output", &[h * s.v_head, s.dim], res),
+    ];
+    if !s.has_indexer(l) {
+        return p;
+    }
+    p.extend([
         norm(b.name("indexer.k_norm.weight"), id),
         f32_uniform(b.name("indexer.k_norm.bias"), &[id], 0.1),
         keep("indexer.proj", &[s.dim, ih]),
@@ -268,7 +323,8 @@ fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> 
             &[id, u64::from(s.kpool)],
             1.0,
         ),
-    ]
+    ]);
+    p
 }
 
 /// The tensors of `s` with matrices in `dtype`, in file order.
@@ -292,7 +348,7 @@ fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
         p.extend(hc(s, &b, "attn"));
         p.extend(hc(s, &b, "ffn"));
         match s.is_attention(l) {
-            true => p.extend(mla(s, &b, dtype, res)),
+            true => p.extend(mla(s, l, &b, dtype, res)),
             false => p.extend(kda(s, &b, dtype, res)),
         }
         p.extend(ffn.tensors(&b, l));
@@ -348,6 +404,12 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
         ("attention.indexer.top_k", Value::U32(s.indexer_top_k)),
         ("attention.indexer.kpool", Value::U32(s.kpool)),
         ("attention.indexer.kpool_select_tail", Value::Bool(true)),
+    ]);
+    if s.shared_indexers {
+        let types = (0..s.layers).map(|l| Value::Bool(s.has_indexer(l)));
+        kv.push(("attention.indexer.types", Value::Array(types.collect())));
+    }
+    kv.extend([
         ("hyper_connection.count", Value::U32(HC_MULT as u32)),
         (
             "hyper_connection.sinkhorn_iterations",
