@@ -83,7 +83,9 @@
 #                             self-test's glm5-next rows (bounded KDA decay, DSA indexer,
 #                             sparse MLA, mHC, clamped SwiGLU), tiny-glm5-next gates (graphs, TP-2, TP-4, EP-2, PP-2,
 #                             DSA layers eager on device 0) in f32 and q8_0, CUDA vs CPU of
-#                             each, a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
+#                             each; tiny-glm5-next-shared (full and shared indexers) the
+#                             same with PP-2 and PP-4 cuts the selection crosses instead of
+#                             TP-4; a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
 #                             gated (graphs, PP-2, TP-2, DSA eager) with synthetic weights,
 #                             timed from a file against llama.cpp's llama-bench on the same
 #                             file (with .llama/llama.cpp carried); with 2 GPUs, all 45
@@ -1367,7 +1369,7 @@ suite_glm5() {
     BUDGET=${1:-300}
     logs_in /tmp/memra-glm5
     stamp name,driver_version,memory.total
-    local dtype rc tol ref cand shape=tiny-glm5-next shared=tiny-glm5-next-shared
+    local s dtype rc tol ref cand more shape=tiny-glm5-next shared=tiny-glm5-next-shared
     local cut=glm-5.3-flash-l4 synths=() build=
     # llama.cpp only when its source is carried
     if [ -d .llama/llama.cpp ]; then
@@ -1387,21 +1389,18 @@ suite_glm5() {
     grep -E "^ *(kda|hc|dsa|mla attention|moe_layer)|clamped" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait "${synths[@]}"
-    for dtype in f32 q8_0; do
-        gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-tp4 \
-            cuda/$shape-ep2 cuda/$shape-pp2 cuda/$shape-mla-eager
-        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
-        late "cuda vs cpu $shape $dtype" ||
-            against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
-                "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"
-    done
-    for dtype in f32 q8_0; do
-        gates_of $shared "$dtype" cuda/$shared-eager cuda/$shared cuda/$shared-tp2 cuda/$shared-ep2 \
-            cuda/$shared-pp2 cuda/$shared-pp4 cuda/$shared-mla-eager
-        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
-        late "cuda vs cpu $shared $dtype" ||
-            against_cpu "cuda vs cpu $shared $dtype" "${tol[0]}" "$M/$shared-$dtype.gguf" \
-                "$(plan $shared "$dtype" cuda/$shared)" "${tol[@]:1}"
+    for s in $shape $shared; do
+        # the plain model's TP-4; the shared one's PP-4 (every cut carries the selection)
+        more=cuda/$shape-tp4
+        [ $s = $shape ] || more=cuda/$shared-pp4
+        for dtype in f32 q8_0; do
+            gates_of $s "$dtype" cuda/$s-eager cuda/$s cuda/$s-tp2 $more cuda/$s-ep2 cuda/$s-pp2 \
+                cuda/$s-mla-eager
+            if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
+            late "cuda vs cpu $s $dtype" ||
+                against_cpu "cuda vs cpu $s $dtype" "${tol[0]}" "$M/$s-$dtype.gguf" \
+                    "$(plan $s "$dtype" cuda/$s)" "${tol[@]:1}"
+        done
     done
     late "soak $shape-pp4 q8_0 x100" ||
         gate "soak $shape-pp4 q8_0 x100" 240 "$M/$shape-q8_0.gguf" "$P/q8_0/$shape-eager.plan.toml" \

@@ -230,7 +230,7 @@ fn config_json_refuses_what_memra_does_not_run() {
         (
             "\"index_kpool\": 4",
             "\"index_kpool\": 4, \"indexer_types\": [\"full\", \"shared\", \"full\", \"full\"]",
-            "key `text_config.indexer_types` must be \"full\" at the first MLA layer: entry 1 is \"shared\", but no MLA layer before layer 1 has a full indexer whose selection it could reuse; allowed: false only after a layer with a full indexer (true)",
+            "key `text_config.indexer_types`: entry 1 is \"shared\", but no MLA layer before layer 1 has a full indexer whose selection it could reuse; allowed: \"shared\" only after a layer with a full indexer (\"full\")",
         ),
         (
             "\"index_kpool\": 4",

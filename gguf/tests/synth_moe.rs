@@ -419,31 +419,23 @@ fn glm_5_3_flash_follows_its_config() {
     let synth::Model::Glm5Next(s) = synth::model("glm-5.3-flash").unwrap() else {
         panic!("glm-5.3-flash is not a glm5-next shape");
     };
-    let types = text.split("\"layer_types\": [").nth(1).unwrap();
-    let mla: Vec<bool> = types
-        .split(']')
-        .next()
-        .unwrap()
-        .split(',')
-        .map(|t| t.trim() == "\"full_attention\"")
-        .collect();
-    assert_eq!(
-        mla,
-        (0..s.layers).map(|l| s.is_attention(l)).collect::<Vec<_>>()
-    );
-    // the indexers: the MLA layers alternate full and shared, from a full one
-    let types = text.split("\"indexer_types\": [").nth(1).unwrap();
-    let full: Vec<bool> = types
-        .split(']')
-        .next()
-        .unwrap()
-        .split(',')
-        .map(|t| t.trim() == "\"full\"")
-        .collect();
-    assert_eq!(
-        full,
-        (0..s.layers).map(|l| s.has_indexer(l)).collect::<Vec<_>>()
-    );
+    // a one-line array of strings, as `key` lists them
+    let strings = |key: &str| -> Vec<String> {
+        let list = text.split(&format!("\"{key}\": [")).nth(1).unwrap();
+        let list = list.split(']').next().unwrap();
+        list.split(',').map(|t| t.trim().replace('"', "")).collect()
+    };
+    // the mixers and, the MLA layers alternating full and shared from a full one, the indexers
+    let (layer_types, indexer_types) = (strings("layer_types"), strings("indexer_types"));
+    assert_eq!((layer_types.len(), indexer_types.len()), (45, 45));
+    for l in 0..s.layers {
+        let (mixer, indexer) = (&layer_types[l as usize], &indexer_types[l as usize]);
+        assert_eq!(
+            (mixer == "full_attention", indexer == "full"),
+            (s.is_attention(l), s.has_indexer(l)),
+            "layer {l}"
+        );
+    }
     let mla_full: Vec<bool> = (0..s.layers)
         .filter(|&l| s.is_attention(l))
         .map(|l| s.has_indexer(l))

@@ -422,12 +422,11 @@ fn read_dsa(keys: &Keys, layers: u32, kda: &KdaSummary) -> Result<DsaSummary> {
         }
     };
     let shared_layers = shared_indexers(&kda.attention_layers, &full).map_err(|l| {
-        keys.wrong(
-            "indexer_types",
-            &format!(
-                "\"full\" at the first MLA layer: entry {l} is \"shared\", {}",
-                no_full_before(l)
-            ),
+        anyhow!(
+            "{}: key `{}indexer_types`: entry {l} is \"shared\", {}",
+            keys.path.display(),
+            keys.prefix,
+            no_full_before(l, ("\"shared\"", "\"full\""))
         )
     })?;
     Ok(DsaSummary {

@@ -419,7 +419,7 @@ fn read_dsa(keys: &Keys, layers: u32, kda: &KdaSummary, path: &Path) -> Result<D
         anyhow!(
             "{}: {types}[{l}] is false, {}",
             path.display(),
-            no_full_before(l)
+            no_full_before(l, ("false", "true"))
         )
     })?;
     Ok(DsaSummary {

@@ -306,9 +306,10 @@ pub(crate) fn shared_indexers(attention_layers: &[u32], full: &[bool]) -> Result
     Ok(shared)
 }
 
-/// Why a shared-indexer layer `l` is refused when no full one comes before it.
-pub(crate) fn no_full_before(l: u32) -> String {
-    format!("but no MLA layer before layer {l} has a full indexer whose selection it could reuse; allowed: false only after a layer with a full indexer (true)")
+/// Why a shared-indexer layer `l` is refused when no full one comes before it, with the
+/// reader's spellings of a shared and a full entry.
+pub(crate) fn no_full_before(l: u32, (shared, full): (&str, &str)) -> String {
+    format!("but no MLA layer before layer {l} has a full indexer whose selection it could reuse; allowed: {shared} only after a layer with a full indexer ({full})")
 }
 
 /// The most layers (GGUF blocks, NextN ones included) a model may have: eight times the

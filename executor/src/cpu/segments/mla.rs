@@ -84,7 +84,7 @@ pub(in crate::cpu) fn mla_core(
     // every position up to its own
     let cells = m
         .sparse
-        .then(|| (a.cells.as_slice(), a.cell_ends.as_slice()));
+        .then_some((a.cells.as_slice(), a.cell_ends.as_slice()));
     c.pool.split_mut(lat, lat_row, &|off, piece| {
         let first = off / lat_row;
         for (i, out) in piece.chunks_exact_mut(lat_row).enumerate() {
