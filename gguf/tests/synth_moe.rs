@@ -288,7 +288,7 @@ fn model_lookup_covers_every_architecture() {
     assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
     assert_eq!(archs.iter().filter(|a| **a == "deepseek2").count(), 4);
     assert_eq!(archs.iter().filter(|a| **a == "kimi-linear").count(), 1);
-    assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 2);
+    assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 3);
     assert_eq!(
         synth::model("tiny").unwrap(),
         synth::Model::Llama(synth::shape("tiny").unwrap())
