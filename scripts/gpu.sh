@@ -83,7 +83,9 @@
 #                             self-test's glm5-next rows (bounded KDA decay, DSA indexer,
 #                             sparse MLA, mHC, clamped SwiGLU), tiny-glm5-next gates (graphs, TP-2, TP-4, EP-2, PP-2,
 #                             DSA layers eager on device 0) in f32 and q8_0, CUDA vs CPU of
-#                             each, a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
+#                             each; tiny-glm5-next-shared (full and shared indexers) the
+#                             same with PP-2 and PP-4 cuts the selection crosses instead of
+#                             TP-4; a PP-4 soak of 100 runs, a GLM-5.3-Flash-width 4-layer cut
 #                             gated (graphs, PP-2, TP-2, DSA eager) with synthetic weights,
 #                             timed from a file against llama.cpp's llama-bench on the same
 #                             file (with .llama/llama.cpp carried); with 2 GPUs, all 45
@@ -1352,6 +1354,12 @@ suite_deepseek() {
 #   - CUDA against the CPU backend: f32 within 1e-3 over 64 greedy steps, q8_0 teacher-forced
 #     within 5e-2 over 32 steps (the bounds and the reason of suite_moe);
 #   - the PP-4 plan gated 100 times against the eager one (q8_0);
+#   - tiny-glm5-next-shared (8 layers, the MLA layers alternating full and shared indexers:
+#     layers 3 and 7 reuse the selection of layers 1 and 5) f32 and q8_0: graphs, TP-2,
+#     EP-2, PP-2 cut at 3 (between the full layer 1 and the shared layer 3: the boundary
+#     carries the selection after the four streams), PP-4 cut at 2, 3, 6 (a KDA-only stage
+#     passes the selection on) and the shared layers as eager islands, against its 1-rank
+#     eager CUDA run, every logit bit, both arms; CUDA against the CPU as above;
 #   - GLM-5.3-Flash at real width cut to 4 layers (plans/models/glm-5.3-flash-l4.json: 3 KDA
 #     layers, an MLA+DSA layer, a dense FFN then 3 MoE layers of 256 experts; q4_k, 14.3 GB),
 #     `--weights synthetic`: graphs, PP-2, TP-2 and the DSA layer eager gated against its
@@ -1367,7 +1375,8 @@ suite_glm5() {
     BUDGET=${1:-300}
     logs_in /tmp/memra-glm5
     stamp name,driver_version,memory.total
-    local dtype rc tol ref cand shape=tiny-glm5-next cut=glm-5.3-flash-l4 synths=() build=
+    local s dtype rc tol ref cand more shape=tiny-glm5-next shared=tiny-glm5-next-shared
+    local cut=glm-5.3-flash-l4 synths=() build=
     # llama.cpp only when its source is carried
     if [ -d .llama/llama.cpp ]; then
         build_llamacpp >"$LOG/llama-build.log" 2>&1 &
@@ -1375,6 +1384,8 @@ suite_glm5() {
     fi
     for dtype in f32 q8_0; do
         synth $shape $dtype &
+        synths+=($!)
+        synth $shared $dtype &
         synths+=($!)
     done
     synth_cut glm-5.3-flash 4 q4_k &
@@ -1384,13 +1395,18 @@ suite_glm5() {
     grep -E "^ *(kda|hc|dsa|mla attention|moe_layer)|clamped" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait "${synths[@]}"
-    for dtype in f32 q8_0; do
-        gates_of $shape "$dtype" cuda/$shape-eager cuda/$shape cuda/$shape-tp2 cuda/$shape-tp4 \
-            cuda/$shape-ep2 cuda/$shape-pp2 cuda/$shape-mla-eager
-        if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
-        late "cuda vs cpu $shape $dtype" ||
-            against_cpu "cuda vs cpu $shape $dtype" "${tol[0]}" "$M/$shape-$dtype.gguf" \
-                "$P/$dtype/$shape.plan.toml" "${tol[@]:1}"
+    for s in $shape $shared; do
+        # the plain model's TP-4; the shared one's PP-4 (every cut carries the selection)
+        more=cuda/$shape-tp4
+        [ $s = $shape ] || more=cuda/$shared-pp4
+        for dtype in f32 q8_0; do
+            gates_of $s "$dtype" cuda/$s-eager cuda/$s cuda/$s-tp2 $more cuda/$s-ep2 cuda/$s-pp2 \
+                cuda/$s-mla-eager
+            if [ "$dtype" = f32 ]; then tol=(1e-3 64); else tol=(5e-2 32 --teacher-forced --conditioning 1e-6); fi
+            late "cuda vs cpu $s $dtype" ||
+                against_cpu "cuda vs cpu $s $dtype" "${tol[0]}" "$M/$s-$dtype.gguf" \
+                    "$(plan $s "$dtype" cuda/$s)" "${tol[@]:1}"
+        done
     done
     late "soak $shape-pp4 q8_0 x100" ||
         gate "soak $shape-pp4 q8_0 x100" 240 "$M/$shape-q8_0.gguf" "$P/q8_0/$shape-eager.plan.toml" \

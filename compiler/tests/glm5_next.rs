@@ -88,6 +88,7 @@ fn the_schema_alternates_kda_and_sparse_mla_in_mhc_streams() {
             kpool: 4,
             select_tail: true,
             norm_eps: 1e-6,
+            shared_layers: Vec::new(),
         })
     );
     assert_eq!(
@@ -140,16 +141,27 @@ fn nextn_blocks_are_left_out() {
 
 #[test]
 fn what_memra_does_not_run_is_refused_by_name() {
-    let cases: [(&str, Value, &str); 4] = [
+    let cases: [(&str, Value, &str); 6] = [
         (
             "glm5-next.hyper_connection.count",
             Value::U32(2),
             "glm5-next.hyper_connection.count is 2; supported: 4",
         ),
         (
+            // the first MLA layer (1) has no full layer before it to share
             "glm5-next.attention.indexer.types",
-            Value::Array(vec![Value::Bool(true), Value::Bool(true), Value::Bool(true), Value::Bool(false)]),
-            "glm5-next.attention.indexer.types[3] is false (a layer sharing the indexer of the layer before); memra runs full indexers only",
+            Value::Array(vec![Value::Bool(true), Value::Bool(false), Value::Bool(true), Value::Bool(true)]),
+            "glm5-next.attention.indexer.types[1] is false, but no MLA layer before layer 1 has a full indexer whose selection it could reuse; allowed: false only after a layer with a full indexer (true)",
+        ),
+        (
+            "glm5-next.attention.indexer.types",
+            Value::Array(vec![Value::Bool(true); 3]),
+            "glm5-next.attention.indexer.types has 3 entries; it must have one per trunk layer (4)",
+        ),
+        (
+            "glm5-next.attention.indexer.types",
+            Value::Array([1, 1, 2, 1].map(Value::U32).to_vec()),
+            "glm5-next.attention.indexer.types[2] is not a bool; allowed: true (a full indexer) or false (the selection of the closest full layer before)",
         ),
         (
             "glm5-next.rope.dimension_count",
@@ -198,7 +210,12 @@ fn config_json_refuses_what_memra_does_not_run() {
         (
             "\"index_kpool\": 4",
             "\"index_kpool\": 4, \"indexer_types\": [\"full\", \"shared\", \"full\", \"full\"]",
-            "key `text_config.indexer_types` must be an array of \"full\" (memra runs full indexers only)",
+            "key `text_config.indexer_types`: entry 1 is \"shared\", but no MLA layer before layer 1 has a full indexer whose selection it could reuse; allowed: \"shared\" only after a layer with a full indexer (\"full\")",
+        ),
+        (
+            "\"index_kpool\": 4",
+            "\"index_kpool\": 4, \"indexer_types\": [\"full\", \"full\", \"sparse\", \"full\"]",
+            "key `text_config.indexer_types` must be an array of 4 entries (one per layer), each \"full\" or \"shared\"",
         ),
         (
             "\"qk_rope_head_dim\": 0",
@@ -238,4 +255,73 @@ fn the_indexer_and_mhc_epsilons_must_be_positive_and_below_one() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn a_shared_indexer_layer_reuses_the_closest_full_one_and_caches_nothing() {
+    // KDA layers' flags (0 and 2, false here) are not read, as llama.cpp does not read them;
+    // layer 3's indexer tensors (still in the file) are optional and not loaded
+    let types = [false, true, false, false].map(Value::Bool).to_vec();
+    let out = rewritten(
+        "shared",
+        &[("glm5-next.attention.indexer.types", Value::Array(types))],
+    );
+    let meta = read(&out);
+    let mixers: Vec<Mixer> = (0..4).map(|l| meta.layer_kind(l).mixer).collect();
+    assert_eq!(
+        mixers,
+        [Mixer::Kda, Mixer::Dsa, Mixer::Kda, Mixer::DsaShared]
+    );
+    assert_eq!(meta.dsa.as_ref().unwrap().shared_layers, vec![3]);
+    assert!(meta
+        .tensors
+        .iter()
+        .any(|t| t.name == "blk.1.indexer.proj.weight"));
+    assert!(!meta
+        .tensors
+        .iter()
+        .any(|t| t.name.starts_with("blk.3.indexer")));
+    // a cut at 2 or 3 parts layer 3 from layer 1; at 4 nothing follows
+    let crosses: Vec<bool> = (0..=4).map(|c| meta.selection_crosses(c)).collect();
+    assert_eq!(crosses, [false, false, true, true, false]);
+    // the indexer's f32 row (key, gate, pooled key: 3 x 32) for layer 1 only
+    assert_eq!(meta.indexer_bytes_per_token(0..4), 4 * 96);
+    assert_eq!(
+        read(&tiny_gguf("all-full")).indexer_bytes_per_token(0..4),
+        2 * 4 * 96
+    );
+    // one bool for every layer: all full (all false would leave layer 1 without a source)
+    let one = rewritten(
+        "shared-one",
+        &[("glm5-next.attention.indexer.types", Value::Bool(true))],
+    );
+    assert!(read(&one).dsa.unwrap().shared_layers.is_empty());
+    // config.json: the same facts and tensors from indexer_types
+    let text = TINY_CONFIG.replace(
+        "\"index_kpool\": 4",
+        "\"index_kpool\": 4, \"indexer_types\": [\"shared\", \"full\", \"shared\", \"shared\"]",
+    );
+    let from_config = config("shared", &text).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(from_config.dsa, meta.dsa);
+    let names =
+        |m: &ModelMeta| -> Vec<String> { m.tensors.iter().map(|t| t.name.clone()).collect() };
+    assert_eq!(names(&from_config), names(&meta));
+}
+
+#[test]
+fn the_shared_synthetic_model_alternates_full_and_shared_indexers() {
+    let path = scratch("shared-synth.gguf");
+    let model = memra_gguf::synth::model("tiny-glm5-next-shared").unwrap();
+    model.write(GgmlType::Q8_0, 1, &path, false).unwrap();
+    let meta = read(&path);
+    let mixers: Vec<Mixer> = (0..8).map(|l| meta.layer_kind(l).mixer).collect();
+    use Mixer::{Dsa, DsaShared, Kda};
+    assert_eq!(mixers, [Kda, Dsa, Kda, DsaShared, Kda, Dsa, Kda, DsaShared]);
+    let sources: Vec<Option<u32>> = [3, 7, 2]
+        .iter()
+        .map(|&l| memra_compiler::plan::selection_source(|x| meta.layer_kind(x).mixer, l))
+        .collect();
+    assert_eq!(sources, [Some(1), Some(5), None]);
+    let crosses: Vec<u32> = (0..=8).filter(|&c| meta.selection_crosses(c)).collect();
+    assert_eq!(crosses, [2, 3, 6, 7]);
 }

@@ -3,7 +3,8 @@
 //! routing with a selection bias, shared experts and a leading dense layer) and
 //! tiny-kimi-linear (KDA layers with their convolution windows and recurrent states between
 //! MLA layers, + MoE) and tiny-glm5-next (KDA and MLA over the DSA indexer's selection in
-//! mHC streams, + clamped MoE) models gives logits bit-identical to the model's 1-rank plan, in both
+//! mHC streams, + clamped MoE; tiny-glm5-next-shared with its MLA layers alternating full and
+//! shared indexers, the selection crossing PP cuts) models gives logits bit-identical to the model's 1-rank plan, in both
 //! arms: tensor parallelism (heads and experts split, kv heads copied where ranks outnumber
 //! them, KDA heads split with their state), expert parallelism (attention replicated, experts
 //! split), pipeline cuts. The committed plans are checked against a fresh
@@ -19,6 +20,8 @@ use common::{
     assert_bit_identical, assert_plan_up_to_date, compile_scratch, reversed_fold_mismatch, root,
     synth_model, synthetic_variant,
 };
+use memra_compiler::passes::verify::verify_plan;
+use memra_compiler::plan::Carries;
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, PromptMode};
 use memra_executor::gate::GateReport;
@@ -31,8 +34,9 @@ const GENERATED: usize = 10;
 
 /// The synthetic models of the gates: (plan name prefix, memra-synth shape, seed), longest
 /// prefix first; the seeds are the oracle's.
-const MODELS: [(&str, &str, u64); 5] = [
+const MODELS: [(&str, &str, u64); 6] = [
     ("tiny-kimi-linear", "tiny-kimi-linear", 16),
+    ("tiny-glm5-next-shared", "tiny-glm5-next-shared", 8),
     ("tiny-glm5-next", "tiny-glm5-next", 8),
     ("tiny-qwen3moe", "tiny-qwen3moe", 9),
     ("tiny-deepseek2-lite", "tiny-deepseek2-lite", 8),
@@ -53,7 +57,7 @@ fn synthetic(name: &str) -> LoadedPlan {
     .unwrap()
 }
 
-const PLANS: [&str; 24] = [
+const PLANS: [&str; 29] = [
     "tiny-qwen3moe",
     "tiny-qwen3moe-tp2",
     "tiny-qwen3moe-tp4",
@@ -78,6 +82,11 @@ const PLANS: [&str; 24] = [
     "tiny-glm5-next-tp4",
     "tiny-glm5-next-ep2",
     "tiny-glm5-next-pp2",
+    "tiny-glm5-next-shared",
+    "tiny-glm5-next-shared-tp2",
+    "tiny-glm5-next-shared-ep2",
+    "tiny-glm5-next-shared-pp2",
+    "tiny-glm5-next-shared-pp4",
 ];
 
 #[test]
@@ -196,6 +205,54 @@ fn glm5_next_pp2_is_bit_identical() {
     assert_gate_passes("tiny-glm5-next-pp2", "tiny-glm5-next");
 }
 
+#[test]
+fn glm5_next_shared_indexers_tp2_and_ep2_are_bit_identical() {
+    assert_gate_passes("tiny-glm5-next-shared-tp2", "tiny-glm5-next-shared");
+    assert_gate_passes("tiny-glm5-next-shared-ep2", "tiny-glm5-next-shared");
+}
+
+/// The selection values of `name`'s hidden-state boundaries, in boundary order.
+fn selections(name: &str) -> Vec<u32> {
+    let plan = synthetic(name).plan;
+    let hidden = plan
+        .boundaries
+        .iter()
+        .filter(|b| b.carries == Carries::Hidden);
+    hidden.map(|b| b.selection).collect()
+}
+
+#[test]
+fn glm5_next_shared_indexers_pp2_is_bit_identical_with_the_selection_crossing_the_cut() {
+    // the count, then top_k 8 pool members and the 3 tail cells of pools of 4
+    assert_eq!(selections("tiny-glm5-next-shared-pp2"), [12]);
+    assert_gate_passes("tiny-glm5-next-shared-pp2", "tiny-glm5-next-shared");
+}
+
+#[test]
+fn glm5_next_shared_indexers_pp4_passes_the_selection_through_a_kda_stage() {
+    assert_eq!(selections("tiny-glm5-next-shared-pp4"), [12, 12, 12]);
+    assert_gate_passes("tiny-glm5-next-shared-pp4", "tiny-glm5-next-shared");
+}
+
+#[test]
+fn a_cut_that_drops_the_selection_is_refused() {
+    let mut plan = synthetic("tiny-glm5-next-shared-pp2").plan;
+    let b = plan
+        .boundaries
+        .iter_mut()
+        .find(|b| b.carries == Carries::Hidden)
+        .unwrap();
+    b.bytes -= 4 * u64::from(b.selection);
+    b.selection = 0;
+    let errors = verify_plan(&plan).join("\n");
+    assert!(
+        errors.contains(
+            "boundary 0 carries 0 selection values per row; the cut before layer 3 needs 12"
+        ),
+        "{errors}"
+    );
+}
+
 /// The f32 tiny-deepseek2 model in one rank and in `devices`: with q8_0 weights a last-bit
 /// change of the residual rarely survives the 8-bit activations, with f32 weights it does.
 fn f32_plan(name: &str, devices: &str, runtime: &str) -> LoadedPlan {
@@ -249,6 +306,7 @@ fn moe_mla_and_kda_prefill_gives_the_bits_of_token_by_token_decoding() {
         "tiny-deepseek2-lite",
         "tiny-kimi-linear",
         "tiny-glm5-next",
+        "tiny-glm5-next-shared",
     ] {
         let chunked = synthetic(name);
         let one_by_one = variant(name, "prefill_chunk = 1");

@@ -1,6 +1,8 @@
 //! The llama.cpp oracle recordings under testdata/oracle: each names the memra-synth command
-//! that wrote the GGUF llama.cpp decoded, and these tests check that the generator still
-//! writes exactly that file (same FNV-1a of every byte) and that each recording is whole:
+//! that wrote the GGUF llama.cpp decoded (or, with `synth.generator` "gguf-py", the project's
+//! gguf-py script, which executor/tests/oracle.rs runs and checks the same way), and these
+//! tests check that memra-synth still writes exactly that file (same FNV-1a of every byte)
+//! and that each recording is whole:
 //! one step per decode call, a full logit row per step, greedy tokens that are the argmax of
 //! the previous step, and top-k expert lists of the model's width.
 
@@ -52,6 +54,13 @@ fn every_arch_and_dtype_is_recorded() {
             );
         }
     }
+    // one model written by gguf-py, as llama.cpp's converter writes files
+    for name in ["tiny-glm5-next-shared-f32", "tiny-glm5-next-shared-q8_0"] {
+        assert!(names.iter().any(|n| n == name), "{name}");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/oracle");
+        let r = load(&dir.join(format!("{name}.json")));
+        assert_eq!(r["synth"]["generator"], "gguf-py", "{name}");
+    }
 }
 
 #[test]
@@ -59,6 +68,9 @@ fn synth_still_writes_the_files_llama_cpp_decoded() {
     for p in recordings() {
         let r = load(&p);
         let s = &r["synth"];
+        if s["generator"] == "gguf-py" {
+            continue;
+        }
         let model = synth::model(s["shape"].as_str().unwrap()).unwrap();
         let dtype = GgmlType::from_name(s["dtype"].as_str().unwrap()).unwrap();
         let out = std::env::temp_dir().join(format!(

@@ -282,13 +282,13 @@ fn model_lookup_covers_every_architecture() {
         e,
         "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
          llama8b-tp2-rank, tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
-         deepseek-v3, tiny-kimi-linear, tiny-glm5-next, glm-5.3-flash"
+         deepseek-v3, tiny-kimi-linear, tiny-glm5-next, tiny-glm5-next-shared, glm-5.3-flash"
     );
     let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();
     assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
     assert_eq!(archs.iter().filter(|a| **a == "deepseek2").count(), 4);
     assert_eq!(archs.iter().filter(|a| **a == "kimi-linear").count(), 1);
-    assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 2);
+    assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 3);
     assert_eq!(
         synth::model("tiny").unwrap(),
         synth::Model::Llama(synth::shape("tiny").unwrap())
@@ -419,17 +419,30 @@ fn glm_5_3_flash_follows_its_config() {
     let synth::Model::Glm5Next(s) = synth::model("glm-5.3-flash").unwrap() else {
         panic!("glm-5.3-flash is not a glm5-next shape");
     };
-    let types = text.split("\"layer_types\": [").nth(1).unwrap();
-    let mla: Vec<bool> = types
-        .split(']')
-        .next()
-        .unwrap()
-        .split(',')
-        .map(|t| t.trim() == "\"full_attention\"")
+    // a one-line array of strings, as `key` lists them
+    let strings = |key: &str| -> Vec<String> {
+        let list = text.split(&format!("\"{key}\": [")).nth(1).unwrap();
+        let list = list.split(']').next().unwrap();
+        list.split(',').map(|t| t.trim().replace('"', "")).collect()
+    };
+    // the mixers and, the MLA layers alternating full and shared from a full one, the indexers
+    let (layer_types, indexer_types) = (strings("layer_types"), strings("indexer_types"));
+    assert_eq!((layer_types.len(), indexer_types.len()), (45, 45));
+    for l in 0..s.layers {
+        let (mixer, indexer) = (&layer_types[l as usize], &indexer_types[l as usize]);
+        assert_eq!(
+            (mixer == "full_attention", indexer == "full"),
+            (s.is_attention(l), s.has_indexer(l)),
+            "layer {l}"
+        );
+    }
+    let mla_full: Vec<bool> = (0..s.layers)
+        .filter(|&l| s.is_attention(l))
+        .map(|l| s.has_indexer(l))
         .collect();
-    assert_eq!(
-        mla,
-        (0..s.layers).map(|l| s.is_attention(l)).collect::<Vec<_>>()
+    assert_eq!(mla_full.len(), 12);
+    assert!(
+        mla_full.iter().step_by(2).all(|&f| f) && mla_full.iter().skip(1).step_by(2).all(|&f| !f)
     );
     for (key, value) in [
         ("hidden_size", s.dim as f64),

@@ -38,6 +38,7 @@ struct Args {
     std::string dtype;
     std::string seed;
     std::string sha256;
+    std::string generator = "memra-synth";
 };
 
 [[noreturn]] void die(const std::string & msg) {
@@ -77,6 +78,7 @@ Args parse_args(int argc, char ** argv) {
         else if (k == "--dtype") a.dtype = v;
         else if (k == "--seed") a.seed = v;
         else if (k == "--sha256") a.sha256 = v;
+        else if (k == "--generator") a.generator = v;
         else die("unknown option " + k);
     }
     if (a.model.empty() || a.out.empty() || a.prompt.empty()) {
@@ -240,11 +242,14 @@ int main(int argc, char ** argv) {
     std::fprintf(f, "{\n\"format\": \"memra-oracle-1\",\n");
     std::fprintf(f, "\"llama_cpp\": {\"commit\": \"0c1e570\", \"source\": "
                     "\"llama-cpp-python==0.3.36 vendor/llama.cpp\", \"backend\": \"cpu\"},\n");
-    std::fprintf(f, "\"synth\": {\"shape\": \"%s\", \"dtype\": \"%s\", \"seed\": %s, "
-                    "\"command\": \"memra-synth --shape %s --dtype %s --seed %s -o MODEL.gguf\", "
-                    "\"sha256\": \"%s\", \"fnv1a64\": \"%016llx\"},\n",
-                 a.shape.c_str(), a.dtype.c_str(), a.seed.empty() ? "null" : a.seed.c_str(),
-                 a.shape.c_str(), a.dtype.c_str(), a.seed.c_str(), a.sha256.c_str(),
+    // memra-synth's models are named by shape; gguf-py's by the project script that writes them
+    const std::string command = a.generator == "gguf-py"
+        ? "scripts/oracle/gguf-py-models.sh DIR " + a.seed + " (writes DIR/" + a.shape + "-" + a.dtype + ".gguf)"
+        : "memra-synth --shape " + a.shape + " --dtype " + a.dtype + " --seed " + a.seed + " -o MODEL.gguf";
+    std::fprintf(f, "\"synth\": {\"generator\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", "
+                    "\"seed\": %s, \"command\": \"%s\", \"sha256\": \"%s\", \"fnv1a64\": \"%016llx\"},\n",
+                 a.generator.c_str(), a.shape.c_str(), a.dtype.c_str(),
+                 a.seed.empty() ? "null" : a.seed.c_str(), command.c_str(), a.sha256.c_str(),
                  (unsigned long long) fnv1a64(a.model));
     std::fprintf(f, "\"settings\": {\"threads\": %d, \"n_ctx\": %d, \"tokens_per_decode\": 1, "
                     "\"kv_cache\": \"f32\", \"flash_attn\": false, \"weight_repacking\": false},\n",

@@ -3,8 +3,9 @@
 
 use super::tensors::synthesize;
 use super::{
-    exact, fnv1a, Architecture, Dtype, FloatRule, IntRule, ModelMeta, CONTEXT, CONV_KERNEL,
-    EPSILON, EXPERTS, FFN, HEADS, HEAD_DIM, LAYERS, ROPE_THETA, VOCAB, WIDTH,
+    exact, fnv1a, no_full_before, shared_indexers, Architecture, Dtype, FloatRule, IntRule,
+    ModelMeta, CONTEXT, CONV_KERNEL, EPSILON, EXPERTS, FFN, HEADS, HEAD_DIM, LAYERS, ROPE_THETA,
+    VOCAB, WIDTH,
 };
 use crate::plan::{
     ClampSummary, DsaSummary, Gating, KdaSummary, Llama3RopeSummary, MhcSummary, MlaSummary,
@@ -97,7 +98,14 @@ pub fn read_config(path: &Path, dtype: Dtype) -> Result<ModelMeta> {
         _ => None,
     };
     let (dsa, mhc) = match architecture {
-        Architecture::Glm5Next => (Some(read_dsa(&keys, layers)?), Some(read_mhc(&keys)?)),
+        Architecture::Glm5Next => (
+            Some(read_dsa(
+                &keys,
+                layers,
+                kda.as_ref().expect("invariant: glm5-next has KDA facts"),
+            )?),
+            Some(read_mhc(&keys)?),
+        ),
         _ => (None, None),
     };
     let head_dim = match &mla {
@@ -373,8 +381,10 @@ fn read_glm5_kda(keys: &Keys, layers: u32, heads: u32) -> Result<KdaSummary> {
     })
 }
 
-/// GLM5-Next's DSA indexer (`index_*`); as from a GGUF, shared-indexer layers are refused.
-fn read_dsa(keys: &Keys, layers: u32) -> Result<DsaSummary> {
+/// GLM5-Next's DSA indexer (`index_*`). `indexer_types` (absent: every layer "full") has one
+/// entry per layer, "full" or "shared" (the converter writes `t == "full"` into the GGUF's
+/// `attention.indexer.types`); as from a GGUF, only the MLA layers' entries are read.
+fn read_dsa(keys: &Keys, layers: u32, kda: &KdaSummary) -> Result<DsaSummary> {
     // the selection is at most the context's cells
     let (kpool, top_k) = (
         keys.u32("index_kpool")?,
@@ -386,16 +396,33 @@ fn read_dsa(keys: &Keys, layers: u32) -> Result<DsaSummary> {
             &format!("at least 2 and a divisor of index_topk ({top_k})"),
         ));
     }
-    let full = "an array of \"full\" (memra runs full indexers only)";
-    if let Some(types) = keys.opt("indexer_types", full, Value::as_array)? {
-        if types
-            .iter()
-            .take(layers as usize)
-            .any(|t| t.as_str() != Some("full"))
-        {
-            return Err(keys.wrong("indexer_types", full));
+    let allowed =
+        format!("an array of {layers} entries (one per layer), each \"full\" or \"shared\"");
+    let full: Vec<bool> = match keys.opt("indexer_types", &allowed, Value::as_array)? {
+        None => vec![true; layers as usize],
+        Some(types) => {
+            let flags: Option<Vec<bool>> = types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full") => Some(true),
+                    Some("shared") => Some(false),
+                    _ => None,
+                })
+                .collect();
+            match flags {
+                Some(f) if f.len() == layers as usize => f,
+                _ => return Err(keys.wrong("indexer_types", &allowed)),
+            }
         }
-    }
+    };
+    let shared_layers = shared_indexers(&kda.attention_layers, &full).map_err(|l| {
+        anyhow!(
+            "{}: key `{}indexer_types`: entry {l} is \"shared\", {}",
+            keys.path.display(),
+            keys.prefix,
+            no_full_before(l, ("\"shared\"", "\"full\""))
+        )
+    })?;
     Ok(DsaSummary {
         heads: keys.u32_in("index_n_heads", &HEADS)?,
         head_dim: keys.u32_in("index_head_dim", &HEAD_DIM)?,
@@ -406,6 +433,7 @@ fn read_dsa(keys: &Keys, layers: u32) -> Result<DsaSummary> {
             .unwrap_or(true),
         // the converter writes this layer-norm epsilon for every glm5-next file
         norm_eps: exact(1e-6),
+        shared_layers,
     })
 }
 

@@ -4,8 +4,9 @@
 
 use super::tensors::{classify, expected, sort_tensors, tensor_meta};
 use super::{
-    exact, Architecture, Dtype, FloatRule, IntRule, ModelMeta, TensorSite, CONTEXT, CONV_KERNEL,
-    EPSILON, EXPERTS, FFN, HEADS, HEAD_DIM, LAYERS, ROPE_THETA, VOCAB, WIDTH,
+    exact, no_full_before, shared_indexers, Architecture, Dtype, FloatRule, IntRule, Mixer,
+    ModelMeta, TensorSite, CONTEXT, CONV_KERNEL, EPSILON, EXPERTS, FFN, HEADS, HEAD_DIM, LAYERS,
+    ROPE_THETA, VOCAB, WIDTH,
 };
 use crate::plan::{
     ClampSummary, DsaSummary, Gating, KdaSummary, MhcSummary, MlaSummary, MoeSummary, YarnSummary,
@@ -180,7 +181,12 @@ pub fn gguf_meta(file: &GgufFile, path: &Path) -> Result<ModelMeta> {
     }
     let (dsa, mhc) = match glm5 {
         true => (
-            Some(read_dsa(&keys, layers, path)?),
+            Some(read_dsa(
+                &keys,
+                layers,
+                kda.as_ref().expect("invariant: glm5-next has KDA facts"),
+                path,
+            )?),
             Some(read_mhc(&keys, path)?),
         ),
         false => (None, None),
@@ -367,10 +373,11 @@ fn read_kda(keys: &Keys, (layers, blocks): (u32, u32), path: &Path) -> Result<Kd
     })
 }
 
-/// glm5-next's DSA indexer facts. Every trunk layer must have a full indexer (an
-/// `attention.indexer.types` entry of false, a layer reusing the selection of the layer
-/// before, is refused by name).
-fn read_dsa(keys: &Keys, layers: u32, path: &Path) -> Result<DsaSummary> {
+/// glm5-next's DSA indexer facts. `attention.indexer.types` (absent: every layer full; one
+/// bool: every layer alike; else one per trunk layer, as llama.cpp reads it) marks the MLA
+/// layers without an indexer of their own (false): each reuses the selection of the closest
+/// full MLA layer before it. KDA layers' entries are not read, as llama.cpp does not read them.
+fn read_dsa(keys: &Keys, layers: u32, kda: &KdaSummary, path: &Path) -> Result<DsaSummary> {
     let kpool = keys.u32("attention.indexer.kpool")?;
     // the selection is at most the context's cells
     let top_k = keys.u32_in("attention.indexer.top_k", &CONTEXT, path)?;
@@ -383,20 +390,40 @@ fn read_dsa(keys: &Keys, layers: u32, path: &Path) -> Result<DsaSummary> {
         );
     }
     let types = keys.key("attention.indexer.types");
-    if keys.file.metadata.contains_key(&types) {
-        let shared = keys
-            .file
-            .get_array(&types)?
-            .iter()
-            .take(layers as usize)
-            .position(|v| matches!(v, Value::Bool(false)) || v.as_int() == Some(0));
-        if let Some(l) = shared {
-            bail!(
-                "{}: {types}[{l}] is false (a layer sharing the indexer of the layer before); memra runs full indexers only",
+    let flag = |l: usize, v: &Value| {
+        match v {
+        Value::Bool(b) => Ok(*b),
+        v => match v.as_int() {
+            Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            _ => bail!(
+                "{}: {types}[{l}] is not a bool; allowed: true (a full indexer) or false (the selection of the closest full layer before)",
                 path.display()
-            );
-        }
+            ),
+        },
     }
+    };
+    let full: Vec<bool> = match keys.file.metadata.get(&types) {
+        None => vec![true; layers as usize],
+        Some(Value::Array(a)) if a.len() == layers as usize => a
+            .iter()
+            .enumerate()
+            .map(|(l, v)| flag(l, v))
+            .collect::<Result<_>>()?,
+        Some(Value::Array(a)) => bail!(
+            "{}: {types} has {} entries; it must have one per trunk layer ({layers})",
+            path.display(),
+            a.len()
+        ),
+        Some(v) => vec![flag(0, v)?; layers as usize],
+    };
+    let shared_layers = shared_indexers(&kda.attention_layers, &full).map_err(|l| {
+        anyhow!(
+            "{}: {types}[{l}] is false, {}",
+            path.display(),
+            no_full_before(l, ("false", "true"))
+        )
+    })?;
     Ok(DsaSummary {
         heads: keys.u32_in("attention.indexer.head_count", &HEADS, path)?,
         head_dim: keys.u32_in("attention.indexer.key_length", &HEAD_DIM, path)?,
@@ -406,6 +433,7 @@ fn read_dsa(keys: &Keys, layers: u32, path: &Path) -> Result<DsaSummary> {
             .opt_bool("attention.indexer.kpool_select_tail")?
             .unwrap_or(false),
         norm_eps: exact(keys.f32_in("attention.layer_norm_epsilon", &EPSILON, Some(1e-5), path)?),
+        shared_layers,
     })
 }
 
@@ -653,6 +681,14 @@ fn read_tensors(file: &GgufFile, meta: &ModelMeta, path: &Path) -> Result<Vec<su
             None => continue,
             Some((TensorSite::Layer(l), _))
                 if l >= meta.layers && meta.architecture == Architecture::Glm5Next =>
+            {
+                continue
+            }
+            // a shared-indexer layer may carry indexer tensors (llama.cpp loads them as
+            // optional); no op reads them
+            Some((TensorSite::Layer(l), _))
+                if meta.layer_kind(l).mixer == Mixer::DsaShared
+                    && info.name.contains(".indexer") =>
             {
                 continue
             }

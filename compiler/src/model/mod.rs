@@ -228,11 +228,17 @@ impl ModelMeta {
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
         layer_kind(
-            (self.mla.is_some(), self.dsa.is_some()),
+            (self.mla.is_some(), self.dsa.as_ref()),
             self.kda.as_ref(),
             self.moe.as_ref(),
             layer,
         )
+    }
+
+    /// Whether a pipeline cut before layer `cut` carries a DSA selection
+    /// (`plan::selection_crosses`).
+    pub fn selection_crosses(&self, cut: u32) -> bool {
+        crate::plan::selection_crosses(|l| self.layer_kind(l).mixer, self.layers, cut)
     }
 
     /// Width of the attention output (heads times the value head size) of an attention
@@ -256,16 +262,25 @@ impl ModelMeta {
             .count() as u32
     }
 
-    /// Bytes of K and V for one token of one layer at full width, in `kv` dtype, plus the
-    /// DSA indexer's f32 row.
+    /// Bytes of K and V for one token of one layer at full width, in `kv` dtype.
     pub fn kv_bytes_per_token_layer(&self, kv: Dtype) -> u64 {
         let elems = match &self.mla {
             // MLA caches the compressed latent plus the shared rope key.
             Some(mla) => u64::from(mla.kv_lora_rank + mla.qk_rope_head_dim),
             None => 2 * u64::from(self.kv_heads * self.head_dim),
         };
-        let indexer = self.dsa.as_ref().map_or(0, |d| 4 * d.cache_row());
-        elems * kv.block_bytes() / kv.block_elems() + indexer
+        elems * kv.block_bytes() / kv.block_elems()
+    }
+
+    /// Bytes the DSA indexer caches for one token over `layers`: an f32 row for each layer
+    /// with a full indexer (shared-indexer layers cache nothing of their own).
+    pub fn indexer_bytes_per_token(&self, layers: std::ops::Range<u32>) -> u64 {
+        self.dsa.as_ref().map_or(0, |d| {
+            let full = layers
+                .filter(|&l| self.layer_kind(l).mixer == Mixer::Dsa)
+                .count() as u64;
+            full * 4 * d.cache_row()
+        })
     }
 
     /// Values of one token row of the residual: the embedding width times mHC's streams.
@@ -273,6 +288,28 @@ impl ModelMeta {
         let streams = self.mhc.as_ref().map_or(1, |m| m.streams);
         u64::from(self.embedding) * u64::from(streams)
     }
+}
+
+/// The shared-indexer DSA layers of a glm5-next model: the attention (MLA) layers whose
+/// entry of `full` (one per trunk layer) is false; the other layers' entries are not read. A
+/// shared layer with no full one before it has no selection to reuse: `Err(layer)`.
+pub(crate) fn shared_indexers(attention_layers: &[u32], full: &[bool]) -> Result<Vec<u32>, u32> {
+    let mut seen_full = false;
+    let mut shared = Vec::new();
+    for &l in attention_layers {
+        match full.get(l as usize).copied().unwrap_or(true) {
+            true => seen_full = true,
+            false if seen_full => shared.push(l),
+            false => return Err(l),
+        }
+    }
+    Ok(shared)
+}
+
+/// Why a shared-indexer layer `l` is refused when no full one comes before it, with the
+/// reader's spellings of a shared and a full entry.
+pub(crate) fn no_full_before(l: u32, (shared, full): (&str, &str)) -> String {
+    format!("but no MLA layer before layer {l} has a full indexer whose selection it could reuse; allowed: {shared} only after a layer with a full indexer ({full})")
 }
 
 /// The most layers (GGUF blocks, NextN ones included) a model may have: eight times the

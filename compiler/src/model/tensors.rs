@@ -85,7 +85,7 @@ pub fn expected(meta: &ModelMeta) -> Vec<(String, Vec<u64>)> {
         let kind = meta.layer_kind(layer);
         match (kind.mixer, &meta.mla) {
             (Mixer::Kda, _) => kda_tensors(meta, &mut t),
-            (Mixer::Mla | Mixer::Dsa, Some(mla)) => {
+            (Mixer::Mla | Mixer::Dsa | Mixer::DsaShared, Some(mla)) => {
                 let (ql, kvl) = (u64::from(mla.q_lora_rank), u64::from(mla.kv_lora_rank));
                 let (nope, rope) = (
                     u64::from(mla.qk_nope_head_dim),

@@ -149,14 +149,13 @@ pub fn buffers(
             (None, AttentionSplit::Heads) => n.min(kv_heads),
         };
         let range = rank.layers.start..rank.layers.end;
-        let kda_layers = model.kda_layers_in(range);
+        let kda_layers = model.kda_layers_in(range.clone());
         let attention_layers = rank.layers.len() - kda_layers;
         if attention_layers > 0 {
-            let kv = u64::from(attention_layers)
-                * u64::from(placement.max_context)
-                * u64::from(placement.max_sequences)
-                * kv_per_token
-                / kv_split;
+            // the indexer rows are whole on every rank, for the full DSA layers only
+            let tokens = u64::from(placement.max_context) * u64::from(placement.max_sequences);
+            let kv = u64::from(attention_layers) * tokens * kv_per_token / kv_split
+                + tokens * model.indexer_bytes_per_token(range.clone());
             out.push(buffer(format!("r{r}.kv"), BufferKind::Kv, kv, 1, 1));
         }
         if let (Some(k), true) = (&model.kda, kda_layers > 0) {

@@ -18,6 +18,8 @@ pub fn layer_segments(model: &ModelMeta, layer: u32) -> Vec<Segment> {
         Mixer::Gqa => [Segment::AttnPre, Segment::AttnCore].as_slice(),
         Mixer::Mla => &[Segment::MlaPre, Segment::MlaCore],
         Mixer::Dsa => &[Segment::MlaPre, Segment::DsaSelect, Segment::MlaCore],
+        // the selection of the closest full DSA layer before it, on this rank or received
+        Mixer::DsaShared => &[Segment::MlaPre, Segment::MlaCore],
         Mixer::Kda => &[Segment::KdaPre, Segment::KdaCore],
     });
     segs.push(Segment::AttnOut);

@@ -2,7 +2,10 @@
 //! rank `tp_index mod degree` of stage s; every first-stage rank but the sampler receives the
 //! sampled token from the sampler. Boundaries on one device use a device copy, across devices
 //! a peer copy. The sampler gets a readback on its own stream. A hidden-state boundary
-//! carries every token row of a prefill chunk; the token boundary one sampled token.
+//! carries every token row of a prefill chunk; the token boundary one sampled token. A cut
+//! between a full DSA layer and a shared-indexer layer after it that reads its selection
+//! carries that selection too (`Boundary::selection`): the receiving stage has no indexer
+//! cache of the full layer to select again from.
 
 use super::Topology;
 use crate::graph::{DecodeGraph, Node, NodeKind, StreamKind};
@@ -51,6 +54,17 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
         // A token waits for its sequence's next turn: one slot per sequence in flight, plus
         // one so the sampler never waits for a slot the receiver still holds.
         // A prefill step hands over every row of its chunk, but only the last row's token.
+        // A cut between a full DSA layer and a shared layer that reads it carries the
+        // selection after the hidden rows: one i32 block per row.
+        let receiver_start = topo.ranks[to as usize].layers.start;
+        let selection = match carries == Carries::Hidden && model.selection_crosses(receiver_start)
+        {
+            true => model
+                .dsa
+                .as_ref()
+                .map_or(0, |x| x.selection_values(placement.max_context)),
+            false => 0,
+        };
         let (elems, name, lag, slots, tokens) = match carries {
             Carries::Hidden => (d, "hidden", 0, HIDDEN_SLOTS, placement.prefill_chunk),
             Carries::Token => (
@@ -86,7 +100,8 @@ pub fn place(g: &mut DecodeGraph, topo: &mut Topology, model: &ModelMeta, placem
             carries,
             from_rank: from,
             to_rank: to,
-            bytes: elems * 4,
+            bytes: (elems + u64::from(selection)) * 4,
+            selection,
             tokens,
             slots,
             lag,

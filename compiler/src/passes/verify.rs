@@ -167,6 +167,47 @@ fn runtime_ranges(plan: &Plan) -> Vec<String> {
     .collect()
 }
 
+/// A hidden-state boundary carries a DSA selection exactly when a shared-indexer layer at or
+/// after the receiver's first layer reads a full layer before it (the receiving stage could
+/// not select again: the full layer's indexer cache is on the sender's side), and its row is
+/// the residual then that selection.
+fn selections(plan: &Plan) -> Vec<String> {
+    let m = &plan.model;
+    let residual = u64::from(m.embedding) * m.mhc.as_ref().map_or(1, |h| u64::from(h.streams));
+    let mut errors = Vec::new();
+    for b in plan
+        .boundaries
+        .iter()
+        .filter(|b| b.carries == Carries::Hidden)
+    {
+        let Some(to) = plan.rank(b.to_rank) else {
+            continue;
+        };
+        let cut = to.layers.start;
+        let want = match m.selection_crosses(cut) {
+            true => m
+                .dsa
+                .as_ref()
+                .map_or(0, |d| d.selection_values(plan.runtime.max_context)),
+            false => 0,
+        };
+        if b.selection != want {
+            errors.push(format!(
+                "boundary {} carries {} selection values per row; the cut before layer {cut} needs {want} (a shared-indexer layer after a cut that reads a full layer before it receives its selection; none otherwise)",
+                b.boundary, b.selection
+            ));
+        }
+        let row = 4 * (residual + u64::from(b.selection));
+        if b.bytes != row {
+            errors.push(format!(
+                "boundary {} carries rows of {} bytes; a hidden-state row is {row} bytes (the residual, then {} selection values)",
+                b.boundary, b.bytes, b.selection
+            ));
+        }
+    }
+    errors
+}
+
 /// A prefill step runs the decode program on up to `runtime.prefill_chunk` token rows: every
 /// buffer holds at most that many, a hidden-state boundary exactly that many (a chunk's rows
 /// all cross it), a token boundary one, and a boundary's slot buffers as many as it carries.
@@ -402,6 +443,7 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
     }
     errors.extend(state_sizes(plan));
     errors.extend(token_rows(plan));
+    errors.extend(selections(plan));
     // Happens-before, by vector clocks over every (rank, stream).
     let mut stream_ix: BTreeMap<(u32, &str), usize> = BTreeMap::new();
     for r in &plan.ranks {

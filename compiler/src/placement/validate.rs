@@ -48,10 +48,11 @@ fn int_in(c: &mut Collector, v: &Spanned<i64>, field: &str, lo: i64, hi: i64) ->
 /// multiply them.
 fn cache_bytes(model: &ModelMeta, context: u32, sequences: u32, kv: Dtype) -> u128 {
     let kda_layers = model.kda_layers_in(0..model.layers);
-    let attention = u128::from(model.layers - kda_layers)
-        * u128::from(context)
-        * u128::from(sequences)
-        * u128::from(model.kv_bytes_per_token_layer(kv));
+    // the latent or K/V rows of every attention layer, the indexer rows of full DSA layers
+    let per_token = u128::from(model.layers - kda_layers)
+        * u128::from(model.kv_bytes_per_token_layer(kv))
+        + u128::from(model.indexer_bytes_per_token(0..model.layers));
+    let attention = per_token * u128::from(context) * u128::from(sequences);
     let state = model.kda.as_ref().map_or(0, |k| {
         u128::from(kda_layers) * u128::from(sequences) * u128::from(k.state_elems(model.heads)) * 4
     });

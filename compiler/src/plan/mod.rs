@@ -97,6 +97,10 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
 /// A tensor-parallel group and its canonical reduction tree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -209,6 +213,13 @@ pub struct Boundary {
     pub to_rank: u32,
     /// Bytes of one token row.
     pub bytes: u64,
+    /// i32 values of a DSA selection per token row (the cell count, then the cells) that a
+    /// hidden-state boundary carries besides the residual, when a shared-indexer layer after
+    /// the cut reads a full layer before it (0, not written, otherwise). A slot of `rows`
+    /// rows holds the residual rows first, then one selection block per row; `bytes`
+    /// counts both.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub selection: u32,
     /// Token rows a slot holds: `runtime.prefill_chunk` for the hidden state, 1 for the
     /// sampled token (one per step, prefill or decode).
     #[serde(default = "one", skip_serializing_if = "is_one")]
@@ -495,9 +506,9 @@ mod program;
 mod text;
 
 pub use model::{
-    layer_kind, ClampSummary, ClampedFfn, DsaSummary, FfnKind, Gating, KdaSummary, LayerKind,
-    Llama3RopeSummary, MhcSummary, Mixer, MlaSummary, ModelSummary, MoeSummary, ReductionChunks,
-    YarnSummary,
+    layer_kind, selection_crosses, selection_source, ClampSummary, ClampedFfn, DsaSummary, FfnKind,
+    Gating, KdaSummary, LayerKind, Llama3RopeSummary, MhcSummary, Mixer, MlaSummary, ModelSummary,
+    MoeSummary, ReductionChunks, YarnSummary,
 };
 pub use program::{IslandReason, Op, Segment, Split, Step};
 

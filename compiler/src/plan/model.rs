@@ -129,11 +129,20 @@ pub enum Mixer {
     Kda,
     /// MLA without rope whose softmax runs over the cells the DSA indexer selects (glm5-next).
     Dsa,
+    /// A DSA layer without an indexer of its own (glm5-next's `indexer.types` false): its
+    /// softmax runs over the selection of the closest full DSA layer before it.
+    DsaShared,
 }
 
 impl Mixer {
     /// Every mixer, for error messages.
-    pub const ALL: [Mixer; 4] = [Mixer::Gqa, Mixer::Mla, Mixer::Kda, Mixer::Dsa];
+    pub const ALL: [Mixer; 5] = [
+        Mixer::Gqa,
+        Mixer::Mla,
+        Mixer::Kda,
+        Mixer::Dsa,
+        Mixer::DsaShared,
+    ];
 
     /// The name placements use (`[[capture.eager]] kinds`).
     pub fn name(self) -> &'static str {
@@ -142,7 +151,13 @@ impl Mixer {
             Mixer::Mla => "mla",
             Mixer::Kda => "kda",
             Mixer::Dsa => "dsa",
+            Mixer::DsaShared => "dsa_shared",
         }
+    }
+
+    /// Whether the layer attends over a DSA selection (its own or a shared one).
+    pub fn is_sparse(self) -> bool {
+        matches!(self, Mixer::Dsa | Mixer::DsaShared)
     }
 }
 
@@ -165,17 +180,19 @@ pub struct LayerKind {
 
 /// The schema rule: with KDA facts, KDA in every layer but the listed attention layers;
 /// attention layers are MLA when the model has MLA facts, MLA over the indexer's selection
-/// (DSA) when it has DSA facts too, GQA otherwise; routed experts from layer `dense_layers` on
-/// when it has MoE facts, shared experts with them when their width is set.
+/// (DSA) when it has DSA facts too (over the selection of the closest full DSA layer before it
+/// when the DSA facts list it as shared), GQA otherwise; routed experts from layer
+/// `dense_layers` on when it has MoE facts, shared experts with them when their width is set.
 pub fn layer_kind(
-    (mla, dsa): (bool, bool),
+    (mla, dsa): (bool, Option<&DsaSummary>),
     kda: Option<&KdaSummary>,
     moe: Option<&MoeSummary>,
     layer: u32,
 ) -> LayerKind {
-    let mixer = match kda {
-        Some(k) if !k.attention_layers.contains(&layer) => Mixer::Kda,
-        _ if mla && dsa => Mixer::Dsa,
+    let mixer = match (kda, dsa) {
+        (Some(k), _) if !k.attention_layers.contains(&layer) => Mixer::Kda,
+        (_, Some(d)) if mla && d.shared_layers.contains(&layer) => Mixer::DsaShared,
+        (_, Some(_)) if mla => Mixer::Dsa,
         _ if mla => Mixer::Mla,
         _ => Mixer::Gqa,
     };
@@ -188,15 +205,45 @@ pub fn layer_kind(
     LayerKind { mixer, ffn }
 }
 
+/// The layer whose DSA selection layer `layer` attends over, by the schema's `mixer` of each
+/// layer: itself when it is a full DSA layer, the closest full DSA layer before it when it is
+/// a shared one (KDA layers between them do not matter), none otherwise.
+pub fn selection_source(mixer: impl Fn(u32) -> Mixer, layer: u32) -> Option<u32> {
+    match mixer(layer) {
+        Mixer::Dsa => Some(layer),
+        Mixer::DsaShared => (0..layer).rev().find(|&l| mixer(l) == Mixer::Dsa),
+        _ => None,
+    }
+}
+
+/// Whether a pipeline cut before layer `cut` (of `layers`) must carry a DSA selection: a
+/// shared layer at or after the cut reads a full layer before it.
+pub fn selection_crosses(mixer: impl Fn(u32) -> Mixer, layers: u32, cut: u32) -> bool {
+    (cut..layers).any(|l| {
+        mixer(l) == Mixer::DsaShared && selection_source(&mixer, l).is_some_and(|s| s < cut)
+    })
+}
+
 impl ModelSummary {
     /// The layer schema's entry for `layer`.
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
         layer_kind(
-            (self.mla.is_some(), self.dsa.is_some()),
+            (self.mla.is_some(), self.dsa.as_ref()),
             self.kda.as_ref(),
             self.moe.as_ref(),
             layer,
         )
+    }
+
+    /// The layer whose DSA selection layer `layer` attends over (see `selection_source`).
+    pub fn selection_source(&self, layer: u32) -> Option<u32> {
+        selection_source(|l| self.layer_kind(l).mixer, layer)
+    }
+
+    /// Whether a pipeline cut before layer `cut` carries a DSA selection (see
+    /// `selection_crosses`).
+    pub fn selection_crosses(&self, cut: u32) -> bool {
+        selection_crosses(|l| self.layer_kind(l).mixer, self.layers, cut)
     }
 }
 
@@ -280,6 +327,10 @@ pub struct DsaSummary {
     pub select_tail: bool,
     /// Epsilon of the indexer key's layer norm.
     pub norm_eps: f64,
+    /// DSA layers without an indexer of their own, ascending: each reuses the selection of
+    /// the closest full DSA layer before it, and holds no indexer cache.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_layers: Vec<u32>,
 }
 
 impl DsaSummary {
@@ -287,6 +338,14 @@ impl DsaSummary {
     /// (kept in the pool's last member's row).
     pub fn cache_row(&self) -> u64 {
         3 * u64::from(self.head_dim)
+    }
+
+    /// The i32 values one selection takes in a boundary's token row: the cell count, then at
+    /// most `top_k` pool members plus (with the tail) `kpool - 1` tail cells, never more than
+    /// the context's `max_context` cells.
+    pub fn selection_values(&self, max_context: u32) -> u32 {
+        let tail = if self.select_tail { self.kpool - 1 } else { 0 };
+        1 + (self.top_k + tail).min(max_context)
     }
 }
 

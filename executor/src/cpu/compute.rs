@@ -265,29 +265,72 @@ impl RankCompute {
         }
     }
 
-    /// Loads the residual stream (every row the sender held) from `rx[slot]` of `boundary`.
-    pub fn load_hidden(&mut self, boundary: u32, slot: u32) -> Result<()> {
+    /// The payload of a hidden-state boundary whose rows carry `selection` values of DSA
+    /// selection besides the residual (`Boundary::selection`): every residual row, then per
+    /// row the cell count and the cells (i32 bits in f32 values), zero-padded.
+    pub fn hidden_payload(&self, selection: u32) -> Result<Vec<f32>> {
+        let mut out = self.hidden().to_vec();
+        if selection == 0 {
+            return Ok(out);
+        }
+        let (per, a) = (selection as usize, &self.act);
+        if a.cell_ends.len() != a.rows.max(1) {
+            bail!("the boundary carries a DSA selection, but this step made none for its rows");
+        }
+        let mut start = 0;
+        for &end in &a.cell_ends {
+            let cells = &a.cells[start..end];
+            if cells.len() >= per {
+                bail!("a DSA selection of {} cells does not fit the boundary's {per} selection values", cells.len());
+            }
+            let bits = |v: usize| f32::from_bits(v as u32);
+            out.push(bits(cells.len()));
+            out.extend(cells.iter().map(|&c| bits(c)));
+            out.extend(std::iter::repeat_n(0.0, per - 1 - cells.len()));
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// Loads the residual stream (every row the sender held) from `rx[slot]` of `boundary`,
+    /// and the DSA selection after it when its rows carry `selection` values
+    /// (`hidden_payload`); without one, the step starts with no selection.
+    pub fn load_hidden(&mut self, boundary: u32, slot: u32, selection: u32) -> Result<()> {
         let d = self.hidden;
-        match self
+        let per = d + selection as usize;
+        let h = match self
             .rx
             .get(&boundary)
             .and_then(|s| s.get(slot as usize))
             .and_then(Option::as_ref)
         {
-            Some(Payload::Hidden(h)) if !h.is_empty() && h.len() % d == 0 => {
-                self.act.rows = h.len() / d;
-                let x = match &mut self.act.hc {
-                    Some(hc) => &mut hc.streams,
-                    None => &mut self.act.x,
-                };
-                x.clear();
-                x.extend_from_slice(h);
-                Ok(())
-            }
+            Some(Payload::Hidden(h)) if !h.is_empty() && h.len() % per == 0 => h,
             _ => bail!(
-                "no hidden state of rows of {d} values arrived on boundary {boundary} slot {slot}"
+                "no hidden state of rows of {d} values (and {selection} selection values) arrived on boundary {boundary} slot {slot}"
             ),
+        };
+        let rows = h.len() / per;
+        let (residual, sel) = h.split_at(rows * d);
+        self.act.rows = rows;
+        let x = match &mut self.act.hc {
+            Some(hc) => &mut hc.streams,
+            None => &mut self.act.x,
+        };
+        x.clear();
+        x.extend_from_slice(residual);
+        self.act.cells.clear();
+        self.act.cell_ends.clear();
+        for block in sel.chunks_exact(selection.max(1) as usize) {
+            let count = block[0].to_bits() as usize;
+            let cells = block.get(1..1 + count).ok_or_else(|| {
+                anyhow!("boundary {boundary} slot {slot}: a DSA selection of {count} cells in {selection} values")
+            })?;
+            self.act
+                .cells
+                .extend(cells.iter().map(|c| c.to_bits() as usize));
+            self.act.cell_ends.push(self.act.cells.len());
         }
+        Ok(())
     }
 
     /// Looks up the embeddings of `tokens`, one row each.
@@ -301,6 +344,9 @@ impl RankCompute {
         }
         let &last = tokens.last().ok_or_else(|| anyhow!("embed of no tokens"))?;
         self.token = last;
+        // a new step: no DSA selection yet
+        self.act.cells.clear();
+        self.act.cell_ends.clear();
         let d = e.cols;
         self.act.rows = tokens.len();
         self.act.x.resize(tokens.len() * d, 0.0);
@@ -372,6 +418,9 @@ impl RankCompute {
                 segments::mla_pre(&c, &lw.attn_norm, m, a)
             }
             (Segment::MlaCore, MixerWeights::Mla(m), _, Cache::Latent(lc, _)) => {
+                if m.sparse && a.cell_ends.len() != at.len() {
+                    bail!("layer {layer} attends over a DSA selection, but this step made or received none for its {} rows (a shared-indexer layer needs a full DSA layer before it, on this rank or across the boundary)", at.len());
+                }
                 segments::mla_core(&c, m, lc, self.kq_scale, a)
             }
             (Segment::DsaSelect, MixerWeights::Mla(m), _, Cache::Latent(_, ic))

@@ -75,8 +75,11 @@ pub(super) struct MlaWeights {
     pub o: Matrix,
     /// Whether the rope parts are rotated (not for kimi-linear and glm5-next).
     pub rope: bool,
-    /// DSA: the indexer whose selection the softmax runs over.
+    /// DSA: the indexer whose selection the softmax runs over (a full DSA layer's own).
     pub indexer: Option<Box<IndexerWeights>>,
+    /// Whether the softmax runs over a DSA selection: the layer's own indexer's, or (a
+    /// shared-indexer layer) the closest full DSA layer's before it.
+    pub sparse: bool,
 }
 
 /// A gated SiLU FFN (a dense layer, or the shared experts).
@@ -142,7 +145,7 @@ impl LayerWeights {
                     o: w.take_matrix(&name("attn_output.weight"))?,
                 })
             }
-            Mixer::Mla | Mixer::Dsa => {
+            Mixer::Mla | Mixer::Dsa | Mixer::DsaShared => {
                 let mla = m.mla.as_ref().ok_or_else(|| {
                     anyhow!("layer {l} is an MLA layer but the plan has no model.mla")
                 })?;
@@ -167,6 +170,7 @@ impl LayerWeights {
                         Mixer::Dsa => Some(Box::new(IndexerWeights::take(plan, l, w)?)),
                         _ => None,
                     },
+                    sparse: kind.mixer.is_sparse(),
                 })
             }
             Mixer::Kda => MixerWeights::Kda(Box::new(KdaWeights::take(plan, l, w)?)),

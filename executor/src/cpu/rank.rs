@@ -252,7 +252,8 @@ impl CpuOps {
                     .iter()
                     .find(|b| b.carries == Carries::Hidden)
                     .ok_or_else(|| anyhow!("load_hidden without an incoming hidden boundary"))?;
-                self.compute.load_hidden(b.boundary, b.recv_slot(t))
+                self.compute
+                    .load_hidden(b.boundary, b.recv_slot(t), b.selection)
             }
             Work::StoreHidden | Work::StoreToken => {
                 let carries = if work == Work::StoreHidden {
@@ -263,7 +264,9 @@ impl CpuOps {
                 let mut sent = false;
                 for b in self.outgoing.iter().filter(|b| b.carries == carries) {
                     let payload = match carries {
-                        Carries::Hidden => Payload::Hidden(self.compute.hidden().to_vec()),
+                        Carries::Hidden => {
+                            Payload::Hidden(self.compute.hidden_payload(b.selection)?)
+                        }
                         Carries::Token => Payload::Token(self.compute.token()),
                     };
                     self.wire.send(b.boundary, b.send_slot(t), payload)?;

@@ -98,12 +98,14 @@ impl RankDevice {
                     state.pre(dev, s, m, norm, &x, &pos)
                 } else {
                     let att = Span::of(&b.att).sub(0, lw.o.cols);
-                    let cells = match (&m.indexer, &self.dsa) {
-                        (Some(_), Some(dsa)) => Some(dsa.cells()),
-                        (Some(_), None) => {
-                            bail!("layer {layer}: a DSA layer without indexer caches")
+                    // a shared-indexer layer reads the selection its full layer left, on
+                    // this rank or loaded with the hidden state
+                    let cells = match (m.sparse, &self.dsa) {
+                        (true, Some(dsa)) => Some(dsa.cells()),
+                        (true, None) => {
+                            bail!("layer {layer}: a DSA layer without a DSA selection state")
                         }
-                        (None, _) => None,
+                        (false, _) => None,
                     };
                     state.core(dev, s, m, li, &pos, &att, cells.as_ref())
                 }

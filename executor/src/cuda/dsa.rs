@@ -250,16 +250,18 @@ pub(super) struct DsaState {
 }
 
 impl DsaState {
-    /// The state of a rank whose layers have an indexer where `layers` says so, if any does;
-    /// `d` is the model's embedding width.
+    /// The state of a rank whose layers have an indexer where `layers` says so; made when
+    /// one does or when the rank otherwise holds a selection (`sparse`: a shared-indexer
+    /// layer, or a boundary that carries the selection); `d` is the model's embedding width.
     pub fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         plan: &Plan,
         d: usize,
         layers: &[bool],
+        sparse: bool,
     ) -> Result<Option<DsaState>> {
-        if !layers.contains(&true) {
+        if !layers.contains(&true) && !sparse {
             return Ok(None);
         }
         let dsa = plan
@@ -366,8 +368,20 @@ impl DsaState {
         )
     }
 
-    /// The cells the last `select` chose.
+    /// The cells the last `select` chose (or a boundary brought).
     pub fn cells(&self) -> Span<i32> {
         Span::of(&self.cells)
+    }
+
+    /// The first `values` of `cells` as bytes: the count and the cells a boundary row
+    /// carries (`Boundary::selection`), for the copies into and out of a slot.
+    pub fn selection_bytes(&self, values: usize) -> Result<Span<u8>> {
+        if values > self.cells.len() {
+            bail!(
+                "a boundary carries {values} selection values; this rank holds {}",
+                self.cells.len()
+            );
+        }
+        Ok(Span::of(&self.cells).sub(0, values).cast())
     }
 }

@@ -52,6 +52,8 @@ pub(super) struct MlaWeights {
     pub v_b: DeviceStack,
     /// The DSA indexer of a `Mixer::Dsa` layer.
     pub indexer: Option<IndexerWeights>,
+    /// Whether attention runs over the rank's DSA selection (`Mixer::Dsa`, `DsaShared`).
+    pub sparse: bool,
 }
 
 impl MlaWeights {
@@ -96,6 +98,7 @@ impl MlaWeights {
                 Mixer::Dsa => Some(IndexerWeights::take(plan, l, w, dev, s)?),
                 _ => None,
             },
+            sparse: plan.model.layer_kind(l).mixer.is_sparse(),
         };
         let sh = m.shape();
         if sh.heads == 0 || sh.width > MAX_LATENT_WIDTH || sh.width < sh.kvl {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
+use memra_compiler::plan::{reduction_chunks, FfnKind, Plan, Segment};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
@@ -33,7 +33,7 @@ use super::weights::{full_chunks, DeviceWeight};
 /// run token by token.
 pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     let m = &plan.model;
-    if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer == Mixer::Dsa) {
+    if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer.is_sparse()) {
         return Err("the cuda prefill has no DSA selection or mHC kernels over token rows; DSA and mHC prompts run token by token");
     }
     let moe = (0..m.layers).any(|l| matches!(m.layer_kind(l).ffn, FfnKind::Moe { .. }));

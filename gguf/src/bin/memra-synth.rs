@@ -15,7 +15,7 @@ use memra_gguf::{progress, synth, GgmlType};
 struct Args {
     /// Model shape: tiny, tiny-tp, smol135m, llama1b, llama8b (llama); tiny-qwen3moe,
     /// qwen3-30b-a3b (qwen3moe); tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite,
-    /// deepseek-v3 (deepseek2); tiny-kimi-linear (kimi-linear); tiny-glm5-next, glm-5.3-flash (glm5-next).
+    /// deepseek-v3 (deepseek2); tiny-kimi-linear (kimi-linear); tiny-glm5-next, tiny-glm5-next-shared, glm-5.3-flash (glm5-next).
     #[arg(long, default_value = "tiny")]
     shape: String,
     /// Matrix type: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k.

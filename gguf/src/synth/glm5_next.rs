@@ -35,6 +35,11 @@ pub struct Glm5NextShape {
     pub attention_every: u32,
     /// One more MLA layer off that pattern (GLM-5.3-Flash's last layer), or none.
     pub extra_attention: Option<u32>,
+    /// Whether the MLA layers alternate a full DSA indexer and a shared one (the second,
+    /// fourth, ... MLA layer reuses the selection of the one before and has no indexer
+    /// tensors), written as `attention.indexer.types` (KDA layers false, as llama.cpp does
+    /// not read them); otherwise every layer has its indexer and the key is not written.
+    pub shared_indexers: bool,
     /// MLA query low-rank width.
     pub q_lora_rank: u64,
     /// MLA latent width.
@@ -99,6 +104,7 @@ const GLM_5_3_FLASH: Glm5NextShape = Glm5NextShape {
     gate_lower_bound: Some(-5.0),
     attention_every: 4,
     extra_attention: Some(44),
+    shared_indexers: true,
     q_lora_rank: 1536,
     kv_lora_rank: 512,
     qk_nope: 192,
@@ -122,42 +128,54 @@ const GLM_5_3_FLASH: Glm5NextShape = Glm5NextShape {
     norm_eps: 1e-5,
 };
 
-/// The glm5-next shapes. The tiny one alternates KDA and MLA (layers 1 and 3 are MLA), so
-/// both pipeline stages of a cut at 2 hold both kinds; its indexer keeps 2 pools of 4 (plus
-/// the incomplete pool), so attention turns sparse from position 12 on; its clamp of 2
-/// clips a few percent of the SwiGLU inputs.
+/// The tiny glm5-next shape: KDA and MLA alternate (layers 1 and 3 are MLA), so both pipeline
+/// stages of a cut at 2 hold both kinds; its indexer keeps 2 pools of 4 (plus the incomplete
+/// pool), so attention turns sparse from position 12 on; its clamp of 2 clips a few percent of
+/// the SwiGLU inputs.
+const TINY: Glm5NextShape = Glm5NextShape {
+    name: "tiny-glm5-next",
+    dim: 256,
+    layers: 4,
+    heads: 4,
+    kda_head: 32,
+    conv: 4,
+    gate_lower_bound: Some(-1.0),
+    attention_every: 2,
+    extra_attention: None,
+    shared_indexers: false,
+    q_lora_rank: 128,
+    kv_lora_rank: 128,
+    qk_nope: 64,
+    v_head: 64,
+    indexer_heads: 2,
+    indexer_head: 32,
+    indexer_top_k: 8,
+    kpool: 4,
+    sinkhorn_iters: 20,
+    hc_eps: 1e-6,
+    ffn: 512,
+    dense_layers: 1,
+    experts: 8,
+    swiglu_limit: 2.0,
+    experts_used: 2,
+    expert_ffn: 256,
+    shared_experts: 1,
+    weights_scale: 2.5,
+    vocab: 256,
+    context: 4096,
+    norm_eps: 1e-6,
+};
+
+/// The glm5-next shapes. tiny-glm5-next-shared is the tiny one at 8 layers whose MLA layers
+/// alternate full and shared indexers (KDA, full, KDA, shared, KDA, full, KDA, shared): a cut
+/// at 2 or 3 parts a shared layer from the full one it reads.
 pub const GLM5_NEXT_SHAPES: &[Glm5NextShape] = &[
+    TINY,
     Glm5NextShape {
-        name: "tiny-glm5-next",
-        dim: 256,
-        layers: 4,
-        heads: 4,
-        kda_head: 32,
-        conv: 4,
-        gate_lower_bound: Some(-1.0),
-        attention_every: 2,
-        extra_attention: None,
-        q_lora_rank: 128,
-        kv_lora_rank: 128,
-        qk_nope: 64,
-        v_head: 64,
-        indexer_heads: 2,
-        indexer_head: 32,
-        indexer_top_k: 8,
-        kpool: 4,
-        sinkhorn_iters: 20,
-        hc_eps: 1e-6,
-        ffn: 512,
-        dense_layers: 1,
-        experts: 8,
-        experts_used: 2,
-        expert_ffn: 256,
-        shared_experts: 1,
-        weights_scale: 2.5,
-        swiglu_limit: 2.0,
-        vocab: 256,
-        context: 4096,
-        norm_eps: 1e-6,
+        name: "tiny-glm5-next-shared",
+        layers: 8,
+        shared_indexers: true,
+        ..TINY
     },
     GLM_5_3_FLASH,
 ];
@@ -166,6 +184,14 @@ impl Glm5NextShape {
     /// Whether layer `l` is an MLA (sparse attention) layer.
     pub fn is_attention(&self, l: u32) -> bool {
         (l + 1).is_multiple_of(self.attention_every) || self.extra_attention == Some(l)
+    }
+
+    /// Whether layer `l` has a DSA indexer of its own (`attention.indexer.types[l]`): every
+    /// MLA layer unless the MLA layers alternate full and shared (see `shared_indexers`),
+    /// never a KDA layer.
+    pub fn has_indexer(&self, l: u32) -> bool {
+        let nth = (0..l).filter(|&k| self.is_attention(k)).count();
+        self.is_attention(l) && (!self.shared_indexers || nth % 2 == 0)
     }
 
     /// This shape cut to its first `layers` blocks.
@@ -203,14 +229,14 @@ fn hc(s: &Glm5NextShape, b: &Block, which: &str) -> Vec<Planned> {
 }
 
 /// A nope-MLA layer's mixer and indexer tensors of block `b` (its attention norm first).
-fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
+fn mla(s: &Glm5NextShape, l: u32, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> {
     let h = u64::from(s.heads);
     let (r, kv, id) = (s.q_lora_rank, s.kv_lora_rank, s.indexer_head);
     let ih = u64::from(s.indexer_heads);
     let keep = |name: &str, dims: &[u64]| {
         matrix(b.name(&format!("{name}.weight")), dims, 1.0, exact(dtype))
     };
-    vec![
+    let mut p = vec![
         b.norm("attn_norm", s.dim),
         b.norm("attn_q_a_norm", r),
         b.norm("attn_kv_a_norm", kv),
@@ -221,6 +247,11 @@ fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> 
         keep("attn_k_b", &[s.qk_nope, kv, h]),
         keep("attn_v_b", &[kv, s.v_head, h]),
         b.matrix("attn_output", &[h * s.v_head, s.dim], res),
+    ];
+    if !s.has_indexer(l) {
+        return p;
+    }
+    p.extend([
         norm(b.name("indexer.k_norm.weight"), id),
         f32_uniform(b.name("indexer.k_norm.bias"), &[id], 0.1),
         keep("indexer.proj", &[s.dim, ih]),
@@ -237,7 +268,8 @@ fn mla(s: &Glm5NextShape, b: &Block, dtype: GgmlType, res: f32) -> Vec<Planned> 
             &[id, u64::from(s.kpool)],
             1.0,
         ),
-    ]
+    ]);
+    p
 }
 
 /// The tensors of `s` with matrices in `dtype`, in file order.
@@ -248,7 +280,7 @@ fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
         let mut p = hc(s, b, "attn");
         p.extend(hc(s, b, "ffn"));
         match s.is_attention(l) {
-            true => p.extend(mla(s, b, dtype, res)),
+            true => p.extend(mla(s, l, b, dtype, res)),
             false => {
                 let h = u64::from(s.heads);
                 let keep = |name: &str, dims: &[u64]| {
@@ -301,6 +333,12 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
         ("attention.indexer.top_k", Value::U32(s.indexer_top_k)),
         ("attention.indexer.kpool", Value::U32(s.kpool)),
         ("attention.indexer.kpool_select_tail", Value::Bool(true)),
+    ]);
+    if s.shared_indexers {
+        let types = (0..s.layers).map(|l| Value::Bool(s.has_indexer(l)));
+        kv.push(("attention.indexer.types", Value::Array(types.collect())));
+    }
+    kv.extend([
         ("hyper_connection.count", Value::U32(HC_MULT as u32)),
         (
             "hyper_connection.sinkhorn_iterations",

@@ -80,11 +80,11 @@ pub(in crate::cpu) fn mla_core(
     let lat = sized(&mut a.lat, t * lat_row);
     let (q_lat, cache, at) = (&a.q_lat, &*cache, c.at);
     let q_row = q_lat.len() / t;
-    // DSA attends to the indexer's selection of the row, MLA to every position up to its own
+    // DSA attends to the selection of the row (its indexer's or the one it shares), MLA to
+    // every position up to its own
     let cells = m
-        .indexer
-        .as_ref()
-        .map(|_| (a.cells.as_slice(), a.cell_ends.as_slice()));
+        .sparse
+        .then_some((a.cells.as_slice(), a.cell_ends.as_slice()));
     c.pool.split_mut(lat, lat_row, &|off, piece| {
         let first = off / lat_row;
         for (i, out) in piece.chunks_exact_mut(lat_row).enumerate() {

@@ -46,7 +46,7 @@ impl RankDevice {
                     let (k, o) = KdaWeights::take(plan, l, &mut w, &dev, &s)?;
                     (MixerWeights::Kda(Box::new(k)), o)
                 }
-                Mixer::Mla | Mixer::Dsa => (
+                Mixer::Mla | Mixer::Dsa | Mixer::DsaShared => (
                     MixerWeights::Mla(Box::new(MlaWeights::take(plan, l, &mut w, &dev, &s)?)),
                     mat(&mut w, &n("attn_output.weight"))?,
                 ),
@@ -178,7 +178,13 @@ impl RankDevice {
             .iter()
             .map(|m| m.is_some_and(|m| m.indexer.is_some()))
             .collect();
-        let dsa = DsaState::new(&dev, &s, plan, m.embedding as usize, &indexed)?;
+        // a selection is held where a layer attends over one or a boundary carries one
+        let sparse = (r.layers.start..r.layers.end).any(|l| m.layer_kind(l).mixer.is_sparse())
+            || plan
+                .boundaries
+                .iter()
+                .any(|b| b.selection > 0 && (b.from_rank == rank || b.to_rank == rank));
+        let dsa = DsaState::new(&dev, &s, plan, m.embedding as usize, &indexed, sparse)?;
         for (l, m) in mla_layers.iter().enumerate() {
             if let Some(m) = m {
                 if m.att_len() != layers[l].o.cols {

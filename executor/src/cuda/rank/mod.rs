@@ -443,12 +443,10 @@ impl RankDevice {
             }
             Work::LoadHidden => {
                 let bd = self.incoming_of(Carries::Hidden)?;
-                let hidden = self.residual(rows.rows);
-                copy(
-                    s,
-                    &self.rx_slot(bd, bd.recv_slot(t), rows.rows),
-                    &hidden.cast(),
-                )
+                let hidden: Span<u8> = self.residual(rows.rows).cast();
+                let slot = self.rx_slot(bd, bd.recv_slot(t), rows.rows);
+                copy(s, &slot.sub(0, hidden.len()), &hidden)?;
+                self.copy_selection(bd, &slot, hidden.len(), false, s)
             }
             Work::StoreHidden | Work::StoreToken => {
                 let (carries, src, n) = if work == Work::StoreHidden {
@@ -458,7 +456,9 @@ impl RankDevice {
                 };
                 let mut sent = false;
                 for bd in self.outgoing.iter().filter(|x| x.carries == carries) {
-                    copy(s, &src, &self.tx_slot(bd, bd.send_slot(t), n))?;
+                    let slot = self.tx_slot(bd, bd.send_slot(t), n);
+                    copy(s, &src, &slot.sub(0, src.len()))?;
+                    self.copy_selection(bd, &slot, src.len(), true, s)?;
                     sent = true;
                 }
                 if !sent {
@@ -531,6 +531,42 @@ impl RankDevice {
         self.collective
             .as_ref()
             .ok_or_else(|| anyhow!("a collective on a rank of no tensor-parallel group"))
+    }
+
+    /// A hidden-state slot's DSA selection (`Boundary::selection` values after the `at`
+    /// bytes of residual rows; DSA steps hold one row on this backend) from the rank's
+    /// selection (`store`) or into it.
+    fn copy_selection(
+        &self,
+        b: &Boundary,
+        slot: &Span<u8>,
+        at: usize,
+        store: bool,
+        s: &CudaStream,
+    ) -> Result<()> {
+        if b.selection == 0 {
+            return Ok(());
+        }
+        let dsa = self.dsa.as_ref().ok_or_else(|| {
+            anyhow!(
+                "boundary {} carries a DSA selection; this rank holds none",
+                b.boundary
+            )
+        })?;
+        let sel = dsa.selection_bytes(b.selection as usize)?;
+        if slot.len() != at + sel.len() {
+            bail!(
+                "boundary {}: a slot of {} bytes for one row of {at} bytes of residual and {} of selection (the cuda backend carries a DSA selection for steps of one row)",
+                b.boundary,
+                slot.len(),
+                sel.len()
+            );
+        }
+        let tail = slot.sub(at, sel.len());
+        match store {
+            true => copy(s, &sel, &tail),
+            false => copy(s, &tail, &sel),
+        }
     }
 
     fn incoming_of(&self, carries: Carries) -> Result<&Boundary> {
