@@ -13,7 +13,7 @@
 // (libstdc++'s partial_sort heap over the padded row, then ggml's swap of the first two, then
 // a stable descending sort) and writes the cells the MLA softmax runs over: the chosen pools'
 // members, best first, then (select_tail) the incomplete pool's tokens from the position
-// down. cells[0] holds their count, cells[1..] the positions (mla_attention_f16's sparse form).
+// down. cells[0] holds their count, cells[1..] the positions (the sparse form of mla.cu's latent attention).
 //
 // Every value is computed with the CPU loops' float operations in their order, with explicit
 // round-to-nearest intrinsics so that no multiply-add is contracted into an FMA, and the f64
