@@ -11,7 +11,7 @@
 use anyhow::Result;
 use memra_gguf::GgmlType;
 
-use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use super::{attend, bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cuda::matvec::{Epilogue, Norm};
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile};
 use crate::cuda::ops::{attention_parts_len, PAD_SLOT};
@@ -352,18 +352,15 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
         );
         let p1 = dev.upload(s, &[p])?;
         let mut o1 = dev.alloc::<f32>(s, qrow)?;
-        dev.attention(
-            s,
+        attend(
+            (dev, s),
             &mut q1,
-            &k1,
-            &v1,
+            (&k1, &v1),
             one,
             &p1,
-            None,
             rope,
-            &Span::of(&parts),
+            &parts,
             &mut o1,
-            None,
             None,
         )?;
         want.extend(dev.download(s, &o1)?);

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
-use super::random;
+use super::{attend, random};
 use crate::cuda::matvec::Epilogue;
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile, MMA_MIN_ROWS};
 use crate::cuda::ops::{attention_parts_len, AttentionForm};
@@ -421,18 +421,15 @@ pub(super) fn attention(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) ->
         for (split, grouped) in forms {
             let form = Some(AttentionForm { split, grouped });
             let secs = time(dev, s, |_| {
-                dev.attention(
-                    s,
+                attend(
+                    (dev, s),
                     &mut q,
-                    &k1,
-                    &v1,
+                    (&k1, &v1),
                     &mut kv,
                     &pd,
-                    None,
                     rope,
-                    &Span::of(&parts),
+                    &parts,
                     &mut out,
-                    None,
                     form,
                 )
             })?;

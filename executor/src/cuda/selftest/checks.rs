@@ -8,7 +8,7 @@ use anyhow::Result;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
-use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use super::{attend, bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cpu::kernels::reference::{effective_x, matvec_row};
 use crate::cuda::ops::{attention_parts_len, AttentionForm, ATTN_SPLIT_ROWS};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
@@ -195,18 +195,15 @@ fn rope(cx: &mut Ctx, style: RopeStyle, pos: u32) -> Result<()> {
     let pd = dev.upload(s, &[pos])?;
     let parts = dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?;
     let mut out = dev.alloc::<f32>(s, n)?;
-    dev.attention(
-        s,
+    attend(
+        (dev, s),
         &mut qd,
-        &kd,
-        &vd,
+        (&kd, &vd),
         &mut kv,
         &pd,
-        None,
         (theta, style),
-        &Span::of(&parts),
+        &parts,
         &mut out,
-        None,
         None,
     )?;
     let half = hd / 2;
@@ -291,18 +288,15 @@ fn attention(
         dev.write(s, &[p as u32], &mut pd)?;
         qd = dev.upload(s, &random(&mut cx.rng, n_heads * hd, 1.0))?;
         let (kd, vd) = (dev.upload(s, &k)?, dev.upload(s, &v)?);
-        dev.attention(
-            s,
+        attend(
+            (dev, s),
             &mut qd,
-            &kd,
-            &vd,
+            (&kd, &vd),
             &mut kv,
             &pd,
-            None,
             rope,
-            &Span::of(&parts),
+            &parts,
             &mut out,
-            None,
             None,
         )?;
     }
@@ -445,18 +439,15 @@ fn attention_forms(cx: &mut Ctx) -> Result<()> {
         let mut qd = dev.upload(s, &q)?;
         let mut out = dev.alloc::<f32>(s, n_heads * hd)?;
         let form = AttentionForm { split, grouped };
-        dev.attention(
-            s,
+        attend(
+            (dev, s),
             &mut qd,
-            &k1,
-            &v1,
+            (&k1, &v1),
             &mut kv,
             &pd,
-            None,
             rope,
-            &Span::of(&parts),
+            &parts,
             &mut out,
-            None,
             Some(form),
         )?;
         let mut got = dev.download(s, &out)?;

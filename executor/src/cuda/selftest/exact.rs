@@ -12,7 +12,7 @@ use anyhow::Result;
 use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
-use super::{bit_mismatches, random, random_weight, Ctx, DTYPES};
+use super::{attend, bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cpu::kernels::silu_mul_clamped;
 use crate::cuda::{
     capture, CaptureError, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, Graph,
@@ -393,18 +393,15 @@ impl Step {
         dev.matvec(s, &self.wq, &self.hn, 8, &mut self.q)?;
         dev.matvec(s, &self.wk, &self.hn, 1, &mut self.k)?;
         dev.matvec(s, &self.wv, &self.hn, 2, &mut self.v)?;
-        dev.attention(
-            s,
+        attend(
+            (dev, s),
             &mut self.q,
-            &self.k,
-            &self.v,
+            (&self.k, &self.v),
             &mut self.kv,
             &self.pos,
-            None,
             (10000.0, RopeStyle::Normal),
-            &Span::of(&self.scores),
+            &self.scores,
             &mut self.att,
-            None,
             None,
         )?;
         dev.matvec_residual(s, &self.wo, &self.att, 1, &self.h, &mut self.o)?;

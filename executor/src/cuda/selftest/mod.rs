@@ -37,7 +37,8 @@ use anyhow::Result;
 use memra_gguf::rng::Rng;
 use memra_gguf::GgmlType;
 
-use super::{device_count, CudaDevice, CudaStream};
+use super::ops::AttentionForm;
+use super::{device_count, CudaDevice, CudaStream, DeviceBuffer, DeviceKv, RopeStyle, Span};
 
 /// What the self-test runs.
 #[derive(Clone, Debug)]
@@ -149,6 +150,25 @@ impl Report {
 pub(crate) const DTYPES: &[GgmlType] = memra_gguf::SUPPORTED;
 
 /// `n` values uniform in [-scale, scale).
+/// `dev.attention` of a step without sequence slots or an 8-bit copy of its output, the form
+/// most of the self-test's launches take: (device, stream), q, the step's (k, v), the cache, the position, rope,
+/// the split's scratch, the output and the form (`None`: the launch picks).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend(
+    (dev, s): (&CudaDevice, &CudaStream),
+    q: &mut DeviceBuffer<f32>,
+    (k, v): (&DeviceBuffer<f32>, &DeviceBuffer<f32>),
+    kv: &mut DeviceKv,
+    pos: &DeviceBuffer<u32>,
+    rope: (f32, RopeStyle),
+    parts: &DeviceBuffer<f32>,
+    out: &mut DeviceBuffer<f32>,
+    form: Option<AttentionForm>,
+) -> Result<()> {
+    let parts = Span::of(parts);
+    dev.attention(s, q, k, v, kv, pos, None, rope, &parts, out, None, form)
+}
+
 pub(crate) fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.uniform() * scale).collect()
 }

@@ -11,7 +11,7 @@ use anyhow::Result;
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 use memra_gguf::GgmlType;
 
-use super::{bit_mismatches, random, random_weight, Ctx};
+use super::{attend, bit_mismatches, random, random_weight, Ctx};
 use crate::cuda::ops::attention_parts_len;
 use crate::cuda::rows::GemmTile;
 use crate::cuda::{CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle, Span};
@@ -181,18 +181,15 @@ fn flash_rows(
     let mut qc = dev.upload(s, &q)?;
     let mut want = dev.alloc::<f32>(s, rows * qrow)?;
     let no_parts = dev.alloc::<f32>(s, 0)?;
-    dev.attention(
-        s,
+    attend(
+        (dev, s),
         &mut qc,
-        &kd,
-        &vd,
+        (&kd, &vd),
         &mut kv,
         &pd,
-        None,
         rope,
-        &Span::of(&no_parts),
+        &no_parts,
         &mut want,
-        None,
         None,
     )?;
     let (got, want) = (dev.download(s, &fast)?, dev.download(s, &want)?);
@@ -465,18 +462,15 @@ fn attention_rows(
                 continue;
             }
             let mut qc = dev.upload(s, &q[p * qrow..(p + 1) * qrow])?;
-            dev.attention(
-                s,
+            attend(
+                (dev, s),
                 &mut qc,
-                &kd,
-                &vd,
+                (&kd, &vd),
                 kv,
                 &pd,
-                None,
                 rope,
-                &Span::of(&parts),
+                &parts,
                 &mut out,
-                None,
                 None,
             )?;
             if keep {
@@ -495,18 +489,15 @@ fn attention_rows(
     let vd = dev.upload(s, &v[p0 * row..])?;
     let mut out = dev.alloc::<f32>(s, rows * qrow)?;
     dev.kv_store_rows(s, &kd, &vd, &mut kv_b, &pd, None, rope)?;
-    dev.attention(
-        s,
+    attend(
+        (dev, s),
         &mut qd,
-        &kd,
-        &vd,
+        (&kd, &vd),
         &mut kv_b,
         &pd,
-        None,
         rope,
-        &Span::of(&no_parts),
+        &no_parts,
         &mut out,
-        None,
         None,
     )?;
     let (o, qr) = (dev.download(s, &out)?, dev.download(s, &qd)?);
