@@ -152,7 +152,7 @@ fn check_hosts(plan: &Plan, map: &ProcessMap) -> Result<()> {
         .collect();
     if !elsewhere.is_empty() {
         bail!(
-            "the plan puts {}, but this is host `{here}`; launch starts the processes of one host; on each host, start one `memra-run SUBCOMMAND PLAN [ARGS] --process P --processes {} --rendezvous HOST:PORT` per device of the plan on it, P counting the devices of the plan's ranks in increasing order and HOST:PORT where process 0 listens (README: several hosts)",
+            "the plan puts {}, but this is host `{here}`; launch starts the processes of one host; on each host, start one `memra-run SUBCOMMAND PLAN [ARGS] --process P --processes {} --rendezvous HOST:PORT` per device of the plan on it, P counting the devices of the plan's ranks in increasing order and HOST:PORT where process 0 listens (docs/multi-gpu.md: several hosts)",
             elsewhere.join(", "),
             map.processes()
         );
