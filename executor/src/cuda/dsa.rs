@@ -17,9 +17,8 @@ use memra_compiler::plan::Plan;
 use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
 use super::matvec::Norm;
 use super::span::Span;
-use super::weights::{full_chunks, grid, int, upload_matrix, DeviceWeight};
+use super::weights::{full_chunks, grid, int, upload_matrix, DeviceWeight, LayerLoad};
 use crate::layer_weights::IndexerWeights as HostIndexer;
-use crate::weights::RankWeights;
 
 /// The widest indexer key the kernels take (DSA_MAX_DIM in kernels/dsa.cu).
 pub const MAX_INDEXER_DIM: usize = 1024;
@@ -212,13 +211,9 @@ pub(super) struct IndexerWeights {
 
 impl IndexerWeights {
     /// Takes layer `l`'s indexer tensors out of `w` and uploads them.
-    pub fn take(
-        plan: &Plan,
-        l: u32,
-        w: &mut RankWeights,
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
-    ) -> Result<IndexerWeights> {
+    pub fn take(ld: &mut LayerLoad) -> Result<IndexerWeights> {
+        let (plan, l, dev, s) = (ld.plan, ld.l, ld.dev, ld.s);
+        let w = &mut *ld.w;
         let h = HostIndexer::take(plan, l, w)?;
         let up = |m| upload_matrix(dev, s, m);
         Ok(IndexerWeights {

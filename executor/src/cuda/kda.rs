@@ -19,14 +19,12 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use memra_compiler::plan::Plan;
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
 use super::span::Span;
-use super::weights::{full_chunks, upload_matrix, DeviceWeight};
+use super::weights::{full_chunks, upload_matrix, DeviceWeight, LayerLoad};
 use crate::layer_weights::KdaWeights as HostKda;
-use crate::weights::RankWeights;
 
 /// The widest KDA head the kernels take (KDA_MAX_DIM in kernels/kda.cu).
 pub const MAX_KDA_HEAD_DIM: usize = 256;
@@ -58,13 +56,9 @@ pub(super) struct KdaWeights {
 impl KdaWeights {
     /// Takes layer `l`'s KDA shards out of `w` and uploads them; the second value is the
     /// layer's `attn_output` columns.
-    pub fn take(
-        plan: &Plan,
-        l: u32,
-        w: &mut RankWeights,
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
-    ) -> Result<(KdaWeights, DeviceWeight)> {
+    pub fn take(ld: &mut LayerLoad) -> Result<(KdaWeights, DeviceWeight)> {
+        let (plan, l, dev, s) = (ld.plan, ld.l, ld.dev, ld.s);
+        let w = &mut *ld.w;
         let host = HostKda::take(plan, l, w)?;
         let (heads, head_dim) = (host.heads(), host.head_dim());
         if head_dim == 0 || head_dim > MAX_KDA_HEAD_DIM {

@@ -20,10 +20,9 @@ use super::dsa::IndexerWeights;
 use super::matvec::{ExpertSel, Norm};
 use super::ops::RopeStyle;
 use super::span::Span;
-use super::weights::{device_matrix, full_chunks, DeviceStack, DeviceWeight};
+use super::weights::{device_matrix, full_chunks, DeviceStack, DeviceWeight, LayerLoad};
 use crate::geometry::RankGeometry;
 use crate::rope::{mla_kq_scale, Yarn};
-use crate::weights::RankWeights;
 
 /// Threads of a latent attention block (MLA_THREADS in kernels/mla.cu).
 const MLA_THREADS: u32 = 256;
@@ -58,13 +57,9 @@ pub(super) struct MlaWeights {
 
 impl MlaWeights {
     /// Takes layer `l`'s MLA shards (all but `attn_output`) out of `w`.
-    pub fn take(
-        plan: &Plan,
-        l: u32,
-        w: &mut RankWeights,
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
-    ) -> Result<MlaWeights> {
+    pub fn take(ld: &mut LayerLoad) -> Result<MlaWeights> {
+        let (plan, l, dev, s) = (ld.plan, ld.l, ld.dev, ld.s);
+        let w = &mut *ld.w;
         let mla =
             plan.model.mla.as_ref().ok_or_else(|| {
                 anyhow!("layer {l} is an MLA layer but the plan has no model.mla")
@@ -95,7 +90,10 @@ impl MlaWeights {
             k_b: DeviceStack::upload(dev, s, &k_b)?,
             v_b: DeviceStack::upload(dev, s, &v_b)?,
             indexer: match plan.model.layer_kind(l).mixer {
-                Mixer::Dsa => Some(IndexerWeights::take(plan, l, w, dev, s)?),
+                Mixer::Dsa => {
+                    let mut ld = LayerLoad { plan, l, w, dev, s };
+                    Some(IndexerWeights::take(&mut ld)?)
+                }
                 _ => None,
             },
             sparse: plan.model.layer_kind(l).mixer.is_sparse(),

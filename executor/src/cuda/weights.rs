@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
-use memra_compiler::plan::reduction_chunks;
+use memra_compiler::plan::{reduction_chunks, Plan};
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer, KernelArgs};
@@ -348,6 +348,16 @@ pub(super) fn ptr_mut<T>(stream: &CudaStream, b: &mut impl DevicePtrMut<T>) -> u
 /// A size as the kernels' i32.
 pub(super) fn int(n: usize) -> i32 {
     i32::try_from(n).expect("invariant: kernel sizes fit in i32")
+}
+
+/// Where a layer's device weights come from, for the layer kinds' `take`: the plan, the
+/// layer, the rank's host shards and the device and stream they are uploaded on.
+pub(super) struct LayerLoad<'a> {
+    pub plan: &'a Plan,
+    pub l: u32,
+    pub w: &'a mut RankWeights,
+    pub dev: &'a CudaDevice,
+    pub s: &'a Arc<CudaStream>,
 }
 
 impl CudaDevice {

@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use memra_compiler::plan::{ClampedFfn, FfnKind, Gating, MoeSummary, Plan};
+use memra_compiler::plan::{ClampedFfn, FfnKind, Gating, MoeSummary};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{ExpertSel, Norm};
 use super::span::Span;
-use super::weights::{device_matrix, full_chunks, int, DeviceStack, DeviceWeight};
+use super::weights::{device_matrix, full_chunks, int, DeviceStack, DeviceWeight, LayerLoad};
 use crate::weights::RankWeights;
 pub(super) use rows::{unfit, MoeRows};
 
@@ -58,13 +58,9 @@ pub(super) enum FfnWeights {
 
 impl FfnWeights {
     /// Takes layer `l`'s FFN shards out of `w`, as the plan's layer schema says it is made.
-    pub fn take(
-        plan: &Plan,
-        l: u32,
-        w: &mut RankWeights,
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
-    ) -> Result<FfnWeights> {
+    pub fn take(ld: &mut LayerLoad) -> Result<FfnWeights> {
+        let (plan, l, dev, s) = (ld.plan, ld.l, ld.dev, ld.s);
+        let w = &mut *ld.w;
         let name = |x: &str| format!("blk.{l}.{x}");
         let limit = |which| plan.model.moe.as_ref().and_then(|m| m.swiglu_limit(which));
         let gated = |w: &mut RankWeights, suffix: &str| -> Result<Gated> {

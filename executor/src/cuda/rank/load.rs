@@ -5,7 +5,7 @@
 use anyhow::{anyhow, bail};
 
 use super::*;
-use crate::cuda::weights::upload_matrix;
+use crate::cuda::weights::{upload_matrix, LayerLoad};
 
 impl RankDevice {
     /// Uploads rank `rank`'s shards to `dev` and allocates its buffers for steps of up to
@@ -43,11 +43,23 @@ impl RankDevice {
             let attn_norm = vec(&mut w, &n("attn_norm.weight"))?;
             let (mixer, o) = match m.layer_kind(l).mixer {
                 Mixer::Kda => {
-                    let (k, o) = KdaWeights::take(plan, l, &mut w, &dev, &s)?;
+                    let (k, o) = KdaWeights::take(&mut LayerLoad {
+                        plan,
+                        l,
+                        w: &mut w,
+                        dev: &dev,
+                        s: &s,
+                    })?;
                     (MixerWeights::Kda(Box::new(k)), o)
                 }
                 Mixer::Mla | Mixer::Dsa | Mixer::DsaShared => (
-                    MixerWeights::Mla(Box::new(MlaWeights::take(plan, l, &mut w, &dev, &s)?)),
+                    MixerWeights::Mla(Box::new(MlaWeights::take(&mut LayerLoad {
+                        plan,
+                        l,
+                        w: &mut w,
+                        dev: &dev,
+                        s: &s,
+                    })?)),
                     mat(&mut w, &n("attn_output.weight"))?,
                 ),
                 Mixer::Gqa => (
@@ -81,7 +93,13 @@ impl RankDevice {
                 mixer,
                 o,
                 ffn_norm: vec(&mut w, &n("ffn_norm.weight"))?,
-                ffn: FfnWeights::take(plan, l, &mut w, &dev, &s)?,
+                ffn: FfnWeights::take(&mut LayerLoad {
+                    plan,
+                    l,
+                    w: &mut w,
+                    dev: &dev,
+                    s: &s,
+                })?,
                 hc: match m.mhc {
                     Some(_) => Some(HcWeights::take(l, &mut w, &dev, &s)?),
                     None => None,
