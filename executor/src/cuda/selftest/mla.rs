@@ -59,7 +59,6 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
 /// A head's bits do not depend on the heads beside it in a block: 32 heads (eight to a block)
 /// against their first 16 alone (two to a block), as a tensor-parallel rank holds them.
 fn heads_per_block(cx: &mut Ctx) -> Result<()> {
-    let (dev, s) = (cx.dev, cx.s);
     let (kvl, rope, pos, capacity) = (512, 64, 700, 1024);
     let width = kvl + rope;
     let l = latent(cx, 32, width, pos);
@@ -67,27 +66,11 @@ fn heads_per_block(cx: &mut Ctx) -> Result<()> {
     for (h, &x) in halves.iter_mut().zip(l.rows[..pos].iter().flatten()) {
         *h = f32_to_f16(x);
     }
-    let d_row = dev.upload(s, &l.rows[pos])?;
-    let d_pos = dev.upload(s, &[pos as u32])?;
     let mut outs = Vec::new();
     for heads in [32, 16] {
-        let d_q = dev.upload(s, &l.q[..heads * width])?;
-        let d_cache = dev.upload(s, &halves)?;
-        let d_out = dev.alloc::<f32>(s, heads * kvl)?;
-        let d_parts = dev.alloc::<f32>(s, mla_parts_len(heads, kvl, capacity))?;
-        dev.mla_attention(
-            s,
-            &Span::of(&d_q),
-            &Span::of(&d_row),
-            &Span::of(&d_cache),
-            &Span::of(&d_out),
-            &Span::of(&d_parts),
-            &Span::of(&d_pos),
-            (heads, kvl, capacity),
-            l.scale,
-            None,
-        )?;
-        outs.push(dev.download(s, &d_out)?);
+        let shape = (heads, kvl, capacity);
+        let q = &l.q[..heads * width];
+        outs.push(on_device(cx, q, &l.rows[pos], &halves, pos, shape, l.scale, None)?.0);
     }
     cx.report.exact(
         "mla attention",
@@ -180,7 +163,6 @@ fn attention(
     (heads, kvl, rope, pos, capacity): (usize, usize, usize, usize, usize),
     sparse: bool,
 ) -> Result<()> {
-    let (dev, s) = (cx.dev, cx.s);
     let width = kvl + rope;
     let l = latent(cx, heads, width, pos);
     let mut cache = LatentCache::new(KvDtype::F16, kvl, rope, capacity);
@@ -206,27 +188,9 @@ fn attention(
             *d = p as i32;
         }
     }
-    let d_cells = dev.upload(s, &cell_ints)?;
-
-    let d_q = dev.upload(s, &l.q)?;
-    let d_row = dev.upload(s, &l.rows[pos])?;
-    let d_cache = dev.upload(s, &halves)?;
-    let d_out = dev.alloc::<f32>(s, heads * kvl)?;
-    let d_parts = dev.alloc::<f32>(s, mla_parts_len(heads, kvl, capacity))?;
-    let d_pos = dev.upload(s, &[pos as u32])?;
-    dev.mla_attention(
-        s,
-        &Span::of(&d_q),
-        &Span::of(&d_row),
-        &Span::of(&d_cache),
-        &Span::of(&d_out),
-        &Span::of(&d_parts),
-        &Span::of(&d_pos),
-        (heads, kvl, capacity),
-        l.scale,
-        sparse.then(|| Span::of(&d_cells)).as_ref(),
-    )?;
-    let got = dev.download(s, &d_out)?;
+    let cells = sparse.then_some(&cell_ints[..]);
+    let shape = (heads, kvl, capacity);
+    let (got, written) = on_device(cx, &l.q, &l.rows[pos], &halves, pos, shape, l.scale, cells)?;
     let err = got
         .iter()
         .zip(&want)
@@ -243,7 +207,6 @@ fn attention(
     // up to 2^-11 of the weighted values apart
     cx.report
         .tol("mla attention", case.clone(), err, 1e-3, "rel");
-    let written = dev.download(s, &d_cache)?;
     let slot: Vec<f32> = written[pos * width..(pos + 1) * width]
         .iter()
         .map(|&h| f16_to_f32(h))
@@ -255,6 +218,45 @@ fn attention(
     cx.report
         .exact("mla cache write", case, bit_mismatches(&slot, &narrowed));
     Ok(())
+}
+
+/// `mla_attention` of the host queries `q` over the f16 cache `halves` at `pos`, the current
+/// position's row `row`, over DSA's `cells` (count, then positions) when given: the output
+/// and the cache after the launch.
+#[allow(clippy::too_many_arguments)]
+fn on_device(
+    cx: &Ctx,
+    q: &[f32],
+    row: &[f32],
+    halves: &[u16],
+    pos: usize,
+    (heads, kvl, capacity): (usize, usize, usize),
+    scale: f32,
+    cells: Option<&[i32]>,
+) -> Result<(Vec<f32>, Vec<u16>)> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (q, row, cache) = (
+        dev.upload(s, q)?,
+        dev.upload(s, row)?,
+        dev.upload(s, halves)?,
+    );
+    let out = dev.alloc::<f32>(s, heads * kvl)?;
+    let parts = dev.alloc::<f32>(s, mla_parts_len(heads, kvl, capacity))?;
+    let pos = dev.upload(s, &[pos as u32])?;
+    let cells = cells.map(|c| dev.upload(s, c)).transpose()?;
+    dev.mla_attention(
+        s,
+        &Span::of(&q),
+        &Span::of(&row),
+        &Span::of(&cache),
+        &Span::of(&out),
+        &Span::of(&parts),
+        &Span::of(&pos),
+        (heads, kvl, capacity),
+        scale,
+        cells.as_ref().map(Span::of).as_ref(),
+    )?;
+    Ok((dev.download(s, &out)?, dev.download(s, &cache)?))
 }
 
 fn graph(cx: &mut Ctx) -> Result<()> {

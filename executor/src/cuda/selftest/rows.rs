@@ -50,13 +50,6 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         GgmlType::Q4_1,
     ] {
         gemm_shared_launch(cx, dtype)?;
-    }
-    for dtype in [
-        GgmlType::F16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-    ] {
         gemm_trees(cx, dtype)?;
     }
     // the decode steps split positions past the first chunk across blocks, the prefill rows walk
