@@ -361,6 +361,12 @@ struct Sampling {
 }
 
 impl Sampling {
+    /// Greedy decoding, with no seed to announce.
+    const GREEDY: Sampling = Sampling {
+        config: SamplerConfig::GREEDY,
+        drawn_seed: false,
+    };
+
     /// Says on stderr which seed a sampled run drew, so it can be repeated; called once the
     /// run has started (a run that fails while loading has nothing to repeat).
     fn announce(&self, prints: bool) {
@@ -458,15 +464,18 @@ struct Loaded {
     prints: bool,
 }
 
-fn start(plan: &Path, run: &RunArgs, sampler: SamplerConfig) -> Result<Loaded> {
+/// Loads `plan` and opens its engine for a text command sampling as `sampling` says, then
+/// announces the run's drawn seed (once the run has started).
+fn start(plan: &Path, run: &RunArgs, sampling: Sampling) -> Result<Loaded> {
     let plan = run.load(plan)?;
     let tokenizer = Tokenizer::from_gguf(plan.gguf()?)?;
-    let options = run.options(sampler);
+    let options = run.options(sampling.config);
     let engine = open(&plan, options)?;
     let prints = options.holds_readback(&plan.plan);
     notice_prompt_mode(&*engine, &plan.plan, prints);
     let runtime = &plan.plan.runtime;
     let session = Session::new(engine, runtime.in_flight, runtime.max_context);
+    sampling.announce(prints);
     Ok(Loaded {
         prints,
         plan,

@@ -63,8 +63,7 @@ pub fn generate(
     sampling: Sampling,
     run: &RunArgs,
 ) -> Result<ExitCode> {
-    let mut loaded = start(plan, run, sampling.config)?;
-    sampling.announce(loaded.prints);
+    let mut loaded = start(plan, run, sampling)?;
     let ids = loaded.tokenizer.encode(prompt, true)?;
     let started = Instant::now();
     let mut first: Option<Instant> = None;
@@ -104,8 +103,7 @@ pub fn chat(
     sampling: Sampling,
     run: &RunArgs,
 ) -> Result<ExitCode> {
-    let mut loaded = start(plan, run, sampling.config)?;
-    sampling.announce(loaded.prints);
+    let mut loaded = start(plan, run, sampling)?;
     let template = ChatTemplate::from_gguf(loaded.plan.gguf()?, &loaded.tokenizer)?;
     let mut messages: Vec<Message> = system
         .map(|s| Message::new("system", s))

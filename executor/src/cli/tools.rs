@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use memra_gguf::progress::{Progress, Unit};
 
-use super::{start, RunArgs};
+use super::{start, RunArgs, Sampling};
 use crate::batch_gate::{batch_gate, sequences};
 use crate::engine::{open, Arm, Backend, EngineOptions, PromptMode};
 use crate::gate::{decode_all, gate_repeated};
@@ -27,7 +27,7 @@ pub fn perplexity(
     chunks: Option<usize>,
     run: &RunArgs,
 ) -> Result<ExitCode> {
-    let mut loaded = start(plan, run, SamplerConfig::GREEDY)?;
+    let mut loaded = start(plan, run, Sampling::GREEDY)?;
     let max_context = loaded.plan.plan.runtime.max_context as usize;
     if ctx > max_context {
         bail!(

@@ -20,6 +20,18 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 
+/// `$f::<K>(args)` for the kind K of the 32-value block quant `$dtype`.
+macro_rules! by_q32_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),*)) => {
+        match $dtype {
+            GgmlType::Q4_0 => $f::<Q4_0>($($arg),*),
+            GgmlType::Q4_1 => $f::<Q4_1>($($arg),*),
+            GgmlType::Q8_0 => $f::<Q8_0>($($arg),*),
+            other => unreachable!("invariant: {other} is not a 32-value block quant"),
+        }
+    };
+}
+
 /// Computes `y[r]` for the rows whose bytes start `w` (row stride `rb`), one per `y` entry.
 pub(crate) fn rows(
     dtype: GgmlType,
@@ -30,12 +42,7 @@ pub(crate) fn rows(
     y: &mut [f32],
     simd: bool,
 ) {
-    match dtype {
-        GgmlType::Q4_0 => rows_k::<Q4_0>(w, rb, x, chunks, y, simd),
-        GgmlType::Q4_1 => rows_k::<Q4_1>(w, rb, x, chunks, y, simd),
-        GgmlType::Q8_0 => rows_k::<Q8_0>(w, rb, x, chunks, y, simd),
-        other => unreachable!("invariant: {other} is not a 32-value block quant"),
-    }
+    by_q32_dtype!(dtype, rows_k(w, rb, x, chunks, y, simd))
 }
 
 const fn block_bytes(k: u8) -> usize {
@@ -86,12 +93,7 @@ pub(crate) fn rows_tokens(
     y: &mut [&mut [f32]],
     simd: bool,
 ) {
-    match dtype {
-        GgmlType::Q4_0 => tokens_k::<Q4_0>(w, rb, x, chunks, y, simd),
-        GgmlType::Q4_1 => tokens_k::<Q4_1>(w, rb, x, chunks, y, simd),
-        GgmlType::Q8_0 => tokens_k::<Q8_0>(w, rb, x, chunks, y, simd),
-        other => unreachable!("invariant: {other} is not a 32-value block quant"),
-    }
+    by_q32_dtype!(dtype, tokens_k(w, rb, x, chunks, y, simd))
 }
 
 fn tokens_k<const K: u8>(
