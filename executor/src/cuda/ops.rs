@@ -170,10 +170,10 @@ impl CudaDevice {
     /// touches no cache and its output is zeros. Steps of up to `ATTN_SPLIT_ROWS` rows whose
     /// cache holds several chunks split each row's chunks across blocks, the last of them to
     /// finish merging them, where `parts` holds `attention_parts_len` values; otherwise a block
-    /// walks a row's chunks. Both give the same bits. With `quantized`, each row of `out` is also left
-    /// there as `quantize_rows` would make its 8-bit copy, bit for bit (head_dim a multiple of
-    /// 32). `form` lays the blocks out (`None`: as the step's rows and `parts` suit best); every
-    /// form gives the same bits, which the self-test checks.
+    /// walks a row's chunks. `form` picks the layout instead (`None`: the launch picks); every
+    /// form gives the same bits, which the self-test checks. With `quantized`, each row of
+    /// `out` is also left there as `quantize_rows` would make its 8-bit copy, bit for bit
+    /// (head_dim a multiple of 32).
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -241,9 +241,12 @@ impl CudaDevice {
             grouped: self.attention_grouped(rows, n_heads, kv.n_kv_heads),
         });
         let AttentionForm { split, grouped } = form;
+        let group = n_heads / kv.n_kv_heads;
         assert!(
-            (!split || (room && rows <= ATTN_SPLIT_ROWS)) && (!grouped || (n_heads / kv.n_kv_heads).is_multiple_of(ATTN_GROUP_HEADS)),
-            "attention: a split needs attention_parts_len values of parts, a grouped form groups of {ATTN_GROUP_HEADS} heads"
+            (!split || (room && rows <= ATTN_SPLIT_ROWS))
+                && (!grouped || group.is_multiple_of(ATTN_GROUP_HEADS)),
+            "attention: a split needs attention_parts_len values of parts and at most \
+             {ATTN_SPLIT_ROWS} rows, a grouped form groups of {ATTN_GROUP_HEADS} heads"
         );
         let pap = parts.addr();
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
