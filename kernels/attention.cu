@@ -47,7 +47,6 @@
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / WARP)
 #define ATTN_MAX_HEAD_DIM 256
-#define ATTN_UNROLL 8
 // positions of a sub-chunk (a warp's, a lane each) and 16-byte loads of a k row in flight
 #define ATTN_SUB 32
 #define ATTN_AHEAD 4
