@@ -9,29 +9,40 @@
 // no cache and reads none, and its output is zeros, so it touches no sequence.
 //
 // Cache layout: `capacity` positions of `n_kv_heads * head_dim` halves (K and V separately).
-// Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads).
+// Grouped-query attention: query head h reads KV head h / (n_heads / n_kv_heads). A block
+// takes up to ATTN_TILE_HEADS query heads of one KV head (the 16 rows of the tensor cores'
+// tiles; a larger group takes several blocks), so each k and v row is read once for them all.
 //
 // The canonical order (what fixes the bits): a row's positions fall into chunks of ATTN_CHUNK
-// (positions c * ATTN_CHUNK ..), each of sub-chunks of ATTN_SUB, fixed by the position alone.
-// A sub-chunk gives, per head, its max m, the sum l of exp(s - m) over its scores s and
-// o = sum of exp(s - m) v (f32 weights), each in a fixed order; its chunk's sub-chunks merge in
-// order into the chunk's (m_c, l_c, o_c): (M, L, O) starts at the first's and takes the next as
-// M' = max(M, m), L' = L e^(M - M') + l e^(m - M'), O' likewise (merge_chunk). The chunks then
-// merge in chunk order the same way; the output is O / L. Two forms compute exactly this:
-// - the walk (attention_f16, attention_group_f16): a block takes a row's head(s) over all its
-//   chunks and merges as it goes; for steps of many rows, whose grid fills the device;
-// - the split (attention_split_f16, attention_split_group_f16): a block per chunk writes
-//   (m_c, l_c, o_c) to `parts`, and the last of a row's chunk blocks to finish merges them in
-//   chunk order (flash-decoding); for steps of few rows, where a long context would leave one
-//   block per head walking thousands of positions.
-// Either form, a block per query head or per ATTN_GROUP_HEADS heads of a KV head (each head
-// with the bits it has in a block of its own: the heads only share the loads of k and v), a
-// walk or a split: the same bits, so the launch may pick by occupancy alone.
+// (positions c * ATTN_CHUNK ..), fixed by the position alone, each of ATTN_WARPS warp slices
+// of ATTN_SUB positions. Per head, a chunk gives:
+// - the scores s = q k * scale, q and k in f16, the dot product on the tensor cores
+//   (mma.sync m16n8k16, f32 accumulation, the head's dimensions in the fixed k order of
+//   attn_chunk: a thread's 16-byte load of 8 dimensions feeds two k steps);
+// - m_c, the largest score of the chunk;
+// - the weights p = exp(s - m_c) narrowed to f16 (llama.cpp's decode kernels narrow them too);
+// - l_c, the sum of the weights: each warp slice's in a fixed lane order, then the slices in
+//   order;
+// - o_c, the weighted values: each slice's p v on the tensor cores (two k steps of 16
+//   positions), then the slices added in order.
+// The chunks then merge in chunk order: (M, L, O) starts at the first's and takes the next as
+// M' = max(M, m), L' = L e^(M - M') + l e^(m - M'), O' likewise (merge_chunk); the output is
+// O / L. A head's bits depend on its own q and cache alone (the tensor cores compute each
+// output of a tile from its own row and column), never on the heads or rows beside it. Two
+// forms compute exactly this:
+// - the walk (attention_f16_D): a block takes a row's heads over all its chunks and merges as
+//   it goes; for steps of many rows, whose grid fills the device;
+// - the split (attention_split_f16_D): a block per chunk writes (m_c, l_c, o_c) to `parts`,
+//   and the last of a row's chunk blocks to finish merges them in chunk order
+//   (flash-decoding); for steps of few rows, where a long context would leave one block per
+//   KV head walking thousands of positions.
+// D, the padded head width (32, 64, 128 or 256), sizes the registers; a narrower head is
+// zero-padded, which adds nothing to a product.
 //
 // A block rotates its q heads (the walk writes them back rotated, as does a split's merging
 // block), and the rotated k and the v of its KV head at the current position,
-// narrowed to f16, serve it from shared memory; the block of each group's first head whose
-// chunk holds the current position also writes them to the cache slot *pos (k itself stays as
+// narrowed to f16, serve it from shared memory; the first block of the KV head whose chunk
+// holds the current position also writes them to the cache slot *pos (k itself stays as
 // it is). No block reads that slot from the cache, so the write needs no ordering, and the
 // bits are those of a cache write followed by attention. Rotation: the angle of pair i is
 // pos * theta_scale^i reached by repeated f32 multiplication, as llama.cpp and the CPU backend
@@ -46,18 +57,14 @@
 
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / WARP)
-#define ATTN_MAX_HEAD_DIM 256
-// positions of a sub-chunk (a warp's, a lane each) and 16-byte loads of a k row in flight
+// positions of a warp's slice of a chunk
 #define ATTN_SUB 32
-#define ATTN_AHEAD 4
-// value rows of a sub-chunk loaded at once
-#define ATTN_VROWS 4
 // positions of a chunk (ATTN_CHUNK in executor/src/cuda/ops.rs)
-#define ATTN_CHUNK 256
+#define ATTN_CHUNK (ATTN_WARPS * ATTN_SUB)
 // most rows a split takes (ATTN_SPLIT_ROWS in executor/src/cuda/ops.rs)
 #define ATTN_SPLIT_ROWS 16
-// 128-value slices of the largest head (a lane takes 4 values of each)
-#define ATTN_SLICES (ATTN_MAX_HEAD_DIM / 128)
+// query heads of a block: the rows of an mma tile (ATTN_TILE_HEADS in executor/src/cuda/ops.rs)
+#define ATTN_TILE_HEADS 16
 // the slot of a pad row (PAD_SLOT in executor/src/cuda/ops.rs): no sequence has it
 #define ATTN_PAD_SLOT 0xffffffffu
 
@@ -100,262 +107,381 @@ __device__ __forceinline__ AttnRow attn_row(const u32* pos, const u32* slots, in
     return r;
 }
 
-template <int HPB>
-struct AttnSmem {
-    float qh[HPB][ATTN_MAX_HEAD_DIM];
-    __align__(16) u16 k_now[ATTN_MAX_HEAD_DIM];
-    __align__(16) u16 v_now[ATTN_MAX_HEAD_DIM];
-    // each warp's sub-chunk: its max, sum and weighted values per head
-    float wm[HPB][ATTN_WARPS];
-    float wl[HPB][ATTN_WARPS];
-    float wo[HPB][ATTN_WARPS][ATTN_MAX_HEAD_DIM];
+// The block's heads: KV head kvh, query heads h0 .. h0 + heads - 1 (blockIdx.x counts the KV
+// heads' tiles of ATTN_TILE_HEADS), and whether it is the KV head's first (its cache writer).
+struct AttnHeads {
+    int kvh, h0, heads;
+    bool first;
 };
+__device__ __forceinline__ AttnHeads attn_heads(int n_heads, int n_kv_heads) {
+    const int group = n_heads / n_kv_heads, tiles = (group + ATTN_TILE_HEADS - 1) / ATTN_TILE_HEADS;
+    const int t = blockIdx.x % tiles;
+    AttnHeads b;
+    b.kvh = blockIdx.x / tiles;
+    b.h0 = b.kvh * group + t * ATTN_TILE_HEADS;
+    b.heads = min(ATTN_TILE_HEADS, group - t * ATTN_TILE_HEADS);
+    b.first = t == 0;
+    return b;
+}
 
-// Block (head block, row[, chunk]) of HPB query heads h0 = HPB * blockIdx.x .. of one KV head
-// (HPB divides the group): the q heads rotated (and narrowed) into shared memory, written back
-// to q when `write_q`; the current position's k and v into shared memory, and into the cache
-// when `write_kv`.
-template <int HPB>
-__device__ __forceinline__ void attn_prologue(AttnSmem<HPB>& sm, float* q, const float* k, const float* v,
-                                              u16* k_cache, u16* v_cache, const AttnRow& r, int h0, int kvh,
+template <int D>
+struct AttnSmem {
+    // the block's q heads, rotated and narrowed, zero past the heads and past head_dim
+    __align__(16) u16 q16[ATTN_TILE_HEADS][D];
+    __align__(16) u16 k_now[D];
+    __align__(16) u16 v_now[D];
+    // each warp slice's max and weight sum per head
+    float wm[ATTN_WARPS][ATTN_TILE_HEADS];
+    float wl[ATTN_WARPS][ATTN_TILE_HEADS];
+};
+// each warp slice's weighted values, [warp][head][head_dim] (dynamic: attention_smem_bytes in
+// executor/src/cuda/ops.rs)
+extern __shared__ float attn_wo[];
+
+// The block's q heads rotated (and narrowed) into shared memory, written back to q when
+// `write_q`; the current position's k and v into shared memory, and into the cache when
+// `write_kv`.
+template <int D>
+__device__ __forceinline__ void attn_prologue(AttnSmem<D>& sm, float* q, const float* k, const float* v,
+                                              u16* k_cache, u16* v_cache, const AttnRow& r, const AttnHeads& b,
                                               int head_dim, size_t kv_row, float theta_scale, int neox, bool write_q,
                                               bool write_kv) {
     const int half = head_dim / 2;
-    const float* krow = k + (size_t)kvh * head_dim;
-    u16* k_slot = k_cache + (size_t)max(r.now, 0) * kv_row + (size_t)kvh * head_dim;
-    u16* v_slot = v_cache + (size_t)max(r.now, 0) * kv_row + (size_t)kvh * head_dim;
-    for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-#pragma unroll
-        for (int j = 0; j < HPB; ++j) {
-            float* qrow = q + (size_t)(h0 + j) * head_dim;
-            const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)r.p_now, theta_scale);
-            sm.qh[j][a] = round_f16(rq.x);
-            sm.qh[j][b] = round_f16(rq.y);
-            if (write_q) {
-                qrow[a] = rq.x;
-                qrow[b] = rq.y;
-            }
+    for (int i = threadIdx.x; i < ATTN_TILE_HEADS * D; i += ATTN_THREADS) {
+        const int j = i / D, d = i % D;
+        if (j >= b.heads || d >= head_dim) sm.q16[j][d] = 0;
+    }
+    for (int i = threadIdx.x; i < b.heads * half; i += ATTN_THREADS) {
+        const int j = i / half, p = i % half;
+        const int x0 = neox ? p : 2 * p, x1 = neox ? p + half : 2 * p + 1;
+        float* qrow = q + (size_t)(b.h0 + j) * head_dim;
+        const float2 rq = rope_pair(qrow[x0], qrow[x1], p, (float)r.p_now, theta_scale);
+        sm.q16[j][x0] = f32_to_f16(rq.x);
+        sm.q16[j][x1] = f32_to_f16(rq.y);
+        if (write_q) {
+            qrow[x0] = rq.x;
+            qrow[x1] = rq.y;
         }
-        const float2 rk = rope_pair(krow[a], krow[b], i, (float)r.p_now, theta_scale);
-        sm.k_now[a] = f32_to_f16(rk.x);
-        sm.k_now[b] = f32_to_f16(rk.y);
+    }
+    const float* krow = k + (size_t)b.kvh * head_dim;
+    u16* k_slot = k_cache + (size_t)max(r.now, 0) * kv_row + (size_t)b.kvh * head_dim;
+    u16* v_slot = v_cache + (size_t)max(r.now, 0) * kv_row + (size_t)b.kvh * head_dim;
+    for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
+        const int x0 = neox ? i : 2 * i, x1 = neox ? i + half : 2 * i + 1;
+        const float2 rk = rope_pair(krow[x0], krow[x1], i, (float)r.p_now, theta_scale);
+        sm.k_now[x0] = f32_to_f16(rk.x);
+        sm.k_now[x1] = f32_to_f16(rk.y);
         if (write_kv) {
-            k_slot[a] = sm.k_now[a];
-            k_slot[b] = sm.k_now[b];
+            k_slot[x0] = sm.k_now[x0];
+            k_slot[x1] = sm.k_now[x1];
         }
     }
     for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS) {
-        sm.v_now[d] = f32_to_f16(v[(size_t)kvh * head_dim + d]);
+        sm.v_now[d] = f32_to_f16(v[(size_t)b.kvh * head_dim + d]);
         if (write_kv) v_slot[d] = sm.v_now[d];
     }
     __syncthreads();
 }
 
-// Chunk c of the row's positions for the block's HPB heads: res[j] gets head j's (m_c, l_c)
-// and, in the thread d = threadIdx.x < head_dim, o_c[d]. Every thread of the block calls it.
-// Warp w takes the chunk's sub-chunk w (ATTN_SUB positions), lane l its position l: the lane's
-// score is its dot product in dimension order; the warp's max, exp(s - max) per lane, their sum
-// (warp_sum's order) and, per value, the weighted sum over the sub-chunk's positions in order
-// (lane l holding values 4l .. 4l + 3 of each 128-value slice). The sub-chunks then merge in
-// order (merge_chunk) into the chunk's (m_c, l_c, o_c).
-template <int HPB>
-__device__ __forceinline__ void attn_chunk(AttnSmem<HPB>& sm, const AttnRow& r, int c, int kvh, int head_dim,
-                                           size_t kv_row, float scale, Merged (&res)[HPB]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// Halves d .. d + 7 of an f16 row (zeros past head_dim, a multiple of 4; a row of a head_dim
+// that is not a multiple of 8 is only 8-byte aligned).
+__device__ __forceinline__ uint4 attn_load8(const u16* row, int d, int head_dim) {
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if ((head_dim & 7) == 0) {
+        if (d < head_dim) w = *(const uint4*)(row + d);
+    } else {
+        if (d < head_dim) {
+            const uint2 lo = *(const uint2*)(row + d);
+            w.x = lo.x;
+            w.y = lo.y;
+        }
+        if (d + 4 < head_dim) {
+            const uint2 hi = *(const uint2*)(row + d + 4);
+            w.z = hi.x;
+            w.w = hi.y;
+        }
+    }
+    return w;
+}
+
+// Two f32 values as an f16 pair (the lower index in the low half).
+__device__ __forceinline__ u32 attn_pack(float lo, float hi) {
+    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+}
+
+// The thread's q fragments: for each 32 dimensions s, the A operands of k steps 2s and 2s + 1.
+// Lane (g = lane / 4, t = lane % 4) holds dimensions 32s + 8t .. 32s + 8t + 7 of heads g and
+// g + 8: k step 2s takes the first four as its k indices (2t, 2t + 1, 2t + 8, 2t + 9), k step
+// 2s + 1 the last four. attn_chunk loads k in the same order, so the pairing is exact.
+template <int D>
+__device__ __forceinline__ void attn_q_fragments(const AttnSmem<D>& sm, u32 (&qf)[D / 32][8]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < D / 32; ++s) {
+        const uint4 a = *(const uint4*)&sm.q16[g][32 * s + 8 * t];
+        const uint4 b = *(const uint4*)&sm.q16[g + 8][32 * s + 8 * t];
+        const u32 f[8] = {a.x, b.x, a.y, b.y, a.z, b.z, a.w, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) qf[s][i] = f[i];
+    }
+}
+
+// Elements of the block's output a thread holds: element e = threadIdx.x + ATTN_THREADS * j is
+// value e % head_dim of head e / head_dim (of the block's heads).
+#define ATTN_ELEMS(D) (ATTN_TILE_HEADS * (D) / ATTN_THREADS)
+
+// Chunk c of the row's positions for the block's heads, in the canonical order above:
+// res[j] gets the (m_c, l_c, o_c) of the thread's element j. Every thread of the block calls it.
+// Warp w takes positions w * ATTN_SUB .. of the chunk: lane (g, t) loads k rows 8n + g
+// (n = 0..3) and holds the scores of positions 8n + 2t, 8n + 2t + 1 of heads g and g + 8
+// (the mma's accumulator layout), which are also the A operands of the weighted values' k
+// steps; the v rows come as 4-value pieces, lane g taking dimensions 32s + 4g .. 32s + 4g + 3,
+// so that output tile (s, e) holds dimension 32s + 4n + e in its column n.
+template <int D>
+__device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 32][8], const AttnRow& r, int c,
+                                           const AttnHeads& b, int head_dim, size_t kv_row, float scale,
+                                           Merged (&res)[ATTN_ELEMS(D)]) {
+    constexpr int S = D / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int p_begin = c * ATTN_CHUNK, n = min(ATTN_CHUNK, r.n_ctx - p_begin);
     const int subs = (n + ATTN_SUB - 1) / ATTN_SUB;
-    // position p's k or v row of this block's KV head: shared memory for the current position
+    const int i0 = warp * ATTN_SUB, nv = min(ATTN_SUB, n - i0);
+    const float neg_inf = -__int_as_float(0x7f800000);
+    // position i0 + i's k or v row of this block's KV head (a slot past the end reads the last
+    // position, and its weight is zero): shared memory for the current position
     const auto cache_row = [&](const u16* cache, const u16* now_row, int i) -> const u16* {
-        const int p = p_begin + i;
-        return p == r.now ? now_row : cache + (size_t)p * kv_row + (size_t)kvh * head_dim;
+        const int p = p_begin + i0 + min(i, nv - 1);
+        return p == r.now ? now_row : cache + (size_t)p * kv_row + (size_t)b.kvh * head_dim;
     };
+    float sc[4][4];
+    // the slice's v pieces: k step kk (positions 16kk .. 16kk + 15), this lane's rows 2t, 2t + 1,
+    // 2t + 8 and 2t + 9 of it, loaded with the k rows (neither depends on the scores), so the
+    // two reads of the cache overlap
+    uint2 vv[2][S][4];
     if (warp < subs) {
-        const int i0 = warp * ATTN_SUB, nv = min(ATTN_SUB, n - i0);
-        const bool valid = lane < nv;
-        // a lane past the end scores the last position and drops it
-        const u16* krow = cache_row(r.k_cache, sm.k_now, i0 + min(lane, nv - 1));
-        float s[HPB];
+        uint4 kw[4][S];
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) s[j] = 0.f;
-        for (int d0 = 0; d0 < head_dim; d0 += 8 * ATTN_AHEAD) {
-            uint4 kw[ATTN_AHEAD];
+        for (int nt = 0; nt < 4; ++nt) {
+            const u16* kr = cache_row(r.k_cache, sm.k_now, 8 * nt + g);
 #pragma unroll
-            for (int u = 0; u < ATTN_AHEAD; ++u)
-                if (d0 + 8 * u < head_dim) kw[u] = *(const uint4*)(krow + d0 + 8 * u);
+            for (int s = 0; s < S; ++s) kw[nt][s] = attn_load8(kr, 32 * s + 8 * t, head_dim);
+        }
 #pragma unroll
-            for (int u = 0; u < ATTN_AHEAD; ++u) {
-                const int d = d0 + 8 * u;
-                if (d >= head_dim) break;
-                const u32 w4[4] = {kw[u].x, kw[u].y, kw[u].z, kw[u].w};
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u16* vr = cache_row(r.v_cache, sm.v_now, 16 * kk + 2 * t + (i & 1) + 8 * (i >> 1));
+#pragma unroll
+                for (int s = 0; s < S; ++s) {
+                    const int d = 32 * s + 4 * g;
+                    vv[kk][s][i] = d < head_dim ? *(const uint2*)(vr + d) : make_uint2(0u, 0u);
+                }
+            }
+        float mx[2] = {neg_inf, neg_inf};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) sc[nt][x] = 0.f;
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                mma_f16(sc[nt], &qf[s][0], kw[nt][s].x, kw[nt][s].y);
+                mma_f16(sc[nt], &qf[s][4], kw[nt][s].z, kw[nt][s].w);
+            }
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                const bool valid = 8 * nt + 2 * t + (x & 1) < nv;
+                sc[nt][x] = valid ? sc[nt][x] * scale : neg_inf;
+                mx[x >> 1] = fmaxf(mx[x >> 1], sc[nt][x]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+        }
+        if (t == 0) {
+            sm.wm[warp][g] = mx[0];
+            sm.wm[warp][g + 8] = mx[1];
+        }
+    }
+    __syncthreads();
+    if (warp < subs) {
+        // the chunk's max of heads g and g + 8
+        float m[2] = {sm.wm[0][g], sm.wm[0][g + 8]};
+        for (int w = 1; w < subs; ++w) {
+            m[0] = fmaxf(m[0], sm.wm[w][g]);
+            m[1] = fmaxf(m[1], sm.wm[w][g + 8]);
+        }
+        // the weights, narrowed, and their sums: the thread's in (n, x) order, then lanes t ^ 1
+        // and t ^ 2 (every lane of a head ends with the same sum)
+        u32 pa[2][4];
+        float l[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+            float p[4];
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                const float e = sc[nt][x] == neg_inf ? 0.f : expf(sc[nt][x] - m[x >> 1]);
+                p[x] = round_f16(e);
+                l[x >> 1] += p[x];
+            }
+            pa[nt >> 1][(nt & 1) * 2] = attn_pack(p[0], p[1]);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = attn_pack(p[2], p[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
+            l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
+        }
+        if (t == 0) {
+            sm.wl[warp][g] = l[0];
+            sm.wl[warp][g + 8] = l[1];
+        }
+        // o = p v over the v pieces loaded above
+        float o[S][4][4];
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int x = 0; x < 4; ++x) o[s][e][x] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                const uint2* v4 = vv[kk][s];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float k0 = f16_to_f32((u16)(w4[e] & 0xffff)), k1 = f16_to_f32((u16)(w4[e] >> 16));
-#pragma unroll
-                    for (int j = 0; j < HPB; ++j) {
-                        s[j] = fmaf(sm.qh[j][d + 2 * e], k0, s[j]);
-                        s[j] = fmaf(sm.qh[j][d + 2 * e + 1], k1, s[j]);
-                    }
+                    const u32 sel = e & 1 ? 0x7632u : 0x5410u;
+                    const u32 b0 = __byte_perm(e < 2 ? v4[0].x : v4[0].y, e < 2 ? v4[1].x : v4[1].y, sel);
+                    const u32 b1 = __byte_perm(e < 2 ? v4[2].x : v4[2].y, e < 2 ? v4[3].x : v4[3].y, sel);
+                    mma_f16(o[s][e], pa[kk], b0, b1);
                 }
             }
-        }
-        float e[HPB];
+        // the slice's weighted values of the block's heads: column n of tile (s, e) is
+        // dimension 32s + 4n + e, and this lane holds columns 2t and 2t + 1
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) {
-            const float sv = s[j] * scale;
-            float m = valid ? sv : -__int_as_float(0x7f800000);
+        for (int s = 0; s < S; ++s)
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, off));
-            e[j] = valid ? expf(sv - m) : 0.f;
-            const float l = warp_sum(e[j]);
-            if (lane == 0) {
-                sm.wm[j][warp] = m;
-                sm.wl[j][warp] = l;
-            }
-        }
-        // weighted values: the sub-chunk's positions in order, ATTN_VROWS rows loaded at once
-        float acc[HPB][ATTN_SLICES][4];
+            for (int e = 0; e < 4; ++e)
 #pragma unroll
-        for (int j = 0; j < HPB; ++j)
-#pragma unroll
-            for (int i = 0; i < ATTN_SLICES; ++i)
-#pragma unroll
-                for (int x = 0; x < 4; ++x) acc[j][i][x] = 0.f;
-        for (int p0 = 0; p0 < nv; p0 += ATTN_VROWS) {
-            uint2 vw[ATTN_VROWS][ATTN_SLICES];
-#pragma unroll
-            for (int u = 0; u < ATTN_VROWS; ++u) {
-                const u16* vr = cache_row(r.v_cache, sm.v_now, i0 + min(p0 + u, nv - 1));
-#pragma unroll
-                for (int i = 0; i < ATTN_SLICES; ++i) {
-                    const int d = 128 * i + 4 * lane;
-                    if (d < head_dim) vw[u][i] = *(const uint2*)(vr + d);
+                for (int x = 0; x < 4; ++x) {
+                    const int h = g + 8 * (x >> 1), d = 32 * s + 8 * t + 4 * (x & 1) + e;
+                    if (h < b.heads && d < head_dim) attn_wo[((size_t)warp * b.heads + h) * head_dim + d] = o[s][e][x];
                 }
-            }
-#pragma unroll
-            for (int u = 0; u < ATTN_VROWS; ++u) {
-                // every lane takes part in the shuffles; positions past the end add nothing
-                float pr[HPB];
-#pragma unroll
-                for (int j = 0; j < HPB; ++j) pr[j] = __shfl_sync(FULL_MASK, e[j], (p0 + u) & 31);
-                if (p0 + u >= nv) break;
-#pragma unroll
-                for (int j = 0; j < HPB; ++j)
-#pragma unroll
-                    for (int i = 0; i < ATTN_SLICES; ++i) {
-                        if (128 * i + 4 * lane >= head_dim) break;
-                        acc[j][i][0] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].x & 0xffff)), acc[j][i][0]);
-                        acc[j][i][1] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].x >> 16)), acc[j][i][1]);
-                        acc[j][i][2] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].y & 0xffff)), acc[j][i][2]);
-                        acc[j][i][3] = fmaf(pr[j], f16_to_f32((u16)(vw[u][i].y >> 16)), acc[j][i][3]);
-                    }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < HPB; ++j)
-#pragma unroll
-            for (int i = 0; i < ATTN_SLICES; ++i) {
-                const int d = 128 * i + 4 * lane;
-                if (d < head_dim)
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) sm.wo[j][warp][d + x] = acc[j][i][x];
-            }
     }
     __syncthreads();
-    // the sub-chunks in order: every thread the max and sum, thread d value d
-    const int d = threadIdx.x;
+    // the slices in order: each element's max, weight sum and weighted value
 #pragma unroll
-    for (int j = 0; j < HPB; ++j) {
-        Merged run{};
-        for (int w = 0; w < subs; ++w)
-            run = merge_chunk(run, {sm.wm[j][w], sm.wl[j][w], d < head_dim ? sm.wo[j][w][d] : 0.f}, w == 0);
-        res[j] = run;
+    for (int j = 0; j < ATTN_ELEMS(D); ++j) {
+        const int e = threadIdx.x + ATTN_THREADS * j;
+        if (e >= b.heads * head_dim) break;
+        const int h = e / head_dim, d = e % head_dim;
+        float m = sm.wm[0][h], l = sm.wl[0][h], o = attn_wo[(size_t)h * head_dim + d];
+        for (int w = 1; w < subs; ++w) {
+            m = fmaxf(m, sm.wm[w][h]);
+            l = __fadd_rn(l, sm.wl[w][h]);
+            o = __fadd_rn(o, attn_wo[((size_t)w * b.heads + h) * head_dim + d]);
+        }
+        res[j] = {m, l, o};
     }
-    // the next chunk's writers of wm, wl and wo wait for this chunk's readers
+    // the next chunk's writers of wm, wl and the values wait for this chunk's readers
     __syncthreads();
 }
 
-// Value d of head h's output of row y (every thread of the block calls it, d = threadIdx.x):
-// out, and its 8-bit copy with `xq`.
-__device__ __forceinline__ void attn_out(float* out, i8* xq, int n_heads, int head_dim, int y, int h, float o) {
-    const int d = threadIdx.x;
-    if (d < head_dim) out[(size_t)y * n_heads * head_dim + (size_t)h * head_dim + d] = o;
-    // whole warps inside the head (head_dim a multiple of 32 with xq)
-    if (xq && d < head_dim) quantized_out(xq, n_heads * head_dim, y, h * head_dim + d, o);
+// Element j of the thread's (see ATTN_ELEMS) output of row y, o: out, and its 8-bit copy with
+// `xq` (whole warps inside a head: head_dim a multiple of 32 with xq).
+__device__ __forceinline__ void attn_out(float* out, i8* xq, int n_heads, int head_dim, int y, const AttnHeads& b,
+                                         int j, float o) {
+    const int e = threadIdx.x + ATTN_THREADS * j;
+    if (e >= b.heads * head_dim) return;
+    const int h = b.h0 + e / head_dim, d = e % head_dim;
+    out[(size_t)y * n_heads * head_dim + (size_t)h * head_dim + d] = o;
+    if (xq) quantized_out(xq, n_heads * head_dim, y, h * head_dim + d, o);
 }
 
-// The walk: block (head block, row) over all the row's chunks, merged in chunk order.
-template <int HPB>
+// The walk: block (head tile, row) over all the row's chunks, merged in chunk order.
+template <int D>
 __device__ __forceinline__ void attention_walk(ATTN_ARGS) {
     overlap_with_neighbours();
-    __shared__ AttnSmem<HPB> sm;
-    const int h0 = blockIdx.x * HPB, group = n_heads / n_kv_heads, kvh = h0 / group, y = blockIdx.y;
+    __shared__ AttnSmem<D> sm;
+    const AttnHeads b = attn_heads(n_heads, n_kv_heads);
+    const int y = blockIdx.y;
     const size_t kv_row = (size_t)n_kv_heads * head_dim, q_row = (size_t)n_heads * head_dim;
     const AttnRow r = attn_row(pos, slots, y, capacity, kv_row, k_cache, v_cache);
     if (r.pad) {
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, 0.f);
+        for (int j = 0; j < ATTN_ELEMS(D); ++j) attn_out(out, xq, n_heads, head_dim, y, b, j, 0.f);
         return;
     }
     // token row y of a prefill step sits at *pos + y; kv_store_rows_f16 has written the rows
     // before it to the cache, with the bits this block writes for its own
-    attn_prologue<HPB>(sm, q + y * q_row, k + y * kv_row, v + y * kv_row, (u16*)r.k_cache, (u16*)r.v_cache, r, h0,
-                       kvh, head_dim, kv_row, theta_scale, neox, true, h0 % group == 0 && r.now >= 0);
-    Merged run[HPB];
+    attn_prologue<D>(sm, q + y * q_row, k + y * kv_row, v + y * kv_row, (u16*)r.k_cache, (u16*)r.v_cache, r, b,
+                     head_dim, kv_row, theta_scale, neox, true, b.first && r.now >= 0);
+    u32 qf[D / 32][8];
+    attn_q_fragments<D>(sm, qf);
+    Merged run[ATTN_ELEMS(D)];
     const int chunks = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     for (int c = 0; c < chunks; ++c) {
-        Merged res[HPB];
-        attn_chunk<HPB>(sm, r, c, kvh, head_dim, kv_row, scale, res);
+        Merged res[ATTN_ELEMS(D)];
+        attn_chunk<D>(sm, qf, r, c, b, head_dim, kv_row, scale, res);
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) run[j] = merge_chunk(run[j], res[j], c == 0);
+        for (int j = 0; j < ATTN_ELEMS(D); ++j) run[j] = merge_chunk(run[j], res[j], c == 0);
     }
 #pragma unroll
-    for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, __fdiv_rn(run[j].o, run[j].l));
+    for (int j = 0; j < ATTN_ELEMS(D); ++j)
+        attn_out(out, xq, n_heads, head_dim, y, b, j, __fdiv_rn(run[j].o, run[j].l));
 }
 
 // Where chunk c of head h of row y keeps its partial in `parts`: first ATTN_SPLIT_ROWS *
 // n_heads arrival counters (u32, one per row and head, at the same place whatever the step's
-// rows, so they stay zero between launches), then o_c at index * head_dim (head_dim values),
-// then (m_c, l_c) at 2 * index past all the o values. `chunks` per row and head (capacity /
-// ATTN_CHUNK, rounded up).
+// rows, so they stay zero between launches; a block counts at its first head's), then o_c at
+// index * head_dim (head_dim values), then (m_c, l_c) at 2 * index past all the o values.
+// `chunks` per row and head (capacity / ATTN_CHUNK, rounded up).
 __device__ __forceinline__ size_t part_index(int y, int h, int c, int n_heads, int chunks) {
     return ((size_t)y * n_heads + h) * chunks + c;
 }
 
-// The split: block (head block, row, chunk) writes its chunk's partials; the last of the row's
-// chunk blocks of its heads to arrive (an arrival counter per row and head block) merges them
+// The split: block (head tile, row, chunk) writes its chunk's partials; the last of the row's
+// chunk blocks of its heads to arrive (an arrival counter per row and head tile) merges them
 // in chunk order, writes the output (and its 8-bit copy) and the q heads rotated (every other
 // block of these heads has read q by then), and sets the counter back to zero. Which block is
 // last does not change the bits: the merge reads every chunk's partial in chunk order.
-template <int HPB>
+template <int D>
 __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     overlap_with_neighbours();
-    __shared__ AttnSmem<HPB> sm;
+    __shared__ AttnSmem<D> sm;
     __shared__ bool last;
-    const int h0 = blockIdx.x * HPB, group = n_heads / n_kv_heads, kvh = h0 / group, y = blockIdx.y, c = blockIdx.z;
+    const AttnHeads b = attn_heads(n_heads, n_kv_heads);
+    const int y = blockIdx.y, c = blockIdx.z;
     const size_t kv_row = (size_t)n_kv_heads * head_dim, q_row = (size_t)n_heads * head_dim;
     const AttnRow r = attn_row(pos, slots, y, capacity, kv_row, k_cache, v_cache);
     if (r.pad) {
         if (c == 0)
 #pragma unroll
-            for (int j = 0; j < HPB; ++j) attn_out(out, xq, n_heads, head_dim, y, h0 + j, 0.f);
+            for (int j = 0; j < ATTN_ELEMS(D); ++j) attn_out(out, xq, n_heads, head_dim, y, b, j, 0.f);
         return;
     }
     if (c * ATTN_CHUNK >= r.n_ctx) return;
-    const bool writer = h0 % group == 0 && r.now >= 0 && r.now / ATTN_CHUNK == c;
-    attn_prologue<HPB>(sm, q + y * q_row, k + y * kv_row, v + y * kv_row, (u16*)r.k_cache, (u16*)r.v_cache, r, h0,
-                       kvh, head_dim, kv_row, theta_scale, neox, false, writer);
-    Merged res[HPB];
-    attn_chunk<HPB>(sm, r, c, kvh, head_dim, kv_row, scale, res);
+    const bool writer = b.first && r.now >= 0 && r.now / ATTN_CHUNK == c;
+    attn_prologue<D>(sm, q + y * q_row, k + y * kv_row, v + y * kv_row, (u16*)r.k_cache, (u16*)r.v_cache, r, b,
+                     head_dim, kv_row, theta_scale, neox, false, writer);
+    u32 qf[D / 32][8];
+    attn_q_fragments<D>(sm, qf);
+    Merged res[ATTN_ELEMS(D)];
+    attn_chunk<D>(sm, qf, r, c, b, head_dim, kv_row, scale, res);
     const int chunks = gridDim.z, used = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    u32* arrived = (u32*)parts + (size_t)y * n_heads + h0;
+    u32* arrived = (u32*)parts + (size_t)y * n_heads + b.h0;
     parts += (size_t)ATTN_SPLIT_ROWS * n_heads;
     const size_t total = (size_t)gridDim.y * n_heads * chunks, stats = total * head_dim;
 #pragma unroll
-    for (int j = 0; j < HPB; ++j) {
-        const size_t at = part_index(y, h0 + j, c, n_heads, chunks);
-        if (threadIdx.x < head_dim) parts[at * head_dim + threadIdx.x] = res[j].o;
-        if (threadIdx.x == 0) {
+    for (int j = 0; j < ATTN_ELEMS(D); ++j) {
+        const int e = threadIdx.x + ATTN_THREADS * j;
+        if (e >= b.heads * head_dim) break;
+        const int h = e / head_dim, d = e % head_dim;
+        const size_t at = part_index(y, b.h0 + h, c, n_heads, chunks);
+        parts[at * head_dim + d] = res[j].o;
+        if (d == 0) {
             parts[stats + 2 * at] = res[j].m;
             parts[stats + 2 * at + 1] = res[j].l;
         }
@@ -371,43 +497,42 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     if (!last) return;
     __threadfence();
 #pragma unroll
-    for (int j = 0; j < HPB; ++j) {
-        Merged run{};
-        for (int cc = 0; cc < used; ++cc) {
-            const size_t at = part_index(y, h0 + j, cc, n_heads, chunks);
-            const Merged part = {__ldcg(parts + stats + 2 * at), __ldcg(parts + stats + 2 * at + 1),
-                                 threadIdx.x < head_dim ? __ldcg(parts + at * head_dim + threadIdx.x) : 0.f};
-            run = merge_chunk(run, part, cc == 0);
-        }
-        attn_out(out, xq, n_heads, head_dim, y, h0 + j, __fdiv_rn(run.o, run.l));
+    for (int j = 0; j < ATTN_ELEMS(D); ++j) {
+        const int e = threadIdx.x + ATTN_THREADS * j;
+        if (e >= b.heads * head_dim) break;
+        const int h = e / head_dim, d = e % head_dim;
+        const Merged run = merge_in_order(used, [&](int cc) -> Merged {
+            const size_t at = part_index(y, b.h0 + h, cc, n_heads, chunks);
+            return {__ldcg(parts + stats + 2 * at), __ldcg(parts + stats + 2 * at + 1),
+                    __ldcg(parts + at * head_dim + d)};
+        });
+        attn_out(out, xq, n_heads, head_dim, y, b, j, __fdiv_rn(run.o, run.l));
     }
     // q rotated, as the walk leaves it (the same rotation as the prologue's)
     const int half = head_dim / 2;
-    for (int i = threadIdx.x; i < half; i += ATTN_THREADS) {
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-#pragma unroll
-        for (int j = 0; j < HPB; ++j) {
-            float* qrow = q + y * q_row + (size_t)(h0 + j) * head_dim;
-            const float2 rq = rope_pair(qrow[a], qrow[b], i, (float)r.p_now, theta_scale);
-            qrow[a] = rq.x;
-            qrow[b] = rq.y;
-        }
+    for (int i = threadIdx.x; i < b.heads * half; i += ATTN_THREADS) {
+        const int j = i / half, p = i % half;
+        const int x0 = neox ? p : 2 * p, x1 = neox ? p + half : 2 * p + 1;
+        float* qrow = q + y * q_row + (size_t)(b.h0 + j) * head_dim;
+        const float2 rq = rope_pair(qrow[x0], qrow[x1], p, (float)r.p_now, theta_scale);
+        qrow[x0] = rq.x;
+        qrow[x1] = rq.y;
     }
 }
 
-// a block per head, four per SM
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 4) attention_f16(ATTN_ARGS) { attention_walk<1>(ATTN_PASS); }
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 4) attention_split_f16(ATTN_ARGS) {
-    attention_split<1>(ATTN_PASS);
-}
-// a block per ATTN_GROUP_HEADS heads of a KV head (ATTN_GROUP_HEADS in ops.rs)
-#define ATTN_GROUP_HEADS 4
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attention_group_f16(ATTN_ARGS) {
-    attention_walk<ATTN_GROUP_HEADS>(ATTN_PASS);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attention_split_group_f16(ATTN_ARGS) {
-    attention_split<ATTN_GROUP_HEADS>(ATTN_PASS);
-}
+// the walk and the split for heads up to 32, 64, 128 and 256 wide (attention_kernel in
+// executor/src/cuda/ops.rs picks the narrowest that holds the head)
+#define ATTN_KERNELS(D)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attention_f16_##D(ATTN_ARGS) {                \
+        attention_walk<D>(ATTN_PASS);                                                                           \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attention_split_f16_##D(ATTN_ARGS) {          \
+        attention_split<D>(ATTN_PASS);                                                                          \
+    }
+ATTN_KERNELS(32)
+ATTN_KERNELS(64)
+ATTN_KERNELS(128)
+ATTN_KERNELS(256)
 
 // kv_store_rows_f16, block (t, kv head): row t of a prefill step's k head rotated to position
 // *pos + t and its v head, narrowed to f16, into the cache at that position (positions past

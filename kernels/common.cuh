@@ -441,3 +441,22 @@ __device__ __forceinline__ Merged merge_chunk(Merged run, Merged c, bool first) 
     const float a = expf(__fsub_rn(run.m, mx)), b = expf(__fsub_rn(c.m, mx));
     return {mx, __fadd_rn(__fmul_rn(run.l, a), __fmul_rn(c.l, b)), __fadd_rn(__fmul_rn(run.o, a), __fmul_rn(c.o, b))};
 }
+
+// Chunk partials part(0) .. part(n - 1) merged in chunk order (merge_chunk); the loads of
+// MERGE_AHEAD chunks are issued before their merges, so a long context's partials do not cost
+// a memory round trip each.
+#define MERGE_AHEAD 8
+template <typename Part>
+__device__ __forceinline__ Merged merge_in_order(int n, Part part) {
+    Merged run{};
+    for (int c0 = 0; c0 < n; c0 += MERGE_AHEAD) {
+        Merged p[MERGE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < MERGE_AHEAD; ++u)
+            if (c0 + u < n) p[u] = part(c0 + u);
+#pragma unroll
+        for (int u = 0; u < MERGE_AHEAD; ++u)
+            if (c0 + u < n) run = merge_chunk(run, p[u], c0 + u == 0);
+    }
+    return run;
+}

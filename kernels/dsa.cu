@@ -11,7 +11,7 @@
 // multiple of 64 (at least 64) with -inf as llama.cpp pads it.
 // dsa_select_f32 picks the best top_k / kp pools with ggml's choice among equal scores
 // (libstdc++'s partial_sort heap over the padded row, then ggml's swap of the first two, then
-// a stable descending sort) and writes the cells the MLA softmax runs over: the chosen pools'
+// a stable descending sort; a parallel sort gives the same where no scores tie) and writes the cells the MLA softmax runs over: the chosen pools'
 // members, best first, then (select_tail) the incomplete pool's tokens from the position
 // down. cells[0] holds their count, cells[1..] the positions (the sparse form of mla.cu's latent attention).
 //
@@ -163,29 +163,61 @@ __device__ void dsa_adjust_heap(DsaEntry* heap, int len, int hole, DsaEntry valu
     heap[hole] = value;
 }
 
-// One block: its threads fill the heap and copy the row in, thread 0 alone runs the heap
-// (sequential by nature), and the threads write the cells out. Dynamic shared memory holds the
-// heap (top_k / kp entries) and, with row_in_smem, the padded row after it; else the row is
-// read in place. An entry i >= k that the scan reaches is still its own index i (the CPU's
-// scan moves only entry i and the heap [0, k)), and the entries past k are read no more, so
-// the heap is only the k best: the comparisons are the CPU's on the same scores. scores:
-// dsa_score_f32's row; cells: 1 + capacity ints (count, then positions).
+// One block. The fast path sorts the whole padded row (score, index) descending by a bitonic
+// network in shared memory (sort_len entries fit: sort_len is a power of two at least the
+// row's padded length at the capacity, or 0 where that does not fit) and takes the first
+// pools: exactly ggml's choice and order wherever no two of the pools it emits, nor the last
+// of them and the first it leaves out, score alike (the heap then picks the same set, and its
+// sorts order it descending), and no score is NaN. Otherwise (ties, or no room) thread 0 runs
+// libstdc++'s heap as the CPU does, over the row in place: the entries are its heap (top_k / kp
+// of them); an entry i >= k that the scan reaches is still its own index i (the CPU's scan
+// moves only entry i and the heap [0, k)), and the entries past k are read no more, so the
+// heap is only the k best: the comparisons are the CPU's on the same scores. The threads then
+// write the cells out. scores: dsa_score_f32's row; cells: 1 + capacity ints (count, then
+// positions).
 extern "C" __global__ void __launch_bounds__(DSA_SELECT_THREADS)
-    dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail, int row_in_smem,
+    dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail, int sort_len,
                    int* cells) {
     overlap_with_neighbours();
-    extern __shared__ DsaEntry dsa_heap[];
+    extern __shared__ DsaEntry dsa_entries[];
+    __shared__ int tied;
     const u32 p = *pos;
     const int padded = dsa_padded(p, kp), complete = (int)((p + 1) / kp);
-    const int k = min(top_k / kp, padded);
-    float* row = (float*)(dsa_heap + k);
-    const float* v = row_in_smem ? row : scores;
-    if (row_in_smem)
-        for (int i = threadIdx.x; i < padded; i += blockDim.x) row[i] = scores[i];
-    for (int i = threadIdx.x; i < k; i += blockDim.x) dsa_heap[i] = {scores[i], i};
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        DsaEntry* heap = dsa_heap;
+    const int k = min(top_k / kp, padded), emitted = min(complete, k);
+    int n2 = 1;
+    while (n2 < padded) n2 <<= 1;
+    bool sorted = n2 <= sort_len;
+    if (sorted) {
+        if (threadIdx.x == 0) tied = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+            const float v = i < padded ? scores[i] : -__int_as_float(0x7f800000);
+            if (v != v) tied = 1;
+            dsa_entries[i] = {v, i};
+        }
+        __syncthreads();
+        for (int size = 2; size <= n2; size <<= 1)
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                for (int i = threadIdx.x; i < n2 / 2; i += blockDim.x) {
+                    const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                    const DsaEntry a = dsa_entries[lo], b = dsa_entries[hi];
+                    // descending where bit `size` of lo is clear, ascending where set: the last
+                    // merge (size n2) leaves the row descending
+                    if ((lo & size) == 0 ? a.score < b.score : a.score > b.score) {
+                        dsa_entries[lo] = b;
+                        dsa_entries[hi] = a;
+                    }
+                }
+                __syncthreads();
+            }
+        for (int i = threadIdx.x; i < emitted; i += blockDim.x)
+            if (dsa_entries[i].score == dsa_entries[i + 1].score) tied = 1;
+        __syncthreads();
+        sorted = !tied;
+    }
+    if (!sorted && threadIdx.x == 0) {
+        DsaEntry* heap = dsa_entries;
+        for (int i = 0; i < k; ++i) heap[i] = {scores[i], i};
         if (k >= 2)
             for (int parent = (k - 2) / 2;; --parent) {
                 dsa_adjust_heap(heap, k, parent, heap[parent]);
@@ -193,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(DSA_SELECT_THREADS)
             }
         if (k > 0)
             for (int i = k; i < padded; ++i)
-                if (v[i] > heap[0].score) dsa_adjust_heap(heap, k, 0, {v[i], i});
+                if (scores[i] > heap[0].score) dsa_adjust_heap(heap, k, 0, {scores[i], i});
         for (int last = k; last > 1;) {
             --last;
             const DsaEntry value = heap[last];
@@ -214,8 +246,8 @@ extern "C" __global__ void __launch_bounds__(DSA_SELECT_THREADS)
         }
     }
     __syncthreads();
-    const int chosen = min(complete, k) * kp, tail = select_tail ? (int)((p + 1) % kp) : 0;
-    for (int c = threadIdx.x; c < chosen; c += blockDim.x) cells[1 + c] = dsa_heap[c / kp].index * kp + c % kp;
+    const int chosen = emitted * kp, tail = select_tail ? (int)((p + 1) % kp) : 0;
+    for (int c = threadIdx.x; c < chosen; c += blockDim.x) cells[1 + c] = dsa_entries[c / kp].index * kp + c % kp;
     for (int t = threadIdx.x; t < tail; t += blockDim.x) cells[1 + chosen + t] = (int)p - t;
     if (threadIdx.x == 0) cells[0] = chosen + tail;
 }

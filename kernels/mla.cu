@@ -8,30 +8,26 @@
 // corrected dims and cos/sin scaled by mscale, step by step as rope.rs's Yarn::cos_sin. With
 // `rotate` 0 it copies them unrotated (kimi-linear's MLA layers use no rope).
 //
-// mla_attention_split_f16 attends each head's latent-space query (kv_lora + rope values) over
-// the f16 latent cache rows 0..=*pos, or with `cells` set (DSA's sparse attention,
+// mla_attention_f16 attends each head's latent-space query (kv_lora + rope values) over the
+// f16 latent cache rows 0..=*pos, or with `cells` set (DSA's sparse attention,
 // kernels/dsa.cu's selection: the count, then the positions) over those rows in that order.
-// The canonical order is attention.cu's: the attended rows fall into chunks of MLA_CHUNK by
-// their index, each chunk gives per head its max, its sum of exponentials and its
-// exponential-weighted sum of latents (f32 weights), and the chunks merge in chunk order
-// (merge_chunk). Block (head block, chunk) takes MLA_HPB heads h0 .. (each with the bits it
-// has in any block: the heads share the loads of the cache rows), and writes its chunk's
-// partials to `parts`; mla_merge_f16 (block per head) merges them into `out`. The current
-// position's row (`row_now`, the normalized latent then the roped key) is narrowed to f16,
-// written to the cache by block (0, 0) and read by every block from shared memory, so no block
-// reads the slot being written. Queries are narrowed to f16 as the CPU backend does; scores
-// are scaled after the dot product.
+// The canonical order is attention.cu's, on the tensor cores: the attended rows fall into
+// chunks of MLA_CHUNK by their index, each of MLA_WARPS warp slices of 16 rows. Per head, a
+// chunk gives its scores (q and the rows in f16, mma.sync m16n8k16 with f32 accumulation, the
+// dimensions in attention.cu's k order: a lane's 16-byte load of 8 values feeds two k steps,
+// then scaled), its max m_c, the weights exp(s - m_c) narrowed to f16, their sum l_c (each
+// slice's in a fixed lane order, then the slices in order) and the weighted latents o_c
+// (p v on the tensor cores over the chunk's rows in k steps of 16). Block (head tile, chunk)
+// takes up to 16 heads (the rows of a tile; each head's bits depend on its own query and the
+// rows alone) and writes its chunk's partials to `parts`; mla_merge_f16 (block per head)
+// merges them in chunk order (merge_chunk) into `out`. The current position's row
+// (`row_now`, the normalized latent then the roped key) is narrowed to f16, written to the
+// cache by block (0, 0) and read by every block from shared memory, so no block reads the
+// slot being written.
 #include "common.cuh"
 
 #define MLA_THREADS 256
 #define MLA_WARPS (MLA_THREADS / WARP)
-// the widest cache row (kv_lora_rank + qk_rope_head_dim; DeepSeek's is 512 + 64)
-#define MLA_MAX_WIDTH 1024
-
-#define MLA_ARGS                                                                                                 \
-    const float *q_lat, const float *row_now, u16 *cache, float *parts, const u32 *pos, int n_heads, int kv_lora, \
-        int width, int capacity, float scale, const int *cells
-#define MLA_PASS q_lat, row_now, cache, parts, pos, n_heads, kv_lora, width, capacity, scale, cells
 
 extern "C" __global__ void mla_rope_f32(const float* src, int src_stride, float* dst, int dst_stride,
                                         int n_vecs, int n_rot, const u32* pos, float theta_scale, int rotate,
@@ -69,9 +65,14 @@ extern "C" __global__ void mla_rope_f32(const float* src, int src_stride, float*
     y[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-// positions of a chunk (MLA_CHUNK in executor/src/cuda/mla.rs)
-#define MLA_CHUNK 128
-#define MLA_MAX_HPB 8
+// rows of a chunk (MLA_CHUNK in executor/src/cuda/mla.rs): a warp slice of 16 each
+#define MLA_CHUNK (16 * MLA_WARPS)
+// query heads of a block: the rows of an mma tile (MLA_TILE_HEADS in executor/src/cuda/mla.rs)
+#define MLA_TILE_HEADS 16
+// 32-value blocks of a row whose k loads a warp keeps in flight at once
+#define MLA_AHEAD 9
+// the weights' row stride in halves: the lanes' reads of a fragment on distinct banks
+#define MLA_P_STRIDE (MLA_CHUNK + 8)
 
 // The i-th attended position: i itself, or the i-th of `cells`.
 __device__ __forceinline__ int mla_position(const int* cells, int i) { return cells ? cells[1 + i] : i; }
@@ -85,126 +86,239 @@ __device__ __forceinline__ int mla_attended(const int* cells, u32 p_now, int cap
 // index * kv_lora, its (max, sum) pair at 2 * index past all heads' sums.
 __device__ __forceinline__ size_t mla_part(int h, int c, int chunks) { return (size_t)h * chunks + c; }
 
-// Each head's max (is_max) or sum of the warps' values v[j], in warp order, into to[j] (every
-// thread calls it; `to` is read after the next barrier).
-template <int HPB>
-__device__ __forceinline__ void mla_heads_combine(float (&red)[HPB][MLA_WARPS], const float (&v)[HPB], float* to,
-                                                  bool is_max) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int j = 0; j < HPB; ++j)
-        if (lane == 0) red[j][warp] = v[j];
-    __syncthreads();
-    if (threadIdx.x < HPB) {
-        float r = red[threadIdx.x][0];
-        for (int w = 1; w < MLA_WARPS; ++w) r = is_max ? fmaxf(r, red[threadIdx.x][w]) : r + red[threadIdx.x][w];
-        to[threadIdx.x] = r;
+// Halves d .. d + 7 of an f16 row (zeros past width, a multiple of 4; a row of a width that
+// is not a multiple of 8 is only 8-byte aligned).
+__device__ __forceinline__ uint4 mla_load8(const u16* row, int d, int width) {
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if ((width & 7) == 0) {
+        if (d < width) w = *(const uint4*)(row + d);
+    } else {
+        if (d < width) {
+            const uint2 lo = *(const uint2*)(row + d);
+            w.x = lo.x;
+            w.y = lo.y;
+        }
+        if (d + 4 < width) {
+            const uint2 hi = *(const uint2*)(row + d + 4);
+            w.z = hi.x;
+            w.w = hi.y;
+        }
     }
-    __syncthreads();
+    return w;
 }
 
-template <int HPB>
-__device__ __forceinline__ void mla_split(const float* q_lat, const float* row_now, u16* cache, float* parts,
-                                          const u32* pos, int n_heads, int kv_lora, int width, int capacity,
-                                          float scale, const int* cells) {
+// Two f32 values as an f16 pair (the lower index in the low half).
+__device__ __forceinline__ u32 mla_pack(float lo, float hi) {
+    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+}
+
+// Dynamic shared memory of a block (mla_smem_bytes in executor/src/cuda/mla.rs), for rows of
+// `width`: the q fragments (per 32-value block, per k step, per lane: four f16 pairs), the
+// current row in f16, the weights in f16 ([head][row]), and each warp slice's max and sum per
+// head.
+struct MlaSmem {
+    uint4* qf;
+    u16* now_row;
+    u16* p;
+    float* wm;
+    float* wl;
+};
+__device__ __forceinline__ MlaSmem mla_smem(int width) {
+    extern __shared__ __align__(16) unsigned char mla_shared[];
+    const int blocks = (width + 31) / 32;
+    MlaSmem sm;
+    sm.qf = (uint4*)mla_shared;
+    sm.now_row = (u16*)(sm.qf + (size_t)blocks * 2 * WARP);
+    sm.p = sm.now_row + ((width + 7) & ~7);
+    sm.wm = (float*)(sm.p + MLA_TILE_HEADS * MLA_P_STRIDE);
+    sm.wl = sm.wm + MLA_WARPS * MLA_TILE_HEADS;
+    return sm;
+}
+
+// Block (head tile, chunk): heads h0 = 16 * blockIdx.x .., rows c * MLA_CHUNK .. of the
+// attended ones. Lane (g = lane / 4, t = lane % 4) of warp w scores rows 16w + 8n + g
+// (n = 0, 1) against heads g and g + 8 (their q fragments: values 32s + 8t .. + 7 of each
+// 32-value block s, as in attention.cu), holding the scores of rows 16w + 8n + 2t, + 1; the
+// weights then go through shared memory, and warp w takes the latent's 32-value blocks w,
+// w + MLA_WARPS, ... of p v, lane g loading values 32b + 4g .. + 3 of rows 2t, 2t + 1, 2t + 8,
+// 2t + 9 of each k step, so that output tile (b, e) holds value 32b + 4n + e in its column n.
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
+    mla_attention_f16(const float* q_lat, const float* row_now, u16* cache, float* parts, const u32* pos,
+                      int n_heads, int kv_lora, int width, int capacity, float scale, const int* cells) {
     overlap_with_neighbours();
-    __shared__ float qh[HPB][MLA_MAX_WIDTH];
-    __shared__ __align__(16) u16 now_row[MLA_MAX_WIDTH];
-    __shared__ float sc[HPB][MLA_CHUNK];
-    __shared__ float red[HPB][MLA_WARPS];
-    __shared__ float stat[2][HPB];
-    const int h0 = blockIdx.x * HPB, c = blockIdx.y, chunks = gridDim.y;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const MlaSmem sm = mla_smem(width);
+    const int h0 = blockIdx.x * MLA_TILE_HEADS, c = blockIdx.y, chunks = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const u32 p_now = *pos;
     const int n_ctx = mla_attended(cells, p_now, capacity);
     const int now = p_now < (u32)capacity ? (int)p_now : -1;
     const bool writer = blockIdx.x == 0 && c == 0 && now >= 0;
     if (c * MLA_CHUNK >= n_ctx && !writer) return;
-    // heads past the last load the last one's query and write nothing
+    const int blocks = (width + 31) / 32;
     for (int d = threadIdx.x; d < width; d += MLA_THREADS) {
-#pragma unroll
-        for (int j = 0; j < HPB; ++j) qh[j][d] = round_f16(q_lat[(size_t)min(h0 + j, n_heads - 1) * width + d]);
         const u16 r = f32_to_f16(row_now[d]);
-        now_row[d] = r;
+        sm.now_row[d] = r;
         if (writer) cache[(size_t)now * width + d] = r;
+    }
+    // fragment (b, k step j, lane l), pair i: head g + 8 (i % 2), values 32b + 8t + 4j + 2 (i / 2)
+    // and the next (zero past the heads and the row)
+    for (int f = threadIdx.x; f < blocks * 2 * WARP; f += MLA_THREADS) {
+        const int b = f / (2 * WARP), j = (f / WARP) % 2, l = f % WARP;
+        u32 pr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int h = h0 + (l >> 2) + 8 * (i & 1), d = 32 * b + 8 * (l & 3) + 4 * j + 2 * (i >> 1);
+            const bool in = h < n_heads && d < width;
+            const float* qr = q_lat + (size_t)min(h, n_heads - 1) * width;
+            pr[i] = in ? mla_pack(qr[d], qr[d + 1]) : 0u;
+        }
+        sm.qf[f] = make_uint4(pr[0], pr[1], pr[2], pr[3]);
     }
     __syncthreads();
     const int i0 = c * MLA_CHUNK, n = min(MLA_CHUNK, n_ctx - i0);
     if (n <= 0) return;
     const auto row_of = [&](int i) -> const u16* {
-        const int p = mla_position(cells, i0 + i);
-        return p == now ? now_row : cache + (size_t)p * width;
+        const int p = mla_position(cells, i0 + min(i, n - 1));
+        return p == now ? sm.now_row : cache + (size_t)p * width;
     };
+    const float neg_inf = -__int_as_float(0x7f800000);
+    const int slices = (n + 15) / 16;
 
-    // scores: warp w takes the chunk's rows w, w + MLA_WARPS, ...; lane l the value pairs
-    // 2l, 2l + 1, then 64 on, in order, then the warp adds its lanes
-    float mx[HPB];
+    // scores of the warp's slice
+    float sc[2][4];
+    if (warp < slices) {
+        const u16* kr[2] = {row_of(16 * warp + g), row_of(16 * warp + 8 + g)};
 #pragma unroll
-    for (int j = 0; j < HPB; ++j) mx[j] = -__int_as_float(0x7f800000);
-    for (int i = warp; i < n; i += MLA_WARPS) {
-        const u16* r = row_of(i);
-        float acc[HPB];
+        for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) acc[j] = 0.f;
-        for (int d = 2 * lane; d < width; d += 2 * WARP) {
-            const u32 pair = *(const u32*)(r + d);
-            const float r0 = f16_to_f32((u16)(pair & 0xffff)), r1 = f16_to_f32((u16)(pair >> 16));
+            for (int x = 0; x < 4; ++x) sc[nt][x] = 0.f;
+        for (int b0 = 0; b0 < blocks; b0 += MLA_AHEAD) {
+            uint4 kw[2][MLA_AHEAD];
 #pragma unroll
-            for (int j = 0; j < HPB; ++j) {
-                acc[j] = fmaf(qh[j][d], r0, acc[j]);
-                acc[j] = fmaf(qh[j][d + 1], r1, acc[j]);
+            for (int u = 0; u < MLA_AHEAD; ++u)
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) kw[nt][u] = mla_load8(kr[nt], 32 * (b0 + u) + 8 * t, width);
+#pragma unroll
+            for (int u = 0; u < MLA_AHEAD; ++u) {
+                if (b0 + u >= blocks) break;
+                const uint4 qa = sm.qf[((b0 + u) * 2) * WARP + lane], qb = sm.qf[((b0 + u) * 2 + 1) * WARP + lane];
+                const u32 fa[4] = {qa.x, qa.y, qa.z, qa.w}, fb[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    mma_f16(sc[nt], fa, kw[nt][u].x, kw[nt][u].y);
+                    mma_f16(sc[nt], fb, kw[nt][u].z, kw[nt][u].w);
+                }
             }
         }
+        float mx[2] = {neg_inf, neg_inf};
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) {
-            const float v = warp_sum(acc[j]) * scale;
-            if (lane == 0) sc[j][i] = v;
-            mx[j] = fmaxf(mx[j], v);
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                const bool valid = 16 * warp + 8 * nt + 2 * t + (x & 1) < n;
+                sc[nt][x] = valid ? sc[nt][x] * scale : neg_inf;
+                mx[x >> 1] = fmaxf(mx[x >> 1], sc[nt][x]);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+        }
+        if (t == 0) {
+            sm.wm[warp * MLA_TILE_HEADS + g] = mx[0];
+            sm.wm[warp * MLA_TILE_HEADS + g + 8] = mx[1];
         }
     }
-    mla_heads_combine<HPB>(red, mx, stat[0], true);
-    float l[HPB];
-#pragma unroll
-    for (int j = 0; j < HPB; ++j) l[j] = exp_in_place_warp_sum(sc[j], n, stat[0][j], MLA_THREADS);
     __syncthreads();
-    mla_heads_combine<HPB>(red, l, stat[1], false);
+    // the weights against the chunk's max, narrowed, and the slice's sums: the thread's in
+    // (n, x) order, then lanes t ^ 1 and t ^ 2
+    if (warp < slices) {
+        float m[2] = {sm.wm[g], sm.wm[g + 8]};
+        for (int w = 1; w < slices; ++w) {
+            m[0] = fmaxf(m[0], sm.wm[w * MLA_TILE_HEADS + g]);
+            m[1] = fmaxf(m[1], sm.wm[w * MLA_TILE_HEADS + g + 8]);
+        }
+        float l[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            float p[4];
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                p[x] = sc[nt][x] == neg_inf ? 0.f : round_f16(expf(sc[nt][x] - m[x >> 1]));
+                l[x >> 1] += p[x];
+            }
+            const int col = 16 * warp + 8 * nt + 2 * t;
+            *(u32*)&sm.p[g * MLA_P_STRIDE + col] = mla_pack(p[0], p[1]);
+            *(u32*)&sm.p[(g + 8) * MLA_P_STRIDE + col] = mla_pack(p[2], p[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
+            l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
+        }
+        if (t == 0) {
+            sm.wl[warp * MLA_TILE_HEADS + g] = l[0];
+            sm.wl[warp * MLA_TILE_HEADS + g + 8] = l[1];
+        }
+    }
+    __syncthreads();
 
-    // weighted sum of the latents: thread t the value pairs 2t, 2t + 1, then 2 * MLA_THREADS
-    // on, over the chunk's rows in order
+    // o = p v, the warp's 32-value blocks of the latent
     const size_t sums = (size_t)n_heads * chunks * kv_lora;
-    for (int d = 2 * threadIdx.x; d < kv_lora; d += 2 * MLA_THREADS) {
-        float o0[HPB], o1[HPB];
+    const int lat_blocks = (kv_lora + 31) / 32;
+    for (int b = warp; b < lat_blocks; b += MLA_WARPS) {
+        const int d = 32 * b + 4 * g;
+        float o[4][4];
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) o0[j] = o1[j] = 0.f;
-        for (int i = 0; i < n; ++i) {
-            const u32 pair = *(const u32*)(row_of(i) + d);
-            const float r0 = f16_to_f32((u16)(pair & 0xffff)), r1 = f16_to_f32((u16)(pair >> 16));
+        for (int e = 0; e < 4; ++e)
 #pragma unroll
-            for (int j = 0; j < HPB; ++j) {
-                o0[j] = fmaf(sc[j][i], r0, o0[j]);
-                o1[j] = fmaf(sc[j][i], r1, o1[j]);
+            for (int x = 0; x < 4; ++x) o[e][x] = 0.f;
+        // every k step's pieces first (rows 2t, 2t + 1, 2t + 8, 2t + 9 of it), so the reads
+        // overlap
+        uint2 vv[MLA_WARPS][4];
+#pragma unroll
+        for (int kk = 0; kk < MLA_WARPS; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u16* vr = row_of(16 * kk + 2 * t + (i & 1) + 8 * (i >> 1));
+                vv[kk][i] = kk < slices && d < kv_lora ? *(const uint2*)(vr + d) : make_uint2(0u, 0u);
+            }
+#pragma unroll
+        for (int kk = 0; kk < MLA_WARPS; ++kk) {
+            if (kk >= slices) break;
+            const int col = 16 * kk + 2 * t;
+            const u32 a[4] = {*(const u32*)&sm.p[g * MLA_P_STRIDE + col], *(const u32*)&sm.p[(g + 8) * MLA_P_STRIDE + col],
+                              *(const u32*)&sm.p[g * MLA_P_STRIDE + col + 8],
+                              *(const u32*)&sm.p[(g + 8) * MLA_P_STRIDE + col + 8]};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 sel = e & 1 ? 0x7632u : 0x5410u;
+                const u32 b0 = __byte_perm(e < 2 ? vv[kk][0].x : vv[kk][0].y, e < 2 ? vv[kk][1].x : vv[kk][1].y, sel);
+                const u32 b1 = __byte_perm(e < 2 ? vv[kk][2].x : vv[kk][2].y, e < 2 ? vv[kk][3].x : vv[kk][3].y, sel);
+                mma_f16(o[e], a, b0, b1);
             }
         }
+        // column n of tile e is value 32b + 4n + e; this lane holds columns 2t and 2t + 1
 #pragma unroll
-        for (int j = 0; j < HPB; ++j) {
-            if (h0 + j >= n_heads) break;
-            float* o = parts + mla_part(h0 + j, c, chunks) * kv_lora;
-            o[d] = o0[j];
-            o[d + 1] = o1[j];
-        }
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                const int h = h0 + g + 8 * (x >> 1), v = 32 * b + 8 * t + 4 * (x & 1) + e;
+                if (h < n_heads && v < kv_lora) parts[mla_part(h, c, chunks) * kv_lora + v] = o[e][x];
+            }
     }
-    __syncthreads();
-    if (threadIdx.x < HPB && h0 + (int)threadIdx.x < n_heads) {
-        const size_t at = mla_part(h0 + threadIdx.x, c, chunks);
-        parts[sums + 2 * at] = stat[0][threadIdx.x];
-        parts[sums + 2 * at + 1] = stat[1][threadIdx.x];
+    if (threadIdx.x < MLA_TILE_HEADS && h0 + (int)threadIdx.x < n_heads) {
+        const int j = threadIdx.x;
+        float m = sm.wm[j], l = sm.wl[j];
+        for (int w = 1; w < slices; ++w) {
+            m = fmaxf(m, sm.wm[w * MLA_TILE_HEADS + j]);
+            l = __fadd_rn(l, sm.wl[w * MLA_TILE_HEADS + j]);
+        }
+        const size_t at = mla_part(h0 + j, c, chunks);
+        parts[sums + 2 * at] = m;
+        parts[sums + 2 * at + 1] = l;
     }
 }
-
-// a block per two heads (fewer heads: more blocks per row), or per eight (many heads: fewer
-// reads of each row); the same bits either way
-extern "C" __global__ void __launch_bounds__(MLA_THREADS) mla_attention_split2_f16(MLA_ARGS) { mla_split<2>(MLA_PASS); }
-extern "C" __global__ void __launch_bounds__(MLA_THREADS) mla_attention_split8_f16(MLA_ARGS) { mla_split<8>(MLA_PASS); }
 
 // Block per head: the head's chunk partials merged in chunk order into out (n_heads rows of
 // kv_lora), `chunks` as the split's grid had them.
@@ -216,11 +330,10 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     const int used = (mla_attended(cells, *pos, capacity) + MLA_CHUNK - 1) / MLA_CHUNK;
     const size_t sums = (size_t)n_heads * chunks * kv_lora;
     for (int d = threadIdx.x; d < kv_lora; d += MLA_THREADS) {
-        Merged run{};
-        for (int c = 0; c < used; ++c) {
+        const Merged run = merge_in_order(used, [&](int c) -> Merged {
             const size_t at = mla_part(h, c, chunks);
-            run = merge_chunk(run, {parts[sums + 2 * at], parts[sums + 2 * at + 1], parts[at * kv_lora + d]}, c == 0);
-        }
+            return {parts[sums + 2 * at], parts[sums + 2 * at + 1], parts[at * kv_lora + d]};
+        });
         out[(size_t)h * kv_lora + d] = __fdiv_rn(run.o, run.l);
     }
 }

@@ -116,10 +116,14 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!(
         "attention.cu",
         [
-            "attention_f16",
-            "attention_group_f16",
-            "attention_split_f16",
-            "attention_split_group_f16",
+            "attention_f16_32",
+            "attention_f16_64",
+            "attention_f16_128",
+            "attention_f16_256",
+            "attention_split_f16_32",
+            "attention_split_f16_64",
+            "attention_split_f16_128",
+            "attention_split_f16_256",
             "kv_store_rows_f16"
         ]
     ),
@@ -156,12 +160,7 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!(
         "mla.cu",
-        [
-            "mla_rope_f32",
-            "mla_attention_split2_f16",
-            "mla_attention_split8_f16",
-            "mla_merge_f16"
-        ]
+        ["mla_rope_f32", "mla_attention_f16", "mla_merge_f16"]
     ),
     kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(

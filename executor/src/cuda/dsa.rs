@@ -171,14 +171,17 @@ impl CudaDevice {
             scores.len(),
             cells.len()
         );
-        // shared memory: the heap (a score and an index per entry), then the padded row where
-        // it fits too (else the kernel reads it in place: the same comparisons either way)
-        let padded = sh.scores_len();
-        let heap = 8 * (top_k / sh.kpool).min(padded);
-        let with_row = heap + 4 * padded;
-        let row_in_smem =
-            with_row <= PLAIN_DYNAMIC_SHARED || with_row <= self.max_shared_per_block()?;
-        let smem = if row_in_smem { with_row } else { heap };
+        // shared memory: the padded row at the capacity as (score, index) entries, rounded up
+        // to a power of two, for the parallel sort where it fits; else only the heap's entries
+        // (the kernel then always runs the heap, over the row in place: the same cells)
+        let heap = 8 * (top_k / sh.kpool).min(sh.scores_len());
+        let sort_len = sh.scores_len().next_power_of_two();
+        let sort_fits = 8 * sort_len <= self.max_shared_per_block()?;
+        let smem = if sort_fits {
+            heap.max(8 * sort_len)
+        } else {
+            heap
+        };
         if smem > PLAIN_DYNAMIC_SHARED {
             // fails, naming the bytes, where even the heap does not fit
             self.allow_dynamic_shared("dsa_select_f32", 0, smem)
@@ -186,7 +189,7 @@ impl CudaDevice {
         }
         let (sp, posp, cp) = (scores.addr(), pos.addr(), cells.addr());
         let (kp, top, tail) = (int(sh.kpool), int(top_k), i32::from(select_tail));
-        let in_smem = i32::from(row_in_smem);
+        let sort_len = if sort_fits { int(sort_len) } else { 0 };
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (SELECT_THREADS, 1, 1),
@@ -194,7 +197,7 @@ impl CudaDevice {
         };
         self.launch(s, "dsa_select_f32", cfg, |a| {
             a.arg(&sp).arg(&posp).arg(&kp).arg(&top).arg(&tail);
-            a.arg(&in_smem).arg(&cp);
+            a.arg(&sort_len).arg(&cp);
         })
     }
 }

@@ -512,8 +512,8 @@ impl CudaDevice {
         assert!(
             width <= MAX_LATENT_WIDTH
                 && kvl <= width
-                && width.is_multiple_of(2)
-                && kvl.is_multiple_of(2)
+                && width.is_multiple_of(4)
+                && kvl.is_multiple_of(4)
                 && q_lat.len() == heads * width
                 && out.len() == heads * kvl
                 && cache.len() >= width * capacity
@@ -532,23 +532,22 @@ impl CudaDevice {
         let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
         let cp_cells = cells.map_or(0, Span::addr);
         let chunks = capacity.div_ceil(MLA_CHUNK);
-        // many heads share each row's loads eight to a block; few take two, for more blocks
-        let (name, per_block) = if heads >= 32 {
-            ("mla_attention_split8_f16", 8)
-        } else {
-            ("mla_attention_split2_f16", 2)
-        };
-        let cfg = |x: usize, y: usize| LaunchConfig {
+        let cfg = |x: usize, y: usize, smem: usize| LaunchConfig {
             grid_dim: (x as u32, y as u32, 1),
             block_dim: (MLA_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem as u32,
         };
-        self.launch(s, name, cfg(heads.div_ceil(per_block), chunks), |a| {
+        let grid = cfg(
+            heads.div_ceil(MLA_TILE_HEADS),
+            chunks,
+            mla_smem_bytes(width),
+        );
+        self.launch(s, "mla_attention_f16", grid, |a| {
             a.arg(&qp).arg(&rp).arg(&cp).arg(&pap).arg(&pp);
             a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale).arg(&cp_cells);
         })?;
         let nc = int(chunks);
-        self.launch(s, "mla_merge_f16", cfg(heads, 1), |a| {
+        self.launch(s, "mla_merge_f16", cfg(heads, 1, 0), |a| {
             a.arg(&pap).arg(&op).arg(&pp).arg(&h).arg(&k).arg(&c);
             a.arg(&cp_cells).arg(&nc);
         })
@@ -557,6 +556,21 @@ impl CudaDevice {
 
 /// Rows of a chunk of latent attention's canonical order (MLA_CHUNK in kernels/mla.cu).
 pub const MLA_CHUNK: usize = 128;
+/// Query heads an attention block takes at most: the rows of a tensor-core tile
+/// (MLA_TILE_HEADS in kernels/mla.cu).
+const MLA_TILE_HEADS: usize = 16;
+
+/// Dynamic shared memory of mla_attention_f16 for rows of `width` (kernels/mla.cu's
+/// `mla_smem`): the q fragments (16 bytes per lane, two k steps per 32 values), the current
+/// row in f16, the tile's weights in f16 (rows padded by 8), and each warp's max and sum per
+/// head. At most about 40 KiB (rows of `MAX_LATENT_WIDTH`), under the launch's plain limit.
+fn mla_smem_bytes(width: usize) -> usize {
+    let warps = MLA_THREADS as usize / 32;
+    width.div_ceil(32) * 2 * 32 * 16
+        + width.next_multiple_of(8) * 2
+        + MLA_TILE_HEADS * (MLA_CHUNK + 8) * 2
+        + 2 * warps * MLA_TILE_HEADS * 4
+}
 
 /// Values of the scratch latent attention of `heads` heads with latents of `kvl` over a cache of
 /// `capacity` rows needs: per head and chunk, its latent sums, max and sum.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
 
-use super::device::{CudaDevice, DeviceBuffer};
+use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
 use super::matvec::MAX_CHUNKS;
 use super::matvec_mma::quantized_bytes;
 use super::span::Span;
@@ -59,15 +59,24 @@ impl DeviceKv {
 
 pub use crate::rope::RopeStyle;
 
-/// Largest head dimension attention supports (ATTN_MAX_HEAD_DIM in kernels/attention.cu).
+/// Largest head dimension attention supports (the widest of its kernels, attention_f16_256 in
+/// kernels/attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
 /// Positions of a chunk of attention's canonical order (ATTN_CHUNK in kernels/attention.cu):
 /// a row's positions are scored and summed per chunk, and the chunks merge in chunk order.
 pub const ATTN_CHUNK: usize = 256;
 /// Most rows a step's attention splits across blocks per chunk (flash-decoding); steps of more
-/// rows fill the device with a block per row and head, walking the chunks (the same bits).
-/// ATTN_SPLIT_ROWS in kernels/attention.cu.
+/// rows fill the device with a block per row and head tile, walking the chunks (the same
+/// bits). ATTN_SPLIT_ROWS in kernels/attention.cu.
 pub const ATTN_SPLIT_ROWS: usize = 16;
+/// Query heads of one KV head an attention block takes at most: the 16 rows of a tensor-core
+/// tile (ATTN_TILE_HEADS in kernels/attention.cu).
+const ATTN_TILE_HEADS: usize = 16;
+/// Warps of an attention block, each a slice of a chunk (ATTN_WARPS in kernels/attention.cu).
+const ATTN_WARPS: usize = 8;
+/// The head widths of attention's kernels (attention_f16_D and attention_split_f16_D); a
+/// head takes the narrowest that holds it.
+const ATTN_WIDTHS: [usize; 4] = [32, 64, 128, 256];
 
 /// Values of the scratch the split attention of `rows` rows (at most `ATTN_SPLIT_ROWS`) of
 /// `n_heads` heads over a cache of `capacity` positions needs: an arrival counter per row and
@@ -78,19 +87,14 @@ pub fn attention_parts_len(rows: usize, n_heads: usize, head_dim: usize, capacit
     n_heads * (ATTN_SPLIT_ROWS + rows * capacity.div_ceil(ATTN_CHUNK) * (head_dim + 2))
 }
 
-/// How an attention launch lays out its blocks (all forms give the same bits): each row's
-/// chunks split across blocks and merged after (`split`) or walked by one block, and a block per
-/// query head or per `ATTN_GROUP_HEADS` heads of a KV head (`grouped`).
+/// How an attention launch lays out its blocks (both give the same bits): each row's chunks
+/// split across blocks and merged after, or walked by one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionForm {
-    pub split: bool,
-    pub grouped: bool,
+pub enum AttentionForm {
+    Walk,
+    Split,
 }
 
-/// Query heads a block of attention_group_f16 takes (ATTN_GROUP_HEADS in kernels/attention.cu).
-pub(super) const ATTN_GROUP_HEADS: usize = 4;
-/// Blocks of attention_f16 an SM holds at once (its launch bounds).
-const ATTN_BLOCKS_PER_SM: usize = 4;
 /// The sequence slot of a pad row of a batched step (`super::buckets`), which no sequence
 /// has: `attention` and `kv_store_rows` write no cache for it and give it a zero output
 /// (ATTN_PAD_SLOT in kernels/attention.cu).
@@ -147,16 +151,6 @@ impl CudaDevice {
         self.launch(stream, "rms_norm_f32", cfg, |a| {
             a.arg(&xp).arg(&wp).arg(&op).arg(&hp).arg(&n).arg(&eps);
         })
-    }
-
-    /// Whether `attention` over `rows` token rows takes a block per ATTN_GROUP_HEADS query
-    /// heads of a KV head (the same bits as a block per head, each head's work and reductions
-    /// unchanged, the k and v loads shared): where a block per head would not all fit on the
-    /// device at once (a batched step of many rows) and the group divides by ATTN_GROUP_HEADS.
-    pub(super) fn attention_grouped(&self, rows: usize, n_heads: usize, n_kv_heads: usize) -> bool {
-        let group = n_heads / n_kv_heads;
-        group.is_multiple_of(ATTN_GROUP_HEADS)
-            && rows * n_heads > ATTN_BLOCKS_PER_SM * self.sm_count()
     }
 
     /// Attention of the query heads in `q` (heads of `kv.head_dim`) over positions `0..=pos[0]`
@@ -236,34 +230,44 @@ impl CudaDevice {
         let xqp = quantized.map_or(0, Span::addr);
         let chunks = kv.capacity.div_ceil(ATTN_CHUNK);
         let room = parts.len() >= attention_parts_len(rows, n_heads, hd, kv.capacity);
-        let form = form.unwrap_or(AttentionForm {
-            split: chunks > 1 && rows <= ATTN_SPLIT_ROWS && room,
-            grouped: self.attention_grouped(rows, n_heads, kv.n_kv_heads),
-        });
-        let AttentionForm { split, grouped } = form;
-        let group = n_heads / kv.n_kv_heads;
+        let split = match form {
+            Some(form) => form == AttentionForm::Split,
+            None => chunks > 1 && rows <= ATTN_SPLIT_ROWS && room,
+        };
         assert!(
-            (!split || (room && rows <= ATTN_SPLIT_ROWS))
-                && (!grouped || group.is_multiple_of(ATTN_GROUP_HEADS)),
+            !split || (room && rows <= ATTN_SPLIT_ROWS),
             "attention: a split needs attention_parts_len values of parts and at most \
-             {ATTN_SPLIT_ROWS} rows, a grouped form groups of {ATTN_GROUP_HEADS} heads"
+             {ATTN_SPLIT_ROWS} rows"
         );
         let pap = parts.addr();
-        let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
-        let heads = if grouped { ATTN_GROUP_HEADS } else { 1 };
-        let name = match (split, grouped) {
-            (false, false) => "attention_f16",
-            (false, true) => "attention_group_f16",
-            (true, false) => "attention_split_f16",
-            (true, true) => "attention_split_group_f16",
+        let group = n_heads / kv.n_kv_heads;
+        let (tiles, heads) = (group.div_ceil(ATTN_TILE_HEADS), group.min(ATTN_TILE_HEADS));
+        let width = ATTN_WIDTHS
+            .into_iter()
+            .find(|&w| w >= hd)
+            .expect("invariant: head_dim is checked against MAX_HEAD_DIM above");
+        let name = if split {
+            format!("attention_split_f16_{width}")
+        } else {
+            format!("attention_f16_{width}")
         };
+        // each warp slice's weighted values of the block's heads
+        let smem = ATTN_WARPS * heads * hd * 4;
+        // the kernel's static shared memory: its q heads, the current k and v, the slices'
+        // maxima and sums (AttnSmem), and the split's flag
+        let static_bytes =
+            (ATTN_TILE_HEADS + 2) * width * 2 + 2 * ATTN_WARPS * ATTN_TILE_HEADS * 4 + 16;
+        if static_bytes + smem > PLAIN_DYNAMIC_SHARED {
+            self.allow_dynamic_shared(&name, static_bytes, smem)?;
+        }
+        let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
         let z = if split { chunks } else { 1 };
         let cfg = LaunchConfig {
-            grid_dim: ((n_heads / heads) as u32, rows as u32, z as u32),
+            grid_dim: ((kv.n_kv_heads * tiles) as u32, rows as u32, z as u32),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem as u32,
         };
-        self.launch(stream, name, cfg, |a| {
+        self.launch(stream, &name, cfg, |a| {
             for p in [&qp, &kp, &vp, &kc, &vc, &op, &xqp, &pap, &pp, &slp] {
                 a.arg(p);
             }

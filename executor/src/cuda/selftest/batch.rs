@@ -14,7 +14,7 @@ use memra_gguf::GgmlType;
 use super::{attend, bit_mismatches, random, random_weight, Ctx, DTYPES};
 use crate::cuda::matvec::{Epilogue, Norm};
 use crate::cuda::matvec_mma::{has_mma, quantized_bytes, MmaTile};
-use crate::cuda::ops::{attention_parts_len, PAD_SLOT};
+use crate::cuda::ops::{attention_parts_len, ATTN_SPLIT_ROWS, PAD_SLOT};
 use crate::cuda::{DeviceKv, DeviceWeight, RopeStyle, Span};
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
@@ -227,11 +227,9 @@ fn matvec_rows(cx: &mut Ctx, dtype: GgmlType, batch: usize, k: usize, chunks: us
 /// Rows at (slot, position) of a cache of slots, attended together, against each row's decode
 /// attention over a one-slot cache that holds its slot's rows before it; pad rows write no
 /// slot's cache and give zeros. Two launches: 3 slots (two pad rows, a prompt chunk of two
-/// rows in slot 1, decode rows elsewhere), and a decode row in each of as many slots as make
-/// `attention` take a block per four heads of a KV head (the one-slot calls take a block per
-/// head).
+/// rows in slot 1, decode rows elsewhere), whose rows split their chunks across blocks, and a
+/// decode row in each of more slots than a split takes, whose rows walk them.
 fn attention_slots(cx: &mut Ctx) -> Result<()> {
-    let (n_heads, n_kv) = (SLOTS_HEADS, SLOTS_KV_HEADS);
     // positions over several chunks of the canonical order: the few rows split each row's
     // chunks across blocks, the many walk them, and the one-slot calls split
     let few = [
@@ -244,13 +242,13 @@ fn attention_slots(cx: &mut Ctx) -> Result<()> {
         (0, 533),
     ];
     attention_slots_at(cx, &few)?;
-    let n = 4 * cx.dev.sm_count() / n_heads + 4;
+    let n = 2 * ATTN_SPLIT_ROWS + 3;
     let many: Vec<(u32, u32)> = std::iter::once((PAD_SLOT, 0))
         .chain((0..n as u32).map(|slot| (slot, (97 * slot + 3) % 650)))
         .collect();
     anyhow::ensure!(
-        cx.dev.attention_grouped(many.len(), n_heads, n_kv),
-        "selftest: {} rows of {n_heads} heads do not take the grouped attention",
+        many.len() > ATTN_SPLIT_ROWS,
+        "selftest: {} rows take the split attention, not the walk",
         many.len()
     );
     attention_slots_at(cx, &many)
@@ -379,9 +377,9 @@ fn attention_slots_at(cx: &mut Ctx, at: &[(u32, u32)]) -> Result<()> {
     cx.report.exact(
         "attention_f16",
         format!(
-            "{rows} rows of {slots} slots ({} pad rows){} == decode per slot, 8-bit copy == quantize_rows, h={n_heads} kv={n_kv} hd={hd}",
+            "{rows} rows of {slots} slots ({} pad rows, {}) == decode per slot, 8-bit copy == quantize_rows, h={n_heads} kv={n_kv} hd={hd}",
             rows - at.iter().filter(|a| a.0 != PAD_SLOT).count(),
-            if dev.attention_grouped(rows, n_heads, n_kv) { ", 4 heads a block" } else { "" }
+            if rows > ATTN_SPLIT_ROWS { "walked" } else { "split" }
         ),
         bit_mismatches(&got, &want) + cache_diff + xq_diff,
     );

@@ -385,7 +385,7 @@ fn rotated_weights(
 }
 
 /// Attention of one decode row at llama-3-8B's heads (32 query heads, 8 KV heads of 128) over
-/// depths of context, in each form: microseconds per call (a split's two launches together)
+/// depths of context, in each form: microseconds per call
 /// and the cache bytes read per second.
 pub(super) fn attention(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
     let (n_heads, n_kv, hd, cap) = (32, 8, 128, 32768);
@@ -410,16 +410,12 @@ pub(super) fn attention(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) ->
     let parts = dev.alloc::<f32>(s, attention_parts_len(1, n_heads, hd, cap))?;
     let mut out = dev.alloc::<f32>(s, n_heads * hd)?;
     println!("\nattention of one decode row, llama-3-8B heads ({n_heads} q, {n_kv} kv, {hd} dims), cache of {cap}: us per call (GB/s of cache read)");
-    let forms = [(false, false), (false, true), (true, false), (true, true)];
-    println!(
-        "{:>6} {:>18} {:>18} {:>18} {:>18}",
-        "depth", "walk", "walk grouped", "split", "split grouped"
-    );
+    let forms = [AttentionForm::Walk, AttentionForm::Split];
+    println!("{:>6} {:>18} {:>18}", "depth", "walk", "split");
     for depth in [512usize, 4096, 16384, 32767] {
         let pd = dev.upload(s, &[depth as u32])?;
         let mut cells = Vec::new();
-        for (split, grouped) in forms {
-            let form = Some(AttentionForm { split, grouped });
+        for form in forms {
             let secs = time(dev, s, |_| {
                 attend(
                     (dev, s),
@@ -430,16 +426,13 @@ pub(super) fn attention(dev: &CudaDevice, s: &Arc<CudaStream>, rng: &mut Rng) ->
                     rope,
                     &parts,
                     &mut out,
-                    form,
+                    Some(form),
                 )
             })?;
             let bytes = 2.0 * 2.0 * (depth + 1) as f64 * row as f64;
             cells.push(format!("{:.1} ({:.0})", secs * 1e6, bytes / secs / 1e9));
         }
-        println!(
-            "{depth:>6} {:>18} {:>18} {:>18} {:>18}",
-            cells[0], cells[1], cells[2], cells[3]
-        );
+        println!("{depth:>6} {:>18} {:>18}", cells[0], cells[1]);
     }
     Ok(())
 }

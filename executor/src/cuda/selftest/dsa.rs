@@ -47,8 +47,9 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         case(64, 4, 2, 128, 6, false, 50, false),
         case(96, 3, 8, 256, 64, true, 100, false),
         case(32, 2, 4, 512, 16, true, 290, true),
-        // a context whose score row buffer (60 064 pools, 240 KB) is past any block's shared
-        // memory: dsa_select reads the row in place (its first 64 entries over these tokens)
+        // a context whose score row (60 064 pools) is past any block's shared memory as sort
+        // entries: dsa_select runs the heap over the row in place (its first 64 entries over
+        // these tokens); the case of ties runs the heap too, the others the parallel sort
         case(32, 2, 2, 120_000, 8, true, 40, false),
     ] {
         tokens(cx, &c)?;
