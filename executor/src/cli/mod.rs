@@ -165,10 +165,26 @@ enum Command {
     },
     /// Run a subcommand as one process per device of the plan (this host's devices), e.g.
     /// `memra-run launch PLAN -- gate --reference REF`; each process runs
-    /// `memra-run SUBCOMMAND PLAN ARGS --process P --processes W --rendezvous ADDR`.
+    /// `memra-run SUBCOMMAND PLAN ARGS --process P --processes W --rendezvous ADDR`. Under a
+    /// site's launcher (srun, mpirun, torchrun: their rank and world size in the environment)
+    /// it runs the subcommand as that one process instead.
     Launch {
         /// The execution plan; the subcommand gets it as its first argument.
         plan: PathBuf,
+        /// Run as process P (over the launcher's rank).
+        #[arg(long, value_name = "P")]
+        process: Option<u32>,
+        /// The number of processes (over the launcher's world size).
+        #[arg(long, value_name = "W")]
+        processes: Option<u32>,
+        /// HOST:PORT where process 0 listens (over MASTER_ADDR, MASTER_PORT and SLURM's node
+        /// list).
+        #[arg(long, value_name = "HOST:PORT", conflicts_with = "port")]
+        rendezvous: Option<String>,
+        /// The rendezvous port, the host coming from the launcher (over MASTER_PORT and the
+        /// default 29500).
+        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+        port: Option<u16>,
         /// The subcommand and its arguments without the plan, after `--`.
         #[arg(last = true, required = true, value_name = "SUBCOMMAND [ARGS]")]
         command: Vec<String>,
@@ -520,7 +536,11 @@ impl Command {
 
 /// Parses the command line and runs it; errors go to stderr with exit status 1.
 pub fn main() -> ExitCode {
-    let mut cli = Cli::parse();
+    execute(Cli::parse())
+}
+
+/// Runs a parsed command line, joining its world first when it names one.
+fn execute(mut cli: Cli) -> ExitCode {
     let world = match cli.command.join() {
         Ok(world) => world,
         Err(e) => return fail(&e),
@@ -655,6 +675,21 @@ fn run(command: Command) -> Result<ExitCode> {
             },
             &run,
         ),
-        Command::Launch { plan, command } => launch::launch(&plan, &command),
+        Command::Launch {
+            plan,
+            process,
+            processes,
+            rendezvous,
+            port,
+            command,
+        } => {
+            let flags = crate::dist::launcher::Flags {
+                process,
+                processes,
+                rendezvous,
+                port,
+            };
+            launch::launch(&plan, &command, &flags)
+        }
     }
 }

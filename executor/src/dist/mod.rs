@@ -30,6 +30,7 @@
 
 mod frame;
 mod join;
+pub mod launcher;
 mod routes;
 mod tokens;
 
