@@ -435,6 +435,26 @@ fn started_by_srun_mpirun_or_torchrun_pp2_tp2_is_bit_identical() {
 }
 
 #[test]
+fn one_launcher_task_starts_the_plans_processes() {
+    // `srun -n 1` or a batch script: launch starts the plan's four processes itself
+    let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
+    let outs = as_launcher(&gate_args(plan), 1, |_| {
+        vec![("SLURM_PROCID", "0".into()), ("SLURM_NTASKS", "1".into())]
+    });
+    let (stdout, stderr) = (text(&outs[0].stdout), text(&outs[0].stderr));
+    assert!(outs[0].status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("launch: slurm: one process (SLURM_PROCID=0, SLURM_NTASKS=1, no rendezvous for one process); launch starts the plan's 4 processes on this host"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("launch: process 3 (device 3) started"),
+        "{stderr}"
+    );
+    passed(plan, &stdout);
+}
+
+#[test]
 fn a_launcher_world_that_does_not_fit_the_plan_is_refused_by_name() {
     let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
     let outs = as_launcher(&gate_args(plan), 1, |_| {
@@ -448,6 +468,20 @@ fn a_launcher_world_that_does_not_fit_the_plan_is_refused_by_name() {
     assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!("error: {plan}: the world has 2 processes (SLURM_NTASKS=2), but the plan's ranks use 4 devices, one process each; start 4 processes (srun -n 4")),
+        "{stderr}"
+    );
+    let hosts = "plans/synthetic/tiny-tp-pp2-hosts.plan.toml";
+    let outs = as_launcher(&gate_args(hosts), 1, |_| {
+        vec![
+            ("SLURM_PROCID", "1".into()),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_JOB_NODELIST", "localhost".into()),
+        ]
+    });
+    let stderr = text(&outs[0].stderr);
+    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: process 1 (SLURM_PROCID=1) runs device 1, which the plan puts on host `node-b`, but this is host `"),
         "{stderr}"
     );
     let outs = as_launcher(&gate_args(plan), 1, |_| vec![("RANK", "0".into())]);

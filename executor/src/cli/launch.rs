@@ -38,8 +38,6 @@ const TAIL_LINES: usize = 20;
 const POLL: Duration = Duration::from_millis(10);
 /// How long launch waits for the cause of a process's `PEER_FAILED` exit to exit too.
 const CAUSE_GRACE: Duration = Duration::from_secs(2);
-/// Where process 0 listens: localhost, a port the system picks.
-const RENDEZVOUS: &str = "127.0.0.1:0";
 /// Kept off in every child: NVLink multicast can take a shared host's GPUs down.
 const MULTICAST_OFF: [(&str, &str); 3] = [
     ("NCCL_NVLS_ENABLE", "0"),
@@ -84,13 +82,22 @@ fn process_args(
 pub fn launch(plan_path: &Path, command: &[String], flags: &Flags) -> Result<ExitCode> {
     let plan = Plan::read(plan_path)?;
     let map = ProcessMap::of(&plan);
-    if let Some(assigned) = launcher::assign(&Env::current()?, flags)? {
-        return run_assigned(plan_path, &plan, &map, command, &assigned);
+    if let Some(a) = launcher::assign(&Env::current()?, flags)? {
+        if a.processes > 1 || map.processes() == 1 {
+            return run_assigned(plan_path, &plan, &map, command, &a);
+        }
+        // `srun -n 1`, a batch script: the launcher's one task starts this host's processes
+        eprintln!(
+            "launch: {}: one process ({}); launch starts the plan's {} processes on this host",
+            a.by(),
+            a.sources.join(", "),
+            map.processes()
+        );
     }
     check_hosts(&plan, &map)?;
     let args =
         |p: u32, rendezvous: &str| process_args(plan_path, command, p, map.processes(), rendezvous);
-    parse_command(&args(0, RENDEZVOUS))?;
+    parse_command(&args(0, launcher::ALONE))?;
     let reader = map.reader().unwrap_or(0);
     let exe = std::env::current_exe().context("cannot find the memra-run binary")?;
     let start = |p: u32, rendezvous: &str, announce: Option<Sender<String>>| {
@@ -104,7 +111,7 @@ pub fn launch(plan_path: &Path, command: &[String], flags: &Flags) -> Result<Exi
         )
     };
     let (tx, rx) = channel();
-    let mut children = vec![start(0, RENDEZVOUS, Some(tx))?];
+    let mut children = vec![start(0, launcher::ALONE, Some(tx))?];
     let deadline = Instant::now() + JOIN_TIMEOUT;
     let address = loop {
         match rx.recv_timeout(POLL) {
@@ -168,9 +175,9 @@ fn run_assigned(
     command: &[String],
     a: &Assignment,
 ) -> Result<ExitCode> {
-    let by = a.launcher.map_or("flags", launcher::Launcher::name);
     eprintln!(
-        "launch: {by}: process {} of {} ({})",
+        "launch: {}: process {} of {} ({})",
+        a.by(),
         a.process,
         a.processes,
         a.sources.join(", ")

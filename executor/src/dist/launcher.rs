@@ -22,6 +22,9 @@ use anyhow::{bail, Result};
 /// The port process 0 listens at when the launcher names a host but no port (torchrun's).
 pub const DEFAULT_PORT: u16 = 29500;
 
+/// The rendezvous of a world of one process: localhost, a port the system picks.
+pub const ALONE: &str = "127.0.0.1:0";
+
 /// A launcher whose variables `launch` reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launcher {
@@ -166,6 +169,13 @@ pub struct Assignment {
     pub sources: Vec<String>,
 }
 
+impl Assignment {
+    /// What assigned the process: the launcher's name, or the flags.
+    pub fn by(&self) -> &'static str {
+        self.launcher.map_or("flags", Launcher::name)
+    }
+}
+
 /// The world of this process, from `flags` over `env`; `None` when neither names one (launch
 /// then starts the plan's processes itself).
 pub fn assign(env: &Env, flags: &Flags) -> Result<Option<Assignment>> {
@@ -204,7 +214,13 @@ pub fn assign(env: &Env, flags: &Flags) -> Result<Option<Assignment>> {
     if let Some((name, l)) = local {
         sources.push(format!("local rank {l} from {name}"));
     }
-    let rendezvous = rendezvous(env, flags, launcher, &mut sources)?;
+    let rendezvous = if processes == 1 && flags.rendezvous.is_none() {
+        // nobody joins a world of one: process 0 listens where the system picks
+        sources.push("no rendezvous for one process".into());
+        ALONE.to_string()
+    } else {
+        rendezvous(env, flags, launcher, &mut sources)?
+    };
     Ok(Some(Assignment {
         launcher,
         process,

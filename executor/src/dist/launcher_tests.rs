@@ -110,6 +110,17 @@ fn open_mpi_pmi_and_torchrun() {
 }
 
 #[test]
+fn a_world_of_one_needs_no_rendezvous() {
+    let a = assigned(
+        &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")],
+        &NO_FLAGS,
+    );
+    assert_eq!((a.process, a.processes), (0, 1));
+    assert_eq!(a.rendezvous, ALONE);
+    assert_eq!(a.sources[2], "no rendezvous for one process");
+}
+
+#[test]
 fn the_innermost_launcher_wins() {
     // mpirun inside an sbatch script: the batch step's SLURM_PROCID is 0 in every rank
     let a = assigned(
