@@ -185,7 +185,7 @@ fn run_assigned(
     let want = map.processes();
     if a.processes != want {
         bail!(
-            "{}: the world has {} processes ({}), but the plan's ranks use {want} devices, one process each; start {want} processes (srun -n {want}, mpirun -np {want}, torchrun --nproc-per-node {want}) or pass --processes {want}",
+            "{}: the world has {} processes ({}), but the plan's ranks use {want} devices, one process each; start {want} processes (srun -n {want}, mpirun -np {want}, torchrun --nproc-per-node {want})",
             plan_path.display(),
             a.processes,
             a.sources[1]
