@@ -492,3 +492,46 @@ fn a_launcher_world_that_does_not_fit_the_plan_is_refused_by_name() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_plan_whose_boundary_communicators_do_not_fit_is_refused_on_cuda() {
+    // tiny-tp PP-2 in 1 GiB per device: 0.5 GiB in one process, 1.7 GiB more launched
+    tiny_tp_model();
+    let source = std::fs::read_to_string(root().join("plans/synthetic/tiny-tp-pp2.toml"))
+        .unwrap()
+        .replace("../../models/", &format!("{}/models/", root().display()))
+        .replace("memory_gib = 141", "memory_gib = 1");
+    let dir = std::env::temp_dir().join(format!("memra-launch-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let placement = dir.join("pp2.toml");
+    std::fs::write(&placement, source).unwrap();
+    let plan = dir.join("pp2.plan.toml");
+    let compiled = memra_compiler::passes::compile(&placement).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&plan, compiled.plan.to_toml()).unwrap();
+    let plan = plan.display().to_string();
+    let bench = [
+        "bench",
+        "-n",
+        "2",
+        "--reps",
+        "1",
+        "-t",
+        "1",
+        "--weights",
+        "synthetic",
+    ];
+    let out = memra_run(&[&["launch", &plan, "--"][..], &bench, &["--backend", "cuda"]].concat());
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("error: {plan}: device 0 needs 2.21 GiB launched one process per device (0.52 in one process and 1.68 for its boundary communicators) but declares 1.00 GiB; run the plan in one process")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("launch: process 0"),
+        "no process starts: {stderr}"
+    );
+    // the cpu backend has no communicators to hold
+    let out = memra_run(&[&["launch", &plan, "--"][..], &bench].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

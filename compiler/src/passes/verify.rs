@@ -149,6 +149,26 @@ pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// A device over its declared memory once launched one process per device (its
+/// `launch_bytes` on top of `total_bytes`): `launch` refuses such a plan on cuda.
+pub fn launched_overflows(plan: &Plan) -> Vec<String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    plan.devices
+        .iter()
+        .filter(|u| u.total_bytes.saturating_add(u.launch_bytes) > u.memory_bytes)
+        .map(|u| {
+            format!(
+                "device {} needs {:.2} GiB launched one process per device ({:.2} in one process and {:.2} for its boundary communicators) but declares {:.2} GiB; run the plan in one process (memra-run without launch), lower runtime.max_context, runtime.max_sequences or runtime.prefill_chunk, or spread the model over more devices",
+                u.device,
+                gib(u.total_bytes.saturating_add(u.launch_bytes)),
+                gib(u.total_bytes),
+                gib(u.launch_bytes),
+                gib(u.memory_bytes)
+            )
+        })
+        .collect()
+}
+
 /// The runtime settings the placement allows (a plan edited by hand may hold others).
 fn runtime_ranges(plan: &Plan) -> Vec<String> {
     use crate::placement::validate::{MAX_CONTEXT, MAX_IN_FLIGHT, MAX_SEQUENCES};

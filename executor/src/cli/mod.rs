@@ -19,6 +19,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use memra_compiler::passes::verify::launched_overflows;
 use memra_compiler::plan::Plan;
 use memra_gguf::output::escaped_lines;
 
@@ -426,7 +427,8 @@ impl RunArgs {
     }
 
     /// Refuses process options that cannot run `plan`: another number of processes than its
-    /// devices, or a backend without one process per device.
+    /// devices, or on cuda a device that cannot hold its boundary communicators besides the
+    /// plan's bytes.
     fn check_world(&self, plan: &Path) -> Result<()> {
         let Some(w) = self.processes else {
             return Ok(());
@@ -434,7 +436,12 @@ impl RunArgs {
         let parsed = Plan::read(plan)?;
         ProcessMap::of(&parsed)
             .check(w)
-            .map_err(|e| anyhow!("{}: {e}", plan.display()))
+            .map_err(|e| anyhow!("{}: {e}", plan.display()))?;
+        let over = launched_overflows(&parsed);
+        if self.backend == BackendArg::Cuda && !over.is_empty() {
+            bail!("{}: {}", plan.display(), over.join("\n"));
+        }
+        Ok(())
     }
 
     /// Joins the world the process options name, if they do; the world lives as long as the
