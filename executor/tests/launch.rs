@@ -535,3 +535,15 @@ fn a_plan_whose_boundary_communicators_do_not_fit_is_refused_on_cuda() {
     let out = memra_run(&[&["launch", &plan, "--"][..], &bench].concat());
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn serve_is_not_launched() {
+    let plan = "plans/synthetic/tiny-tp-pp2.plan.toml";
+    let out = memra_run(&["launch", plan, "--", "serve"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: the command after `--` is serve, which runs every rank in one process; run `memra-run serve PLAN` without launch"),
+        "{stderr}"
+    );
+}

@@ -253,6 +253,9 @@ fn parse_command(args: &[String]) -> Result<Cli> {
                 text.trim_start_matches("error: ").trim_end()
             )
         })?;
+    if matches!(cli.command, super::Command::Serve { .. }) {
+        bail!("the command after `--` is serve, which runs every rank in one process; run `memra-run serve PLAN` without launch");
+    }
     match cli.command.plan_and_run() {
         Some((plan, run)) => run.check_world(plan)?,
         None => bail!("the command after `--` is a launch itself; give the subcommand each process runs (generate, chat, perplexity, gate, compare, bench)"),
