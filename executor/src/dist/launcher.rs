@@ -19,7 +19,8 @@ use std::ffi::OsString;
 
 use anyhow::{bail, Result};
 
-/// The port process 0 listens at when the launcher names a host but no port (torchrun's).
+/// The port process 0 listens at when the launcher names a host but no port (torchrun's
+/// default too).
 pub const DEFAULT_PORT: u16 = 29500;
 
 /// The rendezvous of a world of one process: localhost, a port the system picks.
