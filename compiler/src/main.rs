@@ -3,6 +3,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use memra_compiler::passes::allocate::NCCL_COMMUNICATOR_BYTES;
 use memra_compiler::passes::compile;
 use memra_compiler::plan::{Plan, Step};
 use memra_compiler::review::{load_plan_or_placement, semantic_diff, to_dot};
@@ -441,8 +442,19 @@ fn summary(plan: &Plan, placement: &Path, out: &Path) -> String {
                 0 => String::new(),
                 n => format!(" and transport {}", mib(n)),
             };
+            let launched = match d.launch_bytes {
+                0 => String::new(),
+                n => {
+                    let comms = n / NCCL_COMMUNICATOR_BYTES;
+                    let s = if comms == 1 { "" } else { "s" };
+                    format!(
+                        "; launched one process per device {} more for {comms} boundary communicator{s}",
+                        mib(n)
+                    )
+                }
+            };
             s += &format!(
-                "device {}: {} (weights {}, kv {}{state}, buffers {}); on cuda {} of {} with the cuda runtime's {}{transport}\n",
+                "device {}: {} (weights {}, kv {}{state}, buffers {}); on cuda {} of {} with the cuda runtime's {}{transport}{launched}\n",
                 d.device,
                 mib(d.total_bytes - d.runtime_bytes - d.transport_bytes),
                 mib(d.weight_bytes),

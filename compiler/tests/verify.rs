@@ -3,6 +3,7 @@
 //! it away, a readback overrun, and scratch shared by two ranks. Each test breaks one thing
 //! in a correct compiled plan and checks the verifier names it.
 
+use memra_compiler::passes::allocate::NCCL_COMMUNICATOR_BYTES;
 use memra_compiler::passes::compile;
 use memra_compiler::passes::verify::verify_plan;
 use memra_compiler::plan::{Plan, Step};
@@ -234,4 +235,23 @@ fn every_placement_that_compiles_here_recompiles_from_its_plan() {
     // a clean clone has the config.json placements and SmolLM2's (26) before the executor's
     // tests write the synthetic models the others read
     assert!(checked >= 20, "{checked}");
+}
+
+#[test]
+fn a_device_must_count_its_boundary_communicators() {
+    // PP-4 on four devices: every stage ends two boundaries, the hidden state's in and out
+    // or, at either end of the pipeline, one of those and the sampled token's way back
+    let p = plan("llama3-8b-pp4.toml");
+    let ends: Vec<u64> = p
+        .devices
+        .iter()
+        .map(|d| d.launch_bytes / NCCL_COMMUNICATOR_BYTES)
+        .collect();
+    assert_eq!(ends, [2, 2, 2, 2]);
+    let mut p = p;
+    p.devices[1].launch_bytes = 0;
+    expect_error(&p, "device 1 counts launch_bytes 0 but its 2 boundary ends to other devices take 1807745024 when launched one process per device (903872512 bytes per two-rank nccl communicator)");
+    // one device for every stage: no boundary crosses, nothing to count
+    let one = plan("smollm2-pp2.toml");
+    assert!(one.devices.iter().all(|d| d.launch_bytes == 0));
 }

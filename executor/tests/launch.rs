@@ -4,7 +4,9 @@
 //! run's; an interactive chat (SmolLM2 TP-3) reads stdin once and answers as one process
 //! does; a killed child ends the launch, which names it; a plan on other hosts is refused
 //! with the multi-host recipe, and the recipe followed by hand on this host works; processes
-//! started on different plans refuse each other.
+//! started on different plans refuse each other. Started the way srun, mpirun and torchrun
+//! start it (the same command in every process, their variables differing), launch runs the
+//! PP-2 x TP-2 plan as one process each, bit for bit; a world that does not fit is refused.
 
 mod common;
 
@@ -14,26 +16,33 @@ use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use common::{root, tiny_tp_model, SEEDED};
+use memra_executor::dist::launcher::VARIABLES;
 use memra_executor::dist::LISTENING;
 
 const REFERENCE: &str = "plans/synthetic/tiny-tp.plan.toml";
 
+/// memra-run with no launcher's variables (a test run under srun would have them).
+fn memra_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memra-run"));
+    cmd.current_dir(root());
+    for name in VARIABLES {
+        cmd.env_remove(name);
+    }
+    cmd
+}
+
 fn memra_run(args: &[&str]) -> Output {
     tiny_tp_model();
-    Command::new(env!("CARGO_BIN_EXE_memra-run"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap()
+    memra_cmd().args(args).output().unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Launches a gate of `plan` against the 1-rank plan and checks its one line of output.
-fn launch_gate(plan: &str) {
-    let out = memra_run(&[
+/// `launch PLAN -- gate` against the 1-rank plan.
+fn gate_args(plan: &str) -> [&str; 10] {
+    [
         "launch",
         plan,
         "--",
@@ -44,9 +53,19 @@ fn launch_gate(plan: &str) {
         "8",
         "-t",
         "1",
-    ]);
+    ]
+}
+
+/// Launches a gate of `plan` against the 1-rank plan and checks its one line of output.
+fn launch_gate(plan: &str) {
+    let out = memra_run(&gate_args(plan));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    passed(plan, &stdout);
+}
+
+/// Checks that `stdout` is the one line of a passed gate of `plan`.
+fn passed(plan: &str, stdout: &str) {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines.len(),
@@ -155,8 +174,7 @@ fn wait_exit(child: &mut Child, secs: u64) -> std::process::ExitStatus {
 fn a_killed_child_ends_the_launch_naming_it() {
     tiny_tp_model();
     // A bench far longer than the test: only the kill can end it.
-    let mut launch = Command::new(env!("CARGO_BIN_EXE_memra-run"))
-        .current_dir(root())
+    let mut launch = memra_cmd()
         .args([
             "launch",
             "plans/synthetic/tiny-tp-pp2-tp2.plan.toml",
@@ -211,8 +229,7 @@ fn start(args: &[&str], p: u32, rendezvous: &str) -> Child {
         "--rendezvous",
         rendezvous,
     ];
-    Command::new(env!("CARGO_BIN_EXE_memra-run"))
-        .current_dir(root())
+    memra_cmd()
         .args(args)
         .args(world)
         .stdout(Stdio::piped())
@@ -288,8 +305,7 @@ fn processes_on_different_plans_refuse_each_other() {
 
 /// Runs `args` with `stdin` as its input.
 fn with_stdin(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memra-run"))
-        .current_dir(root())
+    let mut child = memra_cmd()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -323,4 +339,211 @@ fn a_launched_chat_reads_stdin_once_and_answers_as_one_process() {
     let launched = with_stdin(&[&["launch", plan, "--"][..], &chat].concat(), turns);
     assert!(launched.status.success(), "{}", text(&launched.stderr));
     assert_eq!(text(&launched.stdout), text(&alone.stdout));
+}
+
+/// A port free a moment ago, for a launcher's rendezvous.
+fn free_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port().to_string()
+}
+
+/// Starts `args` once per process of `world` as a launcher would: the same command, the
+/// variables `vars(p)` differing; their outputs.
+fn as_launcher(
+    args: &[&str],
+    world: u32,
+    vars: impl Fn(u32) -> Vec<(&'static str, String)>,
+) -> Vec<Output> {
+    tiny_tp_model();
+    let children: Vec<Child> = (0..world)
+        .map(|p| {
+            memra_cmd()
+                .args(args)
+                .envs(vars(p))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+#[test]
+fn started_by_srun_mpirun_or_torchrun_pp2_tp2_is_bit_identical() {
+    let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
+    let slurm = |p: u32, port: &str| {
+        vec![
+            ("SLURM_PROCID", p.to_string()),
+            ("SLURM_NTASKS", "4".into()),
+            ("SLURM_LOCALID", p.to_string()),
+            ("SLURM_STEP_NODELIST", "localhost".into()),
+            ("MASTER_PORT", port.into()),
+        ]
+    };
+    let ompi = |p: u32, port: &str| {
+        vec![
+            ("OMPI_COMM_WORLD_RANK", p.to_string()),
+            ("OMPI_COMM_WORLD_SIZE", "4".into()),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", p.to_string()),
+            ("PMIX_RANK", p.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.into()),
+        ]
+    };
+    let torchrun = |p: u32, port: &str| {
+        vec![
+            ("RANK", p.to_string()),
+            ("WORLD_SIZE", "4".into()),
+            ("LOCAL_RANK", p.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.into()),
+        ]
+    };
+    type Vars = fn(u32, &str) -> Vec<(&'static str, String)>;
+    let launchers: [(&str, &str, Vars); 3] = [
+        ("slurm", "SLURM_PROCID", slurm),
+        ("open mpi", "OMPI_COMM_WORLD_RANK", ompi),
+        ("torchrun", "RANK", torchrun),
+    ];
+    for (name, rank, vars) in launchers {
+        let port = free_port();
+        let outs = as_launcher(&gate_args(plan), 4, |p| vars(p, &port));
+        let mut printed = Vec::new();
+        for (p, out) in outs.iter().enumerate() {
+            let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{name}, process {p}:\n{stdout}\n{stderr}"
+            );
+            let line = format!("launch: {name}: process {p} of 4 ({rank}={p}, ");
+            assert!(
+                stderr.contains(&line),
+                "{name}, process {p}: no `{line}`:\n{stderr}"
+            );
+            if !stdout.is_empty() {
+                printed.push(stdout);
+            }
+        }
+        // only the process holding the readback rank prints
+        assert_eq!(printed.len(), 1, "{name}: {printed:?}");
+        passed(plan, &printed[0]);
+    }
+}
+
+#[test]
+fn one_launcher_task_starts_the_plans_processes() {
+    // `srun -n 1` or a batch script: launch starts the plan's four processes itself
+    let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
+    let outs = as_launcher(&gate_args(plan), 1, |_| {
+        vec![("SLURM_PROCID", "0".into()), ("SLURM_NTASKS", "1".into())]
+    });
+    let (stdout, stderr) = (text(&outs[0].stdout), text(&outs[0].stderr));
+    assert!(outs[0].status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("launch: slurm: one process (SLURM_PROCID=0, SLURM_NTASKS=1, no rendezvous for one process); launch starts the plan's 4 processes on this host"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("launch: process 3 (device 3) started"),
+        "{stderr}"
+    );
+    passed(plan, &stdout);
+}
+
+#[test]
+fn a_launcher_world_that_does_not_fit_the_plan_is_refused_by_name() {
+    let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
+    let outs = as_launcher(&gate_args(plan), 1, |_| {
+        vec![
+            ("SLURM_PROCID", "0".into()),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_JOB_NODELIST", "localhost".into()),
+        ]
+    });
+    let stderr = text(&outs[0].stderr);
+    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("error: {plan}: the world has 2 processes (SLURM_NTASKS=2), but the plan's ranks use 4 devices, one process each; start 4 processes (srun -n 4")),
+        "{stderr}"
+    );
+    let hosts = "plans/synthetic/tiny-tp-pp2-hosts.plan.toml";
+    let outs = as_launcher(&gate_args(hosts), 1, |_| {
+        vec![
+            ("SLURM_PROCID", "1".into()),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_JOB_NODELIST", "localhost".into()),
+        ]
+    });
+    let stderr = text(&outs[0].stderr);
+    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: process 1 (SLURM_PROCID=1) runs device 1, which the plan puts on host `node-b`, but this is host `"),
+        "{stderr}"
+    );
+    let outs = as_launcher(&gate_args(plan), 1, |_| vec![("RANK", "0".into())]);
+    let stderr = text(&outs[0].stderr);
+    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: RANK is set but WORLD_SIZE is not"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_plan_whose_boundary_communicators_do_not_fit_is_refused_on_cuda() {
+    // tiny-tp PP-2 in 1 GiB per device: 0.5 GiB in one process, 1.7 GiB more launched
+    tiny_tp_model();
+    let source = std::fs::read_to_string(root().join("plans/synthetic/tiny-tp-pp2.toml"))
+        .unwrap()
+        .replace("../../models/", &format!("{}/models/", root().display()))
+        .replace("memory_gib = 141", "memory_gib = 1");
+    let dir = std::env::temp_dir().join(format!("memra-launch-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let placement = dir.join("pp2.toml");
+    std::fs::write(&placement, source).unwrap();
+    let plan = dir.join("pp2.plan.toml");
+    let compiled = memra_compiler::passes::compile(&placement).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&plan, compiled.plan.to_toml()).unwrap();
+    let plan = plan.display().to_string();
+    let bench = [
+        "bench",
+        "-n",
+        "2",
+        "--reps",
+        "1",
+        "-t",
+        "1",
+        "--weights",
+        "synthetic",
+    ];
+    let out = memra_run(&[&["launch", &plan, "--"][..], &bench, &["--backend", "cuda"]].concat());
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("error: {plan}: device 0 needs 2.21 GiB launched one process per device (0.52 in one process and 1.68 for its boundary communicators) but declares 1.00 GiB; run the plan in one process")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("launch: process 0"),
+        "no process starts: {stderr}"
+    );
+    // the cpu backend has no communicators to hold
+    let out = memra_run(&[&["launch", &plan, "--"][..], &bench].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn serve_is_not_launched() {
+    let plan = "plans/synthetic/tiny-tp-pp2.plan.toml";
+    let out = memra_run(&["launch", plan, "--", "serve"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: the command after `--` is serve, which runs every rank in one process; run `memra-run serve PLAN` without launch"),
+        "{stderr}"
+    );
 }

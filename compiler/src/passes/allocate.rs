@@ -6,7 +6,9 @@
 use super::{RankInfo, Topology};
 use crate::model::{Mixer, ModelMeta, ShardRule, TensorMeta, TensorSite};
 use crate::placement::Placement;
-use crate::plan::{AttentionSplit, Buffer, BufferKind, Collective, DeviceUse, Split, WeightShard};
+use crate::plan::{
+    AttentionSplit, Boundary, Buffer, BufferKind, Collective, DeviceUse, Split, WeightShard,
+};
 
 /// The weight shards a rank holds, in the model's tensor order.
 pub fn weights(model: &ModelMeta, rank: &RankInfo, attention: AttentionSplit) -> Vec<WeightShard> {
@@ -289,14 +291,38 @@ fn score_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64
 pub const CUDA_RUNTIME_BYTES: u64 = 531 << 20;
 /// What one NCCL communicator (a tensor-parallel group's, `collective = "nccl"`) takes on
 /// each member's device: NCCL's buffers and its proxy's mappings, measured on two H200 joined
-/// by NVLink (the image's nvidia-nccl-cu13, 862 MiB; `bench/memory.md`).
+/// by NVLink (the image's nvidia-nccl-cu13, 862 MiB; `bench/memory.md`). A boundary's
+/// two-rank communicator under `launch` is counted the same until it is measured.
 pub const NCCL_COMMUNICATOR_BYTES: u64 = 862 << 20;
+
+/// Boundary ends on `device` whose other end is on another device (`device_of` gives a
+/// rank's device): with one process per device (`memra-run launch`) each boundary between
+/// two processes is a two-rank NCCL communicator, one member on either device.
+pub fn crossing_ends(
+    device: u32,
+    boundaries: &[Boundary],
+    device_of: impl Fn(u32) -> Option<u32>,
+) -> u64 {
+    boundaries
+        .iter()
+        .map(|b| (device_of(b.from_rank), device_of(b.to_rank)))
+        .filter(|(from, to)| from != to)
+        .map(|(from, to)| u64::from(from == Some(device)) + u64::from(to == Some(device)))
+        .sum()
+}
 
 /// Bytes asked of each declared device, sorted by device.
 pub fn device_use(
     placement: &Placement,
     ranks: &[(RankInfo, Vec<WeightShard>, Vec<Buffer>)],
+    boundaries: &[Boundary],
 ) -> Vec<DeviceUse> {
+    let device_of = |rank: u32| {
+        ranks
+            .iter()
+            .find(|(i, ..)| i.rank == rank)
+            .map(|(i, ..)| i.device)
+    };
     placement
         .devices
         .iter()
@@ -313,6 +339,8 @@ pub fn device_use(
                 runtime_bytes: if used { CUDA_RUNTIME_BYTES } else { 0 },
                 transport_bytes: 0,
                 total_bytes: 0,
+                launch_bytes: crossing_ends(device, boundaries, device_of)
+                    * NCCL_COMMUNICATOR_BYTES,
             };
             for (info, weights, buffers) in ranks.iter().filter(|(i, ..)| i.device == device) {
                 if info.tp_degree > 1 && placement.collective == Collective::Nccl {

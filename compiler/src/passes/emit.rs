@@ -30,7 +30,7 @@ pub fn emit(
             )
         })
         .collect();
-    let devices = device_use(placement, &allocated);
+    let devices = device_use(placement, &allocated, &topo.boundaries);
     let mut groups = Vec::new();
     for s in 0..placement.stages.len() {
         let ranks: Vec<u32> = topo

@@ -5,13 +5,16 @@
 //!   boundaries, all-reduces and gathers inside one group.
 //! - `verify_plan`, on the finished plan (the executor can run it too): memory fit per
 //!   device, buffer ownership (no scratch, cache, state or IO buffer is shared by two ranks),
-//!   KDA state sized to the layers and heads it serves, and happens-before (the KV cache and
-//!   the KDA state, which every token reads and rewrites, are accesses like any other). The schedule is replayed for several decode steps in the host's enqueue
-//!   order with CUDA's event semantics (a wait binds to the latest record enqueued before it),
-//!   tracking a vector clock per stream. Every pair of accesses to one buffer from two streams,
-//!   at least one a write, must be ordered; a slot rewritten before its reader has copied it
-//!   away is the same check (write after read).
+//!   the boundary communicators `launch` takes counted per device, KDA state sized to the
+//!   layers and heads it serves, and happens-before (the KV cache and the KDA state, which
+//!   every token reads and rewrites, are accesses like any other). The schedule is replayed
+//!   for several decode steps in the host's enqueue order with CUDA's event semantics (a
+//!   wait binds to the latest record enqueued before it), tracking a vector clock per stream.
+//!   Every pair of accesses to one buffer from two streams, at least one a write, must be
+//!   ordered; a slot rewritten before its reader has copied it away is the same check (write
+//!   after read).
 
+use super::allocate::{crossing_ends, NCCL_COMMUNICATOR_BYTES};
 use super::build::layer_segments;
 use super::shard::ends_partial;
 use crate::graph::{DecodeGraph, NodeKind};
@@ -141,6 +144,26 @@ pub fn memory_overflows(plan: &Plan) -> Vec<(u32, String)> {
                     gib(u.transport_bytes),
                     gib(u.memory_bytes)
                 ),
+            )
+        })
+        .collect()
+}
+
+/// A device over its declared memory once launched one process per device (its
+/// `launch_bytes` on top of `total_bytes`): `launch` refuses such a plan on cuda.
+pub fn launched_overflows(plan: &Plan) -> Vec<String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    plan.devices
+        .iter()
+        .filter(|u| u.total_bytes.saturating_add(u.launch_bytes) > u.memory_bytes)
+        .map(|u| {
+            format!(
+                "device {} needs {:.2} GiB launched one process per device ({:.2} in one process and {:.2} for its boundary communicators) but declares {:.2} GiB; run the plan in one process (memra-run without launch), lower runtime.max_context, runtime.max_sequences or runtime.prefill_chunk, or spread the model over more devices",
+                u.device,
+                gib(u.total_bytes.saturating_add(u.launch_bytes)),
+                gib(u.total_bytes),
+                gib(u.launch_bytes),
+                gib(u.memory_bytes)
             )
         })
         .collect()
@@ -442,6 +465,7 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
         }
     }
     errors.extend(state_sizes(plan));
+    errors.extend(launch_transport(plan));
     errors.extend(token_rows(plan));
     errors.extend(selections(plan));
     // Happens-before, by vector clocks over every (rank, stream).
@@ -530,6 +554,25 @@ pub fn verify_plan(plan: &Plan) -> Vec<String> {
     errors.sort();
     errors.dedup();
     errors
+}
+
+/// Every device counts the two-rank NCCL communicators of its boundary ends to other
+/// devices as `launch_bytes`: a plan cannot leave out what `launch` will take.
+fn launch_transport(plan: &Plan) -> Vec<String> {
+    let device_of = |rank: u32| plan.rank(rank).map(|r| r.device);
+    plan.devices
+        .iter()
+        .filter_map(|u| {
+            let ends = crossing_ends(u.device, &plan.boundaries, device_of);
+            let want = ends * NCCL_COMMUNICATOR_BYTES;
+            (u.launch_bytes != want).then(|| {
+                format!(
+                    "device {} counts launch_bytes {} but its {ends} boundary ends to other devices take {want} when launched one process per device ({NCCL_COMMUNICATOR_BYTES} bytes per two-rank nccl communicator)",
+                    u.device, u.launch_bytes
+                )
+            })
+        })
+        .collect()
 }
 
 /// Every rank running KDA layers holds state buffers of exactly their convolution windows and

@@ -91,6 +91,11 @@ pub struct DeviceUse {
     /// `collective = "nccl"`.
     pub transport_bytes: u64,
     pub total_bytes: u64,
+    /// What the device takes on top of `total_bytes` when each device runs in its own process
+    /// (`memra-run launch`): one two-rank NCCL communicator per boundary end on it whose
+    /// other end is on another device; written only when the device has such ends.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub launch_bytes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

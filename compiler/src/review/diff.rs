@@ -291,7 +291,8 @@ fn devices(old: &Plan, new: &Plan) -> Vec<String> {
     for d in &new.devices {
         all.entry(d.device).or_default().1 = Some(d);
     }
-    // the state's, the runtime's and the transport's bytes change with some plans only
+    // the state's, the runtime's, the transport's and launch's bytes change with some plans
+    // only
     let changed = |what: &str, a: u64, b: u64| {
         if a == b {
             String::new()
@@ -302,18 +303,23 @@ fn devices(old: &Plan, new: &Plan) -> Vec<String> {
     let mut out = Vec::new();
     for (device, pair) in all {
         match pair {
-            (Some(a), Some(b)) if a.total_bytes != b.total_bytes => out.push(format!(
-                "device {device}: {} -> {} ({}; weights {}, kv {}{}, buffers {}{}{})",
-                size(a.total_bytes),
-                size(b.total_bytes),
-                delta(a.total_bytes, b.total_bytes),
-                delta(a.weight_bytes, b.weight_bytes),
-                delta(a.kv_bytes, b.kv_bytes),
-                changed("state", a.state_bytes, b.state_bytes),
-                delta(a.buffer_bytes, b.buffer_bytes),
-                changed("cuda runtime", a.runtime_bytes, b.runtime_bytes),
-                changed("transport", a.transport_bytes, b.transport_bytes)
-            )),
+            (Some(a), Some(b))
+                if a.total_bytes != b.total_bytes || a.launch_bytes != b.launch_bytes =>
+            {
+                out.push(format!(
+                    "device {device}: {} -> {} ({}; weights {}, kv {}{}, buffers {}{}{}{})",
+                    size(a.total_bytes),
+                    size(b.total_bytes),
+                    delta(a.total_bytes, b.total_bytes),
+                    delta(a.weight_bytes, b.weight_bytes),
+                    delta(a.kv_bytes, b.kv_bytes),
+                    changed("state", a.state_bytes, b.state_bytes),
+                    delta(a.buffer_bytes, b.buffer_bytes),
+                    changed("cuda runtime", a.runtime_bytes, b.runtime_bytes),
+                    changed("transport", a.transport_bytes, b.transport_bytes),
+                    changed("launched", a.launch_bytes, b.launch_bytes)
+                ))
+            }
             (Some(a), None) => out.push(format!(
                 "device {device}: removed ({})",
                 size(a.total_bytes)

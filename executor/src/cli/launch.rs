@@ -8,6 +8,11 @@
 //! rank prints), and stdin goes to that process (an interactive chat). The first child that
 //! fails ends the others; launch then names it with its last stderr lines and exits 1.
 //! A plan whose devices are on other hosts is refused: each host starts its own processes.
+//!
+//! Under a site's launcher (`dist::launcher`: srun, mpirun, torchrun set a rank and a world
+//! size in every process) launch starts nothing: it runs the subcommand as the launcher's
+//! process `P` of `W` itself, meeting the others at the rendezvous the environment or the
+//! flags name. `srun memra-run launch PLAN -- gate ...` then works on several hosts.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -23,7 +28,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use memra_compiler::plan::Plan;
 
-use super::Cli;
+use super::{execute, Cli};
+use crate::dist::launcher::{self, Assignment, Env, Flags};
 use crate::dist::{ProcessMap, JOIN_TIMEOUT, LISTENING, PEER_FAILED};
 
 /// Stderr lines kept per child for the failure report.
@@ -32,8 +38,6 @@ const TAIL_LINES: usize = 20;
 const POLL: Duration = Duration::from_millis(10);
 /// How long launch waits for the cause of a process's `PEER_FAILED` exit to exit too.
 const CAUSE_GRACE: Duration = Duration::from_secs(2);
-/// Where process 0 listens: localhost, a port the system picks.
-const RENDEZVOUS: &str = "127.0.0.1:0";
 /// Kept off in every child: NVLink multicast can take a shared host's GPUs down.
 const MULTICAST_OFF: [(&str, &str); 3] = [
     ("NCCL_NVLS_ENABLE", "0"),
@@ -50,26 +54,50 @@ struct Running {
     tail: Arc<Mutex<VecDeque<String>>>,
 }
 
-/// Starts the plan's processes with `command` (a subcommand and its arguments, without the
-/// plan) and waits for them.
-pub fn launch(plan_path: &Path, command: &[String]) -> Result<ExitCode> {
+/// The command line of process `p` of `processes` meeting at `rendezvous`: `command` (a
+/// subcommand and its arguments, without the plan) with the plan and the process options.
+fn process_args(
+    plan: &Path,
+    command: &[String],
+    p: u32,
+    processes: u32,
+    rendezvous: &str,
+) -> Vec<String> {
+    let mut a = vec![command[0].clone(), plan.display().to_string()];
+    a.extend(command[1..].iter().cloned());
+    a.extend([
+        "--process".into(),
+        p.to_string(),
+        "--processes".into(),
+        processes.to_string(),
+        "--rendezvous".into(),
+        rendezvous.into(),
+    ]);
+    a
+}
+
+/// Runs `command` (a subcommand and its arguments, without the plan) on the plan: as the one
+/// process a site's launcher or `flags` assign, or else as every process of this host,
+/// started here and waited for.
+pub fn launch(plan_path: &Path, command: &[String], flags: &Flags) -> Result<ExitCode> {
     let plan = Plan::read(plan_path)?;
     let map = ProcessMap::of(&plan);
+    if let Some(a) = launcher::assign(&Env::current()?, flags)? {
+        if a.processes > 1 || map.processes() == 1 {
+            return run_assigned(plan_path, &plan, &map, command, &a);
+        }
+        // `srun -n 1`, a batch script: the launcher's one task starts this host's processes
+        eprintln!(
+            "launch: {}: one process ({}); launch starts the plan's {} processes on this host",
+            a.by(),
+            a.sources.join(", "),
+            map.processes()
+        );
+    }
     check_hosts(&plan, &map)?;
-    let args = |p: u32, rendezvous: &str| -> Vec<String> {
-        let mut a = vec![command[0].clone(), plan_path.display().to_string()];
-        a.extend(command[1..].iter().cloned());
-        a.extend([
-            "--process".into(),
-            p.to_string(),
-            "--processes".into(),
-            map.processes().to_string(),
-            "--rendezvous".into(),
-            rendezvous.into(),
-        ]);
-        a
-    };
-    check_command(&args(0, RENDEZVOUS))?;
+    let args =
+        |p: u32, rendezvous: &str| process_args(plan_path, command, p, map.processes(), rendezvous);
+    parse_command(&args(0, launcher::ALONE))?;
     let reader = map.reader().unwrap_or(0);
     let exe = std::env::current_exe().context("cannot find the memra-run binary")?;
     let start = |p: u32, rendezvous: &str, announce: Option<Sender<String>>| {
@@ -83,7 +111,7 @@ pub fn launch(plan_path: &Path, command: &[String]) -> Result<ExitCode> {
         )
     };
     let (tx, rx) = channel();
-    let mut children = vec![start(0, RENDEZVOUS, Some(tx))?];
+    let mut children = vec![start(0, launcher::ALONE, Some(tx))?];
     let deadline = Instant::now() + JOIN_TIMEOUT;
     let address = loop {
         match rx.recv_timeout(POLL) {
@@ -139,6 +167,46 @@ pub fn launch(plan_path: &Path, command: &[String]) -> Result<ExitCode> {
     }
 }
 
+/// Runs `command` in this process as the process `a` assigns, once the world fits the plan.
+fn run_assigned(
+    plan_path: &Path,
+    plan: &Plan,
+    map: &ProcessMap,
+    command: &[String],
+    a: &Assignment,
+) -> Result<ExitCode> {
+    eprintln!(
+        "launch: {}: process {} of {} ({})",
+        a.by(),
+        a.process,
+        a.processes,
+        a.sources.join(", ")
+    );
+    let want = map.processes();
+    if a.processes != want {
+        bail!(
+            "{}: the world has {} processes ({}), but the plan's ranks use {want} devices, one process each; start {want} processes (srun -n {want}, mpirun -np {want}, torchrun --nproc-per-node {want})",
+            plan_path.display(),
+            a.processes,
+            a.sources[1]
+        );
+    }
+    let device = map.device(a.process);
+    let host = plan.devices.iter().find(|d| d.device == device);
+    if let Some(host) = host.and_then(|d| d.host.as_deref()) {
+        let here = this_host();
+        if !is_local(host, &here) {
+            bail!(
+                "process {} ({}) runs device {device}, which the plan puts on host `{host}`, but this is host `{here}`; the launcher must start process P on the host of the plan's P-th device (devices of the plan's ranks in increasing order)",
+                a.process,
+                a.sources[0]
+            );
+        }
+    }
+    let args = process_args(plan_path, command, a.process, a.processes, &a.rendezvous);
+    Ok(execute(parse_command(&args)?))
+}
+
 /// Refuses a plan with a device of its ranks on another host.
 fn check_hosts(plan: &Plan, map: &ProcessMap) -> Result<()> {
     let here = this_host();
@@ -173,8 +241,9 @@ fn is_local(host: &str, here: &str) -> bool {
     host == "localhost" || host.eq_ignore_ascii_case(here) || short(host) == short(here)
 }
 
-/// Parses a child's command line here, so that a mistake is reported once, not per process.
-fn check_command(args: &[String]) -> Result<()> {
+/// Parses a process's command line and checks its world against the plan (launch checks a
+/// child's here, so that a mistake is reported once, not per process).
+fn parse_command(args: &[String]) -> Result<Cli> {
     let mut cli =
         Cli::try_parse_from(std::iter::once("memra-run".to_string()).chain(args.iter().cloned()))
             .map_err(|e| {
@@ -184,10 +253,14 @@ fn check_command(args: &[String]) -> Result<()> {
                 text.trim_start_matches("error: ").trim_end()
             )
         })?;
+    if matches!(cli.command, super::Command::Serve { .. }) {
+        bail!("the command after `--` is serve, which runs every rank in one process; run `memra-run serve PLAN` without launch");
+    }
     match cli.command.plan_and_run() {
-        Some((plan, run)) => run.check_world(plan),
+        Some((plan, run)) => run.check_world(plan)?,
         None => bail!("the command after `--` is a launch itself; give the subcommand each process runs (generate, chat, perplexity, gate, compare, bench)"),
     }
+    Ok(cli)
 }
 
 /// Starts process `p` with `args`; its stderr lines go through with a prefix, and with

@@ -19,6 +19,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use memra_compiler::passes::verify::launched_overflows;
 use memra_compiler::plan::Plan;
 use memra_gguf::output::escaped_lines;
 
@@ -165,10 +166,26 @@ enum Command {
     },
     /// Run a subcommand as one process per device of the plan (this host's devices), e.g.
     /// `memra-run launch PLAN -- gate --reference REF`; each process runs
-    /// `memra-run SUBCOMMAND PLAN ARGS --process P --processes W --rendezvous ADDR`.
+    /// `memra-run SUBCOMMAND PLAN ARGS --process P --processes W --rendezvous ADDR`. Under a
+    /// site's launcher (srun, mpirun, torchrun: their rank and world size in the environment)
+    /// it runs the subcommand as that one process instead.
     Launch {
         /// The execution plan; the subcommand gets it as its first argument.
         plan: PathBuf,
+        /// Run as process P (over the launcher's rank).
+        #[arg(long, value_name = "P")]
+        process: Option<u32>,
+        /// The number of processes (over the launcher's world size).
+        #[arg(long, value_name = "W")]
+        processes: Option<u32>,
+        /// HOST:PORT where process 0 listens (over MASTER_ADDR, MASTER_PORT and SLURM's node
+        /// list).
+        #[arg(long, value_name = "HOST:PORT", conflicts_with = "port")]
+        rendezvous: Option<String>,
+        /// The rendezvous port, the host coming from the launcher (over MASTER_PORT and the
+        /// default 29500).
+        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+        port: Option<u16>,
         /// The subcommand and its arguments without the plan, after `--`.
         #[arg(last = true, required = true, value_name = "SUBCOMMAND [ARGS]")]
         command: Vec<String>,
@@ -410,7 +427,8 @@ impl RunArgs {
     }
 
     /// Refuses process options that cannot run `plan`: another number of processes than its
-    /// devices, or a backend without one process per device.
+    /// devices, or on cuda a device that cannot hold its boundary communicators besides the
+    /// plan's bytes.
     fn check_world(&self, plan: &Path) -> Result<()> {
         let Some(w) = self.processes else {
             return Ok(());
@@ -418,7 +436,12 @@ impl RunArgs {
         let parsed = Plan::read(plan)?;
         ProcessMap::of(&parsed)
             .check(w)
-            .map_err(|e| anyhow!("{}: {e}", plan.display()))
+            .map_err(|e| anyhow!("{}: {e}", plan.display()))?;
+        let over = launched_overflows(&parsed);
+        if self.backend == BackendArg::Cuda && !over.is_empty() {
+            bail!("{}: {}", plan.display(), over.join("\n"));
+        }
+        Ok(())
     }
 
     /// Joins the world the process options name, if they do; the world lives as long as the
@@ -520,7 +543,11 @@ impl Command {
 
 /// Parses the command line and runs it; errors go to stderr with exit status 1.
 pub fn main() -> ExitCode {
-    let mut cli = Cli::parse();
+    execute(Cli::parse())
+}
+
+/// Runs a parsed command line, joining its world first when it names one.
+fn execute(mut cli: Cli) -> ExitCode {
     let world = match cli.command.join() {
         Ok(world) => world,
         Err(e) => return fail(&e),
@@ -655,6 +682,21 @@ fn run(command: Command) -> Result<ExitCode> {
             },
             &run,
         ),
-        Command::Launch { plan, command } => launch::launch(&plan, &command),
+        Command::Launch {
+            plan,
+            process,
+            processes,
+            rendezvous,
+            port,
+            command,
+        } => {
+            let flags = crate::dist::launcher::Flags {
+                process,
+                processes,
+                rendezvous,
+                port,
+            };
+            launch::launch(&plan, &command, &flags)
+        }
     }
 }

@@ -26,10 +26,12 @@
 //! ranks share with `Routes`, implements `Deliver` for what arrives, and has the readback
 //! process hand each step's token to the others (`Body::Token`). The CPU wire
 //! (`crate::cpu::wire`) does all of it on host memory. Bytes a backend exchanges out of band
-//! (an NCCL unique id) go through `World::share`.
+//! (an NCCL unique id) go through `World::share`. `launcher` reads which process this is
+//! from the variables a site's launcher (srun, mpirun, torchrun) sets.
 
 mod frame;
 mod join;
+pub mod launcher;
 mod routes;
 mod tokens;
 
