@@ -7,7 +7,7 @@
 use anyhow::{bail, Result};
 
 use super::emit::{common_head, head_of, keyed, Head, Spec};
-use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::ffn::DeepseekMoe;
 use super::plan::{residual, Block, Planned};
 use crate::{GgmlType, Value};
 
@@ -105,18 +105,8 @@ pub struct Deepseek2Shape {
     pub qk_rope: u64,
     /// Per-head v width.
     pub v_head: u64,
-    /// Hidden width of the leading dense layers.
-    pub ffn: u64,
-    /// Leading layers with a dense FFN instead of MoE.
-    pub dense_layers: u32,
-    /// Routed experts per MoE layer.
-    pub experts: u32,
-    /// Experts used per token.
-    pub experts_used: u32,
-    /// Hidden width of one expert (and of each shared expert).
-    pub expert_ffn: u64,
-    /// Shared experts, fused into one FFN `expert_ffn * shared_experts` wide.
-    pub shared_experts: u32,
+    /// The dense and MoE FFN layers.
+    pub moe: DeepseekMoe,
     /// How tokens pick their experts.
     pub routing: Routing,
     /// Vocabulary size.
@@ -140,12 +130,11 @@ const TINY: Deepseek2Shape = Deepseek2Shape {
     qk_nope: 64,
     qk_rope: 32,
     v_head: 64,
-    ffn: 512,
-    dense_layers: 1,
-    experts: 16,
-    experts_used: 4,
-    expert_ffn: 256,
-    shared_experts: 1,
+    moe: DeepseekMoe {
+        experts: 16,
+        experts_used: 4,
+        ..DeepseekMoe::TINY
+    },
     routing: Routing::v3(4, 2),
     vocab: 256,
     context: 16384,
@@ -166,9 +155,10 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
     Deepseek2Shape {
         name: "tiny-deepseek2-lite",
         q_lora_rank: 0,
-        experts: 8,
-        experts_used: 2,
-        shared_experts: 2,
+        moe: DeepseekMoe {
+            shared_experts: 2,
+            ..DeepseekMoe::TINY
+        },
         routing: Routing::V2,
         yarn: Yarn {
             mscale_all_dim: 0.707,
@@ -186,12 +176,14 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         qk_nope: 128,
         qk_rope: 64,
         v_head: 128,
-        ffn: 10944,
-        dense_layers: 1,
-        experts: 64,
-        experts_used: 6,
-        expert_ffn: 1408,
-        shared_experts: 2,
+        moe: DeepseekMoe {
+            ffn: 10944,
+            dense_layers: 1,
+            experts: 64,
+            experts_used: 6,
+            expert_ffn: 1408,
+            shared_experts: 2,
+        },
         routing: Routing::V2,
         vocab: 102_400,
         context: 163_840,
@@ -212,12 +204,14 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         qk_nope: 128,
         qk_rope: 64,
         v_head: 128,
-        ffn: 18432,
-        dense_layers: 3,
-        experts: 256,
-        experts_used: 8,
-        expert_ffn: 2048,
-        shared_experts: 1,
+        moe: DeepseekMoe {
+            ffn: 18432,
+            dense_layers: 3,
+            experts: 256,
+            experts_used: 8,
+            expert_ffn: 2048,
+            shared_experts: 1,
+        },
         routing: Routing::v3(8, 4),
         vocab: 129_280,
         context: 163_840,
@@ -247,13 +241,8 @@ impl Deepseek2Shape {
             );
         }
         self.layers = layers;
-        self.dense_layers = self.dense_layers.min(layers);
+        self.moe.dense_layers = self.moe.dense_layers.min(layers);
         Ok(self)
-    }
-
-    /// Per-head q/k width (`attention.key_length_mla`).
-    pub fn qk_head(&self) -> u64 {
-        self.qk_nope + self.qk_rope
     }
 }
 
@@ -284,6 +273,26 @@ impl Deepseek2Shape {
     }
 }
 
+impl MlaDims {
+    /// The keys `attention.key_length` and `value_length` of the absorbed form (MQA over the
+    /// latent), then `key_length_mla` and `value_length_mla`, the real per-head widths.
+    pub(crate) fn length_keys(&self) -> [(&'static str, Value); 4] {
+        let kv = self.kv_lora_rank;
+        [
+            (
+                "attention.key_length",
+                Value::U32((kv + self.qk_rope) as u32),
+            ),
+            ("attention.value_length", Value::U32(kv as u32)),
+            (
+                "attention.key_length_mla",
+                Value::U32((self.qk_nope + self.qk_rope) as u32),
+            ),
+            ("attention.value_length_mla", Value::U32(self.v_head as u32)),
+        ]
+    }
+}
+
 /// The MLA tensors of block `b` (its attention norm first).
 pub(crate) fn attention(s: &MlaDims, b: &Block, res: f32) -> Vec<Planned> {
     let h = u64::from(s.heads);
@@ -310,7 +319,7 @@ pub(crate) fn attention(s: &MlaDims, b: &Block, res: f32) -> Vec<Planned> {
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = deepseek_ffn!(s, s.routing.probs_bias, res);
+    let ffn = s.moe.ffn(s.dim, s.routing.probs_bias, res);
     ffn.model(s.layers, s.vocab, dtype, |b, _| {
         attention(&s.mla_dims(), b, res)
     })
@@ -323,41 +332,32 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
 /// layer count).
 fn metadata(s: &Deepseek2Shape) -> Vec<(String, Value)> {
     let mut kv = common_head(
-        head_of!("deepseek2", s),
+        head_of!("deepseek2", s, s.moe.ffn),
         [
             ("attention.head_count_kv", Value::U32(1)),
             ("rope.freq_base", Value::F32(s.rope_base)),
             ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
-            ("expert_count", Value::U32(s.experts)),
-            ("expert_used_count", Value::U32(s.experts_used)),
-            ("expert_group_count", Value::U32(s.routing.groups)),
-            ("expert_group_used_count", Value::U32(s.routing.groups_used)),
-            ("expert_gating_func", Value::U32(s.routing.gating.id())),
-            ("rope.scaling.type", Value::Str("yarn".into())),
-            ("rope.scaling.factor", Value::F32(s.yarn.factor)),
-            (
-                "rope.scaling.original_context_length",
-                Value::U32(s.yarn.original_context),
-            ),
-            ("leading_dense_block_count", Value::U32(s.dense_layers)),
-            ("vocab_size", Value::U32(s.vocab as u32)),
-            ("attention.q_lora_rank", Value::U32(s.q_lora_rank as u32)),
-            ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
-            (
-                "attention.key_length",
-                Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
-            ),
-            ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
-            ("attention.key_length_mla", Value::U32(s.qk_head() as u32)),
-            ("attention.value_length_mla", Value::U32(s.v_head as u32)),
-            (
-                "expert_feed_forward_length",
-                Value::U32(s.expert_ffn as u32),
-            ),
-            ("expert_shared_count", Value::U32(s.shared_experts)),
-            ("expert_weights_scale", Value::F32(s.routing.weights_scale)),
         ],
     );
+    kv.extend(s.moe.count_keys());
+    kv.extend([
+        ("expert_group_count", Value::U32(s.routing.groups)),
+        ("expert_group_used_count", Value::U32(s.routing.groups_used)),
+        ("expert_gating_func", Value::U32(s.routing.gating.id())),
+        ("rope.scaling.type", Value::Str("yarn".into())),
+        ("rope.scaling.factor", Value::F32(s.yarn.factor)),
+        (
+            "rope.scaling.original_context_length",
+            Value::U32(s.yarn.original_context),
+        ),
+        ("leading_dense_block_count", Value::U32(s.moe.dense_layers)),
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        ("attention.q_lora_rank", Value::U32(s.q_lora_rank as u32)),
+        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
+    ]);
+    kv.extend(s.mla_dims().length_keys());
+    kv.extend(s.moe.width_keys());
+    kv.push(("expert_weights_scale", Value::F32(s.routing.weights_scale)));
     if s.routing.norm_weights {
         kv.push(("expert_weights_norm", Value::Bool(true)));
     }

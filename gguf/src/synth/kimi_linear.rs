@@ -7,7 +7,7 @@
 
 use super::deepseek2::{attention, Gating, MlaDims};
 use super::emit::{common_head, head_of, keyed, Head, Spec};
-use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::ffn::DeepseekMoe;
 use super::plan::{f32_around, f32_uniform, norm, residual, Block, Planned};
 use crate::{GgmlType, Value};
 
@@ -36,18 +36,8 @@ pub struct KimiLinearShape {
     pub qk_rope: u64,
     /// MLA per-head v width.
     pub v_head: u64,
-    /// Hidden width of the leading dense layers.
-    pub ffn: u64,
-    /// Leading layers with a dense FFN.
-    pub dense_layers: u32,
-    /// Routed experts per MoE layer.
-    pub experts: u32,
-    /// Experts used per token.
-    pub experts_used: u32,
-    /// Hidden width of one expert (and of the shared expert).
-    pub expert_ffn: u64,
-    /// Shared experts.
-    pub shared_experts: u32,
+    /// The dense and MoE FFN layers.
+    pub moe: DeepseekMoe,
     /// `expert_weights_scale` (Kimi's routed_scaling_factor).
     pub weights_scale: f32,
     /// Vocabulary size.
@@ -70,12 +60,7 @@ pub const KIMI_LINEAR_SHAPES: &[KimiLinearShape] = &[KimiLinearShape {
     qk_nope: 64,
     qk_rope: 32,
     v_head: 64,
-    ffn: 512,
-    dense_layers: 1,
-    experts: 8,
-    experts_used: 2,
-    expert_ffn: 256,
-    shared_experts: 1,
+    moe: DeepseekMoe::TINY,
     weights_scale: 2.446,
     vocab: 256,
     context: 4096,
@@ -93,7 +78,7 @@ impl KimiLinearShape {
     /// This shape cut to its first `layers` blocks.
     pub fn with_layers(mut self, layers: u32) -> KimiLinearShape {
         self.layers = layers;
-        self.dense_layers = self.dense_layers.min(layers);
+        self.moe.dense_layers = self.moe.dense_layers.min(layers);
         self
     }
 
@@ -150,7 +135,7 @@ pub(crate) fn kda(
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = deepseek_ffn!(s, true, res);
+    let ffn = s.moe.ffn(s.dim, true, res);
     let mla = s.mla();
     ffn.model(s.layers, s.vocab, dtype, |b, l| match s.is_attention(l) {
         true => attention(&mla, b, res),
@@ -170,38 +155,28 @@ fn metadata(s: &KimiLinearShape) -> Vec<(String, Value)> {
     let kv_heads = (0..s.layers)
         .map(|l| Value::U32(u32::from(s.is_attention(l))))
         .collect();
-    let kv = common_head(
-        head_of!("kimi-linear", s),
+    let mut kv = common_head(
+        head_of!("kimi-linear", s, s.moe.ffn),
         [
             ("attention.head_count_kv", Value::Array(kv_heads)),
             ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
-            ("expert_count", Value::U32(s.experts)),
-            ("expert_used_count", Value::U32(s.experts_used)),
-            ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
-            ("vocab_size", Value::U32(s.vocab as u32)),
-            ("ssm.conv_kernel", Value::U32(s.conv as u32)),
-            ("kda.head_dim", Value::U32(s.kda_head as u32)),
-            ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
-            ("rope.dimension_count", Value::U32(s.qk_rope as u32)),
-            (
-                "attention.key_length",
-                Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
-            ),
-            ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
-            (
-                "attention.key_length_mla",
-                Value::U32((s.qk_nope + s.qk_rope) as u32),
-            ),
-            ("attention.value_length_mla", Value::U32(s.v_head as u32)),
-            (
-                "expert_feed_forward_length",
-                Value::U32(s.expert_ffn as u32),
-            ),
-            ("expert_shared_count", Value::U32(s.shared_experts)),
-            ("leading_dense_block_count", Value::U32(s.dense_layers)),
-            ("expert_weights_scale", Value::F32(s.weights_scale)),
         ],
     );
+    kv.extend(s.moe.count_keys());
+    kv.extend([
+        ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        ("ssm.conv_kernel", Value::U32(s.conv as u32)),
+        ("kda.head_dim", Value::U32(s.kda_head as u32)),
+        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
+        ("rope.dimension_count", Value::U32(s.qk_rope as u32)),
+    ]);
+    kv.extend(s.mla().length_keys());
+    kv.extend(s.moe.width_keys());
+    kv.extend([
+        ("leading_dense_block_count", Value::U32(s.moe.dense_layers)),
+        ("expert_weights_scale", Value::F32(s.weights_scale)),
+    ]);
     keyed("kimi-linear", kv)
 }
 
