@@ -5,7 +5,7 @@
 //! Kimi-Linear: the per-layer `attention.head_count_kv` array marks KDA layers with 0,
 //! convolutions are `[d_conv, 1, channels]` in F32, `ssm_a` holds `-exp(A_log)` as `[1, heads]`.
 
-use super::deepseek2::{attention, Gating, MlaDims};
+use super::deepseek2::{attention, Gating, Mla};
 use super::emit::{common_head, head_of, keyed, Head, Spec};
 use super::ffn::DeepseekMoe;
 use super::plan::{f32_around, f32_uniform, norm, residual, Block, Planned};
@@ -28,14 +28,8 @@ pub struct KimiLinearShape {
     pub conv: u64,
     /// Every `attention_every`-th layer (counting from 1) and the last are MLA.
     pub attention_every: u32,
-    /// MLA latent width.
-    pub kv_lora_rank: u64,
-    /// MLA per-head q/k width without the "rope" part.
-    pub qk_nope: u64,
-    /// MLA "rope" part (not rotated in kimi-linear).
-    pub qk_rope: u64,
-    /// MLA per-head v width.
-    pub v_head: u64,
+    /// The MLA layers' widths (no q-lora; the "rope" part is not rotated in kimi-linear).
+    pub mla: Mla,
     /// The dense and MoE FFN layers.
     pub moe: DeepseekMoe,
     /// `expert_weights_scale` (Kimi's routed_scaling_factor).
@@ -56,10 +50,10 @@ pub const KIMI_LINEAR_SHAPES: &[KimiLinearShape] = &[KimiLinearShape {
     kda_head: 32,
     conv: 4,
     attention_every: 2,
-    kv_lora_rank: 256,
-    qk_nope: 64,
-    qk_rope: 32,
-    v_head: 64,
+    mla: Mla {
+        q_lora_rank: 0,
+        ..Mla::TINY
+    },
     moe: DeepseekMoe::TINY,
     weights_scale: 2.446,
     vocab: 256,
@@ -80,19 +74,6 @@ impl KimiLinearShape {
         self.layers = layers;
         self.moe.dense_layers = self.moe.dense_layers.min(layers);
         self
-    }
-
-    /// The MLA layers' widths (no q-LoRA).
-    fn mla(&self) -> MlaDims {
-        MlaDims {
-            dim: self.dim,
-            heads: self.heads,
-            q_lora_rank: 0,
-            kv_lora_rank: self.kv_lora_rank,
-            qk_nope: self.qk_nope,
-            qk_rope: self.qk_rope,
-            v_head: self.v_head,
-        }
     }
 }
 
@@ -136,9 +117,8 @@ pub(crate) fn kda(
 fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
     let ffn = s.moe.ffn(s.dim, true, res);
-    let mla = s.mla();
     ffn.model(s.layers, s.vocab, dtype, |b, l| match s.is_attention(l) {
-        true => attention(&mla, b, res),
+        true => attention(b, (s.dim, s.heads), &s.mla, res),
         false => {
             let h = u64::from(s.heads);
             let widths = (s.dim, h, s.kda_head, s.conv);
@@ -168,10 +148,13 @@ fn metadata(s: &KimiLinearShape) -> Vec<(String, Value)> {
         ("vocab_size", Value::U32(s.vocab as u32)),
         ("ssm.conv_kernel", Value::U32(s.conv as u32)),
         ("kda.head_dim", Value::U32(s.kda_head as u32)),
-        ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
-        ("rope.dimension_count", Value::U32(s.qk_rope as u32)),
+        (
+            "attention.kv_lora_rank",
+            Value::U32(s.mla.kv_lora_rank as u32),
+        ),
+        ("rope.dimension_count", Value::U32(s.mla.qk_rope as u32)),
     ]);
-    kv.extend(s.mla().length_keys());
+    kv.extend(s.mla.length_keys());
     kv.extend(s.moe.width_keys());
     kv.extend([
         ("leading_dense_block_count", Value::U32(s.moe.dense_layers)),
