@@ -84,18 +84,12 @@ impl RankRunner {
             }
             None => None,
         };
-        let outgoing = plan
-            .boundaries
-            .iter()
-            .filter(|b| b.from_rank == rank)
-            .cloned()
-            .collect();
-        let incoming = plan
-            .boundaries
-            .iter()
-            .filter(|b| b.to_rank == rank)
-            .cloned()
-            .collect();
+        // the boundaries whose `end` (sender or receiver) is this rank
+        let at_rank = |end: fn(&Boundary) -> u32| {
+            let at = plan.boundaries.iter().filter(|&b| end(b) == rank);
+            at.cloned().collect()
+        };
+        let (outgoing, incoming) = (at_rank(|b| b.from_rank), at_rank(|b| b.to_rank));
         Ok(RankRunner {
             program: Program::of(plan, rank),
             cursor: Cursor::default(),
