@@ -478,21 +478,18 @@ fn validate_capture(
     let Some(raw) = raw else {
         return (CaptureMode::Graphs, Vec::new());
     };
-    let mode = match &raw.mode {
-        None => CaptureMode::Graphs,
-        Some(m) => match m.get_ref().as_str() {
-            "graphs" => CaptureMode::Graphs,
-            "eager" => CaptureMode::Eager,
-            other => {
-                c.error(
-                    m.span(),
-                    "capture.mode",
-                    format!("unknown mode `{other}`; allowed: graphs, eager"),
-                );
-                CaptureMode::Graphs
-            }
-        },
-    };
+    let modes = [
+        ("graphs", CaptureMode::Graphs),
+        ("eager", CaptureMode::Eager),
+    ];
+    let mode = validate_choice(
+        raw.mode.as_ref(),
+        "capture.mode",
+        "mode",
+        &modes,
+        |_| vec![],
+        c,
+    );
     let n = model.layers;
     let mut forced: Vec<ForcedEager> = Vec::new();
     for (i, e) in raw.eager.iter().enumerate() {
@@ -655,31 +652,54 @@ fn eager_kinds(
     Some(ranges)
 }
 
+/// The choice of `choices` (name, value) that `field` names, the first when it is absent or
+/// names none (an error at `key` naming the allowed ones, the value a `noun`); every message of
+/// `errors` for the choice is an error at `key` too.
+fn validate_choice<T: Copy>(
+    field: Option<&Spanned<String>>,
+    key: &str,
+    noun: &str,
+    choices: &[(&str, T)],
+    errors: impl FnOnce(T) -> Vec<String>,
+    c: &mut Collector,
+) -> T {
+    let Some(field) = field else {
+        return choices[0].1;
+    };
+    let name = field.get_ref().as_str();
+    let Some(&(_, choice)) = choices.iter().find(|(n, _)| *n == name) else {
+        let allowed: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+        let message = format!("unknown {noun} `{name}`; allowed: {}", allowed.join(", "));
+        c.error(field.span(), key, message);
+        return choices[0].1;
+    };
+    for message in errors(choice) {
+        c.error(field.span(), key, message);
+    }
+    choice
+}
+
+/// `transport.boundary`: how boundaries between stages move activations.
 fn validate_transport(
     raw: Option<&RawTransport>,
     stages: &[Stage],
     c: &mut Collector,
 ) -> TransportChoice {
-    let Some(boundary) = raw.and_then(|r| r.boundary.as_ref()) else {
-        return TransportChoice::Auto;
-    };
-    let choice = match boundary.get_ref().as_str() {
-        "auto" => TransportChoice::Auto,
-        "device_copy" => TransportChoice::DeviceCopy,
-        "peer_copy" => TransportChoice::PeerCopy,
-        other => {
-            c.error(
-                boundary.span(),
-                "transport.boundary",
-                format!("unknown transport `{other}`; allowed: auto, device_copy, peer_copy"),
-            );
-            return TransportChoice::Auto;
-        }
-    };
-    for message in transport_errors(choice, stages) {
-        c.error(boundary.span(), "transport.boundary", message);
-    }
-    choice
+    let choices = [
+        ("auto", TransportChoice::Auto),
+        ("device_copy", TransportChoice::DeviceCopy),
+        ("peer_copy", TransportChoice::PeerCopy),
+    ];
+    let field = raw.and_then(|r| r.boundary.as_ref());
+    let errors = |choice| transport_errors(choice, stages);
+    validate_choice(
+        field,
+        "transport.boundary",
+        "transport",
+        &choices,
+        errors,
+        c,
+    )
 }
 
 /// Why boundaries between `stages` cannot use `choice` (empty when they can): a device copy
@@ -710,25 +730,17 @@ fn validate_collective(
     stages: &[Stage],
     c: &mut Collector,
 ) -> Collective {
-    let Some(field) = raw.and_then(|r| r.collective.as_ref()) else {
-        return Collective::Oneshot;
-    };
-    let choice = match field.get_ref().as_str() {
-        "oneshot" => Collective::Oneshot,
-        "nccl" => Collective::Nccl,
-        other => {
-            c.error(
-                field.span(),
-                "transport.collective",
-                format!("unknown collective `{other}`; allowed: oneshot, nccl"),
-            );
-            return Collective::Oneshot;
-        }
-    };
-    for message in collective_errors(choice, stages) {
-        c.error(field.span(), "transport.collective", message);
-    }
-    choice
+    let choices = [("oneshot", Collective::Oneshot), ("nccl", Collective::Nccl)];
+    let field = raw.and_then(|r| r.collective.as_ref());
+    let errors = |choice| collective_errors(choice, stages);
+    validate_choice(
+        field,
+        "transport.collective",
+        "collective",
+        &choices,
+        errors,
+        c,
+    )
 }
 
 /// Why the tensor-parallel groups of `stages` cannot use `choice` (empty when they can).

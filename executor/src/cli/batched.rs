@@ -2,16 +2,14 @@
 //! (continuous batching, `crate::batch`): every repetition starts B sequences of a
 //! `--prompt`-token prompt each at once and decodes `-n` greedy tokens of each.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 
-use super::tools::mean_sd;
-use super::RunArgs;
+use super::tools::{backend_words, mean_sd, Bench};
 use crate::batch::{window, Batch};
-use crate::engine::{open, Backend};
+use crate::engine::open;
 use crate::sample::SamplerConfig;
 
 /// What one timed repetition measured.
@@ -27,20 +25,12 @@ struct Rep {
 /// `bench --batch`: `batch` sequences of `prompt` tokens (at least one) generating `n` each,
 /// `reps` timed repetitions after one warm-up. Each repetition's prompts differ from the
 /// last ones from their first token on, so no slot reuses a cached prefix.
-pub fn bench_batch(
-    plan: &Path,
-    batch: usize,
-    prompt: usize,
-    n: usize,
-    reps: usize,
-    json: bool,
-    run: &RunArgs,
-) -> Result<ExitCode> {
-    if run.processes.is_some() {
+pub fn bench_batch(bench: &Bench, batch: usize) -> Result<ExitCode> {
+    let plan = bench.plan;
+    if bench.run.processes.is_some() {
         bail!("--process/--processes/--rendezvous: bench --batch runs every rank in one process");
     }
-    let loaded = run.load(plan)?;
-    super::tools::check_fits(&loaded, plan, prompt, n)?;
+    let loaded = bench.load()?;
     let slots = loaded.plan.runtime.max_sequences as usize;
     if batch > slots {
         bail!(
@@ -48,17 +38,20 @@ pub fn bench_batch(
             plan.display()
         );
     }
-    let options = run.options(SamplerConfig::GREEDY);
+    let options = bench.run.options(SamplerConfig::GREEDY);
     let engine = open(&loaded, options)?;
     for line in engine.report() {
         eprintln!("{line}");
     }
     let window = window(&loaded.plan, options.arm);
     let mut engine = Batch::new(engine, slots, window);
-    let n = n.max(2);
-    let (prompt, vocab) = (prompt.max(1), u64::from(loaded.plan.model.vocab.max(1)));
+    let n = bench.n.max(2);
+    let (prompt, vocab) = (
+        bench.prompt.max(1),
+        u64::from(loaded.plan.model.vocab.max(1)),
+    );
     let mut measured = Vec::new();
-    for rep in 0..=reps.max(1) {
+    for rep in 0..=bench.reps.max(1) {
         let prompts: Vec<Vec<u32>> = (0..batch)
             .map(|s| {
                 let first = (rep * batch + s) as u64 * (prompt as u64 + 1);
@@ -79,12 +72,9 @@ pub fn bench_batch(
     let (tok_s, tok_s_sd) = mean_sd(&measured.iter().map(|m| m.tok_s).collect::<Vec<_>>());
     let (ttft_ms, _) = mean_sd(&measured.iter().map(|m| m.ttft_ms).collect::<Vec<_>>());
     let (ms_per_token, _) = mean_sd(&measured.iter().map(|m| m.ms_per_token).collect::<Vec<_>>());
-    let on = match options.backend {
-        Backend::Cpu => format!("cpu {} threads", options.threads),
-        Backend::Cuda => "cuda".to_string(),
-    };
+    let on = backend_words(&options);
     let p = &loaded.plan;
-    if json {
+    if bench.json {
         println!(
             "{{\"plan\": {:?}, \"placement_hash\": {:?}, \"backend\": {on:?}, \"batch\": {batch}, \"prompt_tokens\": {prompt}, \"ttft_ms\": {ttft_ms:.3}, \"tokens\": {n}, \"reps\": {}, \"tok_s\": {tok_s:.2}, \"tok_s_sd\": {tok_s_sd:.2}, \"tok_s_per_sequence\": {:.2}, \"ms_per_token\": {ms_per_token:.4}}}",
             plan.display().to_string(),

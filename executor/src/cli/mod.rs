@@ -654,19 +654,23 @@ fn run(command: Command) -> Result<ExitCode> {
             prompt,
             n_predict,
             reps,
-            batch: None,
+            batch,
             json,
             run,
-        } => tools::bench(&plan, prompt, n_predict, reps, json, &run),
-        Command::Bench {
-            plan,
-            prompt,
-            n_predict,
-            reps,
-            batch: Some(batch),
-            json,
-            run,
-        } => batched::bench_batch(&plan, batch, prompt, n_predict, reps, json, &run),
+        } => {
+            let bench = tools::Bench {
+                plan: &plan,
+                prompt,
+                n: n_predict,
+                reps,
+                json,
+                run: &run,
+            };
+            match batch {
+                None => tools::bench(&bench),
+                Some(batch) => batched::bench_batch(&bench, batch),
+            }
+        }
         Command::Serve {
             plan,
             host,

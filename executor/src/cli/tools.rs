@@ -382,27 +382,51 @@ fn cuda_copy_bandwidth(plan: &memra_compiler::plan::Plan) -> Result<f64> {
     dev.copy_bandwidth(&stream)
 }
 
-/// Refuses a bench whose `--prompt` (at least one token) and `-n` tokens would not fit one
-/// sequence of the plan's context.
-pub(super) fn check_fits(loaded: &LoadedPlan, plan: &Path, prompt: usize, n: usize) -> Result<()> {
-    let max_context = loaded.plan.runtime.max_context as usize;
-    // the last generated token is sampled, never embedded
-    let positions = prompt.max(1).saturating_add(n) - 1;
-    if positions > max_context {
-        bail!(
-            "--prompt {prompt} and -n {n}: a sequence would take {positions} positions, more than {}'s runtime.max_context {max_context}; allowed: --prompt plus -n at most {}",
-            plan.display(),
-            max_context + 1
-        );
-    }
-    Ok(())
-}
-
 /// Mean and sample standard deviation.
 pub(super) fn mean_sd(xs: &[f64]) -> (f64, f64) {
     let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     let var = xs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (xs.len().max(2) - 1) as f64;
     (mean, var.sqrt())
+}
+
+/// What `bench` measures, alone or with `--batch`: `plan` run as `run` says, a prompt of
+/// `prompt` tokens then `n` generated, over `reps` timed repetitions after one warm-up, the
+/// result as one JSON object (`json`) or a line.
+pub struct Bench<'a> {
+    pub plan: &'a Path,
+    pub prompt: usize,
+    pub n: usize,
+    pub reps: usize,
+    pub json: bool,
+    pub run: &'a RunArgs,
+}
+
+impl Bench<'_> {
+    /// The plan, refused when the prompt (at least one token) and the generated tokens would
+    /// not fit one sequence of its context.
+    pub(super) fn load(&self) -> Result<LoadedPlan> {
+        let loaded = self.run.load(self.plan)?;
+        let (plan, prompt, n) = (self.plan, self.prompt, self.n);
+        let max_context = loaded.plan.runtime.max_context as usize;
+        // the last generated token is sampled, never embedded
+        let positions = prompt.max(1).saturating_add(n) - 1;
+        if positions > max_context {
+            bail!(
+                "--prompt {prompt} and -n {n}: a sequence would take {positions} positions, more than {}'s runtime.max_context {max_context}; allowed: --prompt plus -n at most {}",
+                plan.display(),
+                max_context + 1
+            );
+        }
+        Ok(loaded)
+    }
+}
+
+/// The backend as a bench result names it: `cpu N threads` or `cuda`.
+pub(super) fn backend_words(options: &EngineOptions) -> String {
+    match options.backend {
+        Backend::Cpu => format!("cpu {} threads", options.threads),
+        Backend::Cuda => "cuda".to_string(),
+    }
 }
 
 /// `bench`: prefill and decode speed, mean ± sd over `reps` timed runs after one warm-up run.
@@ -412,17 +436,10 @@ pub(super) fn mean_sd(xs: &[f64]) -> (f64, f64) {
 /// time to first token, decode tok/s the tokens after the first over their time. The weight
 /// bytes a token reads give the decode's achieved bandwidth, on CUDA next to the device's
 /// measured copy bandwidth.
-pub fn bench(
-    plan: &Path,
-    prompt: usize,
-    n: usize,
-    reps: usize,
-    json: bool,
-    run: &RunArgs,
-) -> Result<ExitCode> {
-    let loaded = run.load(plan)?;
-    check_fits(&loaded, plan, prompt, n)?;
-    let options = run.options(SamplerConfig::GREEDY);
+pub fn bench(bench: &Bench) -> Result<ExitCode> {
+    let (plan, n) = (bench.plan, bench.n);
+    let loaded = bench.load()?;
+    let options = bench.run.options(SamplerConfig::GREEDY);
     let engine = open(&loaded, options)?;
     let prints = options.holds_readback(&loaded.plan);
     super::notice_prompt_mode(&*engine, &loaded.plan, prints);
@@ -433,11 +450,11 @@ pub fn bench(
     let runtime = &loaded.plan.runtime;
     let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
     let vocab = u64::from(loaded.plan.model.vocab.max(1));
-    let ids: Vec<u32> = (0..prompt.max(1) as u64)
+    let ids: Vec<u32> = (0..bench.prompt.max(1) as u64)
         .map(|i| ((1 + i * 7919) % vocab) as u32)
         .collect();
     let (mut rates, mut prefill, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..=reps {
+    for rep in 0..=bench.reps {
         session.reset();
         // The prompt and the first token, then the other tokens in a run of their own: timing
         // them from the first token's readback measured nothing when the readbacks of a
@@ -461,10 +478,7 @@ pub fn bench(
     let (mean, sd) = mean_sd(&rates);
     let (pp, pp_sd) = mean_sd(&prefill);
     let (ttft_ms, _) = mean_sd(&ttft);
-    let on = match options.backend {
-        Backend::Cpu => format!("cpu {} threads", options.threads),
-        Backend::Cuda => "cuda".to_string(),
-    };
+    let on = backend_words(&options);
     let chunk = match mode {
         PromptMode::Chunks(rows) => format!("prefill chunks of {rows}"),
         PromptMode::TokenByToken(_) => "token by token".to_string(),
@@ -481,7 +495,7 @@ pub fn bench(
         Backend::Cpu => None,
         Backend::Cuda => Some(format!("{:?}", p.runtime.capture).to_lowercase()),
     };
-    if json {
+    if bench.json {
         println!(
             "{{\"plan\": {:?}, \"placement_hash\": {:?}, \"backend\": {:?}, \"capture\": {}, \"prompt_tokens\": {}, \"prompt_mode\": {:?}, \"prefill_tok_s\": {pp:.2}, \"prefill_tok_s_sd\": {pp_sd:.2}, \"ttft_ms\": {ttft_ms:.3}, \"tokens\": {n}, \"reps\": {}, \"tok_s\": {mean:.2}, \"tok_s_sd\": {sd:.2}, \"ms_per_token\": {:.4}, \"weight_bytes_per_token\": {bytes}, \"gb_s\": {gbs:.1}, \"copy_gb_s\": {}, \"share_of_copy\": {}}}",
             plan.display().to_string(),
@@ -500,7 +514,7 @@ pub fn bench(
             format!(" = {:.1}% of the {c:.0} GB/s device copy", 100.0 * gbs / c)
         });
         // the prompt part only when one was asked for, so the decode line keeps its shape
-        let prefill = if prompt > 0 {
+        let prefill = if bench.prompt > 0 {
             format!(
                 "prompt {} tokens ({chunk}): {pp:.1} ± {pp_sd:.1} tok/s, time to first token {ttft_ms:.1} ms; ",
                 ids.len()

@@ -84,18 +84,12 @@ impl RankRunner {
             }
             None => None,
         };
-        let outgoing = plan
-            .boundaries
-            .iter()
-            .filter(|b| b.from_rank == rank)
-            .cloned()
-            .collect();
-        let incoming = plan
-            .boundaries
-            .iter()
-            .filter(|b| b.to_rank == rank)
-            .cloned()
-            .collect();
+        // the boundaries whose `end` (sender or receiver) is this rank
+        let at_rank = |end: fn(&Boundary) -> u32| {
+            let at = plan.boundaries.iter().filter(|&b| end(b) == rank);
+            at.cloned().collect()
+        };
+        let (outgoing, incoming) = (at_rank(|b| b.from_rank), at_rank(|b| b.to_rank));
         Ok(RankRunner {
             program: Program::of(plan, rank),
             cursor: Cursor::default(),
@@ -214,8 +208,8 @@ impl RankOps for CpuOps {
         block: bool,
     ) -> Result<bool> {
         match work {
-            Work::AllReduce => self.all_reduce(block),
-            Work::GatherLogits => self.gather(block),
+            Work::AllReduce => self.collective(Takers::All, block),
+            Work::GatherLogits => self.collective(Takers::First, block),
             work => self.compute_work(work, t, input).map(|()| true),
         }
     }
@@ -283,58 +277,46 @@ impl CpuOps {
         }
     }
 
-    /// Contributes this rank's partial sum once, then waits for the others and sums all
-    /// partials in the group's tree order.
-    fn all_reduce(&mut self, block: bool) -> Result<bool> {
-        let group = self
-            .group
-            .as_ref()
-            .ok_or_else(|| anyhow!("all_reduce on a rank of no tensor-parallel group"))?;
-        if !self.contributed {
-            let partial = self.compute.partial().to_vec();
-            self.wire.contribute(
-                group.id,
-                self.collective_seq,
-                group.index,
-                group.members,
-                Takers::All,
-                partial,
-            )?;
-            self.contributed = true;
-        }
-        let Some(parts) = self.wire.collect(group.id, self.collective_seq, block)? else {
-            return Ok(false);
+    /// This rank's side of its group's next collective: the all-reduce of the partial sums
+    /// (`Takers::All`) or the gather of the vocab slices of the logits (`Takers::First`).
+    /// Contributes once; a member that takes the parts waits for the others (without `block`,
+    /// `Ok(false)` until all are in), then sums them in the group's tree order or, the first
+    /// member, concatenates the slices.
+    fn collective(&mut self, takers: Takers, block: bool) -> Result<bool> {
+        let what = match takers {
+            Takers::All => "all_reduce",
+            Takers::First => "gather_logits",
         };
-        let sum = group.tree.combine(&parts, self.order);
-        self.compute.add_reduced(&sum);
-        self.contributed = false;
-        self.collective_seq += 1;
-        Ok(true)
-    }
-
-    /// Every member deposits its vocab slice; the first member concatenates them.
-    fn gather(&mut self, block: bool) -> Result<bool> {
         let group = self
             .group
             .as_ref()
-            .ok_or_else(|| anyhow!("gather_logits on a rank of no tensor-parallel group"))?;
+            .ok_or_else(|| anyhow!("{what} on a rank of no tensor-parallel group"))?;
         if !self.contributed {
-            let slice = self.compute.logits().to_vec();
+            let part = match takers {
+                Takers::All => self.compute.partial(),
+                Takers::First => self.compute.logits(),
+            };
             self.wire.contribute(
                 group.id,
                 self.collective_seq,
                 group.index,
                 group.members,
-                Takers::First,
-                slice,
+                takers,
+                part.to_vec(),
             )?;
             self.contributed = true;
         }
-        if group.index == 0 {
+        if takers == Takers::All || group.index == 0 {
             let Some(parts) = self.wire.collect(group.id, self.collective_seq, block)? else {
                 return Ok(false);
             };
-            self.compute.set_full_logits(&parts);
+            match takers {
+                Takers::All => {
+                    let sum = group.tree.combine(&parts, self.order);
+                    self.compute.add_reduced(&sum);
+                }
+                Takers::First => self.compute.set_full_logits(&parts),
+            }
         }
         self.contributed = false;
         self.collective_seq += 1;

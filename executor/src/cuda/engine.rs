@@ -97,13 +97,19 @@ pub struct Engine {
     report: Vec<String>,
 }
 
+/// A ring's `count` pinned host buffers of `len` values each.
 fn pinned<T: cudarc::driver::DeviceRepr>(
     dev: &CudaDevice,
+    count: usize,
     len: usize,
-) -> Result<PinnedHostSlice<T>> {
-    // SAFETY: the memory is written (by the host or a copy) before anything reads it
-    unsafe { dev.context().alloc_pinned_with_flags::<T>(len, 0) }
-        .map_err(|e| anyhow!("cuda backend: allocating pinned host memory: {e:?}"))
+) -> Result<Vec<PinnedHostSlice<T>>> {
+    (0..count)
+        .map(|_| {
+            // SAFETY: the memory is written (by the host or a copy) before anything reads it
+            unsafe { dev.context().alloc_pinned_with_flags::<T>(len, 0) }
+                .map_err(|e| anyhow!("cuda backend: allocating pinned host memory: {e:?}"))
+        })
+        .collect()
 }
 
 impl Engine {
@@ -205,15 +211,9 @@ impl Engine {
         for rank in &ranks {
             let n = ring + 2;
             inputs.push(InputRing {
-                pos: (0..n)
-                    .map(|_| pinned(&rank.dev, max_rows))
-                    .collect::<Result<_>>()?,
-                slots: (0..n)
-                    .map(|_| pinned(&rank.dev, max_rows))
-                    .collect::<Result<_>>()?,
-                token: (0..n)
-                    .map(|_| pinned(&rank.dev, max_rows))
-                    .collect::<Result<_>>()?,
+                pos: pinned(&rank.dev, n, max_rows)?,
+                slots: pinned(&rank.dev, n, max_rows)?,
+                token: pinned(&rank.dev, n, max_rows)?,
                 done: (0..n)
                     .map(|_| rank.dev.new_event(false))
                     .collect::<Result<_>>()?,
@@ -225,16 +225,10 @@ impl Engine {
                 let vocab = reader.logits(max_rows).len();
                 Some(ReadbackRing {
                     rank: ri,
-                    logits: (0..ring)
-                        .map(|_| pinned(&reader.dev, vocab))
-                        .collect::<Result<_>>()?,
-                    token: (0..ring)
-                        .map(|_| pinned(&reader.dev, 1))
-                        .collect::<Result<_>>()?,
+                    logits: pinned(&reader.dev, ring, vocab)?,
+                    token: pinned(&reader.dev, ring, 1)?,
                     argmax_rows: reader.dev.alloc(&reader.work_stream(), max_rows)?,
-                    argmax: (0..ring)
-                        .map(|_| pinned(&reader.dev, max_rows))
-                        .collect::<Result<_>>()?,
+                    argmax: pinned(&reader.dev, ring, max_rows)?,
                     done: (0..ring)
                         .map(|_| reader.dev.new_event(false))
                         .collect::<Result<_>>()?,

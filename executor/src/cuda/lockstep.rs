@@ -39,8 +39,8 @@ pub(super) fn walk_sets(plan: &Plan, local: &[u32]) -> Vec<Vec<usize>> {
 mod tests {
     use super::*;
     use crate::engine::StepInput;
-    use crate::program::{Binder, Block, Entered, Lockstep, Program, RankOps, Work};
-    use anyhow::Result;
+    use crate::program::recorder::{Enqueued, Recorder};
+    use crate::program::{Binder, Lockstep, Program};
     use memra_compiler::plan::event_slot;
 
     fn plan(text: &str) -> Plan {
@@ -85,67 +85,9 @@ mod tests {
         assert_eq!(all_sets(&ep2), [vec![0], vec![1]]);
     }
 
-    /// What a rank enqueued: a wait (its program index) or a record, of an event at a step.
-    #[derive(Debug, Clone)]
-    enum Enqueued {
-        Wait {
-            rank: u32,
-            event: String,
-            at: usize,
-            t: u64,
-        },
-        Record {
-            rank: u32,
-            event: String,
-            t: u64,
-        },
-    }
-
-    struct Log<'a> {
-        rank: u32,
-        log: &'a mut Vec<Enqueued>,
-    }
-
-    impl RankOps for Log<'_> {
-        fn wait(&mut self, _: &str, event: &str, at: usize, t: u64, _: bool) -> Result<bool> {
-            let (rank, event) = (self.rank, event.to_string());
-            self.log.push(Enqueued::Wait { rank, event, at, t });
-            Ok(true)
-        }
-
-        fn record(&mut self, _: &str, event: &str, t: u64) -> Result<()> {
-            let (rank, event) = (self.rank, event.to_string());
-            self.log.push(Enqueued::Record { rank, event, t });
-            Ok(())
-        }
-
-        fn copy(&mut self, _: &str, _: u32, _: u64) -> Result<()> {
-            Ok(())
-        }
-
-        fn readback(&mut self, _: &str, _: u64, _: &StepInput) -> Result<()> {
-            Ok(())
-        }
-
-        fn enter(
-            &mut self,
-            _: &str,
-            _: usize,
-            _: &Block,
-            _: u64,
-            _: &StepInput,
-        ) -> Result<Entered> {
-            Ok(Entered::Walk)
-        }
-
-        fn work(&mut self, _: &str, _: Work, _: u64, _: &StepInput, _: bool) -> Result<bool> {
-            Ok(true)
-        }
-    }
-
     /// Enqueues steps `0..steps` of every rank as the engine does: its walk sets in plan
     /// order, a set of several members in lockstep rounds.
-    fn enqueue(plan: &Plan, steps: u64) -> Vec<Enqueued> {
+    fn enqueue(plan: &Plan, steps: u64) -> Vec<(u32, Enqueued)> {
         let local: Vec<u32> = plan.ranks.iter().map(|r| r.rank).collect();
         let programs: Vec<Program> = local.iter().map(|&r| Program::of(plan, r)).collect();
         let mut log = Vec::new();
@@ -158,8 +100,8 @@ mod tests {
                     for (j, &ri) in set.iter().enumerate() {
                         if !lock.done(j) {
                             let rank = programs[ri].rank;
-                            let mut ops = Log {
-                                rank,
+                            let mut ops = Recorder {
+                                member: rank,
                                 log: &mut log,
                             };
                             lock.turn(j, &programs[ri], &mut ops, t, &input, &mut progressed)
@@ -194,13 +136,13 @@ mod tests {
                 let binder = Binder::new(&plan).expect("the golden plans bind");
                 let log = enqueue(&plan, 5);
                 for (i, e) in log.iter().enumerate() {
-                    let Enqueued::Wait { rank, event, at, t } = e else {
+                    let (rank, Enqueued::Wait { event, at, t }) = e else {
                         continue;
                     };
                     let want = event_slot(&plan.boundaries, event, *rank, *t);
                     // the record a CUDA wait binds to: the last one enqueued of its slot
                     let bound = log[..i].iter().rev().find_map(|r| match r {
-                        Enqueued::Record { rank, event: e, t }
+                        (rank, Enqueued::Record { event: e, t })
                             if e == event && event_slot(&plan.boundaries, e, *rank, *t) == want =>
                         {
                             Some(*t)

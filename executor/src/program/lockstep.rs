@@ -116,53 +116,10 @@ impl<R: RankOps + ?Sized> RankOps for PauseAfterCollective<'_, R> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::recorder::{Enqueued, Recorder};
     use super::super::Entry;
     use super::*;
     use memra_compiler::plan::Segment;
-
-    /// Records what each member enqueued, in one log shared by the members.
-    struct Log<'a> {
-        member: usize,
-        log: &'a mut Vec<(usize, String)>,
-    }
-
-    impl RankOps for Log<'_> {
-        fn wait(&mut self, _: &str, event: &str, _: usize, _: u64, _: bool) -> Result<bool> {
-            self.log.push((self.member, format!("wait {event}")));
-            Ok(true)
-        }
-
-        fn record(&mut self, _: &str, event: &str, _: u64) -> Result<()> {
-            self.log.push((self.member, format!("record {event}")));
-            Ok(())
-        }
-
-        fn copy(&mut self, _: &str, boundary: u32, _: u64) -> Result<()> {
-            self.log.push((self.member, format!("copy {boundary}")));
-            Ok(())
-        }
-
-        fn readback(&mut self, _: &str, _: u64, _: &StepInput) -> Result<()> {
-            self.log.push((self.member, "readback".into()));
-            Ok(())
-        }
-
-        fn enter(
-            &mut self,
-            _: &str,
-            _: usize,
-            _: &Block,
-            _: u64,
-            _: &StepInput,
-        ) -> Result<Entered> {
-            Ok(Entered::Walk)
-        }
-
-        fn work(&mut self, _: &str, work: Work, _: u64, _: &StepInput, _: bool) -> Result<bool> {
-            self.log.push((self.member, work.to_string()));
-            Ok(true)
-        }
-    }
 
     fn member(rank: u32, head: bool) -> Program {
         let seg = |segment| Work::Segment { layer: 0, segment };
@@ -210,7 +167,7 @@ mod tests {
             let mut progressed = false;
             for (j, p) in programs.iter().enumerate() {
                 if !lock.done(j) {
-                    let mut ops = Log {
+                    let mut ops = Recorder {
                         member: j,
                         log: &mut log,
                     };
@@ -225,17 +182,14 @@ mod tests {
         assert_eq!(rounds, 4);
         // every member's program, whole and in its order
         for (j, p) in programs.iter().enumerate() {
-            let mine: Vec<&str> = log
-                .iter()
-                .filter(|(m, _)| *m == j)
-                .map(|(_, w)| w.as_str())
-                .collect();
-            assert_eq!(mine.len(), p.entries.len() - 1 + if j == 0 { 9 } else { 8 });
+            let mine = log.iter().filter(|(m, _)| *m == j).count();
+            assert_eq!(mine, p.entries.len() - 1 + if j == 0 { 9 } else { 8 });
         }
         // the c-th collective of every member comes before any work a member enqueues after
         // its own c-th collective (waits, records and copies never block the host)
-        let collective = |w: &str| w == "all_reduce" || w == "gather_logits";
-        let entry = |w: &str| w.starts_with("wait ") || w.starts_with("record ");
+        let collective =
+            |e: &Enqueued| matches!(e, Enqueued::Work(Work::AllReduce | Work::GatherLogits));
+        let entry = |e: &Enqueued| matches!(e, Enqueued::Wait { .. } | Enqueued::Record { .. });
         // by collective: where its last side was enqueued
         let mut complete = [0usize; 4];
         let mut sides = [[0usize; 3]; 4];
@@ -255,7 +209,7 @@ mod tests {
             } else if count[*m] > 0 && !entry(w) {
                 assert!(
                     complete[count[*m]] < i,
-                    "member {m} enqueued `{w}` at {i} before every side of collective {}",
+                    "member {m} enqueued {w:?} at {i} before every side of collective {}",
                     count[*m]
                 );
             }

@@ -26,6 +26,8 @@ use crate::engine::StepInput;
 
 mod lockstep;
 pub use lockstep::Lockstep;
+#[cfg(test)]
+pub(crate) mod recorder;
 
 /// How far back a wait's record is searched, in decode steps: more than any slot count.
 const MAX_LOOKBACK: u64 = 64;

@@ -487,14 +487,21 @@ mod tests {
         assert_eq!(metrics.queued.load(Ordering::Relaxed), 0);
     }
 
-    #[test]
-    fn a_cancelled_job_is_dropped_before_its_next_step() {
+    /// The token of "a" and a scheduler of one slot decoding it, at most `max_queued` jobs
+    /// waiting, a step waiting for a tick on the sender.
+    fn ticked(metrics: Arc<Metrics>, max_queued: usize) -> (u32, Sender<()>, Scheduler) {
         let tokenizer = tokenizer();
         let a = tokenizer.encode("a", false).unwrap()[0];
         let (tick, ticks) = channel();
         let mut ticks = Some(ticks);
         let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
-        let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1)), 8).unwrap();
+        let scheduler = Scheduler::start(open, tokenizer, metrics, max_queued).unwrap();
+        (a, tick, scheduler)
+    }
+
+    #[test]
+    fn a_cancelled_job_is_dropped_before_its_next_step() {
+        let (a, tick, scheduler) = ticked(Arc::new(Metrics::new(1)), 8);
         // Cancelled while queued: never decoded, its channel closes without an event.
         let (queued, mut rx) = job(vec![a], 50);
         queued.cancel.store(true, Ordering::Relaxed);
@@ -520,13 +527,8 @@ mod tests {
 
     #[test]
     fn past_the_queue_limit_a_job_is_refused_busy() {
-        let tokenizer = tokenizer();
-        let a = tokenizer.encode("a", false).unwrap()[0];
-        let (tick, ticks) = channel();
-        let mut ticks = Some(ticks);
-        let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
         let metrics = Arc::new(Metrics::new(1));
-        let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), 1).unwrap();
+        let (a, tick, scheduler) = ticked(metrics.clone(), 1);
         // the first takes the one slot (its step waits for a tick), the second waits
         let (running, rx_running) = job(vec![a], 2);
         scheduler.submit(running).unwrap();

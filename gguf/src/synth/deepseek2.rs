@@ -7,7 +7,7 @@
 use anyhow::{bail, Result};
 
 use super::emit::{common_head, head_of, keyed, Head, Spec};
-use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::ffn::DeepseekMoe;
 use super::plan::{residual, Block, Planned};
 use crate::{GgmlType, Value};
 
@@ -95,28 +95,10 @@ pub struct Deepseek2Shape {
     pub layers: u32,
     /// Attention heads.
     pub heads: u32,
-    /// Rank of the q low-rank path; 0 projects q directly with `attn_q` (V2-Lite).
-    pub q_lora_rank: u64,
-    /// Width of the compressed kv latent.
-    pub kv_lora_rank: u64,
-    /// Per-head q/k width without rope.
-    pub qk_nope: u64,
-    /// Per-head q/k width with rope (shared by all heads on the k side).
-    pub qk_rope: u64,
-    /// Per-head v width.
-    pub v_head: u64,
-    /// Hidden width of the leading dense layers.
-    pub ffn: u64,
-    /// Leading layers with a dense FFN instead of MoE.
-    pub dense_layers: u32,
-    /// Routed experts per MoE layer.
-    pub experts: u32,
-    /// Experts used per token.
-    pub experts_used: u32,
-    /// Hidden width of one expert (and of each shared expert).
-    pub expert_ffn: u64,
-    /// Shared experts, fused into one FFN `expert_ffn * shared_experts` wide.
-    pub shared_experts: u32,
+    /// The attention's widths.
+    pub mla: Mla,
+    /// The dense and MoE FFN layers.
+    pub moe: DeepseekMoe,
     /// How tokens pick their experts.
     pub routing: Routing,
     /// Vocabulary size.
@@ -135,17 +117,12 @@ const TINY: Deepseek2Shape = Deepseek2Shape {
     dim: 256,
     layers: 3,
     heads: 4,
-    q_lora_rank: 256,
-    kv_lora_rank: 256,
-    qk_nope: 64,
-    qk_rope: 32,
-    v_head: 64,
-    ffn: 512,
-    dense_layers: 1,
-    experts: 16,
-    experts_used: 4,
-    expert_ffn: 256,
-    shared_experts: 1,
+    mla: Mla::TINY,
+    moe: DeepseekMoe {
+        experts: 16,
+        experts_used: 4,
+        ..DeepseekMoe::TINY
+    },
     routing: Routing::v3(4, 2),
     vocab: 256,
     context: 16384,
@@ -165,10 +142,14 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
     // V2-Lite's layout at the tiny size: no q-lora, fewer experts, two shared, V2 routing.
     Deepseek2Shape {
         name: "tiny-deepseek2-lite",
-        q_lora_rank: 0,
-        experts: 8,
-        experts_used: 2,
-        shared_experts: 2,
+        mla: Mla {
+            q_lora_rank: 0,
+            ..Mla::TINY
+        },
+        moe: DeepseekMoe {
+            shared_experts: 2,
+            ..DeepseekMoe::TINY
+        },
         routing: Routing::V2,
         yarn: Yarn {
             mscale_all_dim: 0.707,
@@ -181,17 +162,21 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         dim: 2048,
         layers: 27,
         heads: 16,
-        q_lora_rank: 0,
-        kv_lora_rank: 512,
-        qk_nope: 128,
-        qk_rope: 64,
-        v_head: 128,
-        ffn: 10944,
-        dense_layers: 1,
-        experts: 64,
-        experts_used: 6,
-        expert_ffn: 1408,
-        shared_experts: 2,
+        mla: Mla {
+            q_lora_rank: 0,
+            kv_lora_rank: 512,
+            qk_nope: 128,
+            qk_rope: 64,
+            v_head: 128,
+        },
+        moe: DeepseekMoe {
+            ffn: 10944,
+            dense_layers: 1,
+            experts: 64,
+            experts_used: 6,
+            expert_ffn: 1408,
+            shared_experts: 2,
+        },
         routing: Routing::V2,
         vocab: 102_400,
         context: 163_840,
@@ -207,17 +192,21 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         dim: 7168,
         layers: 61,
         heads: 128,
-        q_lora_rank: 1536,
-        kv_lora_rank: 512,
-        qk_nope: 128,
-        qk_rope: 64,
-        v_head: 128,
-        ffn: 18432,
-        dense_layers: 3,
-        experts: 256,
-        experts_used: 8,
-        expert_ffn: 2048,
-        shared_experts: 1,
+        mla: Mla {
+            q_lora_rank: 1536,
+            kv_lora_rank: 512,
+            qk_nope: 128,
+            qk_rope: 64,
+            v_head: 128,
+        },
+        moe: DeepseekMoe {
+            ffn: 18432,
+            dense_layers: 3,
+            experts: 256,
+            experts_used: 8,
+            expert_ffn: 2048,
+            shared_experts: 1,
+        },
         routing: Routing::v3(8, 4),
         vocab: 129_280,
         context: 163_840,
@@ -239,7 +228,7 @@ impl Deepseek2Shape {
     /// 27 blocks for a model without q-lora whatever its keys say, so a q-lora shape refuses
     /// those depths.
     pub fn with_layers(mut self, layers: u32) -> Result<Deepseek2Shape> {
-        if self.q_lora_rank > 0 && (layers == 26 || layers == 27) {
+        if self.mla.q_lora_rank > 0 && (layers == 26 || layers == 27) {
             bail!(
                 "layers: shape `{}` has q-lora, and llama.cpp loads a deepseek2 model of 26 or \
                  27 layers as one without q-lora; use another depth",
@@ -247,72 +236,86 @@ impl Deepseek2Shape {
             );
         }
         self.layers = layers;
-        self.dense_layers = self.dense_layers.min(layers);
+        self.moe.dense_layers = self.moe.dense_layers.min(layers);
         Ok(self)
-    }
-
-    /// Per-head q/k width (`attention.key_length_mla`).
-    pub fn qk_head(&self) -> u64 {
-        self.qk_nope + self.qk_rope
     }
 }
 
-/// The widths of an MLA block, shared with the other architectures that have MLA layers.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct MlaDims {
-    pub dim: u64,
-    pub heads: u32,
-    /// 0: the query is projected directly (`attn_q`).
+/// The widths of an MLA layer, shared by the architectures that have MLA layers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mla {
+    /// Rank of the q low-rank path; 0 projects q directly with `attn_q` (V2-Lite).
     pub q_lora_rank: u64,
+    /// Width of the compressed kv latent.
     pub kv_lora_rank: u64,
+    /// Per-head q/k width without rope.
     pub qk_nope: u64,
+    /// Per-head q/k width with rope (shared by all heads on the k side).
     pub qk_rope: u64,
+    /// Per-head v width.
     pub v_head: u64,
 }
 
-impl Deepseek2Shape {
-    fn mla_dims(&self) -> MlaDims {
-        MlaDims {
-            dim: self.dim,
-            heads: self.heads,
-            q_lora_rank: self.q_lora_rank,
-            kv_lora_rank: self.kv_lora_rank,
-            qk_nope: self.qk_nope,
-            qk_rope: self.qk_rope,
-            v_head: self.v_head,
-        }
+impl Mla {
+    /// The tiny shapes' widths: q-lora and latent of 256, q/k heads of 64 + 32 rope, v heads
+    /// of 64.
+    pub const TINY: Mla = Mla {
+        q_lora_rank: 256,
+        kv_lora_rank: 256,
+        qk_nope: 64,
+        qk_rope: 32,
+        v_head: 64,
+    };
+
+    /// The keys `attention.key_length` and `value_length` of the absorbed form (MQA over the
+    /// latent), then `key_length_mla` and `value_length_mla`, the real per-head widths.
+    pub(crate) fn length_keys(&self) -> [(&'static str, Value); 4] {
+        let kv = self.kv_lora_rank;
+        [
+            (
+                "attention.key_length",
+                Value::U32((kv + self.qk_rope) as u32),
+            ),
+            ("attention.value_length", Value::U32(kv as u32)),
+            (
+                "attention.key_length_mla",
+                Value::U32((self.qk_nope + self.qk_rope) as u32),
+            ),
+            ("attention.value_length_mla", Value::U32(self.v_head as u32)),
+        ]
     }
 }
 
-/// The MLA tensors of block `b` (its attention norm first).
-pub(crate) fn attention(s: &MlaDims, b: &Block, res: f32) -> Vec<Planned> {
-    let h = u64::from(s.heads);
+/// The MLA tensors of block `b` (its attention norm first) in a model of width `dim` with
+/// `heads` heads of widths `s`.
+pub(crate) fn attention(b: &Block, (dim, heads): (u64, u32), s: &Mla, res: f32) -> Vec<Planned> {
+    let h = u64::from(heads);
     let q = h * (s.qk_nope + s.qk_rope);
     let kv = s.kv_lora_rank;
-    let mut p = vec![b.norm("attn_norm", s.dim)];
+    let mut p = vec![b.norm("attn_norm", dim)];
     if s.q_lora_rank > 0 {
         let r = s.q_lora_rank;
-        p.push(b.matrix("attn_q_a", &[s.dim, r], 1.0));
+        p.push(b.matrix("attn_q_a", &[dim, r], 1.0));
         p.push(b.norm("attn_q_a_norm", r));
         p.push(b.matrix("attn_q_b", &[r, q], 1.0));
     } else {
-        p.push(b.matrix("attn_q", &[s.dim, q], 1.0));
+        p.push(b.matrix("attn_q", &[dim, q], 1.0));
     }
-    p.push(b.matrix("attn_kv_a_mqa", &[s.dim, kv + s.qk_rope], 1.0));
+    p.push(b.matrix("attn_kv_a_mqa", &[dim, kv + s.qk_rope], 1.0));
     p.push(b.norm("attn_kv_a_norm", kv));
     // per head: k_b maps a q_nope row into the latent, v_b maps the latent to a v row
     p.push(b.matrix("attn_k_b", &[s.qk_nope, kv, h], 1.0));
     p.push(b.matrix("attn_v_b", &[kv, s.v_head, h], 1.0));
-    p.push(b.matrix("attn_output", &[h * s.v_head, s.dim], res));
+    p.push(b.matrix("attn_output", &[h * s.v_head, dim], res));
     p
 }
 
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = deepseek_ffn!(s, s.routing.probs_bias, res);
+    let ffn = s.moe.ffn(s.dim, s.routing.probs_bias, res);
     ffn.model(s.layers, s.vocab, dtype, |b, _| {
-        attention(&s.mla_dims(), b, res)
+        attention(b, (s.dim, s.heads), &s.mla, res)
     })
 }
 
@@ -323,45 +326,42 @@ fn plan(s: &Deepseek2Shape, dtype: GgmlType) -> Vec<Planned> {
 /// layer count).
 fn metadata(s: &Deepseek2Shape) -> Vec<(String, Value)> {
     let mut kv = common_head(
-        head_of!("deepseek2", s),
+        head_of!("deepseek2", s, s.moe.ffn),
         [
             ("attention.head_count_kv", Value::U32(1)),
             ("rope.freq_base", Value::F32(s.rope_base)),
             ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
-            ("expert_count", Value::U32(s.experts)),
-            ("expert_used_count", Value::U32(s.experts_used)),
-            ("expert_group_count", Value::U32(s.routing.groups)),
-            ("expert_group_used_count", Value::U32(s.routing.groups_used)),
-            ("expert_gating_func", Value::U32(s.routing.gating.id())),
-            ("rope.scaling.type", Value::Str("yarn".into())),
-            ("rope.scaling.factor", Value::F32(s.yarn.factor)),
-            (
-                "rope.scaling.original_context_length",
-                Value::U32(s.yarn.original_context),
-            ),
-            ("leading_dense_block_count", Value::U32(s.dense_layers)),
-            ("vocab_size", Value::U32(s.vocab as u32)),
-            ("attention.q_lora_rank", Value::U32(s.q_lora_rank as u32)),
-            ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
-            (
-                "attention.key_length",
-                Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
-            ),
-            ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
-            ("attention.key_length_mla", Value::U32(s.qk_head() as u32)),
-            ("attention.value_length_mla", Value::U32(s.v_head as u32)),
-            (
-                "expert_feed_forward_length",
-                Value::U32(s.expert_ffn as u32),
-            ),
-            ("expert_shared_count", Value::U32(s.shared_experts)),
-            ("expert_weights_scale", Value::F32(s.routing.weights_scale)),
         ],
     );
+    kv.extend(s.moe.count_keys());
+    kv.extend([
+        ("expert_group_count", Value::U32(s.routing.groups)),
+        ("expert_group_used_count", Value::U32(s.routing.groups_used)),
+        ("expert_gating_func", Value::U32(s.routing.gating.id())),
+        ("rope.scaling.type", Value::Str("yarn".into())),
+        ("rope.scaling.factor", Value::F32(s.yarn.factor)),
+        (
+            "rope.scaling.original_context_length",
+            Value::U32(s.yarn.original_context),
+        ),
+        ("leading_dense_block_count", Value::U32(s.moe.dense_layers)),
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        (
+            "attention.q_lora_rank",
+            Value::U32(s.mla.q_lora_rank as u32),
+        ),
+        (
+            "attention.kv_lora_rank",
+            Value::U32(s.mla.kv_lora_rank as u32),
+        ),
+    ]);
+    kv.extend(s.mla.length_keys());
+    kv.extend(s.moe.width_keys());
+    kv.push(("expert_weights_scale", Value::F32(s.routing.weights_scale)));
     if s.routing.norm_weights {
         kv.push(("expert_weights_norm", Value::Bool(true)));
     }
-    kv.push(("rope.dimension_count", Value::U32(s.qk_rope as u32)));
+    kv.push(("rope.dimension_count", Value::U32(s.mla.qk_rope as u32)));
     kv.push((
         "rope.scaling.yarn_log_multiplier",
         Value::F32((0.1 * s.yarn.mscale_all_dim) as f32),

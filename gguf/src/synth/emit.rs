@@ -98,16 +98,20 @@ pub(crate) struct Head<'a> {
 }
 
 /// The [`Head`] of `s`, a shape with its fields (`name`, `layers`, `context`, `dim`, `ffn`,
-/// `heads`), as architecture `arch` (`Head` in scope where it is used).
+/// `heads`), as architecture `arch` (`Head` in scope where it is used); with `ffn`, that FFN
+/// width instead of `s.ffn`.
 macro_rules! head_of {
     ($arch:expr, $s:expr) => {
+        head_of!($arch, $s, $s.ffn)
+    };
+    ($arch:expr, $s:expr, $ffn:expr) => {
         Head {
             arch: $arch,
             name: $s.name,
             layers: $s.layers,
             context: $s.context,
             dim: $s.dim,
-            ffn: $s.ffn,
+            ffn: $ffn,
             heads: $s.heads,
         }
     };

@@ -4,7 +4,7 @@
 //! the expert index outermost, and the router kept in F32.
 
 use super::plan::{f32_uniform, matrix, output_head, token_embd, Block, Planned};
-use crate::GgmlType;
+use crate::{GgmlType, Value};
 
 /// The routed experts of one MoE layer.
 #[derive(Clone, Copy, Debug)]
@@ -58,26 +58,72 @@ pub(crate) struct DeepseekFfn {
     pub res: f32,
 }
 
-/// The [`DeepseekFfn`] of `s`, a shape with the fields of one (`dim`, `dense_layers`, `ffn`
-/// for the dense layers, `experts`, `expert_ffn`, `shared_experts`), with the selection bias
-/// if `probs_bias` and down projections divided by `res`.
-macro_rules! deepseek_ffn {
-    ($s:expr, $probs_bias:expr, $res:expr) => {
-        DeepseekFfn {
-            dim: $s.dim,
-            dense_layers: $s.dense_layers,
-            dense_ffn: $s.ffn,
-            experts: Routed {
-                experts: u64::from($s.experts),
-                ffn: $s.expert_ffn,
-                probs_bias: $probs_bias,
-            },
-            shared_ffn: $s.expert_ffn * u64::from($s.shared_experts),
-            res: $res,
-        }
-    };
+/// The FFN layout of a DeepSeek-style model (deepseek2, kimi-linear, glm5-next): leading
+/// dense layers, then MoE layers with shared experts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeepseekMoe {
+    /// Hidden width of the leading dense layers.
+    pub ffn: u64,
+    /// Leading layers with a dense FFN instead of MoE.
+    pub dense_layers: u32,
+    /// Routed experts per MoE layer.
+    pub experts: u32,
+    /// Experts used per token.
+    pub experts_used: u32,
+    /// Hidden width of one expert (and of each shared expert).
+    pub expert_ffn: u64,
+    /// Shared experts, fused into one FFN `expert_ffn * shared_experts` wide.
+    pub shared_experts: u32,
 }
-pub(crate) use deepseek_ffn;
+
+impl DeepseekMoe {
+    /// The tiny shapes' layout: one dense layer of 512, then 8 experts of 256 (2 used) and one
+    /// shared.
+    pub const TINY: DeepseekMoe = DeepseekMoe {
+        ffn: 512,
+        dense_layers: 1,
+        experts: 8,
+        experts_used: 2,
+        expert_ffn: 256,
+        shared_experts: 1,
+    };
+
+    /// These layers of a model of width `dim`, with the selection bias if `probs_bias` and
+    /// down projections divided by `res`.
+    pub(crate) fn ffn(&self, dim: u64, probs_bias: bool, res: f32) -> DeepseekFfn {
+        DeepseekFfn {
+            dim,
+            dense_layers: self.dense_layers,
+            dense_ffn: self.ffn,
+            experts: Routed {
+                experts: u64::from(self.experts),
+                ffn: self.expert_ffn,
+                probs_bias,
+            },
+            shared_ffn: self.expert_ffn * u64::from(self.shared_experts),
+            res,
+        }
+    }
+
+    /// The keys `expert_count` and `expert_used_count`.
+    pub(crate) fn count_keys(&self) -> [(&'static str, Value); 2] {
+        [
+            ("expert_count", Value::U32(self.experts)),
+            ("expert_used_count", Value::U32(self.experts_used)),
+        ]
+    }
+
+    /// The keys `expert_feed_forward_length` and `expert_shared_count`.
+    pub(crate) fn width_keys(&self) -> [(&'static str, Value); 2] {
+        [
+            (
+                "expert_feed_forward_length",
+                Value::U32(self.expert_ffn as u32),
+            ),
+            ("expert_shared_count", Value::U32(self.shared_experts)),
+        ]
+    }
+}
 
 impl DeepseekFfn {
     /// Every tensor of a model of `layers` such layers and `vocab` tokens, matrices in

@@ -9,7 +9,7 @@
 
 use super::deepseek2::Gating;
 use super::emit::{common_head, head_of, keyed, Head, Spec};
-use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::ffn::DeepseekMoe;
 use super::kimi_linear::kda;
 use super::plan::{f32_around, f32_uniform, matrix, norm, residual, Block, Planned};
 use crate::{GgmlType, Value};
@@ -60,18 +60,8 @@ pub struct Glm5NextShape {
     pub sinkhorn_iters: u32,
     /// mHC epsilon.
     pub hc_eps: f32,
-    /// Hidden width of the leading dense layers.
-    pub ffn: u64,
-    /// Leading layers with a dense FFN.
-    pub dense_layers: u32,
-    /// Routed experts per MoE layer.
-    pub experts: u32,
-    /// Experts used per token.
-    pub experts_used: u32,
-    /// Hidden width of one expert (and of the shared expert).
-    pub expert_ffn: u64,
-    /// Shared experts.
-    pub shared_experts: u32,
+    /// The dense and MoE FFN layers.
+    pub moe: DeepseekMoe,
     /// `expert_weights_scale` (routed_scaling_factor).
     pub weights_scale: f32,
     /// SwiGLU clamp limit of every FFN (`swiglu_limit`).
@@ -115,12 +105,14 @@ const GLM_5_3_FLASH: Glm5NextShape = Glm5NextShape {
     kpool: 4,
     sinkhorn_iters: 20,
     hc_eps: 1e-6,
-    ffn: 12288,
-    dense_layers: 1,
-    experts: 256,
-    experts_used: 8,
-    expert_ffn: 1536,
-    shared_experts: 1,
+    moe: DeepseekMoe {
+        ffn: 12288,
+        dense_layers: 1,
+        experts: 256,
+        experts_used: 8,
+        expert_ffn: 1536,
+        shared_experts: 1,
+    },
     weights_scale: 2.5,
     swiglu_limit: 10.0,
     vocab: 151_552,
@@ -153,14 +145,9 @@ const TINY: Glm5NextShape = Glm5NextShape {
     kpool: 4,
     sinkhorn_iters: 20,
     hc_eps: 1e-6,
-    ffn: 512,
-    dense_layers: 1,
-    experts: 8,
-    swiglu_limit: 2.0,
-    experts_used: 2,
-    expert_ffn: 256,
-    shared_experts: 1,
+    moe: DeepseekMoe::TINY,
     weights_scale: 2.5,
+    swiglu_limit: 2.0,
     vocab: 256,
     context: 4096,
     norm_eps: 1e-6,
@@ -197,7 +184,7 @@ impl Glm5NextShape {
     /// This shape cut to its first `layers` blocks.
     pub fn with_layers(mut self, layers: u32) -> Glm5NextShape {
         self.layers = layers;
-        self.dense_layers = self.dense_layers.min(layers);
+        self.moe.dense_layers = self.moe.dense_layers.min(layers);
         self
     }
 }
@@ -275,7 +262,7 @@ fn mla(s: &Glm5NextShape, l: u32, b: &Block, dtype: GgmlType, res: f32) -> Vec<P
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &Glm5NextShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = deepseek_ffn!(s, true, res);
+    let ffn = s.moe.ffn(s.dim, true, res);
     ffn.model(s.layers, s.vocab, dtype, |b, l| {
         let mut p = hc(s, b, "attn");
         p.extend(hc(s, b, "ffn"));
@@ -302,18 +289,19 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
         .collect();
     let limits = || Value::Array((0..s.layers).map(|_| Value::F32(s.swiglu_limit)).collect());
     let mut kv = common_head(
-        head_of!("glm5-next", s),
+        head_of!("glm5-next", s, s.moe.ffn),
         [
             ("attention.head_count_kv", Value::Array(kv_heads)),
             ("attention.layer_norm_rms_epsilon", Value::F32(s.norm_eps)),
-            ("expert_count", Value::U32(s.experts)),
-            ("expert_used_count", Value::U32(s.experts_used)),
-            ("vocab_size", Value::U32(s.vocab as u32)),
-            ("attention.layer_norm_epsilon", Value::F32(INDEXER_NORM_EPS)),
-            ("ssm.conv_kernel", Value::U32(s.conv as u32)),
-            ("kda.head_dim", Value::U32(s.kda_head as u32)),
         ],
     );
+    kv.extend(s.moe.count_keys());
+    kv.extend([
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        ("attention.layer_norm_epsilon", Value::F32(INDEXER_NORM_EPS)),
+        ("ssm.conv_kernel", Value::U32(s.conv as u32)),
+        ("kda.head_dim", Value::U32(s.kda_head as u32)),
+    ]);
     if let Some(lb) = s.gate_lower_bound {
         kv.push(("kda.gate_lower_bound", Value::F32(lb)));
     }
@@ -345,12 +333,10 @@ fn metadata(s: &Glm5NextShape) -> Vec<(String, Value)> {
             Value::U32(s.sinkhorn_iters),
         ),
         ("hyper_connection.epsilon", Value::F32(s.hc_eps)),
-        ("leading_dense_block_count", Value::U32(s.dense_layers)),
-        (
-            "expert_feed_forward_length",
-            Value::U32(s.expert_ffn as u32),
-        ),
-        ("expert_shared_count", Value::U32(s.shared_experts)),
+        ("leading_dense_block_count", Value::U32(s.moe.dense_layers)),
+    ]);
+    kv.extend(s.moe.width_keys());
+    kv.extend([
         ("expert_weights_scale", Value::F32(s.weights_scale)),
         ("expert_weights_norm", Value::Bool(true)),
         ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),

@@ -5,9 +5,9 @@
 //! Kimi-Linear: the per-layer `attention.head_count_kv` array marks KDA layers with 0,
 //! convolutions are `[d_conv, 1, channels]` in F32, `ssm_a` holds `-exp(A_log)` as `[1, heads]`.
 
-use super::deepseek2::{attention, Gating, MlaDims};
+use super::deepseek2::{attention, Gating, Mla};
 use super::emit::{common_head, head_of, keyed, Head, Spec};
-use super::ffn::{deepseek_ffn, DeepseekFfn, Routed};
+use super::ffn::DeepseekMoe;
 use super::plan::{f32_around, f32_uniform, norm, residual, Block, Planned};
 use crate::{GgmlType, Value};
 
@@ -28,26 +28,10 @@ pub struct KimiLinearShape {
     pub conv: u64,
     /// Every `attention_every`-th layer (counting from 1) and the last are MLA.
     pub attention_every: u32,
-    /// MLA latent width.
-    pub kv_lora_rank: u64,
-    /// MLA per-head q/k width without the "rope" part.
-    pub qk_nope: u64,
-    /// MLA "rope" part (not rotated in kimi-linear).
-    pub qk_rope: u64,
-    /// MLA per-head v width.
-    pub v_head: u64,
-    /// Hidden width of the leading dense layers.
-    pub ffn: u64,
-    /// Leading layers with a dense FFN.
-    pub dense_layers: u32,
-    /// Routed experts per MoE layer.
-    pub experts: u32,
-    /// Experts used per token.
-    pub experts_used: u32,
-    /// Hidden width of one expert (and of the shared expert).
-    pub expert_ffn: u64,
-    /// Shared experts.
-    pub shared_experts: u32,
+    /// The MLA layers' widths (no q-lora; the "rope" part is not rotated in kimi-linear).
+    pub mla: Mla,
+    /// The dense and MoE FFN layers.
+    pub moe: DeepseekMoe,
     /// `expert_weights_scale` (Kimi's routed_scaling_factor).
     pub weights_scale: f32,
     /// Vocabulary size.
@@ -66,16 +50,11 @@ pub const KIMI_LINEAR_SHAPES: &[KimiLinearShape] = &[KimiLinearShape {
     kda_head: 32,
     conv: 4,
     attention_every: 2,
-    kv_lora_rank: 256,
-    qk_nope: 64,
-    qk_rope: 32,
-    v_head: 64,
-    ffn: 512,
-    dense_layers: 1,
-    experts: 8,
-    experts_used: 2,
-    expert_ffn: 256,
-    shared_experts: 1,
+    mla: Mla {
+        q_lora_rank: 0,
+        ..Mla::TINY
+    },
+    moe: DeepseekMoe::TINY,
     weights_scale: 2.446,
     vocab: 256,
     context: 4096,
@@ -93,21 +72,8 @@ impl KimiLinearShape {
     /// This shape cut to its first `layers` blocks.
     pub fn with_layers(mut self, layers: u32) -> KimiLinearShape {
         self.layers = layers;
-        self.dense_layers = self.dense_layers.min(layers);
+        self.moe.dense_layers = self.moe.dense_layers.min(layers);
         self
-    }
-
-    /// The MLA layers' widths (no q-LoRA).
-    fn mla(&self) -> MlaDims {
-        MlaDims {
-            dim: self.dim,
-            heads: self.heads,
-            q_lora_rank: 0,
-            kv_lora_rank: self.kv_lora_rank,
-            qk_nope: self.qk_nope,
-            qk_rope: self.qk_rope,
-            v_head: self.v_head,
-        }
     }
 }
 
@@ -150,10 +116,9 @@ pub(crate) fn kda(
 /// The tensors of `s` with matrices in `dtype`, in file order.
 fn plan(s: &KimiLinearShape, dtype: GgmlType) -> Vec<Planned> {
     let res = residual(s.layers);
-    let ffn = deepseek_ffn!(s, true, res);
-    let mla = s.mla();
+    let ffn = s.moe.ffn(s.dim, true, res);
     ffn.model(s.layers, s.vocab, dtype, |b, l| match s.is_attention(l) {
-        true => attention(&mla, b, res),
+        true => attention(b, (s.dim, s.heads), &s.mla, res),
         false => {
             let h = u64::from(s.heads);
             let widths = (s.dim, h, s.kda_head, s.conv);
@@ -170,38 +135,31 @@ fn metadata(s: &KimiLinearShape) -> Vec<(String, Value)> {
     let kv_heads = (0..s.layers)
         .map(|l| Value::U32(u32::from(s.is_attention(l))))
         .collect();
-    let kv = common_head(
-        head_of!("kimi-linear", s),
+    let mut kv = common_head(
+        head_of!("kimi-linear", s, s.moe.ffn),
         [
             ("attention.head_count_kv", Value::Array(kv_heads)),
             ("attention.layer_norm_rms_epsilon", Value::F32(RMS_EPS)),
-            ("expert_count", Value::U32(s.experts)),
-            ("expert_used_count", Value::U32(s.experts_used)),
-            ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
-            ("vocab_size", Value::U32(s.vocab as u32)),
-            ("ssm.conv_kernel", Value::U32(s.conv as u32)),
-            ("kda.head_dim", Value::U32(s.kda_head as u32)),
-            ("attention.kv_lora_rank", Value::U32(s.kv_lora_rank as u32)),
-            ("rope.dimension_count", Value::U32(s.qk_rope as u32)),
-            (
-                "attention.key_length",
-                Value::U32((s.kv_lora_rank + s.qk_rope) as u32),
-            ),
-            ("attention.value_length", Value::U32(s.kv_lora_rank as u32)),
-            (
-                "attention.key_length_mla",
-                Value::U32((s.qk_nope + s.qk_rope) as u32),
-            ),
-            ("attention.value_length_mla", Value::U32(s.v_head as u32)),
-            (
-                "expert_feed_forward_length",
-                Value::U32(s.expert_ffn as u32),
-            ),
-            ("expert_shared_count", Value::U32(s.shared_experts)),
-            ("leading_dense_block_count", Value::U32(s.dense_layers)),
-            ("expert_weights_scale", Value::F32(s.weights_scale)),
         ],
     );
+    kv.extend(s.moe.count_keys());
+    kv.extend([
+        ("expert_gating_func", Value::U32(Gating::Sigmoid.id())),
+        ("vocab_size", Value::U32(s.vocab as u32)),
+        ("ssm.conv_kernel", Value::U32(s.conv as u32)),
+        ("kda.head_dim", Value::U32(s.kda_head as u32)),
+        (
+            "attention.kv_lora_rank",
+            Value::U32(s.mla.kv_lora_rank as u32),
+        ),
+        ("rope.dimension_count", Value::U32(s.mla.qk_rope as u32)),
+    ]);
+    kv.extend(s.mla.length_keys());
+    kv.extend(s.moe.width_keys());
+    kv.extend([
+        ("leading_dense_block_count", Value::U32(s.moe.dense_layers)),
+        ("expert_weights_scale", Value::F32(s.weights_scale)),
+    ]);
     keyed("kimi-linear", kv)
 }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Result};
 
-use super::emit::Spec;
+use super::emit::{common_head, head_of, keyed, Head, Spec};
 use super::ffn::gated;
 use super::plan::{output_head, residual, token_embd, Block, Planned};
 use crate::{GgmlType, Value};
@@ -148,24 +148,17 @@ fn plan(s: &Shape, dtype: GgmlType) -> Vec<Planned> {
 /// The llama metadata keys of `s`, in file order.
 fn metadata(s: &Shape) -> Vec<(String, Value)> {
     let hd = s.dim / u64::from(s.heads);
-    let kv: [(&str, Value); 12] = [
-        ("general.architecture", Value::Str("llama".into())),
-        (
-            "general.name",
-            Value::Str(format!("memra-synth {}", s.name)),
-        ),
-        ("llama.block_count", Value::U32(s.layers)),
-        ("llama.context_length", Value::U32(s.context)),
-        ("llama.embedding_length", Value::U32(s.dim as u32)),
-        ("llama.feed_forward_length", Value::U32(s.ffn as u32)),
-        ("llama.attention.head_count", Value::U32(s.heads)),
-        ("llama.attention.head_count_kv", Value::U32(s.kv_heads)),
-        ("llama.rope.freq_base", Value::F32(s.rope_base)),
-        ("llama.rope.dimension_count", Value::U32(hd as u32)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("llama.vocab_size", Value::U32(s.vocab as u32)),
-    ];
-    kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    let kv = common_head(
+        head_of!("llama", s),
+        [
+            ("attention.head_count_kv", Value::U32(s.kv_heads)),
+            ("rope.freq_base", Value::F32(s.rope_base)),
+            ("rope.dimension_count", Value::U32(hd as u32)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("vocab_size", Value::U32(s.vocab as u32)),
+        ],
+    );
+    keyed("llama", kv)
 }
 
 /// The planned model of `s` with matrices in `dtype`.

@@ -23,7 +23,8 @@ use anyhow::{anyhow, bail, Result};
 use crate::GgmlType;
 use emit::{write_spec, Spec};
 
-pub use deepseek2::{Deepseek2Shape, Gating, Routing, Yarn, DEEPSEEK2_SHAPES};
+pub use deepseek2::{Deepseek2Shape, Gating, Mla, Routing, Yarn, DEEPSEEK2_SHAPES};
+pub use ffn::DeepseekMoe;
 pub use glm5_next::{Glm5NextShape, GLM5_NEXT_SHAPES, HC_MULT};
 pub use kimi_linear::{KimiLinearShape, KIMI_LINEAR_SHAPES};
 pub use llama::{shape, write_model, Shape, SHAPES};

@@ -87,14 +87,19 @@ pub fn hc_mix(mixes: &[f32], a: &HcAffine, eps: f32, iters: u32) -> HcMix {
     m
 }
 
-/// The sublayer's input: `out[i] = sum_s pre[s] * streams[s][i]`, summed in stream order.
-pub fn hc_collapse(streams: &[f32], pre: &[f32; STREAMS], out: &mut [f32]) {
-    let d = out.len();
+/// Panics unless `streams` holds `STREAMS` rows of `d` values (`kernel` names the caller).
+fn check_streams(kernel: &str, streams: &[f32], d: usize) {
     assert_eq!(
         streams.len(),
         STREAMS * d,
-        "hc_collapse: streams are not 4 rows"
+        "{kernel}: streams are not 4 rows"
     );
+}
+
+/// The sublayer's input: `out[i] = sum_s pre[s] * streams[s][i]`, summed in stream order.
+pub fn hc_collapse(streams: &[f32], pre: &[f32; STREAMS], out: &mut [f32]) {
+    let d = out.len();
+    check_streams("hc_collapse", streams, d);
     for (i, o) in out.iter_mut().enumerate() {
         let mut sum = 0.0f32;
         for (s, &p) in pre.iter().enumerate() {
@@ -108,11 +113,7 @@ pub fn hc_collapse(streams: &[f32], pre: &[f32; STREAMS], out: &mut [f32]) {
 /// `new[dst][i] = f[i] * post[dst] + sum_src streams[src][i] * comb[dst][src]`.
 pub fn hc_expand(f: &[f32], m: &HcMix, streams: &mut [f32]) {
     let d = f.len();
-    assert_eq!(
-        streams.len(),
-        STREAMS * d,
-        "hc_expand: streams are not 4 rows"
-    );
+    check_streams("hc_expand", streams, d);
     let old = streams.to_vec();
     for dst in 0..STREAMS {
         for i in 0..d {
@@ -128,11 +129,7 @@ pub fn hc_expand(f: &[f32], m: &HcMix, streams: &mut [f32]) {
 /// The head's input: the mean of the streams (summed in stream order, then scaled).
 pub fn hc_mean(streams: &[f32], out: &mut [f32]) {
     let d = out.len();
-    assert_eq!(
-        streams.len(),
-        STREAMS * d,
-        "hc_mean: streams are not 4 rows"
-    );
+    check_streams("hc_mean", streams, d);
     for (i, o) in out.iter_mut().enumerate() {
         let mut sum = streams[i];
         for s in 1..STREAMS {
