@@ -183,32 +183,6 @@ __device__ __forceinline__ void attn_prologue(AttnSmem<D>& sm, float* q, const f
     __syncthreads();
 }
 
-// Halves d .. d + 7 of an f16 row (zeros past head_dim, a multiple of 4; a row of a head_dim
-// that is not a multiple of 8 is only 8-byte aligned).
-__device__ __forceinline__ uint4 attn_load8(const u16* row, int d, int head_dim) {
-    uint4 w = make_uint4(0u, 0u, 0u, 0u);
-    if ((head_dim & 7) == 0) {
-        if (d < head_dim) w = *(const uint4*)(row + d);
-    } else {
-        if (d < head_dim) {
-            const uint2 lo = *(const uint2*)(row + d);
-            w.x = lo.x;
-            w.y = lo.y;
-        }
-        if (d + 4 < head_dim) {
-            const uint2 hi = *(const uint2*)(row + d + 4);
-            w.z = hi.x;
-            w.w = hi.y;
-        }
-    }
-    return w;
-}
-
-// Two f32 values as an f16 pair (the lower index in the low half).
-__device__ __forceinline__ u32 attn_pack(float lo, float hi) {
-    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
-}
-
 // The thread's q fragments: for each 32 dimensions s, the A operands of k steps 2s and 2s + 1.
 // Lane (g = lane / 4, t = lane % 4) holds dimensions 32s + 8t .. 32s + 8t + 7 of heads g and
 // g + 8: k step 2s takes the first four as its k indices (2t, 2t + 1, 2t + 8, 2t + 9), k step
@@ -264,7 +238,7 @@ __device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 
         for (int nt = 0; nt < 4; ++nt) {
             const u16* kr = cache_row(r.k_cache, sm.k_now, 8 * nt + g);
 #pragma unroll
-            for (int s = 0; s < S; ++s) kw[nt][s] = attn_load8(kr, 32 * s + 8 * t, head_dim);
+            for (int s = 0; s < S; ++s) kw[nt][s] = f16x8_at(kr, 32 * s + 8 * t, head_dim);
         }
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk)
@@ -325,8 +299,8 @@ __device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 
                 p[x] = round_f16(e);
                 l[x >> 1] += p[x];
             }
-            pa[nt >> 1][(nt & 1) * 2] = attn_pack(p[0], p[1]);
-            pa[nt >> 1][(nt & 1) * 2 + 1] = attn_pack(p[2], p[3]);
+            pa[nt >> 1][(nt & 1) * 2] = f16_pair(p[0], p[1]);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = f16_pair(p[2], p[3]);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

@@ -322,6 +322,32 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Two f32 values as an f16 pair (the lower index in the low half): an mma operand register.
+__device__ __forceinline__ u32 f16_pair(float lo, float hi) {
+    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+}
+
+// Halves d .. d + 7 of an f16 row of n values (zeros past n, a multiple of 4; a row whose n
+// is not a multiple of 8 is only 8-byte aligned): a lane's k operands of two mma k steps.
+__device__ __forceinline__ uint4 f16x8_at(const u16* row, int d, int n) {
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if ((n & 7) == 0) {
+        if (d < n) w = *(const uint4*)(row + d);
+    } else {
+        if (d < n) {
+            const uint2 lo = *(const uint2*)(row + d);
+            w.x = lo.x;
+            w.y = lo.y;
+        }
+        if (d + 4 < n) {
+            const uint2 hi = *(const uint2*)(row + d + 4);
+            w.z = hi.x;
+            w.w = hi.y;
+        }
+    }
+    return w;
+}
+
 // c += a b for a 16 x 16 row-major f16 fragment a and a 16 x 8 column-major one (b0, b1).
 __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(

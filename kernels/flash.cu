@@ -19,11 +19,6 @@
 #define FA_KEYS 64
 #define FA_THREADS 128
 
-// Two f32 values as an f16 pair (the lower index in the low half).
-__device__ __forceinline__ u32 fa_pack(float lo, float hi) {
-    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
-}
-
 template <int D>
 __device__ __forceinline__ void flash_run(const float* q, const u16* k_cache, const u16* v_cache,
                                           float* out, const u32* pos, int rows, int n_heads,
@@ -140,9 +135,9 @@ __device__ __forceinline__ void flash_run(const float* q, const u16* k_cache, co
         // of 8 per 16-deep step
 #pragma unroll
         for (int kk = 0; kk < FA_KEYS / 16; ++kk) {
-            const u32 pa[4] = {fa_pack(sc[2 * kk][0], sc[2 * kk][1]), fa_pack(sc[2 * kk][2], sc[2 * kk][3]),
-                               fa_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                               fa_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            const u32 pa[4] = {f16_pair(sc[2 * kk][0], sc[2 * kk][1]), f16_pair(sc[2 * kk][2], sc[2 * kk][3]),
+                               f16_pair(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               f16_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
             for (int j = 0; j < D / 16; ++j) {
                 u32 bf[4];

@@ -86,32 +86,6 @@ __device__ __forceinline__ int mla_attended(const int* cells, u32 p_now, int cap
 // index * kv_lora, its (max, sum) pair at 2 * index past all heads' sums.
 __device__ __forceinline__ size_t mla_part(int h, int c, int chunks) { return (size_t)h * chunks + c; }
 
-// Halves d .. d + 7 of an f16 row (zeros past width, a multiple of 4; a row of a width that
-// is not a multiple of 8 is only 8-byte aligned).
-__device__ __forceinline__ uint4 mla_load8(const u16* row, int d, int width) {
-    uint4 w = make_uint4(0u, 0u, 0u, 0u);
-    if ((width & 7) == 0) {
-        if (d < width) w = *(const uint4*)(row + d);
-    } else {
-        if (d < width) {
-            const uint2 lo = *(const uint2*)(row + d);
-            w.x = lo.x;
-            w.y = lo.y;
-        }
-        if (d + 4 < width) {
-            const uint2 hi = *(const uint2*)(row + d + 4);
-            w.z = hi.x;
-            w.w = hi.y;
-        }
-    }
-    return w;
-}
-
-// Two f32 values as an f16 pair (the lower index in the low half).
-__device__ __forceinline__ u32 mla_pack(float lo, float hi) {
-    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
-}
-
 // Dynamic shared memory of a block (mla_smem_bytes in executor/src/cuda/mla.rs), for rows of
 // `width`: the q fragments (per 32-value block, per k step, per lane: four f16 pairs), the
 // current row in f16, the weights in f16 ([head][row]), and each warp slice's max and sum per
@@ -170,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
             const int h = h0 + (l >> 2) + 8 * (i & 1), d = 32 * b + 8 * (l & 3) + 4 * j + 2 * (i >> 1);
             const bool in = h < n_heads && d < width;
             const float* qr = q_lat + (size_t)min(h, n_heads - 1) * width;
-            pr[i] = in ? mla_pack(qr[d], qr[d + 1]) : 0u;
+            pr[i] = in ? f16_pair(qr[d], qr[d + 1]) : 0u;
         }
         sm.qf[f] = make_uint4(pr[0], pr[1], pr[2], pr[3]);
     }
@@ -197,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
 #pragma unroll
             for (int u = 0; u < MLA_AHEAD; ++u)
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt) kw[nt][u] = mla_load8(kr[nt], 32 * (b0 + u) + 8 * t, width);
+                for (int nt = 0; nt < 2; ++nt) kw[nt][u] = f16x8_at(kr[nt], 32 * (b0 + u) + 8 * t, width);
 #pragma unroll
             for (int u = 0; u < MLA_AHEAD; ++u) {
                 if (b0 + u >= blocks) break;
@@ -248,8 +222,8 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
                 l[x >> 1] += p[x];
             }
             const int col = 16 * warp + 8 * nt + 2 * t;
-            *(u32*)&sm.p[g * MLA_P_STRIDE + col] = mla_pack(p[0], p[1]);
-            *(u32*)&sm.p[(g + 8) * MLA_P_STRIDE + col] = mla_pack(p[2], p[3]);
+            *(u32*)&sm.p[g * MLA_P_STRIDE + col] = f16_pair(p[0], p[1]);
+            *(u32*)&sm.p[(g + 8) * MLA_P_STRIDE + col] = f16_pair(p[2], p[3]);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
