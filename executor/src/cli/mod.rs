@@ -189,6 +189,10 @@ enum Command {
         /// Retry-After.
         #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
         max_queue: u64,
+        /// Seconds the requests decoding at SIGINT or SIGTERM may go on before they end with
+        /// finish_reason length; a second signal exits at once.
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = grace)]
+        shutdown_grace: f64,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -350,6 +354,16 @@ fn positive(s: &str) -> Result<f32, String> {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
         Ok(x) => Err(format!("{x} is not allowed; allowed: a finite number > 0")),
         Err(e) => Err(format!("{e}; allowed: a finite number > 0")),
+    }
+}
+
+/// `--shutdown-grace`: seconds in [0, 3600].
+fn grace(s: &str) -> Result<f64, String> {
+    let allowed = "allowed: a number of seconds in [0, 3600]";
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=3600.0).contains(&x) => Ok(x),
+        Ok(x) => Err(format!("{x} is not allowed; {allowed}")),
+        Err(e) => Err(format!("{e}; {allowed}")),
     }
 }
 
@@ -645,6 +659,7 @@ fn run(command: Command) -> Result<ExitCode> {
             host,
             port,
             max_queue,
+            shutdown_grace,
             run,
         } => serve::serve(
             &plan,
@@ -652,6 +667,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 host,
                 port,
                 max_queue: max_queue as usize,
+                shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),
             },
             &run,
         ),

@@ -95,6 +95,16 @@ impl ApiError {
         }
     }
 
+    /// A 503 for a request that came after the shutdown started.
+    pub fn shutting_down() -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the server is shutting down and takes no new requests".into(),
+            param: None,
+            code: "shutting_down",
+        }
+    }
+
     /// A 500 for a request the engine failed on.
     pub fn engine(message: impl Into<String>) -> ApiError {
         ApiError {

@@ -12,11 +12,13 @@ mod metrics;
 mod routes;
 mod scheduler;
 mod sequence;
+mod shutdown;
 mod stop;
 mod tally;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 
@@ -27,6 +29,7 @@ use crate::text::{ChatTemplate, Tokenizer};
 use metrics::Metrics;
 use routes::{router, App};
 use scheduler::Scheduler;
+use shutdown::{run_down, watch_signals, Drain};
 
 /// Where the server listens, and how many requests may wait for the engine.
 pub struct ServerOptions {
@@ -36,12 +39,20 @@ pub struct ServerOptions {
     pub port: u16,
     /// Most requests waiting for a sequence slot; past it a request gets a 503.
     pub max_queue: usize,
+    /// How long decoding requests may go on after SIGINT or SIGTERM before they are cut.
+    pub shutdown_grace: Duration,
 }
 
-/// Opens `plan` on the engine thread and serves it until the process is stopped. The engine
-/// samples nothing itself (`options.sampler` is ignored): each request's sampler runs on
-/// the host over the step's logits.
+/// How long after the grace period the process waits for connections to close (a client
+/// that reads nothing more) before it exits anyway.
+const SHUTDOWN_LINGER: Duration = Duration::from_secs(5);
+
+/// Opens `plan` on the engine thread and serves it until SIGINT or SIGTERM (`shutdown`).
+/// The engine samples nothing itself (`options.sampler` is ignored): each request's sampler
+/// runs on the host over the step's logits.
 pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -> Result<()> {
+    let drain = Arc::new(Drain::default());
+    watch_signals(drain.clone())?;
     let runtime = &plan.plan.runtime;
     let (max_context, max_sequences) =
         (runtime.max_context as usize, runtime.max_sequences as usize);
@@ -60,6 +71,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         },
         tokenizer.clone(),
         metrics.clone(),
+        drain.clone(),
         server.max_queue,
     )?;
     let app = Arc::new(App {
@@ -85,11 +97,38 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
             .with_context(|| format!("cannot listen on {at}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
         eprintln!(
-            "serving {} on http://{local} (runtime.max_sequences {max_sequences}: sequences decoded together)",
-            app.model
+            "serving {} on http://{local}: {}",
+            app.model,
+            capacity(max_sequences, server.max_queue)
         );
+        tokio::spawn(run_down(
+            drain.clone(),
+            app.metrics.clone(),
+            server.shutdown_grace,
+            SHUTDOWN_LINGER,
+        ));
+        let stopped = drain.clone();
         axum::serve(listener, router(app))
+            .with_graceful_shutdown(async move { stopped.stopped().await })
             .await
             .map_err(|e| anyhow!("the HTTP server stopped: {e}"))
-    })
+    })?;
+    let count = |n: &std::sync::atomic::AtomicUsize| n.load(Ordering::Relaxed);
+    eprintln!(
+        "stopped: {} requests ended after the signal ({} of them cut at the end of the grace period), {} queued ones refused",
+        count(&drain.finished),
+        count(&drain.cut_short),
+        count(&drain.refused)
+    );
+    Ok(())
+}
+
+/// The start line's account of how many requests decode at once and how many may wait.
+fn capacity(max_sequences: usize, max_queue: usize) -> String {
+    let waiting = format!("up to {max_queue} more wait in the queue (--max-queue)");
+    if max_sequences > 1 {
+        format!("up to {max_sequences} requests decode at once (runtime.max_sequences {max_sequences}); {waiting}")
+    } else {
+        format!("one request at a time (runtime.max_sequences 1: a plan of several sequences batches them); {waiting}")
+    }
 }

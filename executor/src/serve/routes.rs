@@ -370,6 +370,10 @@ async fn whole(
                 return Json(shape.body(choice, true, Some(&f))).into_response();
             }
             Event::Failed(message) => return engine_failure(&mut tally, message).into_response(),
+            Event::Refused(e) => {
+                tally.status = e.status.as_u16();
+                return e.into_response();
+            }
         }
     }
     engine_failure(&mut tally, "the engine dropped the request".into()).into_response()
@@ -425,6 +429,11 @@ impl Streaming {
             }
             Some(Event::Failed(message)) => {
                 let e = engine_failure(&mut self.tally, message);
+                self.pending.push_back(e.body().to_string());
+                self.ended = true;
+            }
+            Some(Event::Refused(e)) => {
+                self.tally.status = e.status.as_u16();
                 self.pending.push_back(e.body().to_string());
                 self.ended = true;
             }

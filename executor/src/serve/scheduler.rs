@@ -20,6 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::sequence::Sequence;
+use super::shutdown::Drain;
 use crate::batch::Batch;
 use crate::sample::SamplerConfig;
 use crate::text::Tokenizer;
@@ -50,6 +51,8 @@ pub enum Event {
     Done(Finish),
     /// The engine failed on this sequence.
     Failed(String),
+    /// The job was refused before it started (the server is shutting down).
+    Refused(ApiError),
 }
 
 /// How a sequence ended.
@@ -86,6 +89,7 @@ impl FinishReason {
 pub struct Scheduler {
     queue: Sender<Job>,
     metrics: Arc<Metrics>,
+    drain: Arc<Drain>,
     /// Most jobs waiting for the engine.
     max_queued: usize,
 }
@@ -97,11 +101,13 @@ impl Scheduler {
         open: impl FnMut() -> Result<Batch> + Send + 'static,
         tokenizer: Arc<Tokenizer>,
         metrics: Arc<Metrics>,
+        drain: Arc<Drain>,
         max_queued: usize,
     ) -> Result<Scheduler> {
         let (queue, jobs) = channel();
         let (ready_tx, ready) = channel();
         let thread_metrics = metrics.clone();
+        let thread_drain = drain.clone();
         std::thread::Builder::new()
             .name("memra-engine".into())
             .spawn(move || {
@@ -110,6 +116,7 @@ impl Scheduler {
                     batch: None,
                     tokenizer,
                     metrics: thread_metrics,
+                    drain: thread_drain,
                 };
                 let opened = engine.reopen();
                 let ok = opened.is_ok();
@@ -126,12 +133,17 @@ impl Scheduler {
         Ok(Scheduler {
             queue,
             metrics,
+            drain,
             max_queued,
         })
     }
 
-    /// Queues a job behind the ones waiting, or refuses it (503) when `max_queued` wait.
+    /// Queues a job behind the ones waiting, or refuses it (503) when `max_queued` wait or
+    /// the server is shutting down.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.drain.stopping() {
+            return Err(ApiError::shutting_down());
+        }
         let max = self.max_queued;
         self.metrics
             .queued
@@ -152,6 +164,7 @@ struct Engine<F> {
     batch: Option<Batch>,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
+    drain: Arc<Drain>,
 }
 
 impl<F: FnMut() -> Result<Batch>> Engine<F> {
@@ -188,6 +201,16 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
             for sequence in gone {
                 self.leave(sequence, None);
             }
+            if self.drain.stopping() {
+                self.refuse(&mut waiting);
+            }
+            if self.drain.cut() {
+                for mut sequence in std::mem::take(&mut running) {
+                    sequence.cut();
+                    self.drain.cut_short.fetch_add(1, Ordering::Relaxed);
+                    self.leave(sequence, None);
+                }
+            }
             if let Err(e) = self.admit(&mut waiting, &mut running, &tokenizer) {
                 // The engine could not be reopened: the waiting jobs fail one by one.
                 if let Some(job) = waiting.pop_front() {
@@ -203,6 +226,15 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 continue;
             }
             running = self.step(running);
+        }
+    }
+
+    /// Answers every waiting job with the shutdown's 503.
+    fn refuse(&mut self, waiting: &mut VecDeque<Job>) {
+        for job in waiting.drain(..) {
+            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            self.drain.refused.fetch_add(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Refused(ApiError::shutting_down()));
         }
     }
 
@@ -307,6 +339,9 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
         }
         // counted before the client hears of the end
         self.count_slots();
+        if self.drain.stopping() {
+            self.drain.finished.fetch_add(1, Ordering::Relaxed);
+        }
         match error {
             Some(message) => sequence.fail(&message),
             None => sequence.finish(&self.metrics),
@@ -459,7 +494,8 @@ mod tests {
             Ok(Batch::new(Fixed::new(a, first.then_some(3), None), 1, 1))
         };
         let metrics = Arc::new(Metrics::new(1));
-        let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), 8).unwrap();
+        let scheduler =
+            Scheduler::start(open, tokenizer, metrics.clone(), Arc::default(), 8).unwrap();
         let (failing, rx_failing) = job(vec![a, a], 5);
         let (next, rx_next) = job(vec![a], 3);
         scheduler.submit(failing).unwrap();
@@ -494,7 +530,14 @@ mod tests {
         let (tick, ticks) = channel();
         let mut ticks = Some(ticks);
         let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
-        let scheduler = Scheduler::start(open, tokenizer, Arc::new(Metrics::new(1)), 8).unwrap();
+        let scheduler = Scheduler::start(
+            open,
+            tokenizer,
+            Arc::new(Metrics::new(1)),
+            Arc::default(),
+            8,
+        )
+        .unwrap();
         // Cancelled while queued: never decoded, its channel closes without an event.
         let (queued, mut rx) = job(vec![a], 50);
         queued.cancel.store(true, Ordering::Relaxed);
@@ -526,7 +569,8 @@ mod tests {
         let mut ticks = Some(ticks);
         let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
         let metrics = Arc::new(Metrics::new(1));
-        let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), 1).unwrap();
+        let scheduler =
+            Scheduler::start(open, tokenizer, metrics.clone(), Arc::default(), 1).unwrap();
         // the first takes the one slot (its step waits for a tick), the second waits
         let (running, rx_running) = job(vec![a], 2);
         scheduler.submit(running).unwrap();
@@ -563,7 +607,8 @@ mod tests {
             Ok(Batch::new(engine, 2, 1))
         };
         let metrics = Arc::new(Metrics::new(2));
-        let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), 8).unwrap();
+        let scheduler =
+            Scheduler::start(open, tokenizer, metrics.clone(), Arc::default(), 8).unwrap();
         let receivers: Vec<_> = (0..3)
             .map(|_| {
                 let (job, rx) = job(vec![a, a], 5);

@@ -101,6 +101,11 @@ impl<'t> Sequence<'t> {
         }
     }
 
+    /// Marks the sequence as cut short (by the shutdown): it ends with `length`.
+    pub fn cut(&mut self) {
+        self.reason = FinishReason::Length;
+    }
+
     /// Ends the sequence: the text held for a stop string that never came, its rate, `Done`.
     pub fn finish(mut self, metrics: &Metrics) {
         let tail = self.stop.finish();
