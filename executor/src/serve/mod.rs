@@ -1,14 +1,19 @@
 //! `memra-run serve`: an OpenAI-compatible HTTP server over one engine.
 //!
-//! Threads: tokio's workers run the HTTP side (`routes`: parse and validate with `api`,
-//! tokenize, answer or stream); one engine thread (`scheduler`) owns the engine's batch and
-//! decodes up to `runtime.max_sequences` jobs together (continuous batching), checking each
-//! job's cancellation flag between steps; `sequence` is one job's sampler and text while it
-//! decodes. `metrics` is shared by both; `tally` logs and counts each request.
+//! Threads: tokio's workers run the HTTP side (`routes`: parse and validate with `api` and
+//! `refused`, tokenize, answer or stream in `response`'s shapes); one engine thread
+//! (`scheduler`) owns the engine's batch and decodes up to `runtime.max_sequences` jobs
+//! together (continuous batching), checking each job's cancellation flag between steps;
+//! `sequence` is one job's sampler, penalties, `logprobs` and text while it decodes.
+//! `metrics` is shared by both; `tally` logs and counts each request; `shutdown` takes
+//! SIGINT and SIGTERM and drains both sides.
 
 mod api;
 mod error;
+mod logprobs;
 mod metrics;
+mod refused;
+mod response;
 mod routes;
 mod scheduler;
 mod sequence;
@@ -83,6 +88,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         max_context,
         max_sequences,
         next_id: AtomicU64::new(0),
+        instance: instance(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -121,6 +127,15 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         count(&drain.refused)
     );
     Ok(())
+}
+
+/// This process's part of its response ids: its start in Unix milliseconds and its process id,
+/// in hex, so ids do not repeat across restarts.
+fn instance() -> String {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{:x}{:x}", started.as_millis(), std::process::id())
 }
 
 /// The start line's account of how many requests decode at once and how many may wait.

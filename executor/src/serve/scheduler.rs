@@ -18,35 +18,63 @@ use anyhow::{anyhow, Result};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
+use super::logprobs::TokenLogprob;
 use super::metrics::Metrics;
 use super::sequence::Sequence;
 use super::shutdown::Drain;
 use crate::batch::Batch;
-use crate::sample::SamplerConfig;
+use crate::sample::{PenaltyConfig, SamplerConfig};
 use crate::text::Tokenizer;
 
-/// One request's sequence, as queued for the engine.
+/// One choice of a request, as queued for the engine (a request of `n` choices queues `n`).
 pub struct Job {
     /// Prompt tokens (the rendered chat or the completion prompt).
     pub tokens: Vec<u32>,
     /// Most tokens to generate.
     pub max_tokens: usize,
     /// How this sequence picks its tokens.
-    pub sampler: SamplerConfig,
+    pub sampling: Sampling,
     /// Strings that end the text.
     pub stop: Vec<String>,
     /// Set when the client is gone; the engine drops the sequence at its next step.
     pub cancel: Arc<AtomicBool>,
-    /// Where the text goes.
-    pub events: UnboundedSender<Event>,
+    /// The choice's index in its request.
+    pub index: usize,
+    /// Where the text goes, tagged with `index` (the request's choices share the channel).
+    pub events: UnboundedSender<(usize, Event)>,
+}
+
+/// How a sequence picks its tokens: the sampler, min-p, the penalties, and the logprobs it
+/// reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// Temperature, top-k, top-p and seed.
+    pub config: SamplerConfig,
+    /// Min-p truncation; 0 keeps all.
+    pub min_p: f32,
+    /// Presence, frequency and repetition penalties.
+    pub penalties: PenaltyConfig,
+    /// With `Some(top)`, each token's logprob and the `top` best tokens' are reported.
+    pub logprobs: Option<usize>,
+}
+
+impl Sampling {
+    /// Whether the sequence needs its step's logits; else the engine's argmax is its token.
+    pub fn needs_logits(&self) -> bool {
+        !self.config.is_greedy() || !self.penalties.is_none() || self.logprobs.is_some()
+    }
 }
 
 /// What the engine sends back for a job.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// The next piece of text, and the tokens generated so far (so a request cut short still
-    /// logs what it cost).
-    Text { text: String, completion: usize },
+    /// The next piece of text, the tokens generated so far (so a request cut short still
+    /// logs what it cost), and the logprobs of the tokens since the last piece when asked.
+    Text {
+        text: String,
+        completion: usize,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// The sequence ended.
     Done(Finish),
     /// The engine failed on this sequence.
@@ -215,7 +243,9 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 // The engine could not be reopened: the waiting jobs fail one by one.
                 if let Some(job) = waiting.pop_front() {
                     self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                    let _ = job.events.send(Event::Failed(format!("{e:#}")));
+                    let _ = job
+                        .events
+                        .send((job.index, Event::Failed(format!("{e:#}"))));
                 }
                 continue;
             }
@@ -234,7 +264,9 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
         for job in waiting.drain(..) {
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             self.drain.refused.fetch_add(1, Ordering::Relaxed);
-            let _ = job.events.send(Event::Refused(ApiError::shutting_down()));
+            let _ = job
+                .events
+                .send((job.index, Event::Refused(ApiError::shutting_down())));
         }
     }
 
@@ -260,7 +292,7 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 Ok(Some(slot)) => {
                     self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
                     self.metrics.count_prompt(job.tokens.len());
-                    if job.sampler.is_greedy() {
+                    if !job.sampling.needs_logits() {
                         // its argmax comes back from the engine, not its logits
                         batch.greedy(slot)?;
                     }
@@ -272,7 +304,9 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 }
                 Err(e) => {
                     self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                    let _ = job.events.send(Event::Failed(format!("{e:#}")));
+                    let _ = job
+                        .events
+                        .send((job.index, Event::Failed(format!("{e:#}"))));
                 }
             }
         }
@@ -370,6 +404,7 @@ mod tests {
         Event::Text {
             text: text.into(),
             completion,
+            logprobs: Vec::new(),
         }
     }
 
@@ -457,22 +492,28 @@ mod tests {
         }
     }
 
-    fn job(tokens: Vec<u32>, max_tokens: usize) -> (Job, UnboundedReceiver<Event>) {
+    fn job(tokens: Vec<u32>, max_tokens: usize) -> (Job, UnboundedReceiver<(usize, Event)>) {
         let (events, rx) = unbounded_channel();
         let job = Job {
             tokens,
             max_tokens,
-            sampler: SamplerConfig::GREEDY,
+            sampling: Sampling {
+                config: SamplerConfig::GREEDY,
+                min_p: 0.0,
+                penalties: PenaltyConfig::NONE,
+                logprobs: None,
+            },
             stop: Vec::new(),
             cancel: Arc::new(AtomicBool::new(false)),
+            index: 0,
             events,
         };
         (job, rx)
     }
 
-    fn events(mut rx: UnboundedReceiver<Event>) -> Vec<Event> {
+    fn events(mut rx: UnboundedReceiver<(usize, Event)>) -> Vec<Event> {
         let mut all = Vec::new();
-        while let Some(e) = rx.blocking_recv() {
+        while let Some((_, e)) = rx.blocking_recv() {
             let last = matches!(e, Event::Done(_) | Event::Failed(_));
             all.push(e);
             if last {
@@ -548,7 +589,7 @@ mod tests {
         let cancel = running.cancel.clone();
         scheduler.submit(running).unwrap();
         tick.send(()).unwrap();
-        assert_eq!(rx.blocking_recv(), Some(text("a", 1)));
+        assert_eq!(rx.blocking_recv(), Some((0, text("a", 1))));
         cancel.store(true, Ordering::Relaxed);
         for _ in 0..50 {
             tick.send(()).unwrap();
@@ -558,7 +599,7 @@ mod tests {
             prompt_tokens: 1,
             completion_tokens: 1,
         };
-        assert_eq!(rx.blocking_recv(), Some(Event::Done(done)));
+        assert_eq!(rx.blocking_recv(), Some((0, Event::Done(done))));
     }
 
     #[test]

@@ -1,18 +1,19 @@
-//! One request's sequence while it holds a sequence slot: its own sampler, the text decoder
-//! and stop matcher between its tokens and the client, and its counts. The scheduler hands
-//! it the logits each step leaves it; it picks the next token, sends the text that token
-//! releases and says whether the sequence goes on.
+//! One request's sequence while it holds a sequence slot: its own sampler and penalties, the
+//! text decoder and stop matcher between its tokens and the client, its logprobs and its
+//! counts. The scheduler hands it the logits each step leaves it; it picks the next token,
+//! sends the text that token releases and says whether the sequence goes on.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 
+use super::logprobs::{token_logprob, TokenLogprob};
 use super::metrics::Metrics;
 use super::scheduler::{Event, Finish, FinishReason, Job};
 use super::stop::StopMatcher;
 use crate::batch::{Decoded, Stepped};
-use crate::sample::Sampler;
+use crate::sample::{argmax, Penalties, Sampler};
 use crate::text::{StreamDecoder, Tokenizer};
 
 /// A job decoding in a slot.
@@ -21,6 +22,9 @@ pub(super) struct Sequence<'t> {
     /// The slot of the batch it holds.
     pub slot: usize,
     sampler: Sampler,
+    penalties: Penalties,
+    /// Logprobs of the tokens whose text has not been sent yet.
+    logprobs: Vec<TokenLogprob>,
     tokenizer: &'t Tokenizer,
     decoder: StreamDecoder<'t>,
     stop: StopMatcher,
@@ -35,8 +39,11 @@ pub(super) struct Sequence<'t> {
 impl<'t> Sequence<'t> {
     /// `job`'s sequence in `slot`.
     pub fn new(job: Job, slot: usize, tokenizer: &'t Tokenizer) -> Sequence<'t> {
+        let sampling = job.sampling;
         Sequence {
-            sampler: Sampler::new(job.sampler),
+            sampler: Sampler::new(sampling.config).with_min_p(sampling.min_p),
+            penalties: Penalties::new(sampling.penalties, &job.tokens),
+            logprobs: Vec::new(),
             stop: StopMatcher::new(job.stop.clone()),
             job,
             slot,
@@ -54,24 +61,35 @@ impl<'t> Sequence<'t> {
         self.job.cancel.load(Ordering::Relaxed) || self.job.events.is_closed()
     }
 
-    /// Picks the next token from the step's output for it, `d` (the argmax where its sampler
-    /// is greedy, else a draw from its logits), and sends the text it releases. Returns the
-    /// token to decode next, or `None` when the sequence has ended (end of generation, a stop
-    /// string, `max_tokens`).
+    /// Picks the next token from the step's output for it, `d` (the engine's argmax where
+    /// the sequence needs no logits, else the argmax or a draw from its penalized logits),
+    /// and sends the text it releases. Returns the token to decode next, or `None` when the
+    /// sequence has ended (end of generation, a stop string, `max_tokens`).
     pub fn advance(
         &mut self,
         stepped: &Stepped,
         d: &Decoded,
         metrics: &Metrics,
     ) -> Result<Option<u32>> {
-        let token = if self.job.sampler.is_greedy() {
-            stepped.argmax(d)
-        } else {
+        let sampling = self.job.sampling;
+        let token = if sampling.needs_logits() {
             let logits = stepped.logits(d).ok_or_else(|| {
                 anyhow!("invariant: a sampled sequence's step brings back its logits")
             })?;
-            self.sampler.sample(logits)
+            let shaped = self.penalties.apply(logits);
+            let token = if sampling.config.is_greedy() {
+                argmax(shaped)
+            } else {
+                self.sampler.sample(shaped)
+            };
+            if let (Some(top), false) = (sampling.logprobs, self.tokenizer.is_eog(token)) {
+                self.logprobs.push(token_logprob(logits, token, top));
+            }
+            token
+        } else {
+            stepped.argmax(d)
         };
+        self.penalties.record(token);
         self.sampled += 1;
         if self.tokenizer.is_eog(token) {
             self.reason = FinishReason::Stop;
@@ -91,13 +109,16 @@ impl<'t> Sequence<'t> {
         Ok((self.sampled < self.job.max_tokens).then_some(token))
     }
 
-    fn send(&self, text: String) {
-        if !text.is_empty() {
-            // A client that is gone no longer listens; nothing else to do.
-            let _ = self.job.events.send(Event::Text {
+    /// Sends `text` and the logprobs held for it, unless both are empty.
+    fn send(&mut self, text: String) {
+        if !text.is_empty() || !self.logprobs.is_empty() {
+            let event = Event::Text {
                 text,
                 completion: self.completion,
-            });
+                logprobs: std::mem::take(&mut self.logprobs),
+            };
+            // A client that is gone no longer listens; nothing else to do.
+            let _ = self.job.events.send((self.job.index, event));
         }
     }
 
@@ -114,15 +135,17 @@ impl<'t> Sequence<'t> {
             let seconds = first.elapsed().as_secs_f64().max(1e-9);
             metrics.set_sequence_tokens_per_second((self.completion - 1) as f64 / seconds);
         }
-        let _ = self.job.events.send(Event::Done(Finish {
+        let done = Event::Done(Finish {
             reason: self.reason,
             prompt_tokens: self.job.tokens.len(),
             completion_tokens: self.completion,
-        }));
+        });
+        let _ = self.job.events.send((self.job.index, done));
     }
 
     /// Fails the request with `message`.
     pub fn fail(self, message: &str) {
-        let _ = self.job.events.send(Event::Failed(message.to_owned()));
+        let failed = Event::Failed(message.to_owned());
+        let _ = self.job.events.send((self.job.index, failed));
     }
 }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod http;
+
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
