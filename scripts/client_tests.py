@@ -2,8 +2,9 @@
 installs `openai` and runs this): the `openai` package's completions, chat, streaming (the
 chunks join to the non-streamed text), 8 concurrent requests whose greedy texts equal their
 one-at-a-time runs, a stream closed mid-way (the server counts a 499, stops generating and
-answers the next request the same), and every bad request raising the client's error class
-with the field named; then curl: a completion, a stream with `curl -N`, 4xx bodies.
+answers the next request the same), the penalties, top-k and min-p, logprobs, n choices, and
+every bad request raising the client's error class with the field named; then curl: a
+completion, a stream with `curl -N`, 4xx bodies.
 
 Usage: python3 scripts/client_tests.py http://127.0.0.1:PORT  (exit 1 when a check fails)
 """
@@ -172,12 +173,64 @@ def a_closed_stream_stops_and_the_next_request_answers():
     assert metric("memra_kv_slots_used") == 0
 
 
+@check
+def penalties_and_truncations_shape_the_text():
+    greedy = complete(FRANCE, 16)
+    penalized = client.completions.create(
+        model=MODEL, prompt=FRANCE, max_tokens=16, temperature=0, presence_penalty=2.0
+    ).choices[0].text
+    assert penalized != greedy, (penalized, greedy)
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        r = client.completions.create(
+            model=MODEL, prompt=FRANCE, max_tokens=16, temperature=1.5, seed=1, extra_body=extra
+        )
+        assert r.choices[0].text == greedy, (extra, r)
+    r = client.completions.create(
+        model=MODEL, prompt=FRANCE, max_tokens=16, temperature=0,
+        extra_body={"repetition_penalty": 2.0},
+    )
+    assert r.choices[0].text != greedy, r
+
+
+@check
+def logprobs_on_both_endpoints():
+    r = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content, r
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content), content
+    r = client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == " Paris.", lp
+    assert all(len(top) == 2 for top in lp.top_logprobs), lp
+
+
+@check
+def n_choices_come_with_their_indexes():
+    r = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=3, n=3
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2], r
+    one = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=4
+    )
+    assert r.choices[1].text == one.choices[0].text, (r, one)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=4, temperature=1.0, seed=3, n=2, stream=True
+        )
+    )
+    ends = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(ends) == [0, 1], chunks
+
+
 # (error class, create arguments, the field the error names)
 BAD = [
     (openai.NotFoundError, dict(prompt="x", model="gpt-4"), "model"),
     (openai.BadRequestError, dict(prompt=7), "prompt"),
     (openai.BadRequestError, dict(prompt="x", temperature="hot"), "temperature"),
-    (openai.BadRequestError, dict(prompt="x", n=3), "n"),
+    (openai.BadRequestError, dict(prompt="x", n=17), "n"),
     (openai.BadRequestError, dict(prompt="x", max_tokens=0), "max_tokens"),
     (openai.BadRequestError, dict(prompt="x", max_tokens=5000), "max_tokens"),
     (openai.BadRequestError, dict(prompt="word " * 3000), "prompt"),
@@ -185,8 +238,11 @@ BAD = [
     (openai.BadRequestError, dict(messages=[]), "messages"),
     (openai.BadRequestError, dict(messages=[{"role": "user", "content": 1}]), "messages[0].content"),
     (openai.BadRequestError, dict(prompt="x", echo=True), "echo"),
-    (openai.BadRequestError, dict(prompt="x", logprobs=3), "logprobs"),
-    (openai.BadRequestError, dict(messages=[{"role": "user", "content": "x"}], presence_penalty=1.0), "presence_penalty"),
+    (openai.BadRequestError, dict(prompt="x", logprobs=21), "logprobs"),
+    (openai.BadRequestError, dict(messages=[{"role": "user", "content": "x"}], presence_penalty=3.0), "presence_penalty"),
+    (openai.BadRequestError, dict(prompt="x", extra_body={"min_p": 2}), "min_p"),
+    (openai.BadRequestError, dict(prompt="x", extra_body={"ignore_eos": True}), "ignore_eos"),
+    (openai.BadRequestError, dict(prompt="x", stop=[str(i) for i in range(17)]), "stop"),
 ]
 
 
