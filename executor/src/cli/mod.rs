@@ -193,6 +193,15 @@ enum Command {
         /// finish_reason length; a second signal exits at once.
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = grace)]
         shutdown_grace: f64,
+        /// Every /v1/ request must send `Authorization: Bearer KEY` (401 without it);
+        /// /health and /metrics stay open.
+        #[arg(long, value_name = "KEY", value_parser = api_key)]
+        api_key: Option<String>,
+        /// Web origins (e.g. https://app.example) whose pages may call the server,
+        /// comma-separated; `*` allows every origin. Default: none (a browser request that
+        /// carries an Origin header is refused).
+        #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
+        allowed_origins: Vec<String>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -364,6 +373,15 @@ fn grace(s: &str) -> Result<f64, String> {
         Ok(x) if (0.0..=3600.0).contains(&x) => Ok(x),
         Ok(x) => Err(format!("{x} is not allowed; {allowed}")),
         Err(e) => Err(format!("{e}; {allowed}")),
+    }
+}
+
+/// `--api-key`: printable ASCII without spaces, so that it fits an `Authorization` header.
+fn api_key(s: &str) -> Result<String, String> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(s.to_owned())
+    } else {
+        Err("allowed: a non-empty key of printable ASCII characters without spaces".into())
     }
 }
 
@@ -660,6 +678,8 @@ fn run(command: Command) -> Result<ExitCode> {
             port,
             max_queue,
             shutdown_grace,
+            api_key,
+            allowed_origins,
             run,
         } => serve::serve(
             &plan,
@@ -668,6 +688,8 @@ fn run(command: Command) -> Result<ExitCode> {
                 port,
                 max_queue: max_queue as usize,
                 shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),
+                api_key,
+                allowed_origins,
             },
             &run,
         ),

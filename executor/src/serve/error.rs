@@ -95,6 +95,26 @@ impl ApiError {
         }
     }
 
+    /// A 401 for a `/v1/` request without the server's API key.
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "a valid API key is required: send the header `Authorization: Bearer KEY` with the server's --api-key".into(),
+            param: None,
+            code: "invalid_api_key",
+        }
+    }
+
+    /// A 403 for a request from a host or origin the server does not answer.
+    pub fn forbidden(code: &'static str, message: String) -> ApiError {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            message,
+            param: None,
+            code,
+        }
+    }
+
     /// A 503 for a request that came after the shutdown started.
     pub fn shutting_down() -> ApiError {
         ApiError {

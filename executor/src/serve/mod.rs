@@ -8,6 +8,7 @@
 //! `metrics` is shared by both; `tally` logs and counts each request; `shutdown` takes
 //! SIGINT and SIGTERM and drains both sides.
 
+mod access;
 mod api;
 mod error;
 mod logprobs;
@@ -31,6 +32,7 @@ use crate::batch::{window, Batch};
 use crate::engine::{open, EngineOptions};
 use crate::plan_load::LoadedPlan;
 use crate::text::{ChatTemplate, Tokenizer};
+use access::{guard, Access};
 use metrics::Metrics;
 use routes::{router, App};
 use scheduler::Scheduler;
@@ -46,7 +48,14 @@ pub struct ServerOptions {
     pub max_queue: usize,
     /// How long decoding requests may go on after SIGINT or SIGTERM before they are cut.
     pub shutdown_grace: Duration,
+    /// The key every `/v1/` request must bear (`Authorization: Bearer KEY`), if any.
+    pub api_key: Option<String>,
+    /// Web origins whose pages may call the server (CORS); `*` allows all.
+    pub allowed_origins: Vec<String>,
 }
+
+/// Requests tokenized at once; the others wait, holding only their bodies (2 MiB at most).
+const TOKENIZING_AT_ONCE: usize = 2;
 
 /// How long after the grace period the process waits for connections to close (a client
 /// that reads nothing more) before it exits anyway.
@@ -79,6 +88,12 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         drain.clone(),
         server.max_queue,
     )?;
+    // U+FFFD for a token of part of a character: never less than its bytes
+    let max_token_bytes = (0..tokenizer.vocab_size())
+        .filter_map(|id| tokenizer.decode(&[id]).ok())
+        .map(|t| t.len())
+        .max()
+        .unwrap_or(1);
     let app = Arc::new(App {
         scheduler,
         tokenizer,
@@ -89,6 +104,8 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         max_sequences,
         next_id: AtomicU64::new(0),
         instance: instance(),
+        max_token_bytes,
+        tokenizing: Arc::new(tokio::sync::Semaphore::new(TOKENIZING_AT_ONCE)),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -102,6 +119,15 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
             .await
             .with_context(|| format!("cannot listen on {at}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
+        if !local.ip().is_loopback() && server.api_key.is_none() {
+            eprintln!("warning: listening on {local}, beyond this machine, without --api-key: anyone who can reach it can use the server");
+        }
+        let access = Arc::new(Access {
+            api_key: server.api_key.clone(),
+            allowed_origins: server.allowed_origins.clone(),
+            bound: local,
+            metrics: app.metrics.clone(),
+        });
         eprintln!(
             "serving {} on http://{local}: {}",
             app.model,
@@ -114,7 +140,8 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
             SHUTDOWN_LINGER,
         ));
         let stopped = drain.clone();
-        axum::serve(listener, router(app))
+        let routes = router(app).layer(axum::middleware::from_fn_with_state(access, guard));
+        axum::serve(listener, routes)
             .with_graceful_shutdown(async move { stopped.stopped().await })
             .await
             .map_err(|e| anyhow!("the HTTP server stopped: {e}"))

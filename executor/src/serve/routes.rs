@@ -56,6 +56,11 @@ pub struct App {
     pub next_id: AtomicU64,
     /// Makes the response ids of this process its own: its start time and process id.
     pub instance: String,
+    /// The most bytes one token's text has: a text of more than `max_context` times as many
+    /// bytes cannot fit the context, and is refused before it is tokenized.
+    pub max_token_bytes: usize,
+    /// Bounds the requests being tokenized at once (and so their memory).
+    pub tokenizing: Arc<tokio::sync::Semaphore>,
 }
 
 /// The router over every endpoint.
@@ -160,11 +165,31 @@ struct Prepared {
 }
 
 impl App {
+    /// Refuses a text of more bytes than `max_context - 1` tokens can hold, before its
+    /// tokens are counted (tokenizing a text of megabytes takes seconds and gigabytes).
+    fn fits(&self, field: &str, text: &str) -> Result<(), ApiError> {
+        let (c, l) = (self.max_context, self.max_token_bytes.max(1));
+        // the text may gain a byte (a leading space) in tokenizing
+        let least = text.len().saturating_sub(1).div_ceil(l);
+        if least < c {
+            return Ok(());
+        }
+        let mut e = ApiError::invalid(
+            field,
+            format!("{field}: {} bytes are at least {least} tokens (a token holds at most {l} bytes), past the context of {c} tokens (runtime.max_context)", text.len()),
+        );
+        e.code = "context_length_exceeded";
+        Err(e)
+    }
+
     /// Validates and tokenizes a body; every refusal names its field.
     fn prepare(&self, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, ApiError> {
         let request = parse(body, endpoint, &self.model)?;
         let (field, tokens) = match &request.input {
-            Input::Prompt(text) => ("prompt", self.tokenizer.encode(text, true)),
+            Input::Prompt(text) => {
+                self.fits("prompt", text)?;
+                ("prompt", self.tokenizer.encode(text, true))
+            }
             Input::Tokens(ids) => {
                 let vocab = self.tokenizer.vocab_size();
                 if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id >= vocab) {
@@ -185,6 +210,7 @@ impl App {
                 let text = template
                     .render(messages, true)
                     .map_err(|e| ApiError::invalid("messages", format!("messages: {e:#}")))?;
+                self.fits("messages", &text)?;
                 ("messages", self.tokenizer.encode(&text, false))
             }
         };
@@ -254,9 +280,14 @@ async fn answer(
     let prepared = match body {
         Ok(body) => {
             let app = app.clone();
-            tokio::task::spawn_blocking(move || app.prepare(endpoint, &body))
-                .await
-                .unwrap_or_else(|e| Err(ApiError::engine(format!("reading the request: {e}"))))
+            // The semaphore is never closed.
+            let permit = app.tokenizing.clone().acquire_owned().await;
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                app.prepare(endpoint, &body)
+            })
+            .await
+            .unwrap_or_else(|e| Err(ApiError::engine(format!("reading the request: {e}"))))
         }
         Err(rejection) => Err(ApiError::unreadable(&rejection, BODY_LIMIT)),
     };

@@ -239,6 +239,11 @@ impl ServeProcess {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends the server `signal` (e.g. `libc::SIGTERM`).
     pub fn signal(&self, signal: i32) {
         let pid = i32::try_from(self.child.id()).unwrap();
