@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -382,5 +382,65 @@ fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
     server.assert_logged("POST /v1/completions 413 ", 1);
     // The server still answers after all of them.
     assert_eq!(server.complete("The capital of France is", 2), " Paris.");
-    server.assert_logged("POST /v1/completions 200 prompt=5 generated=2 ", 1);
+    server.assert_logged("POST /v1/completions 200 prompt=5 generated=2 ttft=", 1);
+    // its line gives the time to the first text and the decode rate after it
+    let log = server.0.log.lock().unwrap().clone();
+    let line = log
+        .iter()
+        .find(|l| l.starts_with("POST /v1/completions 200 "))
+        .unwrap();
+    let ttft: f64 = line
+        .split_once("ttft=")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(ttft > 0.0 && line.contains(" tok/s "), "{line}");
+}
+
+#[test]
+fn non_finite_logits_end_the_request_with_an_error() {
+    use std::io::{Seek, SeekFrom};
+    // SmolLM2 with a NaN scale in the first block of token 0's output row (the tied
+    // embedding; q8_0, whose blocks open with their f16 scale): token 0's logit is NaN at
+    // every step
+    let source = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let at = {
+        let file = memra_gguf::GgufFile::open(&source).unwrap();
+        let output = file
+            .tensor("output.weight")
+            .or_else(|| file.tensor("token_embd.weight"))
+            .unwrap();
+        assert_eq!(output.dtype, memra_gguf::GgmlType::Q8_0);
+        file.header_bytes().len() as u64 + output.offset
+    };
+    let broken = std::env::temp_dir().join(format!("memra-nan-{}.gguf", std::process::id()));
+    std::fs::copy(&source, &broken).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&broken)
+        .unwrap();
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.write_all(&0x7e00u16.to_le_bytes()).unwrap();
+    drop(file);
+    let server = Server::start_with(&["--model", broken.to_str().unwrap()]);
+    std::fs::remove_file(&broken).unwrap();
+    for sampling in [
+        json!({"temperature": 0}),
+        json!({"temperature": 0.8, "seed": 1}),
+    ] {
+        let mut body = json!({"prompt": "The capital of France is", "max_tokens": 4});
+        body.as_object_mut()
+            .unwrap()
+            .extend(sampling.as_object().unwrap().clone());
+        let (status, answer) = server.post("/v1/completions", &body);
+        assert_eq!(status, 500, "{answer}");
+        assert_eq!(answer["error"]["code"], "engine_error", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("logits are not finite"), "{message}");
+        // streamed: the error is the stream's last event
+        body["stream"] = json!(true);
+        let lines = server.stream("/v1/completions", &body);
+        let last: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+        assert_eq!(last["error"]["code"], "engine_error", "{lines:?}");
+    }
 }

@@ -403,6 +403,7 @@ async fn whole(
                 completion,
                 logprobs,
             } => {
+                tally.text_came();
                 choices.text[i].push_str(&text);
                 choices.logprobs[i].extend(logprobs);
                 choices.generated[i] = completion;
@@ -474,6 +475,7 @@ impl Streaming {
                     logprobs,
                 },
             )) => {
+                self.tally.text_came();
                 self.choices.generated[index] = completion;
                 let piece = Piece {
                     index,

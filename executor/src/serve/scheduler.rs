@@ -292,10 +292,6 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 Ok(Some(slot)) => {
                     self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
                     self.metrics.count_prompt(job.tokens.len());
-                    if !job.sampling.needs_logits() {
-                        // its argmax comes back from the engine, not its logits
-                        batch.greedy(slot)?;
-                    }
                     running.push(Sequence::new(job, slot, tokenizer));
                 }
                 Ok(None) => {
@@ -352,6 +348,10 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 .advance(&stepped, d, &self.metrics)
                 .and_then(|next| {
                     let batch = self.batch.as_mut().expect("invariant: stepped above");
+                    if sequence.argmax_from_now() {
+                        // its argmax comes back from the engine, not its logits
+                        batch.greedy(sequence.slot)?;
+                    }
                     next.map(|token| batch.feed(sequence.slot, token))
                         .transpose()
                 });

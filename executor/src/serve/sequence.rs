@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 
 use super::logprobs::{token_logprob, TokenLogprob};
 use super::metrics::Metrics;
@@ -72,10 +72,19 @@ impl<'t> Sequence<'t> {
         metrics: &Metrics,
     ) -> Result<Option<u32>> {
         let sampling = self.job.sampling;
-        let token = if sampling.needs_logits() {
+        // a greedy sequence's first token comes from its logits too, so that a model whose
+        // logits are not finite fails there
+        let token = if sampling.needs_logits() || self.sampled == 0 {
             let logits = stepped.logits(d).ok_or_else(|| {
                 anyhow!("invariant: a sampled sequence's step brings back its logits")
             })?;
+            if let Some(at) = logits.iter().position(|l| !l.is_finite()) {
+                bail!(
+                    "the model's logits are not finite (token {at}: {}) after {} generated tokens: a weight or an activation holds NaN or infinity",
+                    logits[at],
+                    self.sampled
+                );
+            }
             let shaped = self.penalties.apply(logits);
             let token = if sampling.config.is_greedy() {
                 argmax(shaped)
@@ -107,6 +116,12 @@ impl<'t> Sequence<'t> {
             }
         }
         Ok((self.sampled < self.job.max_tokens).then_some(token))
+    }
+
+    /// Whether the sequence has just picked its first token and needs no logits from now on:
+    /// the engine's argmax picks the rest (`Batch::greedy`).
+    pub fn argmax_from_now(&self) -> bool {
+        self.sampled == 1 && !self.job.sampling.needs_logits()
     }
 
     /// Sends `text` and the logprobs held for it, unless both are empty.
