@@ -202,6 +202,14 @@ enum Command {
         /// carries an Origin header is refused).
         #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
         allowed_origins: Vec<String>,
+        /// Seconds a connection may go without progress while none of its requests is in
+        /// flight (idle keep-alive, a stalled header), a write may stall, and a body may take
+        /// to come whole (llama-server's --timeout).
+        #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        timeout: u64,
+        /// Most connections open at once; past it a new connection gets a 503 and is closed.
+        #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        max_connections: u64,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -680,6 +688,8 @@ fn run(command: Command) -> Result<ExitCode> {
             shutdown_grace,
             api_key,
             allowed_origins,
+            timeout,
+            max_connections,
             run,
         } => serve::serve(
             &plan,
@@ -690,6 +700,8 @@ fn run(command: Command) -> Result<ExitCode> {
                 shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),
                 api_key,
                 allowed_origins,
+                timeout: std::time::Duration::from_secs(timeout),
+                max_connections: max_connections as usize,
             },
             &run,
         ),

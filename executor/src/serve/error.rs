@@ -115,6 +115,41 @@ impl ApiError {
         }
     }
 
+    /// A 413 for a body past `limit` bytes.
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the body is larger than the server's limit of {limit} bytes"),
+            param: None,
+            code: "invalid_body",
+        }
+    }
+
+    /// A 408 for a body that did not come whole within `timeout`.
+    pub fn body_timeout(timeout: std::time::Duration) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the body did not come whole within {} s (the server's --timeout); is Content-Length right?",
+                timeout.as_secs_f64()
+            ),
+            param: None,
+            code: "body_timeout",
+        }
+    }
+
+    /// A 503 for a connection past the cap of `max` open ones.
+    pub fn too_many_connections(max: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "the server has {max} connections open, its limit (--max-connections); retry later"
+            ),
+            param: None,
+            code: "too_many_connections",
+        }
+    }
+
     /// A 503 for a request that came after the shutdown started.
     pub fn shutting_down() -> ApiError {
         ApiError {

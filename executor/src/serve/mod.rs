@@ -6,10 +6,12 @@
 //! together (continuous batching), checking each job's cancellation flag between steps;
 //! `sequence` is one job's sampler, penalties, `logprobs` and text while it decodes.
 //! `metrics` is shared by both; `tally` logs and counts each request; `shutdown` takes
-//! SIGINT and SIGTERM and drains both sides.
+//! SIGINT and SIGTERM and drains both sides. Before any route, `conn` caps the open
+//! connections and times them out, and `access` checks the Host, the Origin and the API key.
 
 mod access;
 mod api;
+mod conn;
 mod error;
 mod logprobs;
 mod metrics;
@@ -33,6 +35,7 @@ use crate::engine::{open, EngineOptions};
 use crate::plan_load::LoadedPlan;
 use crate::text::{ChatTemplate, Tokenizer};
 use access::{guard, Access};
+use conn::{track, BodyRules, Conn, Guarded};
 use metrics::Metrics;
 use routes::{router, App};
 use scheduler::Scheduler;
@@ -52,6 +55,11 @@ pub struct ServerOptions {
     pub api_key: Option<String>,
     /// Web origins whose pages may call the server (CORS); `*` allows all.
     pub allowed_origins: Vec<String>,
+    /// A connection without progress this long, while no request of it is in flight, is
+    /// closed; a request's body must come whole within it.
+    pub timeout: Duration,
+    /// Most connections open at once; past it a new one gets a 503.
+    pub max_connections: usize,
 }
 
 /// Requests tokenized at once; the others wait, holding only their bodies (2 MiB at most).
@@ -140,8 +148,20 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
             SHUTDOWN_LINGER,
         ));
         let stopped = drain.clone();
-        let routes = router(app).layer(axum::middleware::from_fn_with_state(access, guard));
-        axum::serve(listener, routes)
+        let rules = Arc::new(BodyRules {
+            timeout: server.timeout,
+            metrics: app.metrics.clone(),
+        });
+        let listener = Guarded::new(
+            listener,
+            server.max_connections,
+            server.timeout,
+            app.metrics.clone(),
+        );
+        let routes = router(app)
+            .layer(axum::middleware::from_fn_with_state(rules, track))
+            .layer(axum::middleware::from_fn_with_state(access, guard));
+        axum::serve(listener, routes.into_make_service_with_connect_info::<Conn>())
             .with_graceful_shutdown(async move { stopped.stopped().await })
             .await
             .map_err(|e| anyhow!("the HTTP server stopped: {e}"))

@@ -34,7 +34,7 @@ const COMPLETION_DEFAULT_TOKENS: usize = 16;
 
 /// The largest request body read (axum's default, stated here for the 413's message); a
 /// body this large holds far more tokens than any context.
-const BODY_LIMIT: usize = 2 << 20;
+pub const BODY_LIMIT: usize = 2 << 20;
 
 /// What every handler shares.
 pub struct App {
