@@ -6,7 +6,10 @@ answers the next request the same), the penalties, top-k and min-p, logprobs, n 
 every bad request raising the client's error class with the field named; then curl: a
 completion, a stream with `curl -N`, 4xx bodies.
 
-Usage: python3 scripts/client_tests.py http://127.0.0.1:PORT  (exit 1 when a check fails)
+With the server's --api-key as a second argument, the clients send it, and a wrong key must
+raise the client's AuthenticationError.
+
+Usage: python3 scripts/client_tests.py http://127.0.0.1:PORT [API_KEY]  (exit 1 when a check fails)
 """
 
 import json
@@ -14,13 +17,16 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
 URL = sys.argv[1].rstrip("/")
-client = openai.OpenAI(base_url=URL + "/v1", api_key="none", max_retries=0, timeout=120)
+KEY = sys.argv[2] if len(sys.argv) > 2 else None
+client = openai.OpenAI(base_url=URL + "/v1", api_key=KEY or "none", max_retries=0, timeout=120)
+BEARER = ["-H", f"Authorization: Bearer {KEY}"] if KEY else []
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 FRANCE = "The capital of France is"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -225,6 +231,48 @@ def n_choices_come_with_their_indexes():
     assert sorted(ends) == [0, 1], chunks
 
 
+@check
+def a_wrong_api_key_raises_the_authentication_error():
+    if KEY is None:
+        return
+    wrong = openai.OpenAI(base_url=URL + "/v1", api_key=KEY + "x", max_retries=0, timeout=30)
+    try:
+        wrong.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2)
+    except openai.AuthenticationError as e:
+        assert e.code == "invalid_api_key", e
+    else:
+        raise AssertionError("a wrong key was served")
+
+
+@check
+def a_prompt_past_the_context_is_refused_before_tokenizing():
+    start = time.time()
+    try:
+        client.completions.create(model=MODEL, prompt="1" * 1_900_000, max_tokens=2)
+    except openai.BadRequestError as e:
+        assert e.code == "context_length_exceeded" and e.param == "prompt", e
+    else:
+        raise AssertionError("a 1.9 MB prompt was taken")
+    # tokenizing it would take seconds
+    assert time.time() - start < 1.5, time.time() - start
+
+
+@check
+def a_foreign_web_origin_is_refused():
+    request = urllib.request.Request(
+        URL + "/v1/completions",
+        data=json.dumps({"prompt": FRANCE, "max_tokens": 2}).encode(),
+        headers={"Origin": "http://evil.example", "Content-Type": "text/plain"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=30)
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e
+        assert json.loads(e.read())["error"]["code"] == "origin_not_allowed"
+    else:
+        raise AssertionError("a foreign origin was served")
+
+
 # (error class, create arguments, the field the error names)
 BAD = [
     (openai.NotFoundError, dict(prompt="x", model="gpt-4"), "model"),
@@ -265,7 +313,7 @@ def bad_requests_raise_the_client_error_naming_the_field():
 
 def curl(*args):
     """curl's stdout for `args` (fails on a transport error, not on an HTTP status)."""
-    r = subprocess.run(["curl", "-sS", *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["curl", "-sS", *BEARER, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (args, r.stderr)
     return r.stdout
 
