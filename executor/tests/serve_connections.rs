@@ -114,8 +114,20 @@ fn an_answer_slower_than_the_timeout_still_comes_on_a_kept_alive_connection() {
 #[test]
 fn past_the_connection_cap_a_new_connection_gets_a_503() {
     let server = Server::start_with(&["--max-connections", "3"]);
-    let held: Vec<TcpStream> = (0..3).map(|_| open(&server)).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    // three connections kept alive, each sure of its place by an answer on it (a place frees
+    // a moment after its connection closes, as the start's health probe's does)
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| loop {
+            let mut s = open(&server);
+            write!(s, "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+            let mut answer = [0u8; 12];
+            s.read_exact(&mut answer).unwrap();
+            if &answer == b"HTTP/1.1 200" {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        })
+        .collect();
     let mut extra = open(&server);
     write!(extra, "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
     let answer = rest(extra);

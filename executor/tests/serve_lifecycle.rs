@@ -86,7 +86,7 @@ fn sigterm_during_a_stream_ends_it_with_its_last_chunk_and_exits_0() {
     );
     assert!(log.contains("POST /v1/completions 200 "), "{log}");
     assert!(
-        log.contains("stopped: 1 requests ended after the signal (1 of them cut at the end of the grace period), 0 queued ones refused"),
+        log.contains("stopped: 1 sequences ended after the signal (1 of them cut at the end of the grace period), 0 queued ones refused"),
         "{log}"
     );
 }

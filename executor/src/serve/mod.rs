@@ -168,7 +168,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
     })?;
     let count = |n: &std::sync::atomic::AtomicUsize| n.load(Ordering::Relaxed);
     eprintln!(
-        "stopped: {} requests ended after the signal ({} of them cut at the end of the grace period), {} queued ones refused",
+        "stopped: {} sequences ended after the signal ({} of them cut at the end of the grace period), {} queued ones refused",
         count(&drain.finished),
         count(&drain.cut_short),
         count(&drain.refused)

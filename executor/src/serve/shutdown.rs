@@ -126,7 +126,7 @@ pub async fn run_down(drain: Arc<Drain>, metrics: Arc<Metrics>, grace: Duration,
     let in_flight =
         metrics.slots_used.load(Ordering::Relaxed) + metrics.queued.load(Ordering::Relaxed);
     eprintln!(
-        "shutting down: taking no new requests; {in_flight} requests in flight or queued; those decoding may finish within {:.1} s (--shutdown-grace), then end with finish_reason length; a second signal exits at once",
+        "shutting down: taking no new requests; {in_flight} sequences decoding or queued; those decoding may finish within {:.1} s (--shutdown-grace), then end with finish_reason length; a second signal exits at once",
         grace.as_secs_f64()
     );
     tokio::time::sleep(grace).await;
