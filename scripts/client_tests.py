@@ -2,7 +2,8 @@
 installs `openai` and runs this): the `openai` package's completions, chat, streaming (the
 chunks join to the non-streamed text), 8 concurrent requests whose greedy texts equal their
 one-at-a-time runs, a stream closed mid-way (the server counts a 499, stops generating and
-answers the next request the same), the penalties, top-k and min-p, logprobs, n choices, and
+answers the next request the same), the penalties, top-k and min-p, logprobs, n choices, a
+JSON schema, and
 every bad request raising the client's error class with the field named; then curl: a
 completion, a stream with `curl -N`, 4xx bodies.
 
@@ -229,6 +230,23 @@ def n_choices_come_with_their_indexes():
     )
     ends = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
     assert sorted(ends) == [0, 1], chunks
+
+
+@check
+def a_json_schema_holds_the_answer():
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string", "maxLength": 16}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
+    assert r.choices[0].finish_reason == "stop", r
+    answer = json.loads(r.choices[0].message.content)
+    assert list(answer) == ["capital"] and isinstance(answer["capital"], str), answer
 
 
 @check

@@ -1,7 +1,7 @@
 //! `memra-run serve`'s sampling fields over HTTP on the CPU backend with the real SmolLM2:
 //! top-k, min-p and the penalties (each request's text repeats, and equals its text alone
 //! when it decodes beside others), logprobs on both endpoints, `n` choices, prompts as token
-//! ids, more than 4 stop strings.
+//! ids, more than 4 stop strings, `response_format` holding the answer to a JSON schema.
 
 mod common;
 
@@ -222,4 +222,76 @@ fn a_prompt_of_token_ids_equals_its_text_and_sixteen_stops_are_taken() {
         json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "stop": stops}),
     );
     assert_eq!(text(&stopped, 0), full[..2]);
+}
+
+#[test]
+fn response_format_constrains_the_answer_to_its_schema() {
+    let server = Server::start();
+    let schema = json!({"type": "object", "properties": {
+        "capital": {"type": "string", "maxLength": 16},
+        "country": {"type": "string", "maxLength": 16}},
+        "required": ["capital", "country"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "city", "schema": schema}});
+    for sampling in [
+        json!({"temperature": 0}),
+        json!({"temperature": 1.0, "seed": 3, "n": 2}),
+    ] {
+        let mut body = json!({"messages": [{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+                              "max_tokens": 60, "response_format": format});
+        body.as_object_mut()
+            .unwrap()
+            .extend(sampling.as_object().unwrap().clone());
+        let (status, answer) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        for choice in answer["choices"].as_array().unwrap() {
+            let content = choice["message"]["content"].as_str().unwrap();
+            assert_eq!(choice["finish_reason"], "stop", "{content}");
+            let value: Value =
+                serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content}"));
+            assert!(
+                value["capital"]
+                    .as_str()
+                    .is_some_and(|c| c.chars().count() <= 16),
+                "{value}"
+            );
+            assert!(
+                value["country"]
+                    .as_str()
+                    .is_some_and(|c| c.chars().count() <= 16),
+                "{value}"
+            );
+            assert_eq!(value.as_object().unwrap().len(), 2, "{value}");
+        }
+    }
+    // any JSON object, streamed, on a completion
+    let lines = server.stream(
+        "/v1/completions",
+        &json!({"prompt": "A JSON object describing Paris:", "max_tokens": 80, "temperature": 0,
+                "response_format": {"type": "json_object"}, "stream": true}),
+    );
+    let mut text = String::new();
+    let mut finish = Value::Null;
+    for line in &lines[..lines.len() - 1] {
+        let chunk: Value = serde_json::from_str(line).unwrap();
+        text.push_str(chunk["choices"][0]["text"].as_str().unwrap());
+        if !chunk["choices"][0]["finish_reason"].is_null() {
+            finish = chunk["choices"][0]["finish_reason"].clone();
+        }
+    }
+    assert!(text.trim_start().starts_with('{'), "{text}");
+    if finish == "stop" {
+        let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(value.is_object(), "{text}");
+    }
+    // a schema llguidance cannot follow is refused naming the field
+    let (status, error) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "response_format": {"type": "json_schema",
+                "json_schema": {"schema": {"type": "no-such-type"}}}}),
+    );
+    assert_eq!(
+        (status, error["error"]["param"].as_str()),
+        (400, Some("response_format")),
+        "{error}"
+    );
 }

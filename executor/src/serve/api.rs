@@ -2,7 +2,7 @@
 //! refusal names its field: `/v1/completions` (a prompt) and `/v1/chat/completions` (messages),
 //! with the sampling extensions vLLM and llama-server take (`top_k`, `min_p`,
 //! `repetition_penalty`). Fields that change what comes back but that this server does not
-//! implement (`echo`, `best_of`, `suffix`, `logit_bias`, `tools`, `response_format`, and the
+//! implement (`echo`, `best_of`, `suffix`, `logit_bias`, `tools`, and the
 //! other servers' extensions in `UNIMPLEMENTED`) are refused unless they hold the value that
 //! leaving them out means; fields that change nothing here (`user`, `tool_choice`, ...) are
 //! ignored.
@@ -51,6 +51,8 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Choices to generate.
     pub n: usize,
+    /// `response_format`'s JSON schema the answer must follow (`json_object`: any object).
+    pub format: Option<Value>,
     /// Most tokens to generate; `None`: up to the context.
     pub max_tokens: Option<usize>,
     /// The field `max_tokens` came from: `max_tokens`, or on chat OpenAI's newer
@@ -139,6 +141,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         repetition: f.ranged("repetition_penalty", 1.0, 0.01..=2.0, "[0.01, 2]")? as f32,
     };
     let logprobs = logprobs(&f, endpoint)?;
+    let format = response_format(f.get("response_format"))?;
     let max_tokens_field = match endpoint {
         Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
         _ => "max_tokens",
@@ -163,6 +166,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         penalties,
         logprobs,
         n,
+        format,
         max_tokens,
         max_tokens_field,
         stop: stops(f.0.get("stop"))?,
@@ -289,6 +293,42 @@ fn prompt(value: Option<&Value>) -> Result<Input, ApiError> {
             ),
         )),
         other => Err(Fields::wrong("prompt", want, other)),
+    }
+}
+
+/// `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}` or
+/// `{"type": "json_schema", "json_schema": {"schema": {...}}}`; the schema to follow.
+fn response_format(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let Value::Object(format) = value else {
+        return Err(Fields::wrong("response_format", "an object", value));
+    };
+    let allowed = "allowed: \"text\", \"json_object\", \"json_schema\"";
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(serde_json::json!({"type": "object"}))),
+        Some("json_schema") => match format.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(schema @ Value::Object(_)) => Ok(Some(schema.clone())),
+            Some(other) => Err(Fields::wrong(
+                "response_format.json_schema.schema",
+                "an object (a JSON schema)",
+                other,
+            )),
+            None => Err(ApiError::invalid(
+                "response_format.json_schema.schema",
+                "response_format.json_schema.schema: a JSON schema object is required",
+            )),
+        },
+        Some(other) => Err(ApiError::invalid(
+            "response_format.type",
+            format!("response_format.type: {allowed}, got \"{other}\""),
+        )),
+        None => Err(ApiError::invalid(
+            "response_format.type",
+            format!("response_format.type: a string is required; {allowed}"),
+        )),
     }
 }
 

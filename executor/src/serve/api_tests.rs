@@ -64,6 +64,20 @@ fn sampling_extensions_logprobs_choices_and_token_prompts_are_read() {
     assert_eq!(chat(r#", "logprobs": true"#), Some(0));
     assert_eq!(chat(r#", "logprobs": true, "top_logprobs": 5"#), Some(5));
     assert_eq!(chat(r#", "logprobs": false, "top_logprobs": 0"#), None);
+    let format = |f: &str| {
+        let body = format!(r#"{{"prompt": "x", "response_format": {f}}}"#);
+        parse(body.as_bytes(), Endpoint::Completions, "m")
+            .unwrap()
+            .format
+    };
+    assert_eq!(format(r#"{"type": "text"}"#), None);
+    assert_eq!(
+        format(r#"{"type": "json_object"}"#),
+        Some(serde_json::json!({"type": "object"}))
+    );
+    let schema =
+        r#"{"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "integer"}}}"#;
+    assert_eq!(format(schema), Some(serde_json::json!({"type": "integer"})));
 }
 
 #[test]
@@ -273,9 +287,14 @@ fn every_refusal_names_its_field() {
             Some("tools"),
         ),
         (
-            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}"#,
             Endpoint::Chat,
-            Some("response_format"),
+            Some("response_format.type"),
+        ),
+        (
+            r#"{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}"#,
+            Endpoint::Completions,
+            Some("response_format.json_schema.schema"),
         ),
         (
             r#"{"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}}"#,

@@ -4,7 +4,8 @@
 //! `refused`, tokenize, answer or stream in `response`'s shapes); one engine thread
 //! (`scheduler`) owns the engine's batch and decodes up to `runtime.max_sequences` jobs
 //! together (continuous batching), checking each job's cancellation flag between steps;
-//! `sequence` is one job's sampler, penalties, `logprobs` and text while it decodes.
+//! `sequence` is one job's sampler, penalties, `response_format` grammar (`grammar`),
+//! `logprobs` and text while it decodes.
 //! `metrics` is shared by both; `tally` logs and counts each request; `shutdown` takes
 //! SIGINT and SIGTERM and drains both sides. Before any route, `conn` caps the open
 //! connections and times them out, and `access` checks the Host, the Origin and the API key.
@@ -13,6 +14,7 @@ mod access;
 mod api;
 mod conn;
 mod error;
+mod grammar;
 mod logprobs;
 mod metrics;
 mod refused;
@@ -36,6 +38,7 @@ use crate::plan_load::LoadedPlan;
 use crate::text::{ChatTemplate, Tokenizer};
 use access::{guard, Access};
 use conn::{track, BodyRules, Conn, Guarded};
+use grammar::Grammars;
 use metrics::Metrics;
 use routes::{router, App};
 use scheduler::Scheduler;
@@ -102,6 +105,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         .map(|t| t.len())
         .max()
         .unwrap_or(1);
+    let grammars = Grammars::new(&tokenizer).map_err(|e| format!("{e:#}"));
     let app = Arc::new(App {
         scheduler,
         tokenizer,
@@ -113,6 +117,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         next_id: AtomicU64::new(0),
         instance: instance(),
         max_token_bytes,
+        grammars,
         tokenizing: Arc::new(tokio::sync::Semaphore::new(TOKENIZING_AT_ONCE)),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()

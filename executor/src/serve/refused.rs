@@ -46,11 +46,6 @@ const UNIMPLEMENTED: &[Unimplemented] = &[
         neutral: |v| v.as_array().is_some_and(Vec::is_empty),
         allowed: "[]",
     },
-    Unimplemented {
-        name: "response_format",
-        neutral: |v| v.get("type").and_then(Value::as_str) == Some("text"),
-        allowed: "{\"type\": \"text\"}",
-    },
     // vLLM's and llama-server's extensions
     Unimplemented {
         name: "min_tokens",

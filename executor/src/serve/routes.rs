@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::api::{parse, Endpoint, Input, Request};
 use super::error::ApiError;
+use super::grammar::{Constraint, Grammars};
 use super::logprobs::TokenLogprob;
 use super::metrics::Metrics;
 use super::response::{Piece, Shape, Usage};
@@ -59,6 +60,8 @@ pub struct App {
     /// The most bytes one token's text has: a text of more than `max_context` times as many
     /// bytes cannot fit the context, and is refused before it is tokenized.
     pub max_token_bytes: usize,
+    /// Makes the `response_format` constraints, or why it cannot.
+    pub grammars: Result<Grammars, String>,
     /// Bounds the requests being tokenized at once (and so their memory).
     pub tokenizing: Arc<tokio::sync::Semaphore>,
 }
@@ -162,6 +165,8 @@ struct Prepared {
     request: Request,
     tokens: Vec<u32>,
     max_tokens: usize,
+    /// One `response_format` constraint per choice, or none.
+    constraints: Vec<Constraint>,
 }
 
 impl App {
@@ -242,10 +247,28 @@ impl App {
             (None, Endpoint::Completions) => COMPLETION_DEFAULT_TOKENS.min(c - p),
             (None, Endpoint::Chat) => c - p,
         };
+        let constraints = match &request.format {
+            None => Vec::new(),
+            Some(schema) => {
+                let grammars = self.grammars.as_ref().map_err(|why| {
+                    ApiError::invalid("response_format", format!("response_format: {why}"))
+                })?;
+                (0..request.n)
+                    .map(|_| grammars.matcher(schema.clone()).map(Constraint::new))
+                    .collect::<anyhow::Result<Vec<_>>>()
+                    .map_err(|e| {
+                        ApiError::invalid(
+                            "response_format",
+                            format!("response_format: the schema cannot be followed: {e:#}"),
+                        )
+                    })?
+            }
+        };
         Ok(Prepared {
             request,
             tokens,
             max_tokens,
+            constraints,
         })
     }
 }
@@ -311,6 +334,7 @@ async fn answer(
     let (events, rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop(cancel.clone());
+    let mut constraints = prepared.constraints.into_iter();
     for index in 0..request.n {
         let job = Job {
             tokens: prepared.tokens.clone(),
@@ -325,8 +349,10 @@ async fn answer(
                 min_p: request.min_p,
                 penalties: request.penalties,
                 logprobs: request.logprobs,
+                constrained: request.format.is_some(),
             },
             stop: request.stop.clone(),
+            constraint: constraints.next(),
             cancel: cancel.clone(),
             index,
             events: events.clone(),

@@ -18,6 +18,7 @@ use anyhow::{anyhow, Result};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
+use super::grammar::Constraint;
 use super::logprobs::TokenLogprob;
 use super::metrics::Metrics;
 use super::sequence::Sequence;
@@ -36,6 +37,8 @@ pub struct Job {
     pub sampling: Sampling,
     /// Strings that end the text.
     pub stop: Vec<String>,
+    /// The `response_format` grammar the tokens must follow, if any.
+    pub constraint: Option<Constraint>,
     /// Set when the client is gone; the engine drops the sequence at its next step.
     pub cancel: Arc<AtomicBool>,
     /// The choice's index in its request.
@@ -56,12 +59,17 @@ pub struct Sampling {
     pub penalties: PenaltyConfig,
     /// With `Some(top)`, each token's logprob and the `top` best tokens' are reported.
     pub logprobs: Option<usize>,
+    /// Whether a `response_format` grammar masks the logits.
+    pub constrained: bool,
 }
 
 impl Sampling {
     /// Whether the sequence needs its step's logits; else the engine's argmax is its token.
     pub fn needs_logits(&self) -> bool {
-        !self.config.is_greedy() || !self.penalties.is_none() || self.logprobs.is_some()
+        !self.config.is_greedy()
+            || !self.penalties.is_none()
+            || self.logprobs.is_some()
+            || self.constrained
     }
 }
 
@@ -502,8 +510,10 @@ mod tests {
                 min_p: 0.0,
                 penalties: PenaltyConfig::NONE,
                 logprobs: None,
+                constrained: false,
             },
             stop: Vec::new(),
+            constraint: None,
             cancel: Arc::new(AtomicBool::new(false)),
             index: 0,
             events,

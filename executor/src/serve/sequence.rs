@@ -85,12 +85,20 @@ impl<'t> Sequence<'t> {
                     self.sampled
                 );
             }
-            let shaped = self.penalties.apply(logits);
-            let token = if sampling.config.is_greedy() {
+            let mut shaped = self.penalties.apply(logits);
+            if let Some(constraint) = self.job.constraint.as_mut() {
+                shaped = constraint.mask(shaped)?;
+            }
+            let mut token = if sampling.config.is_greedy() {
                 argmax(shaped)
             } else {
                 self.sampler.sample(shaped)
             };
+            // the draw's fallback for a sum rounded past its target is the last candidate,
+            // which a mask may have ruled out: the best allowed one instead
+            if shaped.get(token as usize) == Some(&f32::NEG_INFINITY) {
+                token = argmax(shaped);
+            }
             if let (Some(top), false) = (sampling.logprobs, self.tokenizer.is_eog(token)) {
                 self.logprobs.push(token_logprob(logits, token, top));
             }
@@ -107,6 +115,10 @@ impl<'t> Sequence<'t> {
         self.first.get_or_insert_with(Instant::now);
         self.completion += 1;
         metrics.count_generated();
+        let complete = match self.job.constraint.as_mut() {
+            Some(constraint) => constraint.consume(token)?,
+            None => false,
+        };
         if let Some(text) = self.decoder.push(token)? {
             let released = self.stop.push(&text);
             self.send(released.text);
@@ -114,6 +126,10 @@ impl<'t> Sequence<'t> {
                 self.reason = FinishReason::Stop;
                 return Ok(None);
             }
+        }
+        if complete {
+            self.reason = FinishReason::Stop;
+            return Ok(None);
         }
         Ok((self.sampled < self.job.max_tokens).then_some(token))
     }
