@@ -349,7 +349,6 @@ async fn answer(
                 min_p: request.min_p,
                 penalties: request.penalties,
                 logprobs: request.logprobs,
-                constrained: request.format.is_some(),
             },
             stop: request.stop.clone(),
             constraint: constraints.next(),

@@ -74,7 +74,7 @@ impl<'t> Sequence<'t> {
         let sampling = self.job.sampling;
         // a greedy sequence's first token comes from its logits too, so that a model whose
         // logits are not finite fails there
-        let token = if sampling.needs_logits() || self.sampled == 0 {
+        let token = if self.needs_logits() || self.sampled == 0 {
             let logits = stepped.logits(d).ok_or_else(|| {
                 anyhow!("invariant: a sampled sequence's step brings back its logits")
             })?;
@@ -134,10 +134,16 @@ impl<'t> Sequence<'t> {
         Ok((self.sampled < self.job.max_tokens).then_some(token))
     }
 
+    /// Whether the sequence picks from its logits: its sampling asks for them, or a grammar
+    /// masks them.
+    fn needs_logits(&self) -> bool {
+        self.job.sampling.needs_logits() || self.job.constraint.is_some()
+    }
+
     /// Whether the sequence has just picked its first token and needs no logits from now on:
     /// the engine's argmax picks the rest (`Batch::greedy`).
     pub fn argmax_from_now(&self) -> bool {
-        self.sampled == 1 && !self.job.sampling.needs_logits()
+        self.sampled == 1 && !self.needs_logits()
     }
 
     /// Sends `text` and the logprobs held for it, unless both are empty.
