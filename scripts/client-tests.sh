@@ -6,15 +6,16 @@
 # imports; MEMRA_CLIENTS_VENV puts it elsewhere). Needs python3 with its venv module, pip's
 # index reachable on the first run, and curl. Fails, never skips, when one is missing.
 #
-# Usage: scripts/client-tests.sh http://127.0.0.1:PORT
+# Usage: scripts/client-tests.sh http://127.0.0.1:PORT [API_KEY]  (the server's --api-key)
 # `cargo test --release -p memra-executor --test clients` starts the server and runs this.
 set -euo pipefail
 
 die() { echo "client-tests.sh: error: $*" >&2; exit 1; }
 log() { echo "client-tests.sh: $*" >&2; }
 
-[[ $# -eq 1 ]] || die "usage: scripts/client-tests.sh http://HOST:PORT (a running memra-run serve)"
+[[ $# -eq 1 || $# -eq 2 ]] || die "usage: scripts/client-tests.sh http://HOST:PORT [API_KEY] (a running memra-run serve, its --api-key)"
 URL="${1%/}"
+KEY="${2:-}"
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
@@ -39,4 +40,4 @@ fi
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 log "openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)') against $URL"
 
-exec "$VENV/bin/python" "$SCRIPT_DIR/client_tests.py" "$URL"
+exec "$VENV/bin/python" "$SCRIPT_DIR/client_tests.py" "$URL" ${KEY:+"$KEY"}

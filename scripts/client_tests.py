@@ -2,10 +2,15 @@
 installs `openai` and runs this): the `openai` package's completions, chat, streaming (the
 chunks join to the non-streamed text), 8 concurrent requests whose greedy texts equal their
 one-at-a-time runs, a stream closed mid-way (the server counts a 499, stops generating and
-answers the next request the same), and every bad request raising the client's error class
-with the field named; then curl: a completion, a stream with `curl -N`, 4xx bodies.
+answers the next request the same), the penalties, top-k and min-p, logprobs, n choices, a
+JSON schema, and
+every bad request raising the client's error class with the field named; then curl: a
+completion, a stream with `curl -N`, 4xx bodies.
 
-Usage: python3 scripts/client_tests.py http://127.0.0.1:PORT  (exit 1 when a check fails)
+With the server's --api-key as a second argument, the clients send it, and a wrong key must
+raise the client's AuthenticationError.
+
+Usage: python3 scripts/client_tests.py http://127.0.0.1:PORT [API_KEY]  (exit 1 when a check fails)
 """
 
 import json
@@ -13,13 +18,16 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
 URL = sys.argv[1].rstrip("/")
-client = openai.OpenAI(base_url=URL + "/v1", api_key="none", max_retries=0, timeout=120)
+KEY = sys.argv[2] if len(sys.argv) > 2 else None
+client = openai.OpenAI(base_url=URL + "/v1", api_key=KEY or "none", max_retries=0, timeout=120)
+BEARER = ["-H", f"Authorization: Bearer {KEY}"] if KEY else []
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 FRANCE = "The capital of France is"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -172,12 +180,123 @@ def a_closed_stream_stops_and_the_next_request_answers():
     assert metric("memra_kv_slots_used") == 0
 
 
+@check
+def penalties_and_truncations_shape_the_text():
+    greedy = complete(FRANCE, 16)
+    penalized = client.completions.create(
+        model=MODEL, prompt=FRANCE, max_tokens=16, temperature=0, presence_penalty=2.0
+    ).choices[0].text
+    assert penalized != greedy, (penalized, greedy)
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        r = client.completions.create(
+            model=MODEL, prompt=FRANCE, max_tokens=16, temperature=1.5, seed=1, extra_body=extra
+        )
+        assert r.choices[0].text == greedy, (extra, r)
+    r = client.completions.create(
+        model=MODEL, prompt=FRANCE, max_tokens=16, temperature=0,
+        extra_body={"repetition_penalty": 2.0},
+    )
+    assert r.choices[0].text != greedy, r
+
+
+@check
+def logprobs_on_both_endpoints():
+    r = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content, r
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content), content
+    r = client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == " Paris.", lp
+    assert all(len(top) == 2 for top in lp.top_logprobs), lp
+
+
+@check
+def n_choices_come_with_their_indexes():
+    r = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=3, n=3
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2], r
+    one = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=4
+    )
+    assert r.choices[1].text == one.choices[0].text, (r, one)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=4, temperature=1.0, seed=3, n=2, stream=True
+        )
+    )
+    ends = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(ends) == [0, 1], chunks
+
+
+@check
+def a_json_schema_holds_the_answer():
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string", "maxLength": 16}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
+    assert r.choices[0].finish_reason == "stop", r
+    answer = json.loads(r.choices[0].message.content)
+    assert list(answer) == ["capital"] and isinstance(answer["capital"], str), answer
+
+
+@check
+def a_wrong_api_key_raises_the_authentication_error():
+    if KEY is None:
+        return
+    wrong = openai.OpenAI(base_url=URL + "/v1", api_key=KEY + "x", max_retries=0, timeout=30)
+    try:
+        wrong.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2)
+    except openai.AuthenticationError as e:
+        assert e.code == "invalid_api_key", e
+    else:
+        raise AssertionError("a wrong key was served")
+
+
+@check
+def a_prompt_past_the_context_is_refused_before_tokenizing():
+    start = time.time()
+    try:
+        client.completions.create(model=MODEL, prompt="1" * 1_900_000, max_tokens=2)
+    except openai.BadRequestError as e:
+        assert e.code == "context_length_exceeded" and e.param == "prompt", e
+    else:
+        raise AssertionError("a 1.9 MB prompt was taken")
+    # tokenizing it would take seconds
+    assert time.time() - start < 1.5, time.time() - start
+
+
+@check
+def a_foreign_web_origin_is_refused():
+    request = urllib.request.Request(
+        URL + "/v1/completions",
+        data=json.dumps({"prompt": FRANCE, "max_tokens": 2}).encode(),
+        headers={"Origin": "http://evil.example", "Content-Type": "text/plain"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=30)
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e
+        assert json.loads(e.read())["error"]["code"] == "origin_not_allowed"
+    else:
+        raise AssertionError("a foreign origin was served")
+
+
 # (error class, create arguments, the field the error names)
 BAD = [
     (openai.NotFoundError, dict(prompt="x", model="gpt-4"), "model"),
     (openai.BadRequestError, dict(prompt=7), "prompt"),
     (openai.BadRequestError, dict(prompt="x", temperature="hot"), "temperature"),
-    (openai.BadRequestError, dict(prompt="x", n=3), "n"),
+    (openai.BadRequestError, dict(prompt="x", n=17), "n"),
     (openai.BadRequestError, dict(prompt="x", max_tokens=0), "max_tokens"),
     (openai.BadRequestError, dict(prompt="x", max_tokens=5000), "max_tokens"),
     (openai.BadRequestError, dict(prompt="word " * 3000), "prompt"),
@@ -185,8 +304,11 @@ BAD = [
     (openai.BadRequestError, dict(messages=[]), "messages"),
     (openai.BadRequestError, dict(messages=[{"role": "user", "content": 1}]), "messages[0].content"),
     (openai.BadRequestError, dict(prompt="x", echo=True), "echo"),
-    (openai.BadRequestError, dict(prompt="x", logprobs=3), "logprobs"),
-    (openai.BadRequestError, dict(messages=[{"role": "user", "content": "x"}], presence_penalty=1.0), "presence_penalty"),
+    (openai.BadRequestError, dict(prompt="x", logprobs=21), "logprobs"),
+    (openai.BadRequestError, dict(messages=[{"role": "user", "content": "x"}], presence_penalty=3.0), "presence_penalty"),
+    (openai.BadRequestError, dict(prompt="x", extra_body={"min_p": 2}), "min_p"),
+    (openai.BadRequestError, dict(prompt="x", extra_body={"ignore_eos": True}), "ignore_eos"),
+    (openai.BadRequestError, dict(prompt="x", stop=[str(i) for i in range(17)]), "stop"),
 ]
 
 
@@ -209,7 +331,7 @@ def bad_requests_raise_the_client_error_naming_the_field():
 
 def curl(*args):
     """curl's stdout for `args` (fails on a transport error, not on an HTTP status)."""
-    r = subprocess.run(["curl", "-sS", *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["curl", "-sS", *BEARER, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (args, r.stderr)
     return r.stdout
 

@@ -1,8 +1,14 @@
-//! Token sampling: greedy argmax, or temperature with optional top-k and top-p truncation.
-//! The draw for the n-th sampled token is a pure function of (seed, n), so the same seed always
-//! gives the same text. Every step of the non-greedy path is specified down to the f32
+//! Token sampling: greedy argmax, or temperature with optional top-k, top-p and min-p
+//! truncation; `Penalties` shapes the logits first (presence, frequency and repetition
+//! penalties; the server's requests). The draw for the n-th sampled token is a pure function
+//! of (seed, n), so the same seed always gives the same text. Every step of the non-greedy path is specified down to the f32
 //! operation (no libm, no fused multiply-add, sums in a fixed order) because the CUDA sampler
 //! (kernels/sample.cu) mirrors it and must pick the same token for the same logits and seed.
+//! The server samples on the host for either backend, over each sequence's own row of logits,
+//! so min-p and the penalties (which the CUDA sampler does not take) keep that: a token
+//! depends on its row's logits, the seed, the draw number and the tokens before it only.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{bail, Result};
 
@@ -53,6 +59,7 @@ impl SamplerConfig {
 #[derive(Debug)]
 pub struct Sampler {
     config: SamplerConfig,
+    min_p: f32,
     step: u64,
     keys: Vec<u64>,
     weights: Vec<f32>,
@@ -63,10 +70,18 @@ impl Sampler {
     pub fn new(config: SamplerConfig) -> Sampler {
         Sampler {
             config,
+            min_p: 0.0,
             step: 0,
             keys: Vec::new(),
             weights: Vec::new(),
         }
+    }
+
+    /// Also keeps only the tokens at least `min_p` times as likely as the most likely one
+    /// (after the temperature; 0 keeps all, and then the picks are those without it).
+    pub fn with_min_p(mut self, min_p: f32) -> Sampler {
+        self.min_p = min_p;
+        self
     }
 
     /// Moves the random stream past `draws` picks that were never made.
@@ -108,7 +123,7 @@ impl Sampler {
             keys.iter()
                 .map(|&key| exp_nonpositive((logits[id(key) as usize] - top) / t)),
         );
-        let keep = top_p_prefix(w, self.config.top_p);
+        let keep = top_p_prefix(w, self.config.top_p).min(min_p_prefix(w, self.min_p));
         id(keys[pick(&w[..keep], draw(self.config.seed, step))])
     }
 }
@@ -198,6 +213,109 @@ fn top_p_prefix(w: &[f32], top_p: f32) -> usize {
         }
     }
     w.len()
+}
+
+/// How many leading weights (sorted, unnormalized, the first one 1: the most likely token's)
+/// to keep: those before the first below `min_p`, so at least one; all when `min_p` is 0.
+fn min_p_prefix(w: &[f32], min_p: f32) -> usize {
+    w.iter().position(|&x| x < min_p).unwrap_or(w.len()).max(1)
+}
+
+/// Presence, frequency and repetition penalties, as vLLM applies them (OpenAI's semantics for
+/// the first two; llama.cpp's formulas, over the whole sequence rather than its last 64
+/// tokens). 0, 0 and 1 leave the logits as they are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PenaltyConfig {
+    /// Subtracted from the logit of every token generated so far.
+    pub presence: f32,
+    /// Subtracted from a token's logit once per time it was generated.
+    pub frequency: f32,
+    /// Divides the positive logits and multiplies the others of every token in the prompt or
+    /// generated so far.
+    pub repetition: f32,
+}
+
+impl PenaltyConfig {
+    /// No penalty.
+    pub const NONE: PenaltyConfig = PenaltyConfig {
+        presence: 0.0,
+        frequency: 0.0,
+        repetition: 1.0,
+    };
+
+    /// Whether the penalties change no logit.
+    pub fn is_none(&self) -> bool {
+        *self == PenaltyConfig::NONE
+    }
+}
+
+/// One sequence's penalties: the tokens it has seen and the shaped copy of a step's logits.
+#[derive(Debug)]
+pub struct Penalties {
+    config: PenaltyConfig,
+    /// Tokens of the prompt (the repetition penalty's only).
+    prompt: BTreeSet<u32>,
+    /// Generated tokens and how many times each came.
+    generated: BTreeMap<u32, u32>,
+    shaped: Vec<f32>,
+}
+
+impl Penalties {
+    /// The penalties of a sequence that starts with `prompt`.
+    pub fn new(config: PenaltyConfig, prompt: &[u32]) -> Penalties {
+        let prompt = if config.repetition == 1.0 {
+            BTreeSet::new()
+        } else {
+            prompt.iter().copied().collect()
+        };
+        Penalties {
+            config,
+            prompt,
+            generated: BTreeMap::new(),
+            shaped: Vec::new(),
+        }
+    }
+
+    /// Counts a generated token.
+    pub fn record(&mut self, token: u32) {
+        if !self.config.is_none() {
+            *self.generated.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// `logits` with the penalties applied: `logits` itself when they change nothing, else a
+    /// copy. Each penalized logit goes through the same f32 operations in the same order:
+    /// the repetition penalty (`l / r` for `l > 0`, else `l * r`), then `l - f * count`,
+    /// then `l - p`; a token's result depends on its own logit and counts only.
+    pub fn apply<'a>(&'a mut self, logits: &'a [f32]) -> &'a [f32] {
+        let c = self.config;
+        if c.is_none() {
+            return logits;
+        }
+        self.shaped.clear();
+        self.shaped.extend_from_slice(logits);
+        let shaped = &mut self.shaped;
+        if c.repetition != 1.0 {
+            let seen = self.prompt.iter().chain(self.generated.keys());
+            // a token in both is penalized once
+            for &id in seen.collect::<BTreeSet<_>>() {
+                if let Some(l) = shaped.get_mut(id as usize) {
+                    *l = if *l > 0.0 {
+                        *l / c.repetition
+                    } else {
+                        *l * c.repetition
+                    };
+                }
+            }
+        }
+        for (&id, &count) in &self.generated {
+            if let Some(l) = shaped.get_mut(id as usize) {
+                *l -= c.frequency * count as f32;
+                *l -= c.presence;
+            }
+        }
+        shaped
+    }
 }
 
 /// The first index whose running sum exceeds `u` times the sum of `w`; the last if none does.
@@ -326,6 +444,58 @@ mod tests {
             let want = f64::from(logits[i]).exp() / z;
             assert!((c as f64 / n as f64 - want).abs() < 0.01, "{i}: {c}");
         }
+    }
+
+    #[test]
+    fn min_p_keeps_the_tokens_near_the_best_and_at_0_changes_no_pick() {
+        let logits: Vec<f32> = (0..64).map(|i| ((i * 29) % 17) as f32 * 0.25).collect();
+        let picks = |min_p: f32| {
+            let mut s = Sampler::new(config(1.0, 0, 1.0, 5)).with_min_p(min_p);
+            (0..300).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        let mut plain = Sampler::new(config(1.0, 0, 1.0, 5));
+        assert_eq!(
+            picks(0.0),
+            (0..300).map(|_| plain.sample(&logits)).collect::<Vec<_>>()
+        );
+        // the best logit is 4.0 (16 * 0.25); e^-0.5 > 0.5 > e^-0.75: within 0.5 of it stay
+        for id in picks(0.5) {
+            assert!(logits[id as usize] >= 3.5, "{id}: {}", logits[id as usize]);
+        }
+        // 1 keeps the best alone: here several ids hold it, and each is picked
+        let mut best: Vec<u32> = picks(1.0);
+        best.sort_unstable();
+        best.dedup();
+        let tied: Vec<u32> = (0..64).filter(|&i| logits[i as usize] == 4.0).collect();
+        assert_eq!(best, tied);
+    }
+
+    #[test]
+    fn penalties_follow_vllms_formulas_in_f32() {
+        let logits = [2.0f32, -1.0, 0.5, 3.0, 1.0];
+        let config = PenaltyConfig {
+            presence: 0.5,
+            frequency: 0.25,
+            repetition: 1.5,
+        };
+        // token 0 in the prompt, 2 generated twice, 3 once
+        let mut p = Penalties::new(config, &[0, 0, 1]);
+        for t in [2, 3, 2] {
+            p.record(t);
+        }
+        let shaped = p.apply(&logits).to_vec();
+        let want = [
+            2.0 / 1.5,
+            -1.5,
+            0.5 / 1.5 - 0.25 * 2.0 - 0.5,
+            3.0 / 1.5 - 0.25 - 0.5,
+            1.0,
+        ];
+        assert_eq!(shaped, want);
+        // none: the logits themselves
+        let mut none = Penalties::new(PenaltyConfig::NONE, &[0]);
+        none.record(1);
+        assert!(std::ptr::eq(none.apply(&logits), &logits[..]));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! `memra-run serve` driven by real clients: starts the built server on the CPU backend with
 //! SmolLM2 and runs `scripts/client-tests.sh` against it, which installs the `openai` Python
 //! package into a git-ignored virtualenv and checks completions, chat, streaming, concurrent
-//! requests, a closed stream and the bad requests with it and with curl
-//! (`scripts/client_tests.py`). Fails, with the script's output and the server's log, when the
+//! requests, a closed stream, the sampling fields, the API key (the server runs with one), a
+//! foreign web origin and the bad requests with it and with curl (`scripts/client_tests.py`). Fails, with the script's output and the server's log, when the
 //! script fails, python3 or its venv module or curl included: CI must have them.
 
 mod common;
@@ -11,16 +11,20 @@ use std::process::Command;
 
 use common::{root, ServeProcess};
 
+/// The server's --api-key, which the clients send.
+const KEY: &str = "sk-memra-clients";
+
 #[test]
 fn the_openai_package_and_curl_get_their_answers() {
     // Two kernel threads: cargo runs test binaries one at a time, and this one has one test.
-    let server = ServeProcess::start(2);
+    let server = ServeProcess::start_with(2, &["--api-key", KEY]);
     let port = server.port;
 
     let out = Command::new("bash")
         .current_dir(root())
         .arg("scripts/client-tests.sh")
         .arg(format!("http://127.0.0.1:{port}"))
+        .arg(KEY)
         .output()
         .expect("running bash scripts/client-tests.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -12,132 +12,11 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{root, ServeProcess};
+use common::http::Server;
+use common::root;
 use serde_json::{json, Value};
 
 const PLAN: &str = "plans/smollm2.plan.toml";
-
-/// A running server and the requests the tests send it.
-struct Server(ServeProcess);
-
-impl Server {
-    /// Starts `memra-run serve` on a free port (one kernel thread: tests share CI's two
-    /// cores) and waits until /health answers.
-    fn start() -> Server {
-        let server = Server(ServeProcess::start(1));
-        let (status, body) = server.get("/health");
-        assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
-        server
-    }
-
-    fn connect(&self, method: &str, path: &str, body: &str) -> TcpStream {
-        let mut s = TcpStream::connect(("127.0.0.1", self.0.port)).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        s
-    }
-
-    /// Status and body text of one request.
-    fn raw(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut response = Vec::new();
-        self.connect(method, path, body)
-            .read_to_end(&mut response)
-            .unwrap();
-        let response = String::from_utf8(response).unwrap();
-        let (head, body) = response.split_once("\r\n\r\n").unwrap();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        let chunked = head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked");
-        (
-            status,
-            if chunked {
-                dechunk(body)
-            } else {
-                body.to_owned()
-            },
-        )
-    }
-
-    fn get(&self, path: &str) -> (u16, Value) {
-        let (status, body) = self.raw("GET", path, "");
-        (status, serde_json::from_str(&body).unwrap())
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (status, text) = self.raw("POST", path, &body.to_string());
-        let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-        (status, value)
-    }
-
-    /// The text of a greedy completion of `prompt`, `n` tokens long.
-    fn complete(&self, prompt: &str, n: usize) -> String {
-        let (status, body) = self.post(
-            "/v1/completions",
-            &json!({"prompt": prompt, "max_tokens": n, "temperature": 0}),
-        );
-        assert_eq!(status, 200, "{body}");
-        body["choices"][0]["text"].as_str().unwrap().to_owned()
-    }
-
-    /// The data lines of a streamed request, `[DONE]` included.
-    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let (status, text) = self.raw("POST", path, &body.to_string());
-        assert_eq!(status, 200, "{text}");
-        text.split("\n\n")
-            .filter_map(|event| event.strip_prefix("data: "))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// The value of an unlabelled or labelled sample in /metrics.
-    fn metric(&self, sample: &str) -> f64 {
-        let (status, text) = self.raw("GET", "/metrics", "");
-        assert_eq!(status, 200);
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
-            .map_or(0.0, |v| v.parse().unwrap())
-    }
-}
-
-impl Server {
-    /// Waits (up to 5 s) until `n` log lines start with `prefix`; fails with the log if
-    /// another number do.
-    fn assert_logged(&self, prefix: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let log = self.0.log.lock().unwrap().clone();
-            let count = log.iter().filter(|l| l.starts_with(prefix)).count();
-            if count == n {
-                return;
-            }
-            assert!(
-                count < n && Instant::now() < deadline,
-                "{count} lines `{prefix}`, want {n}:\n{}",
-                log.join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-/// The body of a chunked transfer encoding.
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body.split_once("\r\n").unwrap();
-        let size = usize::from_str_radix(size.trim(), 16).unwrap();
-        if size == 0 {
-            return out;
-        }
-        out.push_str(&rest[..size]);
-        body = &rest[size + 2..];
-    }
-}
 
 /// `memra-run generate`'s greedy text of `n` tokens after `prompt`.
 fn generate(prompt: &str, n: usize) -> String {
@@ -397,7 +276,7 @@ fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
         ),
         (
             "/v1/completions",
-            r#"{"prompt": "x", "n": 3}"#.into(),
+            r#"{"prompt": "x", "n": 17}"#.into(),
             400,
             Some("n"),
         ),
@@ -503,5 +382,65 @@ fn bad_requests_get_4xx_naming_the_field_and_are_counted() {
     server.assert_logged("POST /v1/completions 413 ", 1);
     // The server still answers after all of them.
     assert_eq!(server.complete("The capital of France is", 2), " Paris.");
-    server.assert_logged("POST /v1/completions 200 prompt=5 generated=2 ", 1);
+    server.assert_logged("POST /v1/completions 200 prompt=5 generated=2 ttft=", 1);
+    // its line gives the time to the first text and the decode rate after it
+    let log = server.0.log.lock().unwrap().clone();
+    let line = log
+        .iter()
+        .find(|l| l.starts_with("POST /v1/completions 200 "))
+        .unwrap();
+    let ttft: f64 = line
+        .split_once("ttft=")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(ttft > 0.0 && line.contains(" tok/s "), "{line}");
+}
+
+#[test]
+fn non_finite_logits_end_the_request_with_an_error() {
+    use std::io::{Seek, SeekFrom};
+    // SmolLM2 with a NaN scale in the first block of token 0's output row (the tied
+    // embedding; q8_0, whose blocks open with their f16 scale): token 0's logit is NaN at
+    // every step
+    let source = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let at = {
+        let file = memra_gguf::GgufFile::open(&source).unwrap();
+        let output = file
+            .tensor("output.weight")
+            .or_else(|| file.tensor("token_embd.weight"))
+            .unwrap();
+        assert_eq!(output.dtype, memra_gguf::GgmlType::Q8_0);
+        file.header_bytes().len() as u64 + output.offset
+    };
+    let broken = std::env::temp_dir().join(format!("memra-nan-{}.gguf", std::process::id()));
+    std::fs::copy(&source, &broken).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&broken)
+        .unwrap();
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.write_all(&0x7e00u16.to_le_bytes()).unwrap();
+    drop(file);
+    let server = Server::start_with(&["--model", broken.to_str().unwrap()]);
+    std::fs::remove_file(&broken).unwrap();
+    for sampling in [
+        json!({"temperature": 0}),
+        json!({"temperature": 0.8, "seed": 1}),
+    ] {
+        let mut body = json!({"prompt": "The capital of France is", "max_tokens": 4});
+        body.as_object_mut()
+            .unwrap()
+            .extend(sampling.as_object().unwrap().clone());
+        let (status, answer) = server.post("/v1/completions", &body);
+        assert_eq!(status, 500, "{answer}");
+        assert_eq!(answer["error"]["code"], "engine_error", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("logits are not finite"), "{message}");
+        // streamed: the error is the stream's last event
+        body["stream"] = json!(true);
+        let lines = server.stream("/v1/completions", &body);
+        let last: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+        assert_eq!(last["error"]["code"], "engine_error", "{lines:?}");
+    }
 }

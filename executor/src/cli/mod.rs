@@ -206,6 +206,27 @@ enum Command {
         /// Retry-After.
         #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
         max_queue: u64,
+        /// Seconds the requests decoding at SIGINT or SIGTERM may go on before they end with
+        /// finish_reason length; a second signal exits at once.
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = grace)]
+        shutdown_grace: f64,
+        /// Every /v1/ request must send `Authorization: Bearer KEY` (401 without it);
+        /// /health and /metrics stay open.
+        #[arg(long, value_name = "KEY", value_parser = api_key)]
+        api_key: Option<String>,
+        /// Web origins (e.g. https://app.example) whose pages may call the server,
+        /// comma-separated; `*` allows every origin. Default: none (a browser request that
+        /// carries an Origin header is refused).
+        #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
+        allowed_origins: Vec<String>,
+        /// Seconds a connection may go without progress while none of its requests is in
+        /// flight (idle keep-alive, a stalled header), a write may stall, and a body may take
+        /// to come whole (llama-server's --timeout).
+        #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        timeout: u64,
+        /// Most connections open at once; past it a new connection gets a 503 and is closed.
+        #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        max_connections: u64,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -367,6 +388,25 @@ fn positive(s: &str) -> Result<f32, String> {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
         Ok(x) => Err(format!("{x} is not allowed; allowed: a finite number > 0")),
         Err(e) => Err(format!("{e}; allowed: a finite number > 0")),
+    }
+}
+
+/// `--shutdown-grace`: seconds in [0, 3600].
+fn grace(s: &str) -> Result<f64, String> {
+    let allowed = "allowed: a number of seconds in [0, 3600]";
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=3600.0).contains(&x) => Ok(x),
+        Ok(x) => Err(format!("{x} is not allowed; {allowed}")),
+        Err(e) => Err(format!("{e}; {allowed}")),
+    }
+}
+
+/// `--api-key`: printable ASCII without spaces, so that it fits an `Authorization` header.
+fn api_key(s: &str) -> Result<String, String> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(s.to_owned())
+    } else {
+        Err("allowed: a non-empty key of printable ASCII characters without spaces".into())
     }
 }
 
@@ -676,6 +716,11 @@ fn run(command: Command) -> Result<ExitCode> {
             host,
             port,
             max_queue,
+            shutdown_grace,
+            api_key,
+            allowed_origins,
+            timeout,
+            max_connections,
             run,
         } => serve::serve(
             &plan,
@@ -683,6 +728,11 @@ fn run(command: Command) -> Result<ExitCode> {
                 host,
                 port,
                 max_queue: max_queue as usize,
+                shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),
+                api_key,
+                allowed_origins,
+                timeout: std::time::Duration::from_secs(timeout),
+                max_connections: max_connections as usize,
             },
             &run,
         ),

@@ -1,23 +1,33 @@
 //! The OpenAI request bodies this server accepts, read field by field from JSON so that every
-//! refusal names its field: `/v1/completions` (a prompt) and `/v1/chat/completions` (messages).
-//! Fields that change what comes back but that this server does not implement (`echo`,
-//! `logprobs`, `best_of`, `suffix`, `logit_bias`, the penalties, `tools`, `response_format`)
-//! are refused unless they hold the value that leaving them out means; fields that change
-//! nothing here (`user`, `stream_options`, `tool_choice`, ...) are ignored.
+//! refusal names its field: `/v1/completions` (a prompt) and `/v1/chat/completions` (messages),
+//! with the sampling extensions vLLM and llama-server take (`top_k`, `min_p`,
+//! `repetition_penalty`). Fields that change what comes back but that this server does not
+//! implement (`echo`, `best_of`, `suffix`, `logit_bias`, `tools`, and the
+//! other servers' extensions in `UNIMPLEMENTED`) are refused unless they hold the value that
+//! leaving them out means; fields that change nothing here (`user`, `tool_choice`, ...) are
+//! ignored.
 
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::logprobs::MAX_TOP_LOGPROBS;
+use super::refused::refuse_unimplemented;
+use crate::sample::PenaltyConfig;
 use crate::text::Message;
 
-/// Most stop strings a request may give (as OpenAI allows).
-const MAX_STOPS: usize = 4;
+/// Most stop strings a request may give (a server limit; OpenAI allows 4).
+pub const MAX_STOPS: usize = 16;
+
+/// Most choices (`n`) one request may ask for (a server limit).
+pub const MAX_CHOICES: usize = 16;
 
 /// What a request asks to continue.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
     /// A completion's prompt text.
     Prompt(String),
+    /// A completion's prompt as token ids.
+    Tokens(Vec<u32>),
     /// A chat's conversation, rendered with the model's template.
     Chat(Vec<Message>),
 }
@@ -31,6 +41,18 @@ pub struct Request {
     pub temperature: f32,
     /// Nucleus mass in (0, 1].
     pub top_p: f32,
+    /// Most likely tokens kept; 0 keeps all.
+    pub top_k: usize,
+    /// Min-p in [0, 1]; 0 keeps all.
+    pub min_p: f32,
+    /// Presence, frequency and repetition penalties.
+    pub penalties: PenaltyConfig,
+    /// `Some(top)`: report each token's logprob and the `top` best tokens'.
+    pub logprobs: Option<usize>,
+    /// Choices to generate.
+    pub n: usize,
+    /// `response_format`'s JSON schema the answer must follow (`json_object`: any object).
+    pub format: Option<Value>,
     /// Most tokens to generate; `None`: up to the context.
     pub max_tokens: Option<usize>,
     /// The field `max_tokens` came from: `max_tokens`, or on chat OpenAI's newer
@@ -73,25 +95,18 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
             return Err(ApiError::unknown_model(&asked, model));
         }
     }
-    if let Some(n) = f.integer("n")? {
-        if n != 1 {
+    let n = match f.integer("n")? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as i128).contains(&n) => n as usize,
+        Some(n) => {
             return Err(ApiError::invalid(
                 "n",
-                format!("n: only 1 choice per request is supported, got {n}"),
-            ));
-        }
-    }
-    let input = match endpoint {
-        Endpoint::Completions if matches!(f.get("prompt"), Some(Value::Array(_))) => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "prompt: one string is supported, not an array (of strings or token ids)",
+                format!("n: must be in [1, {MAX_CHOICES}] (a server limit), got {n}"),
             ))
         }
-        Endpoint::Completions => Input::Prompt(
-            f.string("prompt")?
-                .ok_or_else(|| ApiError::invalid("prompt", "prompt: a string is required"))?,
-        ),
+    };
+    let input = match endpoint {
+        Endpoint::Completions => prompt(f.get("prompt"))?,
         Endpoint::Chat => Input::Chat(messages(f.0.get("messages"))?),
     };
     let temperature = f.number("temperature")?.unwrap_or(1.0);
@@ -108,6 +123,25 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
             format!("top_p: must be in (0, 1], got {top_p}"),
         ));
     }
+    let top_k = match f.integer("top_k")? {
+        // vLLM's -1 and 0 both keep every token
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                format!("top_k: must be at least 1, or 0 or -1 for all tokens, got {k}"),
+            ))
+        }
+    };
+    let min_p = f.ranged("min_p", 0.0, 0.0..=1.0, "[0, 1]")?;
+    let penalties = PenaltyConfig {
+        presence: f.ranged("presence_penalty", 0.0, -2.0..=2.0, "[-2, 2]")? as f32,
+        frequency: f.ranged("frequency_penalty", 0.0, -2.0..=2.0, "[-2, 2]")? as f32,
+        repetition: f.ranged("repetition_penalty", 1.0, 0.01..=2.0, "[0.01, 2]")? as f32,
+    };
+    let logprobs = logprobs(&f, endpoint)?;
+    let format = response_format(f.get("response_format"))?;
     let max_tokens_field = match endpoint {
         Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
         _ => "max_tokens",
@@ -127,6 +161,12 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         input,
         temperature: temperature as f32,
         top_p: top_p as f32,
+        top_k,
+        min_p: min_p as f32,
+        penalties,
+        logprobs,
+        n,
+        format,
         max_tokens,
         max_tokens_field,
         stop: stops(f.0.get("stop"))?,
@@ -136,99 +176,8 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
     })
 }
 
-/// A field of OpenAI's API this server does not implement: the values it takes (those that
-/// mean what leaving it out means), and them in words.
-struct Unimplemented {
-    name: &'static str,
-    neutral: fn(&Value) -> bool,
-    allowed: &'static str,
-}
-
-/// Every field that would change the answer and that this server does not implement.
-const UNIMPLEMENTED: &[Unimplemented] = &[
-    Unimplemented {
-        name: "echo",
-        neutral: |v| v == &Value::Bool(false),
-        allowed: "false",
-    },
-    Unimplemented {
-        name: "suffix",
-        neutral: |v| v.as_str() == Some(""),
-        allowed: "\"\"",
-    },
-    Unimplemented {
-        name: "best_of",
-        neutral: |v| v.as_u64() == Some(1),
-        allowed: "1",
-    },
-    // an integer on completions, a boolean on chat
-    Unimplemented {
-        name: "logprobs",
-        neutral: |v| v == &Value::Bool(false),
-        allowed: "false",
-    },
-    Unimplemented {
-        name: "top_logprobs",
-        neutral: |v| v.as_u64() == Some(0),
-        allowed: "0",
-    },
-    Unimplemented {
-        name: "logit_bias",
-        neutral: |v| v.as_object().is_some_and(Map::is_empty),
-        allowed: "{}",
-    },
-    Unimplemented {
-        name: "presence_penalty",
-        neutral: |v| v.as_f64() == Some(0.0),
-        allowed: "0",
-    },
-    Unimplemented {
-        name: "frequency_penalty",
-        neutral: |v| v.as_f64() == Some(0.0),
-        allowed: "0",
-    },
-    Unimplemented {
-        name: "tools",
-        neutral: |v| v.as_array().is_some_and(Vec::is_empty),
-        allowed: "[]",
-    },
-    Unimplemented {
-        name: "functions",
-        neutral: |v| v.as_array().is_some_and(Vec::is_empty),
-        allowed: "[]",
-    },
-    Unimplemented {
-        name: "response_format",
-        neutral: |v| v.get("type").and_then(Value::as_str) == Some("text"),
-        allowed: "{\"type\": \"text\"}",
-    },
-];
-
-/// Refuses the first unimplemented field given a value that would change the answer.
-fn refuse_unimplemented(f: &Fields) -> Result<(), ApiError> {
-    for u in UNIMPLEMENTED {
-        match f.get(u.name) {
-            Some(v) if !(u.neutral)(v) => {
-                let got = match v {
-                    Value::Array(_) | Value::Object(_) => kind(v).to_string(),
-                    scalar => scalar.to_string(),
-                };
-                return Err(ApiError::invalid(
-                    u.name,
-                    format!(
-                        "{}: not supported by this server; allowed: {} (or leave it out), got {got}",
-                        u.name, u.allowed
-                    ),
-                ));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 /// The JSON type of a value, as a refusal names it.
-fn kind(v: &Value) -> &'static str {
+pub(super) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -240,10 +189,10 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// Typed access to the body's optional fields; `null` counts as absent.
-struct Fields<'a>(&'a Map<String, Value>);
+pub(super) struct Fields<'a>(&'a Map<String, Value>);
 
 impl Fields<'_> {
-    fn get(&self, name: &str) -> Option<&Value> {
+    pub(super) fn get(&self, name: &str) -> Option<&Value> {
         self.0.get(name).filter(|v| !v.is_null())
     }
 
@@ -279,10 +228,151 @@ impl Fields<'_> {
             .transpose()
     }
 
+    /// A number in `range` (`allowed` in words), `default` when absent.
+    fn ranged(
+        &self,
+        name: &str,
+        default: f64,
+        range: std::ops::RangeInclusive<f64>,
+        allowed: &str,
+    ) -> Result<f64, ApiError> {
+        match self.number(name)? {
+            None => Ok(default),
+            Some(x) if range.contains(&x) => Ok(x),
+            Some(x) => Err(ApiError::invalid(
+                name,
+                format!("{name}: must be in {allowed}, got {x}"),
+            )),
+        }
+    }
+
     fn boolean(&self, name: &str) -> Result<Option<bool>, ApiError> {
         self.get(name)
             .map(|v| v.as_bool().ok_or_else(|| Self::wrong(name, "a boolean", v)))
             .transpose()
+    }
+}
+
+/// A completion's `prompt`: a string, an array of token ids, or an array holding one of
+/// these (several prompts in one request are refused: one request each).
+fn prompt(value: Option<&Value>) -> Result<Input, ApiError> {
+    let want = "a string or an array of token ids";
+    let Some(value) = value else {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("prompt: {want} is required"),
+        ));
+    };
+    match value {
+        Value::String(s) => Ok(Input::Prompt(s.clone())),
+        Value::Array(items) if items.iter().all(Value::is_number) && !items.is_empty() => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            &format!("prompt[{i}]"),
+                            format!("prompt[{i}]: a token id must be an integer >= 0, got {v}"),
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()
+            .map(Input::Tokens),
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => prompt(items.first()),
+        Value::Array(items) if items.is_empty() => Err(ApiError::invalid(
+            "prompt",
+            "prompt: the array is empty; allowed: a string or an array of token ids",
+        )),
+        Value::Array(items) => Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "prompt: one prompt per request is supported, got {} (send one request each)",
+                items.len()
+            ),
+        )),
+        other => Err(Fields::wrong("prompt", want, other)),
+    }
+}
+
+/// `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}` or
+/// `{"type": "json_schema", "json_schema": {"schema": {...}}}`; the schema to follow.
+fn response_format(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let Value::Object(format) = value else {
+        return Err(Fields::wrong("response_format", "an object", value));
+    };
+    let allowed = "allowed: \"text\", \"json_object\", \"json_schema\"";
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(serde_json::json!({"type": "object"}))),
+        Some("json_schema") => match format.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(schema @ Value::Object(_)) => Ok(Some(schema.clone())),
+            Some(other) => Err(Fields::wrong(
+                "response_format.json_schema.schema",
+                "an object (a JSON schema)",
+                other,
+            )),
+            None => Err(ApiError::invalid(
+                "response_format.json_schema.schema",
+                "response_format.json_schema.schema: a JSON schema object is required",
+            )),
+        },
+        Some(other) => Err(ApiError::invalid(
+            "response_format.type",
+            format!("response_format.type: {allowed}, got \"{other}\""),
+        )),
+        None => Err(ApiError::invalid(
+            "response_format.type",
+            format!("response_format.type: a string is required; {allowed}"),
+        )),
+    }
+}
+
+/// `logprobs` and `top_logprobs`: on completions `logprobs` is the number of top tokens
+/// (0..=20); on chat `logprobs` is a boolean and `top_logprobs` (0..=20) needs it true.
+fn logprobs(f: &Fields, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+    let max = MAX_TOP_LOGPROBS as i128;
+    let top = |name: &str, n: i128| {
+        if (0..=max).contains(&n) {
+            Ok(n as usize)
+        } else {
+            Err(ApiError::invalid(
+                name,
+                format!("{name}: must be in [0, {max}], got {n}"),
+            ))
+        }
+    };
+    match endpoint {
+        Endpoint::Completions => {
+            if f.integer("top_logprobs")?.is_some_and(|n| n != 0) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs: not a field of /v1/completions; logprobs: N asks for the N best tokens there",
+                ));
+            }
+            match f.get("logprobs") {
+                None | Some(Value::Bool(false)) => Ok(None),
+                Some(_) => {
+                    let n = f.integer("logprobs")?.unwrap_or(0);
+                    top("logprobs", n).map(Some)
+                }
+            }
+        }
+        Endpoint::Chat => {
+            let on = f.boolean("logprobs")?.unwrap_or(false);
+            match f.integer("top_logprobs")? {
+                Some(n) if n != 0 && !on => Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs: needs \"logprobs\": true",
+                )),
+                Some(n) => top("top_logprobs", n).map(|n| on.then_some(n)),
+                None => Ok(on.then_some(0)),
+            }
+        }
     }
 }
 
@@ -390,7 +480,7 @@ fn stops(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
         Some(Value::Array(items)) if items.len() > MAX_STOPS => Err(ApiError::invalid(
             "stop",
             format!(
-                "stop: at most {MAX_STOPS} stop strings are allowed, got {}",
+                "stop: at most {MAX_STOPS} stop strings are allowed (a server limit), got {}",
                 items.len()
             ),
         )),
@@ -407,233 +497,5 @@ fn stops(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn refusal(body: &str, endpoint: Endpoint) -> ApiError {
-        parse(body.as_bytes(), endpoint, "m").unwrap_err()
-    }
-
-    #[test]
-    fn a_full_completion_request_is_read() {
-        let body = r#"{"model": "m", "prompt": "Hi", "temperature": 0, "top_p": 0.5,
-            "max_tokens": 3, "stop": ["a", "b"], "seed": 9, "n": 1, "stream": true, "user": "x"}"#;
-        let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
-        assert_eq!(r.input, Input::Prompt("Hi".into()));
-        assert_eq!((r.temperature, r.top_p, r.max_tokens), (0.0, 0.5, Some(3)));
-        assert_eq!(
-            (r.stop, r.seed, r.stream),
-            (vec!["a".into(), "b".into()], Some(9), true)
-        );
-    }
-
-    #[test]
-    fn unimplemented_fields_at_their_neutral_values_are_taken() {
-        let body = r#"{"prompt": "x", "echo": false, "suffix": "", "best_of": 1, "logprobs": null,
-            "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "tools": [],
-            "response_format": {"type": "text"}, "tool_choice": "none", "stream_options": {}}"#;
-        let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
-        assert_eq!(r.input, Input::Prompt("x".into()));
-        let body = r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": false,
-            "top_logprobs": 0}"#;
-        assert!(parse(body.as_bytes(), Endpoint::Chat, "m").is_ok());
-    }
-
-    #[test]
-    fn text_parts_are_a_message_content() {
-        let body = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
-            {"type": "text", "text": "b"}]}]}"#;
-        let r = parse(body.as_bytes(), Endpoint::Chat, "m").unwrap();
-        assert_eq!(r.input, Input::Chat(vec![Message::new("user", "a\nb")]));
-    }
-
-    #[test]
-    fn chat_takes_max_completion_tokens_before_max_tokens() {
-        let body = r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9,
-            "max_completion_tokens": 3}"#;
-        let r = parse(body.as_bytes(), Endpoint::Chat, "m").unwrap();
-        assert_eq!(
-            (r.max_tokens, r.max_tokens_field),
-            (Some(3), "max_completion_tokens")
-        );
-        let r = parse(
-            br#"{"prompt": "x", "max_completion_tokens": 3}"#,
-            Endpoint::Completions,
-            "m",
-        );
-        assert_eq!(r.unwrap().max_tokens, None);
-    }
-
-    #[test]
-    fn integers_past_i64_keep_their_value() {
-        let huge = u64::MAX;
-        let e = refusal(
-            &format!(r#"{{"prompt": "x", "n": {huge}}}"#),
-            Endpoint::Completions,
-        );
-        assert!(e.message.ends_with(&format!("got {huge}")), "{}", e.message);
-        let body = format!(r#"{{"prompt": "x", "max_tokens": {huge}, "seed": {huge}}}"#);
-        let r = parse(body.as_bytes(), Endpoint::Completions, "m").unwrap();
-        assert_eq!((r.max_tokens, r.seed), (Some(usize::MAX), Some(huge)));
-        let r = parse(
-            br#"{"prompt": "x", "seed": -1}"#,
-            Endpoint::Completions,
-            "m",
-        )
-        .unwrap();
-        assert_eq!(r.seed, Some(u64::MAX));
-    }
-
-    #[test]
-    fn every_refusal_names_its_field() {
-        let cases = [
-            (r#"{"prompt": 5}"#, Endpoint::Completions, Some("prompt")),
-            (
-                r#"{"prompt": "x", "max_tokens": 0}"#,
-                Endpoint::Completions,
-                Some("max_tokens"),
-            ),
-            (
-                r#"{"prompt": "x", "max_tokens": "3"}"#,
-                Endpoint::Completions,
-                Some("max_tokens"),
-            ),
-            (
-                r#"{"prompt": "x", "temperature": 3}"#,
-                Endpoint::Completions,
-                Some("temperature"),
-            ),
-            (
-                r#"{"prompt": "x", "top_p": 0}"#,
-                Endpoint::Completions,
-                Some("top_p"),
-            ),
-            (
-                r#"{"prompt": "x", "n": 2}"#,
-                Endpoint::Completions,
-                Some("n"),
-            ),
-            (
-                r#"{"prompt": "x", "stop": [1]}"#,
-                Endpoint::Completions,
-                Some("stop"),
-            ),
-            (
-                r#"{"prompt": "x", "stream": "yes"}"#,
-                Endpoint::Completions,
-                Some("stream"),
-            ),
-            (
-                r#"{"prompt": "x", "model": "other"}"#,
-                Endpoint::Completions,
-                Some("model"),
-            ),
-            (r#"{"messages": []}"#, Endpoint::Chat, Some("messages")),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}"#,
-                Endpoint::Chat,
-                Some("max_completion_tokens"),
-            ),
-            (
-                r#"{"messages": [{"role": "user"}]}"#,
-                Endpoint::Chat,
-                Some("messages[0].content"),
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
-                Endpoint::Chat,
-                Some("messages[0].content[0].type"),
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}"#,
-                Endpoint::Chat,
-                Some("messages[0].content[0].text"),
-            ),
-            (
-                r#"{"prompt": ["x"]}"#,
-                Endpoint::Completions,
-                Some("prompt"),
-            ),
-            (
-                r#"{"prompt": [1, 2]}"#,
-                Endpoint::Completions,
-                Some("prompt"),
-            ),
-            (
-                r#"{"prompt": "x", "echo": true}"#,
-                Endpoint::Completions,
-                Some("echo"),
-            ),
-            (
-                r#"{"prompt": "x", "logprobs": 2}"#,
-                Endpoint::Completions,
-                Some("logprobs"),
-            ),
-            (
-                r#"{"prompt": "x", "best_of": 3}"#,
-                Endpoint::Completions,
-                Some("best_of"),
-            ),
-            (
-                r#"{"prompt": "x", "suffix": "y"}"#,
-                Endpoint::Completions,
-                Some("suffix"),
-            ),
-            (
-                r#"{"prompt": "x", "logit_bias": {"50256": -100}}"#,
-                Endpoint::Completions,
-                Some("logit_bias"),
-            ),
-            (
-                r#"{"prompt": "x", "presence_penalty": 0.5}"#,
-                Endpoint::Completions,
-                Some("presence_penalty"),
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -1}"#,
-                Endpoint::Chat,
-                Some("frequency_penalty"),
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true}"#,
-                Endpoint::Chat,
-                Some("logprobs"),
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
-                Endpoint::Chat,
-                Some("top_logprobs"),
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
-                Endpoint::Chat,
-                Some("tools"),
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
-                Endpoint::Chat,
-                Some("response_format"),
-            ),
-            (
-                r#"{"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}}"#,
-                Endpoint::Completions,
-                Some("stream_options.include_usage"),
-            ),
-            (
-                r#"{"prompt": "x", "stream_options": []}"#,
-                Endpoint::Completions,
-                Some("stream_options"),
-            ),
-            (r#"{"prompt": "x""#, Endpoint::Completions, None),
-            (r#"[1]"#, Endpoint::Completions, None),
-        ];
-        for (body, endpoint, param) in cases {
-            let e = refusal(body, endpoint);
-            assert_eq!(e.param.as_deref(), param, "{body}: {}", e.message);
-            assert!(e.status.is_client_error(), "{body}");
-            if let Some(p) = param {
-                assert!(e.message.starts_with(p), "{body}: {}", e.message);
-            }
-        }
-    }
-}
+#[path = "api_tests.rs"]
+mod tests;

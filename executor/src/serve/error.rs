@@ -95,6 +95,71 @@ impl ApiError {
         }
     }
 
+    /// A 401 for a `/v1/` request without the server's API key.
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "a valid API key is required: send the header `Authorization: Bearer KEY` with the server's --api-key".into(),
+            param: None,
+            code: "invalid_api_key",
+        }
+    }
+
+    /// A 403 for a request from a host or origin the server does not answer.
+    pub fn forbidden(code: &'static str, message: String) -> ApiError {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            message,
+            param: None,
+            code,
+        }
+    }
+
+    /// A 413 for a body past `limit` bytes.
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the body is larger than the server's limit of {limit} bytes"),
+            param: None,
+            code: "invalid_body",
+        }
+    }
+
+    /// A 408 for a body that did not come whole within `timeout`.
+    pub fn body_timeout(timeout: std::time::Duration) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the body did not come whole within {} s (the server's --timeout); is Content-Length right?",
+                timeout.as_secs_f64()
+            ),
+            param: None,
+            code: "body_timeout",
+        }
+    }
+
+    /// A 503 for a connection past the cap of `max` open ones.
+    pub fn too_many_connections(max: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "the server has {max} connections open, its limit (--max-connections); retry later"
+            ),
+            param: None,
+            code: "too_many_connections",
+        }
+    }
+
+    /// A 503 for a request that came after the shutdown started.
+    pub fn shutting_down() -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the server is shutting down and takes no new requests".into(),
+            param: None,
+            code: "shutting_down",
+        }
+    }
+
     /// A 500 for a request the engine failed on.
     pub fn engine(message: impl Into<String>) -> ApiError {
         ApiError {

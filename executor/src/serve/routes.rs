@@ -21,8 +21,11 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::api::{parse, Endpoint, Input, Request};
 use super::error::ApiError;
+use super::grammar::{Constraint, Grammars};
+use super::logprobs::TokenLogprob;
 use super::metrics::Metrics;
-use super::scheduler::{Event, Finish, Job, Scheduler};
+use super::response::{Piece, Shape, Usage};
+use super::scheduler::{Event, Job, Sampling, Scheduler};
 use super::tally::Tally;
 use crate::sample::SamplerConfig;
 use crate::text::{ChatTemplate, Tokenizer};
@@ -32,7 +35,7 @@ const COMPLETION_DEFAULT_TOKENS: usize = 16;
 
 /// The largest request body read (axum's default, stated here for the 413's message); a
 /// body this large holds far more tokens than any context.
-const BODY_LIMIT: usize = 2 << 20;
+pub const BODY_LIMIT: usize = 2 << 20;
 
 /// What every handler shares.
 pub struct App {
@@ -52,6 +55,15 @@ pub struct App {
     pub max_sequences: usize,
     /// Numbers the response ids.
     pub next_id: AtomicU64,
+    /// Makes the response ids of this process its own: its start time and process id.
+    pub instance: String,
+    /// The most bytes one token's text has: a text of more than `max_context` times as many
+    /// bytes cannot fit the context, and is refused before it is tokenized.
+    pub max_token_bytes: usize,
+    /// Makes the `response_format` constraints, or why it cannot.
+    pub grammars: Result<Grammars, String>,
+    /// Bounds the requests being tokenized at once (and so their memory).
+    pub tokenizing: Arc<tokio::sync::Semaphore>,
 }
 
 /// The router over every endpoint.
@@ -153,14 +165,48 @@ struct Prepared {
     request: Request,
     tokens: Vec<u32>,
     max_tokens: usize,
+    /// One `response_format` constraint per choice, or none.
+    constraints: Vec<Constraint>,
 }
 
 impl App {
+    /// Refuses a text of more bytes than `max_context - 1` tokens can hold, before its
+    /// tokens are counted (tokenizing a text of megabytes takes seconds and gigabytes).
+    fn fits(&self, field: &str, text: &str) -> Result<(), ApiError> {
+        let (c, l) = (self.max_context, self.max_token_bytes.max(1));
+        // the text may gain a byte (a leading space) in tokenizing
+        let least = text.len().saturating_sub(1).div_ceil(l);
+        if least < c {
+            return Ok(());
+        }
+        let mut e = ApiError::invalid(
+            field,
+            format!("{field}: {} bytes are at least {least} tokens (a token holds at most {l} bytes), past the context of {c} tokens (runtime.max_context)", text.len()),
+        );
+        e.code = "context_length_exceeded";
+        Err(e)
+    }
+
     /// Validates and tokenizes a body; every refusal names its field.
     fn prepare(&self, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, ApiError> {
         let request = parse(body, endpoint, &self.model)?;
         let (field, tokens) = match &request.input {
-            Input::Prompt(text) => ("prompt", self.tokenizer.encode(text, true)),
+            Input::Prompt(text) => {
+                self.fits("prompt", text)?;
+                ("prompt", self.tokenizer.encode(text, true))
+            }
+            Input::Tokens(ids) => {
+                let vocab = self.tokenizer.vocab_size();
+                if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id >= vocab) {
+                    return Err(ApiError::invalid(
+                        &format!("prompt[{i}]"),
+                        format!(
+                            "prompt[{i}]: token id {id} is not in the vocabulary of {vocab} tokens"
+                        ),
+                    ));
+                }
+                ("prompt", Ok(ids.clone()))
+            }
             Input::Chat(messages) => {
                 let template = self
                     .template
@@ -169,6 +215,7 @@ impl App {
                 let text = template
                     .render(messages, true)
                     .map_err(|e| ApiError::invalid("messages", format!("messages: {e:#}")))?;
+                self.fits("messages", &text)?;
                 ("messages", self.tokenizer.encode(&text, false))
             }
         };
@@ -200,16 +247,34 @@ impl App {
             (None, Endpoint::Completions) => COMPLETION_DEFAULT_TOKENS.min(c - p),
             (None, Endpoint::Chat) => c - p,
         };
+        let constraints = match &request.format {
+            None => Vec::new(),
+            Some(schema) => {
+                let grammars = self.grammars.as_ref().map_err(|why| {
+                    ApiError::invalid("response_format", format!("response_format: {why}"))
+                })?;
+                (0..request.n)
+                    .map(|_| grammars.matcher(schema.clone()).map(Constraint::new))
+                    .collect::<anyhow::Result<Vec<_>>>()
+                    .map_err(|e| {
+                        ApiError::invalid(
+                            "response_format",
+                            format!("response_format: the schema cannot be followed: {e:#}"),
+                        )
+                    })?
+            }
+        };
         Ok(Prepared {
             request,
             tokens,
             max_tokens,
+            constraints,
         })
     }
 }
 
-/// Sets the job's cancellation flag when dropped: with the response future or stream, so a
-/// client that goes away stops its sequence at the engine's next step.
+/// Sets the request's cancellation flag when dropped: with the response future or stream,
+/// so a client that goes away stops its sequences at the engine's next step.
 struct CancelOnDrop(Arc<AtomicBool>);
 
 impl Drop for CancelOnDrop {
@@ -218,59 +283,13 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// The fields every response and chunk of one request shares.
-struct Shape {
-    endpoint: Endpoint,
-    id: String,
-    created: u64,
-    model: String,
-    /// A stream's usage comes in a chunk of its own, after the finish reason's.
-    usage_chunk: bool,
-}
-
-impl Shape {
-    /// One choice in a response or chunk.
-    fn choice(&self, text: &str, finish: Option<&str>, whole: bool) -> Value {
-        match (self.endpoint, whole) {
-            (Endpoint::Completions, _) => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
-            }
-            (Endpoint::Chat, true) => json!({"index": 0, "finish_reason": finish,
-                "message": {"role": "assistant", "content": text}}),
-            (Endpoint::Chat, false) if finish.is_some() => {
-                json!({"index": 0, "delta": {}, "finish_reason": finish})
-            }
-            (Endpoint::Chat, false) => {
-                json!({"index": 0, "delta": {"content": text}, "finish_reason": null})
-            }
-        }
-    }
-
-    fn object(&self, whole: bool) -> &'static str {
-        match (self.endpoint, whole) {
-            (Endpoint::Completions, _) => "text_completion",
-            (Endpoint::Chat, true) => "chat.completion",
-            (Endpoint::Chat, false) => "chat.completion.chunk",
-        }
-    }
-
-    fn body(&self, choice: Value, whole: bool, finish: Option<&Finish>) -> Value {
-        let mut body = json!({
-            "id": self.id,
-            "object": self.object(whole),
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        });
-        if let Some(f) = finish {
-            body["usage"] = json!({
-                "prompt_tokens": f.prompt_tokens,
-                "completion_tokens": f.completion_tokens,
-                "total_tokens": f.prompt_tokens + f.completion_tokens,
-            });
-        }
-        body
-    }
+/// A response id no other server process gives: the process's start and id, and a counter.
+fn response_id(app: &App, endpoint: Endpoint, n: u64) -> String {
+    let prefix = match endpoint {
+        Endpoint::Completions => "cmpl",
+        Endpoint::Chat => "chatcmpl",
+    };
+    format!("{prefix}-{}-{n}", app.instance)
 }
 
 async fn answer(
@@ -284,9 +303,14 @@ async fn answer(
     let prepared = match body {
         Ok(body) => {
             let app = app.clone();
-            tokio::task::spawn_blocking(move || app.prepare(endpoint, &body))
-                .await
-                .unwrap_or_else(|e| Err(ApiError::engine(format!("reading the request: {e}"))))
+            // The semaphore is never closed.
+            let permit = app.tokenizing.clone().acquire_owned().await;
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                app.prepare(endpoint, &body)
+            })
+            .await
+            .unwrap_or_else(|e| Err(ApiError::engine(format!("reading the request: {e}"))))
         }
         Err(rejection) => Err(ApiError::unreadable(&rejection, BODY_LIMIT)),
     };
@@ -299,77 +323,141 @@ async fn answer(
     };
     tally.prompt = prepared.tokens.len();
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
-    let created = SystemTime::now()
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .unwrap_or_default();
     let request = &prepared.request;
-    let seed = request.seed.unwrap_or_else(|| {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        u64::from(nanos) ^ n.rotate_left(32)
-    });
+    // choice i draws from seed + i
+    let seed = request
+        .seed
+        .unwrap_or_else(|| u64::from(now.subsec_nanos()) ^ n.rotate_left(32));
     let (events, rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    let job = Job {
-        tokens: prepared.tokens,
-        max_tokens: prepared.max_tokens,
-        sampler: SamplerConfig {
-            temperature: request.temperature,
-            top_k: 0,
-            top_p: request.top_p,
-            seed,
-        },
-        stop: request.stop.clone(),
-        cancel: cancel.clone(),
-        events,
-    };
-    if let Err(e) = app.scheduler.submit(job) {
-        tally.status = e.status.as_u16();
-        return e.into_response();
+    let guard = CancelOnDrop(cancel.clone());
+    let mut constraints = prepared.constraints.into_iter();
+    for index in 0..request.n {
+        let job = Job {
+            tokens: prepared.tokens.clone(),
+            max_tokens: prepared.max_tokens,
+            sampling: Sampling {
+                config: SamplerConfig {
+                    temperature: request.temperature,
+                    top_k: request.top_k,
+                    top_p: request.top_p,
+                    seed: seed.wrapping_add(index as u64),
+                },
+                min_p: request.min_p,
+                penalties: request.penalties,
+                logprobs: request.logprobs,
+            },
+            stop: request.stop.clone(),
+            constraint: constraints.next(),
+            cancel: cancel.clone(),
+            index,
+            events: events.clone(),
+        };
+        // a refused choice cancels the ones queued before it (the guard, dropped here)
+        if let Err(e) = app.scheduler.submit(job) {
+            tally.status = e.status.as_u16();
+            return e.into_response();
+        }
     }
+    drop(events);
     let shape = Shape {
         endpoint,
-        id: match endpoint {
-            Endpoint::Completions => format!("cmpl-{n}"),
-            Endpoint::Chat => format!("chatcmpl-{n}"),
-        },
-        created,
+        id: response_id(&app, endpoint, n),
+        created: now.as_secs(),
         model: app.model.clone(),
         usage_chunk: request.include_usage,
+        logprobs: request.logprobs.is_some(),
+        tokenizer: app.tokenizer.clone(),
     };
-    let guard = CancelOnDrop(cancel);
+    let choices = Choices::new(request.n, prepared.tokens.len());
     if request.stream {
-        stream(shape, rx, guard, tally)
+        stream(shape, rx, choices, guard, tally)
     } else {
-        whole(shape, rx, guard, tally).await
+        whole(shape, rx, choices, guard, tally).await
     }
 }
 
-/// Waits for the whole text and answers with one body.
+/// The choices of one request as their events come: text, logprobs, how each ended.
+struct Choices {
+    text: Vec<String>,
+    logprobs: Vec<Vec<TokenLogprob>>,
+    /// Tokens generated by each choice so far.
+    generated: Vec<usize>,
+    finish: Vec<Option<&'static str>>,
+    prompt: usize,
+}
+
+impl Choices {
+    fn new(n: usize, prompt: usize) -> Choices {
+        Choices {
+            text: vec![String::new(); n],
+            logprobs: vec![Vec::new(); n],
+            generated: vec![0; n],
+            finish: vec![None; n],
+            prompt,
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt: self.prompt,
+            completion: self.generated.iter().sum(),
+        }
+    }
+
+    fn all_done(&self) -> bool {
+        self.finish.iter().all(Option::is_some)
+    }
+}
+
+/// Waits for every choice's whole text and answers with one body.
 async fn whole(
     shape: Shape,
-    mut rx: UnboundedReceiver<Event>,
+    mut rx: UnboundedReceiver<(usize, Event)>,
+    mut choices: Choices,
     _guard: CancelOnDrop,
     mut tally: Tally,
 ) -> Response {
-    let mut text = String::new();
-    while let Some(event) = rx.recv().await {
+    while let Some((i, event)) = rx.recv().await {
         match event {
             Event::Text {
-                text: t,
+                text,
                 completion,
+                logprobs,
             } => {
-                text.push_str(&t);
-                tally.generated = completion;
+                tally.text_came();
+                choices.text[i].push_str(&text);
+                choices.logprobs[i].extend(logprobs);
+                choices.generated[i] = completion;
             }
             Event::Done(f) => {
-                tally.status = 200;
-                tally.generated = f.completion_tokens;
-                let choice = shape.choice(&text, Some(f.reason.name()), true);
-                return Json(shape.body(choice, true, Some(&f))).into_response();
+                choices.generated[i] = f.completion_tokens;
+                choices.finish[i] = Some(f.reason.name());
             }
             Event::Failed(message) => return engine_failure(&mut tally, message).into_response(),
+            Event::Refused(e) => {
+                tally.status = e.status.as_u16();
+                return e.into_response();
+            }
+        }
+        tally.generated = choices.usage().completion;
+        if choices.all_done() {
+            tally.status = 200;
+            let all = (0..choices.text.len())
+                .map(|index| {
+                    let piece = Piece {
+                        index,
+                        text: &choices.text[index],
+                        logprobs: &choices.logprobs[index],
+                        finish: choices.finish[index],
+                    };
+                    shape.choice(&piece, true)
+                })
+                .collect();
+            return Json(shape.body(all, true, Some(choices.usage()))).into_response();
         }
     }
     engine_failure(&mut tally, "the engine dropped the request".into()).into_response()
@@ -384,7 +472,8 @@ fn engine_failure(tally: &mut Tally, message: String) -> ApiError {
 /// The state of one server-sent event stream.
 struct Streaming {
     shape: Shape,
-    rx: UnboundedReceiver<Event>,
+    rx: UnboundedReceiver<(usize, Event)>,
+    choices: Choices,
     _guard: CancelOnDrop,
     tally: Tally,
     /// Data lines ready to send.
@@ -395,36 +484,65 @@ struct Streaming {
 
 impl Streaming {
     /// Queues what `event` adds to the stream.
-    fn take(&mut self, event: Option<Event>) {
+    fn take(&mut self, event: Option<(usize, Event)>) {
         let shape = &self.shape;
+        let chunk = |piece: &Piece, usage: Option<Usage>| {
+            shape
+                .body(vec![shape.choice(piece, false)], false, usage)
+                .to_string()
+        };
         match event {
-            Some(Event::Text {
-                text: t,
-                completion,
-            }) => {
-                self.tally.generated = completion;
-                let chunk = shape.body(shape.choice(&t, None, false), false, None);
-                self.pending.push_back(chunk.to_string());
+            Some((
+                index,
+                Event::Text {
+                    text,
+                    completion,
+                    logprobs,
+                },
+            )) => {
+                self.tally.text_came();
+                self.choices.generated[index] = completion;
+                let piece = Piece {
+                    index,
+                    text: &text,
+                    logprobs: &logprobs,
+                    finish: None,
+                };
+                self.pending.push_back(chunk(&piece, None));
             }
-            Some(Event::Done(f)) => {
-                self.tally.status = 200;
-                self.tally.generated = f.completion_tokens;
-                let last = shape.choice("", Some(f.reason.name()), false);
-                if shape.usage_chunk {
-                    self.pending
-                        .push_back(shape.body(last, false, None).to_string());
-                    let mut usage = shape.body(Value::Null, false, Some(&f));
-                    usage["choices"] = json!([]);
-                    self.pending.push_back(usage.to_string());
-                } else {
-                    self.pending
-                        .push_back(shape.body(last, false, Some(&f)).to_string());
+            Some((index, Event::Done(f))) => {
+                let choices = &mut self.choices;
+                choices.generated[index] = f.completion_tokens;
+                choices.finish[index] = Some(f.reason.name());
+                let piece = Piece {
+                    index,
+                    text: "",
+                    logprobs: &[],
+                    finish: Some(f.reason.name()),
+                };
+                let last = choices.all_done();
+                if !last || shape.usage_chunk {
+                    self.pending.push_back(chunk(&piece, None));
                 }
-                self.pending.push_back("[DONE]".into());
+                if last {
+                    self.tally.status = 200;
+                    if shape.usage_chunk {
+                        let usage = shape.body(Vec::new(), false, Some(choices.usage()));
+                        self.pending.push_back(usage.to_string());
+                    } else {
+                        self.pending.push_back(chunk(&piece, Some(choices.usage())));
+                    }
+                    self.pending.push_back("[DONE]".into());
+                    self.ended = true;
+                }
+            }
+            Some((_, Event::Failed(message))) => {
+                let e = engine_failure(&mut self.tally, message);
+                self.pending.push_back(e.body().to_string());
                 self.ended = true;
             }
-            Some(Event::Failed(message)) => {
-                let e = engine_failure(&mut self.tally, message);
+            Some((_, Event::Refused(e))) => {
+                self.tally.status = e.status.as_u16();
                 self.pending.push_back(e.body().to_string());
                 self.ended = true;
             }
@@ -434,26 +552,31 @@ impl Streaming {
                 self.ended = true;
             }
         }
+        self.tally.generated = self.choices.usage().completion;
     }
 }
 
-/// Answers with server-sent events: one chunk per piece of text, a last chunk with the
-/// finish reason and usage (with `stream_options.include_usage`, the usage in a chunk of no
-/// choices after it), then `data: [DONE]`.
+/// Answers with server-sent events: one chunk per piece of a choice's text, a chunk with
+/// each choice's finish reason, the usage in the last one (with
+/// `stream_options.include_usage`, in a chunk of no choices after them), then `data: [DONE]`.
 fn stream(
     shape: Shape,
-    rx: UnboundedReceiver<Event>,
+    rx: UnboundedReceiver<(usize, Event)>,
+    choices: Choices,
     guard: CancelOnDrop,
     tally: Tally,
 ) -> Response {
     let mut pending = VecDeque::new();
     if shape.endpoint == Endpoint::Chat {
-        let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
-        pending.push_back(shape.body(role, false, None).to_string());
+        for index in 0..choices.text.len() {
+            let role = shape.body(vec![shape.role(index)], false, None);
+            pending.push_back(role.to_string());
+        }
     }
     let state = Streaming {
         shape,
         rx,
+        choices,
         _guard: guard,
         tally,
         pending,

@@ -284,6 +284,13 @@ impl Tokenizer {
         self.eog.iter().copied()
     }
 
+    /// The tokenizer in Hugging Face's `tokenizer.json` form.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| anyhow!("writing the tokenizer as JSON: {e}"))
+    }
+
     /// Number of tokens in the vocabulary; every valid id is below it.
     pub fn vocab_size(&self) -> u32 {
         self.vocab_size

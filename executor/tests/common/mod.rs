@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod http;
+
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -178,6 +180,8 @@ pub struct ServeProcess {
     child: std::process::Child,
     /// The port it listens on.
     pub port: u16,
+    /// The line that names the address it listens on.
+    pub start_line: String,
     /// Its stderr lines after the listening line: one per request.
     pub log: std::sync::Arc<Mutex<Vec<String>>>,
 }
@@ -186,6 +190,11 @@ impl ServeProcess {
     /// Starts the server with `threads` kernel threads and returns once it listens (the
     /// engine is open before the port is bound).
     pub fn start(threads: u32) -> ServeProcess {
+        ServeProcess::start_with(threads, &[])
+    }
+
+    /// As `start`, with more `serve` options.
+    pub fn start_with(threads: u32, options: &[&str]) -> ServeProcess {
         use std::io::{BufRead, BufReader};
         use std::process::{Command, Stdio};
         smollm2("smollm2-batch8");
@@ -200,18 +209,19 @@ impl ServeProcess {
                 "-t",
                 &threads,
             ])
+            .args(options)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let port = loop {
+        let (port, start_line) = loop {
             let line = lines
                 .next()
                 .expect("the server exited before listening")
                 .unwrap();
             if let Some(at) = line.split("http://127.0.0.1:").nth(1) {
                 let digits: String = at.chars().take_while(char::is_ascii_digit).collect();
-                break digits.parse().unwrap();
+                break (digits.parse().unwrap(), line);
             }
         };
         let log = std::sync::Arc::new(Mutex::new(Vec::new()));
@@ -221,7 +231,38 @@ impl ServeProcess {
                 sink.lock().unwrap().push(line);
             }
         });
-        ServeProcess { child, port, log }
+        ServeProcess {
+            child,
+            port,
+            start_line,
+            log,
+        }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends the server `signal` (e.g. `libc::SIGTERM`).
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.child.id()).unwrap();
+        // SAFETY: kill only sends a signal to the child this value owns.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
+    /// The server's exit status, waiting up to `limit` for it (None: still running).
+    pub fn exit_within(&mut self, limit: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 
