@@ -246,17 +246,10 @@ fn compare_conditioning_names_the_steps_noise_of_rounding_size_moves() {
 fn bench_reports_prefill_speed_and_time_to_first_token() {
     smollm2("smollm2");
     let args = [
-        "bench",
-        "plans/smollm2.plan.toml",
-        "--prompt",
-        "16",
-        "-n",
-        "2",
-        "--reps",
-        "1",
-        "-t",
-        "1",
-    ];
+        &["bench", "plans/smollm2.plan.toml", "--prompt", "16"][..],
+        &common::QUICK_BENCH,
+    ]
+    .concat();
     let text = stdout(&memra_run(&args));
     assert!(
         text.contains("prompt 16 tokens (prefill chunks of 512): ")

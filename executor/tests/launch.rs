@@ -375,43 +375,44 @@ fn as_launcher(
 #[test]
 fn started_by_srun_mpirun_or_torchrun_pp2_tp2_is_bit_identical() {
     let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
-    let slurm = |p: u32, port: &str| {
-        vec![
-            ("SLURM_PROCID", p.to_string()),
-            ("SLURM_NTASKS", "4".into()),
-            ("SLURM_LOCALID", p.to_string()),
-            ("SLURM_STEP_NODELIST", "localhost".into()),
-            ("MASTER_PORT", port.into()),
-        ]
-    };
-    let ompi = |p: u32, port: &str| {
-        vec![
-            ("OMPI_COMM_WORLD_RANK", p.to_string()),
-            ("OMPI_COMM_WORLD_SIZE", "4".into()),
-            ("OMPI_COMM_WORLD_LOCAL_RANK", p.to_string()),
-            ("PMIX_RANK", p.to_string()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.into()),
-        ]
-    };
-    let torchrun = |p: u32, port: &str| {
-        vec![
-            ("RANK", p.to_string()),
-            ("WORLD_SIZE", "4".into()),
-            ("LOCAL_RANK", p.to_string()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.into()),
-        ]
-    };
-    type Vars = fn(u32, &str) -> Vec<(&'static str, String)>;
-    let launchers: [(&str, &str, Vars); 3] = [
-        ("slurm", "SLURM_PROCID", slurm),
-        ("open mpi", "OMPI_COMM_WORLD_RANK", ompi),
-        ("torchrun", "RANK", torchrun),
+    // each launcher: its variables holding the process (the first is the rank it names), its
+    // world size variable, and where it says the rendezvous host is
+    let launchers = [
+        (
+            "slurm",
+            &["SLURM_PROCID", "SLURM_LOCALID"][..],
+            "SLURM_NTASKS",
+            ("SLURM_STEP_NODELIST", "localhost"),
+        ),
+        (
+            "open mpi",
+            &[
+                "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "PMIX_RANK",
+            ][..],
+            "OMPI_COMM_WORLD_SIZE",
+            ("MASTER_ADDR", "127.0.0.1"),
+        ),
+        (
+            "torchrun",
+            &["RANK", "LOCAL_RANK"][..],
+            "WORLD_SIZE",
+            ("MASTER_ADDR", "127.0.0.1"),
+        ),
     ];
-    for (name, rank, vars) in launchers {
+    for (name, ranks, size, host) in launchers {
+        let rank = ranks[0];
         let port = free_port();
-        let outs = as_launcher(&gate_args(plan), 4, |p| vars(p, &port));
+        let vars = |p: u32| {
+            let mut vars: Vec<(&'static str, String)> =
+                ranks.iter().map(|&r| (r, p.to_string())).collect();
+            vars.push((size, "4".into()));
+            vars.push((host.0, host.1.into()));
+            vars.push(("MASTER_PORT", port.clone()));
+            vars
+        };
+        let outs = as_launcher(&gate_args(plan), 4, vars);
         let mut printed = Vec::new();
         for (p, out) in outs.iter().enumerate() {
             let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
@@ -454,42 +455,41 @@ fn one_launcher_task_starts_the_plans_processes() {
     passed(plan, &stdout);
 }
 
+/// The gate of `plan` run as one process under a launcher that sets `vars`: it exits 1 and its
+/// stderr holds `want`.
+fn refused_under_launcher(plan: &str, vars: &[(&'static str, &str)], want: &str) {
+    let outs = as_launcher(&gate_args(plan), 1, |_| {
+        vars.iter().map(|&(k, v)| (k, v.to_string())).collect()
+    });
+    let stderr = text(&outs[0].stderr);
+    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(want), "{stderr}");
+}
+
 #[test]
 fn a_launcher_world_that_does_not_fit_the_plan_is_refused_by_name() {
     let plan = "plans/synthetic/tiny-tp-pp2-tp2.plan.toml";
-    let outs = as_launcher(&gate_args(plan), 1, |_| {
-        vec![
-            ("SLURM_PROCID", "0".into()),
-            ("SLURM_NTASKS", "2".into()),
-            ("SLURM_JOB_NODELIST", "localhost".into()),
+    let slurm = |rank| {
+        [
+            ("SLURM_PROCID", rank),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "localhost"),
         ]
-    });
-    let stderr = text(&outs[0].stderr);
-    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!("error: {plan}: the world has 2 processes (SLURM_NTASKS=2), but the plan's ranks use 4 devices, one process each; start 4 processes (srun -n 4")),
-        "{stderr}"
+    };
+    refused_under_launcher(
+        plan,
+        &slurm("0"),
+        &format!("error: {plan}: the world has 2 processes (SLURM_NTASKS=2), but the plan's ranks use 4 devices, one process each; start 4 processes (srun -n 4"),
     );
-    let hosts = "plans/synthetic/tiny-tp-pp2-hosts.plan.toml";
-    let outs = as_launcher(&gate_args(hosts), 1, |_| {
-        vec![
-            ("SLURM_PROCID", "1".into()),
-            ("SLURM_NTASKS", "2".into()),
-            ("SLURM_JOB_NODELIST", "localhost".into()),
-        ]
-    });
-    let stderr = text(&outs[0].stderr);
-    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("error: process 1 (SLURM_PROCID=1) runs device 1, which the plan puts on host `node-b`, but this is host `"),
-        "{stderr}"
+    refused_under_launcher(
+        "plans/synthetic/tiny-tp-pp2-hosts.plan.toml",
+        &slurm("1"),
+        "error: process 1 (SLURM_PROCID=1) runs device 1, which the plan puts on host `node-b`, but this is host `",
     );
-    let outs = as_launcher(&gate_args(plan), 1, |_| vec![("RANK", "0".into())]);
-    let stderr = text(&outs[0].stderr);
-    assert_eq!(outs[0].status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("error: RANK is set but WORLD_SIZE is not"),
-        "{stderr}"
+    refused_under_launcher(
+        plan,
+        &[("RANK", "0")],
+        "error: RANK is set but WORLD_SIZE is not",
     );
 }
 
@@ -510,16 +510,11 @@ fn a_plan_whose_boundary_communicators_do_not_fit_is_refused_on_cuda() {
     std::fs::write(&plan, compiled.plan.to_toml()).unwrap();
     let plan = plan.display().to_string();
     let bench = [
-        "bench",
-        "-n",
-        "2",
-        "--reps",
-        "1",
-        "-t",
-        "1",
-        "--weights",
-        "synthetic",
-    ];
+        &["bench"][..],
+        &common::QUICK_BENCH,
+        &["--weights", "synthetic"],
+    ]
+    .concat();
     let out = memra_run(&[&["launch", &plan, "--"][..], &bench, &["--backend", "cuda"]].concat());
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

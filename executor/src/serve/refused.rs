@@ -1,128 +1,49 @@
 //! The fields of OpenAI's API and of other servers' extensions that this server does not
 //! implement: each is refused, naming it, unless it holds the value that leaving it out means.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::api::{kind, Fields};
 use super::error::ApiError;
 
-/// A field of OpenAI's API this server does not implement: the values it takes (those that
-/// mean what leaving it out means), and them in words.
-struct Unimplemented {
-    name: &'static str,
-    neutral: fn(&Value) -> bool,
-    allowed: &'static str,
-}
-
-/// Every field that would change the answer and that this server does not implement.
-const UNIMPLEMENTED: &[Unimplemented] = &[
-    Unimplemented {
-        name: "echo",
-        neutral: |v| v == &Value::Bool(false),
-        allowed: "false",
-    },
-    Unimplemented {
-        name: "suffix",
-        neutral: |v| v.as_str() == Some(""),
-        allowed: "\"\"",
-    },
-    Unimplemented {
-        name: "best_of",
-        neutral: |v| v.as_u64() == Some(1),
-        allowed: "1",
-    },
-    Unimplemented {
-        name: "logit_bias",
-        neutral: |v| v.as_object().is_some_and(Map::is_empty),
-        allowed: "{}",
-    },
-    Unimplemented {
-        name: "tools",
-        neutral: |v| v.as_array().is_some_and(Vec::is_empty),
-        allowed: "[]",
-    },
-    Unimplemented {
-        name: "functions",
-        neutral: |v| v.as_array().is_some_and(Vec::is_empty),
-        allowed: "[]",
-    },
+/// Every field that would change the answer and that this server does not implement, with the
+/// value (in JSON) that means what leaving it out means, or none where every value would.
+const UNIMPLEMENTED: &[(&str, Option<&str>)] = &[
+    ("echo", Some("false")),
+    ("suffix", Some("\"\"")),
+    ("best_of", Some("1")),
+    ("logit_bias", Some("{}")),
+    ("tools", Some("[]")),
+    ("functions", Some("[]")),
     // vLLM's and llama-server's extensions
-    Unimplemented {
-        name: "min_tokens",
-        neutral: |v| v.as_u64() == Some(0),
-        allowed: "0",
-    },
-    Unimplemented {
-        name: "ignore_eos",
-        neutral: |v| v == &Value::Bool(false),
-        allowed: "false",
-    },
-    Unimplemented {
-        name: "typical_p",
-        neutral: |v| v.as_f64() == Some(1.0),
-        allowed: "1",
-    },
-    Unimplemented {
-        name: "mirostat",
-        neutral: |v| v.as_u64() == Some(0),
-        allowed: "0",
-    },
-    Unimplemented {
-        name: "use_beam_search",
-        neutral: |v| v == &Value::Bool(false),
-        allowed: "false",
-    },
-    Unimplemented {
-        name: "prompt_logprobs",
-        neutral: |v| v.as_u64() == Some(0),
-        allowed: "0",
-    },
-    Unimplemented {
-        name: "grammar",
-        neutral: |v| v.as_str() == Some(""),
-        allowed: "\"\"",
-    },
-    Unimplemented {
-        name: "json_schema",
-        neutral: |v| v.as_object().is_some_and(Map::is_empty),
-        allowed: "{}",
-    },
-    Unimplemented {
-        name: "guided_json",
-        neutral: |_| false,
-        allowed: "nothing",
-    },
-    Unimplemented {
-        name: "guided_regex",
-        neutral: |_| false,
-        allowed: "nothing",
-    },
-    Unimplemented {
-        name: "guided_choice",
-        neutral: |_| false,
-        allowed: "nothing",
-    },
-    Unimplemented {
-        name: "guided_grammar",
-        neutral: |_| false,
-        allowed: "nothing",
-    },
+    ("min_tokens", Some("0")),
+    ("ignore_eos", Some("false")),
+    ("typical_p", Some("1")),
+    ("mirostat", Some("0")),
+    ("use_beam_search", Some("false")),
+    ("prompt_logprobs", Some("0")),
+    ("grammar", Some("\"\"")),
+    ("json_schema", Some("{}")),
+    ("guided_json", None),
+    ("guided_regex", None),
+    ("guided_choice", None),
+    ("guided_grammar", None),
 ];
 
 /// Refuses the first unimplemented field given a value that would change the answer.
 pub(super) fn refuse_unimplemented(f: &Fields) -> Result<(), ApiError> {
-    for u in UNIMPLEMENTED {
-        match f.get(u.name) {
-            Some(v) if !(u.neutral)(v) => {
+    for &(name, neutral) in UNIMPLEMENTED {
+        match f.get(name) {
+            Some(v) if !neutral.is_some_and(|n| is_neutral(v, n)) => {
                 let got = match v {
                     Value::Array(_) | Value::Object(_) => kind(v).to_string(),
                     scalar => scalar.to_string(),
                 };
                 return Err(ApiError::invalid(
-                    u.name,
+                    name,
                     format!(
-                        "{}: not supported by this server; allowed: {} (or leave it out), got {got}",
-                        u.name, u.allowed
+                        "{name}: not supported by this server; allowed: {} (or leave it out), got {got}",
+                        neutral.unwrap_or("nothing")
                     ),
                 ));
             }
@@ -130,4 +51,14 @@ pub(super) fn refuse_unimplemented(f: &Fields) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// Whether `v` is the neutral value written `neutral` (numbers compared as numbers: 1 and 1.0
+/// are one value).
+fn is_neutral(v: &Value, neutral: &str) -> bool {
+    let n: Value = serde_json::from_str(neutral).expect("invariant: the table's values are JSON");
+    match (v.as_f64(), n.as_f64()) {
+        (Some(a), Some(b)) => a == b,
+        _ => v == &n,
+    }
 }

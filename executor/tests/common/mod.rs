@@ -38,6 +38,9 @@ pub fn smollm2(name: &str) -> LoadedPlan {
 /// print the same text.
 pub const SEEDED: [&str; 6] = ["--temp", "0.9", "--seed", "7", "-t", "1"];
 
+/// The shortest timed bench: two tokens, one repetition, one thread.
+pub const QUICK_BENCH: [&str; 6] = ["-n", "2", "--reps", "1", "-t", "1"];
+
 static SYNTH: Mutex<()> = Mutex::new(());
 
 /// Path of the synthetic tiny-tp q8_0 model, written (seed 0) when absent.
