@@ -494,19 +494,18 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     }
 }
 
-// the walk and the split for heads up to 32, 64, 128 and 256 wide (attention_kernel in
+// the walk and the split for heads up to 32, 64, 128 and 256 wide (`attention` in
 // executor/src/cuda/ops.rs picks the narrowest that holds the head)
-#define ATTN_KERNELS(D)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attention_f16_##D(ATTN_ARGS) {                \
-        attention_walk<D>(ATTN_PASS);                                                                           \
-    }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attention_split_f16_##D(ATTN_ARGS) {          \
-        attention_split<D>(ATTN_PASS);                                                                          \
-    }
-ATTN_KERNELS(32)
-ATTN_KERNELS(64)
-ATTN_KERNELS(128)
-ATTN_KERNELS(256)
+#define ATTN_KERNEL(name, form, D) \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) name(ATTN_ARGS) { form<D>(ATTN_PASS); }
+ATTN_KERNEL(attention_f16_32, attention_walk, 32)
+ATTN_KERNEL(attention_split_f16_32, attention_split, 32)
+ATTN_KERNEL(attention_f16_64, attention_walk, 64)
+ATTN_KERNEL(attention_split_f16_64, attention_split, 64)
+ATTN_KERNEL(attention_f16_128, attention_walk, 128)
+ATTN_KERNEL(attention_split_f16_128, attention_split, 128)
+ATTN_KERNEL(attention_f16_256, attention_walk, 256)
+ATTN_KERNEL(attention_split_f16_256, attention_split, 256)
 
 // kv_store_rows_f16, block (t, kv head): row t of a prefill step's k head rotated to position
 // *pos + t and its v head, narrowed to f16, into the cache at that position (positions past
