@@ -74,9 +74,14 @@ pub const ATTN_SPLIT_ROWS: usize = 16;
 const ATTN_TILE_HEADS: usize = 16;
 /// Warps of an attention block, each a slice of a chunk (ATTN_WARPS in kernels/attention.cu).
 const ATTN_WARPS: usize = 8;
-/// The head widths of attention's kernels (attention_f16_D and attention_split_f16_D); a
-/// head takes the narrowest that holds it.
-const ATTN_WIDTHS: [usize; 4] = [32, 64, 128, 256];
+/// Attention's kernels by head width: the width, the walk and the split (attention_f16_D and
+/// attention_split_f16_D in kernels/attention.cu); a head takes the narrowest that holds it.
+const ATTN_KERNELS: [(usize, &str, &str); 4] = [
+    (32, "attention_f16_32", "attention_split_f16_32"),
+    (64, "attention_f16_64", "attention_split_f16_64"),
+    (128, "attention_f16_128", "attention_split_f16_128"),
+    (256, "attention_f16_256", "attention_split_f16_256"),
+];
 
 /// Values of the scratch the split attention of `rows` rows (at most `ATTN_SPLIT_ROWS`) of
 /// `n_heads` heads over a cache of `capacity` positions needs: an arrival counter per row and
@@ -242,15 +247,11 @@ impl CudaDevice {
         let pap = parts.addr();
         let group = n_heads / kv.n_kv_heads;
         let (tiles, heads) = (group.div_ceil(ATTN_TILE_HEADS), group.min(ATTN_TILE_HEADS));
-        let width = ATTN_WIDTHS
+        let (width, walk, split_name) = ATTN_KERNELS
             .into_iter()
-            .find(|&w| w >= hd)
+            .find(|&(w, _, _)| w >= hd)
             .expect("invariant: head_dim is checked against MAX_HEAD_DIM above");
-        let name = if split {
-            format!("attention_split_f16_{width}")
-        } else {
-            format!("attention_f16_{width}")
-        };
+        let name = if split { split_name } else { walk };
         // each warp slice's weighted values of the block's heads
         let smem = ATTN_WARPS * heads * hd * 4;
         // the kernel's static shared memory: its q heads, the current k and v, the slices'
@@ -258,7 +259,7 @@ impl CudaDevice {
         let static_bytes =
             (ATTN_TILE_HEADS + 2) * width * 2 + 2 * ATTN_WARPS * ATTN_TILE_HEADS * 4 + 16;
         if static_bytes + smem > PLAIN_DYNAMIC_SHARED {
-            self.allow_dynamic_shared(&name, static_bytes, smem)?;
+            self.allow_dynamic_shared(name, static_bytes, smem)?;
         }
         let (nh, nkv, hd, cap) = (int(n_heads), int(kv.n_kv_heads), int(hd), int(kv.capacity));
         let z = if split { chunks } else { 1 };
@@ -267,7 +268,7 @@ impl CudaDevice {
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        self.launch(stream, &name, cfg, |a| {
+        self.launch(stream, name, cfg, |a| {
             for p in [&qp, &kp, &vp, &kc, &vc, &op, &xqp, &pap, &pp, &slp] {
                 a.arg(p);
             }
