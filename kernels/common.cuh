@@ -142,12 +142,16 @@ __device__ __forceinline__ float exp_in_place_warp_sum(float* sc, int n, float m
     return warp_sum(sum);
 }
 
-// The sum of a half-warp's sixteen lanes, neighbours first: the tree (S0 + S1) + (S2 + S3) with
-// S_g = (l_4g + l_4g+1) + (l_4g+2 + l_4g+3), which matvec_mma.cu builds four lanes' chains at a
-// time.
-__device__ __forceinline__ float half_warp_sum(float v) {
+// The sum of each group of `lanes` neighbouring lanes (a power of two up to 16), neighbours
+// first; over sixteen lanes the tree (S0 + S1) + (S2 + S3) with S_g = (l_4g + l_4g+1) +
+// (l_4g+2 + l_4g+3), which matvec_mma.cu builds four lanes' chains at a time. Values in the
+// first lanes of a smaller group get the bits sixteen lanes give them when the others hold
+// +0.0: the later steps only add those, and x + +0.0 == x for every x but -0.0 (which a chain
+// of fmaf from +0.0 never yields).
+__device__ __forceinline__ float lanes_sum(float v, int lanes) {
 #pragma unroll
-    for (int off = 1; off < 16; off <<= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    for (int off = 1; off < 16; off <<= 1)
+        if (off < lanes) v += __shfl_xor_sync(FULL_MASK, v, off);
     return v;
 }
 

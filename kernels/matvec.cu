@@ -28,6 +28,7 @@
 // for that row alone (the tile only adds a loop over rows inside each lane's step), so its
 // bits are those of matvec_* on it, whatever the batch and its place in it.
 #include "common.cuh"
+#include "route.cuh"
 
 #define MATVEC_THREADS 512
 #define MATVEC_WARPS (MATVEC_THREADS / WARP)
@@ -268,7 +269,11 @@ struct FloatPolicy {
 // loads 16 quant bytes (a "piece": one q4 block, half a q8_0 block) at once. Half-warp h takes
 // rows h and h + 2 of a work item, and lane t of the half takes pieces t, t + 16, ... of the
 // chunk in each, adding (d_w * d_x) * its dot per piece; q4_1 also adds m_w * (d_x * sum of
-// the block's activation quants) per block. ----
+// the block's activation quants) per block. A chunk of fewer than sixteen pieces (K < 4096 for
+// q4, 2048 for q8_0) can take matvec_l8_* or matvec_l4_*: its pieces go to the first lanes of a
+// group of 8 or 4, and the half-warp takes 2 or 4 chunks at once, one a group, instead of
+// leaving most lanes idle (lanes_sum says why the bits stay).
+// ----
 
 // Four unsigned bytes of a (0..255) dotted with four signed bytes of b, plus c.
 __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
@@ -343,10 +348,12 @@ struct Planar {
     static __device__ __forceinline__ u32 scale(const u8* srow, int b) {
         return B::S == 4 ? *(const u32*)(srow + 4 * b) : (u32)ld_u16(srow + 2 * b);
     }
-    // acc[b * 2 + i]: row 2i + (lane / 16) against activation row b of the tile's nb
-    template <int NB>
-    static __device__ __forceinline__ void lane_chunk(const Rows& rw, const float*, int, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
-        const int h = lane >> 4, t = lane & 15;
+    // acc[b * 2 + i]: row 2i + (lane / 16) against activation row b of the tile's nb; lane t of
+    // its chunk's group of LANES (matvec_run gives each group its chunk's c0) takes pieces t,
+    // t + LANES, ... (a chunk of fewer than sixteen pieces: piece t alone)
+    template <int NB, int LANES>
+    static __device__ __forceinline__ void lane_chunk(const Rows& rw, Act act, int a_stride, int nb, int c0, int len, int lane, float* acc) {
+        const int h = lane >> 4, t = lane & (LANES - 1);
         const int p0 = (c0 >> 5) * PIECES, np = (len >> 5) * PIECES;
         const u8* q[MATVEC_ROWS / 2];
         const u8* s[MATVEC_ROWS / 2];
@@ -355,27 +362,27 @@ struct Planar {
             q[i] = rw.quants(2 * i + h) + (size_t)p0 * 16;
             s[i] = rw.scales(2 * i + h);
         }
-        for (int p = t; p < np; p += 16 * DEPTH) {
+        for (int p = t; p < np; p += LANES * DEPTH) {
             uint4 w[DEPTH][MATVEC_ROWS / 2];
             u32 sc[DEPTH][MATVEC_ROWS / 2];
 #pragma unroll
             for (int u = 0; u < DEPTH; ++u)
 #pragma unroll
                 for (int i = 0; i < MATVEC_ROWS / 2; ++i)
-                    if (p + 16 * u < np) {
-                        w[u][i] = *(const uint4*)(q[i] + (size_t)(p + 16 * u) * 16);
-                        sc[u][i] = scale(s[i], (p0 + p + 16 * u) / PIECES);
+                    if (p + LANES * u < np) {
+                        w[u][i] = *(const uint4*)(q[i] + (size_t)(p + LANES * u) * 16);
+                        sc[u][i] = scale(s[i], (p0 + p + LANES * u) / PIECES);
                     }
 #pragma unroll
             for (int u = 0; u < DEPTH; ++u)
-                if (p + 16 * u < np) {
+                if (p + LANES * u < np) {
                     // activation row outermost: its quants are read once for both weight rows
 #pragma unroll
                     for (int b = 0; b < NB; ++b) {
                         if (NB > 1 && b >= nb) break;
 #pragma unroll
                         for (int i = 0; i < MATVEC_ROWS / 2; ++i)
-                            acc[b * 2 + i] = B::piece(w[u][i], sc[u][i], act.row(b, a_stride), p0 + p + 16 * u, acc[b * 2 + i]);
+                            acc[b * 2 + i] = B::piece(w[u][i], sc[u][i], act.row(b, a_stride), p0 + p + LANES * u, acc[b * 2 + i]);
                     }
                 }
         }
@@ -648,7 +655,7 @@ __device__ __forceinline__ int act_row_bytes(int cols) {
 // round's: a buffer is written again only after the barrier that follows every warp's tree
 // over it. With NB activation rows (a batched launch's tile), every piece of work and every
 // tree is done for each row of the tile, with the one-row order.
-template <class P, int NB>
+template <class P, int NB, int LANES>
 __device__ __forceinline__ void matvec_run(MatvecJob j) {
     constexpr int ROUND = NB == 1 ? MATVEC_ROUND : MATVEC_TILE_ROUND;
     extern __shared__ uint4 act_smem[];
@@ -704,16 +711,19 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         }
         __syncthreads();
     }
-    // chunks is a power of two and halves 1 or 2: the pieces are indexed by shifts and masks
-    // (for halves, shift and mask are both halves - 1)
-    const int len = cols / chunks, chunk_shift = __ffs(chunks) - 1, half_bit = halves - 1;
-    // SPLIT policies: a lane's value i belongs to row 2i + (lane / 16), summed over its half
+    // SPLIT policies: a lane's value i belongs to row 2i + (lane / 16), summed over its group of
+    // LANES lanes, whose chunk is the g-th of the `per` chunks a piece of work covers
+    const int len = cols / chunks, per = LANES == 16 ? 1 : min(chunks, 16 / LANES);
+    const int g = LANES == 16 ? 0 : (lane & 15) / LANES;
     constexpr int VALUES = P::SPLIT ? MATVEC_ROWS / 2 : MATVEC_ROWS;
+    // chunks, per and halves are powers of two (halves 1 or 2): the pieces are indexed by
+    // shifts and masks (for halves, shift and mask are both halves - 1)
+    const int groups = chunks / per, group_shift = __ffs(groups) - 1, half_bit = halves - 1;
     int buf = 0;
     for (int round = i0; round < i1; round += ROUND, buf ^= 1) {
         const int ni = min(ROUND, i1 - round);
-        for (int work = warp; work < ni * halves * chunks; work += MATVEC_WARPS) {
-            const int ih = work >> chunk_shift, c = work & (chunks - 1);
+        for (int work = warp; work < ni * halves * groups; work += MATVEC_WARPS) {
+            const int ih = work >> group_shift, c = (work & (groups - 1)) * per + g;
             const int item = ih >> half_bit, h = ih & half_bit;
             int row0;
             const int s = job_seg(j, round + item, &row0) + h;
@@ -724,7 +734,11 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
             float acc[NB * VALUES];
 #pragma unroll
             for (int r = 0; r < NB * VALUES; ++r) acc[r] = 0.f;
-            P::template lane_chunk<NB>(rw, x, cols, act, act_bytes, nb, c * len, len, lane, acc);
+            if constexpr (P::SPLIT) {
+                if (g < per) P::template lane_chunk<NB, LANES>(rw, act, act_bytes, nb, c * len, len, lane, acc);
+            } else {
+                P::template lane_chunk<NB>(rw, x, cols, act, act_bytes, nb, c * len, len, lane, acc);
+            }
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
                 if (NB > 1 && b >= nb) break;
@@ -732,8 +746,8 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
 #pragma unroll
                 for (int r = 0; r < VALUES; ++r) {
                     if (P::SPLIT) {
-                        const float v = half_warp_sum(acc[b * VALUES + r]);
-                        if ((lane & 15) == 0) at[(2 * r + (lane >> 4)) * MATVEC_MAX_CHUNKS] = v;
+                        const float v = lanes_sum(acc[b * VALUES + r], LANES);
+                        if ((lane & (LANES - 1)) == 0 && g < per) at[(2 * r + (lane >> 4)) * MATVEC_MAX_CHUNKS] = v;
                     } else {
                         const float v = warp_sum(acc[b * VALUES + r]);
                         if (lane == 0) at[r * MATVEC_MAX_CHUNKS] = v;
@@ -793,7 +807,7 @@ __device__ __forceinline__ void thin_round(const float* p, int g0, int groups, f
     for (int u = 0; u < THIN_AHEAD; ++u)
         if (g0 + u * WARP < groups) load8(p + 8 * (g0 + u * WARP), w[u]);
 }
-extern "C" __global__ void __launch_bounds__(THIN_WARPS * WARP) matvec_thin_f32(const MatvecJob j) {
+__device__ __forceinline__ void thin_product(const MatvecJob& j) {
     __shared__ float part[THIN_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int cols = j.cols, chunks = j.chunks, per_block = THIN_WARPS / chunks;
@@ -857,16 +871,45 @@ extern "C" __global__ void __launch_bounds__(THIN_WARPS * WARP) matvec_thin_f32(
         if (lane == 0) job_y(j, s)[r] = total;
     }
 }
+extern "C" __global__ void __launch_bounds__(THIN_WARPS * WARP) matvec_thin_f32(const MatvecJob j) { thin_product(j); }
+
+// moe_router_f32: a decode step's router, the logits as matvec_thin_f32 makes them (the FFN
+// norm folded in), then the top-k (route.cuh) by the launch's last block to finish, from the
+// logits every block left: the blocks count themselves in `done`, which the last one sets to
+// zero again for the next launch. One launch where the router and its pick took two.
+extern "C" __global__ void __launch_bounds__(THIN_WARPS * WARP)
+    moe_router_f32(const MatvecJob j, const Route rt, int* done, int* ids, float* weights) {
+    __shared__ float logits[MOE_MAX_EXPERTS];
+    __shared__ bool last;
+    thin_product(j);
+    // every thread's logits reach the device before its block counts itself
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    // from L2, where the other blocks' logits are, not from this SM's L1
+    for (int e = threadIdx.x; e < rt.n; e += blockDim.x) logits[e] = __ldcg(j.y0 + e);
+    __syncthreads();
+    if (threadIdx.x < WARP) route_row(logits, rt, ids, weights);
+    if (threadIdx.x == 0) *done = 0;
+}
 
 // matvec_<dtype>: one activation row; matvec_rows8_<dtype>: tiles of MATVEC_TILE rows, one
-// block per SM (the tile's accumulators need the registers).
+// block per SM (the tile's accumulators need the registers); matvec_l8_<dtype> and
+// matvec_l4_<dtype> (32-value blocks): one row whose chunks have at most 8 or 4 pieces, groups
+// of 8 or 4 lanes a chunk.
 #define MATVEC(name, P)                                                                        \
     extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2) name(const MatvecJob job) { \
-        matvec_run<P, 1>(job);                                                                 \
+        matvec_run<P, 1, 16>(job);                                                             \
+    }
+#define MATVEC_GROUPED(name, P, L)                                                             \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 2) name(const MatvecJob job) { \
+        matvec_run<P, 1, L>(job);                                                              \
     }
 #define MATVEC_ROWS8(name, P)                                                                  \
     extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 1) name(const MatvecJob job) { \
-        matvec_run<P, MATVEC_TILE>(job);                                                       \
+        matvec_run<P, MATVEC_TILE, 16>(job);                                                   \
     }
 
 MATVEC(matvec_f32, FloatPolicy<F32>)
@@ -877,6 +920,12 @@ MATVEC(matvec_q4_0, Planar<PQ4<false>>)
 MATVEC(matvec_q4_1, Planar<PQ4<true>>)
 MATVEC(matvec_q4_k, Q4_K)
 MATVEC(matvec_q6_k, Q6_K)
+MATVEC_GROUPED(matvec_l8_q8_0, Planar<PQ8_0>, 8)
+MATVEC_GROUPED(matvec_l8_q4_0, Planar<PQ4<false>>, 8)
+MATVEC_GROUPED(matvec_l8_q4_1, Planar<PQ4<true>>, 8)
+MATVEC_GROUPED(matvec_l4_q8_0, Planar<PQ8_0>, 4)
+MATVEC_GROUPED(matvec_l4_q4_0, Planar<PQ4<false>>, 4)
+MATVEC_GROUPED(matvec_l4_q4_1, Planar<PQ4<true>>, 4)
 MATVEC_ROWS8(matvec_rows8_f32, FloatPolicy<F32>)
 MATVEC_ROWS8(matvec_rows8_f16, FloatPolicy<F16>)
 MATVEC_ROWS8(matvec_rows8_bf16, FloatPolicy<BF16>)

@@ -2,11 +2,11 @@
 // 32-value blocks with 4-bit quants (q4_0, q4_1), with the bits of matvec.cu's one-row
 // kernel on every row, whatever the batch.
 //
-// Why the bits agree: the one-row kernel (matvec.cu, Planar) gives lane v of a half-warp the
-// blocks v, v + 16, v + 32, ... of each K chunk and adds, block by block, (d_w * d_x) * dot
-// (+ m_w * s_x for q4_1) into one f32 accumulator with fmaf (a lane's chain); the half-warp
-// butterfly (half_warp_sum: offsets 1, 2, 4, 8) then sums the sixteen chains, which is the
-// fixed tree (S0 + S1) + (S2 + S3) with S_g = (c_4g + c_4g+1) + (c_4g+2 + c_4g+3), and the
+// Why the bits agree: the one-row kernel (matvec.cu, Planar) gives chain v of a K chunk the
+// blocks v, v + 16, v + 32, ... (lane v of a half-warp, or of a smaller group of lanes for a
+// chunk of fewer blocks) and adds, block by block, (d_w * d_x) * dot (+ m_w * s_x for q4_1)
+// into one f32 accumulator with fmaf (a lane's chain); the butterfly (lanes_sum: offsets 1, 2,
+// 4, 8) then sums the sixteen chains, which is the fixed tree (S0 + S1) + (S2 + S3) with S_g = (c_4g + c_4g+1) + (c_4g+2 + c_4g+3), and the
 // chunk values meet in the balanced tree ((k0 + k1) + (k2 + k3)) + .... The dot of a block's
 // weight quants with its 8-bit activation quants is an exact integer. Here an integer mma
 // (m16n8k32, s8 x s8 -> s32) computes that same integer for 16 weight rows x 8 activation rows

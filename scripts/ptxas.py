@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Compiles one kernels/*.cu file as the CUDA backend does (common.cuh spliced in where the
-file includes it, NVRTC, --std=c++17) for an architecture (default sm_90a) on a machine
-without a GPU, then prints ptxas's resource report (registers, stack, spills) of every
+"""Compiles one kernels/*.cu file as the CUDA backend does (common.cuh and route.cuh spliced in
+where the file includes them, NVRTC, --std=c++17) for an architecture (default sm_90a) on a
+machine without a GPU, then prints ptxas's resource report (registers, stack, spills) of every
 kernel, and with --sass NAME the SASS of kernel NAME. For checking a kernel change before
 spending device time, and that a refactor leaves a kernel's SASS as it was.
 
@@ -27,14 +27,18 @@ def main():
     ap.add_argument("--sass", metavar="NAME")
     args = ap.parse_args()
     src = open(args.file).read()
-    include = '#include "common.cuh"'
     lines = src.split("\n")
-    at = next((i for i, l in enumerate(lines) if l.strip() == include), None)
-    if at is None:
-        sys.exit(f"ptxas.py: {args.file} has no line {include}")
-    common = open(os.path.join(os.path.dirname(args.file), "common.cuh")).read()
     name = os.path.basename(args.file)
-    lines[at] = f'#line 1 "common.cuh"\n{common}\n#line {at + 2} "{name}"'
+    # the headers the CUDA backend splices in (executor/src/cuda/compile.rs), each in place of
+    # its include line
+    headers = ("common.cuh", "route.cuh")
+    if not any(l.strip() == '#include "common.cuh"' for l in lines):
+        sys.exit(f'ptxas.py: {args.file} has no line #include "common.cuh"')
+    for at, line in enumerate(lines):
+        for h in headers:
+            if line.strip() == f'#include "{h}"':
+                text = open(os.path.join(os.path.dirname(args.file), h)).read()
+                lines[at] = f'#line 1 "{h}"\n{text}\n#line {at + 2} "{name}"'
     nvrtc = ctypes.CDLL(tool("lib/libnvrtc.so*"))
     prog = ctypes.c_void_p()
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), "\n".join(lines).encode(), name.encode(), 0, None, None):

@@ -11,9 +11,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{anyhow, bail, Result};
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
-/// The shared header, spliced into every file in place of its `#include "common.cuh"` line.
-const COMMON: &str = include_str!("../../../kernels/common.cuh");
-const INCLUDE_LINE: &str = "#include \"common.cuh\"";
+/// The shared headers, each spliced into a file in place of its `#include "NAME"` line; every
+/// file includes common.cuh (first), some also route.cuh (after it).
+const HEADERS: [(&str, &str); 2] = [
+    ("common.cuh", include_str!("../../../kernels/common.cuh")),
+    ("route.cuh", include_str!("../../../kernels/route.cuh")),
+];
 
 /// One kernels/*.cu file and the `extern "C"` entry points it defines.
 pub struct KernelFile {
@@ -47,6 +50,12 @@ pub const FILES: &[KernelFile] = &[
             "matvec_q4_1",
             "matvec_q4_k",
             "matvec_q6_k",
+            "matvec_l8_q8_0",
+            "matvec_l8_q4_0",
+            "matvec_l8_q4_1",
+            "matvec_l4_q8_0",
+            "matvec_l4_q4_0",
+            "matvec_l4_q4_1",
             "matvec_rows8_f32",
             "matvec_rows8_f16",
             "matvec_rows8_bf16",
@@ -56,6 +65,7 @@ pub const FILES: &[KernelFile] = &[
             "matvec_rows8_q4_k",
             "matvec_rows8_q6_k",
             "matvec_thin_f32",
+            "moe_router_f32",
             "quantize_rows_q8",
         ]
     ),
@@ -81,7 +91,7 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("synth.cu", ["synth_blocks"]),
-    kernel_file!("norm.cu", ["rms_norm_f32"]),
+    kernel_file!("norm.cu", ["rms_norm_f32", "rms_norm_pair_f32"]),
     kernel_file!(
         "gemm.cu",
         [
@@ -194,18 +204,39 @@ pub fn check_nvrtc() -> Result<()> {
     )
 }
 
-/// The source NVRTC sees for `file`: the common header spliced in place of its include line,
-/// with `#line` markers so that compile errors point at the right file and line.
+/// The source NVRTC sees for `file`: the headers spliced in place of their include lines
+/// (common.cuh's required), with `#line` markers so that compile errors point at the right
+/// file and line.
 fn full_source(file: &KernelFile) -> Result<String> {
-    let Some(at) = file.source.lines().position(|l| l.trim() == INCLUDE_LINE) else {
-        bail!("kernels/{}: missing the line {INCLUDE_LINE}", file.name);
-    };
-    let header = format!(
-        "#line 1 \"common.cuh\"\n{COMMON}\n#line {} \"{}\"",
-        at + 2,
-        file.name
-    );
-    Ok(file.source.replacen(INCLUDE_LINE, &header, 1))
+    let mut out = String::with_capacity(file.source.len() + HEADERS[0].1.len());
+    let mut common = false;
+    for (i, line) in file.source.lines().enumerate() {
+        let header = HEADERS
+            .iter()
+            .find(|(name, _)| line.trim() == format!("#include \"{name}\""));
+        match header {
+            Some((name, text)) => {
+                common |= *name == HEADERS[0].0;
+                out.push_str(&format!(
+                    "#line 1 \"{name}\"\n{text}\n#line {} \"{}\"\n",
+                    i + 2,
+                    file.name
+                ));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if !common {
+        bail!(
+            "kernels/{}: missing the line #include \"{}\"",
+            file.name,
+            HEADERS[0].0
+        );
+    }
+    Ok(out)
 }
 
 /// The library names cudarc tries for `lib`, without repeats, for error messages.
@@ -288,6 +319,11 @@ mod tests {
             assert!(
                 src.contains("#line 1 \"common.cuh\""),
                 "{}: header not spliced",
+                file.name
+            );
+            assert!(
+                !src.lines().any(|l| l.trim_start().starts_with("#include")),
+                "{}: includes a header NVRTC would not find",
                 file.name
             );
             for entry in file.entries {

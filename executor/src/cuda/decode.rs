@@ -225,17 +225,16 @@ impl RankDevice {
                     bail!("segment `{}` on layer {layer}, a dense layer", seg.name());
                 };
                 let lone = self.geo.tp_degree == 1;
+                // the FFN norm is folded into each product that reads it
+                let norm = Norm {
+                    weight: &lw.ffn_norm,
+                    eps: self.geo.eps,
+                };
                 match seg {
-                    Segment::MoeRouter => {
-                        let norm = Norm {
-                            weight: &lw.ffn_norm,
-                            eps: self.geo.eps,
-                        };
-                        state.route(dev, s, e, norm, &x, &xn)
-                    }
+                    Segment::MoeRouter => state.route(dev, s, e, norm, &x),
                     Segment::MoeExperts => {
                         self.pending = Pending::Experts;
-                        state.experts(dev, s, e, &xn)?;
+                        state.experts(dev, s, e, norm, &x)?;
                         if lone && e.shared.is_none() {
                             combine(state)?;
                         }
@@ -245,7 +244,7 @@ impl RankDevice {
                         let (Some(g), Pending::Experts) = (&e.shared, self.pending) else {
                             bail!("moe_shared without shared experts after moe_experts");
                         };
-                        state.shared(dev, s, g, &xn, self.geo.row_chunks.map(|c| c.1))?;
+                        state.shared(dev, s, g, norm, &x, self.geo.row_chunks.map(|c| c.1))?;
                         if lone {
                             combine(state)?;
                         }

@@ -10,6 +10,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlic
 use memra_gguf::GgmlType;
 
 use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
+use super::moe::{RouteParams, MAX_EXPERTS};
 use super::span::Span;
 use super::weights::{int, ptr, ptr_mut, DeviceWeight};
 
@@ -37,8 +38,18 @@ impl Kernel {
         }
     }
 
-    fn name(self, dtype: GgmlType) -> String {
+    /// The kernel for `dtype` with K chunks of `len` values: one row of a 32-value block type
+    /// whose chunks have at most 8 or 4 pieces of 16 quant bytes takes the kernel whose lanes
+    /// work in groups of 8 or 4 (kernels/matvec.cu), with the same bits.
+    fn name(self, dtype: GgmlType, len: usize) -> String {
+        let pieces = match dtype {
+            GgmlType::Q8_0 => 2 * len / 32,
+            GgmlType::Q4_0 | GgmlType::Q4_1 => len / 32,
+            _ => usize::MAX,
+        };
         match self {
+            Kernel::One if pieces <= 4 => format!("matvec_l4_{}", dtype.name()),
+            Kernel::One if pieces <= 8 => format!("matvec_l8_{}", dtype.name()),
             Kernel::One => format!("matvec_{}", dtype.name()),
             Kernel::Tiles => format!("matvec_rows8_{}", dtype.name()),
         }
@@ -90,6 +101,19 @@ pub(super) enum Epilogue {
     /// Two weights (gate, up): store silu(gate) * up, both clamped first with a limit
     /// (glm5-next's `silu_mul_clamped`).
     SwiGlu { limit: Option<f32> },
+    /// Store it (a router's logits), then pick the top-k experts from them: in the same launch
+    /// where the product takes the thin kernel (`moe_router_f32`), else in a launch after it.
+    Pick(Pick),
+}
+
+/// The top-k a router's launch picks after its logits (kernels/route.cuh).
+#[derive(Clone, Copy, PartialEq)]
+pub(super) struct Pick {
+    pub route: RouteParams,
+    /// The launch's count of finished blocks: one zeroed `i32`, zero again after each launch.
+    pub done: u64,
+    pub ids: u64,
+    pub weights: u64,
 }
 
 /// An RMS norm a matvec launch applies to x first (`x / sqrt(mean(x^2) + eps) * weight`, the
@@ -206,6 +230,31 @@ impl CudaDevice {
         self.matvec_job(stream, ws, x, norm, chunks, &outs, Epilogue::Plain, None)
     }
 
+    /// A router's logits `y = W (rms_norm(x) * norm)`, then `pick`'s top-k of them.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matvec_picking(
+        &self,
+        stream: &CudaStream,
+        w: &DeviceWeight,
+        x: &Span<f32>,
+        norm: Norm,
+        chunks: usize,
+        y: &Span<f32>,
+        pick: Pick,
+    ) -> Result<()> {
+        let out = (y.addr(), y.len());
+        self.matvec_job(
+            stream,
+            &[w],
+            x,
+            Some(norm),
+            chunks,
+            &[out],
+            Epilogue::Pick(pick),
+            None,
+        )
+    }
+
     /// `y = residual + W x` in one launch (`y` may be `residual`), row by row: the add after
     /// a row-parallel matvec, with the bits of `matvec` followed by `add`.
     pub fn matvec_residual(
@@ -271,14 +320,16 @@ impl CudaDevice {
     /// `y[slot] = silu(gate_e x) * (up_e x)`; with one (down), `y[slot] = (W_e x[slot]) *
     /// weight[slot]`, `-0.0` where this rank does not hold expert `e`; `limit` clamps a gate
     /// and up launch as `matvec_swiglu` does. `x` and `y` hold
-    /// `sel.slots` vectors `sel.x_stride` / `sel.y_stride` apart. Each row's bits are those of
-    /// `matvec` with expert `e`'s matrix alone (then the CPU's `silu_mul` or scale).
+    /// `sel.slots` vectors `sel.x_stride` / `sel.y_stride` apart; `norm` folds
+    /// `rms_norm(x) * norm` into the launch. Each row's bits are those of `matvec` with expert
+    /// `e`'s matrix alone (then the CPU's `silu_mul` or scale).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec_experts(
         &self,
         stream: &CudaStream,
         ws: &[&DeviceWeight],
         x: &Span<f32>,
+        norm: Option<Norm>,
         chunks: usize,
         y: &Span<f32>,
         limit: Option<f32>,
@@ -297,7 +348,7 @@ impl CudaDevice {
             (Epilogue::Plain, vec![(y.addr(), w0.rows)])
         };
         let x = x.sub(0, w0.cols);
-        self.matvec_job(stream, ws, &x, None, chunks, &outs, epilogue, Some(sel))
+        self.matvec_job(stream, ws, &x, norm, chunks, &outs, epilogue, Some(sel))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -423,13 +474,13 @@ impl CudaDevice {
         if w0.dtype == GgmlType::F32
             && batch == 1
             && sel.is_none()
-            && matches!(epilogue, Epilogue::Plain)
+            && matches!(epilogue, Epilogue::Plain | Epilogue::Pick(_))
             && chunks <= THIN_WARPS
             && rows <= THIN_MAX_ROWS
         {
-            return self.matvec_thin(stream, &job, rows, chunks);
+            return self.matvec_thin(stream, &job, rows, chunks, epilogue);
         }
-        let name = kernel.name(w0.dtype);
+        let name = kernel.name(w0.dtype, w0.cols / chunks);
         if smem + kernel.static_shared() > PLAIN_DYNAMIC_SHARED {
             self.allow_dynamic_shared(&name, kernel.static_shared(), smem)
                 .with_context(|| format!("{name} with K = {}", w0.cols))?;
@@ -461,17 +512,22 @@ impl CudaDevice {
         };
         self.launch(stream, &name, cfg, |a| {
             a.arg(&job);
-        })
+        })?;
+        match epilogue {
+            Epilogue::Pick(p) => self.pick(stream, job.y[0], 1, &p),
+            _ => Ok(()),
+        }
     }
 
-    /// A plain one-row f32 job of at most `THIN_MAX_ROWS` rows on `matvec_thin_f32`, each row
-    /// with the bits of the generic kernel's.
+    /// A plain one-row f32 job of at most `THIN_MAX_ROWS` rows on `matvec_thin_f32` (with a
+    /// pick: `moe_router_f32`), each row with the bits of the generic kernel's.
     fn matvec_thin(
         &self,
         stream: &CudaStream,
         job: &MatvecJob,
         rows: usize,
         chunks: usize,
+        epilogue: Epilogue,
     ) -> Result<()> {
         let per_block = THIN_WARPS / chunks;
         let cfg = LaunchConfig {
@@ -479,8 +535,24 @@ impl CudaDevice {
             block_dim: ((THIN_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.launch(stream, "matvec_thin_f32", cfg, |a| {
-            a.arg(job);
-        })
+        match epilogue {
+            Epilogue::Pick(p) => {
+                assert!(
+                    rows == p.route.n as usize && rows <= MAX_EXPERTS,
+                    "moe_router: {rows} logits for {} experts",
+                    p.route.n
+                );
+                self.launch(stream, "moe_router_f32", cfg, |a| {
+                    a.arg(job)
+                        .arg(&p.route)
+                        .arg(&p.done)
+                        .arg(&p.ids)
+                        .arg(&p.weights);
+                })
+            }
+            _ => self.launch(stream, "matvec_thin_f32", cfg, |a| {
+                a.arg(job);
+            }),
+        }
     }
 }

@@ -338,7 +338,7 @@ impl MlaState {
         }
         let sel = self.heads(&m.k_b, sh.head_q, sh.width);
         let k_b = &m.k_b.weight;
-        dev.matvec_experts(s, &[k_b], &q, full_chunks(k_b), &q_lat, None, sel)
+        dev.matvec_experts(s, &[k_b], &q, None, full_chunks(k_b), &q_lat, None, sel)
     }
 
     /// The normed q-LoRA activations `pre` left (the DSA indexer's query input).
@@ -391,7 +391,7 @@ impl MlaState {
         }
         let sel = self.heads(&m.v_b, sh.kvl, sh.v);
         let v_b = &m.v_b.weight;
-        dev.matvec_experts(s, &[v_b], &lat, full_chunks(v_b), att, None, sel)
+        dev.matvec_experts(s, &[v_b], &lat, None, full_chunks(v_b), att, None, sel)
     }
 
     /// Every head of `stack` as the slots of one expert-mode matvec: head `h` reads

@@ -158,6 +158,34 @@ impl CudaDevice {
         })
     }
 
+    /// [`Self::rms_norm`] in place over two sets of rows in one launch: `a` by the weight
+    /// `wa`, `b` by `wb` (of equal length: the row length of both).
+    pub fn rms_norm_pair(
+        &self,
+        stream: &CudaStream,
+        (a, wa): (&Span<f32>, &impl DevicePtr<f32>),
+        (b, wb): (&Span<f32>, &impl DevicePtr<f32>),
+        eps: f32,
+    ) -> Result<()> {
+        let n = wa.len();
+        assert!(
+            n > 0 && wb.len() == n && a.len().is_multiple_of(n) && b.len().is_multiple_of(n),
+            "rms_norm_pair: both sets must hold whole rows of the weights' common length"
+        );
+        let split = int(a.len() / n);
+        let (ap, wap, bp, wbp) = (a.addr(), ptr(stream, wa), b.addr(), ptr(stream, wb));
+        let (n, rows) = (int(n), a.len() / n + b.len() / wb.len());
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "rms_norm_pair_f32", cfg, |l| {
+            l.arg(&ap).arg(&wap).arg(&ap).arg(&split);
+            l.arg(&bp).arg(&wbp).arg(&bp).arg(&n).arg(&eps);
+        })
+    }
+
     /// Attention of the query heads in `q` (heads of `kv.head_dim`) over positions `0..=pos[0]`
     /// of `kv` (with several token rows in k, v, q and out: row `r` over `0..=pos[0] + r`, its
     /// earlier rows already in the cache by `kv_store_rows`), scale `1 / sqrt(head_dim)`, into

@@ -12,11 +12,11 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
+use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::{ClampedFfn, FfnKind, Gating, MoeSummary};
 
 use super::device::{CudaDevice, DeviceBuffer};
-use super::matvec::{ExpertSel, Norm};
+use super::matvec::{ExpertSel, Norm, Pick};
 use super::span::Span;
 use super::weights::{device_matrix, full_chunks, int, DeviceStack, DeviceWeight, LayerLoad};
 use crate::weights::RankWeights;
@@ -28,6 +28,48 @@ mod rows;
 pub const MAX_EXPERTS: usize = 512;
 /// Most selected experts and expert groups (one warp lane each in kernels/moe.cu).
 pub const MAX_SELECTED: usize = 32;
+
+/// How a router picks its experts from its logits (`Route` in kernels/route.cuh, C layout).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq)]
+pub(super) struct RouteParams {
+    /// The selection bias, one value per expert, or 0.
+    bias: u64,
+    pub n: i32,
+    k: i32,
+    sigmoid: i32,
+    groups: i32,
+    groups_used: i32,
+    norm: i32,
+    scale: f32,
+}
+
+// SAFETY: plain C data, passed by value as a kernel parameter.
+unsafe impl DeviceRepr for RouteParams {}
+
+impl RouteParams {
+    /// The parameters of `r`'s pick with the selection bias `bias`.
+    fn of(r: &MoeSummary, bias: Option<Span<f32>>) -> RouteParams {
+        let (n, k) = (r.experts as usize, r.top_k as usize);
+        assert!(
+            n <= MAX_EXPERTS && (1..=n.min(MAX_SELECTED)).contains(&k),
+            "moe route: top-k {k} of {n} experts"
+        );
+        if let Some(b) = &bias {
+            assert_eq!(b.len(), n, "moe route: one bias per expert");
+        }
+        RouteParams {
+            bias: bias.map_or(0, |b| b.addr()),
+            n: int(n),
+            k: int(k),
+            sigmoid: i32::from(r.gating == Gating::Sigmoid),
+            groups: int(r.groups.max(1) as usize),
+            groups_used: int(r.groups_used as usize),
+            norm: i32::from(r.norm_weights),
+            scale: r.weights_scale as f32,
+        }
+    }
+}
 
 /// A gated SiLU FFN: a dense layer's, or the shared experts'.
 pub(super) struct Gated {
@@ -125,6 +167,8 @@ pub(super) struct MoeState {
     pub logits: DeviceBuffer<f32>,
     pub ids: DeviceBuffer<i32>,
     pub weights: DeviceBuffer<f32>,
+    /// The router launch's count of its finished blocks (`Pick::done`).
+    done: DeviceBuffer<i32>,
     gate: DeviceBuffer<f32>,
     /// The selected experts' weighted rows, then the shared experts' row; a block of them per
     /// slot, of every token row of the step.
@@ -155,6 +199,7 @@ impl MoeState {
             logits: dev.alloc(s, n)?,
             ids: dev.alloc(s, k)?,
             weights: dev.alloc(s, k)?,
+            done: dev.alloc(s, 1)?,
             gate: dev.alloc(
                 s,
                 (k * moe.expert_ffn as usize).max(moe.shared_expert_ffn as usize),
@@ -169,7 +214,8 @@ impl MoeState {
         })
     }
 
-    /// Router: `xn = rms_norm(x) * norm`, the logits, and the top-k ids and weights.
+    /// Router: the logits of `rms_norm(x) * norm` (the norm folded into the product), and the
+    /// top-k ids and weights.
     pub fn route(
         &self,
         dev: &CudaDevice,
@@ -177,29 +223,26 @@ impl MoeState {
         e: &MoeWeights,
         norm: Norm,
         x: &Span<f32>,
-        xn: &Span<f32>,
     ) -> Result<()> {
-        dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+        let pick = Pick {
+            route: RouteParams::of(&self.router, e.bias.as_ref().map(Span::of)),
+            done: Span::of(&self.done).addr(),
+            ids: Span::of(&self.ids).addr(),
+            weights: Span::of(&self.weights).addr(),
+        };
         let chunks = full_chunks(&e.router);
-        dev.matvec(s, &e.router, xn, chunks, &mut Span::of(&self.logits))?;
-        let r = &self.router;
-        dev.moe_route(
-            s,
-            &Span::of(&self.logits),
-            e.bias.as_ref().map(Span::of),
-            r,
-            &Span::of(&self.ids),
-            &Span::of(&self.weights),
-        )
+        dev.matvec_picking(s, &e.router, x, norm, chunks, &Span::of(&self.logits), pick)
     }
 
-    /// The selected experts this rank holds, each weighted, into `rows` (`-0.0` for others).
+    /// The selected experts this rank holds over `rms_norm(x) * norm`, each weighted, into
+    /// `rows` (`-0.0` for others).
     pub fn experts(
         &self,
         dev: &CudaDevice,
         s: &CudaStream,
         e: &MoeWeights,
-        xn: &Span<f32>,
+        norm: Norm,
+        x: &Span<f32>,
     ) -> Result<()> {
         let k = self.router.top_k as usize;
         let (ff, d) = (e.gate.weight.rows, e.down.weight.rows);
@@ -216,7 +259,7 @@ impl MoeState {
         let g = Span::of(&self.gate);
         let chunks = full_chunks(&e.gate.weight);
         let gu = [&e.gate.weight, &e.up.weight];
-        dev.matvec_experts(s, &gu, xn, chunks, &g, e.clamp, sel(0, 0, ff))?;
+        dev.matvec_experts(s, &gu, x, Some(norm), chunks, &g, e.clamp, sel(0, 0, ff))?;
         let down = ExpertSel {
             stride: e.down.stride,
             ..sel(Span::of(&self.weights).addr(), ff, d)
@@ -226,6 +269,7 @@ impl MoeState {
             s,
             &[&e.down.weight],
             &g,
+            None,
             chunks,
             &Span::of(&self.rows),
             None,
@@ -233,13 +277,15 @@ impl MoeState {
         )
     }
 
-    /// The shared experts (this rank's columns, `chunks` for down) into the last row.
+    /// The shared experts over `rms_norm(x) * norm` (this rank's columns, `chunks` for down)
+    /// into the last row.
     pub fn shared(
         &self,
         dev: &CudaDevice,
         s: &CudaStream,
         g: &Gated,
-        xn: &Span<f32>,
+        norm: Norm,
+        x: &Span<f32>,
         chunks: Option<usize>,
     ) -> Result<()> {
         let d = g.down.rows;
@@ -249,8 +295,8 @@ impl MoeState {
             s,
             &g.gate,
             &g.up,
-            xn,
-            None,
+            x,
+            Some(norm),
             full_chunks(&g.gate),
             g.clamp,
             &mut act.clone(),
@@ -292,11 +338,8 @@ impl CudaDevice {
         ids: &Span<i32>,
         weights: &Span<f32>,
     ) -> Result<()> {
-        let (n, k) = (r.experts as usize, r.top_k as usize);
-        assert!(
-            n <= MAX_EXPERTS && (1..=n.min(MAX_SELECTED)).contains(&k),
-            "moe_route: top-k {k} of {n} experts"
-        );
+        let route = RouteParams::of(r, bias);
+        let (n, k) = (route.n as usize, route.k as usize);
         let rows = logits.len() / n;
         assert!(
             rows > 0 && logits.len() == rows * n,
@@ -306,29 +349,27 @@ impl CudaDevice {
             ids.len() >= rows * k && weights.len() >= rows * k,
             "moe_route: k outputs a row"
         );
-        if let Some(b) = &bias {
-            assert_eq!(b.len(), n, "moe_route: one bias per expert");
-        }
-        let (lp, bp) = (logits.addr(), bias.map_or(0, |b| b.addr()));
-        let (ip, wp) = (ids.addr(), weights.addr());
-        let (n, k) = (int(n), int(k));
-        let sigmoid = i32::from(r.gating == Gating::Sigmoid);
-        let (groups, used) = (int(r.groups.max(1) as usize), int(r.groups_used as usize));
-        let norm = i32::from(r.norm_weights);
-        let scale = r.weights_scale as f32;
+        let pick = Pick {
+            route,
+            done: 0,
+            ids: ids.addr(),
+            weights: weights.addr(),
+        };
+        self.pick(s, logits.addr(), rows, &pick)
+    }
+
+    /// `pick` over `rows` rows of logits at `logits`, a block a row.
+    pub(super) fn pick(&self, s: &CudaStream, logits: u64, rows: usize, pick: &Pick) -> Result<()> {
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
         self.launch(s, "moe_route_f32", cfg, |a| {
-            a.arg(&lp)
-                .arg(&bp)
-                .arg(&n)
-                .arg(&k)
-                .arg(&sigmoid)
-                .arg(&groups);
-            a.arg(&used).arg(&norm).arg(&scale).arg(&ip).arg(&wp);
+            a.arg(&logits)
+                .arg(&pick.route)
+                .arg(&pick.ids)
+                .arg(&pick.weights);
         })
     }
 

@@ -98,6 +98,7 @@ impl MoeRows {
             s,
             &[&e.router],
             xn,
+            None,
             full_chunks(&e.router),
             &logits,
             None,

@@ -64,8 +64,7 @@ impl GqaWeights {
             }
         }
         if let Some([nq, nk]) = &self.qk_norm {
-            dev.rms_norm(s, q, nq, eps, &mut q.clone())?;
-            dev.rms_norm(s, k, nk, eps, &mut k.clone())?;
+            dev.rms_norm_pair(s, (q, nq), (k, nk), eps)?;
         }
         Ok(())
     }

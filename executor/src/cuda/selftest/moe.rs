@@ -229,9 +229,9 @@ impl Layer {
             weight: &self.norm_d,
             eps: 1e-6,
         };
-        let (x, xn) = (Span::of(&self.x), Span::of(&self.xn));
-        self.st.route(dev, s, &self.w, norm, &x, &xn)?;
-        self.st.experts(dev, s, &self.w, &xn)?;
+        let x = Span::of(&self.x);
+        self.st.route(dev, s, &self.w, norm, &x)?;
+        self.st.experts(dev, s, &self.w, norm, &x)?;
         if combine {
             self.st.combine(dev, s, &x, false)?;
         }
