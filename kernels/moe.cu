@@ -12,7 +12,7 @@
 // t at (s * rows + t) * hidden), so the same kernel combines all token rows at once.
 //
 // A prefill step runs each expert this rank holds once over the token rows routed to it
-// (cuda/moe_rows.rs): the rows are named by assignments a = row * k + slot, grouped by expert.
+// (cuda/moe/rows.rs): the rows are named by assignments a = row * k + slot, grouped by expert.
 // moe_gather_f16 narrows the assigned rows of the normalized input to f16 for the tensor-core
 // GEMM, moe_scatter_f32 writes each product row, times its routing weight, into its slot's
 // block, and moe_unheld_f32 first fills the blocks with -0.0 for the experts held elsewhere.
