@@ -416,6 +416,21 @@ __device__ __forceinline__ size_t part_index(int y, int h, int c, int n_heads, i
     return ((size_t)y * n_heads + h) * chunks + c;
 }
 
+// The block's q heads of a row rotated in place, as the walk leaves them (the prologue's
+// rotation): the split's finishing block writes them once every block of the heads has read q.
+__device__ __forceinline__ void attn_rotate_q(float* q, const AttnRow& r, const AttnHeads& b, int head_dim,
+                                              float theta_scale, int neox) {
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < b.heads * half; i += ATTN_THREADS) {
+        const int j = i / half, p = i % half;
+        const int x0 = neox ? p : 2 * p, x1 = neox ? p + half : 2 * p + 1;
+        float* qrow = q + (size_t)(b.h0 + j) * head_dim;
+        const float2 rq = rope_pair(qrow[x0], qrow[x1], p, (float)r.p_now, theta_scale);
+        qrow[x0] = rq.x;
+        qrow[x1] = rq.y;
+    }
+}
+
 // The split: block (head tile, row, chunk) writes its chunk's partials; the last of the row's
 // chunk blocks of its heads to arrive (an arrival counter per row and head tile) merges them
 // in chunk order, writes the output (and its 8-bit copy) and the q heads rotated (every other
@@ -445,6 +460,15 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     Merged res[ATTN_ELEMS(D)];
     attn_chunk<D>(sm, qf, r, c, b, head_dim, kv_row, scale, res);
     const int chunks = gridDim.z, used = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    if (used == 1) {
+        // a context of one chunk: its partial is the whole merge (merge_chunk takes the first
+        // chunk as it is), so this block finishes the row without the partials' round trip
+#pragma unroll
+        for (int j = 0; j < ATTN_ELEMS(D); ++j)
+            attn_out(out, xq, n_heads, head_dim, y, b, j, __fdiv_rn(res[j].o, res[j].l));
+        attn_rotate_q(q + y * q_row, r, b, head_dim, theta_scale, neox);
+        return;
+    }
     u32* arrived = (u32*)parts + (size_t)y * n_heads + b.h0;
     parts += (size_t)ATTN_SPLIT_ROWS * n_heads;
     const size_t total = (size_t)gridDim.y * n_heads * chunks, stats = total * head_dim;
@@ -482,16 +506,7 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
         });
         attn_out(out, xq, n_heads, head_dim, y, b, j, __fdiv_rn(run.o, run.l));
     }
-    // q rotated, as the walk leaves it (the same rotation as the prologue's)
-    const int half = head_dim / 2;
-    for (int i = threadIdx.x; i < b.heads * half; i += ATTN_THREADS) {
-        const int j = i / half, p = i % half;
-        const int x0 = neox ? p : 2 * p, x1 = neox ? p + half : 2 * p + 1;
-        float* qrow = q + y * q_row + (size_t)(b.h0 + j) * head_dim;
-        const float2 rq = rope_pair(qrow[x0], qrow[x1], p, (float)r.p_now, theta_scale);
-        qrow[x0] = rq.x;
-        qrow[x1] = rq.y;
-    }
+    attn_rotate_q(q + y * q_row, r, b, head_dim, theta_scale, neox);
 }
 
 // the walk and the split for heads up to 32, 64, 128 and 256 wide (`attention` in
