@@ -88,19 +88,11 @@ impl Choices {
         let mut reason = f.reason.name();
         let mut rest = String::new();
         if let Some(holdback) = self.holdbacks[i].take() {
-            let (calls, held) = holdback.finish();
+            let (calls, held) = holdback.finish(|k| format!("call-{id}-{i}-{k}"));
             if !calls.is_empty() {
                 reason = "tool_calls";
             }
-            self.calls[i] = calls
-                .into_iter()
-                .enumerate()
-                .map(|(k, c)| ToolCall {
-                    id: format!("call-{id}-{i}-{k}"),
-                    name: c.name,
-                    arguments: c.arguments,
-                })
-                .collect();
+            self.calls[i] = calls;
             self.text[i].push_str(&held);
             rest = held;
         }

@@ -1,5 +1,6 @@
 //! A chat's `messages`, read field by field so that every refusal names its path: each
-//! message's role and text, an assistant's `tool_calls` and a tool result's `tool_call_id`.
+//! message's role and text, an assistant's `tool_calls` and a tool result's `tool_call_id`
+//! (a message's `name` changes nothing here and is not read).
 
 use serde_json::{Map, Value};
 
@@ -17,8 +18,6 @@ pub struct ChatMessage {
     pub tool_calls: Vec<ToolCall>,
     /// The call a `tool` turn answers.
     pub tool_call_id: Option<String>,
-    /// The name of the author (or of the tool, in a `tool` turn), if given.
-    pub name: Option<String>,
 }
 
 #[cfg(test)]
@@ -30,7 +29,6 @@ impl ChatMessage {
             content: Some(content.to_owned()),
             tool_calls: Vec::new(),
             tool_call_id: None,
-            name: None,
         }
     }
 }
@@ -130,7 +128,6 @@ fn message(i: usize, m: &Map<String, Value>) -> Result<ChatMessage, ApiError> {
         content,
         tool_calls,
         tool_call_id,
-        name: string(m, &path, "name")?,
     })
 }
 

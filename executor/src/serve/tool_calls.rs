@@ -5,20 +5,12 @@
 
 use serde_json::Value;
 
+use super::messages::ToolCall;
 use super::tools::Form;
 
-/// `<tool_call>`'s tags.
+/// The tags around a call: `<tool_call>` and `</tool_call>`.
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
-
-/// A call parsed out of a reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Called {
-    /// The function's name.
-    pub name: String,
-    /// The arguments, a JSON object as text.
-    pub arguments: String,
-}
 
 /// One choice's text as it comes, split into what may be sent and what may be a call.
 pub struct Holdback {
@@ -77,16 +69,19 @@ impl Holdback {
         out
     }
 
-    /// The reply's end: the calls, and the text not sent yet (all the held text when it
-    /// holds no call).
-    pub fn finish(self) -> (Vec<Called>, String) {
+    /// The reply's end: the calls (call `k`'s id `id(k)`), and the text not sent yet (all
+    /// the held text when it holds no call).
+    pub fn finish(self, id: impl Fn(usize) -> String) -> (Vec<ToolCall>, String) {
         let held = &self.text[self.sent..];
         let calls = self.opened.and_then(|_| match self.form {
             Form::Json => json_calls(held),
             Form::Tagged => tagged_calls(held),
         });
         match calls {
-            Some((calls, rest)) if calls.iter().all(|c| self.names.contains(&c.name)) => {
+            Some((mut calls, rest)) if calls.iter().all(|c| self.names.contains(&c.name)) => {
+                for (k, call) in calls.iter_mut().enumerate() {
+                    call.id = id(k);
+                }
                 (calls, rest)
             }
             _ => (Vec::new(), held.to_owned()),
@@ -102,26 +97,27 @@ fn partial_tag(text: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// `{"name", "arguments"}` as a call, `arguments` an object.
-fn call(value: &Value) -> Option<Called> {
+/// `{"name", "arguments"}` as a call (its id left to `finish`), `arguments` an object.
+fn call(value: &Value) -> Option<ToolCall> {
     let name = value.get("name")?.as_str()?;
     let arguments = value.get("arguments").filter(|a| a.is_object())?;
-    Some(Called {
+    Some(ToolCall {
+        id: String::new(),
         name: name.to_owned(),
         arguments: arguments.to_string(),
     })
 }
 
 /// The server's convention: the whole reply `{"tool_calls": [...]}`, nothing else.
-fn json_calls(held: &str) -> Option<(Vec<Called>, String)> {
+fn json_calls(held: &str) -> Option<(Vec<ToolCall>, String)> {
     let value: Value = serde_json::from_str(held.trim()).ok()?;
     let calls = value.get("tool_calls")?.as_array()?;
-    let calls: Option<Vec<Called>> = calls.iter().map(call).collect();
+    let calls: Option<Vec<ToolCall>> = calls.iter().map(call).collect();
     calls.filter(|c| !c.is_empty()).map(|c| (c, String::new()))
 }
 
 /// `<tool_call>{...}</tool_call>` blocks; the text between and after them is the rest.
-fn tagged_calls(mut held: &str) -> Option<(Vec<Called>, String)> {
+fn tagged_calls(mut held: &str) -> Option<(Vec<ToolCall>, String)> {
     let mut calls = Vec::new();
     let mut rest = String::new();
     while let Some(at) = held.find(OPEN) {
@@ -145,15 +141,16 @@ mod tests {
     }
 
     /// The text sent while `pieces` come, then the calls and the rest at the end.
-    fn run(form: Form, pieces: &[&str]) -> (String, Vec<Called>, String) {
+    fn run(form: Form, pieces: &[&str]) -> (String, Vec<ToolCall>, String) {
         let mut h = Holdback::new(form, names());
         let sent: String = pieces.iter().map(|p| h.push(p)).collect();
-        let (calls, rest) = h.finish();
+        let (calls, rest) = h.finish(|k| format!("c{k}"));
         (sent, calls, rest)
     }
 
-    fn weather(city: &str) -> Called {
-        Called {
+    fn weather(k: usize, city: &str) -> ToolCall {
+        ToolCall {
+            id: format!("c{k}"),
             name: "get_weather".into(),
             arguments: format!("{{\"city\":\"{city}\"}}"),
         }
@@ -168,7 +165,7 @@ mod tests {
         ];
         assert_eq!(
             run(Form::Json, &pieces),
-            (String::new(), vec![weather("Paris")], String::new())
+            (String::new(), vec![weather(0, "Paris")], String::new())
         );
     }
 
@@ -202,7 +199,7 @@ mod tests {
             run(Form::Tagged, &["Let me look. ", head, tail]),
             (
                 "Let me look. ".into(),
-                vec![weather("Paris"), weather("Rome")],
+                vec![weather(0, "Paris"), weather(1, "Rome")],
                 String::new()
             )
         );

@@ -358,24 +358,30 @@ fn openai(m: &ChatMessage) -> Value {
     v.insert("role".into(), json!(m.role));
     v.insert("content".into(), json!(m.content));
     if !m.tool_calls.is_empty() {
-        let calls: Vec<Value> = m
-            .tool_calls
-            .iter()
-            .map(|c| {
-                let arguments: Value = serde_json::from_str(&c.arguments).unwrap_or(Value::Null);
-                json!({"id": c.id, "type": "function",
-                    "function": {"name": c.name, "arguments": arguments}})
-            })
-            .collect();
-        v.insert("tool_calls".into(), json!(calls));
+        v.insert("tool_calls".into(), calls_json(m, true));
     }
     if let Some(id) = &m.tool_call_id {
         v.insert("tool_call_id".into(), json!(id));
     }
-    if let Some(name) = &m.name {
-        v.insert("name".into(), json!(name));
-    }
     Value::Object(v)
+}
+
+/// `m`'s calls, each `arguments` an object (parsed when the request was read): OpenAI's
+/// `{"id", "type", "function": {"name", "arguments"}}`, or the convention's
+/// `{"name", "arguments"}`.
+fn calls_json(m: &ChatMessage, openai: bool) -> Value {
+    m.tool_calls
+        .iter()
+        .map(|c| {
+            let arguments: Value = serde_json::from_str(&c.arguments).unwrap_or(Value::Null);
+            if openai {
+                json!({"id": c.id, "type": "function",
+                    "function": {"name": c.name, "arguments": arguments}})
+            } else {
+                json!({"name": c.name, "arguments": arguments})
+            }
+        })
+        .collect()
 }
 
 /// A message in the server's convention: an assistant's calls as the JSON it asks for, a
@@ -383,15 +389,7 @@ fn openai(m: &ChatMessage) -> Value {
 fn conventional(m: &ChatMessage, all: &[ChatMessage]) -> Value {
     let text = m.content.as_deref().unwrap_or_default();
     if !m.tool_calls.is_empty() {
-        let calls: Vec<Value> = m
-            .tool_calls
-            .iter()
-            .map(|c| {
-                let arguments: Value = serde_json::from_str(&c.arguments).unwrap_or(Value::Null);
-                json!({"name": c.name, "arguments": arguments})
-            })
-            .collect();
-        let calls = json!({"tool_calls": calls}).to_string();
+        let calls = json!({"tool_calls": calls_json(m, false)}).to_string();
         let content = if text.is_empty() {
             calls
         } else {
@@ -405,9 +403,7 @@ fn conventional(m: &ChatMessage, all: &[ChatMessage]) -> Value {
                 .iter()
                 .flat_map(|o| &o.tool_calls)
                 .find(|c| &c.id == id)
-                .map(|c| c.name.as_str())
-                .or(m.name.as_deref())
-                .unwrap_or("function");
+                .map_or("function", |c| c.name.as_str());
             json!({"role": "user",
                 "content": format!("The function {name} returned (call {id}):\n{text}")})
         }
