@@ -292,11 +292,14 @@ impl ToolSet {
             .iter()
             .map(|f| {
                 json!({"type": "object", "properties": {"name": {"const": f.name},
-                    "arguments": f.parameters}, "required": ["name", "arguments"],
+                    "arguments": closed(&f.parameters)}, "required": ["name", "arguments"],
                     "additionalProperties": false})
             })
             .collect();
-        let call = json!({"anyOf": calls});
+        // one space after `,` and `:`, no other: no room for a small model to ramble in
+        let compact = json!({"whitespace_flexible": false, "item_separator": ", ",
+            "key_separator": ": "});
+        let call = json!({"anyOf": calls, "x-guidance": compact});
         Some(match form {
             Form::Json => {
                 let mut list = json!({"type": "array", "items": call, "minItems": 1});
@@ -305,7 +308,7 @@ impl ToolSet {
                 }
                 TopLevelGrammar::from_json_schema(json!({"type": "object",
                     "properties": {"tool_calls": list}, "required": ["tool_calls"],
-                    "additionalProperties": false}))
+                    "additionalProperties": false, "x-guidance": compact}))
             }
             Form::Tagged => {
                 let start = if one {
@@ -319,6 +322,38 @@ impl ToolSet {
             }
         })
     }
+}
+
+/// `schema` with each object schema that names its properties and says nothing of others
+/// closed to them (`additionalProperties: false`), through properties, items, `anyOf`,
+/// `oneOf` and definitions (not `allOf`, whose parts add up), as llama.cpp's grammars of
+/// JSON schemas do: a call's arguments hold the parameters the function names.
+fn closed(schema: &Value) -> Value {
+    let Value::Object(map) = schema else {
+        return schema.clone();
+    };
+    let each = |v: &Value, f: &dyn Fn(&Value) -> Value| match v {
+        Value::Object(m) => Value::Object(m.iter().map(|(k, s)| (k.clone(), f(s))).collect()),
+        Value::Array(a) => Value::Array(a.iter().map(f).collect()),
+        other => other.clone(),
+    };
+    let mut out: Map<String, Value> = map
+        .iter()
+        .map(|(k, v)| {
+            let v = match k.as_str() {
+                "properties" | "$defs" | "definitions" | "anyOf" | "oneOf" | "prefixItems" => {
+                    each(v, &closed)
+                }
+                "items" => closed(v),
+                _ => v.clone(),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    if out.contains_key("properties") && !out.contains_key("additionalProperties") {
+        out.insert("additionalProperties".into(), json!(false));
+    }
+    Value::Object(out)
 }
 
 /// The prompt of a chat: `messages` rendered with `template`, which shows `tools` (when

@@ -258,6 +258,14 @@ fn the_grammar_of_a_call_holds_its_name_and_arguments() {
     assert!(!json(
         r#"{"tool_calls": [{"name": "get_weather", "arguments": {"town": "Rome"}}]}"#
     ));
+    // a parameter the schema does not name, though it leaves additionalProperties out
+    assert!(!json(
+        r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome", "country": "Italy"}}]}"#
+    ));
+    // one space after `,` and `:`, no other
+    assert!(!json(
+        "{\"tool_calls\": [{\"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Rome\"}}]}"
+    ));
     assert!(!json(r#"{"tool_calls": []}"#));
     let tagged = |text: &str| takes(required.grammar(Form::Tagged).unwrap(), text);
     let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
