@@ -6,16 +6,21 @@
 # imports; MEMRA_CLIENTS_VENV puts it elsewhere). Needs python3 with its venv module, pip's
 # index reachable on the first run, and curl. Fails, never skips, when one is missing.
 #
-# Usage: scripts/client-tests.sh http://127.0.0.1:PORT [API_KEY]  (the server's --api-key)
-# `cargo test --release -p memra-executor --test clients` starts the server and runs this.
+# Usage: scripts/client-tests.sh http://127.0.0.1:PORT [API_KEY [SERVER_PID]]
+# The server runs with --timeout 4 --max-connections 24 --allowed-origins http://app.example
+# (the constants of client_tests.py) and its --api-key; with its process id, the last check
+# sends it SIGTERM during a stream. `cargo test --release -p memra-executor --test clients`
+# starts the server so, runs this and checks that the server exits 0.
 set -euo pipefail
 
 die() { echo "client-tests.sh: error: $*" >&2; exit 1; }
 log() { echo "client-tests.sh: $*" >&2; }
 
-[[ $# -eq 1 || $# -eq 2 ]] || die "usage: scripts/client-tests.sh http://HOST:PORT [API_KEY] (a running memra-run serve, its --api-key)"
+[[ $# -ge 1 && $# -le 3 ]] || die "usage: scripts/client-tests.sh http://HOST:PORT [API_KEY [SERVER_PID]] (a running memra-run serve, its --api-key, its process id)"
 URL="${1%/}"
 KEY="${2:-}"
+PID="${3:-}"
+[[ -z "$PID" || -n "$KEY" ]] || die "SERVER_PID needs API_KEY before it"
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
@@ -40,4 +45,4 @@ fi
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 log "openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)') against $URL"
 
-exec "$VENV/bin/python" "$SCRIPT_DIR/client_tests.py" "$URL" ${KEY:+"$KEY"}
+exec "$VENV/bin/python" "$SCRIPT_DIR/client_tests.py" "$URL" ${KEY:+"$KEY"} ${PID:+"$PID"}

@@ -3,17 +3,26 @@ installs `openai` and runs this): the `openai` package's completions, chat, stre
 chunks join to the non-streamed text), 8 concurrent requests whose greedy texts equal their
 one-at-a-time runs, a stream closed mid-way (the server counts a 499, stops generating and
 answers the next request the same), the penalties, top-k and min-p, logprobs, n choices, a
-JSON schema, and
-every bad request raising the client's error class with the field named; then curl: a
-completion, a stream with `curl -N`, 4xx bodies.
+JSON schema, tools (required, named, streamed, auto), the connection cap and the timeouts
+(a trickled header, a short body) while the client is served, the allowed and a foreign web
+origin, and every bad request raising the client's error class with the field named; then
+curl: a completion, a stream with `curl -N`, 4xx bodies.
 
 With the server's --api-key as a second argument, the clients send it, and a wrong key must
-raise the client's AuthenticationError.
+raise the client's AuthenticationError. With the server's process id as a third, 16
+concurrent prompts past the context must not grow its memory, and, last, SIGTERM during a
+stream must end it with its last chunk (the caller checks the exit status).
 
-Usage: python3 scripts/client_tests.py http://127.0.0.1:PORT [API_KEY]  (exit 1 when a check fails)
+The server must run as `scripts/client-tests.sh` says (its --timeout, --max-connections
+and --allowed-origins are the constants below).
+
+Usage: python3 scripts/client_tests.py http://127.0.0.1:PORT [API_KEY [SERVER_PID]]  (exit 1 when a check fails)
 """
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +35,11 @@ import openai
 
 URL = sys.argv[1].rstrip("/")
 KEY = sys.argv[2] if len(sys.argv) > 2 else None
+PID = int(sys.argv[3]) if len(sys.argv) > 3 else None
+# the server's --timeout, --max-connections and --allowed-origins (scripts/client-tests.sh)
+TIMEOUT = 4
+MAX_CONNECTIONS = 24
+ORIGIN = "http://app.example"
 client = openai.OpenAI(base_url=URL + "/v1", api_key=KEY or "none", max_retries=0, timeout=120)
 BEARER = ["-H", f"Authorization: Bearer {KEY}"] if KEY else []
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -262,17 +276,210 @@ def a_wrong_api_key_raises_the_authentication_error():
         raise AssertionError("a wrong key was served")
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            # no additionalProperties, as most clients send it: the server closes it
+            "required": ["city", "unit"],
+        },
+    },
+}
+WEATHER_CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def weather_arguments(call):
+    """The arguments of a get_weather call, checked against its schema."""
+    assert call.type == "function" and call.id and call.function.name == "get_weather", call
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit"), args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 20, args
+    return args
+
+
 @check
-def a_prompt_past_the_context_is_refused_before_tokenizing():
-    start = time.time()
-    try:
-        client.completions.create(model=MODEL, prompt="1" * 1_900_000, max_tokens=2)
-    except openai.BadRequestError as e:
-        assert e.code == "context_length_exceeded" and e.param == "prompt", e
+def tools_give_calls_whole_and_streamed():
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        r = client.chat.completions.create(
+            model=MODEL, messages=WEATHER_CHAT, tools=[WEATHER], tool_choice=choice,
+            max_tokens=80, temperature=0,
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.content is None, r
+        args = weather_arguments(c.message.tool_calls[0])
+    # streamed: the openai package gathers the tool_calls deltas
+    calls = {}
+    finish = None
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=WEATHER_CHAT, tools=[WEATHER], tool_choice=named,
+        max_tokens=80, temperature=0, stream=True,
+    ):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        assert not delta.content, chunk
+        for call in delta.tool_calls or []:
+            calls[call.index] = call
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and list(calls) == [0], (finish, calls)
+    assert weather_arguments(calls[0]) == args, calls
+    # the call's result goes back; the answer is text
+    conversation = WEATHER_CHAT + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": calls[0].id, "type": "function",
+             "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "21 degrees and sunny"},
+    ]
+    r = client.chat.completions.create(
+        model=MODEL, messages=conversation, tools=[WEATHER], tool_choice="none",
+        max_tokens=20, temperature=0,
+    )
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls, r
+    # auto: a text answer or calls of the function, never both missing
+    r = client.chat.completions.create(
+        model=MODEL, messages=WEATHER_CHAT, tools=[WEATHER], max_tokens=40, temperature=0,
+    )
+    m = r.choices[0].message
+    if m.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls", r
+        weather_arguments(m.tool_calls[0])
     else:
-        raise AssertionError("a 1.9 MB prompt was taken")
-    # tokenizing it would take seconds
-    assert time.time() - start < 1.5, time.time() - start
+        assert m.content, r
+
+
+def held_connection():
+    """A connection the server took: a /health answered on it, kept alive."""
+    s = socket.create_connection(URL.removeprefix("http://").split(":"), timeout=10)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    return s, s.recv(4096).decode()
+
+
+@check
+def past_the_connection_cap_a_client_gets_503_until_one_closes():
+    held = []
+    try:
+        # the openai package's pool holds some of the places
+        while len(held) <= MAX_CONNECTIONS:
+            s, answer = held_connection()
+            held.append(s)
+            if answer.startswith("HTTP/1.1 503"):
+                assert "too_many_connections" in answer, answer
+                break
+        else:
+            raise AssertionError(f"{len(held)} connections taken past the cap of {MAX_CONNECTIONS}")
+        fresh = openai.OpenAI(base_url=URL + "/v1", api_key=KEY or "none", max_retries=0, timeout=30)
+        try:
+            fresh.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2)
+        except openai.InternalServerError as e:
+            assert e.status_code == 503 and e.code == "too_many_connections", e
+        else:
+            raise AssertionError("a connection past the cap was served")
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.time() + 5
+    while True:
+        fresh = openai.OpenAI(base_url=URL + "/v1", api_key=KEY or "none", max_retries=0, timeout=30)
+        try:
+            assert fresh.completions.create(
+                model=MODEL, prompt=FRANCE, max_tokens=2, temperature=0
+            ).choices[0].text == " Paris."
+            return
+        except openai.InternalServerError:
+            assert time.time() < deadline, "the closed connections never freed their places"
+            time.sleep(0.1)
+
+
+@check
+def a_trickled_header_and_a_short_body_time_out_while_the_client_is_served():
+    host, port = URL.removeprefix("http://").split(":")
+    trickle = socket.create_connection((host, port), timeout=0.25)
+    short = socket.create_connection((host, port), timeout=3 * TIMEOUT)
+    bearer = f"Authorization: Bearer {KEY}\r\n" if KEY else ""
+    short.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n{bearer}Content-Length: 100\r\n\r\n{{".encode()
+    )
+    start = time.time()
+    header = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 1000
+    cut = None
+    served = False
+    for byte in header:
+        try:
+            trickle.sendall(bytes([byte]))
+            if trickle.recv(64) == b"":
+                cut = time.time() - start
+                break
+        except socket.timeout:
+            # the client is served meanwhile
+            if not served and time.time() - start > 1:
+                assert complete(FRANCE, 2) == " Paris."
+                served = True
+        except OSError:
+            cut = time.time() - start
+            break
+        if time.time() - start > 3 * TIMEOUT:
+            break
+    trickle.close()
+    assert served and cut is not None and TIMEOUT - 0.5 < cut < TIMEOUT + 2, (served, cut)
+    answer = short.recv(4096).decode()
+    short.close()
+    assert answer.startswith("HTTP/1.1 408") and "body_timeout" in answer, answer
+
+
+def rss_kib():
+    """The server's resident memory in KiB."""
+    with open(f"/proc/{PID}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+@check
+def prompts_past_the_context_are_refused_before_tokenizing_without_memory():
+    """16 at once, each 1.9 MB (tokenized, they took the server to 4.65 GB)."""
+    before = rss_kib() if PID else None
+
+    def ask(_):
+        try:
+            client.completions.create(model=MODEL, prompt="1" * 1_900_000, max_tokens=2)
+        except openai.BadRequestError as e:
+            return e.code, e.param
+        return "served", None
+
+    start = time.time()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(16)))
+    assert answers == [("context_length_exceeded", "prompt")] * 16, answers
+    assert time.time() - start < 10, time.time() - start
+    if PID:
+        grown = rss_kib() - before
+        # the bodies alone are 30 MB; tokenizing them took gigabytes
+        assert grown < 200_000, f"the server grew by {grown} KiB"
+
+
+@check
+def an_allowed_web_origin_is_answered_with_cors_headers():
+    preflight = urllib.request.Request(
+        URL + "/v1/chat/completions", method="OPTIONS",
+        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"},
+    )
+    with urllib.request.urlopen(preflight, timeout=30) as r:
+        assert r.status == 204, r.status
+        assert r.headers["Access-Control-Allow-Origin"] == ORIGIN, r.headers
+    browser = openai.OpenAI(
+        base_url=URL + "/v1", api_key=KEY or "none", max_retries=0, timeout=30,
+        default_headers={"Origin": ORIGIN},
+    )
+    raw = browser.completions.with_raw_response.create(model=MODEL, prompt=FRANCE, max_tokens=2, temperature=0)
+    assert raw.headers["access-control-allow-origin"] == ORIGIN, raw.headers
+    assert raw.parse().choices[0].text == " Paris."
 
 
 @check
@@ -375,7 +582,25 @@ def curl_gets_4xx_error_bodies():
             assert error["message"].startswith(param), error
 
 
+def sigterm_during_a_stream_ends_it_with_its_last_chunk():
+    """Last: the server stops. Its exit status is the caller's to check."""
+    stream = client.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=1000, temperature=0, stream=True
+    )
+    chunks = iter(stream)
+    first = next(chunks)
+    assert first.choices[0].finish_reason is None, first
+    os.kill(PID, signal.SIGTERM)
+    # the package's iteration ends at data: [DONE], without an error
+    rest = list(chunks)
+    last = rest[-1]
+    assert last.choices[0].finish_reason == "length", last
+    assert 1 <= last.usage.completion_tokens < 1000, last.usage
+
+
 def main():
+    if PID:
+        CHECKS.append(sigterm_during_a_stream_ends_it_with_its_last_chunk)
     failed = 0
     for f in CHECKS:
         start = time.time()

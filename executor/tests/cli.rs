@@ -570,3 +570,34 @@ fn a_sampled_run_prints_its_drawn_seed_once_it_has_started() {
         format!("seed: {seed} (pass --seed {seed} to repeat this run)")
     );
 }
+
+#[test]
+fn an_api_key_file_that_is_missing_empty_or_no_key_is_refused_before_loading() {
+    let dir = std::env::temp_dir().join(format!("memra-key-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let missing = dir.join("missing").to_str().unwrap().to_owned();
+    let empty = file("empty", "\n");
+    let spaced = file("spaced", "two words\n");
+    let p = "plans/smollm2.plan.toml";
+    for (path, want) in [
+        (&missing, format!("error: --api-key-file {missing}: cannot read the key: No such file or directory")),
+        (&empty, format!("error: --api-key-file {empty}: the file is empty; it must hold the key on one line")),
+        (&spaced, format!("error: --api-key-file {spaced}: allowed: a non-empty key of printable ASCII characters without spaces")),
+    ] {
+        let out = memra_run(&["serve", p, "--api-key-file", path]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{path}: {err}");
+        assert!(err.contains(&want), "{path}: {err}");
+    }
+    let key = file("key", "sk-file\n");
+    let out = memra_run(&["serve", p, "--api-key", "sk", "--api-key-file", &key]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

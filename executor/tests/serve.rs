@@ -81,12 +81,7 @@ fn streamed_chunks_concatenate_to_the_whole_text() {
 
     let mut streamed = chat.clone();
     streamed["stream"] = json!(true);
-    let lines = server.stream("/v1/chat/completions", &streamed);
-    assert_eq!(lines.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = lines[..lines.len() - 1]
-        .iter()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let chunks = server.chunks("/v1/chat/completions", &streamed);
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let text: String = chunks
         .iter()

@@ -1,11 +1,11 @@
 //! `memra-run serve`'s connections on the CPU backend with the real SmolLM2: an idle one is
-//! closed after `--timeout`, a body shorter than its Content-Length gets a 408, an answer
+//! closed after `--timeout`, and so is one trickling its header a byte at a time, a body shorter than its Content-Length gets a 408, an answer
 //! that takes longer than the timeout still comes, and past `--max-connections` a new
 //! connection gets a 503 while the others are served.
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,39 @@ fn an_idle_connection_and_a_short_body_time_out() {
     assert!(
         (Duration::from_millis(900)..Duration::from_secs(5)).contains(&waited),
         "an idle connection closed after {waited:?}"
+    );
+    // a header trickled a byte every 200 ms: cut off when the timeout is up in total
+    let mut trickle = open(&server);
+    trickle
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let started = Instant::now();
+    let header = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut closed = None;
+    // 50 bytes, one per read that times out: 10 s at most
+    for byte in header.iter().cycle().take(50) {
+        if trickle.write_all(&[*byte]).is_err() {
+            closed = Some(started.elapsed());
+            break;
+        }
+        let mut got = [0u8; 64];
+        match trickle.read(&mut got) {
+            Ok(0) => {
+                closed = Some(started.elapsed());
+                break;
+            }
+            Ok(n) => panic!("answered: {}", String::from_utf8_lossy(&got[..n])),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => {
+                closed = Some(started.elapsed());
+                break;
+            }
+        }
+    }
+    let waited = closed.expect("a header trickled for 10 s was still being read");
+    assert!(
+        (Duration::from_millis(900)..Duration::from_secs(3)).contains(&waited),
+        "a trickled header was cut off after {waited:?}"
     );
     // Content-Length 100, 10 bytes sent: a 408 once the timeout has passed
     let mut short = open(&server);

@@ -214,6 +214,10 @@ enum Command {
         /// /health and /metrics stay open.
         #[arg(long, value_name = "KEY", value_parser = api_key)]
         api_key: Option<String>,
+        /// As --api-key, the key read from the file PATH (its one line), so that it does not
+        /// show in the process list.
+        #[arg(long, value_name = "PATH", conflicts_with = "api_key")]
+        api_key_file: Option<PathBuf>,
         /// Web origins (e.g. https://app.example) whose pages may call the server,
         /// comma-separated; `*` allows every origin. Default: none (a browser request that
         /// carries an Origin header is refused).
@@ -718,6 +722,7 @@ fn run(command: Command) -> Result<ExitCode> {
             max_queue,
             shutdown_grace,
             api_key,
+            api_key_file,
             allowed_origins,
             timeout,
             max_connections,
@@ -729,7 +734,10 @@ fn run(command: Command) -> Result<ExitCode> {
                 port,
                 max_queue: max_queue as usize,
                 shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),
-                api_key,
+                api_key: match api_key_file {
+                    Some(path) => Some(serve::api_key_from(&path)?),
+                    None => api_key,
+                },
                 allowed_origins,
                 timeout: std::time::Duration::from_secs(timeout),
                 max_connections: max_connections as usize,

@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
-use super::RunArgs;
+use super::{api_key, RunArgs};
 use crate::sample::SamplerConfig;
 use crate::serve::{serve as run_server, ServerOptions};
 
@@ -19,4 +19,18 @@ pub fn serve(plan: &Path, server: ServerOptions, run: &RunArgs) -> Result<ExitCo
     let options = run.options(SamplerConfig::GREEDY);
     run_server(loaded, options, &server)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--api-key-file PATH`: the key on the file's one line (a final newline is dropped).
+pub fn api_key_from(path: &Path) -> Result<String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--api-key-file {shown}: cannot read the key"))?;
+    let key = text
+        .strip_suffix('\n')
+        .map_or(text.as_str(), |k| k.strip_suffix('\r').unwrap_or(k));
+    if key.is_empty() {
+        bail!("--api-key-file {shown}: the file is empty; it must hold the key on one line");
+    }
+    api_key(key).map_err(|allowed| anyhow::anyhow!("--api-key-file {shown}: {allowed}"))
 }

@@ -1,19 +1,19 @@
 //! The OpenAI request bodies this server accepts, read field by field from JSON so that every
 //! refusal names its field: `/v1/completions` (a prompt) and `/v1/chat/completions` (messages),
 //! with the sampling extensions vLLM and llama-server take (`top_k`, `min_p`,
-//! `repetition_penalty`). Fields that change what comes back but that this server does not
-//! implement (`echo`, `best_of`, `suffix`, `logit_bias`, `tools`, and the
-//! other servers' extensions in `UNIMPLEMENTED`) are refused unless they hold the value that
-//! leaving them out means; fields that change nothing here (`user`, `tool_choice`, ...) are
-//! ignored.
+//! `repetition_penalty`), and on chat `tools` (`tools`). Fields that change what comes back
+//! but that this server does not implement (`echo`, `best_of`, `suffix`, `logit_bias`, and
+//! the other servers' extensions in `UNIMPLEMENTED`) are refused unless they hold the value
+//! that leaving them out means; fields that change nothing here (`user`, ...) are ignored.
 
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::logprobs::MAX_TOP_LOGPROBS;
+use super::messages::{messages, ChatMessage};
 use super::refused::refuse_unimplemented;
+use super::tools::{tool_set, ToolSet};
 use crate::sample::PenaltyConfig;
-use crate::text::Message;
 
 /// Most stop strings a request may give (a server limit; OpenAI allows 4).
 pub const MAX_STOPS: usize = 16;
@@ -29,7 +29,7 @@ pub enum Input {
     /// A completion's prompt as token ids.
     Tokens(Vec<u32>),
     /// A chat's conversation, rendered with the model's template.
-    Chat(Vec<Message>),
+    Chat(Vec<ChatMessage>),
 }
 
 /// A validated request, before tokenization.
@@ -53,6 +53,8 @@ pub struct Request {
     pub n: usize,
     /// `response_format`'s JSON schema the answer must follow (`json_object`: any object).
     pub format: Option<Value>,
+    /// A chat's tools, unless it has none or `tool_choice` is `"none"`.
+    pub tools: Option<ToolSet>,
     /// Most tokens to generate; `None`: up to the context.
     pub max_tokens: Option<usize>,
     /// The field `max_tokens` came from: `max_tokens`, or on chat OpenAI's newer
@@ -105,9 +107,19 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
             ))
         }
     };
-    let input = match endpoint {
-        Endpoint::Completions => prompt(f.get("prompt"))?,
-        Endpoint::Chat => Input::Chat(messages(f.0.get("messages"))?),
+    let (input, tools) = match endpoint {
+        Endpoint::Completions => {
+            if f.get("tools")
+                .is_some_and(|t| !t.as_array().is_some_and(Vec::is_empty))
+            {
+                return Err(ApiError::invalid(
+                    "tools",
+                    "tools: only /v1/chat/completions takes tools",
+                ));
+            }
+            (prompt(f.get("prompt"))?, None)
+        }
+        Endpoint::Chat => (Input::Chat(messages(f.0.get("messages"))?), tool_set(&f)?),
     };
     let temperature = f.number("temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
@@ -142,6 +154,19 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
     };
     let logprobs = logprobs(&f, endpoint)?;
     let format = response_format(f.get("response_format"))?;
+    if tools.is_some() {
+        let clash = if logprobs.is_some() {
+            Some("logprobs")
+        } else {
+            format.as_ref().map(|_| "response_format")
+        };
+        if let Some(field) = clash {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field}: not supported together with tools; leave it out, or send tool_choice \"none\""),
+            ));
+        }
+    }
     let max_tokens_field = match endpoint {
         Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
         _ => "max_tokens",
@@ -167,6 +192,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Request, Ap
         logprobs,
         n,
         format,
+        tools,
         max_tokens,
         max_tokens_field,
         stop: stops(f.0.get("stop"))?,
@@ -196,7 +222,7 @@ impl Fields<'_> {
         self.0.get(name).filter(|v| !v.is_null())
     }
 
-    fn wrong(name: &str, want: &str, got: &Value) -> ApiError {
+    pub(super) fn wrong(name: &str, want: &str, got: &Value) -> ApiError {
         ApiError::invalid(name, format!("{name}: expected {want}, got {}", kind(got)))
     }
 
@@ -374,82 +400,6 @@ fn logprobs(f: &Fields, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
             }
         }
     }
-}
-
-/// `messages`: a non-empty array of `{role, content}` with string fields.
-fn messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
-    let Some(value) = value.filter(|v| !v.is_null()) else {
-        return Err(ApiError::invalid(
-            "messages",
-            "messages: an array of {role, content} objects is required",
-        ));
-    };
-    let Value::Array(items) = value else {
-        return Err(Fields::wrong("messages", "an array", value));
-    };
-    if items.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "messages: at least one message is required",
-        ));
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let Value::Object(m) = item else {
-                return Err(Fields::wrong(&format!("messages[{i}]"), "an object", item));
-            };
-            let field = |name: &str| {
-                let path = format!("messages[{i}].{name}");
-                match m.get(name) {
-                    Some(Value::String(s)) => Ok(s.clone()),
-                    Some(v) => Err(Fields::wrong(&path, "a string", v)),
-                    None => Err(ApiError::invalid(
-                        &path,
-                        format!("{path}: a string is required"),
-                    )),
-                }
-            };
-            let content = match m.get("content") {
-                Some(Value::Array(parts)) => text_parts(i, parts)?,
-                _ => field("content")?,
-            };
-            Ok(Message::new(field("role")?, content))
-        })
-        .collect()
-}
-
-/// A message's `content` given as OpenAI's parts: its `{"type": "text", "text"}` parts, one
-/// per line; other parts (images, audio) are refused.
-fn text_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
-    let texts = parts
-        .iter()
-        .enumerate()
-        .map(|(j, part)| {
-            let path = format!("messages[{i}].content[{j}]");
-            let Value::Object(part) = part else {
-                return Err(Fields::wrong(&path, "an object", part));
-            };
-            match (part.get("type"), part.get("text")) {
-                (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
-                    Ok(text.as_str())
-                }
-                (Some(Value::String(t)), _) if t == "text" => Err(ApiError::invalid(
-                    &format!("{path}.text"),
-                    format!("{path}.text: a string is required"),
-                )),
-                (t, _) => Err(ApiError::invalid(
-                    &format!("{path}.type"),
-                    format!(
-                        "{path}.type: only \"text\" parts are supported, got {}",
-                        t.map_or("none".into(), Value::to_string)
-                    ),
-                )),
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(texts.join("\n"))
 }
 
 /// `stream_options`: an object whose `include_usage`, if given, is a boolean.

@@ -85,7 +85,10 @@ fn text_parts_are_a_message_content() {
     let body = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
         {"type": "text", "text": "b"}]}]}"#;
     let r = parse(body.as_bytes(), Endpoint::Chat, "m").unwrap();
-    assert_eq!(r.input, Input::Chat(vec![Message::new("user", "a\nb")]));
+    assert_eq!(
+        r.input,
+        Input::Chat(vec![ChatMessage::text("user", "a\nb")])
+    );
 }
 
 #[test]
@@ -199,6 +202,10 @@ fn every_refusal_names_its_field() {
         ),
         (
             r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
+            Some("tools[0].function"),
+        ),
+        (
+            r#"{"prompt": "x", "tools": [{"type": "function"}]}"#,
             Some("tools"),
         ),
         (

@@ -1,8 +1,10 @@
 //! Connections: a cap on how many are open, and a timeout on each. Past `--max-connections`
 //! a new connection gets a 503 and is closed, so idle connections cannot starve the others
-//! of file descriptors. Each open connection is closed after `--timeout` seconds without
-//! progress while no request of it is in flight (an idle keep-alive connection, a header that
-//! stops coming), or of a write that does not progress (a client that stops reading); the
+//! of file descriptors. A connection none of whose requests is in flight is closed
+//! `--timeout` seconds after it opened or after its last answer was written, bytes read or
+//! not: the next request's header must come whole within that time (a client trickling a
+//! header a byte at a time is cut off when it is up, not kept by each byte). A write that
+//! does not progress for the timeout (a client that stops reading) closes it too, and the
 //! body of a request must come whole within the timeout (`read_body`).
 
 use std::future::Future;
@@ -36,7 +38,8 @@ use super::tally::Tally;
 pub struct ConnState {
     /// Requests of the connection whose answers are not finished.
     in_flight: AtomicUsize,
-    /// The last progress: a byte read or written, or an answer finished.
+    /// When the connection opened, or its last answer was finished or written; reads do
+    /// not move it, so a header's bytes count against one deadline.
     last: Mutex<Instant>,
 }
 
@@ -227,13 +230,10 @@ impl AsyncRead for Timed {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
-            Poll::Ready(result) => {
-                this.state.touch();
-                Poll::Ready(result)
-            }
+            Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => match this.state.idle_since() {
                 Some(since) if expired(&mut this.idle, since, this.timeout, cx) => {
-                    Poll::Ready(Err(timed_out("the connection was idle past --timeout")))
+                    Poll::Ready(Err(timed_out("no request came whole within --timeout")))
                 }
                 _ => Poll::Pending,
             },

@@ -1,5 +1,6 @@
 //! Structured output: `response_format` (`json_object`, or `json_schema` with its schema)
-//! constrains a sequence's tokens with llguidance, the grammar engine llama.cpp and vLLM use:
+//! and a `tool_choice` that asks for tool calls (`tools`) constrain a sequence's tokens with
+//! llguidance, the grammar engine llama.cpp and vLLM use:
 //! its Earley parser over the schema's grammar, and a trie of the vocabulary's bytes that
 //! gives, each step, the set of tokens that keep the text a prefix of a valid answer. The
 //! sampler sees the other tokens' logits as -inf; the mask is exact, so the constrained pick
@@ -40,11 +41,9 @@ impl Grammars {
         Ok(Grammars { factory })
     }
 
-    /// A matcher of the answers valid under `schema` (a JSON schema).
-    pub fn matcher(&self, schema: Value) -> Result<Matcher> {
-        let parser = self
-            .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))?;
+    /// A matcher of the answers valid under `grammar` (a JSON schema's, a Lark grammar).
+    pub fn matcher(&self, grammar: TopLevelGrammar) -> Result<Matcher> {
+        let parser = self.factory.create_parser(grammar)?;
         Ok(Matcher::new(Ok(parser)))
     }
 }
@@ -69,7 +68,7 @@ impl Constraint {
         let allowed = self
             .matcher
             .compute_mask()
-            .map_err(|e| anyhow!("the response_format grammar: {e}"))?;
+            .map_err(|e| anyhow!("the grammar of the answer: {e}"))?;
         self.masked.clear();
         self.masked
             .extend(logits.iter().enumerate().map(|(id, &l)| {
@@ -87,7 +86,7 @@ impl Constraint {
     pub fn consume(&mut self, token: u32) -> Result<bool> {
         self.matcher
             .consume_token(token)
-            .map_err(|e| anyhow!("the response_format grammar: {e}"))?;
+            .map_err(|e| anyhow!("the grammar of the answer: {e}"))?;
         Ok(self.matcher.is_stopped())
     }
 }

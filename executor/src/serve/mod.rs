@@ -1,7 +1,8 @@
 //! `memra-run serve`: an OpenAI-compatible HTTP server over one engine.
 //!
-//! Threads: tokio's workers run the HTTP side (`routes`: parse and validate with `api` and
-//! `refused`, tokenize, answer or stream in `response`'s shapes); one engine thread
+//! Threads: tokio's workers run the HTTP side (`routes`: parse and validate with `api`,
+//! `messages`, `tools` and `refused`, tokenize; `answer` answers or streams in `response`'s
+//! shapes, taking tool calls out of the text with `tool_calls`); one engine thread
 //! (`scheduler`) owns the engine's batch and decodes up to `runtime.max_sequences` jobs
 //! together (continuous batching), checking each job's cancellation flag between steps;
 //! `sequence` is one job's sampler, penalties, `response_format` grammar (`grammar`),
@@ -11,11 +12,13 @@
 //! connections and times them out, and `access` checks the Host, the Origin and the API key.
 
 mod access;
+mod answer;
 mod api;
 mod conn;
 mod error;
 mod grammar;
 mod logprobs;
+mod messages;
 mod metrics;
 mod refused;
 mod response;
@@ -25,6 +28,8 @@ mod sequence;
 mod shutdown;
 mod stop;
 mod tally;
+mod tool_calls;
+mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,6 +48,7 @@ use metrics::Metrics;
 use routes::{router, App};
 use scheduler::Scheduler;
 use shutdown::{run_down, watch_signals, Drain};
+use tools::ToolStyle;
 
 /// Where the server listens, and how many requests may wait for the engine.
 pub struct ServerOptions {
@@ -106,6 +112,9 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         .max()
         .unwrap_or(1);
     let grammars = Grammars::new(&tokenizer).map_err(|e| format!("{e:#}"));
+    let tool_style = template
+        .as_ref()
+        .map_or(ToolStyle::Convention, ToolStyle::of);
     let app = Arc::new(App {
         scheduler,
         tokenizer,
@@ -118,6 +127,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         instance: instance(),
         max_token_bytes,
         grammars,
+        tool_style,
         tokenizing: Arc::new(tokio::sync::Semaphore::new(TOKENIZING_AT_ONCE)),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -13,7 +13,6 @@ const UNIMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("suffix", Some("\"\"")),
     ("best_of", Some("1")),
     ("logit_bias", Some("{}")),
-    ("tools", Some("[]")),
     ("functions", Some("[]")),
     // vLLM's and llama-server's extensions
     ("min_tokens", Some("0")),

@@ -1,5 +1,5 @@
 //! The JSON of answers and stream chunks, in OpenAI's shapes: a completion's or a chat's
-//! choices (one per `n`), their logprobs, the usage.
+//! choices (one per `n`), their logprobs and tool calls, the usage.
 
 use std::sync::Arc;
 
@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::api::Endpoint;
 use super::logprobs::TokenLogprob;
+use super::messages::ToolCall;
 use crate::text::Tokenizer;
 
 /// Token counts of a whole request: the prompt once, the completions of every choice.
@@ -36,8 +37,8 @@ pub struct Shape {
     pub tokenizer: Arc<Tokenizer>,
 }
 
-/// One piece of a choice: its index, text, the logprobs of its tokens and, last, its finish
-/// reason.
+/// One piece of a choice: its index, text, the logprobs of its tokens, its tool calls and,
+/// last, its finish reason.
 pub struct Piece<'a> {
     /// The choice's index.
     pub index: usize,
@@ -45,11 +46,47 @@ pub struct Piece<'a> {
     pub text: &'a str,
     /// The logprobs of the piece's tokens.
     pub logprobs: &'a [TokenLogprob],
+    /// The tool calls (a whole chat answer's, or a chunk's).
+    pub calls: &'a [ToolCall],
     /// `finish_reason`, in the last piece.
     pub finish: Option<&'static str>,
 }
 
+impl<'a> Piece<'a> {
+    /// A piece of `text` and its tokens' `logprobs`.
+    pub fn text(index: usize, text: &'a str, logprobs: &'a [TokenLogprob]) -> Piece<'a> {
+        Piece {
+            index,
+            text,
+            logprobs,
+            calls: &[],
+            finish: None,
+        }
+    }
+}
+
+/// Tool calls as OpenAI writes them; in a chunk each carries its `index`.
+fn calls_json(calls: &[ToolCall], chunk: bool) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let mut call = json!({"id": c.id, "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}});
+            if chunk {
+                call["index"] = json!(k);
+            }
+            call
+        })
+        .collect()
+}
+
 impl Shape {
+    /// Whether the answer is a chat's.
+    pub fn is_chat(&self) -> bool {
+        self.endpoint == Endpoint::Chat
+    }
+
     /// One choice of a whole answer (`whole`) or of a chunk.
     pub fn choice(&self, piece: &Piece, whole: bool) -> Value {
         let (index, text, finish) = (piece.index, piece.text, piece.finish);
@@ -57,11 +94,23 @@ impl Shape {
         match (self.endpoint, whole) {
             (Endpoint::Completions, _) => json!({"index": index, "text": text,
                 "logprobs": logprobs, "finish_reason": finish}),
-            (Endpoint::Chat, true) => json!({"index": index, "finish_reason": finish,
-                "message": {"role": "assistant", "content": text}, "logprobs": logprobs}),
+            (Endpoint::Chat, true) => {
+                let mut message = json!({"role": "assistant", "content": text});
+                if !piece.calls.is_empty() {
+                    if text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = calls_json(piece.calls, false);
+                }
+                json!({"index": index, "finish_reason": finish, "message": message,
+                    "logprobs": logprobs})
+            }
             (Endpoint::Chat, false) if finish.is_some() => {
                 json!({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": finish})
             }
+            (Endpoint::Chat, false) if !piece.calls.is_empty() => json!({"index": index,
+                "delta": {"tool_calls": calls_json(piece.calls, true)}, "logprobs": logprobs,
+                "finish_reason": null}),
             (Endpoint::Chat, false) => json!({"index": index, "delta": {"content": text},
                 "logprobs": logprobs, "finish_reason": null}),
         }

@@ -2,8 +2,6 @@
 //! events ending with `data: [DONE]`), the model list, health and Prometheus metrics. A
 //! request is validated and tokenized here, then queued to the engine thread.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -11,22 +9,24 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, Method, StatusCode, Uri};
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::http::{header, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use llguidance::api::TopLevelGrammar;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
 
+use super::answer::{stream, whole, CancelOnDrop, Choices};
 use super::api::{parse, Endpoint, Input, Request};
 use super::error::ApiError;
 use super::grammar::{Constraint, Grammars};
-use super::logprobs::TokenLogprob;
 use super::metrics::Metrics;
-use super::response::{Piece, Shape, Usage};
-use super::scheduler::{Event, Job, Sampling, Scheduler};
+use super::response::Shape;
+use super::scheduler::{Job, Sampling, Scheduler};
 use super::tally::Tally;
+use super::tool_calls::Holdback;
+use super::tools::{render, ToolStyle};
 use crate::sample::SamplerConfig;
 use crate::text::{ChatTemplate, Tokenizer};
 
@@ -60,8 +60,10 @@ pub struct App {
     /// The most bytes one token's text has: a text of more than `max_context` times as many
     /// bytes cannot fit the context, and is refused before it is tokenized.
     pub max_token_bytes: usize,
-    /// Makes the `response_format` constraints, or why it cannot.
+    /// Makes the `response_format` and tool call constraints, or why it cannot.
     pub grammars: Result<Grammars, String>,
+    /// How the chat template takes tools.
+    pub tool_style: ToolStyle,
     /// Bounds the requests being tokenized at once (and so their memory).
     pub tokenizing: Arc<tokio::sync::Semaphore>,
 }
@@ -212,8 +214,10 @@ impl App {
                     .template
                     .as_ref()
                     .map_err(|why| ApiError::invalid("messages", format!("messages: {why}")))?;
-                let text = template
-                    .render(messages, true)
+                if request.tools.is_some() && self.tool_style == ToolStyle::Foreign {
+                    return Err(ApiError::invalid("tools", "tools: the model's chat template asks for tool calls in a form this server does not parse (it parses <tool_call> tags, and its own JSON convention for templates without tools); leave tools out"));
+                }
+                let text = render(template, self.tool_style, messages, request.tools.as_ref())
                     .map_err(|e| ApiError::invalid("messages", format!("messages: {e:#}")))?;
                 self.fits("messages", &text)?;
                 ("messages", self.tokenizer.encode(&text, false))
@@ -247,19 +251,31 @@ impl App {
             (None, Endpoint::Completions) => COMPLETION_DEFAULT_TOKENS.min(c - p),
             (None, Endpoint::Chat) => c - p,
         };
-        let constraints = match &request.format {
+        let grammar = match (&request.format, &request.tools) {
+            (Some(schema), _) => Some((
+                TopLevelGrammar::from_json_schema(schema.clone()),
+                "response_format",
+                "the schema",
+            )),
+            (None, Some(tools)) => tools
+                .grammar(self.tool_style.form())
+                .map(|g| (g, "tools", "the functions' parameters")),
+            (None, None) => None,
+        };
+        let constraints = match grammar {
             None => Vec::new(),
-            Some(schema) => {
-                let grammars = self.grammars.as_ref().map_err(|why| {
-                    ApiError::invalid("response_format", format!("response_format: {why}"))
-                })?;
+            Some((grammar, field, what)) => {
+                let grammars = self
+                    .grammars
+                    .as_ref()
+                    .map_err(|why| ApiError::invalid(field, format!("{field}: {why}")))?;
                 (0..request.n)
-                    .map(|_| grammars.matcher(schema.clone()).map(Constraint::new))
+                    .map(|_| grammars.matcher(grammar.clone()).map(Constraint::new))
                     .collect::<anyhow::Result<Vec<_>>>()
                     .map_err(|e| {
                         ApiError::invalid(
-                            "response_format",
-                            format!("response_format: the schema cannot be followed: {e:#}"),
+                            field,
+                            format!("{field}: {what} cannot be followed: {e:#}"),
                         )
                     })?
             }
@@ -270,16 +286,6 @@ impl App {
             max_tokens,
             constraints,
         })
-    }
-}
-
-/// Sets the request's cancellation flag when dropped: with the response future or stream,
-/// so a client that goes away stops its sequences at the engine's next step.
-struct CancelOnDrop(Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -372,227 +378,19 @@ async fn answer(
         logprobs: request.logprobs.is_some(),
         tokenizer: app.tokenizer.clone(),
     };
-    let choices = Choices::new(request.n, prepared.tokens.len());
+    let holdback = request.tools.as_ref().map(|tools| {
+        let names: Vec<String> = tools.functions.iter().map(|f| f.name.clone()).collect();
+        let form = app.tool_style.form();
+        move || Holdback::new(form, names.clone())
+    });
+    let choices = Choices::new(
+        request.n,
+        prepared.tokens.len(),
+        holdback.as_ref().map(|h| h as &dyn Fn() -> Holdback),
+    );
     if request.stream {
         stream(shape, rx, choices, guard, tally)
     } else {
         whole(shape, rx, choices, guard, tally).await
     }
-}
-
-/// The choices of one request as their events come: text, logprobs, how each ended.
-struct Choices {
-    text: Vec<String>,
-    logprobs: Vec<Vec<TokenLogprob>>,
-    /// Tokens generated by each choice so far.
-    generated: Vec<usize>,
-    finish: Vec<Option<&'static str>>,
-    prompt: usize,
-}
-
-impl Choices {
-    fn new(n: usize, prompt: usize) -> Choices {
-        Choices {
-            text: vec![String::new(); n],
-            logprobs: vec![Vec::new(); n],
-            generated: vec![0; n],
-            finish: vec![None; n],
-            prompt,
-        }
-    }
-
-    fn usage(&self) -> Usage {
-        Usage {
-            prompt: self.prompt,
-            completion: self.generated.iter().sum(),
-        }
-    }
-
-    fn all_done(&self) -> bool {
-        self.finish.iter().all(Option::is_some)
-    }
-}
-
-/// Waits for every choice's whole text and answers with one body.
-async fn whole(
-    shape: Shape,
-    mut rx: UnboundedReceiver<(usize, Event)>,
-    mut choices: Choices,
-    _guard: CancelOnDrop,
-    mut tally: Tally,
-) -> Response {
-    while let Some((i, event)) = rx.recv().await {
-        match event {
-            Event::Text {
-                text,
-                completion,
-                logprobs,
-            } => {
-                tally.text_came();
-                choices.text[i].push_str(&text);
-                choices.logprobs[i].extend(logprobs);
-                choices.generated[i] = completion;
-            }
-            Event::Done(f) => {
-                choices.generated[i] = f.completion_tokens;
-                choices.finish[i] = Some(f.reason.name());
-            }
-            Event::Failed(message) => return engine_failure(&mut tally, message).into_response(),
-            Event::Refused(e) => {
-                tally.status = e.status.as_u16();
-                return e.into_response();
-            }
-        }
-        tally.generated = choices.usage().completion;
-        if choices.all_done() {
-            tally.status = 200;
-            let all = (0..choices.text.len())
-                .map(|index| {
-                    let piece = Piece {
-                        index,
-                        text: &choices.text[index],
-                        logprobs: &choices.logprobs[index],
-                        finish: choices.finish[index],
-                    };
-                    shape.choice(&piece, true)
-                })
-                .collect();
-            return Json(shape.body(all, true, Some(choices.usage()))).into_response();
-        }
-    }
-    engine_failure(&mut tally, "the engine dropped the request".into()).into_response()
-}
-
-fn engine_failure(tally: &mut Tally, message: String) -> ApiError {
-    let e = ApiError::engine(format!("the engine failed on this request: {message}"));
-    tally.status = e.status.as_u16();
-    e
-}
-
-/// The state of one server-sent event stream.
-struct Streaming {
-    shape: Shape,
-    rx: UnboundedReceiver<(usize, Event)>,
-    choices: Choices,
-    _guard: CancelOnDrop,
-    tally: Tally,
-    /// Data lines ready to send.
-    pending: VecDeque<String>,
-    /// Whether the last line is queued.
-    ended: bool,
-}
-
-impl Streaming {
-    /// Queues what `event` adds to the stream.
-    fn take(&mut self, event: Option<(usize, Event)>) {
-        let shape = &self.shape;
-        let chunk = |piece: &Piece, usage: Option<Usage>| {
-            shape
-                .body(vec![shape.choice(piece, false)], false, usage)
-                .to_string()
-        };
-        match event {
-            Some((
-                index,
-                Event::Text {
-                    text,
-                    completion,
-                    logprobs,
-                },
-            )) => {
-                self.tally.text_came();
-                self.choices.generated[index] = completion;
-                let piece = Piece {
-                    index,
-                    text: &text,
-                    logprobs: &logprobs,
-                    finish: None,
-                };
-                self.pending.push_back(chunk(&piece, None));
-            }
-            Some((index, Event::Done(f))) => {
-                let choices = &mut self.choices;
-                choices.generated[index] = f.completion_tokens;
-                choices.finish[index] = Some(f.reason.name());
-                let piece = Piece {
-                    index,
-                    text: "",
-                    logprobs: &[],
-                    finish: Some(f.reason.name()),
-                };
-                let last = choices.all_done();
-                if !last || shape.usage_chunk {
-                    self.pending.push_back(chunk(&piece, None));
-                }
-                if last {
-                    self.tally.status = 200;
-                    if shape.usage_chunk {
-                        let usage = shape.body(Vec::new(), false, Some(choices.usage()));
-                        self.pending.push_back(usage.to_string());
-                    } else {
-                        self.pending.push_back(chunk(&piece, Some(choices.usage())));
-                    }
-                    self.pending.push_back("[DONE]".into());
-                    self.ended = true;
-                }
-            }
-            Some((_, Event::Failed(message))) => {
-                let e = engine_failure(&mut self.tally, message);
-                self.pending.push_back(e.body().to_string());
-                self.ended = true;
-            }
-            Some((_, Event::Refused(e))) => {
-                self.tally.status = e.status.as_u16();
-                self.pending.push_back(e.body().to_string());
-                self.ended = true;
-            }
-            None => {
-                let e = engine_failure(&mut self.tally, "the engine dropped the request".into());
-                self.pending.push_back(e.body().to_string());
-                self.ended = true;
-            }
-        }
-        self.tally.generated = self.choices.usage().completion;
-    }
-}
-
-/// Answers with server-sent events: one chunk per piece of a choice's text, a chunk with
-/// each choice's finish reason, the usage in the last one (with
-/// `stream_options.include_usage`, in a chunk of no choices after them), then `data: [DONE]`.
-fn stream(
-    shape: Shape,
-    rx: UnboundedReceiver<(usize, Event)>,
-    choices: Choices,
-    guard: CancelOnDrop,
-    tally: Tally,
-) -> Response {
-    let mut pending = VecDeque::new();
-    if shape.endpoint == Endpoint::Chat {
-        for index in 0..choices.text.len() {
-            let role = shape.body(vec![shape.role(index)], false, None);
-            pending.push_back(role.to_string());
-        }
-    }
-    let state = Streaming {
-        shape,
-        rx,
-        choices,
-        _guard: guard,
-        tally,
-        pending,
-        ended: false,
-    };
-    let events = futures_util::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(data) = s.pending.pop_front() {
-                return Some((Ok::<_, Infallible>(SseEvent::default().data(data)), s));
-            }
-            if s.ended {
-                return None;
-            }
-            let event = s.rx.recv().await;
-            s.take(event);
-        }
-    });
-    (StatusCode::OK, Sse::new(events)).into_response()
 }

@@ -3,7 +3,7 @@
 //! Models ship a Jinja template (`tokenizer.chat_template`) written for Hugging Face's
 //! `apply_chat_template`. We render it with minijinja configured the way Hugging Face
 //! configures Jinja (`trim_blocks`, `lstrip_blocks`, Python string methods, `tojson`,
-//! `raise_exception`) and pass the variables such templates read: `messages`,
+//! `raise_exception`) and pass the variables such templates read: `messages`, `tools`,
 //! `add_generation_prompt`, `bos_token`, `eos_token`.
 
 use anyhow::{anyhow, Context, Result};
@@ -80,6 +80,29 @@ impl ChatTemplate {
             .iter()
             .map(|m| context! { role => m.role.as_str(), content => m.content.as_str() })
             .collect();
+        self.render_values(messages, Value::UNDEFINED, add_generation_prompt)
+    }
+
+    /// Renders a conversation given as OpenAI's message objects (`tool_calls`,
+    /// `tool_call_id` and the like included) with `tools` (OpenAI's tool objects, or none),
+    /// as Hugging Face's `apply_chat_template(messages, tools=...)` does.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let messages = messages.iter().map(jinja).collect();
+        let tools = tools.map_or(Value::UNDEFINED, jinja);
+        self.render_values(messages, tools, add_generation_prompt)
+    }
+
+    fn render_values(
+        &self,
+        messages: Vec<Value>,
+        tools: Value,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self
             .env
             .get_template(NAME)
@@ -87,11 +110,29 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages,
+                tools,
                 add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
             })
             .map_err(|e| anyhow!("rendering the chat template: {e}"))
+    }
+}
+
+/// A JSON value as the template's value (an object's keys in their order).
+fn jinja(value: &serde_json::Value) -> Value {
+    use serde_json::Value as Json;
+    match value {
+        Json::Null => Value::from(()),
+        Json::Bool(b) => Value::from(*b),
+        Json::Number(n) => n
+            .as_i64()
+            .map(Value::from)
+            .or_else(|| n.as_u64().map(Value::from))
+            .unwrap_or_else(|| Value::from(n.as_f64().unwrap_or(f64::NAN))),
+        Json::String(s) => Value::from(s.as_str()),
+        Json::Array(items) => Value::from(items.iter().map(jinja).collect::<Vec<_>>()),
+        Json::Object(map) => Value::from_pairs(map.iter().map(|(k, v)| (k.as_str(), jinja(v)))),
     }
 }
 

@@ -91,6 +91,21 @@ impl Server {
             .collect()
     }
 
+    /// The chunks of a streamed request, parsed, once it is sure the stream ended with
+    /// `[DONE]`.
+    pub fn chunks(&self, path: &str, body: &Value) -> Vec<Value> {
+        let lines = self.stream(path, body);
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("[DONE]"),
+            "{lines:?}"
+        );
+        lines[..lines.len() - 1]
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
     /// The value of an unlabelled or labelled sample in /metrics.
     pub fn metric(&self, sample: &str) -> f64 {
         let (status, text) = self.raw("GET", "/metrics", "");
