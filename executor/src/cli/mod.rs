@@ -27,8 +27,9 @@ use crate::cpu::ReduceOrder;
 use crate::dist::{ProcessMap, World, PEER_FAILED};
 use crate::engine::{open, Arm, Backend, Decoder, EngineOptions, PromptMode};
 use crate::plan_load::{load, load_synthetic, LoadedPlan};
-use crate::sample::SamplerConfig;
+use crate::sample::{Sampler, SamplerConfig};
 use crate::session::Session;
+use crate::speculate::Drafts;
 use crate::text::Tokenizer;
 
 /// Run memra execution plans: generate text, chat, measure perplexity and speed, and check
@@ -532,12 +533,21 @@ struct Loaded {
 fn start(plan: &Path, run: &RunArgs, sampling: Sampling) -> Result<Loaded> {
     let plan = run.load(plan)?;
     let tokenizer = Tokenizer::from_gguf(plan.gguf()?)?;
-    let options = run.options(sampling.config);
+    // the host samples a speculative plan's tokens (`crate::speculate`), the engine none
+    let engine_sampler = match plan.plan.speculative {
+        Some(_) => SamplerConfig::GREEDY,
+        None => sampling.config,
+    };
+    let options = run.options(engine_sampler);
     let engine = open(&plan, options)?;
     let prints = options.holds_readback(&plan.plan);
     notice_prompt_mode(&*engine, &plan.plan, prints);
     let runtime = &plan.plan.runtime;
-    let session = Session::new(engine, runtime.in_flight, runtime.max_context);
+    let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
+    if let Some(sp) = plan.plan.speculative {
+        let sampler = Sampler::new(sampling.config);
+        session = session.speculating(sp.tokens as usize, Drafts::Lookup, sampler);
+    }
     sampling.announce(prints);
     Ok(Loaded {
         prints,
