@@ -11,6 +11,7 @@
 mod batched;
 mod launch;
 mod serve;
+mod speculation;
 mod text;
 mod tools;
 
@@ -249,9 +250,16 @@ enum Command {
         /// --prompt then -n tokens: aggregate tok/s and each sequence's ms per token.
         #[arg(long, value_name = "B", value_parser = at_least::<1>)]
         batch: Option<usize>,
-        /// Print one JSON object instead of the line.
+        /// Print one JSON object instead of the line (and one more for a speculative plan).
         #[arg(long)]
         json: bool,
+        /// The prompt: this text file's tokens (instead of --prompt N synthetic ones).
+        #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+        text: Option<PathBuf>,
+        /// On a plan with [speculative]: draft the plain runs' own greedy continuation, at
+        /// most N tokens a step (acceptance 100%), to measure the verify step's cost.
+        #[arg(long, value_name = "N", value_parser = at_least::<1>, conflicts_with = "batch")]
+        draft_replay: Option<usize>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -706,6 +714,8 @@ fn run(command: Command) -> Result<ExitCode> {
             reps,
             batch,
             json,
+            text,
+            draft_replay,
             run,
         } => {
             let bench = tools::Bench {
@@ -715,6 +725,8 @@ fn run(command: Command) -> Result<ExitCode> {
                 reps,
                 json,
                 run: &run,
+                text: text.as_deref(),
+                draft_replay,
             };
             match batch {
                 None => tools::bench(&bench),

@@ -23,21 +23,20 @@ pub use lookup::lookup;
 pub enum Drafts {
     /// Prompt lookup (`lookup`) over the context: the prompt and the tokens generated so far.
     Lookup,
-    /// A fixed continuation: generated token `g` is drafted as `tokens[g]`, at most `cut`
-    /// per step. The model's own greedy continuation is accepted whole (a draft of
+    /// A fixed sequence: after a context of `n` tokens, the draft is `tokens[n..]`, at most
+    /// `cut` a step. The model's own greedy sequence is accepted whole (a draft of
     /// acceptance 100%, cut at the lengths whose verify cost is measured); other tokens are
     /// rejected (the tests' drafts that must leave no trace).
     Replay { tokens: Vec<u32>, cut: usize },
 }
 
 impl Drafts {
-    /// At most `k` drafts after `context`, of which the last `generated` tokens were
-    /// generated.
-    fn propose(&self, context: &[u32], generated: usize, k: usize) -> Vec<u32> {
+    /// At most `k` drafts after `context`.
+    fn propose(&self, context: &[u32], k: usize) -> Vec<u32> {
         match self {
             Drafts::Lookup => lookup(context, k),
             Drafts::Replay { tokens, cut } => {
-                let from = generated.min(tokens.len());
+                let from = context.len().min(tokens.len());
                 tokens[from..(from + k.min(*cut)).min(tokens.len())].to_vec()
             }
         }
@@ -157,7 +156,7 @@ pub fn speculate(
             return Ok(spoken);
         }
         let room = k.min(max_context - 1 - n).min(left - 1);
-        let draft = drafts.propose(&all, spoken.generated.len(), room);
+        let draft = drafts.propose(&all, room);
         let mut rows = Vec::with_capacity(draft.len() + 1);
         rows.push(token);
         rows.extend_from_slice(&draft);
