@@ -162,3 +162,146 @@ fn rejected_drafts_leave_no_trace_through_kda_tp_and_pp_plans() {
         }
     }
 }
+
+/// Chi-square's value that `df` degrees of freedom exceed with the probability of a normal
+/// variable exceeding `z` (Wilson-Hilferty); z = 4: about 3e-5.
+fn chi2_critical(df: usize, z: f64) -> f64 {
+    let df = df as f64;
+    let a = 2.0 / (9.0 * df);
+    df * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+/// Pearson's chi-square of `counts` against the probabilities `p`, categories expected fewer
+/// than 5 times pooled into one; with its degrees of freedom.
+fn chi2(counts: &[u64], p: &[f64]) -> (f64, usize) {
+    let n = counts.iter().sum::<u64>() as f64;
+    let (mut stat, mut cats, mut pooled) = (0.0, 0, (0.0, 0.0));
+    for (&c, &q) in counts.iter().zip(p) {
+        if n * q >= 5.0 {
+            stat += (c as f64 - n * q).powi(2) / (n * q);
+            cats += 1;
+        } else {
+            pooled = (pooled.0 + c as f64, pooled.1 + n * q);
+        }
+    }
+    if pooled.1 > 0.0 {
+        stat += (pooled.0 - pooled.1).powi(2) / pooled.1;
+        cats += 1;
+    }
+    (stat, cats - 1)
+}
+
+#[test]
+fn speculative_sampling_keeps_the_samplers_distribution() {
+    // 24 logits a few units apart, temperature 0.8, nothing truncated: p = softmax(l / 0.8)
+    let logits: Vec<f32> = (0..24).map(|i| (i * 7 % 24) as f32 * 0.2 - 2.0).collect();
+    let max = logits.iter().fold(f64::MIN, |m, &l| m.max(f64::from(l)));
+    let e: Vec<f64> = logits
+        .iter()
+        .map(|&l| ((f64::from(l) - max) / 0.8).exp())
+        .collect();
+    let p: Vec<f64> = e.iter().map(|x| x / e.iter().sum::<f64>()).collect();
+    let config = |seed| SamplerConfig {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 1.0,
+        seed,
+    };
+    const DRAWS: u64 = 20_000;
+    let likeliest = (0..24).max_by(|&a, &b| p[a].total_cmp(&p[b])).unwrap() as u32;
+    let unlikely = (0..24).min_by(|&a, &b| p[a].total_cmp(&p[b])).unwrap() as u32;
+    for draft in [likeliest, 5, unlikely] {
+        let mut counts = vec![0u64; 24];
+        let mut wrong = vec![0u64; 24];
+        for seed in 0..DRAWS {
+            let token = Sampler::new(config(seed)).verify(&logits, draft);
+            counts[token as usize] += 1;
+            // a known wrong rule: on rejection, a token drawn from p itself (the draft not
+            // removed), which the test must tell apart
+            let redrawn = match token == draft {
+                true => draft,
+                false => Sampler::new(config(seed + DRAWS)).sample(&logits),
+            };
+            wrong[redrawn as usize] += 1;
+        }
+        let (stat, df) = chi2(&counts, &p);
+        let limit = chi2_critical(df, 4.0);
+        assert!(
+            stat < limit,
+            "draft {draft}: chi-square {stat:.1} over {df} degrees of freedom, limit {limit:.1}"
+        );
+        if draft == likeliest {
+            let (stat, df) = chi2(&wrong, &p);
+            assert!(
+                stat > chi2_critical(df, 4.0),
+                "the wrong rule passed: chi-square {stat:.1} over {df}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sampled_speculative_decoding_draws_what_plain_sampling_draws_on_a_tiny_model() {
+    tiny_tp_model();
+    let plain = synthetic_with("tiny-tp", "");
+    let spec = synthetic_with("tiny-tp", LOOKUP_3);
+    let sampling = |seed| SamplerConfig {
+        temperature: 1.5,
+        top_k: 3,
+        top_p: 1.0,
+        seed,
+    };
+    let prompt: Vec<u32> = vec![5, 9, 200, 31, 7];
+    // three generated tokens of plain runs (the engine samples) and of speculative runs (the
+    // host verifies a draft of the greedy sequence's second token against the first token's
+    // row, then takes the bonus token or decodes the third alone): among 3 x 3 x 3 triples
+    const RUNS: usize = 3000;
+    let greedy = decode(&plain, Arm::Serial, &[prompt.clone()], 3, None).0;
+    let mut opts = options(Arm::Serial);
+    opts.sampler = sampling(11);
+    let rt = &plain.plan.runtime;
+    let mut plain_session = Session::new(open(&plain, opts).unwrap(), rt.in_flight, rt.max_context);
+    let drafts = Drafts::Replay {
+        tokens: [&prompt[..], &greedy].concat(),
+        cut: 3,
+    };
+    let engine = open(&spec, options(Arm::Serial)).unwrap();
+    let mut spec_session = Session::new(engine, rt.in_flight, rt.max_context).speculating(
+        3,
+        drafts,
+        Sampler::new(sampling(12)),
+    );
+    let mut triples = std::collections::BTreeMap::<Vec<u32>, (u64, u64)>::new();
+    for _ in 0..RUNS {
+        for (session, plain) in [(&mut plain_session, true), (&mut spec_session, false)] {
+            session.reset();
+            let g = session
+                .continue_with(&prompt, 3, |_, _| Ok(Flow::Continue))
+                .unwrap();
+            let entry = triples.entry(g).or_default();
+            if plain {
+                entry.0 += 1;
+            } else {
+                entry.1 += 1;
+            }
+        }
+    }
+    let tally = spec_session.tally().unwrap();
+    assert!(
+        tally.accepted > 0 && tally.accepted < tally.drafted,
+        "{tally:?}"
+    );
+    // two samples of equal size: sum (a - b)^2 / (a + b) over the triples seen 10 times or more
+    let (mut stat, mut cats) = (0.0, 0usize);
+    for &(a, b) in triples.values().filter(|(a, b)| a + b >= 10) {
+        stat += (a as f64 - b as f64).powi(2) / (a + b) as f64;
+        cats += 1;
+    }
+    let limit = chi2_critical(cats - 1, 4.0);
+    assert!(cats >= 4, "{triples:?}");
+    assert!(
+        stat < limit,
+        "chi-square {stat:.1} over {} degrees of freedom, limit {limit:.1}: {triples:?}",
+        cats - 1
+    );
+}
