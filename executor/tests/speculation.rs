@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{compile_scratch, options, root, smollm2, synth_model, tiny_tp_model};
+use common::{compile_scratch, options, root, smollm2, tiny_kimi_linear_model, tiny_tp_model};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::open;
 use memra_executor::plan_load::LoadedPlan;
@@ -121,12 +121,7 @@ fn smollm2_prompt_lookup_generates_plain_decodings_tokens_and_logits() {
 #[test]
 fn rejected_drafts_leave_no_trace_through_kda_tp_and_pp_plans() {
     tiny_tp_model();
-    synth_model(
-        "tiny-kimi-linear",
-        "q8_0",
-        16,
-        "models/tiny-kimi-linear-q8_0.gguf",
-    );
+    tiny_kimi_linear_model();
     for (reference, name, arms) in [
         ("tiny-tp", "tiny-tp", &[Arm::Serial][..]),
         ("tiny-tp", "tiny-tp-tp2", &[Arm::Serial]),
@@ -303,5 +298,21 @@ fn sampled_speculative_decoding_draws_what_plain_sampling_draws_on_a_tiny_model(
         stat < limit,
         "chi-square {stat:.1} over {} degrees of freedom, limit {limit:.1}: {triples:?}",
         cats - 1
+    );
+}
+
+#[test]
+fn the_cuda_engine_refuses_a_speculative_plan_by_name() {
+    let spec = smollm2("smollm2-lookup");
+    let cuda = memra_executor::engine::EngineOptions {
+        backend: memra_executor::engine::Backend::Cuda,
+        ..options(Arm::Serial)
+    };
+    let err = open(&spec, cuda)
+        .err()
+        .expect("the cuda engine must refuse it");
+    assert!(
+        format!("{err:#}").contains("speculative section is not run by the cuda engine"),
+        "{err:#}"
     );
 }

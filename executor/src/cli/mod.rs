@@ -254,7 +254,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// The prompt: this text file's tokens (instead of --prompt N synthetic ones).
-        #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "batch"])]
         text: Option<PathBuf>,
         /// On a plan with [speculative]: draft the plain runs' own greedy continuation, at
         /// most N tokens a step (acceptance 100%), to measure the verify step's cost.

@@ -1,4 +1,4 @@
-//! `bench` of a plan with `[speculative]`: after the plain decode runs, the same engine
+//! `bench` of a plan with `[speculative]`: after each plain decode run, the same engine
 //! decodes the same prompt by speculative decoding, and the acceptance length and tok/s are
 //! reported beside plain decoding's. `--draft-replay N` drafts the plain runs' own greedy
 //! continuation instead of looking drafts up, cut at N per step: acceptance 100%, so the
@@ -24,33 +24,67 @@ pub(super) struct Measured {
     pub tally: Tally,
 }
 
-/// Decodes `ids` and then `n - 1` tokens after the first (the plain runs' `continuation`,
-/// `n` tokens) by speculative decoding on `session`, one warm-up and `reps` timed runs, as
-/// plain decoding's runs time them: the tokens after the first over their time. Fails when
-/// a run's tokens are not the plain greedy continuation.
-pub(super) fn measure(
-    session: Session,
+impl Measured {
+    /// The result as a line of text, or a JSON object, beside plain decoding's `plain` tok/s
+    /// on a plan of up to `k` drafts a step.
+    pub fn report(&self, json: bool, k: u32, plain: f64) -> String {
+        let t = self.tally;
+        let (steps, drafted, accepted) = (t.steps, t.drafted, t.accepted);
+        let (length, (tok_s, sd)) = (t.acceptance_length(), self.tok_s);
+        let (drafts, speedup) = (&self.drafts, tok_s / plain);
+        if json {
+            format!("{{\"speculative\": {{\"drafts\": {drafts:?}, \"tokens\": {k}, \"steps\": {steps}, \"drafted\": {drafted}, \"accepted\": {accepted}, \"acceptance_length\": {length:.3}, \"tok_s\": {tok_s:.2}, \"tok_s_sd\": {sd:.2}, \"plain_tok_s\": {plain:.2}, \"speedup\": {speedup:.3}}}}}")
+        } else {
+            format!("speculative ({drafts}, up to {k} drafts a step): acceptance length {length:.2} ({accepted} of {drafted} drafts in {steps} steps), {tok_s:.1} ± {sd:.1} tok/s, {speedup:.2}x plain decoding's {plain:.1}")
+        }
+    }
+}
+
+/// The speculative runs of a bench, each right after a plain run of the same prompt (so the
+/// machine's load changes both alike).
+pub(super) struct SpeculativeRuns {
     sp: Speculative,
-    (ids, continuation): (&[u32], &[u32]),
     replay: Option<usize>,
-    reps: usize,
-) -> Result<Measured> {
-    let k = sp.tokens as usize;
-    let (drafts, name) = match replay {
-        None => (Drafts::Lookup, sp.draft.name().to_string()),
-        Some(cut) => (
-            Drafts::Replay {
+    rates: Vec<f64>,
+    tally: Tally,
+}
+
+impl SpeculativeRuns {
+    /// Runs of `sp`'s drafts, or with `replay`, of the plain continuation cut at that many.
+    pub fn new(sp: Speculative, replay: Option<usize>) -> SpeculativeRuns {
+        SpeculativeRuns {
+            sp,
+            replay,
+            rates: Vec::new(),
+            tally: Tally::default(),
+        }
+    }
+
+    /// `session` speculating with these runs' drafts; `continuation` is the plain runs'
+    /// greedy continuation of `ids`.
+    pub fn session(&self, session: Session, ids: &[u32], continuation: &[u32]) -> Session {
+        let drafts = match self.replay {
+            None => Drafts::Lookup,
+            Some(cut) => Drafts::Replay {
                 tokens: [ids, continuation].concat(),
                 cut,
             },
-            format!("replay cut at {}", cut.min(k)),
-        ),
-    };
-    let sampler = Sampler::new(SamplerConfig::GREEDY);
-    let mut session = session.speculating(k, drafts, sampler);
-    let mut rates = Vec::new();
-    let mut tally = Tally::default();
-    for rep in 0..=reps {
+        };
+        let greedy = Sampler::new(SamplerConfig::GREEDY);
+        session.speculating(self.sp.tokens as usize, drafts, greedy)
+    }
+
+    /// One run on the speculating `session`: `ids` and its first token plainly, then the
+    /// rest of the plain runs' `continuation` (`n` tokens) by speculative decoding, timed as
+    /// plain decoding's runs are (the tokens after the first over their time) when `timed`.
+    /// Fails when the tokens are not the plain greedy continuation.
+    pub fn run(
+        &mut self,
+        session: &mut Session,
+        ids: &[u32],
+        continuation: &[u32],
+        timed: bool,
+    ) -> Result<()> {
         session.reset();
         let first = session.run(ids, 1, ids.len() - 1, |_, _| Ok(Flow::Continue))?;
         let context = [ids, &first].concat();
@@ -62,19 +96,28 @@ pub(super) fn measure(
         if [&first[..], &generated].concat() != continuation {
             bail!("speculative decoding's greedy tokens differ from plain decoding's");
         }
-        if rep > 0 {
-            rates.push(generated.len() as f64 / secs.max(1e-9));
+        if timed {
+            self.rates.push(generated.len() as f64 / secs.max(1e-9));
             let after = session.tally().unwrap_or_default();
-            tally.add(Tally {
+            self.tally.add(Tally {
                 steps: after.steps - before.steps,
                 drafted: after.drafted - before.drafted,
                 accepted: after.accepted - before.accepted,
             });
         }
+        Ok(())
     }
-    Ok(Measured {
-        drafts: name,
-        tok_s: mean_sd(&rates),
-        tally,
-    })
+
+    /// What the timed runs measured.
+    pub fn measured(&self) -> Measured {
+        let drafts = match self.replay {
+            None => self.sp.draft.name().to_string(),
+            Some(cut) => format!("replay cut at {}", cut.min(self.sp.tokens as usize)),
+        };
+        Measured {
+            drafts,
+            tok_s: mean_sd(&self.rates),
+            tally: self.tally,
+        }
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use memra_gguf::progress::{Progress, Unit};
 
-use super::speculation::measure;
+use super::speculation::SpeculativeRuns;
 use super::{start, RunArgs, Sampling};
 use crate::batch_gate::{batch_gate, sequences};
 use crate::engine::{open, Arm, Backend, EngineOptions, PromptMode};
@@ -475,7 +475,14 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
     let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
     let ids = bench.prompt_tokens(&loaded)?;
     let (mut rates, mut prefill, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
-    let mut continuation = Vec::new();
+    let mut speculative = match (loaded.plan.speculative, bench.draft_replay) {
+        (Some(sp), replay) => Some(SpeculativeRuns::new(sp, replay)),
+        (None, Some(_)) => bail!(
+            "--draft-replay: {} has no [speculative] section; compile a placement with one",
+            plan.display()
+        ),
+        (None, None) => None,
+    };
     for rep in 0..=bench.reps {
         session.reset();
         // The prompt and the first token, then the other tokens in a run of their own: timing
@@ -487,7 +494,14 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
         let decode = Instant::now();
         let generated = session.run(&first, n - 1, 0, |_, _| Ok(Flow::Continue))?;
         let secs = decode.elapsed().as_secs_f64();
-        continuation = [first, generated.clone()].concat();
+        let continuation = [&first[..], &generated].concat();
+        if let Some(runs) = &mut speculative {
+            // the plain runs decode with `run`, which never speculates
+            if rep == 0 {
+                session = runs.session(session, &ids, &continuation);
+            }
+            runs.run(&mut session, &ids, &continuation, rep > 0)?;
+        }
         // The first repetition warms caches and thread pools and is not counted.
         if rep > 0 {
             rates.push(generated.len() as f64 / secs.max(1e-9));
@@ -495,19 +509,6 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
             ttft.push(to_first * 1000.0);
         }
     }
-    let speculative = match loaded.plan.speculative {
-        Some(sp) => {
-            let pair = (&ids[..], &continuation[..]);
-            Some(measure(session, sp, pair, bench.draft_replay, bench.reps)?)
-        }
-        None if bench.draft_replay.is_some() => {
-            bail!(
-                "--draft-replay: {} has no [speculative] section; compile a placement with one",
-                plan.display()
-            )
-        }
-        None => None,
-    };
     if !prints {
         return Ok(ExitCode::SUCCESS);
     }
@@ -545,27 +546,12 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
             copy.map_or("null".into(), |c| format!("{c:.1}")),
             copy.map_or("null".into(), |c| format!("{:.4}", gbs / c)),
         );
-        if let Some(m) = &speculative {
-            let t = m.tally;
-            println!(
-                "{{\"speculative\": {{\"drafts\": {:?}, \"tokens\": {}, \"steps\": {}, \"drafted\": {}, \"accepted\": {}, \"acceptance_length\": {:.3}, \"tok_s\": {:.2}, \"tok_s_sd\": {:.2}, \"plain_tok_s\": {mean:.2}, \"speedup\": {:.3}}}}}",
-                m.drafts,
-                p.speculative.map_or(0, |s| s.tokens),
-                t.steps,
-                t.drafted,
-                t.accepted,
-                t.acceptance_length(),
-                m.tok_s.0,
-                m.tok_s.1,
-                m.tok_s.0 / mean
-            );
-        }
     } else {
         let share = copy.map_or(String::new(), |c| {
             format!(" = {:.1}% of the {c:.0} GB/s device copy", 100.0 * gbs / c)
         });
         // the prompt part only when one was asked for, so the decode line keeps its shape
-        let prefill = if bench.prompt > 0 {
+        let prefill = if bench.prompt > 0 || bench.text.is_some() {
             format!(
                 "prompt {} tokens ({chunk}): {pp:.1} ± {pp_sd:.1} tok/s, time to first token {ttft_ms:.1} ms; ",
                 ids.len()
@@ -582,21 +568,10 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
             1000.0 / mean,
             bytes as f64 / 1e6,
         );
-        if let Some(m) = &speculative {
-            let t = m.tally;
-            println!(
-                "speculative ({}, up to {} drafts a step): acceptance length {:.2} ({} of {} drafts in {} steps), {:.1} ± {:.1} tok/s, {:.2}x plain decoding's {mean:.1}",
-                m.drafts,
-                p.speculative.map_or(0, |s| s.tokens),
-                t.acceptance_length(),
-                t.accepted,
-                t.drafted,
-                t.steps,
-                m.tok_s.0,
-                m.tok_s.1,
-                m.tok_s.0 / mean
-            );
-        }
+    }
+    if let Some(runs) = &speculative {
+        let k = p.speculative.map_or(0, |s| s.tokens);
+        println!("{}", runs.measured().report(bench.json, k, mean));
     }
     Ok(ExitCode::SUCCESS)
 }

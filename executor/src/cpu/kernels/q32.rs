@@ -108,16 +108,14 @@ fn tokens_k<const K: u8>(
     #[cfg(target_arch = "x86_64")]
     if simd {
         let rows = y.first().map_or(0, |y| y.len()) / 4 * 4;
-        // the tokens in groups of four (then two, then an odd last one paired with itself):
-        // each group of four weight rows is read from memory once and passes every group
-        // while it sits in cache (a verify step of 3 or 5 rows reads the weights once)
+        // the tokens in groups of four (then two): each group of four weight rows is read
+        // from memory once and passes every group while it sits in cache
         let mut groups = Vec::new();
         while t + 2 <= x.len() {
             let p = if t + 4 <= x.len() { 2 } else { 1 };
             groups.push((t, p));
             t += 2 * p;
         }
-        let odd = (t > 0 && t < x.len()).then_some(t);
         for r in (0..rows).step_by(4) {
             let w4 = &w[r * rb..(r + 4) * rb];
             for &(t, p) in &groups {
@@ -135,15 +133,7 @@ fn tokens_k<const K: u8>(
                     y[t + 2 * j + 1][r..r + 4].copy_from_slice(&v[4..]);
                 }
             }
-            if let Some(o) = odd {
-                // a token's values do not depend on the one beside it in the kernel
-                // SAFETY: as above
-                let [v] = unsafe { rows4xp_avx2::<K, 1>(w4, rb, &[x[o], x[o]], chunks) };
-                y[o][r..r + 4].copy_from_slice(&v[..4]);
-            }
         }
-        // the odd token's weight rows past the fours come with the groups' below
-        t += usize::from(odd.is_some());
         for j in 0..t {
             rows_k::<K>(&w[rows * rb..], rb, x[j], chunks, &mut y[j][rows..], simd);
         }
