@@ -251,7 +251,7 @@ fn sampled_speculative_decoding_draws_what_plain_sampling_draws_on_a_tiny_model(
     // host verifies a draft of the greedy sequence's second token against the first token's
     // row, then takes the bonus token or decodes the third alone): among 3 x 3 x 3 triples
     const RUNS: usize = 3000;
-    let greedy = decode(&plain, Arm::Serial, &[prompt.clone()], 3, None).0;
+    let greedy = decode(&plain, Arm::Serial, std::slice::from_ref(&prompt), 3, None).0;
     let mut opts = options(Arm::Serial);
     opts.sampler = sampling(11);
     let rt = &plain.plan.runtime;
