@@ -117,37 +117,23 @@ impl Session {
 
     /// Feeds `tokens` after the history, reusing the longest cached prefix: for a chat whose
     /// whole conversation is re-rendered every turn, only the new part is decoded. Only the
-    /// logits of generating rows are asked for.
+    /// logits of generating rows are asked for. A speculating session (`speculating`)
+    /// generates by speculative decoding, and `on_step` sees only the generated tokens.
     pub fn continue_with(
         &mut self,
         tokens: &[u32],
         max_new: usize,
-        on_step: impl FnMut(&StepOutput, bool) -> Result<Flow>,
-    ) -> Result<Vec<u32>> {
-        let common = self.keep_prefix_of(tokens);
-        if self.speculation.is_some() {
-            return self.speculate(tokens, common, max_new, on_step);
-        }
-        let rest = &tokens[common..];
-        self.run(rest, max_new, rest.len().saturating_sub(1), on_step)
-    }
-
-    /// `continue_with` by speculative decoding, the first `cached` of `tokens` in the caches.
-    /// `on_step` sees the generated tokens only (with their logits).
-    fn speculate(
-        &mut self,
-        tokens: &[u32],
-        cached: usize,
-        max_new: usize,
         mut on_step: impl FnMut(&StepOutput, bool) -> Result<Flow>,
     ) -> Result<Vec<u32>> {
-        let s = self
-            .speculation
-            .as_mut()
-            .expect("invariant: called when speculating");
+        let common = self.keep_prefix_of(tokens);
+        let Some(s) = self.speculation.as_mut() else {
+            let rest = &tokens[common..];
+            return self.run(rest, max_new, rest.len().saturating_sub(1), on_step);
+        };
+        // speculative decoding: `on_step` sees the generated tokens only, with their logits
         let run = Run {
             context: tokens,
-            cached,
+            cached: common,
             max_new,
             max_context: self.max_context,
             tokens: s.k,
