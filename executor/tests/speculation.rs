@@ -5,7 +5,8 @@
 //! rejected (a replayed sequence with wrong tokens in it) through a KDA state (kimi-linear),
 //! tensor-parallel and pipeline plans, in both arms. Sampled, `Sampler::verify` keeps the
 //! sampler's distribution (chi-square over seeds, against the exact probabilities and
-//! against a rule that is known wrong).
+//! against a rule that is known wrong). `generate` and `bench` run a speculative plan, and
+//! the cuda engine refuses one.
 
 mod common;
 
@@ -127,6 +128,7 @@ fn rejected_drafts_leave_no_trace_through_kda_tp_and_pp_plans() {
         ("tiny-tp", "tiny-tp-tp2", &[Arm::Serial]),
         ("tiny-tp", "tiny-tp-pp2", &[Arm::Serial, Arm::Pipelined]),
         ("tiny-kimi-linear", "tiny-kimi-linear", &[Arm::Serial]),
+        ("tiny-kimi-linear", "tiny-kimi-linear-tp2", &[Arm::Serial]),
         (
             "tiny-kimi-linear",
             "tiny-kimi-linear-pp2",
@@ -314,5 +316,86 @@ fn the_cuda_engine_refuses_a_speculative_plan_by_name() {
     assert!(
         format!("{err:#}").contains("speculative section is not run by the cuda engine"),
         "{err:#}"
+    );
+}
+
+/// `memra-run ARGS` in the repository root; its stdout and stderr, failing on an error.
+fn memra_run(args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-run"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+#[test]
+fn generate_with_a_lookup_plan_prints_plain_decodings_text_and_its_acceptance() {
+    smollm2("smollm2");
+    smollm2("smollm2-lookup");
+    let prompt = "Copy: one two three four five six. Copy: one two three";
+    let run = |plan: &str| {
+        let plan = format!("plans/{plan}.plan.toml");
+        memra_run(&[
+            "generate", &plan, "-p", prompt, "-n", "10", "--temp", "0", "-t", "1",
+        ])
+    };
+    let (plain, plain_err) = run("smollm2");
+    let (spec, spec_err) = run("smollm2-lookup");
+    assert_eq!(plain, spec);
+    assert!(!plain_err.contains("speculative"), "{plain_err}");
+    assert!(
+        spec_err.contains("speculative: ") && spec_err.contains("lookup drafts"),
+        "{spec_err}"
+    );
+}
+
+#[test]
+fn bench_of_replayed_drafts_accepts_every_draft_and_refuses_a_plain_plan() {
+    smollm2("smollm2-lookup");
+    // 5 tokens: the first plainly, the second from the step that embeds the first, then one
+    // verify step of 2 replayed drafts and the bonus token
+    let args = [
+        "bench",
+        "plans/smollm2-lookup.plan.toml",
+        "-n",
+        "5",
+        "--reps",
+        "1",
+        "-t",
+        "1",
+        "--draft-replay",
+        "2",
+        "--json",
+    ];
+    let (out, _) = memra_run(&args);
+    let line = out.lines().find(|l| l.contains("speculative")).expect(&out);
+    let json: serde_json::Value = serde_json::from_str(line).unwrap();
+    let s = &json["speculative"];
+    assert_eq!(s["drafts"], "replay cut at 2", "{json}");
+    assert_eq!(
+        (s["steps"].as_u64(), s["accepted"].as_u64()),
+        (Some(1), Some(2)),
+        "{json}"
+    );
+    assert_eq!(s["acceptance_length"].as_f64(), Some(2.0), "{json}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-run"))
+        .current_dir(root())
+        .args([
+            "bench",
+            "plans/smollm2.plan.toml",
+            "--draft-replay",
+            "2",
+            "-n",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has no [speculative] section"),
+        "{err}"
     );
 }
