@@ -396,8 +396,15 @@ pub trait Decoder {
 }
 
 /// Loads `loaded` onto the backend `options` names. Both backends decode several sequences
-/// together; the cuda backend refuses a plan of several sequence slots it cannot batch.
+/// together; the cuda backend refuses a plan of several sequence slots it cannot batch, and
+/// a speculative plan.
 pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decoder>> {
+    if options.backend == Backend::Cuda && loaded.plan.speculative.is_some() {
+        bail!(
+            "{}: the plan's speculative section is not run by the cuda engine yet (its verify step of drafts + 1 rows needs every row on the one-row decode kernels' bits); run it with --backend cpu, or compile the placement without [speculative]",
+            loaded.path.display()
+        );
+    }
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),

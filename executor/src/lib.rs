@@ -21,6 +21,7 @@ pub mod rope;
 pub mod sample;
 pub mod serve;
 pub mod session;
+pub mod speculate;
 pub mod synthetic;
 pub mod text;
 pub mod weights;

@@ -96,6 +96,41 @@ impl Sampler {
         if self.config.is_greedy() {
             return argmax(logits);
         }
+        let keep = self.candidates(logits);
+        candidate_id(self.keys[pick(&self.weights[..keep], draw(self.config.seed, step))])
+    }
+
+    /// Speculative sampling of a drafted token `draft` against `logits`: the draft when
+    /// accepted, else a token from the rest of the distribution. Greedy, the argmax (the
+    /// draft is accepted when it is the argmax). Sampled, the draft is accepted with its
+    /// probability p(draft) (a draft proposed with certainty), and on rejection the token
+    /// comes from p with the draft removed, renormalized: every token then comes with its
+    /// probability under p, as plain sampling gives it. One draw number, two streams.
+    pub fn verify(&mut self, logits: &[f32], draft: u32) -> u32 {
+        let step = self.step;
+        self.step += 1;
+        if self.config.is_greedy() {
+            return argmax(logits);
+        }
+        let keep = self.candidates(logits);
+        let w = &mut self.weights[..keep];
+        let at = self.keys[..keep]
+            .iter()
+            .position(|&k| candidate_id(k) == draft);
+        if let Some(i) = at {
+            let total = w.iter().fold(0.0f32, |s, &x| s + x);
+            if draw(self.config.seed, step) * total < w[i] {
+                return draft;
+            }
+            w[i] = 0.0;
+        }
+        let residual = draw(self.config.seed ^ RESIDUAL_STREAM, step);
+        candidate_id(self.keys[pick(w, residual)])
+    }
+
+    /// Fills `keys` with the candidates of `logits` (most likely first, after top-k) and
+    /// `weights` with their unnormalized probabilities; returns how many top-p and min-p keep.
+    fn candidates(&mut self, logits: &[f32]) -> usize {
         let keys = &mut self.keys;
         keys.clear();
         keys.extend(
@@ -114,18 +149,24 @@ impl Sampler {
             keys.truncate(k);
         }
         keys.sort_unstable_by(|a, b| b.cmp(a));
-        let id = |key: u64| !(key as u32);
-        let top = logits[id(keys[0]) as usize];
+        let top = logits[candidate_id(keys[0]) as usize];
         let t = self.config.temperature;
         let w = &mut self.weights;
         w.clear();
         w.extend(
             keys.iter()
-                .map(|&key| exp_nonpositive((logits[id(key) as usize] - top) / t)),
+                .map(|&key| exp_nonpositive((logits[candidate_id(key) as usize] - top) / t)),
         );
-        let keep = top_p_prefix(w, self.config.top_p).min(min_p_prefix(w, self.min_p));
-        id(keys[pick(&w[..keep], draw(self.config.seed, step))])
+        top_p_prefix(w, self.config.top_p).min(min_p_prefix(w, self.min_p))
     }
+}
+
+/// Seeds the draws of a rejected draft's residual apart from the acceptance draws.
+const RESIDUAL_STREAM: u64 = 0x5bd1_e995_0000_0001;
+
+/// The token id of a candidate key (`rank_key`).
+fn candidate_id(key: u64) -> u32 {
+    !(key as u32)
 }
 
 /// Index of the largest logit; the lowest index among equals; NaN never wins, and 0 when no

@@ -13,6 +13,8 @@ use std::collections::VecDeque;
 use anyhow::{bail, Result};
 
 use crate::engine::{Decoder, StepInput, StepOutput};
+use crate::sample::Sampler;
+use crate::speculate::{speculate, Drafts, Run, Tally};
 
 /// What a step's callback tells the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +51,18 @@ pub struct Session {
     chunk: usize,
     /// Positions the caches hold (the plan's `runtime.max_context`).
     max_context: usize,
+    /// How `continue_with` generates by speculative decoding, when it does.
+    speculation: Option<Speculation>,
+}
+
+/// Speculative decoding's settings and counts in a session.
+struct Speculation {
+    /// Most drafts per verify step (the plan's `speculative.tokens`).
+    k: usize,
+    drafts: Drafts,
+    /// The host's sampler: it accepts or rejects each draft.
+    sampler: Sampler,
+    tally: Tally,
 }
 
 impl Session {
@@ -62,7 +76,28 @@ impl Session {
             window: u64::from(in_flight.max(1)),
             chunk,
             max_context: max_context as usize,
+            speculation: None,
         }
+    }
+
+    /// The session generating by speculative decoding in `continue_with`: verify steps of up
+    /// to `k` tokens from `drafts`, picked by `sampler` (`crate::speculate`).
+    pub fn speculating(self, k: usize, drafts: Drafts, sampler: Sampler) -> Session {
+        let speculation = Some(Speculation {
+            k,
+            drafts,
+            sampler,
+            tally: Tally::default(),
+        });
+        Session {
+            speculation,
+            ..self
+        }
+    }
+
+    /// What speculative decoding did so far; `None` in a plain session.
+    pub fn tally(&self) -> Option<Tally> {
+        self.speculation.as_ref().map(|s| s.tally)
     }
 
     /// Positions the caches hold: the history, a prompt and its generated tokens together.
@@ -82,16 +117,48 @@ impl Session {
 
     /// Feeds `tokens` after the history, reusing the longest cached prefix: for a chat whose
     /// whole conversation is re-rendered every turn, only the new part is decoded. Only the
-    /// logits of generating rows are asked for.
+    /// logits of generating rows are asked for. A speculating session (`speculating`)
+    /// generates by speculative decoding, and `on_step` sees only the generated tokens.
     pub fn continue_with(
         &mut self,
         tokens: &[u32],
         max_new: usize,
-        on_step: impl FnMut(&StepOutput, bool) -> Result<Flow>,
+        mut on_step: impl FnMut(&StepOutput, bool) -> Result<Flow>,
     ) -> Result<Vec<u32>> {
         let common = self.keep_prefix_of(tokens);
-        let rest = &tokens[common..];
-        self.run(rest, max_new, rest.len().saturating_sub(1), on_step)
+        let Some(s) = self.speculation.as_mut() else {
+            let rest = &tokens[common..];
+            return self.run(rest, max_new, rest.len().saturating_sub(1), on_step);
+        };
+        // speculative decoding: `on_step` sees the generated tokens only, with their logits
+        let run = Run {
+            context: tokens,
+            cached: common,
+            max_new,
+            max_context: self.max_context,
+            tokens: s.k,
+            drafts: &s.drafts,
+        };
+        let mut pos = tokens.len() as u32;
+        let spoken = speculate(&mut *self.engine, run, &mut s.sampler, |token, logits| {
+            let out = StepOutput {
+                step: 0,
+                pos,
+                token,
+                logits: logits.to_vec(),
+                argmax: Vec::new(),
+            };
+            pos += 1;
+            on_step(&out, true)
+        })?;
+        s.tally.add(spoken.tally);
+        // the caches hold the prompt and every generated token but the last, never embedded
+        // (with nothing to generate, nothing was fed)
+        if let Some((_, embedded)) = spoken.generated.split_last() {
+            self.history = tokens.to_vec();
+            self.history.extend_from_slice(embedded);
+        }
+        Ok(spoken.generated)
     }
 
     /// Truncates the history to its longest common prefix with `tokens`, leaving at least one

@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{options, smollm2, synth_model, synthetic_variant, tiny_tp_model};
+use common::{
+    options, smollm2, synth_model, synthetic_variant, tiny_kimi_linear_model, tiny_tp_model,
+};
 use memra_executor::batch::window;
 use memra_executor::batch_gate::{batch_gate, sequences, Sequence};
 use memra_executor::cpu::Arm;
@@ -100,12 +102,7 @@ fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kin
 #[test]
 fn a_prompt_again_in_the_slot_that_holds_it_equals_its_run_alone() {
     tiny_tp_model();
-    synth_model(
-        "tiny-kimi-linear",
-        "q8_0",
-        16,
-        "models/tiny-kimi-linear-q8_0.gguf",
-    );
+    tiny_kimi_linear_model();
     // the second sequence takes the first one's slot, which holds its prompt and more: a KV
     // cache reuses the prompt, KDA's recurrent state cannot be cut back and starts over
     for name in ["tiny-tp", "tiny-kimi-linear"] {

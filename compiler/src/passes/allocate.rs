@@ -178,6 +178,17 @@ pub fn buffers(
                 1,
                 1,
             ));
+            // a verify step keeps the state after each of its rows but the last, so that the
+            // sequence can return to the last accepted one
+            if let Some(sp) = &placement.speculative {
+                out.push(buffer(
+                    format!("r{r}.verify_state"),
+                    BufferKind::State,
+                    state * u64::from(sp.tokens),
+                    1,
+                    1,
+                ));
+            }
         }
     }
     if rank.embed || rank.sampler {

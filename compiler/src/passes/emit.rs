@@ -95,6 +95,7 @@ pub fn emit(
             prefill_chunk: placement.prefill_chunk,
             capture: placement.capture,
         },
+        speculative: placement.speculative,
         devices,
         groups,
         boundaries: topo.boundaries.clone(),

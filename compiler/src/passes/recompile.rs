@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::compile_placement;
 use crate::model::{Dtype, ModelMeta};
+use crate::placement::speculative_errors;
 use crate::placement::validate::{collective_errors, tp_degree_errors, transport_errors};
 use crate::placement::{ForcedEager, Placement, Stage, TransportChoice};
 use crate::plan::{AttentionSplit, Collective, IslandReason, Op, Plan, Rank, Step, Transport};
@@ -76,6 +77,11 @@ pub fn placement_of(plan: &Plan, model: &ModelMeta) -> Result<Placement, Vec<Str
     for e in collective_errors(collective, &stages) {
         errors.push(format!("groups: {e}"));
     }
+    if let Some(sp) = plan.speculative {
+        for (field, e) in speculative_errors(sp, model, rt.prefill_chunk) {
+            errors.push(format!("{field}: {e}"));
+        }
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -95,6 +101,7 @@ pub fn placement_of(plan: &Plan, model: &ModelMeta) -> Result<Placement, Vec<Str
         transport,
         collective,
         attention,
+        speculative: plan.speculative,
     })
 }
 

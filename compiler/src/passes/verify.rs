@@ -595,7 +595,10 @@ fn state_sizes(plan: &Plan) -> Vec<String> {
             true => plan.model.heads / r.tp_degree,
             false => plan.model.heads,
         };
-        let want = layers * u64::from(plan.runtime.max_sequences) * kda.state_elems(heads) * 4;
+        // a speculative plan keeps the state after each verify row but the last
+        let copies = 1 + plan.speculative.map_or(0, |sp| u64::from(sp.tokens));
+        let want =
+            layers * u64::from(plan.runtime.max_sequences) * kda.state_elems(heads) * 4 * copies;
         let have: u64 = r
             .buffers
             .iter()

@@ -4,18 +4,20 @@
 
 use crate::diag::{Collector, Diagnostics};
 use crate::model::{read_config, read_gguf, Dtype, ModelMeta};
-use crate::plan::{AttentionSplit, CaptureMode, LayerRange};
+use crate::plan::{AttentionSplit, CaptureMode, LayerRange, Speculative};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
+mod speculative;
 pub(crate) mod validate;
 
 /// Prompt tokens per prefill step when the placement names none (capped by the context).
 pub const DEFAULT_PREFILL_CHUNK: u32 = 512;
 
+pub(crate) use speculative::speculative_errors;
 pub use validate::even_split;
 use validate::validate;
 
@@ -29,6 +31,14 @@ struct RawPlacement {
     capture: Option<RawCapture>,
     transport: Option<RawTransport>,
     parallel: Option<RawParallel>,
+    speculative: Option<Spanned<RawSpeculative>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpeculative {
+    draft: Option<Spanned<String>>,
+    tokens: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +152,8 @@ pub struct Placement {
     pub collective: Collective,
     /// How tensor-parallel groups run attention.
     pub attention: AttentionSplit,
+    /// Speculative decoding, when the placement asks for it.
+    pub speculative: Option<Speculative>,
 }
 
 impl Placement {
@@ -181,6 +193,9 @@ impl Placement {
         // written only when set, so placements without it keep their hashes
         if self.attention == AttentionSplit::Replicated {
             s += "attention replicated\n";
+        }
+        if let Some(sp) = &self.speculative {
+            s += &format!("speculative {} {}\n", sp.draft.name(), sp.tokens);
         }
         s
     }

@@ -29,7 +29,13 @@ const MAX_CACHE_BYTES: u128 = 1 << 60;
 const DEFAULT_CONTEXT: u32 = 4096;
 
 /// An integer field checked against `lo..=hi`.
-fn int_in(c: &mut Collector, v: &Spanned<i64>, field: &str, lo: i64, hi: i64) -> Option<u32> {
+pub(super) fn int_in(
+    c: &mut Collector,
+    v: &Spanned<i64>,
+    field: &str,
+    lo: i64,
+    hi: i64,
+) -> Option<u32> {
     let x = *v.get_ref();
     if (lo..=hi).contains(&x) {
         Some(x as u32)
@@ -132,6 +138,10 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
     let (capture, forced_eager) = validate_capture(raw.capture.as_ref(), model, c);
     let transport = validate_transport(raw.transport.as_ref(), &stages, c);
     let collective = validate_collective(raw.transport.as_ref(), &stages, c);
+    let speculative = raw
+        .speculative
+        .as_ref()
+        .and_then(|sp| super::speculative::validate(sp, model, prefill_chunk.unwrap_or(1), c));
     Placement {
         model_source,
         devices,
@@ -148,6 +158,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
         transport,
         collective,
         attention,
+        speculative,
     }
 }
 

@@ -39,6 +39,10 @@ pub struct Plan {
     pub placement_hash: String,
     pub model: ModelSummary,
     pub runtime: RuntimeSettings,
+    /// Speculative decoding: the draft source and the drafted tokens a verify step checks;
+    /// absent: plain decoding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<Speculative>,
     pub devices: Vec<DeviceUse>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<TpGroup>,
@@ -59,6 +63,42 @@ pub struct RuntimeSettings {
     /// Most prompt tokens one prefill step takes (the rows of the `tokens` buffers).
     pub prefill_chunk: u32,
     pub capture: CaptureMode,
+}
+
+/// Speculative decoding from the placement's `[speculative]`: each step verifies up to
+/// `tokens` drafted tokens in one step of `tokens + 1` rows of one sequence (the last
+/// accepted token, then the drafts, at consecutive positions), each row with the bits of a
+/// one-token decode step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Speculative {
+    pub draft: Draft,
+    /// Most drafted tokens per verify step (k).
+    pub tokens: u32,
+}
+
+/// Where drafted tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Draft {
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
+    /// last few tokens.
+    Lookup,
+    /// The model's own NextN (MTP) block.
+    Nextn,
+}
+
+impl Draft {
+    /// Every draft source, in the order errors list them.
+    pub const ALL: [Draft; 2] = [Draft::Lookup, Draft::Nextn];
+
+    /// The name in placement and plan text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Draft::Lookup => "lookup",
+            Draft::Nextn => "nextn",
+        }
+    }
 }
 
 /// Whether runs are captured as CUDA graphs.

@@ -11,6 +11,7 @@
 mod batched;
 mod launch;
 mod serve;
+mod speculation;
 mod text;
 mod tools;
 
@@ -27,8 +28,9 @@ use crate::cpu::ReduceOrder;
 use crate::dist::{ProcessMap, World, PEER_FAILED};
 use crate::engine::{open, Arm, Backend, Decoder, EngineOptions, PromptMode};
 use crate::plan_load::{load, load_synthetic, LoadedPlan};
-use crate::sample::SamplerConfig;
+use crate::sample::{Sampler, SamplerConfig};
 use crate::session::Session;
+use crate::speculate::Drafts;
 use crate::text::Tokenizer;
 
 /// Run memra execution plans: generate text, chat, measure perplexity and speed, and check
@@ -252,9 +254,16 @@ enum Command {
         /// --prompt then -n tokens: aggregate tok/s and each sequence's ms per token.
         #[arg(long, value_name = "B", value_parser = at_least::<1>)]
         batch: Option<usize>,
-        /// Print one JSON object instead of the line.
+        /// Print one JSON object instead of the line (and one more for a speculative plan).
         #[arg(long)]
         json: bool,
+        /// The prompt: this text file's tokens (instead of --prompt N synthetic ones).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "batch"])]
+        text: Option<PathBuf>,
+        /// On a plan with [speculative]: draft the plain runs' own greedy continuation, at
+        /// most N tokens a step (acceptance 100%), to measure the verify step's cost.
+        #[arg(long, value_name = "N", value_parser = at_least::<1>, conflicts_with = "batch")]
+        draft_replay: Option<usize>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -536,12 +545,21 @@ struct Loaded {
 fn start(plan: &Path, run: &RunArgs, sampling: Sampling) -> Result<Loaded> {
     let plan = run.load(plan)?;
     let tokenizer = Tokenizer::from_gguf(plan.gguf()?)?;
-    let options = run.options(sampling.config);
+    // the host samples a speculative plan's tokens (`crate::speculate`), the engine none
+    let engine_sampler = match plan.plan.speculative {
+        Some(_) => SamplerConfig::GREEDY,
+        None => sampling.config,
+    };
+    let options = run.options(engine_sampler);
     let engine = open(&plan, options)?;
     let prints = options.holds_readback(&plan.plan);
     notice_prompt_mode(&*engine, &plan.plan, prints);
     let runtime = &plan.plan.runtime;
-    let session = Session::new(engine, runtime.in_flight, runtime.max_context);
+    let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
+    if let Some(sp) = plan.plan.speculative {
+        let sampler = Sampler::new(sampling.config);
+        session = session.speculating(sp.tokens as usize, Drafts::Lookup, sampler);
+    }
     sampling.announce(prints);
     Ok(Loaded {
         prints,
@@ -700,6 +718,8 @@ fn run(command: Command) -> Result<ExitCode> {
             reps,
             batch,
             json,
+            text,
+            draft_replay,
             run,
         } => {
             let bench = tools::Bench {
@@ -709,6 +729,8 @@ fn run(command: Command) -> Result<ExitCode> {
                 reps,
                 json,
                 run: &run,
+                text: text.as_deref(),
+                draft_replay,
             };
             match batch {
                 None => tools::bench(&bench),

@@ -55,6 +55,24 @@ fn notice_context_end(loaded: &Loaded, decoded: usize, generated: &[u32], n: usi
     }
 }
 
+/// Says on stderr what speculative decoding did so far, in a session that speculates.
+fn notice_speculation(loaded: &Loaded) {
+    let (Some(t), Some(sp)) = (loaded.session.tally(), loaded.plan.plan.speculative) else {
+        return;
+    };
+    if loaded.prints {
+        eprintln!(
+            "speculative: {} verify steps of up to {} {} drafts: {} drafted, {} accepted, acceptance length {:.2}",
+            t.steps,
+            sp.tokens,
+            sp.draft.name(),
+            t.drafted,
+            t.accepted,
+            t.acceptance_length()
+        );
+    }
+}
+
 /// `generate`: the continuation of `prompt`.
 pub fn generate(
     plan: &Path,
@@ -68,8 +86,7 @@ pub fn generate(
     let started = Instant::now();
     let mut first: Option<Instant> = None;
     let mut on_token = stream(&loaded.tokenizer, loaded.prints);
-    let last = ids.len().saturating_sub(1);
-    let generated = loaded.session.run(&ids, n, last, |out, generates| {
+    let generated = loaded.session.continue_with(&ids, n, |out, generates| {
         if !generates {
             return Ok(Flow::Continue);
         }
@@ -81,6 +98,7 @@ pub fn generate(
     }
     println!();
     notice_context_end(&loaded, ids.len(), &generated, n);
+    notice_speculation(&loaded);
     let end = Instant::now();
     let prompt_s = first.map_or(0.0, |f| (f - started).as_secs_f64());
     let gen_s = first.map_or(0.0, |f| (end - f).as_secs_f64());
@@ -161,6 +179,7 @@ pub fn chat(
             println!();
         }
         notice_context_end(&loaded, decoded_before, &reply, n);
+        notice_speculation(&loaded);
         let words: Vec<u32> = reply
             .into_iter()
             .filter(|&t| !loaded.tokenizer.is_eog(t))

@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use memra_gguf::progress::{Progress, Unit};
 
+use super::speculation::SpeculativeRuns;
 use super::{start, RunArgs, Sampling};
 use crate::batch_gate::{batch_gate, sequences};
 use crate::engine::{open, Arm, Backend, EngineOptions, PromptMode};
@@ -399,9 +400,32 @@ pub struct Bench<'a> {
     pub reps: usize,
     pub json: bool,
     pub run: &'a RunArgs,
+    /// A text file whose tokens are the prompt, instead of `prompt` synthetic tokens.
+    pub text: Option<&'a Path>,
+    /// On a speculative plan: drafts replayed from the plain continuation, at most this many
+    /// per step, instead of the plan's draft source.
+    pub draft_replay: Option<usize>,
 }
 
 impl Bench<'_> {
+    /// The prompt: the tokens of `text` when given, else `prompt` tokens (at least one)
+    /// spread over the vocabulary.
+    fn prompt_tokens(&self, loaded: &LoadedPlan) -> Result<Vec<u32>> {
+        if let Some(file) = self.text {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let ids = Tokenizer::from_gguf(loaded.gguf()?)?.encode(&text, true)?;
+            if ids.is_empty() {
+                bail!("--text {}: the file has no tokens", file.display());
+            }
+            return Ok(ids);
+        }
+        let vocab = u64::from(loaded.plan.model.vocab.max(1));
+        Ok((0..self.prompt.max(1) as u64)
+            .map(|i| ((1 + i * 7919) % vocab) as u32)
+            .collect())
+    }
+
     /// The plan, refused when the prompt (at least one token) and the generated tokens would
     /// not fit one sequence of its context.
     pub(super) fn load(&self) -> Result<LoadedPlan> {
@@ -449,11 +473,16 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
     }
     let runtime = &loaded.plan.runtime;
     let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
-    let vocab = u64::from(loaded.plan.model.vocab.max(1));
-    let ids: Vec<u32> = (0..bench.prompt.max(1) as u64)
-        .map(|i| ((1 + i * 7919) % vocab) as u32)
-        .collect();
+    let ids = bench.prompt_tokens(&loaded)?;
     let (mut rates, mut prefill, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let mut speculative = match (loaded.plan.speculative, bench.draft_replay) {
+        (Some(sp), replay) => Some(SpeculativeRuns::new(sp, replay)),
+        (None, Some(_)) => bail!(
+            "--draft-replay: {} has no [speculative] section; compile a placement with one",
+            plan.display()
+        ),
+        (None, None) => None,
+    };
     for rep in 0..=bench.reps {
         session.reset();
         // The prompt and the first token, then the other tokens in a run of their own: timing
@@ -465,6 +494,14 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
         let decode = Instant::now();
         let generated = session.run(&first, n - 1, 0, |_, _| Ok(Flow::Continue))?;
         let secs = decode.elapsed().as_secs_f64();
+        let continuation = [&first[..], &generated].concat();
+        if let Some(runs) = &mut speculative {
+            // the plain runs decode with `run`, which never speculates
+            if rep == 0 {
+                session = runs.session(session, &ids, &continuation);
+            }
+            runs.run(&mut session, &ids, &continuation, rep > 0)?;
+        }
         // The first repetition warms caches and thread pools and is not counted.
         if rep > 0 {
             rates.push(generated.len() as f64 / secs.max(1e-9));
@@ -514,7 +551,7 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
             format!(" = {:.1}% of the {c:.0} GB/s device copy", 100.0 * gbs / c)
         });
         // the prompt part only when one was asked for, so the decode line keeps its shape
-        let prefill = if bench.prompt > 0 {
+        let prefill = if bench.prompt > 0 || bench.text.is_some() {
             format!(
                 "prompt {} tokens ({chunk}): {pp:.1} ± {pp_sd:.1} tok/s, time to first token {ttft_ms:.1} ms; ",
                 ids.len()
@@ -531,6 +568,10 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
             1000.0 / mean,
             bytes as f64 / 1e6,
         );
+    }
+    if let Some(runs) = &speculative {
+        let k = p.speculative.map_or(0, |s| s.tokens);
+        println!("{}", runs.measured().report(bench.json, k, mean));
     }
     Ok(ExitCode::SUCCESS)
 }

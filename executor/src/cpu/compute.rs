@@ -161,7 +161,9 @@ impl RankCompute {
                     ))
                 }
                 MixerWeights::Kda(k) => {
-                    let state = || KdaState::new(k.heads(), k.head_dim(), k.taps);
+                    // a verify step of speculative decoding is its drafts and the token before
+                    let keeps = plan.speculative.map_or(0, |sp| sp.tokens as usize + 1);
+                    let state = || KdaState::new(k.heads(), k.head_dim(), k.taps).keeping(keeps);
                     Ok(Cache::Kda((0..slots).map(|_| state()).collect(), capacity))
                 }
             })
@@ -443,7 +445,7 @@ impl RankCompute {
                 mhc::hc_pre(&c, w, p, a)?
             }
             (Segment::KdaPre, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
-                segments::kda_pre(&c, &lw.attn_norm, k, st, a)
+                segments::kda_pre(&c, &lw.attn_norm, k, st, a)?
             }
             (Segment::KdaCore, MixerWeights::Kda(k), _, Cache::Kda(st, _)) => {
                 segments::kda_core(&c, k, st, a)

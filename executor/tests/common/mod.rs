@@ -48,6 +48,17 @@ pub fn tiny_tp_model() -> PathBuf {
     synth_model("tiny-tp", "q8_0", 0, "models/tiny-tp-q8_0.gguf")
 }
 
+/// Path of the synthetic tiny-kimi-linear q8_0 model (KDA and MLA layers), written (seed 16)
+/// when absent.
+pub fn tiny_kimi_linear_model() -> PathBuf {
+    synth_model(
+        "tiny-kimi-linear",
+        "q8_0",
+        16,
+        "models/tiny-kimi-linear-q8_0.gguf",
+    )
+}
+
 /// The synthetic model of memra-synth shape `shape` in `dtype` with `seed` at `rel` (under the
 /// repository root), written when absent.
 pub fn synth_model(shape: &str, dtype: &str, seed: u64, rel: &str) -> PathBuf {

@@ -17,13 +17,30 @@
 
 /// One KDA layer's state on a rank: the q, k and v convolution windows (per channel, the last
 /// `taps - 1` inputs, oldest first) and each held head's recurrent state (`head_dim` rows of
-/// `head_dim`, row = value dim).
+/// `head_dim`, row = value dim). A verify step of speculative decoding keeps the state after
+/// each of its rows but the last, so a later span may start again after any of them: a
+/// rejected draft leaves no trace.
 pub struct KdaState {
     windows: [Vec<f32>; 3],
     states: Vec<f32>,
     heads: usize,
     head_dim: usize,
     taps: usize,
+    /// Positions taken in: `0..len`.
+    len: usize,
+    /// Most rows of a span whose states are kept (the plan's drafted tokens plus one; 0:
+    /// none are).
+    keeps: usize,
+    /// The state after each row but the last of the latest span of 2 to `keeps` rows.
+    kept: Vec<Kept>,
+}
+
+/// A state as a row of a verify span left it.
+struct Kept {
+    /// Positions taken in then.
+    len: usize,
+    windows: [Vec<f32>; 3],
+    states: Vec<f32>,
 }
 
 impl KdaState {
@@ -36,6 +53,17 @@ impl KdaState {
             heads,
             head_dim,
             taps,
+            len: 0,
+            keeps: 0,
+            kept: Vec::new(),
+        }
+    }
+
+    /// The same state, keeping the state after each row of spans of up to `rows` rows.
+    pub fn keeping(self, rows: usize) -> KdaState {
+        KdaState {
+            keeps: rows,
+            ..self
         }
     }
 
@@ -43,6 +71,63 @@ impl KdaState {
     pub fn reset(&mut self) {
         self.windows.iter_mut().for_each(|w| w.fill(0.0));
         self.states.fill(0.0);
+        self.len = 0;
+        self.kept.clear();
+    }
+
+    /// Starts a span of `rows` rows at position `pos`: from zero at position 0; from the
+    /// state a kept row left where the state has gone past `pos` (the span follows rejected
+    /// drafts); then readies a kept state per row but the last when the span keeps them.
+    pub fn begin(&mut self, pos: usize, rows: usize) -> anyhow::Result<()> {
+        if pos == 0 {
+            self.reset();
+        } else if pos < self.len {
+            let Some(kept) = self.kept.iter().find(|k| k.len == pos) else {
+                let held: Vec<String> = self.kept.iter().map(|k| k.len.to_string()).collect();
+                anyhow::bail!(
+                    "a span at position {pos} of a KDA state that has taken in {} positions; it can return only to a kept verify row's (after {})",
+                    self.len,
+                    if held.is_empty() { "none".to_string() } else { held.join(", ") }
+                );
+            };
+            for (w, k) in self.windows.iter_mut().zip(&kept.windows) {
+                w.copy_from_slice(k);
+            }
+            self.states.copy_from_slice(&kept.states);
+        }
+        self.len = pos + rows;
+        let keep = if (2..=self.keeps).contains(&rows) {
+            rows - 1
+        } else {
+            0
+        };
+        self.kept.truncate(keep);
+        while self.kept.len() < keep {
+            self.kept.push(Kept {
+                len: 0,
+                windows: self.windows.clone(),
+                states: self.states.clone(),
+            });
+        }
+        for (i, k) in self.kept.iter_mut().enumerate() {
+            k.len = pos + i + 1;
+        }
+        Ok(())
+    }
+
+    /// Keeps window `which` as row `row` of the span left it, when that row's state is kept.
+    pub fn keep_window(&mut self, row: usize, which: usize) {
+        if let Some(k) = self.kept.get_mut(row) {
+            k.windows[which].copy_from_slice(&self.windows[which]);
+        }
+    }
+
+    /// Keeps the recurrent states as row `row` of the span left them, when that row's state
+    /// is kept.
+    pub fn keep_states(&mut self, row: usize) {
+        if let Some(k) = self.kept.get_mut(row) {
+            k.states.copy_from_slice(&self.states);
+        }
     }
 
     /// Heads held.

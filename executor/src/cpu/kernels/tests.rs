@@ -213,8 +213,9 @@ fn embed_row_is_the_dequantized_row() {
 fn matmul_rows_are_the_matvec_bits_of_each_token() {
     for (t, &dtype) in memra_gguf::SUPPORTED.iter().enumerate() {
         // rows not a multiple of the tile or of four; token counts that take the four-, two-
-        // and one-token paths, without and with repacked q4 tiles; fresh inputs
-        for tokens in [2, 7, REPACK_MIN_TOKENS + 3] {
+        // and one-token paths (3 and 5: verify steps of speculative decoding), without and
+        // with repacked q4 tiles; fresh inputs
+        for tokens in [2, 3, 5, 7, REPACK_MIN_TOKENS + 3] {
             let (rows, cols) = (45, cols_for(dtype));
             let bytes = random_weight(dtype, rows, cols, 300 + t as u64);
             let w = Weight::new(dtype, &bytes, rows, cols).unwrap();

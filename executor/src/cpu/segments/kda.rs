@@ -1,5 +1,7 @@
 //! The KDA segments (`kda_pre`, `kda_core`) of the CPU backend: the products over every row at
-//! once, the convolutions and the delta rule row after row over each row's slot state.
+//! once, the convolutions and the delta rule row after row over each row's slot state. A
+//! slot's span starts from the state its position follows (`KdaState::begin`: after a
+//! rejected draft, a kept verify row's) and keeps its rows' states when it is a verify step.
 
 use super::{full_k, norm_rows, sized, view, Activations, Ctx};
 use crate::cpu::kernels::{self, KdaState};
@@ -15,11 +17,17 @@ pub(in crate::cpu) fn kda_pre(
     k: &KdaWeights,
     states: &mut [KdaState],
     a: &mut Activations,
-) {
+) -> anyhow::Result<()> {
     let t = a.rows.max(1);
-    // a slot's rows are consecutive positions, so its position-0 row comes first
-    for at in c.at.iter().filter(|at| at.pos == 0) {
-        states[at.slot].reset();
+    // a slot's rows are consecutive positions: its first row starts its span
+    let mut row_in_span = Vec::with_capacity(c.at.len());
+    for (i, at) in c.at.iter().enumerate() {
+        let first = i == 0 || c.at[i - 1].slot != at.slot;
+        if first {
+            let rows = c.at[i..].iter().take_while(|r| r.slot == at.slot).count();
+            states[at.slot].begin(at.pos, rows)?;
+        }
+        row_in_span.push(if first { 0 } else { row_in_span[i - 1] + 1 });
     }
     norm_rows(&a.x, norm, c.geo.eps, &mut a.xn);
     let (hd, width) = (k.head_dim(), k.q.rows);
@@ -31,9 +39,10 @@ pub(in crate::cpu) fn kda_pre(
             _ => sized(&mut a.v, t * width),
         };
         let rows = a.kda_x.chunks_exact(width).zip(out.chunks_exact_mut(width));
-        for (at, (x, y)) in c.at.iter().zip(rows) {
-            let window = states[at.slot].window_mut(which);
-            kernels::conv_step(window, &k.conv[which], k.taps, x, y);
+        for ((at, &row), (x, y)) in c.at.iter().zip(&row_in_span).zip(rows) {
+            let state = &mut states[at.slot];
+            kernels::conv_step(state.window_mut(which), &k.conv[which], k.taps, x, y);
+            state.keep_window(row, which);
         }
     }
     let l2_eps = k.l2_eps.unwrap_or(c.geo.eps);
@@ -56,6 +65,7 @@ pub(in crate::cpu) fn kda_pre(
     let beta = sized(&mut a.kda_beta, t * k.beta.rows);
     full_k(c.pool, &view(&k.beta), &a.xn, beta);
     beta.iter_mut().for_each(|b| *b = kernels::sigmoid(*b));
+    Ok(())
 }
 
 /// KDA: the gated delta rule of each row, row after row, over each held head's recurrent
@@ -71,6 +81,11 @@ pub(in crate::cpu) fn kda_core(
     let (width, heads) = (k.q.rows, k.beta.rows);
     let att = sized(&mut a.att, t * width);
     for (r, (at, out)) in c.at.iter().zip(att.chunks_exact_mut(width)).enumerate() {
+        let row = c.at[..r]
+            .iter()
+            .rev()
+            .take_while(|p| p.slot == at.slot)
+            .count();
         let inputs = kernels::DeltaInputs {
             q: &a.q[r * width..(r + 1) * width],
             k: &a.k[r * width..(r + 1) * width],
@@ -79,6 +94,7 @@ pub(in crate::cpu) fn kda_core(
             beta: &a.kda_beta[r * heads..(r + 1) * heads],
         };
         kernels::delta_rule(&mut states[at.slot], &inputs, out);
+        states[at.slot].keep_states(row);
     }
     full_k(
         c.pool,
