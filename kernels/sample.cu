@@ -2,7 +2,8 @@
 // token buffer (the next step's embed reads it there; a batched step's argmax of every logit
 // row, one block per row, goes back to the host instead of the logits). argmax_f32 picks the
 // first index of the largest logit and never a NaN, as the host's sample::argmax does (0 if
-// no value beats -inf).
+// no value beats -inf); with `flag`, a row holding a NaN or an infinity gets 0xffffffff
+// instead (sample::NOT_FINITE, the host's sample::greedy), which no token id reaches.
 // sample_f32 mirrors executor/src/sample.rs operation by operation (temperature, top-k, top-p,
 // the draw for (seed, step)) and must pick the same token: every f32 operation of the final
 // selection is an explicit round-to-nearest intrinsic, so nothing is fused or reordered.
@@ -16,7 +17,7 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
 }
 
 // Block b: the argmax of row b of x (n values) into token[b].
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const float* x, int n, u32* token) {
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const float* x, int n, u32* token, int flag) {
     overlap_with_neighbours();
     x += (size_t)blockIdx.x * n;
     token += blockIdx.x;
@@ -24,13 +25,17 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const fl
     __shared__ int si[ARGMAX_THREADS / WARP];
     float best = -__int_as_float(0x7f800000);
     int idx = n;
+    bool finite = true;
     for (int i = threadIdx.x; i < n; i += ARGMAX_THREADS) {
         float v = x[i];
+        finite &= isfinite(v);
         if (v > best) {
             best = v;
             idx = i;
         }
     }
+    // every thread of the block takes part (the barrier inside), before any returns
+    const bool flagged = flag && __syncthreads_or(!finite);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
         float ov = __shfl_xor_sync(FULL_MASK, best, off);
@@ -52,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const fl
                 idx = si[w];
             }
         }
-        *token = idx < n ? (u32)idx : 0u;
+        *token = flagged ? 0xffffffffu : idx < n ? (u32)idx : 0u;
     }
 }
 

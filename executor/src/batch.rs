@@ -88,13 +88,21 @@ impl Stepped {
     }
 
     /// The greedy token after the last token fed to sequence `d`: the argmax of its logits,
-    /// taken by the engine in a step of greedy sequences only.
-    pub fn argmax(&self, d: &Decoded) -> u32 {
-        match (self.argmax.get(d.row), self.logits(d)) {
+    /// taken by the engine in a step of greedy sequences only; an error where a logit is NaN
+    /// or infinite (a NaN weight, an overflow), which no token may hide.
+    pub fn argmax(&self, d: &Decoded) -> Result<u32> {
+        let token = match (self.argmax.get(d.row), self.logits(d)) {
             (Some(&token), _) => token,
-            (None, Some(logits)) => crate::sample::argmax(logits),
+            (None, Some(logits)) => crate::sample::greedy(logits),
             (None, None) => unreachable!("invariant: a step brings back logits or argmaxes"),
+        };
+        if token == crate::sample::NOT_FINITE {
+            bail!(
+                "the model's logits are not finite (a NaN or an infinity in slot {}'s row): a weight or an activation holds NaN or infinity",
+                d.slot
+            );
         }
+        Ok(token)
     }
 }
 

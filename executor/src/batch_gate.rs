@@ -116,7 +116,7 @@ pub fn together(batch: &mut Batch, sequences: &[Sequence], marked: Marked) -> Re
                     .map(<[f32]>::to_vec)
                     .unwrap_or_default(),
             );
-            let token = stepped.argmax(done);
+            let token = stepped.argmax(done)?;
             tokens[i].push(token);
             if tokens[i].len() == sequences[i].generate {
                 batch.leave(done.slot)?;

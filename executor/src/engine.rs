@@ -146,8 +146,9 @@ pub enum Readback {
     /// Their logits.
     #[default]
     Logits,
-    /// Only each row's argmax (the first index of its largest logit, never a NaN's): a batch
-    /// of greedy sequences, whose logits stay where the engine computed them.
+    /// Only each row's argmax (the first index of its largest logit), or `sample::NOT_FINITE`
+    /// for a row holding a NaN or an infinite logit: a batch of greedy sequences, whose logits
+    /// stay where the engine computed them.
     Argmax,
 }
 
@@ -340,7 +341,8 @@ pub struct StepOutput {
     /// Logits over the whole vocabulary of the step's `logit_rows`, one row after another;
     /// empty in a process without the readback rank, and with `Readback::Argmax`.
     pub logits: Vec<f32>,
-    /// With `Readback::Argmax`: each logit row's argmax, in row order; else empty.
+    /// With `Readback::Argmax`: each logit row's argmax (or `sample::NOT_FINITE`), in row
+    /// order; else empty.
     pub argmax: Vec<u32>,
 }
 

@@ -169,6 +169,20 @@ fn candidate_id(key: u64) -> u32 {
     !(key as u32)
 }
 
+/// What an engine's greedy readback (`Readback::Argmax`) gives a row holding a NaN or an
+/// infinite logit instead of a token: no token id reaches it.
+pub const NOT_FINITE: u32 = u32::MAX;
+
+/// A greedy readback's token for one row of logits: its `argmax`, or `NOT_FINITE` where a
+/// logit is NaN or infinite (the device's `argmax_f32` with its flag, kernels/sample.cu).
+pub fn greedy(logits: &[f32]) -> u32 {
+    if logits.iter().all(|l| l.is_finite()) {
+        argmax(logits)
+    } else {
+        NOT_FINITE
+    }
+}
+
 /// Index of the largest logit; the lowest index among equals; NaN never wins, and 0 when no
 /// logit beats -inf (the rule of the device's `argmax_f32`, kernels/sample.cu, which a batch
 /// of greedy sequences takes instead). Two passes the compiler vectorizes: the largest value,

@@ -162,3 +162,62 @@ fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
         assert!(message.contains(why), "{name}: {message}");
     }
 }
+
+#[test]
+fn greedy_sequences_whose_logits_turn_non_finite_end_with_an_error_not_a_token() {
+    use memra_executor::batch::Batch;
+    use memra_executor::batch_gate::{together, Marked};
+    use std::io::{Seek, SeekFrom, Write};
+    // f32 weights: 8-bit activations would round a NaN away (the product quantizes x)
+    let clean = synth_model("tiny-tp", "f32", 0, "models/tiny-tp-f32.gguf");
+    // the placement on a model file of its own, two sequences at once
+    let plan_of = |model: &std::path::Path, tag: &str| {
+        let text = std::fs::read_to_string(common::root().join("plans/synthetic/tiny-tp.toml"))
+            .unwrap()
+            .replace(
+                "gguf = \"../../models/tiny-tp-q8_0.gguf\"",
+                &format!("gguf = \"{}\"", model.display()),
+            )
+            .replace("[runtime]\n", "[runtime]\nmax_sequences = 2\n");
+        common::compile_scratch(&format!("nan-{tag}"), &text)
+    };
+    let run = |plan: &LoadedPlan, generate: usize| {
+        let mut batch = Batch::new(open(plan, options(Arm::Serial))?, 2, 1);
+        let one = Sequence {
+            joins_at: 0,
+            prompt: vec![17, 42, 99],
+            generate,
+        };
+        together(&mut batch, &[one], Marked::All)
+    };
+    let first = run(&plan_of(&clean, "clean"), 1).unwrap().tokens[0][0];
+    // tiny-tp's head is a matrix of its own: a NaN in the embedding row of the first greedy
+    // token leaves the first logits finite and makes every later step's NaN
+    let broken = std::env::temp_dir().join(format!("memra-nan-embd-{}.gguf", std::process::id()));
+    std::fs::copy(&clean, &broken).unwrap();
+    let at = {
+        let file = memra_gguf::GgufFile::open(&clean).unwrap();
+        let embd = file.tensor("token_embd.weight").unwrap();
+        assert_eq!(embd.dtype, memra_gguf::GgmlType::F32);
+        let row = embd.dtype.bytes_for(embd.row_len()).unwrap();
+        file.header_bytes().len() as u64 + embd.offset + u64::from(first) * row
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&broken)
+        .unwrap();
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.write_all(&f32::NAN.to_le_bytes()).unwrap();
+    drop(file);
+    let plan = plan_of(&broken, "broken");
+    let one = run(&plan, 1).unwrap();
+    assert_eq!(
+        one.tokens[0],
+        [first],
+        "the first token must come before the NaN"
+    );
+    let err = run(&plan, 3).err().map(|e| format!("{e:#}"));
+    std::fs::remove_file(&broken).unwrap();
+    let err = err.expect("a greedy step over NaN logits gave a token");
+    assert!(err.contains("logits are not finite"), "{err}");
+}

@@ -120,7 +120,7 @@ fn decode_together(batch: &mut Batch, prompts: &[Vec<u32>], n: usize) -> Result<
             if generated[d.slot] == n {
                 batch.leave(d.slot)?;
             } else {
-                batch.feed(d.slot, stepped.argmax(d))?;
+                batch.feed(d.slot, stepped.argmax(d)?)?;
             }
         }
         if started.is_none() && slots.iter().all(|&s| generated[s] > 0) {

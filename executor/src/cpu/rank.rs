@@ -16,7 +16,7 @@ use crate::dist::Takers;
 use crate::engine::{Readback, RowAt, StepInput, StepOutput};
 use crate::program::{walk, Binder, Block, Cursor, Entered, Program, RankOps, Work};
 use crate::reduce::{ReduceOrder, Tree};
-use crate::sample::argmax;
+use crate::sample::greedy;
 
 /// A rank's tensor-parallel group, as the rank sees it.
 #[derive(Debug)]
@@ -178,7 +178,7 @@ impl RankOps for CpuOps {
             Readback::Logits => (logits.to_vec(), Vec::new()),
             Readback::Argmax => {
                 let vocab = logits.len() / input.logit_rows().len().max(1);
-                let rows = logits.chunks_exact(vocab.max(1)).map(argmax);
+                let rows = logits.chunks_exact(vocab.max(1)).map(greedy);
                 (Vec::new(), rows.collect())
             }
         };

@@ -379,11 +379,12 @@ impl CudaDevice {
     ) -> Result<()> {
         assert!(!token.is_empty(), "argmax: empty token buffer");
         let (xp, tp) = (ptr(stream, x), ptr_mut(stream, token));
-        self.argmax_launch(stream, xp, x.len(), tp, 1)
+        self.argmax_launch(stream, xp, x.len(), tp, 1, false)
     }
 
     /// `out[r]` = the argmax of row r of `x` (rows of `x.len() / out.len()` values), as
-    /// `argmax` picks it, for every row at once.
+    /// `argmax` picks it, or `sample::NOT_FINITE` where the row holds a NaN or an infinity,
+    /// for every row at once (a greedy batch's readback, `sample::greedy` on the host).
     pub fn argmax_rows(&self, stream: &CudaStream, x: &Span<f32>, out: &Span<u32>) -> Result<()> {
         let rows = out.len();
         assert!(
@@ -391,10 +392,11 @@ impl CudaDevice {
             "argmax_rows: {} values are not {rows} rows",
             x.len()
         );
-        self.argmax_launch(stream, x.addr(), x.len() / rows, out.addr(), rows)
+        self.argmax_launch(stream, x.addr(), x.len() / rows, out.addr(), rows, true)
     }
 
-    /// `argmax_f32` over `rows` rows of `n` values at `x`, a block per row, into `token`.
+    /// `argmax_f32` over `rows` rows of `n` values at `x`, a block per row, into `token`;
+    /// with `flag`, `sample::NOT_FINITE` for a row holding a NaN or an infinity.
     fn argmax_launch(
         &self,
         stream: &CudaStream,
@@ -402,15 +404,16 @@ impl CudaDevice {
         n: usize,
         token: u64,
         rows: usize,
+        flag: bool,
     ) -> Result<()> {
-        let (n, rows) = (int(n), rows as u32);
+        let (n, rows, flag) = (int(n), rows as u32, i32::from(flag));
         let cfg = LaunchConfig {
             grid_dim: (rows, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         self.launch(stream, "argmax_f32", cfg, |a| {
-            a.arg(&x).arg(&n).arg(&token);
+            a.arg(&x).arg(&n).arg(&token).arg(&flag);
         })
     }
 

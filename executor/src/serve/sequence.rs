@@ -104,7 +104,7 @@ impl<'t> Sequence<'t> {
             }
             token
         } else {
-            stepped.argmax(d)
+            stepped.argmax(d)?
         };
         self.penalties.record(token);
         self.sampled += 1;

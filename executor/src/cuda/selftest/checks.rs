@@ -395,6 +395,25 @@ fn argmax(cx: &mut Ctx) -> Result<()> {
         format!("all -inf (got {got}, want 0)"),
         usize::from(got != 0),
     );
+    // a greedy batch's rows: the one with a NaN (beside a larger logit) and the one with an
+    // infinity give NOT_FINITE, as sample::greedy does on the host; the others their argmax
+    let mut rows = random(&mut cx.rng, 4 * 3000, 10.0);
+    rows[3000 + 17] = f32::NAN;
+    rows[3000 + 18] = 60.0;
+    rows[2 * 3000 + 5] = f32::INFINITY;
+    let want: Vec<u32> = rows.chunks_exact(3000).map(crate::sample::greedy).collect();
+    let out = dev.alloc::<u32>(s, 4)?;
+    dev.argmax_rows(s, &Span::of(&dev.upload(s, &rows)?), &Span::of(&out))?;
+    let got = dev.download(s, &out)?;
+    cx.report.exact(
+        "argmax_f32",
+        format!("4 rows, NaN and inf flagged (got {got:?}, want {want:?})"),
+        usize::from(
+            got != want
+                || want[1] != crate::sample::NOT_FINITE
+                || want[2] != crate::sample::NOT_FINITE,
+        ),
+    );
     Ok(())
 }
 
