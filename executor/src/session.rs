@@ -268,6 +268,13 @@ impl Session {
                 }
             }
         }
+        // An engine that cannot cut its state back (a KDA layer's) took in every row that ran,
+        // also those of steps still in flight at a stop: no history describes that state, so
+        // the next call starts over from position 0.
+        if next > valid && !self.engine.rewinds() {
+            self.history.clear();
+            return Ok(generated);
+        }
         // The cache holds the prompt and every generated token that was embedded before the
         // stop; the last generated token was sampled but never embedded.
         self.history.extend_from_slice(&prompt[..valid.min(p)]);

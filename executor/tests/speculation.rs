@@ -6,7 +6,8 @@
 //! tensor-parallel and pipeline plans, in both arms. Sampled, `Sampler::verify` keeps the
 //! sampler's distribution (chi-square over seeds, against the exact probabilities and
 //! against a rule that is known wrong). `generate` and `bench` run a speculative plan, and
-//! the cuda engine refuses one.
+//! the cuda engine refuses one. A KDA chat whose reply stops with a step still in flight
+//! takes its next turn with a fresh run's bits.
 
 mod common;
 
@@ -158,6 +159,57 @@ fn rejected_drafts_leave_no_trace_through_kda_tp_and_pp_plans() {
             );
         }
     }
+}
+
+#[test]
+fn a_kda_reply_stopped_with_a_step_in_flight_leaves_no_trace_in_the_next_turn() {
+    tiny_kimi_linear_model();
+    // two steps in flight: when the first turn stops at its third token, the step after it is
+    // already submitted and its row has gone into the KDA state, which cannot go back
+    let text = std::fs::read_to_string(root().join("plans/synthetic/tiny-kimi-linear-pp2.toml"))
+        .unwrap()
+        .replace(
+            "gguf = \"../../models/",
+            &format!("gguf = \"{}/models/", root().display()),
+        )
+        .replace("[runtime]\n", "[runtime]\nin_flight = 2\n");
+    let plan = compile_scratch("speculation-kda-stop-in-flight", &text);
+    let rt = &plan.plan.runtime;
+    assert_eq!(rt.in_flight, 2);
+    let session = || {
+        let engine = open(&plan, options(Arm::Pipelined)).unwrap();
+        Session::new(engine, rt.in_flight, rt.max_context)
+    };
+    let prompt: Vec<u32> = vec![5, 9, 200, 31, 7];
+    let mut chat = session();
+    let mut taken = 0;
+    let reply = chat
+        .continue_with(&prompt, 12, |_, generates| {
+            taken += usize::from(generates);
+            Ok(if taken == 3 {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            })
+        })
+        .unwrap();
+    assert_eq!(reply.len(), 3);
+    // the next turn, on the stopped chat and on a fresh session, bit for bit
+    let context = [&prompt[..], &reply[..], &[12, 5][..]].concat();
+    let next = |s: &mut Session| {
+        let mut logits = Vec::new();
+        let tokens = s
+            .continue_with(&context, 6, |out, generates| {
+                if generates {
+                    logits.push(out.logits.clone());
+                }
+                Ok(Flow::Continue)
+            })
+            .unwrap();
+        (tokens, logits)
+    };
+    let want = next(&mut session());
+    assert_same("the turn after a stop", &want, &next(&mut chat));
 }
 
 /// Chi-square's value that `df` degrees of freedom exceed with the probability of a normal
