@@ -261,18 +261,9 @@ __device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 
                 mma_f16(sc[nt], &qf[s][0], kw[nt][s].x, kw[nt][s].y);
                 mma_f16(sc[nt], &qf[s][4], kw[nt][s].z, kw[nt][s].w);
             }
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const bool valid = 8 * nt + 2 * t + (x & 1) < nv;
-                sc[nt][x] = valid ? sc[nt][x] * scale : neg_inf;
-                mx[x >> 1] = fmaxf(mx[x >> 1], sc[nt][x]);
-            }
+            scale_masked(sc[nt], 8 * nt + 2 * t, nv, scale, mx);
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
-        }
+        quad_max(mx);
         if (t == 0) {
             sm.wm[warp][g] = mx[0];
             sm.wm[warp][g + 8] = mx[1];

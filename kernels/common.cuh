@@ -155,6 +155,25 @@ __device__ __forceinline__ float lanes_sum(float v, int lanes) {
     return v;
 }
 
+// An mma m16n8 accumulator tile of scores (sc[x]: position pos0 + (x & 1) of the tile's row
+// x >> 1) scaled, positions from `n` on set to -inf, and folded into the two rows' maxima.
+__device__ __forceinline__ void scale_masked(float (&sc)[4], int pos0, int n, float scale, float (&mx)[2]) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+        sc[x] = pos0 + (x & 1) < n ? sc[x] * scale : -__int_as_float(0x7f800000);
+        mx[x >> 1] = fmaxf(mx[x >> 1], sc[x]);
+    }
+}
+
+// The two rows' maxima over the four lanes of each quad, which share an accumulator row.
+__device__ __forceinline__ void quad_max(float (&mx)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+    }
+}
+
 __device__ __forceinline__ double warp_sum_f64(double v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);

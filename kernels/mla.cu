@@ -186,18 +186,8 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
         }
         float mx[2] = {neg_inf, neg_inf};
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const bool valid = 16 * warp + 8 * nt + 2 * t + (x & 1) < n;
-                sc[nt][x] = valid ? sc[nt][x] * scale : neg_inf;
-                mx[x >> 1] = fmaxf(mx[x >> 1], sc[nt][x]);
-            }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
-        }
+        for (int nt = 0; nt < 2; ++nt) scale_masked(sc[nt], 16 * warp + 8 * nt + 2 * t, n, scale, mx);
+        quad_max(mx);
         if (t == 0) {
             sm.wm[warp * MLA_TILE_HEADS + g] = mx[0];
             sm.wm[warp * MLA_TILE_HEADS + g + 8] = mx[1];
