@@ -11,7 +11,10 @@
 
 mod common;
 
-use common::{compile_scratch, options, root, smollm2, tiny_kimi_linear_model, tiny_tp_model};
+use common::{
+    compile_scratch, options, root, smollm2, synthetic_variant, tiny_kimi_linear_model,
+    tiny_tp_model,
+};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::open;
 use memra_executor::plan_load::LoadedPlan;
@@ -166,14 +169,7 @@ fn a_kda_reply_stopped_with_a_step_in_flight_leaves_no_trace_in_the_next_turn() 
     tiny_kimi_linear_model();
     // two steps in flight: when the first turn stops at its third token, the step after it is
     // already submitted and its row has gone into the KDA state, which cannot go back
-    let text = std::fs::read_to_string(root().join("plans/synthetic/tiny-kimi-linear-pp2.toml"))
-        .unwrap()
-        .replace(
-            "gguf = \"../../models/",
-            &format!("gguf = \"{}/models/", root().display()),
-        )
-        .replace("[runtime]\n", "[runtime]\nin_flight = 2\n");
-    let plan = compile_scratch("speculation-kda-stop-in-flight", &text);
+    let plan = synthetic_variant("speculation-", "tiny-kimi-linear-pp2", "in_flight = 2");
     let rt = &plan.plan.runtime;
     assert_eq!(rt.in_flight, 2);
     let session = || {
