@@ -127,13 +127,22 @@ template <class P>
 __device__ constexpr bool gemm_direct_f16() { return P::RAW == 2 * GEMM_LD; }
 
 // The weights of one launch (every one `k` columns, in one dtype) and their outputs: block
-// column x of the grid covers the weights' tiles of GEMM_BN rows in order.
+// column x of the grid covers the weights' tiles of GEMM_BN rows in order. A grouped launch
+// (`spans` set; the mma.sync kernels, one chunk) runs a product per group, grid row y for
+// group y: rows spans[2y] .. spans[2y] + spans[2y + 1] of `a` and of each output, times each
+// weight's matrix y * w_stride bytes past its first (the experts a prefill chunk routed to, a
+// stack's matrices); every group has up to `row_tiles` token-row tiles, and the blocks past
+// its rows do nothing. A row's product does not depend on the other rows of its tile, so it
+// has the bits of the same product alone.
 #define GEMM_MAX_WEIGHTS 3
 struct GemmJob {
     const u8* w[GEMM_MAX_WEIGHTS];
     float* y[GEMM_MAX_WEIGHTS];
     int n[GEMM_MAX_WEIGHTS];
     int count;
+    const int* spans;
+    unsigned long long w_stride;
+    int row_tiles;
 };
 
 // This block's weight of the job, its output and rows, its tile column there and its first
@@ -147,8 +156,7 @@ struct GemmPart {
     int n, bx, t0, index;
 };
 template <int BM, int TILE>
-__device__ __forceinline__ GemmPart gemm_part(const GemmJob& job, int m) {
-    const int row_tiles = (m + BM - 1) / BM;
+__device__ __forceinline__ GemmPart gemm_part(const GemmJob& job, int row_tiles) {
     GemmPart p{job.w[0], job.y[0], job.n[0], (int)blockIdx.x / row_tiles, (int)blockIdx.x % row_tiles * BM, 0};
 #pragma unroll
     for (int i = 1; i < GEMM_MAX_WEIGHTS; ++i) {
@@ -162,7 +170,18 @@ __device__ __forceinline__ GemmPart gemm_part(const GemmJob& job, int m) {
 
 template <class P, int BM>
 __device__ __forceinline__ void gemm_run(const u16* a, const GemmJob& job, int m, int k, int chunks) {
-    const GemmPart part = gemm_part<BM, GEMM_BN>(job, m);
+    // the weights are constant, but the copies are issued together: the activations (and a
+    // grouped launch's spans) wait for the previous kernel
+    overlap_with_neighbours();
+    GemmPart part = gemm_part<BM, GEMM_BN>(job, job.spans ? job.row_tiles : (m + BM - 1) / BM);
+    if (job.spans) {
+        const int g = blockIdx.y, first = job.spans[2 * g];
+        m = job.spans[2 * g + 1];
+        if (part.t0 >= m) return;
+        a += (size_t)first * k;
+        part.w += g * job.w_stride;
+        part.y += (size_t)first * part.n;
+    }
     const u8* w = part.w;
     float* y = part.y;
     const int n = part.n, bx = part.bx;
@@ -201,9 +220,6 @@ __device__ __forceinline__ void gemm_run(const u16* a, const GemmJob& job, int m
         }
         if constexpr (RAW > 0) P::copy(w, n, k, n0 + br, k0, raw + (slot * GEMM_BN + br) * RAW, bhalf, brow_valid);
     };
-    // the weights are constant, but the copies are issued together: the activations wait for
-    // the previous kernel
-    overlap_with_neighbours();
 #pragma unroll
     for (int s = 0; s < GEMM_STAGES - 1; ++s) {
         if (s < steps) issue(s);
@@ -450,7 +466,7 @@ __device__ __forceinline__ void gemm_wg_run(const u16* a, const GemmJob& job, in
     // a dequantized tile has 128 weight rows, a pair of threads each
     constexpr int BN = 128, NB = 1;
     static_assert(P::RAW > 0 && !gemm_direct_f16<P>(), "a planar quantized layout");
-    const GemmPart part = gemm_part<WG_BM, BN>(job, m);
+    const GemmPart part = gemm_part<WG_BM, BN>(job, (m + WG_BM - 1) / WG_BM);
     const u8* w = part.w;
     float* y = part.y;
     const int n = part.n, bx = part.bx;
@@ -623,7 +639,7 @@ __device__ __forceinline__ void gemm_tma_run(const TmaMaps& maps, const GemmJob&
     constexpr u32 A_BYTES = WG_BM * WG_LINE, STAGE = A_BYTES + BN * WG_LINE;
     static_assert(STAGE % 1024 == 0, "stages on 1 KiB, the swizzle's period");
     static_assert(!TREE || NB == 1, "the on-chip tree holds a 128-row tile's subtrees");
-    const GemmPart part = gemm_part<WG_BM, BN>(job, m);
+    const GemmPart part = gemm_part<WG_BM, BN>(job, (m + WG_BM - 1) / WG_BM);
     extern __shared__ u8 smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;
     u8* smem = smem_raw + (base - smem_addr(smem_raw));

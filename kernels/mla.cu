@@ -2,8 +2,9 @@
 // projections, as the CPU backend's cpu::kernels::mla runs it). The per-head products through
 // attn_k_b and attn_v_b are ordinary matvecs; these kernels do what has no equivalent:
 //
-// mla_rope_f32 rotates the rope part of n_vecs vectors from src into dst (both strided), at
-// the position in device memory, with YaRN when `yarn` is set: pair i's angle is
+// mla_rope_f32 rotates the rope part of n_vecs vectors from src into dst (both strided), vector
+// v at position pos[v / per_pos] (a prefill step's rows: each row's heads at the row's
+// position; a decode step: all at pos[0]), with YaRN when `yarn` is set: pair i's angle is
 // pos * theta_scale^i by repeated f32 multiplication, interpolated by freq_scale outside the
 // corrected dims and cos/sin scaled by mscale, step by step as rope.rs's Yarn::cos_sin. With
 // `rotate` 0 it copies them unrotated (kimi-linear's MLA layers use no rope).
@@ -23,14 +24,22 @@
 // merges them in chunk order (merge_chunk) into `out`. The current position's row
 // (`row_now`, the normalized latent then the roped key) is narrowed to f16, written to the
 // cache by block (0, 0) and read by every block from shared memory, so no block reads the
-// slot being written.
+// slot being written. A prefill step's rows are grid z (the merge's grid y): row z's queries,
+// position pos[z] and partials, over a cache mla_store_rows_f16 already wrote (`row_now`
+// null), so each row has the bits of a decode step at its position with the same queries.
+//
+// mla_store_rows_f16 narrows a prefill step's cache rows to f16 and writes row r at position
+// pos[0] + r. mla_heads_f16 narrows each head's slice of every row into a head-major block
+// (the rows of head h together: the per-head absorbed products run as one grouped GEMM, a
+// group per head), and mla_heads_f32 writes such a product's head-major rows back into each
+// row's head slices.
 #include "common.cuh"
 
 #define MLA_THREADS 256
 #define MLA_WARPS (MLA_THREADS / WARP)
 
 extern "C" __global__ void mla_rope_f32(const float* src, int src_stride, float* dst, int dst_stride,
-                                        int n_vecs, int n_rot, const u32* pos, float theta_scale, int rotate,
+                                        int n_vecs, int n_rot, const u32* pos, int per_pos, float theta_scale, int rotate,
                                         int neox, int yarn, float freq_scale, float corr_low, float corr_high,
                                         float mscale) {
     overlap_with_neighbours();
@@ -47,7 +56,7 @@ extern "C" __global__ void mla_rope_f32(const float* src, int src_stride, float*
         y[b] = x1;
         return;
     }
-    float angle = (float)*pos;
+    float angle = (float)pos[vec / per_pos];
     for (int k = 0; k < i; ++k) angle = __fmul_rn(angle, theta_scale);
     float s, c;
     if (yarn) {
@@ -123,16 +132,20 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
     const MlaSmem sm = mla_smem(width);
     const int h0 = blockIdx.x * MLA_TILE_HEADS, c = blockIdx.y, chunks = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const u32 p_now = *pos;
+    q_lat += (size_t)blockIdx.z * n_heads * width;
+    parts += (size_t)blockIdx.z * n_heads * chunks * (kv_lora + 2);
+    const u32 p_now = pos[blockIdx.z];
     const int n_ctx = mla_attended(cells, p_now, capacity);
-    const int now = p_now < (u32)capacity ? (int)p_now : -1;
+    const int now = row_now && p_now < (u32)capacity ? (int)p_now : -1;
     const bool writer = blockIdx.x == 0 && c == 0 && now >= 0;
     if (c * MLA_CHUNK >= n_ctx && !writer) return;
     const int blocks = (width + 31) / 32;
-    for (int d = threadIdx.x; d < width; d += MLA_THREADS) {
-        const u16 r = f32_to_f16(row_now[d]);
-        sm.now_row[d] = r;
-        if (writer) cache[(size_t)now * width + d] = r;
+    if (row_now) {
+        for (int d = threadIdx.x; d < width; d += MLA_THREADS) {
+            const u16 r = f32_to_f16(row_now[d]);
+            sm.now_row[d] = r;
+            if (writer) cache[(size_t)now * width + d] = r;
+        }
     }
     // fragment (b, k step j, lane l), pair i: head g + 8 (i % 2), values 32b + 8t + 4j + 2 (i / 2)
     // and the next (zero past the heads and the row)
@@ -284,14 +297,16 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
     }
 }
 
-// Block per head: the head's chunk partials merged in chunk order into out (n_heads rows of
-// kv_lora), `chunks` as the split's grid had them.
+// Block per head (and per row, grid y): the head's chunk partials merged in chunk order into
+// out (n_heads rows of kv_lora a token row), `chunks` as the split's grid had them.
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     mla_merge_f16(const float* parts, float* out, const u32* pos, int n_heads, int kv_lora, int capacity,
                   const int* cells, int chunks) {
     overlap_with_neighbours();
     const int h = blockIdx.x;
-    const int used = (mla_attended(cells, *pos, capacity) + MLA_CHUNK - 1) / MLA_CHUNK;
+    parts += (size_t)blockIdx.y * n_heads * chunks * (kv_lora + 2);
+    out += (size_t)blockIdx.y * n_heads * kv_lora;
+    const int used = (mla_attended(cells, pos[blockIdx.y], capacity) + MLA_CHUNK - 1) / MLA_CHUNK;
     const size_t sums = (size_t)n_heads * chunks * kv_lora;
     for (int d = threadIdx.x; d < kv_lora; d += MLA_THREADS) {
         const Merged run = merge_in_order(used, [&](int c) -> Merged {
@@ -300,4 +315,37 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
         });
         out[(size_t)h * kv_lora + d] = __fdiv_rn(run.o, run.l);
     }
+}
+
+// cache[(pos[0] + r) * width + d] = f16(rows[r * width + d]) for the n values of the rows;
+// nothing past the capacity.
+extern "C" __global__ void mla_store_rows_f16(const float* rows, u16* cache, const u32* pos, int width, int n,
+                                              int capacity) {
+    overlap_with_neighbours();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const u32 p = pos[0] + (u32)(i / width);
+    if (p < (u32)capacity) cache[(size_t)p * width + i % width] = f32_to_f16(rows[i]);
+}
+
+// out[(h * rows + r) * len + i] = f16(x[r * row_stride + h * head_stride + i]) for the `rows`
+// token rows and `heads` heads of len values.
+extern "C" __global__ void mla_heads_f16(const float* x, int row_stride, int head_stride, int len, int rows,
+                                         int heads, u16* out) {
+    overlap_with_neighbours();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= heads * rows * len) return;
+    const int h = i / (rows * len), r = i / len % rows;
+    out[i] = f32_to_f16(x[(size_t)r * row_stride + (size_t)h * head_stride + i % len]);
+}
+
+// out[r * row_stride + h * head_stride + i] = y[(h * rows + r) * len + i]: mla_heads_f16's
+// layout back.
+extern "C" __global__ void mla_heads_f32(const float* y, int len, int rows, int heads, float* out, int row_stride,
+                                         int head_stride) {
+    overlap_with_neighbours();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= heads * rows * len) return;
+    const int h = i / (rows * len), r = i / len % rows;
+    out[(size_t)r * row_stride + (size_t)h * head_stride + i % len] = y[i];
 }

@@ -29,10 +29,11 @@ __device__ __forceinline__ void norm_row(const float* xr, const float* weight, f
     }
 }
 
+// Row r of x and out starts at r * stride (rows of n values, stride >= n).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-    rms_norm_f32(const float* x, const float* weight, float* out, u16* out16, int n, float eps) {
+    rms_norm_f32(const float* x, const float* weight, float* out, u16* out16, int n, int stride, float eps) {
     overlap_with_neighbours();
-    const size_t at = (size_t)blockIdx.x * n;
+    const size_t at = (size_t)blockIdx.x * stride;
     norm_row(x + at, weight, out + at, out16 ? out16 + at : nullptr, n, eps);
 }
 

@@ -91,6 +91,9 @@
 #                             file (with .llama/llama.cpp carried); with 2 GPUs, all 45
 #                             GLM-5.3-Flash layers with synthetic weights: PP-2 and TP-2
 #                             speed, each gated against PP-2 eager
+#   prefill-depth [SECONDS] [MODEL...]  the depth suite's files, prompts instead of decode:
+#                             memra-run bench --prompt 512 and 4096 against llama-bench pp512
+#                             and pp4096 of each model's full cut
 #   depth [SECONDS] [MODEL...]  memra against llama.cpp on the same files, written by
 #                             llama.cpp's own tools (scripts/depth_models.py with gguf-py, then
 #                             llama-quantize Q4_1): decode tok/s after 0, 512 and 4096 tokens
@@ -1588,7 +1591,43 @@ depth_memra() { # model layers depth: memra-run bench of the cut; tok/s into mem
     bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$d" -n 128 --reps 2
     mem[$m-l$l-d$d]=$(echo "$bench_out" | sed -n 's/.* reps: \([0-9.]*\) ± .*/\1/p' | tail -1)
 }
-depth_summary() { # model: its `= ` rows (see suite_depth)
+depth_llama_prompt() { # model layers: llama-bench pp512 and pp4096 of the cut into
+    # lcpp[model-lL-pN]
+    local m=$1 l=$2 name="llama-bench $1 l$2 pp" from n tps
+    from=$(wc -l <"$LOG/llama-bench.txt")
+    late "$name" && return
+    llama_bench "$name" "$M/depth-$m-l$l-q4_1.gguf" -p 512,4096 -n 0
+    while read -r n tps; do
+        lcpp[$m-l$l-p$n]=$tps
+    done < <(tail -n +$((from + 1)) "$LOG/llama-bench.txt" | awk -F'|' 'NF > 3 && $(NF - 2) ~ /pp[0-9]+/ {
+        t = $(NF - 2); gsub(/[ p]/, "", t); split($(NF - 1), v, "±"); gsub(/ /, "", v[1]); print t, v[1] }')
+}
+depth_memra_prompt() { # model layers tokens: memra-run bench --prompt of the cut; prefill tok/s
+    # into mem[model-lL-pN]
+    local m=$1 l=$2 n=$3 name="memra $1 l$2 pp$3" plan
+    late "$name" && return
+    rm -f "$P/q4_1/depth-$m-l$l.plan.toml"
+    plan=$(plan "depth-$m-l$l" q4_1 "depth/depth-$m-l$l")
+    if [ ! -f "$plan" ]; then
+        row "$name" FAIL "memra-compile: $(grep -a 'error' "$LOG/compile.log" | tail -1 | cut -c1-300)"
+        return
+    fi
+    bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$n" -n 1 --reps 3
+    mem[$m-l$l-p$n]=$(echo "$bench_out" | sed -n 's/.*prompt [0-9]* tokens ([^)]*): \([0-9.]*\) ± .*/\1/p' | tail -1)
+}
+depth_prefill_summary() { # model: its `= ` prompt rows (see depth_suite)
+    local m=$1 l n a b
+    l=$(depth_layers "$m")
+    for n in 512 4096; do
+        a=${mem[$m-l$l-p$n]:-} b=${lcpp[$m-l$l-p$n]:-}
+        if [ -n "$a" ] && [ -n "$b" ]; then
+            row "= $m l$l pp$n" ok "$(awk -v a="$a" -v b="$b" 'BEGIN { printf "memra %.1f vs llama.cpp %.1f tok/s: %.3fx", a, b, a / b }')"
+        else
+            row "= $m l$l pp$n" skip "memra ${a:-none}, llama.cpp ${b:-none} tok/s"
+        fi
+    done
+}
+depth_decode_summary() { # model: its `= ` rows (see depth_suite)
     local m=$1 l h d a b
     l=$(depth_layers "$m")
     h=$((l / 2))
@@ -1612,7 +1651,11 @@ depth_summary() { # model: its `= ` rows (see suite_depth)
         fi
     done
 }
-suite_depth() {
+suite_depth() { depth_suite decode "$@"; }
+suite_prefill_depth() { depth_suite prefill "$@"; }
+depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timings of the mode
+    local mode=$1
+    shift
     BUDGET=480
     if [[ ${1:-} =~ ^[0-9]+$ ]]; then BUDGET=$1 && shift; fi
     local models=("$@") m l f16 mounted= build quantizer writer quantizing
@@ -1657,6 +1700,12 @@ suite_depth() {
     for m in "${models[@]}"; do
         depth_ready "$m" || continue
         l=$(depth_layers "$m")
+        if [ "$mode" = prefill ]; then
+            depth_llama_prompt "$m" "$l"
+            depth_memra_prompt "$m" "$l" 512
+            depth_memra_prompt "$m" "$l" 4096
+            continue
+        fi
         depth_llama "$m" "$l" 0,512,4096
         depth_memra "$m" "$l" 0
         depth_memra "$m" "$l" 4096
@@ -1665,12 +1714,12 @@ suite_depth() {
         depth_memra "$m" $((l / 2)) 4096
     done
     for m in "${models[@]}"; do
-        [ -e "$DEPTH_DONE/$m.ok" ] && depth_memra "$m" "$(depth_layers "$m")" 512
+        [ "$mode" = decode ] && [ -e "$DEPTH_DONE/$m.ok" ] && depth_memra "$m" "$(depth_layers "$m")" 512
     done
     kill $writer $quantizing 2>/dev/null
     wait $writer $quantizing 2>/dev/null
     [ -z "$mounted" ] || umount "$f16" 2>/dev/null
-    for m in "${models[@]}"; do depth_summary "$m"; done
+    for m in "${models[@]}"; do "depth_${mode}_summary" "$m"; done
     table
 }
 
@@ -1738,7 +1787,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | profile | ncu-token | ncu-prefill | ncu-batch | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | prefill-depth | profile | ncu-token | ncu-prefill | ncu-batch | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

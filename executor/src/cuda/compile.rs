@@ -170,7 +170,14 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!(
         "mla.cu",
-        ["mla_rope_f32", "mla_attention_f16", "mla_merge_f16"]
+        [
+            "mla_rope_f32",
+            "mla_attention_f16",
+            "mla_merge_f16",
+            "mla_store_rows_f16",
+            "mla_heads_f16",
+            "mla_heads_f32"
+        ]
     ),
     kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(

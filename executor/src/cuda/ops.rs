@@ -154,7 +154,57 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         self.launch(stream, "rms_norm_f32", cfg, |a| {
-            a.arg(&xp).arg(&wp).arg(&op).arg(&hp).arg(&n).arg(&eps);
+            a.arg(&xp)
+                .arg(&wp)
+                .arg(&op)
+                .arg(&hp)
+                .arg(&n)
+                .arg(&n)
+                .arg(&eps);
+        })
+    }
+
+    /// [`Self::rms_norm`] of the first `weight.len()` values of each of `rows` rows that
+    /// start `stride` values apart in `x` and in `out` (the rest of each row untouched).
+    pub fn rms_norm_strided(
+        &self,
+        stream: &CudaStream,
+        x: &Span<f32>,
+        weight: &impl DevicePtr<f32>,
+        eps: f32,
+        out: &Span<f32>,
+        (rows, stride): (usize, usize),
+    ) -> Result<()> {
+        let n = weight.len();
+        assert!(
+            n > 0
+                && rows > 0
+                && stride >= n
+                && x.len() >= (rows - 1) * stride + n
+                && out.len() >= (rows - 1) * stride + n,
+            "rms_norm_strided: {rows} rows of {n} values {stride} apart"
+        );
+        let (xp, wp, op, n, st) = (
+            x.addr(),
+            ptr(stream, weight),
+            out.addr(),
+            int(n),
+            int(stride),
+        );
+        let no_out16 = 0u64;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(stream, "rms_norm_f32", cfg, |a| {
+            a.arg(&xp)
+                .arg(&wp)
+                .arg(&op)
+                .arg(&no_out16)
+                .arg(&n)
+                .arg(&st)
+                .arg(&eps);
         })
     }
 

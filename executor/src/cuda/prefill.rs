@@ -9,9 +9,10 @@
 //! attention kernel with a grid row per token row, each over its own causal prefix: those rows
 //! have the bits of the decode steps at their positions. The FFN is dense or a mixture of
 //! experts (`moe_rows`: rows grouped by expert, the shared experts as a dense FFN, the decode
-//! combine's slot blocks). MLA and KDA layers run their mixer row by row with the decode
-//! kernels, each row at its own position (the products around them, attention output and FFN,
-//! take the rows at once). DSA and mHC plans run prompts token by token (`prefill_rows` says
+//! combine's slot blocks). MLA layers run their mixer over the rows at once (`mla::rows`: GEMMs,
+//! then latent attention with a grid row per token row); KDA layers, and MLA layers whose
+//! widths are not whole GEMM steps, run it row by row with the decode kernels, each row at its
+//! own position (the products around them, attention output and FFN, take the rows at once). DSA and mHC plans run prompts token by token (`prefill_rows` says
 //! why).
 
 use std::sync::Arc;
@@ -188,7 +189,15 @@ impl RankDevice {
             Segment::MoeRouter | Segment::MoeExperts | Segment::MoeShared => {
                 return self.prefill_moe(layer, li, seg, rows, s);
             }
-            Segment::MlaPre | Segment::MlaCore | Segment::KdaPre | Segment::KdaCore => {
+            Segment::MlaPre | Segment::MlaCore => {
+                if let (MixerWeights::Mla(m), Some(state)) = (&self.layers[li].mixer, &self.mla) {
+                    if state.takes_rows(m, self.hidden_len()) {
+                        return self.prefill_mla(li, seg, rows, s);
+                    }
+                }
+                return self.prefill_mixer_by_row(layer, li, seg, rows, s);
+            }
+            Segment::KdaPre | Segment::KdaCore => {
                 return self.prefill_mixer_by_row(layer, li, seg, rows, s);
             }
             _ => {}
@@ -250,6 +259,28 @@ impl RankDevice {
                 "segment `{}` has no prefill kernels on the cuda backend",
                 other.name()
             ),
+        }
+    }
+
+    /// An MLA segment of the layer of index `li` over `rows` token rows at once (`mla::rows`).
+    fn prefill_mla(&self, li: usize, seg: Segment, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
+        let lw = &self.layers[li];
+        let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
+            bail!("an MLA segment on a layer without MLA weights or state");
+        };
+        let (dev, b, d) = (&self.dev, &self.buf, self.hidden_len());
+        let positions = Span::of(&self.row_buffers()?.positions).sub(0, rows);
+        if seg == Segment::MlaPre {
+            dev.row_positions(s, &Span::of(&b.pos), &mut positions.clone())?;
+            let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
+            let norm = Norm {
+                weight: &lw.attn_norm,
+                eps: self.geo.eps,
+            };
+            state.pre_rows(dev, s, m, li, norm, (&x, &xn), &positions, rows)
+        } else {
+            let att = Self::rows_of(&b.att, rows, lw.o.cols);
+            state.core_rows(dev, s, m, li, &positions, &att)
         }
     }
 

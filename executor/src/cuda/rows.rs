@@ -31,6 +31,9 @@ struct GemmJob {
     y: [u64; GEMM_MAX_WEIGHTS],
     n: [i32; GEMM_MAX_WEIGHTS],
     count: i32,
+    spans: u64,
+    w_stride: u64,
+    row_tiles: i32,
 }
 
 // SAFETY: plain old data in the kernel's C layout
@@ -211,6 +214,16 @@ impl GemmTile {
     }
 }
 
+/// The groups of a grouped product ([`CudaDevice::gemm_grouped`]): `count` pairs (first row,
+/// rows) in `spans`, none longer than `most_rows`; group `g`'s matrix is `g * stride` bytes past
+/// the first group's.
+pub struct Groups {
+    pub spans: Span<i32>,
+    pub count: usize,
+    pub stride: usize,
+    pub most_rows: usize,
+}
+
 /// A weight matrix as the GEMM reads it, by address: a whole upload or one expert's matrix of
 /// a stack (both in the device layout of `DeviceWeight::upload`).
 #[derive(Clone, Copy)]
@@ -250,7 +263,7 @@ impl CudaDevice {
         tile: Option<GemmTile>,
     ) -> Result<()> {
         let out = (ptr_mut(stream, y), y.len());
-        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, tile, None)
+        self.gemm_launch(stream, &[(w, out)], a, rows, chunks, tile, None, None)
     }
 
     /// For each `(w, y)`: `y` = the `rows` rows of `a` times `w`, whole (one chunk); the
@@ -269,7 +282,7 @@ impl CudaDevice {
                     .iter()
                     .map(|(w, y)| (*w, (y.addr(), y.len())))
                     .collect();
-                self.gemm_launch(stream, &outs, a, rows, 1, None, None)?;
+                self.gemm_launch(stream, &outs, a, rows, 1, None, None, None)?;
             }
         }
         Ok(())
@@ -305,9 +318,18 @@ impl CudaDevice {
         let tile = tile.unwrap_or_else(|| self.gemm_tile(w.dtype, &[w.rows], rows, chunks));
         let launch = [(w, (parts.addr(), parts.len()))];
         if tile.walks_chunks() {
-            return self.gemm_launch(stream, &launch, a, rows, chunks, Some(tile), Some(out));
+            return self.gemm_launch(
+                stream,
+                &launch,
+                a,
+                rows,
+                chunks,
+                Some(tile),
+                Some(out),
+                None,
+            );
         }
-        self.gemm_launch(stream, &launch, a, rows, chunks, Some(tile), None)?;
+        self.gemm_launch(stream, &launch, a, rows, chunks, Some(tile), None, None)?;
         self.tree_sum(stream, parts, chunks, &mut out.clone())
     }
 
@@ -349,9 +371,42 @@ impl CudaDevice {
         GemmTile::Mma { rows }
     }
 
+    /// For each `(w, y)`: the rows of each group of `groups` times that group's matrix of
+    /// `w` (`w` is the first group's), into the group's rows of `y`; `a` and every `y` hold
+    /// `rows` rows, the groups' spans within them. One launch a dtype and up to three weights,
+    /// in the 64-row `mma.sync` tile; each output row has the bits of [`Self::gemm`] of its
+    /// row alone with its group's matrix.
+    pub fn gemm_grouped(
+        &self,
+        stream: &CudaStream,
+        products: &[(Matrix, &Span<f32>)],
+        a: &Span<u16>,
+        rows: usize,
+        groups: &Groups,
+    ) -> Result<()> {
+        anyhow::ensure!(
+            groups.stride.is_multiple_of(16) && groups.spans.len() >= 2 * groups.count,
+            "gemm_grouped: matrices {} bytes apart (not 16-byte aligned) or fewer spans than {} groups",
+            groups.stride,
+            groups.count
+        );
+        for same in products.chunk_by(|p, q| p.0.dtype == q.0.dtype) {
+            for launch in same.chunks(GEMM_MAX_WEIGHTS) {
+                let outs: Vec<_> = launch
+                    .iter()
+                    .map(|(w, y)| (*w, (y.addr(), y.len())))
+                    .collect();
+                let tile = Some(GemmTile::Mma { rows: 64 });
+                self.gemm_launch(stream, &outs, a, rows, 1, tile, None, Some(groups))?;
+            }
+        }
+        Ok(())
+    }
+
     /// One launch over the weights of `outs` (each with its output's address and length) in
     /// the kernel of `tile`, by default [`Self::gemm_tile`]; with `sum` (a warpgroup tile and
-    /// one weight) its chunks' tree goes there, else each chunk to its place in the output.
+    /// one weight) its chunks' tree goes there, else each chunk to its place in the output;
+    /// with `groups` (an `mma.sync` tile, one chunk), a product per group.
     #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &self,
@@ -362,6 +417,7 @@ impl CudaDevice {
         chunks: usize,
         tile: Option<GemmTile>,
         sum: Option<&Span<f32>>,
+        groups: Option<&Groups>,
     ) -> Result<()> {
         let w0 = outs[0].0;
         assert!(
@@ -403,6 +459,10 @@ impl CudaDevice {
             sum.is_none() || (outs.len() == 1 && tile.walks_chunks()),
             "gemm: a tree sum takes one weight in a warpgroup tile"
         );
+        assert!(
+            groups.is_none_or(|g| chunks == 1 && !tile.walks_chunks() && g.count > 0),
+            "gemm: a grouped launch takes one chunk in an mma.sync tile"
+        );
         let (tile_rows, tile_cols) = tile.shape();
         let columns: usize = weight_rows.iter().map(|n| n.div_ceil(tile_cols)).sum();
         let tree = tile.tree_on_chip(chunks, sum.is_some());
@@ -414,6 +474,9 @@ impl CudaDevice {
             y: [0; GEMM_MAX_WEIGHTS],
             n: [0; GEMM_MAX_WEIGHTS],
             count: int(outs.len()),
+            spans: groups.map_or(0, |g| g.spans.addr()),
+            w_stride: groups.map_or(0, |g| g.stride as u64),
+            row_tiles: groups.map_or(0, |g| int(g.most_rows.div_ceil(tile_rows).max(1))),
         };
         for (i, (w, (y, _))) in outs.iter().enumerate() {
             job.w[i] = w.addr;
@@ -425,10 +488,14 @@ impl CudaDevice {
         // a warpgroup block walks every chunk of its tile
         let chunk_blocks = if tile.walks_chunks() { 1 } else { chunks };
         // the token-row tiles of a tile column are neighbours in launch order (gemm_part)
+        let (row_tiles, group_blocks) = match groups {
+            Some(g) => (job.row_tiles as usize, g.count),
+            None => (rows.div_ceil(tile_rows), 1),
+        };
         let cfg = LaunchConfig {
             grid_dim: (
-                (columns * rows.div_ceil(tile_rows)) as u32,
-                1,
+                (columns * row_tiles) as u32,
+                group_blocks as u32,
                 chunk_blocks as u32,
             ),
             block_dim: (tile.threads(), 1, 1),

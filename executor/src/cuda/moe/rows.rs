@@ -1,25 +1,25 @@
 //! The routed experts of a prefill step on a CUDA rank. The router runs over every token row
 //! in one launch (the decode matvec, so each row is routed as its decode step routes it), the
 //! top-k of every row in another; the ids come back to the host, which groups the rows by
-//! expert. Each expert this rank holds then runs once over its rows, gate, up and down as
-//! tensor-core GEMMs (its matrices read once for the chunk), and each product row, times its
-//! routing weight, lands in its slot's block of the layer's rows (`MoeState::rows`, slot-major:
-//! slot `s` of token row `t` at `(s * rows + t) * hidden`); the blocks of experts held
-//! elsewhere hold `-0.0`. That is the decode combine's structure row for row: the group's
+//! expert. The rows of every expert this rank holds are gathered at once, gate and up then run
+//! as one grouped tensor-core GEMM launch (an expert's matrices read once for the chunk), the
+//! SiLU gate and down as one launch each, and each product row, times its routing weight, lands
+//! in its slot's block of the layer's rows (`MoeState::rows`, slot-major: slot `s` of token row
+//! `t` at `(s * rows + t) * hidden`); the blocks of experts held elsewhere hold `-0.0`. That is the decode combine's structure row for row: the group's
 //! all-reduce and `moe_combine` then give every plan the 1-rank bits (`cuda::moe`). A row's
 //! product does not depend on the other rows of its expert's GEMM, and every rank routes the
 //! same rows the same way, so any rank holding an expert computes its rows' bits.
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::MoeSummary;
 
 use super::MoeWeights;
 use crate::cuda::device::{CudaDevice, DeviceBuffer};
 use crate::cuda::matvec::ExpertSel;
-use crate::cuda::rows::{Matrix, GEMM_DEPTH};
+use crate::cuda::rows::{Groups, Matrix, GEMM_DEPTH};
 use crate::cuda::span::Span;
 use crate::cuda::weights::{full_chunks, grid, int, DeviceStack};
 
@@ -36,11 +36,13 @@ pub(crate) struct MoeRows {
     router_ids: DeviceBuffer<i32>,
     /// The assignments `row * k + slot`, grouped by expert.
     assign: DeviceBuffer<i32>,
-    /// An expert's rows: the input narrowed to f16, then the activation.
+    /// Each held expert's (first, count) in `assign`.
+    spans: DeviceBuffer<i32>,
+    /// The assigned rows: the input narrowed to f16, then the activation.
     a16: DeviceBuffer<u16>,
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
-    /// An expert's output rows before they are weighted and scattered.
+    /// The assigned rows' outputs before they are weighted and scattered.
     y: DeviceBuffer<f32>,
 }
 
@@ -65,10 +67,11 @@ impl MoeRows {
             weights: dev.alloc(s, rows * k)?,
             router_ids: dev.alloc(s, rows)?,
             assign: dev.alloc(s, rows * k)?,
-            a16: dev.alloc(s, rows * d.max(ff))?,
-            gate: dev.alloc(s, rows * ff)?,
-            up: dev.alloc(s, rows * ff)?,
-            y: dev.alloc(s, rows * d)?,
+            spans: dev.alloc(s, 2 * n)?,
+            a16: dev.alloc(s, rows * k * d.max(ff))?,
+            gate: dev.alloc(s, rows * k * ff)?,
+            up: dev.alloc(s, rows * k * ff)?,
+            y: dev.alloc(s, rows * k * d)?,
         })
     }
 
@@ -135,26 +138,36 @@ impl MoeRows {
             // none of the rows chose an expert this rank holds
             return Ok(());
         }
-        dev.write(s, &assign, &mut Span::of(&self.assign).sub(0, assign.len()))?;
-        for (i, (start, count)) in spans.into_iter().enumerate() {
-            if count == 0 {
-                continue;
-            }
-            let a = Span::of(&self.assign).sub(start, count);
-            let a16 = Span::of(&self.a16);
-            let (gate, up) = (
-                Span::of(&self.gate).sub(0, count * ff),
-                Span::of(&self.up).sub(0, count * ff),
-            );
-            let y = Span::of(&self.y).sub(0, count * d);
-            dev.moe_gather(s, xn, &a, k, &a16.sub(0, count * d))?;
-            dev.gemm(s, e.gate.matrix(i), &a16, count, 1, &mut gate.clone(), None)?;
-            dev.gemm(s, e.up.matrix(i), &a16, count, 1, &mut up.clone(), None)?;
-            dev.swiglu_rows(s, &gate, &up, e.clamp, &mut gate.clone(), Some(&a16))?;
-            dev.gemm(s, e.down.matrix(i), &a16, count, 1, &mut y.clone(), None)?;
-            dev.moe_scatter(s, &y, &a, &Span::of(&self.weights), (k, rows), &blocks)?;
+        let total = assign.len();
+        let a = Span::of(&self.assign).sub(0, total);
+        dev.write(s, &assign, &mut a.clone())?;
+        let flat: Vec<i32> = spans.iter().flat_map(|&(f, c)| [int(f), int(c)]).collect();
+        let groups = Groups {
+            spans: Span::of(&self.spans).sub(0, flat.len()),
+            count: spans.len(),
+            stride: e.gate.stride,
+            most_rows: spans.iter().map(|s| s.1).max().unwrap_or(0),
+        };
+        dev.write(s, &flat, &mut groups.spans.clone())?;
+        if e.up.stride != e.gate.stride || e.down.count != e.gate.count {
+            bail!("the gate, up and down stacks of the experts differ in layout");
         }
-        Ok(())
+        let a16 = Span::of(&self.a16);
+        let (gate, up) = (
+            Span::of(&self.gate).sub(0, total * ff),
+            Span::of(&self.up).sub(0, total * ff),
+        );
+        let y = Span::of(&self.y).sub(0, total * d);
+        dev.moe_gather(s, xn, &a, k, &a16.sub(0, total * d))?;
+        let gate_up = [(e.gate.matrix(0), &gate), (e.up.matrix(0), &up)];
+        dev.gemm_grouped(s, &gate_up, &a16, total, &groups)?;
+        dev.swiglu_rows(s, &gate, &up, e.clamp, &mut gate.clone(), Some(&a16))?;
+        let groups = Groups {
+            stride: e.down.stride,
+            ..groups
+        };
+        dev.gemm_grouped(s, &[(e.down.matrix(0), &y)], &a16, total, &groups)?;
+        dev.moe_scatter(s, &y, &a, &Span::of(&self.weights), (k, rows), &blocks)
     }
 }
 

@@ -191,7 +191,7 @@ impl RankDevice {
                 _ => None,
             })
             .collect();
-        let mla = MlaState::new(&dev, &s, plan, &geo, &mla_layers)?;
+        let mla = MlaState::new(&dev, &s, plan, &geo, &mla_layers, max_rows)?;
         let indexed: Vec<bool> = mla_layers
             .iter()
             .map(|m| m.is_some_and(|m| m.indexer.is_some()))

@@ -2,7 +2,8 @@
 //! strided source and destination) against `rope_part`, and their unrotated copy (kimi-linear), the latent attention (cache write of
 //! the current row, f16 cache, DeepSeek-sized and awkward shapes, a position past earlier
 //! rows) against `latent_attention`, its sparse form over DSA cells (some pools out of order,
-//! then the tail from the position down) against `latent_attention_at`, and rope plus
+//! then the tail from the position down) against `latent_attention_at`, a prefill step's
+//! rows (cache rows stored first, a grid row per token row) against decode steps, and rope plus
 //! attention captured in a graph, replayed
 //! against eager bit for bit with the position read from device memory.
 
@@ -52,7 +53,104 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         attention(cx, case, true)?;
     }
     heads_per_block(cx)?;
+    // (heads, kv_lora, rope, first position, rows, capacity)
+    for case in [
+        (16, 512, 64, 0, 70, 256),
+        (5, 96, 32, 130, 9, 160),
+        (4, 256, 32, 3, 1, 16),
+    ] {
+        prefill_rows(cx, case)?;
+    }
     graph(cx)?;
+    Ok(())
+}
+
+/// A prefill step's latent attention (`mla_store_rows`, then `mla_attention` with a grid row
+/// per token row, in launches of fewer rows than the step) against decode steps at the same
+/// positions with the same queries: outputs and cache bit for bit.
+fn prefill_rows(
+    cx: &mut Ctx,
+    (heads, kvl, rope, p0, rows, capacity): (usize, usize, usize, usize, usize, usize),
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let width = kvl + rope;
+    let q = random(&mut cx.rng, rows * heads * width, 1.0);
+    let cache_rows = random(&mut cx.rng, rows * width, 1.0);
+    let earlier: Vec<u16> = random(&mut cx.rng, capacity * width, 1.0)
+        .into_iter()
+        .map(f32_to_f16)
+        .collect();
+    let parts = dev.alloc::<f32>(s, 2 * mla_parts_len(heads, kvl, capacity))?;
+    let shape = (heads, kvl, width, capacity);
+    let scale = 0.07;
+    // decode: a step a row, each writing its row
+    let cache = dev.upload(s, &earlier)?;
+    let mut decoded = Vec::new();
+    for r in 0..rows {
+        let (qr, row) = (
+            dev.upload(s, &q[r * heads * width..(r + 1) * heads * width])?,
+            dev.upload(s, &cache_rows[r * width..(r + 1) * width])?,
+        );
+        let (out, pos) = (
+            dev.alloc::<f32>(s, heads * kvl)?,
+            dev.upload(s, &[(p0 + r) as u32])?,
+        );
+        let (qs, rs) = (Span::of(&qr), Span::of(&row));
+        let (cs, os, ps) = (Span::of(&cache), Span::of(&out), Span::of(&pos));
+        dev.mla_attention(
+            s,
+            &qs,
+            Some(&rs),
+            &cs,
+            &os,
+            &Span::of(&parts),
+            &ps,
+            shape,
+            scale,
+            None,
+        )?;
+        decoded.extend(dev.download(s, &out)?);
+    }
+    let decoded_cache = dev.download(s, &cache)?;
+    // prefill: the rows stored, then attention in launches of two rows
+    let cache = dev.upload(s, &earlier)?;
+    let (qd, rows_d) = (dev.upload(s, &q)?, dev.upload(s, &cache_rows)?);
+    let positions: Vec<u32> = (0..rows).map(|r| (p0 + r) as u32).collect();
+    let pos = dev.upload(s, &positions)?;
+    let out = dev.alloc::<f32>(s, rows * heads * kvl)?;
+    let (cs, ps) = (Span::of(&cache), Span::of(&pos));
+    dev.mla_store_rows(s, &Span::of(&rows_d), &cs, &ps, (width, capacity))?;
+    for r0 in (0..rows).step_by(2) {
+        let n = 2.min(rows - r0);
+        let (qs, os) = (
+            Span::of(&qd).sub(r0 * heads * width, n * heads * width),
+            Span::of(&out).sub(r0 * heads * kvl, n * heads * kvl),
+        );
+        dev.mla_attention(
+            s,
+            &qs,
+            None,
+            &cs,
+            &os,
+            &Span::of(&parts),
+            &ps.sub(r0, n),
+            shape,
+            scale,
+            None,
+        )?;
+    }
+    let mut got = dev.download(s, &out)?;
+    let mut want = decoded;
+    got.extend(dev.download(s, &cache)?.into_iter().map(f16_to_f32));
+    want.extend(decoded_cache.into_iter().map(f16_to_f32));
+    cx.report.exact(
+        "mla rows",
+        format!(
+            "{heads} heads, latent {kvl} + {rope}, rows {p0}..{} = decode steps",
+            p0 + rows
+        ),
+        bit_mismatches(&got, &want),
+    );
     Ok(())
 }
 
@@ -110,7 +208,7 @@ fn rope(
         (&Span::of(&d_dst), ds),
         n,
         rot,
-        &Span::of(&d_pos),
+        (&Span::of(&d_pos), n),
         rotate.then_some((theta_scale, 0, yarn)),
     )?;
     let got = dev.download(s, &d_dst)?;
@@ -249,12 +347,12 @@ fn on_device(
     dev.mla_attention(
         s,
         &Span::of(&q),
-        &Span::of(&row),
+        Some(&Span::of(&row)),
         &Span::of(&cache),
         &Span::of(&out),
         &Span::of(&parts),
         &Span::of(&pos),
-        (heads, kvl, capacity),
+        (heads, kvl, row.len(), capacity),
         scale,
         cells.as_ref().map(Span::of).as_ref(),
     )?;
@@ -290,18 +388,18 @@ fn graph(cx: &mut Ctx) -> Result<()> {
             (&q_lat.sub(kvl, heads * width - kvl), width),
             heads,
             rope,
-            &pos_at,
+            (&pos_at, heads),
             Some((theta_scale, 0, yarn)),
         )?;
         dev.mla_attention(
             s,
             &q_lat,
-            &Span::of(&row),
+            Some(&Span::of(&row)),
             cache,
             &Span::of(&out),
             &Span::of(&parts),
             &pos_at,
-            (heads, kvl, capacity),
+            (heads, kvl, width, capacity),
             0.1,
             None,
         )

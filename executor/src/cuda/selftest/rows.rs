@@ -13,8 +13,10 @@ use memra_gguf::GgmlType;
 
 use super::{attend, bit_mismatches, random, random_weight, Ctx};
 use crate::cuda::ops::attention_parts_len;
-use crate::cuda::rows::GemmTile;
+use crate::cuda::rows::{GemmTile, Groups};
+use crate::cuda::weights::DeviceStack;
 use crate::cuda::{CudaDevice, CudaStream, DeviceBuffer, DeviceKv, DeviceWeight, RopeStyle, Span};
+use crate::weights::Stack;
 
 pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     for dtype in [
@@ -51,6 +53,7 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     ] {
         gemm_shared_launch(cx, dtype)?;
         gemm_trees(cx, dtype)?;
+        gemm_groups(cx, dtype)?;
     }
     // the decode steps split positions past the first chunk across blocks, the prefill rows walk
     for (n_heads, n_kv, hd, p0, rows) in [
@@ -414,6 +417,71 @@ fn gemm_shared_launch(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         &format!("gemm_{dtype}"),
         format!("4 weights sharing launches = alone, {rows}x{k}"),
         bit_mismatches(&together, &alone),
+    );
+    Ok(())
+}
+
+/// A grouped launch (`gemm_grouped`: two stacks' matrices, groups of 70, 0, 3, 130 and 1
+/// rows) gives each group's rows the bits of that group's product alone.
+fn gemm_groups(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let (n, k) = (200, 512);
+    let sizes = [70usize, 0, 3, 130, 1];
+    let rows: usize = sizes.iter().sum();
+    let mut stacks = Vec::new();
+    for _ in 0..2 {
+        let mut data = Vec::new();
+        for _ in &sizes {
+            data.extend(random_weight(&mut cx.rng, dtype, n, k)?.0);
+        }
+        let st = Stack {
+            dtype,
+            data,
+            first: 0,
+            count: sizes.len(),
+            rows: n,
+            cols: k,
+        };
+        stacks.push(DeviceStack::upload(dev, s, &st)?);
+    }
+    let a16 = narrowed(dev, s, &random(&mut cx.rng, rows * k, 1.0))?;
+    let (mut alone, mut spans, mut first) = (Vec::new(), Vec::new(), 0);
+    for st in &stacks {
+        let mut at = 0;
+        for (g, &m) in sizes.iter().enumerate() {
+            if m > 0 {
+                let a = Span::of(&a16).sub(at * k, m * k);
+                let mut yd = dev.upload(s, &vec![f32::NAN; m * n])?;
+                dev.gemm(s, st.matrix(g), &a, m, 1, &mut yd, None)?;
+                alone.extend(dev.download(s, &yd)?);
+            }
+            at += m;
+        }
+    }
+    for &m in &sizes {
+        spans.extend([first as i32, m as i32]);
+        first += m;
+    }
+    let spans = dev.upload(s, &spans)?;
+    let groups = Groups {
+        spans: Span::of(&spans),
+        count: sizes.len(),
+        stride: stacks[0].stride,
+        most_rows: 130,
+    };
+    let outs = [
+        dev.upload(s, &vec![f32::NAN; rows * n])?,
+        dev.upload(s, &vec![f32::NAN; rows * n])?,
+    ];
+    let ys = [Span::of(&outs[0]), Span::of(&outs[1])];
+    let products = [(stacks[0].matrix(0), &ys[0]), (stacks[1].matrix(0), &ys[1])];
+    dev.gemm_grouped(s, &products, &Span::of(&a16), rows, &groups)?;
+    let mut grouped = dev.download(s, &outs[0])?;
+    grouped.extend(dev.download(s, &outs[1])?);
+    cx.report.exact(
+        &format!("gemm_{dtype}"),
+        format!("grouped = each group alone, groups of {sizes:?} rows, {k} by {n}, two stacks"),
+        bit_mismatches(&grouped, &alone),
     );
     Ok(())
 }

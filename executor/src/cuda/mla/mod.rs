@@ -9,6 +9,8 @@
 //! layer (glm5-next: nope MLA, no rope part) carries its indexer, and its attention runs over
 //! the cells `dsa::DsaState` selected.
 
+mod rows;
+
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
@@ -20,7 +22,7 @@ use super::dsa::IndexerWeights;
 use super::matvec::{ExpertSel, Norm};
 use super::ops::RopeStyle;
 use super::span::Span;
-use super::weights::{device_matrix, full_chunks, DeviceStack, DeviceWeight, LayerLoad};
+use super::weights::{device_matrix, full_chunks, grid, DeviceStack, DeviceWeight, LayerLoad};
 use crate::geometry::RankGeometry;
 use crate::rope::{mla_kq_scale, Yarn};
 
@@ -173,6 +175,8 @@ struct Rope {
 
 /// A rank's MLA buffers (sized for its widest MLA layer) and one latent cache per MLA layer.
 pub(super) struct MlaState {
+    /// The buffers of prefill steps over token rows (`rows.rs`), on a rank that takes them.
+    rows: Option<rows::MlaRows>,
     xn: DeviceBuffer<f32>,
     q_a: DeviceBuffer<f32>,
     q_an: DeviceBuffer<f32>,
@@ -195,13 +199,15 @@ pub(super) struct MlaState {
 }
 
 impl MlaState {
-    /// The state of a rank whose layers are `layers` (`Some` for MLA layers), if any is MLA.
+    /// The state of a rank whose layers are `layers` (`Some` for MLA layers), if any is MLA,
+    /// for steps of up to `max_rows` token rows.
     pub fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         plan: &Plan,
         geo: &RankGeometry,
         layers: &[Option<&MlaWeights>],
+        max_rows: usize,
     ) -> Result<Option<MlaState>> {
         let shapes: Vec<Shape> = layers.iter().flatten().map(|m| m.shape()).collect();
         if shapes.is_empty() {
@@ -235,7 +241,12 @@ impl MlaState {
                 None => None,
             });
         }
+        let rows = match max_rows {
+            0 | 1 => None,
+            n => Some(rows::MlaRows::new(dev, s, &shapes, lora, (n, d, capacity))?),
+        };
         Ok(Some(MlaState {
+            rows,
             xn: dev.alloc(s, d)?,
             q_a: dev.alloc(s, lora.max(1))?,
             q_an: dev.alloc(s, lora.max(1))?,
@@ -316,7 +327,7 @@ impl MlaState {
                 (&dst, dst_stride),
                 n,
                 n_rot,
-                pos,
+                (pos, n),
             )
         };
         // a nope layer (glm5-next's) has no rope part to rotate or copy
@@ -372,12 +383,12 @@ impl MlaState {
         dev.mla_attention(
             s,
             &Span::of(&self.q_lat).sub(0, sh.heads * sh.width),
-            &Span::of(&self.row).sub(0, sh.width),
+            Some(&Span::of(&self.row).sub(0, sh.width)),
             &Span::of(cache),
             &lat,
             &Span::of(&self.parts),
             pos,
-            (sh.heads, sh.kvl, self.capacity),
+            (sh.heads, sh.kvl, sh.width, self.capacity),
             self.kq_scale,
             cells,
         )?;
@@ -410,6 +421,7 @@ impl MlaState {
         }
     }
 
+    /// [`CudaDevice::mla_rope`] with the layer's rotation (none: a copy).
     #[allow(clippy::too_many_arguments)]
     fn rope_launch(
         &self,
@@ -419,7 +431,7 @@ impl MlaState {
         dst: (&Span<f32>, usize),
         n_vecs: usize,
         n_rot: usize,
-        pos: &Span<u32>,
+        pos: (&Span<u32>, usize),
     ) -> Result<()> {
         let r = self.rope;
         let theta_scale = r.theta.powf(-2.0 / n_rot as f32);
@@ -434,7 +446,7 @@ fn int(n: usize) -> i32 {
 
 impl CudaDevice {
     /// Rotates the first `n_rot` values of each of `n_vecs` vectors of `src` (`stride` apart)
-    /// into `dst` at position `pos[0]`, as the CPU kernel `rope_part` with `rotation`'s
+    /// into `dst`, vector `v` at position `pos[v / per_pos]`, as the CPU kernel `rope_part` with `rotation`'s
     /// `theta_scale` (`theta^(-2 / n_rot)`), neox flag and YaRN when given; without a
     /// rotation, copies them as they are.
     #[allow(clippy::too_many_arguments)]
@@ -445,18 +457,26 @@ impl CudaDevice {
         dst: (&Span<f32>, usize),
         n_vecs: usize,
         n_rot: usize,
-        pos: &Span<u32>,
+        (pos, per_pos): (&Span<u32>, usize),
         rotation: Option<(f32, i32, Option<Yarn>)>,
     ) -> Result<()> {
         assert!(
             n_rot.is_multiple_of(2)
                 && n_vecs > 0
+                && per_pos > 0
+                && pos.len() >= n_vecs.div_ceil(per_pos)
                 && src.0.len() >= (n_vecs - 1) * src.1 + n_rot
                 && dst.0.len() >= (n_vecs - 1) * dst.1 + n_rot,
             "mla_rope: {n_vecs} vectors of {n_rot} rotated values"
         );
         let (sp, dp, pp) = (src.0.addr(), dst.0.addr(), pos.addr());
-        let (ss, ds, nv, nr) = (int(src.1), int(dst.1), int(n_vecs), int(n_rot));
+        let (ss, ds, nv, nr, pg) = (
+            int(src.1),
+            int(dst.1),
+            int(n_vecs),
+            int(n_rot),
+            int(per_pos),
+        );
         let rotate = i32::from(rotation.is_some());
         let (theta_scale, neox, yarn) = rotation.unwrap_or((1.0, 0, None));
         let y = yarn.unwrap_or(Yarn {
@@ -478,7 +498,8 @@ impl CudaDevice {
                 .arg(&ds)
                 .arg(&nv)
                 .arg(&nr)
-                .arg(&pp);
+                .arg(&pp)
+                .arg(&pg);
             a.arg(&theta_scale)
                 .arg(&rotate)
                 .arg(&neox)
@@ -491,39 +512,44 @@ impl CudaDevice {
 
     /// Latent attention (the CPU kernel `latent_attention` over positions `0..=pos[0]`, or
     /// `latent_attention_at` over DSA's `cells`: a count, then the positions) of the `heads`
-    /// queries in `q_lat` into `out` (`heads x kvl`), writing `row` (narrowed to f16) to the
-    /// cache at `pos[0]` first: each head's chunks of `MLA_CHUNK` rows across blocks, then
-    /// merged in chunk order (kernels/mla.cu); `parts` holds `mla_parts_len` values.
+    /// queries in `q_lat` (rows of `width`) into `out` (`heads x kvl`): each head's chunks of
+    /// `MLA_CHUNK` rows across blocks, then merged in chunk order (kernels/mla.cu). With `row`,
+    /// that row (narrowed to f16) is written to the cache at `pos[0]` first; without, `q_lat`
+    /// and `out` may hold several token rows (a prefill step's, row `r` at position `pos[r]`),
+    /// over the cache rows `mla_store_rows` wrote. `parts` holds `mla_parts_len` values a row.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention(
         &self,
         s: &CudaStream,
         q_lat: &Span<f32>,
-        row: &Span<f32>,
+        row: Option<&Span<f32>>,
         cache: &Span<u16>,
         out: &Span<f32>,
         parts: &Span<f32>,
         pos: &Span<u32>,
-        (heads, kvl, capacity): (usize, usize, usize),
+        (heads, kvl, width, capacity): (usize, usize, usize, usize),
         scale: f32,
         cells: Option<&Span<i32>>,
     ) -> Result<()> {
-        let width = row.len();
+        let rows = q_lat.len() / (heads * width).max(1);
         assert!(
             width <= MAX_LATENT_WIDTH
                 && kvl <= width
                 && width.is_multiple_of(4)
                 && kvl.is_multiple_of(4)
-                && q_lat.len() == heads * width
-                && out.len() == heads * kvl
+                && rows > 0
+                && q_lat.len() == rows * heads * width
+                && out.len() == rows * heads * kvl
+                && pos.len() >= rows
+                && row.is_none_or(|r| r.len() == width && rows == 1)
                 && cache.len() >= width * capacity
-                && parts.len() >= mla_parts_len(heads, kvl, capacity)
-                && cells.is_none_or(|c| c.len() > capacity),
-            "mla_attention: {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
+                && parts.len() >= rows * mla_parts_len(heads, kvl, capacity)
+                && cells.is_none_or(|c| c.len() > capacity && rows == 1),
+            "mla_attention: {rows} rows of {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
         );
         let (qp, rp, cp, op, pap, pp) = (
             q_lat.addr(),
-            row.addr(),
+            row.map_or(0, Span::addr),
             cache.addr(),
             out.addr(),
             parts.addr(),
@@ -532,14 +558,15 @@ impl CudaDevice {
         let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
         let cp_cells = cells.map_or(0, Span::addr);
         let chunks = capacity.div_ceil(MLA_CHUNK);
-        let cfg = |x: usize, y: usize, smem: usize| LaunchConfig {
-            grid_dim: (x as u32, y as u32, 1),
+        let cfg = |x: usize, y: usize, z: usize, smem: usize| LaunchConfig {
+            grid_dim: (x as u32, y as u32, z as u32),
             block_dim: (MLA_THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let grid = cfg(
             heads.div_ceil(MLA_TILE_HEADS),
             chunks,
+            rows,
             mla_smem_bytes(width),
         );
         self.launch(s, "mla_attention_f16", grid, |a| {
@@ -547,9 +574,103 @@ impl CudaDevice {
             a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale).arg(&cp_cells);
         })?;
         let nc = int(chunks);
-        self.launch(s, "mla_merge_f16", cfg(heads, 1, 0), |a| {
+        self.launch(s, "mla_merge_f16", cfg(heads, rows, 1, 0), |a| {
             a.arg(&pap).arg(&op).arg(&pp).arg(&h).arg(&k).arg(&c);
             a.arg(&cp_cells).arg(&nc);
+        })
+    }
+
+    /// Writes the `rows` f32 cache rows (each `width` values: the normalized latent, then
+    /// the roped key) narrowed to f16 at positions `pos[0] + r` of `cache` (none past
+    /// `capacity`).
+    pub(super) fn mla_store_rows(
+        &self,
+        s: &CudaStream,
+        rows: &Span<f32>,
+        cache: &Span<u16>,
+        pos: &Span<u32>,
+        (width, capacity): (usize, usize),
+    ) -> Result<()> {
+        assert!(
+            width > 0 && rows.len().is_multiple_of(width) && cache.len() >= width * capacity,
+            "mla_store_rows: rows of {width} values into a cache of {capacity}"
+        );
+        let (rp, cp, pp) = (rows.addr(), cache.addr(), pos.addr());
+        let (w, n, c) = (int(width), int(rows.len()), int(capacity));
+        self.launch(s, "mla_store_rows_f16", grid(rows.len(), 256), |a| {
+            a.arg(&rp).arg(&cp).arg(&pp).arg(&w).arg(&n).arg(&c);
+        })
+    }
+
+    /// `out[h][r][i]` = f16 of `x[r * row_stride + h * head_stride + i]`, `i < len`: each
+    /// head's slices of the `rows` rows together (`out` holds `heads * rows * len`).
+    pub(super) fn mla_heads_f16(
+        &self,
+        s: &CudaStream,
+        x: &Span<f32>,
+        (row_stride, head_stride, len): (usize, usize, usize),
+        (rows, heads): (usize, usize),
+        out: &Span<u16>,
+    ) -> Result<()> {
+        let n = heads * rows * len;
+        assert!(
+            n > 0
+                && out.len() >= n
+                && x.len() >= (rows - 1) * row_stride + (heads - 1) * head_stride + len,
+            "mla_heads_f16: {rows} rows of {heads} heads of {len} values"
+        );
+        let (xp, op) = (x.addr(), out.addr());
+        let (rs, hs, l, r, h) = (
+            int(row_stride),
+            int(head_stride),
+            int(len),
+            int(rows),
+            int(heads),
+        );
+        self.launch(s, "mla_heads_f16", grid(n, 256), |a| {
+            a.arg(&xp)
+                .arg(&rs)
+                .arg(&hs)
+                .arg(&l)
+                .arg(&r)
+                .arg(&h)
+                .arg(&op);
+        })
+    }
+
+    /// `out[r * row_stride + h * head_stride + i] = y[h][r][i]`: [`Self::mla_heads_f16`]'s
+    /// layout back, in f32.
+    pub(super) fn mla_heads_f32(
+        &self,
+        s: &CudaStream,
+        y: &Span<f32>,
+        (rows, heads): (usize, usize),
+        out: &Span<f32>,
+        (row_stride, head_stride, len): (usize, usize, usize),
+    ) -> Result<()> {
+        let n = heads * rows * len;
+        assert!(
+            n > 0
+                && y.len() >= n
+                && out.len() >= (rows - 1) * row_stride + (heads - 1) * head_stride + len,
+            "mla_heads_f32: {rows} rows of {heads} heads of {len} values"
+        );
+        let (yp, op) = (y.addr(), out.addr());
+        let (rs, hs, l, r, h) = (
+            int(row_stride),
+            int(head_stride),
+            int(len),
+            int(rows),
+            int(heads),
+        );
+        self.launch(s, "mla_heads_f32", grid(n, 256), |a| {
+            a.arg(&yp)
+                .arg(&l)
+                .arg(&r)
+                .arg(&h)
+                .arg(&op)
+                .arg(&rs)
+                .arg(&hs);
         })
     }
 }

@@ -1,0 +1,272 @@
+//! The MLA mixer of a prefill step on a CUDA rank, over every token row of the chunk at once:
+//! the query and latent projections as tensor-core GEMMs, the latent norm and the rope of all
+//! rows in one launch each, every row's cache row written before attention, the per-head
+//! absorbed products through `attn_k_b` and `attn_v_b` as one grouped GEMM each (a group per
+//! head: each head's slices of the rows gathered into a block of their own), and latent
+//! attention with a grid row per token row, each over its causal prefix. The products take f16
+//! activations, so the rows differ from decode's in the last bits, as dense prefill's do; a
+//! head's products and attention depend on that head alone, and each output row on its own
+//! row, so every plan that splits the heads gives each head the 1-rank bits.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use cudarc::driver::{CudaStream, DeviceSlice};
+
+use super::{mla_parts_len, MlaState, MlaWeights, QueryPath, Shape};
+use crate::cuda::device::{CudaDevice, DeviceBuffer};
+use crate::cuda::matvec::Norm;
+use crate::cuda::rows::{Groups, GEMM_DEPTH};
+use crate::cuda::span::Span;
+use crate::cuda::weights::DeviceStack;
+
+/// The most scratch latent attention's chunk partials of one launch take: a prefill step's
+/// rows attend in launches of as many rows as fit (at least one).
+const PARTS_BUDGET_BYTES: usize = 64 << 20;
+
+/// A rank's MLA buffers for prefill steps of up to `rows` token rows.
+pub(crate) struct MlaRows {
+    rows: usize,
+    q: DeviceBuffer<f32>,
+    q_a: DeviceBuffer<f32>,
+    kv_a: DeviceBuffer<f32>,
+    /// Each row's cache row in f32: the normalized latent, then the roped key.
+    cache_rows: DeviceBuffer<f32>,
+    q_lat: DeviceBuffer<f32>,
+    lat: DeviceBuffer<f32>,
+    /// f16 product inputs: the normed rows, or each head's slices gathered head-major.
+    a16: DeviceBuffer<u16>,
+    /// The per-head products, head-major.
+    heads_out: DeviceBuffer<f32>,
+    /// Each head's (first row, rows) in the head-major blocks.
+    spans: DeviceBuffer<i32>,
+    /// Token rows of one latent attention launch, and its partials.
+    attend_rows: usize,
+    parts: DeviceBuffer<f32>,
+}
+
+impl MlaRows {
+    /// The buffers of `rows` token rows (hidden size `d`) for layers of these shapes.
+    pub(super) fn new(
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        shapes: &[Shape],
+        lora: usize,
+        (rows, d, capacity): (usize, usize, usize),
+    ) -> Result<MlaRows> {
+        let most = |f: &dyn Fn(&Shape) -> usize| shapes.iter().map(f).max().unwrap_or(1).max(1);
+        let per_row = most(&|x| mla_parts_len(x.heads, x.kvl, capacity));
+        let attend_rows = (PARTS_BUDGET_BYTES / 4 / per_row.max(1)).clamp(1, rows);
+        let widest_head = most(&|x| x.heads * x.nope.max(x.kvl));
+        Ok(MlaRows {
+            rows,
+            q: dev.alloc(s, rows * most(&|x| x.q_rows))?,
+            q_a: dev.alloc(s, rows * lora.max(1))?,
+            kv_a: dev.alloc(s, rows * most(&|x| x.width))?,
+            cache_rows: dev.alloc(s, rows * most(&|x| x.width))?,
+            q_lat: dev.alloc(s, rows * most(&|x| x.heads * x.width))?,
+            lat: dev.alloc(s, rows * most(&|x| x.heads * x.kvl))?,
+            a16: dev.alloc(s, rows * widest_head.max(d).max(lora))?,
+            heads_out: dev.alloc(s, rows * most(&|x| x.heads * x.kvl.max(x.v)))?,
+            spans: dev.alloc(s, 2 * most(&|x| x.heads))?,
+            attend_rows,
+            parts: dev.alloc(s, attend_rows * per_row)?,
+        })
+    }
+}
+
+/// Whether a layer of shape `sh` (hidden size `d`, q-LoRA rank `lora`) runs its prefill rows
+/// here: every product's reduction is whole 64-value GEMM steps.
+pub(super) fn fits(sh: &Shape, d: usize, lora: usize) -> bool {
+    [d, lora, sh.nope, sh.kvl]
+        .iter()
+        .all(|w| w.is_multiple_of(GEMM_DEPTH))
+}
+
+impl MlaState {
+    fn rows_buffers(&self, rows: usize) -> Result<&MlaRows> {
+        self.rows
+            .as_ref()
+            .filter(|r| rows <= r.rows)
+            .ok_or_else(|| {
+                anyhow!("an MLA prefill step of {rows} rows on a rank allocated for fewer")
+            })
+    }
+
+    /// Whether layer `m` of a model with hidden size `d` takes [`Self::pre_rows`] and
+    /// [`Self::core_rows`] (else its prefill rows run one at a time with the decode kernels).
+    pub fn takes_rows(&self, m: &MlaWeights, d: usize) -> bool {
+        self.rows.is_some() && !m.sparse && fits(&m.shape(), d, m.q_lora())
+    }
+
+    /// `mla_pre` of `rows` token rows of `x` (row `r` at `positions[r]`, `positions[0] + r`):
+    /// the attention norm into `xn`, the query and latent products, the latent norm and the
+    /// rope of every row, each row's cache row written at its position, and each head's
+    /// absorbed query.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pre_rows(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        m: &MlaWeights,
+        layer: usize,
+        norm: Norm,
+        (x, xn): (&Span<f32>, &Span<f32>),
+        positions: &Span<u32>,
+        rows: usize,
+    ) -> Result<()> {
+        let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
+        let d = x.len() / rows;
+        let q = Span::of(&b.q).sub(0, rows * sh.q_rows);
+        let kv_a = Span::of(&b.kv_a).sub(0, rows * sh.width);
+        let a16 = Span::of(&b.a16);
+        dev.rms_norm_narrowing(
+            s,
+            x,
+            norm.weight,
+            norm.eps,
+            &mut xn.clone(),
+            Some(&a16.sub(0, rows * d)),
+        )?;
+        match &m.q {
+            QueryPath::Direct(w) => {
+                dev.gemm_many(s, &[(w.into(), &q), ((&m.kv_a).into(), &kv_a)], &a16, rows)?;
+            }
+            QueryPath::LowRank { a, norm, b: q_b } => {
+                let q_a = Span::of(&b.q_a).sub(0, rows * a.rows);
+                dev.gemm_many(
+                    s,
+                    &[(a.into(), &q_a), ((&m.kv_a).into(), &kv_a)],
+                    &a16,
+                    rows,
+                )?;
+                let a16 = a16.sub(0, rows * a.rows);
+                dev.rms_norm_narrowing(s, &q_a, norm, self.eps, &mut q_a.clone(), Some(&a16))?;
+                dev.gemm_many(s, &[(q_b.into(), &q)], &a16, rows)?;
+            }
+        }
+        let cache_rows = Span::of(&b.cache_rows).sub(0, rows * sh.width);
+        let q_lat = Span::of(&b.q_lat).sub(0, rows * sh.heads * sh.width);
+        dev.rms_norm_strided(
+            s,
+            &kv_a,
+            &m.kv_a_norm,
+            self.eps,
+            &cache_rows,
+            (rows, sh.width),
+        )?;
+        let n_rot = sh.width - sh.kvl;
+        if n_rot > 0 {
+            let end = |span: &Span<f32>, from: usize| span.sub(from, span.len() - from);
+            self.rope_launch(
+                dev,
+                s,
+                (&end(&kv_a, sh.kvl), sh.width),
+                (&end(&cache_rows, sh.kvl), sh.width),
+                rows,
+                n_rot,
+                (positions, 1),
+            )?;
+            self.rope_launch(
+                dev,
+                s,
+                (&end(&q, sh.nope), sh.head_q),
+                (&end(&q_lat, sh.kvl), sh.width),
+                rows * sh.heads,
+                n_rot,
+                (positions, sh.heads),
+            )?;
+        }
+        let cache = self.cache(layer)?;
+        dev.mla_store_rows(s, &cache_rows, &cache, positions, (sh.width, self.capacity))?;
+        self.per_head(
+            dev,
+            s,
+            &m.k_b,
+            (&q, (sh.q_rows, sh.head_q, sh.nope)),
+            (&q_lat, (sh.heads * sh.width, sh.width, sh.kvl)),
+            rows,
+        )
+    }
+
+    /// `mla_core` of the token rows at `positions`: latent attention of each row's absorbed
+    /// queries over its causal prefix, then each head's value into the rows of `att`.
+    pub fn core_rows(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        m: &MlaWeights,
+        layer: usize,
+        positions: &Span<u32>,
+        att: &Span<f32>,
+    ) -> Result<()> {
+        let rows = positions.len();
+        let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
+        let cache = self.cache(layer)?;
+        let q_lat = Span::of(&b.q_lat);
+        let lat = Span::of(&b.lat).sub(0, rows * sh.heads * sh.kvl);
+        let (per_q, per_lat) = (sh.heads * sh.width, sh.heads * sh.kvl);
+        for r0 in (0..rows).step_by(b.attend_rows) {
+            let n = b.attend_rows.min(rows - r0);
+            dev.mla_attention(
+                s,
+                &q_lat.sub(r0 * per_q, n * per_q),
+                None,
+                &cache,
+                &lat.sub(r0 * per_lat, n * per_lat),
+                &Span::of(&b.parts),
+                &positions.sub(r0, n),
+                (sh.heads, sh.kvl, sh.width, self.capacity),
+                self.kq_scale,
+                None,
+            )?;
+        }
+        self.per_head(
+            dev,
+            s,
+            &m.v_b,
+            (&lat, (per_lat, sh.kvl, sh.kvl)),
+            (att, (sh.heads * sh.v, sh.v, sh.v)),
+            rows,
+        )
+    }
+
+    /// For each head `h` of `stack` and each of the `rows` rows: the head's slice of the row
+    /// of `x` (`(row stride, head stride, length)`) times the head's matrix into its slice of
+    /// the row of `y`: the slices gathered head-major in f16, one grouped GEMM, scattered back.
+    fn per_head(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        stack: &DeviceStack,
+        (x, x_at): (&Span<f32>, (usize, usize, usize)),
+        (y, y_at): (&Span<f32>, (usize, usize, usize)),
+        rows: usize,
+    ) -> Result<()> {
+        let b = self.rows_buffers(rows)?;
+        let heads = stack.count;
+        let a16 = Span::of(&b.a16).sub(0, heads * rows * x_at.2);
+        let out = Span::of(&b.heads_out).sub(0, heads * rows * y_at.2);
+        dev.mla_heads_f16(s, x, x_at, (rows, heads), &a16)?;
+        let spans: Vec<i32> = (0..heads)
+            .flat_map(|h| [h * rows, rows])
+            .map(|v| i32::try_from(v).expect("invariant: row counts fit in i32"))
+            .collect();
+        let groups = Groups {
+            spans: Span::of(&b.spans).sub(0, spans.len()),
+            count: heads,
+            stride: stack.stride,
+            most_rows: rows,
+        };
+        dev.write(s, &spans, &mut groups.spans.clone())?;
+        dev.gemm_grouped(s, &[(stack.matrix(0), &out)], &a16, heads * rows, &groups)?;
+        dev.mla_heads_f32(s, &out, (rows, heads), y, y_at)
+    }
+
+    fn cache(&self, layer: usize) -> Result<Span<u16>> {
+        self.caches[layer]
+            .as_ref()
+            .map(Span::of)
+            .ok_or_else(|| anyhow!("an MLA segment on a layer without a latent cache"))
+    }
+}
