@@ -1,6 +1,7 @@
-// memra kernels: Kimi delta attention (KDA) at decode, one token, with the semantics of the CPU
-// backend's cpu::kernels::kda (llama.cpp's ssm_conv and gated_delta_net). The projections
-// around them are ordinary matvecs; these kernels do the rest:
+// memra kernels: Kimi delta attention (KDA), a decode step's token or a prefill step's tokens
+// in order, with the semantics of the CPU backend's cpu::kernels::kda (llama.cpp's ssm_conv
+// and gated_delta_net). The projections around them are ordinary matvecs (GEMMs over a prefill
+// step's rows); these kernels do the rest:
 //
 // kda_conv_f32 runs the depthwise causal convolution of q, k and v (stored one after the other:
 // 3 * heads heads of hd channels, their windows and tap weights in the same order) and SiLU,
@@ -44,127 +45,142 @@ __device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps)
     return rcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
-// One block per head of q, k and v (3 * heads blocks, q heads first), thread i its channel i.
-// x, out: 3 * heads * hd values; w: taps weights per channel; window: taps - 1 inputs per
-// channel, oldest first. l2_eps is eps / hd and after 1 / sqrt(hd), both computed by the host
-// as the CPU computes them.
+// One block per head of q, k and v (3 * heads blocks, q heads first), thread i its channel i,
+// over `rows` tokens in order (a prefill step's; one at decode). x, out: q, k and v one after
+// the other, each `rows` rows of heads * hd (x[(part * rows + r) * heads * hd + channel]); w:
+// taps weights per channel; window: taps - 1 inputs per channel, oldest first. l2_eps is
+// eps / hd and after 1 / sqrt(hd), both computed by the host as the CPU computes them.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_conv_f32(const float* x, const float* w, float* window, float* out, int heads, int hd, int taps,
-                 float l2_eps, float after) {
+                 float l2_eps, float after, int rows) {
     overlap_with_neighbours();
     __shared__ float vals[KDA_MAX_DIM];
     __shared__ float scale;
     const int i = threadIdx.x;
-    const size_t c = (size_t)blockIdx.x * hd + i;
+    const size_t c = (size_t)blockIdx.x * hd + i, width = (size_t)heads * hd;
+    const size_t part = blockIdx.x / heads, in_part = c - part * width;
     const int keep = taps - 1;
-    float v = 0.f;
-    if (i < hd) {
-        float* win = window + c * keep;
-        const float* wc = w + c * taps;
-        float sum = 0.f;
-        for (int t = 0; t < keep; ++t) sum = __fadd_rn(sum, __fmul_rn(win[t], wc[t]));
-        const float xc = x[c];
-        sum = __fadd_rn(sum, __fmul_rn(xc, wc[keep]));
-        v = __fdiv_rn(sum, __fadd_rn(1.0f, expf(-sum)));
-        for (int t = 0; t + 1 < keep; ++t) win[t] = win[t + 1];
-        win[keep - 1] = xc;
-        vals[i] = v;
+    for (int r = 0; r < rows; ++r) {
+        const size_t at = (part * rows + r) * width + in_part;
+        float v = 0.f;
+        if (i < hd) {
+            float* win = window + c * keep;
+            const float* wc = w + c * taps;
+            float sum = 0.f;
+            for (int t = 0; t < keep; ++t) sum = __fadd_rn(sum, __fmul_rn(win[t], wc[t]));
+            const float xc = x[at];
+            sum = __fadd_rn(sum, __fmul_rn(xc, wc[keep]));
+            v = __fdiv_rn(sum, __fadd_rn(1.0f, expf(-sum)));
+            for (int t = 0; t + 1 < keep; ++t) win[t] = win[t + 1];
+            win[keep - 1] = xc;
+            vals[i] = v;
+        }
+        // q and k heads are L2-normalized (a block-uniform branch); the next row's writes of
+        // vals and scale come after this row's barriers, which follow every read of them
+        if (blockIdx.x < 2 * heads) {
+            __syncthreads();
+            if (i == 0) scale = kda_rms_scale(vals, hd, l2_eps);
+            __syncthreads();
+            v = __fmul_rn(__fmul_rn(v, scale), after);
+        }
+        if (i < hd) out[at] = v;
     }
-    // q and k heads are L2-normalized (a block-uniform branch)
-    if (blockIdx.x < 2 * heads) {
-        __syncthreads();
-        if (i == 0) scale = kda_rms_scale(vals, hd, l2_eps);
-        __syncthreads();
-        v = __fmul_rn(__fmul_rn(v, scale), after);
-    }
-    if (i < hd) out[c] = v;
 }
 
-// One block per head, thread j its value row j. Its first KDA_HELD state entries are loaded
-// at once into registers, read there by the first pass, updated there by the second and stored
-// after it; the entries past them (a head wider than KDA_HELD) are loaded KDA_AHEAD at a time
-// ahead of their steps, in each pass. Steps past d are computed on zeros and selected away
-// (their shared reads stay within the arrays), so that no branch holds the loads of the next
-// steps behind the sequential sums. qkv: the convolved q, k, v (3 * heads * d);
-// f: the raw decay (heads * d) before dt_bias and softplus; a: per head; b: the raw rate per
-// head; gate: the output gate before its sigmoid; norm_w: d weights; states: heads key-major
-// d x d states; out: heads * d. scale is 1 / sqrt(d) computed by the host; bounded selects
-// the bounded decay with lower bound lb.
+// One block per head, thread j its value row j, over `rows` tokens in order (a prefill step's;
+// one at decode), each as decode steps it. Its first KDA_HELD state entries are loaded once
+// into registers, read there by each token's first pass, updated there by its second and
+// stored after the last token; the entries past them (a head wider than KDA_HELD) are loaded
+// KDA_AHEAD at a time ahead of their steps, in each pass. Steps past d are computed on zeros
+// and selected away (their shared reads stay within the arrays), so that no branch holds the
+// loads of the next steps behind the sequential sums. qkv: the convolved q, k, v, each `rows`
+// rows of heads * d (kda_conv_f32's layout); f: the raw decay (a row of heads * d per token)
+// before dt_bias and softplus; a: per head; b: the raw rate (heads per token); gate: the
+// output gate before its sigmoid (heads * d per token); norm_w: d weights; states: heads
+// key-major d x d states; out: heads * d per token. scale is 1 / sqrt(d) computed by the host;
+// bounded selects the bounded decay with lower bound lb.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_delta_f32(float* states, const float* qkv, const float* f, const float* dt_bias, const float* a,
                   const float* b, const float* gate, const float* norm_w, float* out, int heads, int d,
-                  float scale, float eps, int bounded, float lb) {
+                  float scale, float eps, int bounded, float lb, int rows) {
     overlap_with_neighbours();
     __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM], os[KDA_MAX_DIM];
     __shared__ float norm_scale;
     const int h = blockIdx.x, j = threadIdx.x;
     const size_t width = (size_t)heads * d, at = (size_t)h * d;
-    if (j < d) {
-        qs[j] = qkv[at + j];
-        ks[j] = qkv[width + at + j];
-        const float x = __fadd_rn(f[at + j], dt_bias[at + j]);
-        float g;
-        if (bounded) {
-            g = __fmul_rn(kda_sigmoid(-__fmul_rn(x, a[h])), lb);
-        } else {
-            const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
-            g = __fmul_rn(sp, a[h]);
-        }
-        decay[j] = expf(g);
-    }
-    __syncthreads();
-    float o = 0.f;
-    if (j < d) {
-        const float beta = kda_sigmoid(b[h]);
-        float* s = states + at * d + j;
-        // the first KDA_HELD entries of the row, held for both passes
-        float held[KDA_HELD];
+    float* s = states + at * d + j;
+    // the first KDA_HELD entries of the row, held for every token's passes
+    float held[KDA_HELD];
 #pragma unroll
-        for (int i = 0; i < KDA_HELD; ++i) held[i] = i < d ? s[(size_t)i * d] : 0.f;
-        // delta = beta (v - (S decayed) . k); the decayed entry is recomputed below, same bits
-        float sk = 0.f;
-#pragma unroll
-        for (int i = 0; i < KDA_HELD; ++i) {
-            const float t = __fmul_rn(__fmul_rn(held[i], decay[i]), ks[i]);
-            sk = i < d ? __fadd_rn(sk, t) : sk;
-        }
-        for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
-            float ahead[KDA_AHEAD];
-#pragma unroll
-            for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
-#pragma unroll
-            for (int u = 0; u < KDA_AHEAD; ++u) {
-                const float t = __fmul_rn(__fmul_rn(ahead[u], decay[i0 + u]), ks[i0 + u]);
-                sk = i0 + u < d ? __fadd_rn(sk, t) : sk;
+    for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d ? s[(size_t)i * d] : 0.f;
+    // a token's reads of qs, ks and decay end before its second barrier, and of os and
+    // norm_scale before the next token's first: every write of them comes after both
+    for (int r = 0; r < rows; ++r) {
+        const size_t row = (size_t)r * width + at;
+        if (j < d) {
+            qs[j] = qkv[row + j];
+            ks[j] = qkv[(size_t)rows * width + row + j];
+            const float x = __fadd_rn(f[row + j], dt_bias[at + j]);
+            float g;
+            if (bounded) {
+                g = __fmul_rn(kda_sigmoid(-__fmul_rn(x, a[h])), lb);
+            } else {
+                const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
+                g = __fmul_rn(sp, a[h]);
             }
+            decay[j] = expf(g);
         }
-        const float delta = __fmul_rn(__fsub_rn(qkv[2 * width + at + j], sk), beta);
+        __syncthreads();
+        float o = 0.f;
+        if (j < d) {
+            const float beta = kda_sigmoid(b[(size_t)r * heads + h]);
+            // delta = beta (v - (S decayed) . k); the decayed entry is recomputed below, same bits
+            float sk = 0.f;
 #pragma unroll
-        for (int i = 0; i < KDA_HELD; ++i) {
-            held[i] = __fadd_rn(__fmul_rn(held[i], decay[i]), __fmul_rn(ks[i], delta));
-            o = i < d ? __fadd_rn(o, __fmul_rn(held[i], qs[i])) : o;
+            for (int i = 0; i < KDA_HELD; ++i) {
+                const float t = __fmul_rn(__fmul_rn(held[i], decay[i]), ks[i]);
+                sk = i < d ? __fadd_rn(sk, t) : sk;
+            }
+            for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
+                float ahead[KDA_AHEAD];
+#pragma unroll
+                for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
+#pragma unroll
+                for (int u = 0; u < KDA_AHEAD; ++u) {
+                    const float t = __fmul_rn(__fmul_rn(ahead[u], decay[i0 + u]), ks[i0 + u]);
+                    sk = i0 + u < d ? __fadd_rn(sk, t) : sk;
+                }
+            }
+            const float delta = __fmul_rn(__fsub_rn(qkv[2 * (size_t)rows * width + row + j], sk), beta);
+#pragma unroll
+            for (int i = 0; i < KDA_HELD; ++i) {
+                held[i] = __fadd_rn(__fmul_rn(held[i], decay[i]), __fmul_rn(ks[i], delta));
+                o = i < d ? __fadd_rn(o, __fmul_rn(held[i], qs[i])) : o;
+            }
+            for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
+                float ahead[KDA_AHEAD];
+#pragma unroll
+                for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
+#pragma unroll
+                for (int u = 0; u < KDA_AHEAD; ++u) {
+                    ahead[u] = __fadd_rn(__fmul_rn(ahead[u], decay[i0 + u]), __fmul_rn(ks[i0 + u], delta));
+                    o = i0 + u < d ? __fadd_rn(o, __fmul_rn(ahead[u], qs[i0 + u])) : o;
+                }
+#pragma unroll
+                for (int u = 0; u < KDA_AHEAD; ++u)
+                    if (i0 + u < d) s[(size_t)(i0 + u) * d] = ahead[u];
+            }
+            o = __fmul_rn(o, scale);
+            os[j] = o;
         }
+        __syncthreads();
+        if (j == 0) norm_scale = kda_rms_scale(os, d, eps);
+        __syncthreads();
+        if (j < d) out[row + j] = __fmul_rn(__fmul_rn(__fmul_rn(o, norm_scale), norm_w[j]), kda_sigmoid(gate[row + j]));
+    }
+    if (j < d) {
 #pragma unroll
         for (int i = 0; i < KDA_HELD; ++i)
             if (i < d) s[(size_t)i * d] = held[i];
-        for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
-            float ahead[KDA_AHEAD];
-#pragma unroll
-            for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
-#pragma unroll
-            for (int u = 0; u < KDA_AHEAD; ++u) {
-                ahead[u] = __fadd_rn(__fmul_rn(ahead[u], decay[i0 + u]), __fmul_rn(ks[i0 + u], delta));
-                o = i0 + u < d ? __fadd_rn(o, __fmul_rn(ahead[u], qs[i0 + u])) : o;
-            }
-#pragma unroll
-            for (int u = 0; u < KDA_AHEAD; ++u)
-                if (i0 + u < d) s[(size_t)(i0 + u) * d] = ahead[u];
-        }
-        o = __fmul_rn(o, scale);
-        os[j] = o;
     }
-    __syncthreads();
-    if (j == 0) norm_scale = kda_rms_scale(os, d, eps);
-    __syncthreads();
-    if (j < d) out[at + j] = __fmul_rn(__fmul_rn(__fmul_rn(o, norm_scale), norm_w[j]), kda_sigmoid(gate[at + j]));
 }

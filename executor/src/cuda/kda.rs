@@ -31,19 +31,19 @@ pub const MAX_KDA_HEAD_DIM: usize = 256;
 
 /// One KDA layer's weights on the device (all but `attn_output`, which the rank keeps).
 pub(super) struct KdaWeights {
-    q: DeviceWeight,
-    k: DeviceWeight,
-    v: DeviceWeight,
+    pub q: DeviceWeight,
+    pub k: DeviceWeight,
+    pub v: DeviceWeight,
     /// The q, k and v convolutions' taps, channel after channel, q channels first.
     conv: DeviceBuffer<f32>,
     taps: usize,
-    f_a: DeviceWeight,
-    f_b: DeviceWeight,
+    pub f_a: DeviceWeight,
+    pub f_b: DeviceWeight,
     dt_bias: DeviceBuffer<f32>,
     a: DeviceBuffer<f32>,
-    beta: DeviceWeight,
-    g_a: DeviceWeight,
-    g_b: DeviceWeight,
+    pub beta: DeviceWeight,
+    pub g_a: DeviceWeight,
+    pub g_b: DeviceWeight,
     o_norm: DeviceBuffer<f32>,
     /// The bounded decay's lower bound (glm5-next), else softplus decay.
     bound: Option<f32>,
@@ -118,6 +118,8 @@ impl KdaWeights {
 
 /// A rank's KDA buffers (sized for its widest KDA layer) and one state per KDA layer.
 pub(super) struct KdaState {
+    /// The buffers of prefill steps over token rows, on a rank that takes them.
+    rows: Option<KdaRows>,
     xn: DeviceBuffer<f32>,
     /// q, k, v projections, one after the other, before their convolutions.
     projected: DeviceBuffer<f32>,
@@ -137,12 +139,14 @@ pub(super) struct KdaState {
 impl KdaState {
     /// The state of a rank whose layers are `layers` (`Some` for KDA layers), if any is KDA;
     /// `d` is the model's embedding width and `eps` its norms' epsilon.
+    /// Prefill steps of up to `max_rows` token rows run over the rows at once.
     pub fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         d: usize,
         eps: f32,
         layers: &[Option<&KdaWeights>],
+        max_rows: usize,
     ) -> Result<Option<KdaState>> {
         let held: Vec<&KdaWeights> = layers.iter().flatten().copied().collect();
         if held.is_empty() {
@@ -156,7 +160,21 @@ impl KdaState {
                 None => None,
             });
         }
+        let rows = match max_rows {
+            0 | 1 => None,
+            n => Some(KdaRows {
+                rows: n,
+                projected: dev.alloc(s, 3 * n * most(KdaWeights::width))?,
+                qkv: dev.alloc(s, 3 * n * most(KdaWeights::width))?,
+                f_low: dev.alloc(s, n * most(|k| k.f_a.rows))?,
+                g_low: dev.alloc(s, n * most(|k| k.g_a.rows))?,
+                f: dev.alloc(s, n * most(KdaWeights::width))?,
+                beta: dev.alloc(s, n * most(|k| k.heads))?,
+                gate: dev.alloc(s, n * most(KdaWeights::width))?,
+            }),
+        };
         Ok(Some(KdaState {
+            rows,
             xn: dev.alloc(s, d)?,
             projected: dev.alloc(s, 3 * most(KdaWeights::width))?,
             qkv: dev.alloc(s, 3 * most(KdaWeights::width))?,
@@ -253,6 +271,87 @@ impl KdaState {
         )
     }
 
+    /// The spans of a prefill step's `rows` token rows for layer `k`: what the products
+    /// write, before [`Self::conv_rows`] and [`Self::core_rows`].
+    pub fn row_spans(&self, k: &KdaWeights, rows: usize) -> Result<KdaRowSpans> {
+        let b = self
+            .rows
+            .as_ref()
+            .filter(|b| rows <= b.rows)
+            .ok_or_else(|| {
+                anyhow!("a KDA prefill step of {rows} rows on a rank allocated for fewer")
+            })?;
+        let width = k.width();
+        let projected = Span::of(&b.projected).sub(0, 3 * rows * width);
+        Ok(KdaRowSpans {
+            q: projected.sub(0, rows * width),
+            k: projected.sub(rows * width, rows * width),
+            v: projected.sub(2 * rows * width, rows * width),
+            projected,
+            qkv: Span::of(&b.qkv).sub(0, 3 * rows * width),
+            f_low: Span::of(&b.f_low).sub(0, rows * k.f_a.rows),
+            g_low: Span::of(&b.g_low).sub(0, rows * k.g_a.rows),
+            f: Span::of(&b.f).sub(0, rows * width),
+            beta: Span::of(&b.beta).sub(0, rows * k.heads),
+            gate: Span::of(&b.gate).sub(0, rows * width),
+        })
+    }
+
+    /// The convolutions and q/k norms of a prefill step's rows (after its products into
+    /// `spans`), advancing layer `layer`'s windows token by token.
+    pub fn conv_rows(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        k: &KdaWeights,
+        layer: usize,
+        spans: &KdaRowSpans,
+    ) -> Result<()> {
+        let state = self.state(layer)?;
+        dev.kda_conv(
+            s,
+            &spans.projected,
+            &Span::of(&k.conv),
+            &state.sub(0, 3 * k.width() * (k.taps - 1)),
+            &spans.qkv,
+            (k.heads, k.head_dim, k.taps),
+            k.l2_eps.unwrap_or(self.eps),
+        )
+    }
+
+    /// The gates, the delta rule and the gated output norm of a prefill step's rows, token
+    /// by token on layer `layer`'s recurrent states, into the rows of `att`.
+    pub fn core_rows(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        k: &KdaWeights,
+        layer: usize,
+        spans: &KdaRowSpans,
+        att: &Span<f32>,
+    ) -> Result<()> {
+        let (width, state) = (k.width(), self.state(layer)?);
+        let windows = 3 * width * (k.taps - 1);
+        let gates = KdaGates {
+            f: spans.f.clone(),
+            dt_bias: Span::of(&k.dt_bias),
+            a: Span::of(&k.a),
+            beta: spans.beta.clone(),
+            gate: spans.gate.clone(),
+            norm: Span::of(&k.o_norm),
+            bound: k.bound,
+        };
+        dev.kda_delta(
+            s,
+            &state.sub(windows, k.heads * k.head_dim * k.head_dim),
+            &spans.qkv,
+            &gates,
+            att,
+            (k.heads, k.head_dim),
+            self.eps,
+        )
+    }
+
     fn state(&self, layer: usize) -> Result<Span<f32>> {
         self.states[layer]
             .as_ref()
@@ -288,6 +387,34 @@ impl KdaState {
     }
 }
 
+/// A rank's KDA buffers for prefill steps of up to `rows` token rows (each as `KdaState`'s
+/// one-row buffers, a row per token).
+struct KdaRows {
+    rows: usize,
+    projected: DeviceBuffer<f32>,
+    qkv: DeviceBuffer<f32>,
+    f_low: DeviceBuffer<f32>,
+    g_low: DeviceBuffer<f32>,
+    f: DeviceBuffer<f32>,
+    beta: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+}
+
+/// A prefill step's KDA rows of one layer: the products' outputs (q, k and v are the three
+/// parts of `projected`, each `rows` rows), then the convolved `qkv` in the same layout.
+pub(super) struct KdaRowSpans {
+    pub q: Span<f32>,
+    pub k: Span<f32>,
+    pub v: Span<f32>,
+    projected: Span<f32>,
+    qkv: Span<f32>,
+    pub f_low: Span<f32>,
+    pub g_low: Span<f32>,
+    pub f: Span<f32>,
+    pub beta: Span<f32>,
+    pub gate: Span<f32>,
+}
+
 /// The per-channel and per-head inputs of `kda_delta` besides q, k, v and the state.
 pub(super) struct KdaGates {
     /// The raw decay, `heads * d` (`ssm_f_b`'s output).
@@ -320,8 +447,9 @@ fn head_block(d: usize) -> u32 {
 }
 
 impl CudaDevice {
-    /// One token through the q, k and v convolutions (the CPU kernel `conv_step` on each, `x`,
-    /// `window` and `out` holding q, k and v one after the other, `w` their taps), then
+    /// Tokens in order through the q, k and v convolutions (the CPU kernel `conv_step` on
+    /// each, `x` and `out` holding q, k and v one after the other, each as many rows of
+    /// `heads * hd` as there are tokens; `window` the three windows, `w` their taps), then
     /// `l2_norm_heads` on the q and k heads, as the CPU runs them for `heads` heads of `hd`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda_conv(
@@ -335,10 +463,12 @@ impl CudaDevice {
         eps: f32,
     ) -> Result<()> {
         let channels = 3 * heads * hd;
+        let rows = x.len() / channels.max(1);
         assert!(
             taps >= 2
-                && x.len() == channels
-                && out.len() == channels
+                && rows > 0
+                && x.len() == rows * channels
+                && out.len() == x.len()
                 && w.len() == channels * taps
                 && window.len() == channels * (taps - 1),
             "kda_conv: {heads} heads of {hd}, {taps} taps: x {}, weights {}, window {}, out {}",
@@ -351,7 +481,7 @@ impl CudaDevice {
         let n = hd as f32;
         let (l2_eps, after) = (eps / n, 1.0 / n.sqrt());
         let (xp, wp, winp, op) = (x.addr(), w.addr(), window.addr(), out.addr());
-        let (h, d, t) = (int(heads), int(hd), int(taps));
+        let (h, d, t, r) = (int(heads), int(hd), int(taps), int(rows));
         let cfg = LaunchConfig {
             grid_dim: (3 * heads as u32, 1, 1),
             block_dim: (head_block(hd), 1, 1),
@@ -359,14 +489,16 @@ impl CudaDevice {
         };
         self.launch(s, "kda_conv_f32", cfg, |a| {
             a.arg(&xp).arg(&wp).arg(&winp).arg(&op);
-            a.arg(&h).arg(&d).arg(&t).arg(&l2_eps).arg(&after);
+            a.arg(&h).arg(&d).arg(&t).arg(&l2_eps).arg(&after).arg(&r);
         })
     }
 
     /// The decay gate and rate (the CPU kernel `decay_gate`, or `decay_gate_bounded` with
     /// `g.bound`, and `sigmoid`), the gated delta rule
     /// on `heads` key-major states of `d x d` in `states` (the CPU kernel `delta_rule`, in
-    /// place) and `gated_norm` with `eps`, of the q, k, v in `qkv`, into `out`.
+    /// place) and `gated_norm` with `eps`, of the q, k, v in `qkv`, into `out`: for each of
+    /// the tokens in order (`kda_conv`'s layout of `qkv`; a row a token of the gates and
+    /// `out`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda_delta(
         &self,
@@ -379,12 +511,15 @@ impl CudaDevice {
         eps: f32,
     ) -> Result<()> {
         let width = heads * d;
+        let rows = out.len() / width.max(1);
         assert!(
             states.len() == heads * d * d
-                && qkv.len() == 3 * width
-                && [g.f.len(), g.dt_bias.len(), g.gate.len(), out.len()] == [width; 4]
+                && rows > 0
+                && qkv.len() == 3 * rows * width
+                && [g.f.len(), g.gate.len(), out.len()] == [rows * width; 3]
+                && g.dt_bias.len() == width
                 && g.a.len() == heads
-                && g.beta.len() == heads
+                && g.beta.len() == rows * heads
                 && g.norm.len() == d,
             "kda_delta: {heads} heads of {d}: states {}, qkv {}, out {}",
             states.len(),
@@ -395,7 +530,7 @@ impl CudaDevice {
         let (sp, qp, op) = (states.addr(), qkv.addr(), out.addr());
         let (fp, dtp, ap, bp) = (g.f.addr(), g.dt_bias.addr(), g.a.addr(), g.beta.addr());
         let (gp, np) = (g.gate.addr(), g.norm.addr());
-        let (h, dd) = (int(heads), int(d));
+        let (h, dd, r) = (int(heads), int(d), int(rows));
         let (bounded, lb) = (i32::from(g.bound.is_some()), g.bound.unwrap_or(0.0));
         let cfg = LaunchConfig {
             grid_dim: (heads as u32, 1, 1),
@@ -412,7 +547,8 @@ impl CudaDevice {
                 .arg(&scale)
                 .arg(&eps)
                 .arg(&bounded)
-                .arg(&lb);
+                .arg(&lb)
+                .arg(&r);
         })
     }
 }

@@ -10,9 +10,10 @@
 //! have the bits of the decode steps at their positions. The FFN is dense or a mixture of
 //! experts (`moe_rows`: rows grouped by expert, the shared experts as a dense FFN, the decode
 //! combine's slot blocks). MLA layers run their mixer over the rows at once (`mla::rows`: GEMMs,
-//! then latent attention with a grid row per token row); KDA layers, and MLA layers whose
-//! widths are not whole GEMM steps, run it row by row with the decode kernels, each row at its
-//! own position (the products around them, attention output and FFN, take the rows at once). DSA and mHC plans run prompts token by token (`prefill_rows` says
+//! then latent attention with a grid row per token row); MLA layers whose widths are not whole
+//! GEMM steps run it row by row with the decode kernels, each row at its own position. KDA
+//! layers run their projections over the rows at once and the convolution and delta rule token
+//! by token inside one launch each (not yet the chunkwise-parallel form). DSA and mHC plans run prompts token by token (`prefill_rows` says
 //! why).
 
 use std::sync::Arc;
@@ -195,11 +196,9 @@ impl RankDevice {
                         return self.prefill_mla(li, seg, rows, s);
                     }
                 }
-                return self.prefill_mixer_by_row(layer, li, seg, rows, s);
+                return self.prefill_mla_by_row(layer, li, seg, rows, s);
             }
-            Segment::KdaPre | Segment::KdaCore => {
-                return self.prefill_mixer_by_row(layer, li, seg, rows, s);
-            }
+            Segment::KdaPre | Segment::KdaCore => return self.prefill_kda(li, seg, rows, s),
             _ => {}
         }
         let lw = &self.layers[li];
@@ -284,12 +283,50 @@ impl RankDevice {
         }
     }
 
-    /// An MLA or KDA segment of layer `layer` (index `li`) over `rows` token rows: the decode
+    /// A KDA segment of the layer of index `li` over `rows` token rows: the projections as
+    /// products over the rows, the convolutions and the delta rule token by token inside one
+    /// launch each (kernels/kda.cu), each token as its decode step runs it.
+    fn prefill_kda(&self, li: usize, seg: Segment, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
+        let lw = &self.layers[li];
+        let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
+            bail!("a KDA segment on a layer without KDA weights or state");
+        };
+        let (dev, b, d) = (&self.dev, &self.buf, self.hidden_len());
+        let sp = state.row_spans(k, rows)?;
+        if seg == Segment::KdaCore {
+            let att = Self::rows_of(&b.att, rows, lw.o.cols);
+            return state.core_rows(dev, s, k, li, &sp, &att);
+        }
+        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
+        let a16 = self.narrowed_rows(xn.len())?;
+        dev.rms_norm_narrowing(
+            s,
+            &x,
+            &lw.attn_norm,
+            self.geo.eps,
+            &mut xn.clone(),
+            Some(&a16),
+        )?;
+        let from_x = [
+            (&k.q, &sp.q),
+            (&k.k, &sp.k),
+            (&k.v, &sp.v),
+            (&k.f_a, &sp.f_low),
+            (&k.beta, &sp.beta),
+            (&k.g_a, &sp.g_low),
+        ];
+        self.products(s, &xn, true, rows, 1, &from_x)?;
+        self.products(s, &sp.f_low, false, rows, 1, &[(&k.f_b, &sp.f)])?;
+        self.products(s, &sp.g_low, false, rows, 1, &[(&k.g_b, &sp.gate)])?;
+        state.conv_rows(dev, s, k, li, &sp)
+    }
+
+    /// An MLA segment of layer `layer` (index `li`) over `rows` token rows: the decode
     /// kernels row by row, row `r` at position `pos[0] + r`, so each row has its decode step's
     /// bits (the cache rows or the recurrent state the earlier rows leave are written first by
     /// their own steps). A row's core reads the single-row buffers its pre just wrote, so the
     /// core segment runs both for every row and the pre segment enqueues nothing.
-    fn prefill_mixer_by_row(
+    fn prefill_mla_by_row(
         &mut self,
         layer: u32,
         li: usize,
@@ -299,11 +336,8 @@ impl RankDevice {
     ) -> Result<()> {
         let lw = &self.layers[li];
         match (&lw.mixer, seg) {
-            (MixerWeights::Mla(_), Segment::MlaPre) | (MixerWeights::Kda(_), Segment::KdaPre) => {
-                return Ok(());
-            }
-            (MixerWeights::Mla(_), Segment::MlaCore) | (MixerWeights::Kda(_), Segment::KdaCore) => {
-            }
+            (MixerWeights::Mla(_), Segment::MlaPre) => return Ok(()),
+            (MixerWeights::Mla(_), Segment::MlaCore) => {}
             _ => bail!(
                 "segment `{}` on layer {layer}, a layer of another mixer",
                 seg.name()
@@ -321,18 +355,12 @@ impl RankDevice {
                 Span::of(&b.x).sub(r * d, d),
                 Span::of(&b.att).sub(r * at, at),
             );
-            match (&lw.mixer, &self.mla, &self.kda) {
-                (MixerWeights::Mla(m), Some(state), _) => {
-                    let pos = positions.sub(r, 1);
-                    state.pre(dev, s, m, norm, &x, &pos)?;
-                    state.core(dev, s, m, li, &pos, &att, None)?;
-                }
-                (MixerWeights::Kda(k), _, Some(state)) => {
-                    state.pre(dev, s, k, li, norm, &x)?;
-                    state.core(dev, s, k, li, &att)?;
-                }
-                _ => bail!("layer {layer}: this rank holds no state of its mixer"),
-            }
+            let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
+                bail!("layer {layer}: this rank holds no state of its mixer");
+            };
+            let pos = positions.sub(r, 1);
+            state.pre(dev, s, m, norm, &x, &pos)?;
+            state.core(dev, s, m, li, &pos, &att, None)?;
         }
         Ok(())
     }

@@ -6,7 +6,8 @@
 //! match bit for bit (they are copies of the inputs), the rest within a normwise relative
 //! bound (CUDA's expf and logf may round an ulp away from the host's). Then both kernels
 //! captured in a graph and replayed token by token against eager, bit for bit, the state
-//! included. Each row names the case, the worst token and value, and how many values differ
+//! included; and a prefill step's tokens in one launch of each against a launch pair a token,
+//! bit for bit. Each row names the case, the worst token and value, and how many values differ
 //! in their bits, so a failure can be read from the table alone.
 
 use std::sync::Arc;
@@ -73,6 +74,100 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     }
     graph(cx, KIMI_DECAY)?;
     graph(cx, GLM5_DECAY)?;
+    for (case, decay) in [
+        ((4, 32, 4, 37), KIMI_DECAY),
+        ((2, 128, 4, 9), KIMI_DECAY),
+        ((3, 96, 3, 5), GLM5_DECAY),
+    ] {
+        rows(cx, case, decay)?;
+    }
+    Ok(())
+}
+
+/// A prefill step's tokens in one launch of each kernel (`kda_conv` and `kda_delta` over
+/// rows) against a launch pair a token: every row's convolved q, k, v and output, and the
+/// state after the last token, bit for bit.
+fn rows(
+    cx: &mut Ctx,
+    (heads, hd, taps, n): (usize, usize, usize, usize),
+    decay: Decay,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let l = Layer::new(cx, heads, hd, taps, decay);
+    let w = l.width();
+    let toks: Vec<Token> = (0..n).map(|_| Token::new(cx, &l)).collect();
+    let mut one = OnDevice::new(dev, s, &l)?;
+    let (mut want_qkv, mut want_out) = (vec![0f32; 3 * n * w], Vec::new());
+    for (r, t) in toks.iter().enumerate() {
+        one.feed(dev, s, t)?;
+        one.enqueue(dev, s, &l)?;
+        let qkv = dev.download(s, &one.qkv)?;
+        for part in 0..3 {
+            want_qkv[(part * n + r) * w..][..w].copy_from_slice(&qkv[part * w..][..w]);
+        }
+        want_out.extend(dev.download(s, &one.out)?);
+    }
+    let want_state = dev.download(s, &one.state)?;
+    let mut x = vec![0f32; 3 * n * w];
+    for (r, t) in toks.iter().enumerate() {
+        for part in 0..3 {
+            x[(part * n + r) * w..][..w].copy_from_slice(&t.x[part * w..][..w]);
+        }
+    }
+    let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
+        toks.iter().flat_map(|t| f(t).clone()).collect()
+    };
+    let (xd, fd, bd, gd) = (
+        dev.upload(s, &x)?,
+        dev.upload(s, &cat(|t| &t.f))?,
+        dev.upload(s, &cat(|t| &t.b))?,
+        dev.upload(s, &cat(|t| &t.gate))?,
+    );
+    let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
+    let many = OnDevice::new(dev, s, &l)?;
+    let state = Span::of(&many.state);
+    let win = windows(&l);
+    dev.kda_conv(
+        s,
+        &Span::of(&xd),
+        &Span::of(&many.conv),
+        &state.sub(0, win),
+        &Span::of(&qkv),
+        (heads, hd, taps),
+        decay.l2_eps,
+    )?;
+    let gates = KdaGates {
+        f: Span::of(&fd),
+        dt_bias: Span::of(&many.dt_bias),
+        a: Span::of(&many.a),
+        beta: Span::of(&bd),
+        gate: Span::of(&gd),
+        norm: Span::of(&many.norm),
+        bound: decay.bound,
+    };
+    dev.kda_delta(
+        s,
+        &state.sub(win, heads * hd * hd),
+        &Span::of(&qkv),
+        &gates,
+        &Span::of(&out),
+        (heads, hd),
+        EPS,
+    )?;
+    let mut got = dev.download(s, &qkv)?;
+    got.extend(dev.download(s, &out)?);
+    got.extend(dev.download(s, &many.state)?);
+    let mut want = want_qkv;
+    want.extend(want_out);
+    want.extend(want_state);
+    cx.report.exact(
+        "kda rows",
+        format!(
+            "{heads} heads of {hd}, {taps} taps, {n} tokens in one launch = a launch a token{}",
+            decay.name()
+        ),
+        bit_mismatches(&got, &want),
+    );
     Ok(())
 }
 
