@@ -1042,9 +1042,12 @@ suite_prefill_arch() {
         done
         dtype=q8_0
         [ $shape = tiny-qwen3moe ] || dtype=f32
+        # the prefill's products take f16 activations (unit roundoff 4.9e-4): a step where
+        # noise of that size (1e-3) moves the CPU's own logits past the tolerance, an MoE
+        # top-k near-tie, is reported apart
         late "cuda vs cpu $shape $dtype prefill" ||
             against_cpu "cuda vs cpu $shape $dtype prefill" 5e-2 "$M/$shape-$dtype.gguf" \
-                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --conditioning 1e-6 --per-step -p "$short"
+                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --conditioning 1e-3 --per-step -p "$short"
     done
     wait $synth_big
     prompt=$(sentences 13)
@@ -1612,7 +1615,7 @@ depth_memra_prompt() { # model layers tokens: memra-run bench --prompt of the cu
         row "$name" FAIL "memra-compile: $(grep -a 'error' "$LOG/compile.log" | tail -1 | cut -c1-300)"
         return
     fi
-    bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$n" -n 1 --reps 3
+    bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$n" -n 2 --reps 3
     mem[$m-l$l-p$n]=$(echo "$bench_out" | sed -n 's/.*prompt [0-9]* tokens ([^)]*): \([0-9.]*\) ± .*/\1/p' | tail -1)
 }
 depth_prefill_summary() { # model: its `= ` prompt rows (see depth_suite)
