@@ -27,11 +27,15 @@
 
 // The widest head (threads of a block).
 #define KDA_MAX_DIM 256
-// kda_delta_f32: the state entries of its row a thread holds in registers (loaded at once, then
-// read by both passes), and past them the entries loaded ahead of their dependent steps.
+// The most convolution taps (KDA_MAX_TAPS in executor/src/cuda/kda.rs), and the tokens a block
+// of kda_conv_f32 takes (KDA_CONV_ROWS there).
+#define KDA_MAX_TAPS 8
+#define KDA_CONV_ROWS 8
+// kda_delta_f32: the state entries of its row a thread holds in registers (KDA_HELD in
+// executor/src/cuda/kda.rs); the rest sit in shared memory
 #define KDA_HELD 64
-#define KDA_AHEAD 32
-static_assert(KDA_HELD % KDA_AHEAD == 0 && KDA_MAX_DIM % KDA_AHEAD == 0, "a chunk stays within the arrays");
+// no block of kda_conv_f32 but the first reads a window
+static_assert(KDA_CONV_ROWS >= KDA_MAX_TAPS - 1, "a later block's tokens start past the window");
 
 __device__ __forceinline__ float kda_sigmoid(float x) {
     return rcp_rn(__fadd_rn(1.0f, expf(-x)));
@@ -45,11 +49,14 @@ __device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps)
     return rcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
-// One block per head of q, k and v (3 * heads blocks, q heads first), thread i its channel i,
-// over `rows` tokens in order (a prefill step's; one at decode). x, out: q, k and v one after
-// the other, each `rows` rows of heads * hd (x[(part * rows + r) * heads * hd + channel]); w:
-// taps weights per channel; window: taps - 1 inputs per channel, oldest first. l2_eps is
-// eps / hd and after 1 / sqrt(hd), both computed by the host as the CPU computes them.
+// Block (head, y) of q, k and v (3 * heads heads, q heads first), thread i its channel i, over
+// tokens y * KDA_CONV_ROWS .. + KDA_CONV_ROWS - 1 of the `rows` in order (a prefill step's; one
+// at decode). x, out: q, k and v one after the other, each `rows` rows of heads * hd
+// (x[(part * rows + r) * heads * hd + channel]); w: taps weights per channel; window: the
+// taps - 1 inputs before the first token per channel, oldest first. A token's inputs are the
+// window's and x's, which no block writes, so the blocks run apart; the blocks of y = 0 move
+// each window on by the step's last inputs once they have read it. l2_eps is eps / hd and
+// after 1 / sqrt(hd), both computed by the host as the CPU computes them.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_conv_f32(const float* x, const float* w, float* window, float* out, int heads, int hd, int taps,
                  float l2_eps, float after, int rows) {
@@ -60,63 +67,74 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     const size_t c = (size_t)blockIdx.x * hd + i, width = (size_t)heads * hd;
     const size_t part = blockIdx.x / heads, in_part = c - part * width;
     const int keep = taps - 1;
-    for (int r = 0; r < rows; ++r) {
-        const size_t at = (part * rows + r) * width + in_part;
+    // input t of the step (t < 0: the window's)
+    const auto input = [&](int t) -> float {
+        return t < 0 ? window[c * keep + keep + t] : x[(part * rows + t) * width + in_part];
+    };
+    const int r0 = blockIdx.y * KDA_CONV_ROWS, r1 = min(rows, r0 + KDA_CONV_ROWS);
+    for (int r = r0; r < r1; ++r) {
         float v = 0.f;
         if (i < hd) {
-            float* win = window + c * keep;
             const float* wc = w + c * taps;
             float sum = 0.f;
-            for (int t = 0; t < keep; ++t) sum = __fadd_rn(sum, __fmul_rn(win[t], wc[t]));
-            const float xc = x[at];
-            sum = __fadd_rn(sum, __fmul_rn(xc, wc[keep]));
+            for (int t = 0; t < keep; ++t) sum = __fadd_rn(sum, __fmul_rn(input(r - keep + t), wc[t]));
+            sum = __fadd_rn(sum, __fmul_rn(input(r), wc[keep]));
             v = __fdiv_rn(sum, __fadd_rn(1.0f, expf(-sum)));
-            for (int t = 0; t + 1 < keep; ++t) win[t] = win[t + 1];
-            win[keep - 1] = xc;
             vals[i] = v;
         }
-        // q and k heads are L2-normalized (a block-uniform branch); the next row's writes of
-        // vals and scale come after this row's barriers, which follow every read of them
+        // q and k heads are L2-normalized (a block-uniform branch); the next token's writes of
+        // vals and scale come after this token's barriers, which follow every read of them
         if (blockIdx.x < 2 * heads) {
             __syncthreads();
             if (i == 0) scale = kda_rms_scale(vals, hd, l2_eps);
             __syncthreads();
             v = __fmul_rn(__fmul_rn(v, scale), after);
         }
-        if (i < hd) out[at] = v;
+        if (i < hd) out[(part * rows + r) * width + in_part] = v;
+    }
+    if (blockIdx.y == 0 && i < hd) {
+        // the step's last keep inputs, oldest first: entry t is read from entry rows + t of
+        // the old window (or x) before that entry is written
+        for (int t = 0; t < keep; ++t) window[c * keep + t] = input(rows - keep + t);
     }
 }
 
 // One block per head, thread j its value row j, over `rows` tokens in order (a prefill step's;
-// one at decode), each as decode steps it. Its first KDA_HELD state entries are loaded once
-// into registers, read there by each token's first pass, updated there by its second and
-// stored after the last token; the entries past them (a head wider than KDA_HELD) are loaded
-// KDA_AHEAD at a time ahead of their steps, in each pass. Steps past d are computed on zeros
-// and selected away (their shared reads stay within the arrays), so that no branch holds the
-// loads of the next steps behind the sequential sums. qkv: the convolved q, k, v, each `rows`
-// rows of heads * d (kda_conv_f32's layout); f: the raw decay (a row of heads * d per token)
-// before dt_bias and softplus; a: per head; b: the raw rate (heads per token); gate: the
-// output gate before its sigmoid (heads * d per token); norm_w: d weights; states: heads
-// key-major d x d states; out: heads * d per token. scale is 1 / sqrt(d) computed by the host;
-// bounded selects the bounded decay with lower bound lb.
+// one at decode), each as a decode step alone computes it. The row's first KDA_HELD state
+// entries are loaded once into registers and the rest (a head wider than KDA_HELD) into this
+// thread's column of dynamic shared memory (kda_delta_smem_bytes in executor/src/cuda/kda.rs),
+// read there by each token's first pass, updated there by its second, and stored after the
+// last token. Steps past d are computed on zeros and selected away (their shared reads stay
+// within the arrays), so that no branch holds the loads of the next steps behind the
+// sequential sums. Each token's output before its norm goes to `out`; once every token is
+// done, warp w normalizes tokens w, w + warps, ...: its lane 0 takes the f64 sum of squares
+// in order (kda_rms_scale, the CPU's sequential sum), the lanes the gated values. qkv: the
+// convolved q, k, v, each `rows` rows of heads * d (kda_conv_f32's layout); f: the raw decay
+// (a row of heads * d per token) before dt_bias and softplus; a: per head; b: the raw rate
+// (heads per token); gate: the output gate before its sigmoid (heads * d per token); norm_w:
+// d weights; states: heads key-major d x d states; out: heads * d per token. scale is
+// 1 / sqrt(d) computed by the host; bounded selects the bounded decay with lower bound lb.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_delta_f32(float* states, const float* qkv, const float* f, const float* dt_bias, const float* a,
                   const float* b, const float* gate, const float* norm_w, float* out, int heads, int d,
                   float scale, float eps, int bounded, float lb, int rows) {
     overlap_with_neighbours();
-    __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM], os[KDA_MAX_DIM];
-    __shared__ float norm_scale;
+    __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM];
+    extern __shared__ float kda_rest[];
     const int h = blockIdx.x, j = threadIdx.x;
     const size_t width = (size_t)heads * d, at = (size_t)h * d;
     float* s = states + at * d + j;
-    // the first KDA_HELD entries of the row, held for every token's passes
+    // entry i >= KDA_HELD of this thread's row, in its shared column
+    const auto rest = [&](int i) -> float& { return kda_rest[(size_t)(i - KDA_HELD) * blockDim.x + j]; };
     float held[KDA_HELD];
 #pragma unroll
     for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d ? s[(size_t)i * d] : 0.f;
-    // a token's reads of qs, ks and decay end before its second barrier, and of os and
-    // norm_scale before the next token's first: every write of them comes after both
+    if (j < d)
+        for (int i = KDA_HELD; i < d; ++i) rest(i) = s[(size_t)i * d];
     for (int r = 0; r < rows; ++r) {
         const size_t row = (size_t)r * width + at;
+        // every thread is done with the previous token's qs, ks and decay
+        if (r > 0) __syncthreads();
         if (j < d) {
             qs[j] = qkv[row + j];
             ks[j] = qkv[(size_t)rows * width + row + j];
@@ -131,56 +149,46 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
             decay[j] = expf(g);
         }
         __syncthreads();
-        float o = 0.f;
-        if (j < d) {
-            const float beta = kda_sigmoid(b[(size_t)r * heads + h]);
-            // delta = beta (v - (S decayed) . k); the decayed entry is recomputed below, same bits
-            float sk = 0.f;
+        if (j >= d) continue;
+        const float beta = kda_sigmoid(b[(size_t)r * heads + h]);
+        // delta = beta (v - (S decayed) . k); the decayed entry is recomputed below, same bits
+        float sk = 0.f;
 #pragma unroll
-            for (int i = 0; i < KDA_HELD; ++i) {
-                const float t = __fmul_rn(__fmul_rn(held[i], decay[i]), ks[i]);
-                sk = i < d ? __fadd_rn(sk, t) : sk;
-            }
-            for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
-                float ahead[KDA_AHEAD];
-#pragma unroll
-                for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
-#pragma unroll
-                for (int u = 0; u < KDA_AHEAD; ++u) {
-                    const float t = __fmul_rn(__fmul_rn(ahead[u], decay[i0 + u]), ks[i0 + u]);
-                    sk = i0 + u < d ? __fadd_rn(sk, t) : sk;
-                }
-            }
-            const float delta = __fmul_rn(__fsub_rn(qkv[2 * (size_t)rows * width + row + j], sk), beta);
-#pragma unroll
-            for (int i = 0; i < KDA_HELD; ++i) {
-                held[i] = __fadd_rn(__fmul_rn(held[i], decay[i]), __fmul_rn(ks[i], delta));
-                o = i < d ? __fadd_rn(o, __fmul_rn(held[i], qs[i])) : o;
-            }
-            for (int i0 = KDA_HELD; i0 < d; i0 += KDA_AHEAD) {
-                float ahead[KDA_AHEAD];
-#pragma unroll
-                for (int u = 0; u < KDA_AHEAD; ++u) ahead[u] = i0 + u < d ? s[(size_t)(i0 + u) * d] : 0.f;
-#pragma unroll
-                for (int u = 0; u < KDA_AHEAD; ++u) {
-                    ahead[u] = __fadd_rn(__fmul_rn(ahead[u], decay[i0 + u]), __fmul_rn(ks[i0 + u], delta));
-                    o = i0 + u < d ? __fadd_rn(o, __fmul_rn(ahead[u], qs[i0 + u])) : o;
-                }
-#pragma unroll
-                for (int u = 0; u < KDA_AHEAD; ++u)
-                    if (i0 + u < d) s[(size_t)(i0 + u) * d] = ahead[u];
-            }
-            o = __fmul_rn(o, scale);
-            os[j] = o;
+        for (int i = 0; i < KDA_HELD; ++i) {
+            const float t = __fmul_rn(__fmul_rn(held[i], decay[i]), ks[i]);
+            sk = i < d ? __fadd_rn(sk, t) : sk;
         }
-        __syncthreads();
-        if (j == 0) norm_scale = kda_rms_scale(os, d, eps);
-        __syncthreads();
-        if (j < d) out[row + j] = __fmul_rn(__fmul_rn(__fmul_rn(o, norm_scale), norm_w[j]), kda_sigmoid(gate[row + j]));
+        for (int i = KDA_HELD; i < d; ++i) sk = __fadd_rn(sk, __fmul_rn(__fmul_rn(rest(i), decay[i]), ks[i]));
+        const float delta = __fmul_rn(__fsub_rn(qkv[2 * (size_t)rows * width + row + j], sk), beta);
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < KDA_HELD; ++i) {
+            held[i] = __fadd_rn(__fmul_rn(held[i], decay[i]), __fmul_rn(ks[i], delta));
+            o = i < d ? __fadd_rn(o, __fmul_rn(held[i], qs[i])) : o;
+        }
+        for (int i = KDA_HELD; i < d; ++i) {
+            const float v = __fadd_rn(__fmul_rn(rest(i), decay[i]), __fmul_rn(ks[i], delta));
+            rest(i) = v;
+            o = __fadd_rn(o, __fmul_rn(v, qs[i]));
+        }
+        out[row + j] = __fmul_rn(o, scale);
     }
     if (j < d) {
 #pragma unroll
         for (int i = 0; i < KDA_HELD; ++i)
             if (i < d) s[(size_t)i * d] = held[i];
+        for (int i = KDA_HELD; i < d; ++i) s[(size_t)i * d] = rest(i);
+    }
+    // every token's output is in `out` (this block's writes, visible after the barrier)
+    __syncthreads();
+    const int lane = j & 31, warps = blockDim.x / 32;
+    for (int r = j / 32; r < rows; r += warps) {
+        float* o = out + (size_t)r * width + at;
+        float ns = lane == 0 ? kda_rms_scale(o, d, eps) : 0.f;
+        ns = __shfl_sync(FULL_MASK, ns, 0);
+        for (int i = lane; i < d; i += 32) {
+            const float g = gate[(size_t)r * width + at + i];
+            o[i] = __fmul_rn(__fmul_rn(__fmul_rn(o[i], ns), norm_w[i]), kda_sigmoid(g));
+        }
     }
 }

@@ -282,12 +282,12 @@ fn model_lookup_covers_every_architecture() {
         e,
         "unknown shape `huge`; known shapes: tiny, tiny-tp, smol135m, llama1b, llama8b, \
          llama8b-tp2-rank, tiny-qwen3moe, qwen3-30b-a3b, tiny-deepseek2, tiny-deepseek2-lite, deepseek-v2-lite, \
-         deepseek-v3, tiny-kimi-linear, tiny-glm5-next, tiny-glm5-next-shared, glm-5.3-flash"
+         deepseek-v3, tiny-kimi-linear, kimi-linear-48b, tiny-glm5-next, tiny-glm5-next-shared, glm-5.3-flash"
     );
     let archs: Vec<&str> = synth::models().iter().map(|m| m.architecture()).collect();
     assert_eq!(archs.iter().filter(|a| **a == "qwen3moe").count(), 2);
     assert_eq!(archs.iter().filter(|a| **a == "deepseek2").count(), 4);
-    assert_eq!(archs.iter().filter(|a| **a == "kimi-linear").count(), 1);
+    assert_eq!(archs.iter().filter(|a| **a == "kimi-linear").count(), 2);
     assert_eq!(archs.iter().filter(|a| **a == "glm5-next").count(), 3);
     assert_eq!(
         synth::model("tiny").unwrap(),

@@ -28,6 +28,13 @@ use crate::layer_weights::KdaWeights as HostKda;
 
 /// The widest KDA head the kernels take (KDA_MAX_DIM in kernels/kda.cu).
 pub const MAX_KDA_HEAD_DIM: usize = 256;
+/// The most convolution taps (KDA_MAX_TAPS), and the tokens a block of `kda_conv_f32` takes
+/// (KDA_CONV_ROWS).
+const MAX_KDA_TAPS: usize = 8;
+const KDA_CONV_ROWS: usize = 8;
+/// The state entries of its row a `kda_delta_f32` thread holds in registers (KDA_HELD); the
+/// rest of the row sits in the block's dynamic shared memory.
+const KDA_HELD: usize = 64;
 
 /// One KDA layer's weights on the device (all but `attn_output`, which the rank keeps).
 pub(super) struct KdaWeights {
@@ -63,6 +70,12 @@ impl KdaWeights {
         let (heads, head_dim) = (host.heads(), host.head_dim());
         if head_dim == 0 || head_dim > MAX_KDA_HEAD_DIM {
             bail!("layer {l}: KDA heads of {head_dim} values; the cuda backend takes heads of 1 to {MAX_KDA_HEAD_DIM}");
+        }
+        if !(2..=MAX_KDA_TAPS).contains(&host.taps) {
+            bail!(
+                "layer {l}: KDA convolutions of {} taps; the cuda backend takes 2 to {MAX_KDA_TAPS}",
+                host.taps
+            );
         }
         let HostKda {
             q,
@@ -465,7 +478,7 @@ impl CudaDevice {
         let channels = 3 * heads * hd;
         let rows = x.len() / channels.max(1);
         assert!(
-            taps >= 2
+            (2..=MAX_KDA_TAPS).contains(&taps)
                 && rows > 0
                 && x.len() == rows * channels
                 && out.len() == x.len()
@@ -483,7 +496,7 @@ impl CudaDevice {
         let (xp, wp, winp, op) = (x.addr(), w.addr(), window.addr(), out.addr());
         let (h, d, t, r) = (int(heads), int(hd), int(taps), int(rows));
         let cfg = LaunchConfig {
-            grid_dim: (3 * heads as u32, 1, 1),
+            grid_dim: (3 * heads as u32, rows.div_ceil(KDA_CONV_ROWS) as u32, 1),
             block_dim: (head_block(hd), 1, 1),
             shared_mem_bytes: 0,
         };
@@ -532,10 +545,14 @@ impl CudaDevice {
         let (gp, np) = (g.gate.addr(), g.norm.addr());
         let (h, dd, r) = (int(heads), int(d), int(rows));
         let (bounded, lb) = (i32::from(g.bound.is_some()), g.bound.unwrap_or(0.0));
+        let threads = head_block(d);
+        // the rows' entries past the held ones, a column per thread
+        let smem = d.saturating_sub(KDA_HELD) * threads as usize * 4;
+        self.allow_dynamic_shared("kda_delta_f32", 3 * MAX_KDA_HEAD_DIM * 4, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (heads as u32, 1, 1),
-            block_dim: (head_block(d), 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
         self.launch(s, "kda_delta_f32", cfg, |a| {
             a.arg(&sp).arg(&qp).arg(&fp).arg(&dtp).arg(&ap).arg(&bp);

@@ -3,8 +3,8 @@
 //! row-parallel product (attention output, FFN down) is computed per canonical reduction chunk
 //! and combined in the canonical tree, so a tensor-parallel rank's chunks are a subtree and the
 //! group's all-reduce completes the sum one rank computes: every plan's prefill gives the same
-//! bits. A weight whose chunks are not whole 64-value GEMM steps takes the decode matvec row by
-//! row instead (the same choice on every rank, since the chunk length does not depend on the
+//! bits. A weight whose chunks are not whole 64-value GEMM steps takes the decode matvec over
+//! the rows instead (the same choice on every rank, since the chunk length does not depend on the
 //! split). Attention writes every row's k and v to the cache first, then runs the decode
 //! attention kernel with a grid row per token row, each over its own causal prefix: those rows
 //! have the bits of the decode steps at their positions. The FFN is dense or a mixture of
@@ -64,6 +64,8 @@ pub(super) struct RowBuffers {
 
 /// Most canonical reduction chunks (`reduction_chunks`).
 const MAX_ROW_CHUNKS: usize = 8;
+/// Most rows of logits a prefill step's head computes by the decode matvec.
+const HEAD_MATVEC_ROWS: usize = 8;
 
 impl RowBuffers {
     pub fn new(
@@ -105,11 +107,10 @@ impl RankDevice {
         let mut whole = Vec::new();
         for &(w, out) in products {
             if !(w.cols / chunks).is_multiple_of(GEMM_DEPTH) {
-                // the decode matvec, one row at a time: its chunk tree is the canonical one too
-                for r in 0..rows {
-                    let x = input.sub(r * w.cols, w.cols);
-                    dev.matvec(s, w, &x, chunks, &mut out.sub(r * w.rows, w.rows))?;
-                }
+                // the decode matvec over every row in one launch (each row its decode bits):
+                // its chunk tree is the canonical one too
+                let x = input.sub(0, rows * w.cols);
+                dev.matvec(s, w, &x, chunks, &mut out.sub(0, rows * w.rows))?;
                 continue;
             }
             if !narrowed {
@@ -426,7 +427,10 @@ impl RankDevice {
     }
 
     /// The final norm and this rank's vocab rows of the head for the rows whose logits come
-    /// back, into the first rows of `logits`.
+    /// back, into the first rows of `logits`: up to `HEAD_MATVEC_ROWS` rows (a generation's
+    /// last prompt row) by the decode matvec, each row with its decode step's head bits (a
+    /// GEMM over so few rows would dequantize the whole vocabulary for them), more (a
+    /// perplexity's scored rows) as a product over the rows.
     pub(super) fn prefill_head(&self, rows: Rows, s: &Arc<CudaStream>) -> Result<()> {
         let (norm, w) = self.head_weights()?;
         let d = self.hidden_len();
@@ -436,6 +440,11 @@ impl RankDevice {
         self.dev
             .rms_norm(s, &x, norm, self.geo.eps, &mut xn.clone())?;
         let logits = Self::rows_of(&self.buf.logits, out, w.rows);
+        if out <= HEAD_MATVEC_ROWS {
+            return self
+                .dev
+                .matvec(s, w, &xn, full_chunks(w), &mut logits.clone());
+        }
         self.products(s, &xn, false, out, 1, &[(w, &logits)])
     }
 }

@@ -41,24 +41,55 @@ pub struct KimiLinearShape {
 }
 
 /// The kimi-linear shapes. The tiny one alternates KDA and MLA (layers 1 and 3 are MLA), so
-/// both pipeline stages of a cut at 2 hold both kinds.
-pub const KIMI_LINEAR_SHAPES: &[KimiLinearShape] = &[KimiLinearShape {
-    name: "tiny-kimi-linear",
-    dim: 256,
-    layers: 4,
-    heads: 4,
-    kda_head: 32,
-    conv: 4,
-    attention_every: 2,
-    mla: Mla {
-        q_lora_rank: 0,
-        ..Mla::TINY
+/// both pipeline stages of a cut at 2 hold both kinds; kimi-linear-48b has the real widths.
+pub const KIMI_LINEAR_SHAPES: &[KimiLinearShape] = &[
+    KimiLinearShape {
+        name: "tiny-kimi-linear",
+        dim: 256,
+        layers: 4,
+        heads: 4,
+        kda_head: 32,
+        conv: 4,
+        attention_every: 2,
+        mla: Mla {
+            q_lora_rank: 0,
+            ..Mla::TINY
+        },
+        moe: DeepseekMoe::TINY,
+        weights_scale: 2.446,
+        vocab: 256,
+        context: 4096,
     },
-    moe: DeepseekMoe::TINY,
-    weights_scale: 2.446,
-    vocab: 256,
-    context: 4096,
-}];
+    // Kimi-Linear-48B-A3B's widths (as scripts/depth_models.py writes them for llama.cpp): cut it
+    // with --layers for timings at real width
+    KimiLinearShape {
+        name: "kimi-linear-48b",
+        dim: 2304,
+        layers: 27,
+        heads: 32,
+        kda_head: 128,
+        conv: 4,
+        attention_every: 4,
+        mla: Mla {
+            q_lora_rank: 0,
+            kv_lora_rank: 512,
+            qk_nope: 128,
+            qk_rope: 64,
+            v_head: 128,
+        },
+        moe: DeepseekMoe {
+            ffn: 9216,
+            dense_layers: 1,
+            experts: 256,
+            experts_used: 8,
+            expert_ffn: 1024,
+            shared_experts: 1,
+        },
+        weights_scale: 2.446,
+        vocab: 163840,
+        context: 1048576,
+    },
+];
 
 /// RMS-norm epsilon of Kimi-Linear checkpoints.
 const RMS_EPS: f32 = 1e-5;
