@@ -3,7 +3,8 @@
 //! token's logits bit for bit: on the real SmolLM2 with prompt-lookup drafts (two turns, the
 //! second reusing the first's cache), and on the tiny models with drafts that are partly
 //! rejected (a replayed sequence with wrong tokens in it) through a KDA state (kimi-linear),
-//! tensor-parallel and pipeline plans, in both arms. Sampled, `Sampler::verify` keeps the
+//! the DSA indexer's keys and pools (glm5-next, full and shared indexers across a pipeline
+//! cut), tensor-parallel and pipeline plans, in both arms. Sampled, `Sampler::verify` keeps the
 //! sampler's distribution (chi-square over seeds, against the exact probabilities and
 //! against a rule that is known wrong). `generate` and `bench` run a speculative plan, and
 //! the cuda engine refuses one. A KDA chat whose reply stops with a step still in flight
@@ -12,8 +13,8 @@
 mod common;
 
 use common::{
-    compile_scratch, options, root, smollm2, synthetic_variant, tiny_kimi_linear_model,
-    tiny_tp_model,
+    compile_scratch, options, root, smollm2, synth_model, synthetic_variant,
+    tiny_kimi_linear_model, tiny_tp_model,
 };
 use memra_executor::cpu::Arm;
 use memra_executor::engine::open;
@@ -124,9 +125,13 @@ fn smollm2_prompt_lookup_generates_plain_decodings_tokens_and_logits() {
 }
 
 #[test]
-fn rejected_drafts_leave_no_trace_through_kda_tp_and_pp_plans() {
+fn rejected_drafts_leave_no_trace_through_kda_dsa_tp_and_pp_plans() {
     tiny_tp_model();
     tiny_kimi_linear_model();
+    // the gates' seed (executor/tests/moe_gates.rs), so both write the same files
+    for shape in ["tiny-glm5-next", "tiny-glm5-next-shared"] {
+        synth_model(shape, "q8_0", 8, &format!("models/{shape}-q8_0.gguf"));
+    }
     for (reference, name, arms) in [
         ("tiny-tp", "tiny-tp", &[Arm::Serial][..]),
         ("tiny-tp", "tiny-tp-tp2", &[Arm::Serial]),
@@ -137,6 +142,13 @@ fn rejected_drafts_leave_no_trace_through_kda_tp_and_pp_plans() {
             "tiny-kimi-linear",
             "tiny-kimi-linear-pp2",
             &[Arm::Pipelined],
+        ),
+        // KDA and DSA: the indexer's keys and pools past the accepted rows are written again
+        ("tiny-glm5-next", "tiny-glm5-next", &[Arm::Serial]),
+        (
+            "tiny-glm5-next-shared",
+            "tiny-glm5-next-shared-pp2",
+            &[Arm::Serial, Arm::Pipelined],
         ),
     ] {
         let plain = synthetic_with(reference, "");

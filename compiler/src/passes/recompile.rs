@@ -78,7 +78,7 @@ pub fn placement_of(plan: &Plan, model: &ModelMeta) -> Result<Placement, Vec<Str
         errors.push(format!("groups: {e}"));
     }
     if let Some(sp) = plan.speculative {
-        for (field, e) in speculative_errors(sp, model, rt.prefill_chunk) {
+        for (field, e) in speculative_errors(sp, rt.prefill_chunk) {
             errors.push(format!("{field}: {e}"));
         }
     }

@@ -5,7 +5,6 @@
 use super::validate::int_in;
 use super::RawSpeculative;
 use crate::diag::Collector;
-use crate::model::ModelMeta;
 use crate::plan::{Draft, Speculative};
 use toml::Spanned;
 
@@ -18,7 +17,6 @@ const DEFAULT_DRAFT_TOKENS: u32 = 3;
 /// The validated section; `None` after an error (recorded in `c`).
 pub(super) fn validate(
     raw: &Spanned<RawSpeculative>,
-    model: &ModelMeta,
     prefill_chunk: u32,
     c: &mut Collector,
 ) -> Option<Speculative> {
@@ -54,7 +52,7 @@ pub(super) fn validate(
         draft: draft?,
         tokens: tokens?,
     };
-    let errors = speculative_errors(speculative, model, prefill_chunk);
+    let errors = speculative_errors(speculative, prefill_chunk);
     for (field, message) in &errors {
         let span = match *field {
             "speculative.draft" => sp.draft.as_ref().map(|d| d.span()),
@@ -66,12 +64,11 @@ pub(super) fn validate(
     errors.is_empty().then_some(speculative)
 }
 
-/// Why `sp` cannot run on `model` with prefill steps of `prefill_chunk` rows (empty when it
-/// can), each with the field it concerns: the NextN draft is not built, a verify step of
-/// `tokens + 1` rows must fit a step, and DSA's pooled keys cannot roll back yet.
+/// Why `sp` cannot run with prefill steps of `prefill_chunk` rows (empty when it
+/// can), each with the field it concerns: the NextN draft is not built, and a verify step of
+/// `tokens + 1` rows must fit a step.
 pub(crate) fn speculative_errors(
     sp: Speculative,
-    model: &ModelMeta,
     prefill_chunk: u32,
 ) -> Vec<(&'static str, String)> {
     let mut errors = Vec::new();
@@ -90,9 +87,6 @@ pub(crate) fn speculative_errors(
             k + 1,
             prefill_chunk.saturating_sub(1)
         )));
-    }
-    if model.dsa.is_some() {
-        errors.push(("speculative", "the DSA indexer's pooled keys cannot roll back past a rejected draft yet; allowed: models without DSA layers".to_string()));
     }
     errors
 }

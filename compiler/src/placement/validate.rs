@@ -141,7 +141,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
     let speculative = raw
         .speculative
         .as_ref()
-        .and_then(|sp| super::speculative::validate(sp, model, prefill_chunk.unwrap_or(1), c));
+        .and_then(|sp| super::speculative::validate(sp, prefill_chunk.unwrap_or(1), c));
     Placement {
         model_source,
         devices,
