@@ -23,6 +23,9 @@
 // The recurrent state is kept key-major on the device: S[j][i] (value row j, key column i) at
 // i * d + j, so that thread j, which owns value row j, reads and writes coalesced. Its address
 // never changes, and the per-step values are all in device memory, so a step is capturable.
+// A step whose first token is at position 0 (pos[0], the step's position) starts a sequence:
+// both kernels read the windows and the state as zeros then, as the CPU's KdaState::begin
+// resets them, whatever an earlier sequence left.
 #include "common.cuh"
 
 // The widest head (threads of a block).
@@ -59,7 +62,7 @@ __device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps)
 // after 1 / sqrt(hd), both computed by the host as the CPU computes them.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_conv_f32(const float* x, const float* w, float* window, float* out, int heads, int hd, int taps,
-                 float l2_eps, float after, int rows) {
+                 float l2_eps, float after, int rows, const u32* pos) {
     overlap_with_neighbours();
     __shared__ float vals[KDA_MAX_DIM];
     __shared__ float scale;
@@ -67,9 +70,11 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     const size_t c = (size_t)blockIdx.x * hd + i, width = (size_t)heads * hd;
     const size_t part = blockIdx.x / heads, in_part = c - part * width;
     const int keep = taps - 1;
-    // input t of the step (t < 0: the window's)
+    const bool fresh = pos[0] == 0;
+    // input t of the step (t < 0: the window's, zeros at a sequence's start)
     const auto input = [&](int t) -> float {
-        return t < 0 ? window[c * keep + keep + t] : x[(part * rows + t) * width + in_part];
+        if (t >= 0) return x[(part * rows + t) * width + in_part];
+        return fresh ? 0.f : window[c * keep + keep + t];
     };
     const int r0 = blockIdx.y * KDA_CONV_ROWS, r1 = min(rows, r0 + KDA_CONV_ROWS);
     for (int r = r0; r < r1; ++r) {
@@ -117,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_delta_f32(float* states, const float* qkv, const float* f, const float* dt_bias, const float* a,
                   const float* b, const float* gate, const float* norm_w, float* out, int heads, int d,
-                  float scale, float eps, int bounded, float lb, int rows) {
+                  float scale, float eps, int bounded, float lb, int rows, const u32* pos) {
     overlap_with_neighbours();
     __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM];
     extern __shared__ float kda_rest[];
@@ -126,11 +131,13 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     float* s = states + at * d + j;
     // entry i >= KDA_HELD of this thread's row, in its shared column
     const auto rest = [&](int i) -> float& { return kda_rest[(size_t)(i - KDA_HELD) * blockDim.x + j]; };
+    // zeros at a sequence's start
+    const bool fresh = pos[0] == 0;
     float held[KDA_HELD];
 #pragma unroll
-    for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d ? s[(size_t)i * d] : 0.f;
+    for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d && !fresh ? s[(size_t)i * d] : 0.f;
     if (j < d)
-        for (int i = KDA_HELD; i < d; ++i) rest(i) = s[(size_t)i * d];
+        for (int i = KDA_HELD; i < d; ++i) rest(i) = fresh ? 0.f : s[(size_t)i * d];
     for (int r = 0; r < rows; ++r) {
         const size_t row = (size_t)r * width + at;
         // every thread is done with the previous token's qs, ks and decay

@@ -4,7 +4,8 @@
 //! within a relative logit tolerance, and batched plans (several sequence slots, on one
 //! device, PP-2, TP-2, PP-2 x TP-2) whose sequences decoded together must have, bit for bit,
 //! the logits of each decoded alone (by the one-sequence decode kernels, and by the batched
-//! plan itself). Run with
+//! plan itself), and a KDA plan's second sequence in one session, which must start from a fresh
+//! state. Run with
 //! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
 #![cfg(feature = "gpu-tests")]
 
@@ -12,12 +13,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{options, tiny_tp_model};
+use common::{options, tiny_kimi_linear_model, tiny_tp_model};
 use memra_executor::batch_gate::{batch_gate, sequences};
 use memra_executor::cpu::Arm;
-use memra_executor::engine::{Backend, EngineOptions};
+use memra_executor::engine::{open, Backend, EngineOptions, StepOutput};
 use memra_executor::gate::{decode_all, gate};
 use memra_executor::plan_load::{load, LoadedPlan};
+use memra_executor::session::{Flow, Session};
 
 const PROMPT: [u32; 5] = [1, 17, 200, 33, 401];
 const GENERATED: usize = 12;
@@ -31,7 +33,11 @@ fn cuda() -> EngineOptions {
 
 /// Compiles a tiny-tp placement with `pipeline` (and `extra` tables) on device 0.
 fn plan(dir: &Path, name: &str, pipeline: &str, extra: &str) -> LoadedPlan {
-    let model = tiny_tp_model();
+    plan_of(&tiny_tp_model(), dir, name, pipeline, extra)
+}
+
+/// Compiles a placement of `model` with `pipeline` (and `extra` tables) on device 0.
+fn plan_of(model: &Path, dir: &Path, name: &str, pipeline: &str, extra: &str) -> LoadedPlan {
     let placement = dir.join(format!("{name}.toml"));
     let text = format!(
         "[model]\ngguf = \"{}\"\n\n[[devices]]\nids = [0]\nmemory_gib = 141\n\n[runtime]\nmax_context = 256\nin_flight = 3\n{extra}\n[pipeline]\n{pipeline}\n",
@@ -42,7 +48,7 @@ fn plan(dir: &Path, name: &str, pipeline: &str, extra: &str) -> LoadedPlan {
         memra_compiler::passes::compile(&placement).unwrap_or_else(|e| panic!("{name}: {e}"));
     let out = dir.join(format!("{name}.plan.toml"));
     std::fs::write(&out, compiled.plan.to_toml()).unwrap();
-    load(&out, Some(&model)).unwrap()
+    load(&out, Some(model)).unwrap()
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -132,5 +138,83 @@ fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
                 report.mismatch.unwrap()
             );
         }
+    }
+}
+
+#[test]
+fn a_second_sequence_on_a_kda_plan_starts_from_a_fresh_state() {
+    // the KDA state and convolution windows live on the device across steps: a sequence
+    // started again at position 0 in the same session (bench's repetitions, a chat whose
+    // history was cut) must decode with the bits of the first, not from what it left
+    let dir = scratch("kda");
+    let loaded = plan_of(
+        &tiny_kimi_linear_model(),
+        &dir,
+        "kimi",
+        "devices = [[0]]",
+        "",
+    );
+    let runtime = &loaded.plan.runtime;
+    let engine = open(&loaded, cuda()).unwrap();
+    let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
+    let run = |session: &mut Session| {
+        let mut outs: Vec<StepOutput> = Vec::new();
+        session
+            .run(&PROMPT, GENERATED, 0, |out, _| {
+                outs.push(out.clone());
+                Ok(Flow::Continue)
+            })
+            .unwrap();
+        outs
+    };
+    let first = run(&mut session);
+    session.reset();
+    let again = run(&mut session);
+    assert_eq!(first.len(), again.len());
+    for (a, b) in first.iter().zip(&again) {
+        let same = a
+            .logits
+            .iter()
+            .zip(&b.logits)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same && a.token == b.token,
+            "step {}: the second sequence differs",
+            a.step
+        );
+    }
+    // a new sequence sharing only part of the history cannot reuse it on a KDA plan
+    let mut tokens = PROMPT[..3].to_vec();
+    tokens.push(999);
+    let mut shared = Vec::new();
+    session
+        .continue_with(&tokens, 1, |out, _| {
+            shared.push(out.clone());
+            Ok(Flow::Continue)
+        })
+        .unwrap();
+    // the same call on a session that never held anything (the same rows scored, so the same
+    // prefill path)
+    let engine = open(&loaded, cuda()).unwrap();
+    let mut new_session = Session::new(engine, runtime.in_flight, runtime.max_context);
+    let mut fresh = Vec::new();
+    new_session
+        .continue_with(&tokens, 1, |out, _| {
+            fresh.push(out.clone());
+            Ok(Flow::Continue)
+        })
+        .unwrap();
+    assert_eq!(fresh.len(), shared.len());
+    for (a, b) in fresh.iter().zip(&shared) {
+        let same = a
+            .logits
+            .iter()
+            .zip(&b.logits)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same && a.token == b.token,
+            "step {}: a continued sequence over a cut history differs from a fresh one",
+            a.step
+        );
     }
 }

@@ -144,9 +144,10 @@ impl RankDevice {
                         weight: &lw.attn_norm,
                         eps: self.geo.eps,
                     };
-                    state.pre(dev, s, k, li, norm, &x)
+                    state.pre(dev, s, k, li, norm, &x, &Span::of(&b.pos))
                 } else {
-                    state.core(dev, s, k, li, &Span::of(&b.att).sub(0, lw.o.cols))
+                    let att = Span::of(&b.att).sub(0, lw.o.cols);
+                    state.core(dev, s, k, li, &att, &Span::of(&b.pos))
                 }
             }
             Segment::AttnPre => {

@@ -93,6 +93,8 @@ pub struct Engine {
     tally: Tally,
     /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
     feeds_sampled: bool,
+    /// Whether the caches can be cut back to any position (no KDA state): `Decoder::rewinds`.
+    rewinds: bool,
     failed: bool,
     report: Vec<String>,
 }
@@ -263,6 +265,7 @@ impl Engine {
         let mut report = memory_report(plan, &devices, &free_before, prompt.rows())?;
         report.extend(load_times);
         Ok(Engine {
+            rewinds: plan.model.kda.is_none(),
             runs,
             programs: local.iter().map(|&r| Program::of(plan, r)).collect(),
             walk_sets: walk_sets(plan, &local).into(),
@@ -536,6 +539,10 @@ impl Decoder for Engine {
 
     fn prompt_mode(&self) -> PromptMode {
         self.prompt
+    }
+
+    fn rewinds(&self) -> bool {
+        self.rewinds
     }
 
     fn report(&self) -> Vec<String> {

@@ -10,8 +10,9 @@
 //!
 //! State: one buffer per KDA layer, the q, k and v convolution windows (per channel, oldest
 //! first, as the CPU's) then each held head's `d x d` recurrent state, key-major (the transpose
-//! of the CPU's layout, see kernels/kda.cu). It is zero at load and updated in place on the
-//! rank's compute stream, so its address never alternates and a step is capturable. A
+//! of the CPU's layout, see kernels/kda.cu). It is updated in place on the rank's compute
+//! stream, so its address never alternates and a step is capturable; a step at position 0
+//! starts from zeros (the kernels read the step's position), as the CPU's state does. A
 //! tensor-parallel rank holds whole heads (its shards of the head-split tensors) and their
 //! state, and every head is computed alone, so its bits are the 1-rank plan's.
 
@@ -202,7 +203,9 @@ impl KdaState {
     }
 
     /// `kda_pre`: every projection (the normed input's, then the low-rank gates' second
-    /// halves), then the convolutions (advancing layer `layer`'s windows) and the q/k norms.
+    /// halves), then the convolutions (advancing layer `layer`'s windows, from zeros at
+    /// position `pos[0]` 0) and the q/k norms.
+    #[allow(clippy::too_many_arguments)]
     pub fn pre(
         &self,
         dev: &CudaDevice,
@@ -211,6 +214,7 @@ impl KdaState {
         layer: usize,
         norm: Norm,
         x: &Span<f32>,
+        pos: &Span<u32>,
     ) -> Result<()> {
         let width = k.width();
         let projected = Span::of(&self.projected).sub(0, 3 * width);
@@ -240,11 +244,12 @@ impl KdaState {
             &Span::of(&self.qkv).sub(0, 3 * width),
             (k.heads, k.head_dim, k.taps),
             k.l2_eps.unwrap_or(self.eps),
+            pos,
         )
     }
 
-    /// `kda_core`: the gates, the delta rule on layer `layer`'s recurrent states and the
-    /// gated output norm, into `att`.
+    /// `kda_core`: the gates, the delta rule on layer `layer`'s recurrent states (zeros at
+    /// position `pos[0]` 0) and the gated output norm, into `att`.
     pub fn core(
         &self,
         dev: &CudaDevice,
@@ -252,6 +257,7 @@ impl KdaState {
         k: &KdaWeights,
         layer: usize,
         att: &Span<f32>,
+        pos: &Span<u32>,
     ) -> Result<()> {
         let width = k.width();
         if att.len() != width {
@@ -281,6 +287,7 @@ impl KdaState {
             att,
             (k.heads, k.head_dim),
             self.eps,
+            pos,
         )
     }
 
@@ -311,7 +318,8 @@ impl KdaState {
     }
 
     /// The convolutions and q/k norms of a prefill step's rows (after its products into
-    /// `spans`), advancing layer `layer`'s windows token by token.
+    /// `spans`), advancing layer `layer`'s windows token by token from the step's position
+    /// `pos[0]`.
     pub fn conv_rows(
         &self,
         dev: &CudaDevice,
@@ -319,6 +327,7 @@ impl KdaState {
         k: &KdaWeights,
         layer: usize,
         spans: &KdaRowSpans,
+        pos: &Span<u32>,
     ) -> Result<()> {
         let state = self.state(layer)?;
         dev.kda_conv(
@@ -329,11 +338,14 @@ impl KdaState {
             &spans.qkv,
             (k.heads, k.head_dim, k.taps),
             k.l2_eps.unwrap_or(self.eps),
+            pos,
         )
     }
 
     /// The gates, the delta rule and the gated output norm of a prefill step's rows, token
-    /// by token on layer `layer`'s recurrent states, into the rows of `att`.
+    /// by token on layer `layer`'s recurrent states from the step's position `pos[0]`, into
+    /// the rows of `att`.
+    #[allow(clippy::too_many_arguments)]
     pub fn core_rows(
         &self,
         dev: &CudaDevice,
@@ -342,6 +354,7 @@ impl KdaState {
         layer: usize,
         spans: &KdaRowSpans,
         att: &Span<f32>,
+        pos: &Span<u32>,
     ) -> Result<()> {
         let (width, state) = (k.width(), self.state(layer)?);
         let windows = 3 * width * (k.taps - 1);
@@ -362,6 +375,7 @@ impl KdaState {
             att,
             (k.heads, k.head_dim),
             self.eps,
+            pos,
         )
     }
 
@@ -464,6 +478,7 @@ impl CudaDevice {
     /// each, `x` and `out` holding q, k and v one after the other, each as many rows of
     /// `heads * hd` as there are tokens; `window` the three windows, `w` their taps), then
     /// `l2_norm_heads` on the q and k heads, as the CPU runs them for `heads` heads of `hd`.
+    /// The first token is at position `pos[0]`; at 0 the windows are read as zeros.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda_conv(
         &self,
@@ -474,6 +489,7 @@ impl CudaDevice {
         out: &Span<f32>,
         (heads, hd, taps): (usize, usize, usize),
         eps: f32,
+        pos: &Span<u32>,
     ) -> Result<()> {
         let channels = 3 * heads * hd;
         let rows = x.len() / channels.max(1);
@@ -483,7 +499,8 @@ impl CudaDevice {
                 && x.len() == rows * channels
                 && out.len() == x.len()
                 && w.len() == channels * taps
-                && window.len() == channels * (taps - 1),
+                && window.len() == channels * (taps - 1)
+                && !pos.is_empty(),
             "kda_conv: {heads} heads of {hd}, {taps} taps: x {}, weights {}, window {}, out {}",
             x.len(),
             w.len(),
@@ -493,7 +510,7 @@ impl CudaDevice {
         // the CPU's l2_norm_heads constants, computed as it computes them
         let n = hd as f32;
         let (l2_eps, after) = (eps / n, 1.0 / n.sqrt());
-        let (xp, wp, winp, op) = (x.addr(), w.addr(), window.addr(), out.addr());
+        let (xp, wp, winp, op, pp) = (x.addr(), w.addr(), window.addr(), out.addr(), pos.addr());
         let (h, d, t, r) = (int(heads), int(hd), int(taps), int(rows));
         let cfg = LaunchConfig {
             grid_dim: (3 * heads as u32, rows.div_ceil(KDA_CONV_ROWS) as u32, 1),
@@ -502,7 +519,13 @@ impl CudaDevice {
         };
         self.launch(s, "kda_conv_f32", cfg, |a| {
             a.arg(&xp).arg(&wp).arg(&winp).arg(&op);
-            a.arg(&h).arg(&d).arg(&t).arg(&l2_eps).arg(&after).arg(&r);
+            a.arg(&h)
+                .arg(&d)
+                .arg(&t)
+                .arg(&l2_eps)
+                .arg(&after)
+                .arg(&r)
+                .arg(&pp);
         })
     }
 
@@ -511,7 +534,7 @@ impl CudaDevice {
     /// on `heads` key-major states of `d x d` in `states` (the CPU kernel `delta_rule`, in
     /// place) and `gated_norm` with `eps`, of the q, k, v in `qkv`, into `out`: for each of
     /// the tokens in order (`kda_conv`'s layout of `qkv`; a row a token of the gates and
-    /// `out`).
+    /// `out`). The first token is at position `pos[0]`; at 0 the states are read as zeros.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda_delta(
         &self,
@@ -522,6 +545,7 @@ impl CudaDevice {
         out: &Span<f32>,
         (heads, d): (usize, usize),
         eps: f32,
+        pos: &Span<u32>,
     ) -> Result<()> {
         let width = heads * d;
         let rows = out.len() / width.max(1);
@@ -533,7 +557,8 @@ impl CudaDevice {
                 && g.dt_bias.len() == width
                 && g.a.len() == heads
                 && g.beta.len() == rows * heads
-                && g.norm.len() == d,
+                && g.norm.len() == d
+                && !pos.is_empty(),
             "kda_delta: {heads} heads of {d}: states {}, qkv {}, out {}",
             states.len(),
             qkv.len(),
@@ -542,7 +567,7 @@ impl CudaDevice {
         let scale = 1.0 / (d as f32).sqrt();
         let (sp, qp, op) = (states.addr(), qkv.addr(), out.addr());
         let (fp, dtp, ap, bp) = (g.f.addr(), g.dt_bias.addr(), g.a.addr(), g.beta.addr());
-        let (gp, np) = (g.gate.addr(), g.norm.addr());
+        let (gp, np, pp) = (g.gate.addr(), g.norm.addr(), pos.addr());
         let (h, dd, r) = (int(heads), int(d), int(rows));
         let (bounded, lb) = (i32::from(g.bound.is_some()), g.bound.unwrap_or(0.0));
         let threads = head_block(d);
@@ -565,7 +590,8 @@ impl CudaDevice {
                 .arg(&eps)
                 .arg(&bounded)
                 .arg(&lb)
-                .arg(&r);
+                .arg(&r)
+                .arg(&pp);
         })
     }
 }

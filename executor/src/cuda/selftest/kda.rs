@@ -74,9 +74,13 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     }
     graph(cx, KIMI_DECAY)?;
     graph(cx, GLM5_DECAY)?;
+    // more tokens than a convolution block (8), fewer than the window (taps - 1), a state past
+    // the held registers (head dim 256)
     for (case, decay) in [
         ((4, 32, 4, 37), KIMI_DECAY),
         ((2, 128, 4, 9), KIMI_DECAY),
+        ((2, 128, 4, 2), KIMI_DECAY),
+        ((1, 256, 4, 11), KIMI_DECAY),
         ((3, 96, 3, 5), GLM5_DECAY),
     ] {
         rows(cx, case, decay)?;
@@ -99,7 +103,7 @@ fn rows(
     let mut one = OnDevice::new(dev, s, &l)?;
     let (mut want_qkv, mut want_out) = (vec![0f32; 3 * n * w], Vec::new());
     for (r, t) in toks.iter().enumerate() {
-        one.feed(dev, s, t)?;
+        one.feed(dev, s, t, r)?;
         one.enqueue(dev, s, &l)?;
         let qkv = dev.download(s, &one.qkv)?;
         for part in 0..3 {
@@ -124,7 +128,13 @@ fn rows(
         dev.upload(s, &cat(|t| &t.gate))?,
     );
     let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
-    let many = OnDevice::new(dev, s, &l)?;
+    // the rows start a second sequence, at position 0 over the state a first one left
+    let mut many = OnDevice::new(dev, s, &l)?;
+    for (r, t) in toks.iter().enumerate() {
+        many.feed(dev, s, t, r)?;
+        many.enqueue(dev, s, &l)?;
+    }
+    dev.write(s, &[0u32], &mut many.pos)?;
     let state = Span::of(&many.state);
     let win = windows(&l);
     dev.kda_conv(
@@ -135,6 +145,7 @@ fn rows(
         &Span::of(&qkv),
         (heads, hd, taps),
         decay.l2_eps,
+        &Span::of(&many.pos),
     )?;
     let gates = KdaGates {
         f: Span::of(&fd),
@@ -153,6 +164,7 @@ fn rows(
         &Span::of(&out),
         (heads, hd),
         EPS,
+        &Span::of(&many.pos),
     )?;
     let mut got = dev.download(s, &qkv)?;
     got.extend(dev.download(s, &out)?);
@@ -163,7 +175,7 @@ fn rows(
     cx.report.exact(
         "kda rows",
         format!(
-            "{heads} heads of {hd}, {taps} taps, {n} tokens in one launch = a launch a token{}",
+            "{heads} heads of {hd}, {taps} taps, {n} tokens in one launch = a launch a token, after another sequence{}",
             decay.name()
         ),
         bit_mismatches(&got, &want),
@@ -275,6 +287,8 @@ struct OnDevice {
     out: DeviceBuffer<f32>,
     /// The windows, then the key-major recurrent states (the layout of `cuda::kda`).
     state: DeviceBuffer<f32>,
+    /// The step's position.
+    pos: DeviceBuffer<u32>,
 }
 
 impl OnDevice {
@@ -292,10 +306,13 @@ impl OnDevice {
             qkv: dev.alloc(s, 3 * w)?,
             out: dev.alloc(s, w)?,
             state: dev.alloc(s, windows(l) + l.heads * l.hd * l.hd)?,
+            pos: dev.alloc(s, 1)?,
         })
     }
 
-    fn feed(&mut self, dev: &CudaDevice, s: &Arc<CudaStream>, t: &Token) -> Result<()> {
+    /// Token `t` at position `pos`.
+    fn feed(&mut self, dev: &CudaDevice, s: &Arc<CudaStream>, t: &Token, pos: usize) -> Result<()> {
+        dev.write(s, &[pos as u32], &mut self.pos)?;
         dev.write(s, &t.x, &mut self.x)?;
         dev.write(s, &t.f, &mut self.f)?;
         dev.write(s, &t.b, &mut self.b)?;
@@ -314,6 +331,7 @@ impl OnDevice {
             &Span::of(&self.qkv),
             (l.heads, l.hd, l.taps),
             l.decay.l2_eps,
+            &Span::of(&self.pos),
         )?;
         let gates = KdaGates {
             f: Span::of(&self.f),
@@ -332,6 +350,7 @@ impl OnDevice {
             &Span::of(&self.out),
             (l.heads, l.hd),
             EPS,
+            &Span::of(&self.pos),
         )
     }
 }
@@ -393,7 +412,7 @@ fn tokens(
     for t in 0..n {
         let tok = Token::new(cx, &l);
         let (want_qkv, want_out) = cpu_token(&l, &mut host, &tok);
-        d.feed(dev, s, &tok)?;
+        d.feed(dev, s, &tok, t)?;
         d.enqueue(dev, s, &l)?;
         let got_qkv = dev.download(s, &d.qkv)?;
         let got_out = dev.download(s, &d.out)?;
@@ -444,8 +463,8 @@ fn graph(cx: &mut Ctx, decay: Decay) -> Result<()> {
     let toks: Vec<Token> = (0..steps).map(|_| Token::new(cx, &l)).collect();
     let mut eager_run = OnDevice::new(dev, s, &l)?;
     let mut eager = Vec::new();
-    for t in &toks {
-        eager_run.feed(dev, s, t)?;
+    for (pos, t) in toks.iter().enumerate() {
+        eager_run.feed(dev, s, t, pos)?;
         eager_run.enqueue(dev, s, &l)?;
         eager.extend(dev.download(s, &eager_run.out)?);
     }
@@ -457,17 +476,22 @@ fn graph(cx: &mut Ctx, decay: Decay) -> Result<()> {
         cx,
         "kda graph",
         format!(
-            "replay == eager, {steps} tokens and the state, {heads}h x {hd}{}",
+            "replay == eager, {steps} tokens and the state, {heads}h x {hd}, a second sequence after the first{}",
             decay.name()
         ),
         captured,
         &eager,
         |g| {
+            // the sequence twice: the second starts at position 0 over the state the first
+            // left, and must start from zeros as the eager run did
             let mut replayed = Vec::new();
-            for t in &toks {
-                replay_run.feed(dev, s, t)?;
-                g.replay()?;
-                replayed.extend(dev.download(s, &replay_run.out)?);
+            for _ in 0..2 {
+                replayed.clear();
+                for (pos, t) in toks.iter().enumerate() {
+                    replay_run.feed(dev, s, t, pos)?;
+                    g.replay()?;
+                    replayed.extend(dev.download(s, &replay_run.out)?);
+                }
             }
             replayed.extend(dev.download(s, &replay_run.state)?);
             Ok(replayed)
