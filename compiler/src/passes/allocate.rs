@@ -7,7 +7,8 @@ use super::{RankInfo, Topology};
 use crate::model::{Mixer, ModelMeta, ShardRule, TensorMeta, TensorSite};
 use crate::placement::Placement;
 use crate::plan::{
-    AttentionSplit, Boundary, Buffer, BufferKind, Collective, DeviceUse, Split, WeightShard,
+    mla_attend_rows, mla_parts_len, AttentionSplit, Boundary, Buffer, BufferKind, Collective,
+    DeviceUse, Split, WeightShard,
 };
 
 /// The weight shards a rank holds, in the model's tensor order.
@@ -231,8 +232,9 @@ pub fn buffers(
 }
 
 /// f32 activations of one token row on one rank: the residual stream and norms, the mixer's
-/// inputs and outputs, the FFN's hidden widths, for MoE the router logits and one row per
-/// selected expert plus the shared experts' row (the all-reduce payload), mHC's other
+/// inputs and outputs, the FFN's hidden widths, for MoE the router logits, one row per
+/// selected expert plus the shared experts' row (the all-reduce payload) and the selected
+/// experts' hidden rows, mHC's other
 /// streams and mixing weights, and the DSA indexer's scores and selection.
 fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64 {
     let n = u64::from(rank.tp_degree);
@@ -263,7 +265,11 @@ fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -
             let dense = if m.dense_layers > 0 { model.ffn } else { 0 };
             let widest = u64::from(dense.max(m.shared_expert_ffn)) / n;
             let ffn = widest.max(u64::from(m.expert_ffn));
-            (ffn, u64::from(m.experts) + u64::from(m.top_k + 1) * d)
+            // the router's logits, a row per selected expert and the shared experts' row, and
+            // each selected expert's gate and up rows (a prefill step runs them at once)
+            let k = u64::from(m.top_k);
+            let selected = 2 * k * u64::from(m.expert_ffn);
+            (ffn, u64::from(m.experts) + (k + 1) * d + selected)
         }
         None => (u64::from(model.ffn) / n, 0),
     };
@@ -286,14 +292,26 @@ fn activation_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -
 }
 
 /// f32 attention scores of one query row over the whole context, per head: attention takes a
-/// chunk's queries a few at a time, so this does not grow with the chunk.
+/// chunk's queries a few at a time, so this does not grow with the chunk. MLA adds its latent
+/// attention's chunk partials: a decode step's row, and the rows of one prefill launch.
 fn score_elems(model: &ModelMeta, placement: &Placement, rank: &RankInfo) -> u64 {
     let all_heads = u64::from(model.heads);
     let heads = match placement.attention {
         AttentionSplit::Heads => all_heads / u64::from(rank.tp_degree),
         AttentionSplit::Replicated => all_heads,
     };
-    heads * u64::from(placement.max_context)
+    let context = u64::from(placement.max_context);
+    let parts = model.mla.as_ref().map_or(0, |m| {
+        let width = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        let per_row = mla_parts_len(
+            width(heads),
+            width(u64::from(m.kv_lora_rank)),
+            width(context),
+        );
+        let rows = mla_attend_rows(per_row, width(u64::from(placement.prefill_chunk)));
+        (per_row as u64) * (1 + rows as u64)
+    });
+    heads * context + parts
 }
 
 /// What the CUDA runtime takes on each device it opens before any plan buffer: the context

@@ -450,6 +450,24 @@ pub fn logical_shape(tensor: &str, gguf_dims: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// Cache rows of a chunk of MLA latent attention's canonical order (MLA_CHUNK in
+/// kernels/mla.cu).
+pub const MLA_CHUNK: usize = 128;
+
+/// f32 values of the scratch MLA latent attention of `heads` heads with latents of `kvl`
+/// over a cache of `capacity` rows needs for one query row: per head and chunk, its latent
+/// sums, max and sum.
+pub fn mla_parts_len(heads: usize, kvl: usize, capacity: usize) -> usize {
+    heads * capacity.div_ceil(MLA_CHUNK) * (kvl + 2)
+}
+
+/// The query rows of one prefill launch of MLA latent attention, whose partials take
+/// `per_row` f32 values a row, for a step of `rows` rows: as many as fit 64 MiB, at least one.
+pub fn mla_attend_rows(per_row: usize, rows: usize) -> usize {
+    const PARTS_BUDGET_BYTES: usize = 64 << 20;
+    (PARTS_BUDGET_BYTES / 4 / per_row.max(1)).clamp(1, rows.max(1))
+}
+
 /// Number of chunks of the canonical reduction tree for a reduction of length `k` whose weights
 /// come in blocks of `block` elements: the largest power of two up to 8 whose chunks are whole
 /// blocks. A TP degree nests in the tree (bit-identical logits) when it divides this number.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
-use memra_compiler::plan::{Mixer, Plan};
+use memra_compiler::plan::{mla_parts_len, Mixer, Plan, MLA_CHUNK};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::dsa::IndexerWeights;
@@ -613,8 +613,10 @@ impl CudaDevice {
         out: &Span<u16>,
     ) -> Result<()> {
         let n = heads * rows * len;
+        // the kernel indexes the values with 32-bit ints
         assert!(
             n > 0
+                && n <= i32::MAX as usize
                 && out.len() >= n
                 && x.len() >= (rows - 1) * row_stride + (heads - 1) * head_stride + len,
             "mla_heads_f16: {rows} rows of {heads} heads of {len} values"
@@ -651,6 +653,7 @@ impl CudaDevice {
         let n = heads * rows * len;
         assert!(
             n > 0
+                && n <= i32::MAX as usize
                 && y.len() >= n
                 && out.len() >= (rows - 1) * row_stride + (heads - 1) * head_stride + len,
             "mla_heads_f32: {rows} rows of {heads} heads of {len} values"
@@ -675,8 +678,6 @@ impl CudaDevice {
     }
 }
 
-/// Rows of a chunk of latent attention's canonical order (MLA_CHUNK in kernels/mla.cu).
-pub const MLA_CHUNK: usize = 128;
 /// Query heads an attention block takes at most: the rows of a tensor-core tile
 /// (MLA_TILE_HEADS in kernels/mla.cu).
 const MLA_TILE_HEADS: usize = 16;
@@ -691,10 +692,4 @@ fn mla_smem_bytes(width: usize) -> usize {
         + width.next_multiple_of(8) * 2
         + MLA_TILE_HEADS * (MLA_CHUNK + 8) * 2
         + 2 * warps * MLA_TILE_HEADS * 4
-}
-
-/// Values of the scratch latent attention of `heads` heads with latents of `kvl` over a cache of
-/// `capacity` rows needs: per head and chunk, its latent sums, max and sum.
-pub fn mla_parts_len(heads: usize, kvl: usize, capacity: usize) -> usize {
-    heads * capacity.div_ceil(MLA_CHUNK) * (kvl + 2)
 }

@@ -10,19 +10,16 @@
 
 use std::sync::Arc;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
+use memra_compiler::plan::{mla_attend_rows, mla_parts_len};
 
-use super::{mla_parts_len, MlaState, MlaWeights, QueryPath, Shape};
+use super::{MlaState, MlaWeights, QueryPath, Shape};
 use crate::cuda::device::{CudaDevice, DeviceBuffer};
 use crate::cuda::matvec::Norm;
 use crate::cuda::rows::{Groups, GEMM_DEPTH};
 use crate::cuda::span::Span;
 use crate::cuda::weights::DeviceStack;
-
-/// The most scratch latent attention's chunk partials of one launch take: a prefill step's
-/// rows attend in launches of as many rows as fit (at least one).
-const PARTS_BUDGET_BYTES: usize = 64 << 20;
 
 /// A rank's MLA buffers for prefill steps of up to `rows` token rows.
 pub(crate) struct MlaRows {
@@ -56,8 +53,12 @@ impl MlaRows {
     ) -> Result<MlaRows> {
         let most = |f: &dyn Fn(&Shape) -> usize| shapes.iter().map(f).max().unwrap_or(1).max(1);
         let per_row = most(&|x| mla_parts_len(x.heads, x.kvl, capacity));
-        let attend_rows = (PARTS_BUDGET_BYTES / 4 / per_row.max(1)).clamp(1, rows);
+        let attend_rows = mla_attend_rows(per_row, rows);
         let widest_head = most(&|x| x.heads * x.nope.max(x.kvl));
+        let most_head_values = rows * widest_head.max(most(&|x| x.heads * x.v));
+        if most_head_values > i32::MAX as usize {
+            bail!("an MLA prefill step of {rows} rows holds {most_head_values} head values, more than the kernels' 32-bit index; lower runtime.prefill_chunk");
+        }
         Ok(MlaRows {
             rows,
             q: dev.alloc(s, rows * most(&|x| x.q_rows))?,

@@ -8,14 +8,13 @@
 //! against eager bit for bit with the position read from device memory.
 
 use anyhow::Result;
-use memra_compiler::plan::YarnSummary;
+use memra_compiler::plan::{mla_parts_len, YarnSummary};
 use memra_gguf::f16::{f16_to_f32, f32_to_f16};
 
 use super::{bit_mismatches, random, Ctx};
 use crate::cpu::kernels::{
     latent_attention, latent_attention_at, rope_part, KvDtype, LatentCache, RopeStyle, Rotation,
 };
-use crate::cuda::mla::mla_parts_len;
 use crate::cuda::{capture, Span};
 use crate::rope::Yarn;
 
