@@ -224,6 +224,17 @@ fn compare_conditioning_names_the_steps_noise_of_rounding_size_moves() {
         text.contains("ill-conditioned steps [34, 37] apart") && text.ends_with(": ok\n"),
         "{text}"
     );
+    // noise that moves most steps past the tolerance leaves too little to judge: it fails
+    let mut loud = args;
+    loud[8] = "0.5";
+    let out = memra_run(&loud);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success()
+            && text.contains("more than a quarter of the 55 steps")
+            && text.ends_with(": FAILED\n"),
+        "{out:?}"
+    );
     // the second run compares the CPU with itself on one history: greedy runs are refused
     let out = memra_run(&[
         "compare",
