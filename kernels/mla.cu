@@ -1,4 +1,4 @@
-// memra kernels: multi-head latent attention at decode (DeepSeek's MLA with absorbed
+// memra kernels: multi-head latent attention at decode and prefill (DeepSeek's MLA with absorbed
 // projections, as the CPU backend's cpu::kernels::mla runs it). The per-head products through
 // attn_k_b and attn_v_b are ordinary matvecs; these kernels do what has no equivalent:
 //

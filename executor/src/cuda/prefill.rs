@@ -13,8 +13,8 @@
 //! then latent attention with a grid row per token row); MLA layers whose widths are not whole
 //! GEMM steps run it row by row with the decode kernels, each row at its own position. KDA
 //! layers run their projections over the rows at once and the convolution and delta rule token
-//! by token inside one launch each (not yet the chunkwise-parallel form). DSA and mHC plans run prompts token by token (`prefill_rows` says
-//! why).
+//! by token inside one launch each (not yet the chunkwise-parallel form). DSA and mHC plans run
+//! prompts token by token (`prefill_rows` says why).
 
 use std::sync::Arc;
 
@@ -64,8 +64,6 @@ pub(super) struct RowBuffers {
 
 /// Most canonical reduction chunks (`reduction_chunks`).
 const MAX_ROW_CHUNKS: usize = 8;
-/// Most rows of logits a prefill step's head computes by the decode matvec.
-const HEAD_MATVEC_ROWS: usize = 8;
 
 impl RowBuffers {
     pub fn new(
@@ -286,7 +284,8 @@ impl RankDevice {
 
     /// A KDA segment of the layer of index `li` over `rows` token rows: the projections as
     /// products over the rows, the convolutions and the delta rule token by token inside one
-    /// launch each (kernels/kda.cu), each token as its decode step runs it.
+    /// launch each (kernels/kda.cu), each token with its decode step's arithmetic over the
+    /// products' rows (which, f16 GEMMs, differ from decode's in the last bits).
     fn prefill_kda(&self, li: usize, seg: Segment, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
         let lw = &self.layers[li];
         let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
@@ -296,7 +295,7 @@ impl RankDevice {
         let sp = state.row_spans(k, rows)?;
         if seg == Segment::KdaCore {
             let att = Self::rows_of(&b.att, rows, lw.o.cols);
-            return state.core_rows(dev, s, k, li, &sp, &att);
+            return state.core_rows(dev, s, k, li, &sp, &att, &Span::of(&b.pos));
         }
         let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
         let a16 = self.narrowed_rows(xn.len())?;
@@ -319,7 +318,7 @@ impl RankDevice {
         self.products(s, &xn, true, rows, 1, &from_x)?;
         self.products(s, &sp.f_low, false, rows, 1, &[(&k.f_b, &sp.f)])?;
         self.products(s, &sp.g_low, false, rows, 1, &[(&k.g_b, &sp.gate)])?;
-        state.conv_rows(dev, s, k, li, &sp)
+        state.conv_rows(dev, s, k, li, &sp, &Span::of(&b.pos))
     }
 
     /// An MLA segment of layer `layer` (index `li`) over `rows` token rows: the decode
@@ -427,10 +426,11 @@ impl RankDevice {
     }
 
     /// The final norm and this rank's vocab rows of the head for the rows whose logits come
-    /// back, into the first rows of `logits`: up to `HEAD_MATVEC_ROWS` rows (a generation's
-    /// last prompt row) by the decode matvec, each row with its decode step's head bits (a
-    /// GEMM over so few rows would dequantize the whole vocabulary for them), more (a
-    /// perplexity's scored rows) as a product over the rows.
+    /// back, into the first rows of `logits`. A step that asks for one row (a generation's
+    /// last prompt row) takes the decode matvec and so its decode step's head bits; a GEMM
+    /// over one row would dequantize the whole vocabulary for it. A step that asks for more
+    /// (scored rows) takes the product over the rows, whatever their number, so a scored
+    /// row's bits depend only on whether its step asked for it alone.
     pub(super) fn prefill_head(&self, rows: Rows, s: &Arc<CudaStream>) -> Result<()> {
         let (norm, w) = self.head_weights()?;
         let d = self.hidden_len();
@@ -440,7 +440,7 @@ impl RankDevice {
         self.dev
             .rms_norm(s, &x, norm, self.geo.eps, &mut xn.clone())?;
         let logits = Self::rows_of(&self.buf.logits, out, w.rows);
-        if out <= HEAD_MATVEC_ROWS {
+        if out == 1 {
             return self
                 .dev
                 .matvec(s, w, &xn, full_chunks(w), &mut logits.clone());

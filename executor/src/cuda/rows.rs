@@ -217,6 +217,7 @@ impl GemmTile {
 /// The groups of a grouped product ([`CudaDevice::gemm_grouped`]): `count` pairs (first row,
 /// rows) in `spans`, none longer than `most_rows`; group `g`'s matrix is `g * stride` bytes past
 /// the first group's.
+#[derive(Clone)]
 pub struct Groups {
     pub spans: Span<i32>,
     pub count: usize,
@@ -338,9 +339,9 @@ impl CudaDevice {
     /// f16 `gemm_tma` (256 weight rows a tile where those tiles fill the device and the product
     /// is whole, else 128, whose tree of a row-parallel product's chunks stays on chip), for
     /// q8_0, q4_0 and q4_1 `gemm_wg`. Otherwise
-    /// `mma.sync`: 128 token rows where those tiles fill the device, else 64 (a few rows, such
-    /// as an expert's share of a chunk, fill a 64-row tile better). Every tile gives every
-    /// output the same bits.
+    /// `mma.sync`: 128 token rows where those tiles fill the device, else 64 (a few rows fill a
+    /// 64-row tile better; grouped products always take it). Every tile gives every output the
+    /// same bits.
     pub fn gemm_tile(
         &self,
         dtype: GgmlType,

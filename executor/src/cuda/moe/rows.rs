@@ -5,10 +5,11 @@
 //! as one grouped tensor-core GEMM launch (an expert's matrices read once for the chunk), the
 //! SiLU gate and down as one launch each, and each product row, times its routing weight, lands
 //! in its slot's block of the layer's rows (`MoeState::rows`, slot-major: slot `s` of token row
-//! `t` at `(s * rows + t) * hidden`); the blocks of experts held elsewhere hold `-0.0`. That is the decode combine's structure row for row: the group's
-//! all-reduce and `moe_combine` then give every plan the 1-rank bits (`cuda::moe`). A row's
-//! product does not depend on the other rows of its expert's GEMM, and every rank routes the
-//! same rows the same way, so any rank holding an expert computes its rows' bits.
+//! `t` at `(s * rows + t) * hidden`); the blocks of experts held elsewhere hold `-0.0`. That is
+//! the decode combine's structure row for row: the group's all-reduce and `moe_combine` then
+//! give every plan the 1-rank bits (`cuda::moe`). A row's product does not depend on the other
+//! rows of its expert's group, and every rank routes the same rows the same way, so any rank
+//! holding an expert computes its rows' bits.
 
 use std::sync::Arc;
 
@@ -149,8 +150,8 @@ impl MoeRows {
             most_rows: spans.iter().map(|s| s.1).max().unwrap_or(0),
         };
         dev.write(s, &flat, &mut groups.spans.clone())?;
-        if e.up.stride != e.gate.stride || e.down.count != e.gate.count {
-            bail!("the gate, up and down stacks of the experts differ in layout");
+        if e.up.count != e.gate.count || e.down.count != e.gate.count {
+            bail!("the gate, up and down stacks of the experts hold different experts");
         }
         let a16 = Span::of(&self.a16);
         let (gate, up) = (
@@ -159,8 +160,19 @@ impl MoeRows {
         );
         let y = Span::of(&self.y).sub(0, total * d);
         dev.moe_gather(s, xn, &a, k, &a16.sub(0, total * d))?;
-        let gate_up = [(e.gate.matrix(0), &gate), (e.up.matrix(0), &up)];
-        dev.gemm_grouped(s, &gate_up, &a16, total, &groups)?;
+        if e.up.stride == e.gate.stride {
+            let gate_up = [(e.gate.matrix(0), &gate), (e.up.matrix(0), &up)];
+            dev.gemm_grouped(s, &gate_up, &a16, total, &groups)?;
+        } else {
+            // stacks of different dtypes (a mixed-quant file): a launch each
+            for (w, y) in [(&e.gate, &gate), (&e.up, &up)] {
+                let groups = Groups {
+                    stride: w.stride,
+                    ..groups.clone()
+                };
+                dev.gemm_grouped(s, &[(w.matrix(0), y)], &a16, total, &groups)?;
+            }
+        }
         dev.swiglu_rows(s, &gate, &up, e.clamp, &mut gate.clone(), Some(&a16))?;
         let groups = Groups {
             stride: e.down.stride,
