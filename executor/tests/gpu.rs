@@ -17,7 +17,7 @@ use common::{options, tiny_kimi_linear_model, tiny_tp_model};
 use memra_executor::batch_gate::{batch_gate, sequences};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, Backend, EngineOptions, StepOutput};
-use memra_executor::gate::{decode_all, gate};
+use memra_executor::gate::{decode_all, first_mismatch, gate};
 use memra_executor::plan_load::{load, LoadedPlan};
 use memra_executor::session::{Flow, Session};
 
@@ -170,19 +170,12 @@ fn a_second_sequence_on_a_kda_plan_starts_from_a_fresh_state() {
     let first = run(&mut session);
     session.reset();
     let again = run(&mut session);
-    assert_eq!(first.len(), again.len());
-    for (a, b) in first.iter().zip(&again) {
-        let same = a
-            .logits
-            .iter()
-            .zip(&b.logits)
-            .all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(
-            same && a.token == b.token,
-            "step {}: the second sequence differs",
-            a.step
-        );
-    }
+    let mismatch = first_mismatch(Arm::Serial, &first, &again);
+    assert!(
+        mismatch.is_none(),
+        "the second sequence differs: {}",
+        mismatch.unwrap()
+    );
     // a new sequence sharing only part of the history cannot reuse it on a KDA plan
     let mut tokens = PROMPT[..3].to_vec();
     tokens.push(999);
@@ -204,17 +197,10 @@ fn a_second_sequence_on_a_kda_plan_starts_from_a_fresh_state() {
             Ok(Flow::Continue)
         })
         .unwrap();
-    assert_eq!(fresh.len(), shared.len());
-    for (a, b) in fresh.iter().zip(&shared) {
-        let same = a
-            .logits
-            .iter()
-            .zip(&b.logits)
-            .all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(
-            same && a.token == b.token,
-            "step {}: a continued sequence over a cut history differs from a fresh one",
-            a.step
-        );
-    }
+    let mismatch = first_mismatch(Arm::Serial, &fresh, &shared);
+    assert!(
+        mismatch.is_none(),
+        "a continued sequence over a cut history differs from a fresh one: {}",
+        mismatch.unwrap()
+    );
 }
