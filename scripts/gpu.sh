@@ -1582,15 +1582,19 @@ depth_llama() { # model layers depths: llama-bench of the cut; each depth's tg12
         d = 0; if (match($(NF - 2), /@ d[0-9]+/)) d = substr($(NF - 2), RSTART + 3, RLENGTH - 3)
         split($(NF - 1), v, "±"); gsub(/ /, "", v[1]); print d, v[1] }')
 }
+depth_plan() { # model layers name: the cut's plan, compiled afresh, into `plan`; a FAIL row for
+    # check NAME (and status 1) where memra-compile refuses it
+    local m=$1 l=$2
+    rm -f "$P/q4_1/depth-$m-l$l.plan.toml"
+    plan=$(plan "depth-$m-l$l" q4_1 "depth/depth-$m-l$l")
+    [ -f "$plan" ] && return
+    row "$3" FAIL "memra-compile: $(grep -a 'error' "$LOG/compile.log" | tail -1 | cut -c1-300)"
+    return 1
+}
 depth_memra() { # model layers depth: memra-run bench of the cut; tok/s into mem[model-lL-dD]
     local m=$1 l=$2 d=$3 name="memra $1 l$2 d$3" plan
     late "$name" && return
-    rm -f "$P/q4_1/depth-$m-l$l.plan.toml"
-    plan=$(plan "depth-$m-l$l" q4_1 "depth/depth-$m-l$l")
-    if [ ! -f "$plan" ]; then
-        row "$name" FAIL "memra-compile: $(grep -a 'error' "$LOG/compile.log" | tail -1 | cut -c1-300)"
-        return
-    fi
+    depth_plan "$m" "$l" "$name" || return
     bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$d" -n 128 --reps 2
     mem[$m-l$l-d$d]=$(echo "$bench_out" | sed -n 's/.* reps: \([0-9.]*\) ± .*/\1/p' | tail -1)
 }
@@ -1609,12 +1613,7 @@ depth_memra_prompt() { # model layers tokens: memra-run bench --prompt of the cu
     # into mem[model-lL-pN]
     local m=$1 l=$2 n=$3 name="memra $1 l$2 pp$3" plan
     late "$name" && return
-    rm -f "$P/q4_1/depth-$m-l$l.plan.toml"
-    plan=$(plan "depth-$m-l$l" q4_1 "depth/depth-$m-l$l")
-    if [ ! -f "$plan" ]; then
-        row "$name" FAIL "memra-compile: $(grep -a 'error' "$LOG/compile.log" | tail -1 | cut -c1-300)"
-        return
-    fi
+    depth_plan "$m" "$l" "$name" || return
     bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$n" -n 2 --reps 3
     mem[$m-l$l-p$n]=$(echo "$bench_out" | sed -n 's/.*prompt [0-9]* tokens ([^)]*): \([0-9.]*\) ± .*/\1/p' | tail -1)
 }

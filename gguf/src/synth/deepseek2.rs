@@ -162,13 +162,7 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         dim: 2048,
         layers: 27,
         heads: 16,
-        mla: Mla {
-            q_lora_rank: 0,
-            kv_lora_rank: 512,
-            qk_nope: 128,
-            qk_rope: 64,
-            v_head: 128,
-        },
+        mla: Mla::LATENT_512,
         moe: DeepseekMoe {
             ffn: 10944,
             dense_layers: 1,
@@ -194,10 +188,7 @@ pub const DEEPSEEK2_SHAPES: &[Deepseek2Shape] = &[
         heads: 128,
         mla: Mla {
             q_lora_rank: 1536,
-            kv_lora_rank: 512,
-            qk_nope: 128,
-            qk_rope: 64,
-            v_head: 128,
+            ..Mla::LATENT_512
         },
         moe: DeepseekMoe {
             ffn: 18432,
@@ -265,6 +256,15 @@ impl Mla {
         qk_nope: 64,
         qk_rope: 32,
         v_head: 64,
+    };
+    /// The released models' widths (DeepSeek-V2-Lite, V3, Kimi-Linear): a latent of 512, q/k
+    /// heads of 128 + 64 rope, v heads of 128, q projected directly (no q-lora).
+    pub const LATENT_512: Mla = Mla {
+        q_lora_rank: 0,
+        kv_lora_rank: 512,
+        qk_nope: 128,
+        qk_rope: 64,
+        v_head: 128,
     };
 
     /// The keys `attention.key_length` and `value_length` of the absorbed form (MQA over the

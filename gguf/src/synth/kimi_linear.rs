@@ -70,13 +70,7 @@ pub const KIMI_LINEAR_SHAPES: &[KimiLinearShape] = &[
         kda_head: 128,
         conv: 4,
         attention_every: 4,
-        mla: Mla {
-            q_lora_rank: 0,
-            kv_lora_rank: 512,
-            qk_nope: 128,
-            qk_rope: 64,
-            v_head: 128,
-        },
+        mla: Mla::LATENT_512,
         moe: DeepseekMoe {
             ffn: 9216,
             dense_layers: 1,
