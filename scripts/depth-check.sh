@@ -2,13 +2,14 @@
 # The checks of the depth suite's files that need no GPU (scripts/gpu.sh depth writes the same
 # files at real widths there): for each architecture, scripts/depth_models.py's small widths
 # (--tiny) in F32 and F16 compiled by memra-compile and decoded for 8 greedy tokens by memra-run
-# on the CPU backend; the 2-block cut of the 4-block files likewise; the real-width headers
+# on the CPU backend; the 2-block cuts of the 4-block files likewise (the first two blocks, and
+# for kimi-linear the last two, renumbered); the real-width headers
 # (--sparse: the tensor data a hole) compiled with the suite's own placements. With LLAMA_BIN,
 # a folder holding a CPU build of llama.cpp's llama-quantize and llama-bench (cmake -S
 # .llama/llama.cpp -DGGML_CUDA=OFF, targets llama-quantize llama-bench), each tiny F16 file is
 # also quantized as the suite quantizes it (Q4_1, Q8_0 token embedding), decoded by memra from
-# that, and decoded by llama-bench at depths 0 and 64, so llama.cpp loads every file memra is
-# checked on.
+# that, and decoded by llama-bench at depths 0 and 64, and each cut decoded by llama-bench, so
+# llama.cpp loads every file memra is checked on.
 #
 #   bash scripts/depth-check.sh [DIR]      (default /tmp/memra-depth-check)
 #
@@ -62,6 +63,11 @@ for m in kimi-linear glm5-next glm5-next-omit; do
         --layers 2 >/dev/null
     memra "$dir/cut-$m-l2-f16.gguf"
 done
+# a second half, renumbered (the suite's half cut of the real-width hybrids): blocks 2 and 3 of
+# the tiny kimi-linear, KDA and MLA (tiny glm5-next's block 3 shares block 1's indexer)
+python3 scripts/depth_models.py cut "$dir/depth-kimi-linear-l4-f16.gguf" \
+    "$dir/cut-kimi-linear-from2-l2-f16.gguf" --layers 2 --from 2 >/dev/null
+memra "$dir/cut-kimi-linear-from2-l2-f16.gguf"
 
 # the real widths, header only, with the suite's placements
 mkdir -p "$dir/sparse" models
@@ -89,6 +95,9 @@ if [ -n "${LLAMA_BIN:-}" ]; then
         memra "$q"
         check "llama-bench $name q4_1 d0,64" "$LLAMA_BIN/llama-bench" -m "$q" -p 0 -n 8 -d 0,64 -r 1 -t 2
         check "llama-bench $name f16" "$LLAMA_BIN/llama-bench" -m "$f" -p 0 -n 8 -r 1 -t 2
+    done
+    for f in "$dir"/cut-*-f16.gguf; do
+        check "llama-bench $(basename "${f%-f16.gguf}") f16" "$LLAMA_BIN/llama-bench" -m "$f" -p 0 -n 8 -r 1 -t 2
     done
 fi
 exit $failed

@@ -13,16 +13,16 @@ seeded random values; only the values are synthetic.
 
     depth_models.py write MODEL... --out DIR [--tiny] [--outtype f16|f32] [--layers N]
                           [--no-indexer-types] [--sparse] [--seed S]
-    depth_models.py cut IN OUT --layers N
+    depth_models.py cut IN OUT --layers N [--from F]
     depth_models.py size MODEL... [--tiny]
 
 `write` makes DIR/depth-MODEL-lN-OUTTYPE.gguf for each MODEL (N: the model's default cut, or
 --layers): llama8b (Llama-3-8B, all 32 layers), qwen3moe (Qwen3-30B-A3B, 4 layers), deepseek2
 (DeepSeek-V2-Lite, 4 layers), kimi-linear (Kimi-Linear-48B-A3B, 4 layers: KDA, KDA, KDA, MLA)
 and glm5-next (GLM-5.3-Flash, 4 layers: KDA, KDA, KDA, MLA+DSA, in mHC streams). --tiny keeps
-every layer kind at small widths, for checks on a CPU. `cut` keeps a file's first N blocks (any
-storage type: a quantized file stays quantized), so that two layer counts of one file give the
-time a layer adds. `size` prints the bytes `write` would make. --sparse writes the header and
+every layer kind at small widths, for checks on a CPU. `cut` keeps N of a file's blocks, the
+first N or the N from block F, renumbered from 0 (any storage type: a quantized file stays
+quantized), so that two layer counts of one file give the time a layer adds. `size` prints the bytes `write` would make. --sparse writes the header and
 the tensor table only, the data a hole of its size: what a loader makes of a real-width header,
 at no disk cost. glm5-next carries `attention.indexer.types` as the converter writes a config's
 `indexer_types` (KDA layers false, DSA layers alternating full and shared, the first full);
@@ -678,12 +678,16 @@ def size(model: str, c: dict, outtype: T, indexer_types: bool) -> int:
 # ---- cutting a written (or quantized) file to its first blocks
 
 
-def cut(src: Path, dst: Path, layers: int) -> None:
+def cut(src: Path, dst: Path, layers: int, first: int = 0) -> None:
+    """Blocks first .. first + layers of src as blocks 0 .. layers of dst: their tensors
+    renamed, the per-layer arrays sliced, the leading dense blocks counted anew."""
     r = gguf.GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
     old = r.fields[f"{arch}.block_count"].contents()
-    if not 0 < layers <= old:
-        raise SystemExit(f"cut: --layers {layers} is out of range 1..{old} for {src}")
+    if not 0 <= first < old:
+        raise SystemExit(f"cut: --from {first} is out of range 0..{old - 1} for {src}")
+    if not 0 < layers <= old - first:
+        raise SystemExit(f"cut: --layers {layers} is out of range 1..{old - first} for {src} from block {first}")
     w = gguf.GGUFWriter(str(dst), arch)
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
@@ -693,15 +697,21 @@ def cut(src: Path, dst: Path, layers: int) -> None:
         sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         if name == f"{arch}.block_count":
             value = layers
+        elif name == f"{arch}.leading_dense_block_count":
+            value = min(max(value - first, 0), layers)
         elif name.startswith(f"{arch}.") and sub is not None and len(value) == old:
-            value = value[:layers]  # a per-layer array
+            value = value[first:first + layers]  # a per-layer array
         w.add_key_value(name, value, vtype, sub_type=sub)
     kept = []
     for t in r.tensors:
-        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= layers:
-            continue
+        name = t.name
+        if name.startswith("blk."):
+            _, il, rest = name.split(".", 2)
+            if not first <= int(il) < first + layers:
+                continue
+            name = f"blk.{int(il) - first}.{rest}"
         kept.append(t)
-        w.add_tensor_info(t.name, list(reversed([int(x) for x in t.shape])), np.dtype(np.float32),
+        w.add_tensor_info(name, list(reversed([int(x) for x in t.shape])), np.dtype(np.float32),
                           int(t.n_bytes), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -736,11 +746,13 @@ def main() -> int:
     p.add_argument("src", type=Path)
     p.add_argument("dst", type=Path)
     p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--from", dest="first", type=int, default=0, metavar="F",
+                   help="the first block kept (default 0)")
     a = ap.parse_args()
 
     if a.cmd == "cut":
-        cut(a.src, a.dst, a.layers)
-        print(f"{a.dst}: the first {a.layers} blocks of {a.src}")
+        cut(a.src, a.dst, a.layers, a.first)
+        print(f"{a.dst}: blocks {a.first} to {a.first + a.layers - 1} of {a.src}")
         return 0
     outtype = T.F32 if a.outtype == "f32" else T.F16
     for model in a.models:

@@ -1476,16 +1476,16 @@ suite_glm5() {
 #     GLM-5.3-Flash cut is 49 GB in F16), else into /tmp/memra-models; a CPU-only
 #     llama-quantize, built first, makes Q4_1 with a Q8_0 token embedding of each
 #     (`llama-quantize --token-embedding-type q8_0 F16 OUT Q4_1`) while llama-bench's CUDA
-#     build runs; `depth_models.py cut` then keeps the first half of the blocks of the
-#     quantized file, the same weights;
+#     build runs; `depth_models.py cut` then keeps half of the blocks of the quantized file,
+#     the same weights: the first half, or for kimi-linear and glm5-next the second
+#     (depth_half_from);
 #   - models (the order of the rows; MODEL... picks some): qwen3moe (Qwen3-30B-A3B widths, 4
 #     layers), deepseek2 (DeepSeek-V2-Lite, MLA, 4 layers), kimi-linear (Kimi-Linear-48B-A3B,
 #     KDA, KDA, KDA, MLA), llama8b (Llama-3-8B, all 32 layers), glm5-next (GLM-5.3-Flash, KDA,
 #     KDA, KDA, MLA+DSA in mHC streams; attention.indexer.types written as the converter
 #     writes a config's indexer_types, KDA layers false and DSA layers alternating full and
 #     shared; DEPTH_INDEXER_TYPES=omit writes the file of a config without them, which
-#     decodes the same in a cut of one DSA layer); llama-bench (0c1e570) aborts on the
-#     2-layer cuts of kimi-linear and glm5-next, so their time per layer needs other cuts;
+#     decodes the same in a cut of one DSA layer);
 #   - timing, after the build, one GPU: `llama-bench -p 0 -n 128 -d 0,512,4096` (-fa 1, -ngl
 #     99, -r 3) and `memra-run bench --prompt D -n 128 --reps 2` of plans/synthetic/depth/
 #     at D = 0 and 4096, each model's half cut right after (llama-bench -d 0,4096 and memra
@@ -1496,13 +1496,22 @@ suite_glm5() {
 #         us per layer = (t(L) - t(H)) / (L - H),
 #     the difference of two layer counts of the same file at the same context depth: the
 #     embedding, the output head and the per-token overhead cancel. For the 4-layer cuts it
-#     is the mean of blocks 2 and 3 (both MoE; for kimi-linear and glm5-next one KDA and the
-#     MLA block), for llama8b of blocks 16 to 31.
+#     is the mean of blocks 2 and 3 (both MoE), for kimi-linear and glm5-next of blocks 0
+#     and 1 (two KDA blocks, the first with a dense FFN), for llama8b of blocks 16 to 31.
 # SECONDS defaults to 480 (a row that would start later is skipped); about 4 minutes of it
 # are the llama.cpp builds. DEPTH_TINY=1 writes the small widths of depth_models.py --tiny
 # instead (a check of the files' pipeline; plans/synthetic/depth/ holds the real cuts only).
 depth_layers() { # model: the blocks of its cut
     depth_py size "$1" ${DEPTH_TINY:+--tiny} | sed -n 's/^[^ ]* l\([0-9]*\) .*/\1/p'
+}
+depth_half_from() { # model: the first block of its half cut. The hybrid models at real widths
+    # (kimi-linear, glm5-next: KDA, KDA, KDA, MLA) keep their second half, whose MLA block
+    # llama.cpp needs (it cannot load a cut of KDA blocks alone: GGML_ASSERT(buffer)); every
+    # other cut, and the tiny ones (whose blocks alternate), keep their first half
+    case "$1:${DEPTH_TINY:-}" in
+    kimi-linear: | glm5-next:) echo $(($(depth_layers "$1") / 2)) ;;
+    *) echo 0 ;;
+    esac
 }
 depth_quantizer() { # a CPU-only llama-quantize at /tmp/llama-quantize/bin, so that the files are
     # quantized while the CUDA build of llama-bench (build_llamacpp) runs
@@ -1549,7 +1558,7 @@ depth_quantize() { # F16DIR MODEL...: each written cut quantized into $M, its F1
             >>"$LOG/quantize.log" 2>&1; then
             echo "llama-quantize $m: $(tail -1 "$LOG/quantize.log")" >"$DEPTH_DONE/$m.fail"
         elif ! depth_py cut "$out" "$M/depth-$m-l$((l / 2))-q4_1.gguf" --layers $((l / 2)) \
-            >>"$LOG/write.log" 2>&1; then
+            --from "$(depth_half_from "$m")" >>"$LOG/write.log" 2>&1; then
             echo "depth_models.py cut $m: $(tail -1 "$LOG/write.log")" >"$DEPTH_DONE/$m.fail"
         else
             touch "$DEPTH_DONE/$m.ok"
