@@ -275,6 +275,12 @@ impl StepInput {
                     limits.max_context
                 );
             }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t >= limits.vocab) {
+                bail!(
+                    "token {bad} is outside the vocabulary of {} tokens",
+                    limits.vocab
+                );
+            }
             if s.logits_from >= s.rows() {
                 bail!(
                     "logits from row {} of a span of {} rows",
@@ -319,6 +325,9 @@ pub struct StepLimits {
     pub sequences: u32,
     /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
     pub feeds_sampled: bool,
+    /// Tokens of the model's vocabulary (the plan's `model.vocab`): a token id past it is
+    /// refused before any rank embeds it.
+    pub vocab: u32,
 }
 
 /// Whether a step of `plan` may embed the token sampled at the previous step: not where the
@@ -455,6 +464,7 @@ mod tests {
         max_rows: 8,
         sequences: 4,
         feeds_sampled: true,
+        vocab: 256,
     };
 
     #[test]
@@ -499,6 +509,10 @@ mod tests {
         assert_eq!(
             refusal(Vec::new()),
             "a step of no rows; at least one span is needed"
+        );
+        assert_eq!(
+            refusal(vec![span(0, 0, &[1, 255]), span(1, 0, &[7, 256])]),
+            "token 256 is outside the vocabulary of 256 tokens"
         );
     }
 }

@@ -4,8 +4,8 @@
 //! within a relative logit tolerance, and batched plans (several sequence slots, on one
 //! device, PP-2, TP-2, PP-2 x TP-2) whose sequences decoded together must have, bit for bit,
 //! the logits of each decoded alone (by the one-sequence decode kernels, and by the batched
-//! plan itself), and a KDA plan's second sequence in one session, which must start from a fresh
-//! state. Run with
+//! plan itself), and a KDA and a DSA plan's second sequence in one session, which must start
+//! from a fresh state. Run with
 //! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
 #![cfg(feature = "gpu-tests")]
 
@@ -13,7 +13,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{options, tiny_kimi_linear_model, tiny_tp_model};
+use common::{options, synth_model, tiny_kimi_linear_model, tiny_tp_model};
 use memra_executor::batch_gate::{batch_gate, sequences};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, Backend, EngineOptions, StepOutput};
@@ -142,65 +142,74 @@ fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
 }
 
 #[test]
-fn a_second_sequence_on_a_kda_plan_starts_from_a_fresh_state() {
-    // the KDA state and convolution windows live on the device across steps: a sequence
-    // started again at position 0 in the same session (bench's repetitions, a chat whose
-    // history was cut) must decode with the bits of the first, not from what it left
-    let dir = scratch("kda");
-    let loaded = plan_of(
-        &tiny_kimi_linear_model(),
-        &dir,
-        "kimi",
-        "devices = [[0]]",
-        "",
+fn a_second_sequence_on_a_kda_or_dsa_plan_starts_from_a_fresh_state() {
+    // the KDA state and convolution windows, and the DSA indexer's keys and pools, live on the
+    // device across steps: a sequence started again at position 0 in the same session
+    // (bench's repetitions, a chat whose history was cut) must decode with the bits of the
+    // first, not from what it left. The tiny models' vocabulary is 256 tokens.
+    const PROMPT: [u32; 5] = [1, 17, 200, 33, 101];
+    let dir = scratch("recurrent");
+    // the gates' seed for glm5-next (executor/tests/moe_gates.rs), so both write one file
+    let glm5 = synth_model(
+        "tiny-glm5-next",
+        "q8_0",
+        8,
+        "models/tiny-glm5-next-q8_0.gguf",
     );
-    let runtime = &loaded.plan.runtime;
-    let engine = open(&loaded, cuda()).unwrap();
-    let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
-    let run = |session: &mut Session| {
-        let mut outs: Vec<StepOutput> = Vec::new();
+    for (name, model) in [("kimi", tiny_kimi_linear_model()), ("glm5", glm5)] {
+        let loaded = plan_of(&model, &dir, name, "devices = [[0]]", "");
+        let runtime = &loaded.plan.runtime;
+        let engine = open(&loaded, cuda()).unwrap();
+        let mut session = Session::new(engine, runtime.in_flight, runtime.max_context);
+        let run = |session: &mut Session| {
+            let mut outs: Vec<StepOutput> = Vec::new();
+            session
+                .run(&PROMPT, GENERATED, 0, |out, _| {
+                    outs.push(out.clone());
+                    Ok(Flow::Continue)
+                })
+                .unwrap();
+            outs
+        };
+        let first = run(&mut session);
+        assert!(
+            first.iter().all(|o| o.logits.iter().all(|v| v.is_finite())),
+            "{name}: a logit of the first sequence is not finite"
+        );
+        session.reset();
+        let again = run(&mut session);
+        let mismatch = first_mismatch(Arm::Serial, &first, &again);
+        assert!(
+            mismatch.is_none(),
+            "{name}: the second sequence differs: {}",
+            mismatch.unwrap()
+        );
+        // a new sequence sharing only part of the history (reused where the plan rewinds)
+        let mut tokens = PROMPT[..3].to_vec();
+        tokens.push(99);
+        let mut shared = Vec::new();
         session
-            .run(&PROMPT, GENERATED, 0, |out, _| {
-                outs.push(out.clone());
+            .continue_with(&tokens, 1, |out, _| {
+                shared.push(out.clone());
                 Ok(Flow::Continue)
             })
             .unwrap();
-        outs
-    };
-    let first = run(&mut session);
-    session.reset();
-    let again = run(&mut session);
-    let mismatch = first_mismatch(Arm::Serial, &first, &again);
-    assert!(
-        mismatch.is_none(),
-        "the second sequence differs: {}",
-        mismatch.unwrap()
-    );
-    // a new sequence sharing only part of the history cannot reuse it on a KDA plan
-    let mut tokens = PROMPT[..3].to_vec();
-    tokens.push(999);
-    let mut shared = Vec::new();
-    session
-        .continue_with(&tokens, 1, |out, _| {
-            shared.push(out.clone());
-            Ok(Flow::Continue)
-        })
-        .unwrap();
-    // the same call on a session that never held anything (the same rows scored, so the same
-    // prefill path)
-    let engine = open(&loaded, cuda()).unwrap();
-    let mut new_session = Session::new(engine, runtime.in_flight, runtime.max_context);
-    let mut fresh = Vec::new();
-    new_session
-        .continue_with(&tokens, 1, |out, _| {
-            fresh.push(out.clone());
-            Ok(Flow::Continue)
-        })
-        .unwrap();
-    let mismatch = first_mismatch(Arm::Serial, &fresh, &shared);
-    assert!(
-        mismatch.is_none(),
-        "a continued sequence over a cut history differs from a fresh one: {}",
-        mismatch.unwrap()
-    );
+        // the same call on a session that never held anything (the same rows scored, so the
+        // same prefill path)
+        let engine = open(&loaded, cuda()).unwrap();
+        let mut new_session = Session::new(engine, runtime.in_flight, runtime.max_context);
+        let mut fresh = Vec::new();
+        new_session
+            .continue_with(&tokens, 1, |out, _| {
+                fresh.push(out.clone());
+                Ok(Flow::Continue)
+            })
+            .unwrap();
+        let mismatch = first_mismatch(Arm::Serial, &fresh, &shared);
+        assert!(
+            mismatch.is_none(),
+            "{name}: a continued sequence over a cut history differs from a fresh one: {}",
+            mismatch.unwrap()
+        );
+    }
 }

@@ -50,6 +50,8 @@ pub struct Engine {
     next_step: u64,
     in_flight: u64,
     max_context: u32,
+    /// Tokens of the model's vocabulary (the plan's `model.vocab`).
+    vocab: u32,
     sequences: u32,
     prompt_mode: PromptMode,
     failed: bool,
@@ -131,6 +133,7 @@ impl Engine {
             next_step: 0,
             in_flight: 0,
             max_context: plan.runtime.max_context,
+            vocab: plan.model.vocab,
             sequences: plan.runtime.max_sequences,
             prompt_mode: prompt_mode(plan),
             failed: false,
@@ -145,6 +148,7 @@ impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
         let limits = StepLimits {
             max_context: self.max_context,
+            vocab: self.vocab,
             max_rows: self.prompt_mode.rows(),
             sequences: self.sequences,
             feeds_sampled: self.feeds_sampled,

@@ -83,6 +83,8 @@ pub struct Engine {
     arm: Arm,
     next_step: u64,
     max_context: u32,
+    /// Tokens of the model's vocabulary (the plan's `model.vocab`).
+    vocab: u32,
     /// Steps that may be in flight: the plan's `runtime.in_flight`.
     ring: usize,
     /// Sequence slots: the plan's `runtime.max_sequences`; above 1 every step is batched.
@@ -281,6 +283,7 @@ impl Engine {
             arm: options.arm,
             next_step: 0,
             max_context: plan.runtime.max_context,
+            vocab: plan.model.vocab,
             ring,
             sequences,
             buckets,
@@ -483,6 +486,7 @@ impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
         let limits = StepLimits {
             max_context: self.max_context,
+            vocab: self.vocab,
             max_rows: self.prompt.rows(),
             sequences: self.sequences,
             feeds_sampled: self.feeds_sampled,
