@@ -187,24 +187,25 @@ fn a_second_sequence_on_a_kda_or_dsa_plan_starts_from_a_fresh_state() {
         // a new sequence sharing only part of the history (reused where the plan rewinds)
         let mut tokens = PROMPT[..3].to_vec();
         tokens.push(99);
-        let mut shared = Vec::new();
-        session
-            .continue_with(&tokens, 1, |out, _| {
-                shared.push(out.clone());
-                Ok(Flow::Continue)
-            })
-            .unwrap();
+        let continued = |session: &mut Session| {
+            let mut outs: Vec<StepOutput> = Vec::new();
+            session
+                .continue_with(&tokens, 1, |out, _| {
+                    outs.push(out.clone());
+                    Ok(Flow::Continue)
+                })
+                .unwrap();
+            outs
+        };
+        let shared = continued(&mut session);
         // the same call on a session that never held anything (the same rows scored, so the
         // same prefill path)
         let engine = open(&loaded, cuda()).unwrap();
-        let mut new_session = Session::new(engine, runtime.in_flight, runtime.max_context);
-        let mut fresh = Vec::new();
-        new_session
-            .continue_with(&tokens, 1, |out, _| {
-                fresh.push(out.clone());
-                Ok(Flow::Continue)
-            })
-            .unwrap();
+        let fresh = continued(&mut Session::new(
+            engine,
+            runtime.in_flight,
+            runtime.max_context,
+        ));
         let mismatch = first_mismatch(Arm::Serial, &fresh, &shared);
         assert!(
             mismatch.is_none(),
