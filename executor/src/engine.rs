@@ -330,6 +330,25 @@ pub struct StepLimits {
     pub vocab: u32,
 }
 
+impl StepLimits {
+    /// What an engine of `plan` taking at most `max_rows` rows per step takes.
+    pub fn of(plan: &Plan, max_rows: u32) -> StepLimits {
+        StepLimits {
+            max_context: plan.runtime.max_context,
+            max_rows,
+            sequences: plan.runtime.max_sequences.max(1),
+            feeds_sampled: feeds_sampled(plan),
+            vocab: plan.model.vocab,
+        }
+    }
+}
+
+/// Whether a sequence's state on `plan` can be cut back to any earlier position
+/// (`Decoder::rewinds`): a KV cache can, a KDA recurrent state cannot.
+pub fn rewinds(plan: &Plan) -> bool {
+    plan.model.kda.is_none()
+}
+
 /// Whether a step of `plan` may embed the token sampled at the previous step: not where the
 /// token crosses stages with a lag of several steps (`runtime.max_sequences` > 1).
 pub fn feeds_sampled(plan: &Plan) -> bool {

@@ -27,7 +27,7 @@ use super::rank::RankRunner;
 use super::wire::{Remote, Wire};
 use crate::dist::{ProcessMap, Routes};
 use crate::engine::{
-    feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput,
+    rewinds, Arm, Decoder, EngineOptions, PromptMode, StepInput, StepLimits, StepOutput,
 };
 use crate::plan_load::LoadedPlan;
 use crate::program::Binder;
@@ -49,14 +49,10 @@ pub struct Engine {
     outputs: Receiver<Result<StepOutput>>,
     next_step: u64,
     in_flight: u64,
-    max_context: u32,
-    /// Tokens of the model's vocabulary (the plan's `model.vocab`).
-    vocab: u32,
-    sequences: u32,
+    /// What a step may take (`StepInput::check`).
+    limits: StepLimits,
     prompt_mode: PromptMode,
     failed: bool,
-    /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
-    feeds_sampled: bool,
     rewinds: bool,
 }
 
@@ -132,13 +128,10 @@ impl Engine {
             outputs,
             next_step: 0,
             in_flight: 0,
-            max_context: plan.runtime.max_context,
-            vocab: plan.model.vocab,
-            sequences: plan.runtime.max_sequences,
+            limits: StepLimits::of(plan, prompt_mode(plan).rows()),
             prompt_mode: prompt_mode(plan),
             failed: false,
-            feeds_sampled: feeds_sampled(plan),
-            rewinds: plan.model.kda.is_none(),
+            rewinds: rewinds(plan),
         })
     }
 }
@@ -146,14 +139,7 @@ impl Engine {
 impl Decoder for Engine {
     /// Enqueues one decode step; its result comes from `next_output`, in order.
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        let limits = StepLimits {
-            max_context: self.max_context,
-            vocab: self.vocab,
-            max_rows: self.prompt_mode.rows(),
-            sequences: self.sequences,
-            feeds_sampled: self.feeds_sampled,
-        };
-        input.check(self.failed, self.next_step, limits)?;
+        input.check(self.failed, self.next_step, self.limits)?;
         let t = self.next_step;
         self.next_step += 1;
         self.in_flight += 1;

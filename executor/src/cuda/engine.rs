@@ -49,8 +49,7 @@ use super::rank::RankDevice;
 use super::setup::{check_phases, connect_groups, make_events, memory_report, open_devices};
 use crate::dist::{Link, ProcessMap, TokenInbox};
 use crate::engine::{
-    feeds_sampled, Arm, Decoder, EngineOptions, PromptMode, Readback, StepInput, StepLimits,
-    StepOutput,
+    rewinds, Arm, Decoder, EngineOptions, PromptMode, Readback, StepInput, StepLimits, StepOutput,
 };
 use crate::plan_load::LoadedPlan;
 use crate::program::{run_block, walk, Cursor, Entry, Lockstep, Program};
@@ -82,19 +81,14 @@ pub struct Engine {
     prompt: PromptMode,
     arm: Arm,
     next_step: u64,
-    max_context: u32,
-    /// Tokens of the model's vocabulary (the plan's `model.vocab`).
-    vocab: u32,
+    /// What a step may take (`StepInput::check`).
+    limits: StepLimits,
     /// Steps that may be in flight: the plan's `runtime.in_flight`.
     ring: usize,
-    /// Sequence slots: the plan's `runtime.max_sequences`; above 1 every step is batched.
-    sequences: u32,
     /// The row counts decode steps are padded to, a graph of each run per phase and bucket.
     buckets: Buckets,
     /// The steps so far, per bucket, for `activity`.
     tally: Tally,
-    /// Whether a step may embed the token sampled at the previous step (`feeds_sampled`).
-    feeds_sampled: bool,
     /// Whether the caches can be cut back to any position (no KDA state): `Decoder::rewinds`.
     rewinds: bool,
     failed: bool,
@@ -267,7 +261,7 @@ impl Engine {
         let mut report = memory_report(plan, &devices, &free_before, prompt.rows())?;
         report.extend(load_times);
         Ok(Engine {
-            rewinds: plan.model.kda.is_none(),
+            rewinds: rewinds(plan),
             runs,
             programs: local.iter().map(|&r| Program::of(plan, r)).collect(),
             walk_sets: walk_sets(plan, &local).into(),
@@ -282,13 +276,10 @@ impl Engine {
             prompt,
             arm: options.arm,
             next_step: 0,
-            max_context: plan.runtime.max_context,
-            vocab: plan.model.vocab,
+            limits: StepLimits::of(plan, prompt.rows()),
             ring,
-            sequences,
             buckets,
             tally: Tally::default(),
-            feeds_sampled: feeds_sampled(plan),
             failed: false,
             report,
         })
@@ -484,19 +475,13 @@ impl Engine {
 
 impl Decoder for Engine {
     fn submit(&mut self, input: StepInput) -> Result<()> {
-        let limits = StepLimits {
-            max_context: self.max_context,
-            vocab: self.vocab,
-            max_rows: self.prompt.rows(),
-            sequences: self.sequences,
-            feeds_sampled: self.feeds_sampled,
-        };
-        input.check(self.failed, self.next_step, limits)?;
+        input.check(self.failed, self.next_step, self.limits)?;
         // the logits of `logit_rows` come back as the last rows' would: one sequence's rows
         // are one span, its logits from a row on; a batched step's head gathers its rows (a
         // padded decode step's: all of them, the pad rows' never come back)
         let shape = self.buckets.shape(&input);
-        if self.sequences > 1 {
+        // several sequence slots: every step is batched
+        if self.limits.sequences > 1 {
             for rank in &mut self.ranks {
                 rank.logit_rows.clone_from(&shape.logit_rows);
             }
