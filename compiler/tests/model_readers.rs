@@ -21,14 +21,22 @@ const BASE: &str = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_l
   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96,
   "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0"#;
 
-fn config(model_type: &str, extra: &str) -> ModelMeta {
+/// `read_config` of a `model_type` config of `BASE` with `extra` keys (later keys replace
+/// earlier ones).
+fn read_base_config(model_type: &str, extra: &str) -> anyhow::Result<ModelMeta> {
     let path = scratch(&format!("{model_type}.json"));
-    std::fs::write(
-        &path,
-        format!("{{\"model_type\": \"{model_type}\", {BASE}{extra}}}"),
-    )
-    .unwrap();
-    read_config(&path, Dtype::F32).unwrap_or_else(|e| panic!("{e:#}"))
+    let text = format!("{{\"model_type\": \"{model_type}\", {BASE}{extra}}}");
+    std::fs::write(&path, text).unwrap();
+    read_config(&path, Dtype::F32)
+}
+
+fn config(model_type: &str, extra: &str) -> ModelMeta {
+    read_base_config(model_type, extra).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The error `read_config` gives for a `model_type` config of `BASE` with `extra` keys.
+fn config_error(model_type: &str, extra: &str) -> String {
+    format!("{:#}", read_base_config(model_type, extra).unwrap_err())
 }
 
 /// The error `read_gguf` gives for the file at `path`, with its context chain.
@@ -317,27 +325,9 @@ fn config_head_counts_the_layers_cannot_take_are_named() {
             "key `head_dim` must be 1 to 4096 (memra's bound on model widths, which keeps its byte counts in 64 bits), got 0",
         ),
     ] {
-        let path = scratch("llama.json");
-        std::fs::write(
-            &path,
-            format!("{{\"model_type\": \"llama\", {BASE}{extra}}}"),
-        )
-        .unwrap();
-        let err = format!("{:#}", read_config(&path, Dtype::F32).unwrap_err());
+        let err = config_error("llama", extra);
         assert!(err.ends_with(want), "{extra}: {err}");
     }
-}
-
-/// The error `read_config` gives for a `model_type` config of `BASE` with `extra` keys (later
-/// keys replace earlier ones).
-fn config_error(model_type: &str, extra: &str) -> String {
-    let path = scratch(&format!("{model_type}.json"));
-    std::fs::write(
-        &path,
-        format!("{{\"model_type\": \"{model_type}\", {BASE}{extra}}}"),
-    )
-    .unwrap();
-    format!("{:#}", read_config(&path, Dtype::F32).unwrap_err())
 }
 
 #[test]
@@ -375,30 +365,29 @@ fn both_readers_refuse_the_same_norm_epsilons_and_rope_bases() {
     }
 }
 
+/// A llama GGUF of the plain llama config whose `llama.{key}` is `bad` is refused with an
+/// error ending in `want`, one whose key is the head size reads as the config; deepseek2's MLA
+/// widths, which are its own, read too.
+fn assert_gqa_key_is_the_head_size(key: &str, bad: u32, want: &str) {
+    let meta = config("llama", "");
+    let with = |value| gguf_with(&meta, "llama", "", &[(key, Value::U32(value))]);
+    let err = read_error(&with(bad));
+    assert!(err.ends_with(want), "{err}");
+    let head_size = read_gguf(&with(meta.head_dim)).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_same(&meta, &head_size);
+    let mla = deepseek_v3();
+    assert_same(&mla, &read_gguf(&gguf_for(&mla, "deepseek2")).unwrap());
+}
+
 #[test]
 fn a_partial_rope_dimension_count_is_refused_for_gqa_models() {
     // llama.cpp rotates rope.dimension_count dims of a head; memra rotated all of them
-    let meta = config("llama", "");
-    let err = read_error(&gguf_with(
-        &meta,
-        "llama",
-        "",
-        &[("rope.dimension_count", Value::U32(8))],
-    ));
-    assert!(
-        err.ends_with("llama.rope.dimension_count is 8; allowed: the head size 16 (llama.attention.key_length or llama.embedding_length / llama.attention.head_count), as memra's rope rotates every dimension of a head (partial rope is not implemented)"),
-        "{err}"
+    // (deepseek2's rope dims are MLA's own)
+    assert_gqa_key_is_the_head_size(
+        "rope.dimension_count",
+        8,
+        "llama.rope.dimension_count is 8; allowed: the head size 16 (llama.attention.key_length or llama.embedding_length / llama.attention.head_count), as memra's rope rotates every dimension of a head (partial rope is not implemented)",
     );
-    let full = gguf_with(
-        &meta,
-        "llama",
-        "",
-        &[("rope.dimension_count", Value::U32(16))],
-    );
-    assert_same(&meta, &read_gguf(&full).unwrap_or_else(|e| panic!("{e:#}")));
-    // deepseek2's rope dims are MLA's own
-    let meta = deepseek_v3();
-    assert_same(&meta, &read_gguf(&gguf_for(&meta, "deepseek2")).unwrap());
     let err = config_error("llama", r#", "partial_rotary_factor": 0.5"#);
     assert!(
         err.ends_with("key `partial_rotary_factor` must be 1 (memra's rope rotates every dimension of a head; partial rope is not implemented)"),
@@ -665,28 +654,13 @@ fn at_their_bounds_the_weights_are_counted_without_wrapping() {
 #[test]
 fn gqa_value_heads_must_match_the_key_heads() {
     // llama.cpp's value_length may differ from key_length; memra's GQA attention has one
-    // head size, so a differing one compiled a plan with the wrong value widths
-    let meta = config("llama", "");
-    let err = read_error(&gguf_with(
-        &meta,
-        "llama",
-        "",
-        &[("attention.value_length", Value::U32(32))],
-    ));
-    assert!(
-        err.ends_with("llama.attention.value_length is 32; allowed: the key head size 16 (llama.attention.key_length or llama.embedding_length / llama.attention.head_count), as memra's llama attention has one head size for keys and values"),
-        "{err}"
+    // head size, so a differing one compiled a plan with the wrong value widths (MLA's
+    // absorbed value_length, the latent rank, differs from its key_length by design)
+    assert_gqa_key_is_the_head_size(
+        "attention.value_length",
+        32,
+        "llama.attention.value_length is 32; allowed: the key head size 16 (llama.attention.key_length or llama.embedding_length / llama.attention.head_count), as memra's llama attention has one head size for keys and values",
     );
-    let same = gguf_with(
-        &meta,
-        "llama",
-        "",
-        &[("attention.value_length", Value::U32(16))],
-    );
-    assert_same(&meta, &read_gguf(&same).unwrap_or_else(|e| panic!("{e:#}")));
-    // MLA's absorbed value_length (the latent rank) differs from its key_length by design
-    let meta = deepseek_v3();
-    assert_same(&meta, &read_gguf(&gguf_for(&meta, "deepseek2")).unwrap());
     // and a GGUF's kv heads must divide the query heads, as a config.json's must
     let mut meta = config("llama", "");
     meta.kv_heads = 3;

@@ -10,11 +10,33 @@ fn load_err(plan: &std::path::Path, model: Option<&std::path::Path>) -> String {
     format!("{:#}", load(plan, model).expect_err("loading must fail"))
 }
 
+fn load_synthetic_err(plan: &std::path::Path) -> String {
+    format!(
+        "{:#}",
+        memra_executor::plan_load::load_synthetic(plan).expect_err("loading must fail")
+    )
+}
+
 fn scratch(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("memra-loading-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
+
+/// `plan` with each `(from, to)` replaced once, written to a scratch file.
+fn edited(plan: &str, name: &str, edits: &[(&str, &str)]) -> std::path::PathBuf {
+    let mut text = std::fs::read_to_string(root().join(plan)).unwrap();
+    for (from, to) in edits {
+        assert!(text.contains(from), "{plan}: {from}");
+        text = text.replacen(from, to, 1);
+    }
+    let path = scratch(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The plan most of these tests edit.
+const TINY_TP: &str = "plans/synthetic/tiny-tp.plan.toml";
 
 #[test]
 fn a_different_model_is_refused_by_fingerprint() {
@@ -31,7 +53,7 @@ fn a_different_model_is_refused_by_fingerprint() {
 #[test]
 fn a_truncated_model_is_refused() {
     let bytes = std::fs::read(tiny_tp_model()).unwrap();
-    let plan = root().join("plans/synthetic/tiny-tp.plan.toml");
+    let plan = root().join(TINY_TP);
     for (name, len) in [("header", 200), ("weights", bytes.len() - 1000)] {
         let cut = scratch(&format!("cut-{name}.gguf"));
         std::fs::write(&cut, &bytes[..len]).unwrap();
@@ -43,13 +65,11 @@ fn a_truncated_model_is_refused() {
 
 #[test]
 fn another_plan_format_version_is_refused() {
-    let text = std::fs::read_to_string(root().join("plans/synthetic/tiny-tp.plan.toml")).unwrap();
-    let plan = scratch("future.plan.toml");
-    std::fs::write(
-        &plan,
-        text.replacen("format_version = 2", "format_version = 99", 1),
-    )
-    .unwrap();
+    let plan = edited(
+        TINY_TP,
+        "future.plan.toml",
+        &[("format_version = 2", "format_version = 99")],
+    );
     let err = load_err(&plan, None);
     assert!(
         err.contains("plan format version 99 is not supported; this build reads version 2"),
@@ -59,23 +79,11 @@ fn another_plan_format_version_is_refused() {
 
 #[test]
 fn a_missing_model_names_the_override() {
-    let err = load_err(
-        &root().join("plans/synthetic/tiny-tp.plan.toml"),
-        Some(&scratch("absent.gguf")),
-    );
+    let err = load_err(&root().join(TINY_TP), Some(&scratch("absent.gguf")));
     assert!(
         err.contains("pass --model PATH") && err.contains("absent.gguf"),
         "{err}"
     );
-}
-
-/// `plans/synthetic/tiny-tp.plan.toml` with `from` replaced by `to`, written to a scratch file.
-fn edited_tiny_tp(name: &str, from: &str, to: &str) -> std::path::PathBuf {
-    let text = std::fs::read_to_string(root().join("plans/synthetic/tiny-tp.plan.toml")).unwrap();
-    assert!(text.contains(from), "{from}");
-    let plan = scratch(name);
-    std::fs::write(&plan, text.replacen(from, to, 1)).unwrap();
-    plan
 }
 
 #[test]
@@ -105,7 +113,7 @@ fn model_facts_edited_by_hand_are_refused_against_the_model_file() {
             "model.reduction_chunks.attn_out is 4, the model's is 8",
         ),
     ] {
-        let plan = edited_tiny_tp("facts.plan.toml", from, to);
+        let plan = edited(TINY_TP, "facts.plan.toml", &[(from, to)]);
         let err = load_err(&plan, Some(&model));
         assert!(
             err.contains(&format!(
@@ -119,7 +127,8 @@ fn model_facts_edited_by_hand_are_refused_against_the_model_file() {
 
 #[test]
 fn settings_the_kernels_cannot_run_are_refused_without_a_model_file() {
-    // synthetic weights read no model file to check the facts against; these panicked
+    // synthetic weights read no model file to check the facts against; all but the last (a
+    // context past the model's) panicked
     for (from, to, want) in [
         (
             "head_dim = 8",
@@ -141,12 +150,14 @@ fn settings_the_kernels_cannot_run_are_refused_without_a_model_file() {
             "in_flight = 0",
             "runtime.in_flight 0 must be in 1..=64",
         ),
+        (
+            "max_context = 256",
+            "max_context = 1024",
+            "runtime.max_context 1024 must be in 1..=512 (the model's context_length)",
+        ),
     ] {
-        let plan = edited_tiny_tp("settings.plan.toml", from, to);
-        let err = format!(
-            "{:#}",
-            memra_executor::plan_load::load_synthetic(&plan).expect_err("loading must fail")
-        );
+        let plan = edited(TINY_TP, "settings.plan.toml", &[(from, to)]);
+        let err = load_synthetic_err(&plan);
         assert!(err.contains(want), "{to}: {err}");
     }
 }
@@ -155,10 +166,7 @@ fn settings_the_kernels_cannot_run_are_refused_without_a_model_file() {
 fn a_directory_given_as_the_model_is_named_as_one() {
     // mapping a directory said "No such device (os error 19)"
     let dir = std::env::temp_dir();
-    let err = load_err(
-        &root().join("plans/synthetic/tiny-tp.plan.toml"),
-        Some(&dir),
-    );
+    let err = load_err(&root().join(TINY_TP), Some(&dir));
     assert!(
         err.contains(&format!(
             "{}: is a directory; a GGUF model file is expected",
@@ -172,34 +180,11 @@ fn a_directory_given_as_the_model_is_named_as_one() {
 fn llama3_rope_scaling_is_refused_by_the_executors() {
     // a Llama 3.1 config.json plans (plans/llama3.1-70b-*), but no executor implements its
     // rope scaling: running it with plain rope gave wrong numbers
-    let err = format!(
-        "{:#}",
-        memra_executor::plan_load::load_synthetic(&root().join("plans/llama3.1-70b-tp8.plan.toml"))
-            .expect_err("loading must fail")
-    );
+    let err = load_synthetic_err(&root().join("plans/llama3.1-70b-tp8.plan.toml"));
     assert!(
         err.contains("model.rope_llama3: rope_scaling llama3 (Llama 3.1's rope scaling) is not implemented by the executors"),
         "{err}"
     );
-}
-
-/// `plan` with each `(from, to)` replaced once, written to a scratch file.
-fn edited(plan: &str, name: &str, edits: &[(&str, &str)]) -> std::path::PathBuf {
-    let mut text = std::fs::read_to_string(root().join(plan)).unwrap();
-    for (from, to) in edits {
-        assert!(text.contains(from), "{plan}: {from}");
-        text = text.replacen(from, to, 1);
-    }
-    let path = scratch(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn load_synthetic_err(plan: &std::path::Path) -> String {
-    format!(
-        "{:#}",
-        memra_executor::plan_load::load_synthetic(plan).expect_err("loading must fail")
-    )
 }
 
 #[test]
@@ -248,7 +233,6 @@ fn every_committed_plan_loads_and_matches_its_placement() {
 #[test]
 fn programs_edited_by_hand_are_refused_by_field() {
     let model = tiny_tp_model();
-    let tiny = "plans/synthetic/tiny-tp.plan.toml";
     let run = r#"{ step = "run", id = "r0.run0", stream = "compute", phases = 1, ops = ["embed", "layers 0..2: attn_pre attn_core attn_out ffn", "head", "sample"] }"#;
     for (what, edits, want) in [
         (
@@ -304,7 +288,7 @@ fn programs_edited_by_hand_are_refused_by_field() {
             "rank 0 layers is 0..1; the last stage must end at layer 2 (model.layers is 2): every layer of the model runs exactly once",
         ),
     ] {
-        let plan = edited(tiny, "program.plan.toml", &edits);
+        let plan = edited(TINY_TP, "program.plan.toml", &edits);
         for err in [load_err(&plan, Some(&model)), load_synthetic_err(&plan)] {
             assert!(err.contains(&plan.display().to_string()), "{what}: {err}");
             assert!(err.contains(want), "{what}: {err}");
@@ -324,20 +308,6 @@ fn a_pipeline_runs_every_layer_once() {
     let err = load_synthetic_err(&plan);
     assert!(
         err.contains("rank 1 layers is 0..2; stage 1 must start at layer 1, where stage 0 ends"),
-        "{err}"
-    );
-}
-
-#[test]
-fn a_context_past_the_models_is_refused() {
-    let plan = edited(
-        "plans/synthetic/tiny-tp.plan.toml",
-        "context.plan.toml",
-        &[("max_context = 256", "max_context = 1024")],
-    );
-    let err = load_synthetic_err(&plan);
-    assert!(
-        err.contains("runtime.max_context 1024 must be in 1..=512 (the model's context_length)"),
         "{err}"
     );
 }
@@ -369,7 +339,7 @@ fn synthetic_weights_refuse_facts_their_shards_contradict() {
         ),
     ] {
         let plan = edited(
-            "plans/synthetic/tiny-tp.plan.toml",
+            TINY_TP,
             "facts.plan.toml",
             &[(from, to)],
         );

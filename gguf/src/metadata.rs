@@ -28,6 +28,16 @@ impl GgufFile {
         )
     }
 
+    /// The error for element `i`, `v`, of the array key `key`: it is not `expected`.
+    fn element_mismatch(&self, key: &str, i: usize, v: &Value, expected: &str) -> anyhow::Error {
+        anyhow!(
+            "key `{}` in {}: element {i} is {}, expected {expected}",
+            escaped(key),
+            self.path().display(),
+            v.type_name()
+        )
+    }
+
     fn get_int<T: TryFrom<i128>>(&self, key: &str, expected: &str) -> Result<T> {
         let v = self.get(key)?;
         v.as_int()
@@ -86,14 +96,21 @@ impl GgufFile {
         a.iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_str().ok_or_else(|| {
-                    anyhow!(
-                        "key `{}` in {}: element {i} is {}, expected a string",
-                        escaped(key),
-                        self.path().display(),
-                        v.type_name()
-                    )
-                })
+                v.as_str()
+                    .ok_or_else(|| self.element_mismatch(key, i, v, "a string"))
+            })
+            .collect()
+    }
+
+    /// An array-of-integers key as i32 (elements of any integer type whose value fits).
+    pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
+        let a = self.get_array(key)?;
+        a.iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_int()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .ok_or_else(|| self.element_mismatch(key, i, v, "an integer"))
             })
             .collect()
     }

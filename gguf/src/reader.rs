@@ -215,6 +215,15 @@ impl<'a> Cursor<'a> {
         self.take(len, what)
     }
 
+    /// A length-prefixed string that must be valid UTF-8 (a metadata key, a tensor name).
+    fn utf8_str(&mut self, what: &str) -> Result<String> {
+        let at = self.pos;
+        let bytes = self.bytes_str(what)?;
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| anyhow!("at byte {at}: {what} is not valid utf-8"))?;
+        Ok(text.to_string())
+    }
+
     fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<Value> {
         let v = match ty {
             type_id::U8 => Value::U8(self.array::<1>(key)?[0]),
@@ -285,9 +294,7 @@ fn parse(buf: &[u8]) -> Result<Parsed> {
     let mut metadata = BTreeMap::new();
     for _ in 0..n_kv {
         let at = c.pos;
-        let key = std::str::from_utf8(c.bytes_str("metadata key")?)
-            .map_err(|_| anyhow!("at byte {at}: metadata key is not valid utf-8"))?
-            .to_string();
+        let key = c.utf8_str("metadata key")?;
         // the key as messages quote it (a crafted key's escape sequences escaped)
         let shown = escaped(&key).to_string();
         let ty = c.u32(&shown)?;
@@ -312,10 +319,7 @@ fn parse(buf: &[u8]) -> Result<Parsed> {
 }
 
 fn tensor_info(c: &mut Cursor) -> Result<TensorInfo> {
-    let at = c.pos;
-    let name = std::str::from_utf8(c.bytes_str("tensor name")?)
-        .map_err(|_| anyhow!("at byte {at}: tensor name is not valid utf-8"))?
-        .to_string();
+    let name = c.utf8_str("tensor name")?;
     let shown = escaped(&name).to_string();
     let n_dims = c.u32(&shown)?;
     if n_dims > MAX_DIMS {

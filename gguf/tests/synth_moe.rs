@@ -35,6 +35,22 @@ fn embd(m: GgmlType) -> GgmlType {
     }
 }
 
+/// A tensor's GGUF dims and storage type; panics naming a missing one.
+fn dims_and_type(f: &GgufFile, name: &str) -> (Vec<u64>, GgmlType) {
+    let t = f.tensor(name).unwrap_or_else(|| panic!("{name}"));
+    (t.dims.clone(), t.dtype)
+}
+
+/// The per-layer `attention.head_count_kv` array of a hybrid file (0 for a KDA layer).
+fn kv_heads_per_layer(f: &GgufFile) -> Vec<i128> {
+    let key = format!("{}.attention.head_count_kv", f.architecture().unwrap());
+    f.get_array(&key)
+        .unwrap()
+        .iter()
+        .map(|v| v.as_int().unwrap())
+        .collect()
+}
+
 fn assert_tensors(f: &GgufFile, want: &[Want]) {
     let got: Vec<Want> = f
         .tensors
@@ -301,22 +317,13 @@ fn tiny_kimi_linear_has_llama_cpp_kda_tensors_and_keys() {
     assert_eq!(f.architecture().unwrap(), "kimi-linear");
     let u = |k: &str| f.get_u32(&format!("kimi-linear.{k}")).unwrap();
     // KDA layers carry 0 kv heads, MLA layers the one kv head of the absorbed form
-    let kv: Vec<i128> = f
-        .get_array("kimi-linear.attention.head_count_kv")
-        .unwrap()
-        .iter()
-        .map(|v| v.as_int().unwrap())
-        .collect();
-    assert_eq!(kv, [0, 1, 0, 1]);
+    assert_eq!(kv_heads_per_layer(&f), [0, 1, 0, 1]);
     assert_eq!([u("kda.head_dim"), u("ssm.conv_kernel")], [32, 4]);
     assert_eq!(
         [u("expert_gating_func"), u("leading_dense_block_count")],
         [2, 1]
     );
-    let t = |name: &str| {
-        let t = f.tensor(name).unwrap_or_else(|| panic!("{name}"));
-        (t.dims.clone(), t.dtype)
-    };
+    let t = |name: &str| dims_and_type(&f, name);
     // ggml's ssm_conv reads f32 taps laid out [d_conv, 1, channels]; ssm_a is [1, heads]
     assert_eq!(
         t("blk.0.ssm_conv1d_q.weight"),
@@ -345,13 +352,7 @@ fn tiny_glm5_next_has_llama_cpp_tensors_and_keys() {
     let (f, p) = write("tiny-glm5-next", GgmlType::Q8_0, None);
     assert_eq!(f.architecture().unwrap(), "glm5-next");
     let u = |k: &str| f.get_u32(&format!("glm5-next.{k}")).unwrap();
-    let kv: Vec<i128> = f
-        .get_array("glm5-next.attention.head_count_kv")
-        .unwrap()
-        .iter()
-        .map(|v| v.as_int().unwrap())
-        .collect();
-    assert_eq!(kv, [0, 1, 0, 1]);
+    assert_eq!(kv_heads_per_layer(&f), [0, 1, 0, 1]);
     assert_eq!(
         [
             u("attention.indexer.head_count"),
@@ -365,10 +366,7 @@ fn tiny_glm5_next_has_llama_cpp_tensors_and_keys() {
         [u("hyper_connection.count"), u("rope.dimension_count")],
         [4, 0]
     );
-    let t = |name: &str| {
-        let t = f.tensor(name).unwrap_or_else(|| panic!("{name}"));
-        (t.dims.clone(), t.dtype)
-    };
+    let t = |name: &str| dims_and_type(&f, name);
     // mHC: fn {hc*n_embd, (2+hc)*hc}, base {(2+hc)*hc}, scale {3}, all F32
     assert_eq!(
         t("blk.0.hc_attn_fn.weight"),

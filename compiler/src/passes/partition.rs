@@ -152,6 +152,13 @@ fn partition_rank(g: &DecodeGraph, topo: &Topology, rank: u32) -> Vec<Step> {
     out.steps
 }
 
+/// The id of `rank`'s next step of `kind` (`r0.run0`, `r0.run1`, ...), `count` of them so far.
+fn next_id(rank: u32, kind: &str, count: &mut u32) -> String {
+    let id = format!("r{rank}.{kind}{count}");
+    *count += 1;
+    id
+}
+
 struct Builder<'a> {
     topo: &'a Topology,
     rank: u32,
@@ -207,24 +214,18 @@ impl Builder<'_> {
             .filter(|b| b.addressed_by(self.rank, &ops))
             .fold(1, |acc, b| lcm(acc, b.slots));
         let step = match group.class {
-            None => {
-                self.runs += 1;
-                Step::Run {
-                    id: format!("r{}.run{}", self.rank, self.runs - 1),
-                    stream: compute.clone(),
-                    phases,
-                    ops: ops.clone(),
-                }
-            }
-            Some(reason) => {
-                self.islands += 1;
-                Step::Island {
-                    id: format!("r{}.island{}", self.rank, self.islands - 1),
-                    stream: compute.clone(),
-                    reason,
-                    ops: ops.clone(),
-                }
-            }
+            None => Step::Run {
+                id: next_id(self.rank, "run", &mut self.runs),
+                stream: compute.clone(),
+                phases,
+                ops: ops.clone(),
+            },
+            Some(reason) => Step::Island {
+                id: next_id(self.rank, "island", &mut self.islands),
+                stream: compute.clone(),
+                reason,
+                ops: ops.clone(),
+            },
         };
         self.steps.push(step);
         for &b in &stores {

@@ -136,8 +136,7 @@ pub(super) fn validate(raw: &RawPlacement, model: &ModelMeta, c: &mut Collector)
     let attention = validate_parallel(raw.parallel.as_ref(), model, c);
     let stages = validate_stages(raw.pipeline.get_ref(), model, attention, &devices, c);
     let (capture, forced_eager) = validate_capture(raw.capture.as_ref(), model, c);
-    let transport = validate_transport(raw.transport.as_ref(), &stages, c);
-    let collective = validate_collective(raw.transport.as_ref(), &stages, c);
+    let (transport, collective) = validate_transport(raw.transport.as_ref(), &stages, c);
     let speculative = raw
         .speculative
         .as_ref()
@@ -690,27 +689,35 @@ fn validate_choice<T: Copy>(
     choice
 }
 
-/// `transport.boundary`: how boundaries between stages move activations.
+/// `[transport]`: how boundaries between stages move activations (`transport.boundary`), and
+/// the tensor-parallel groups' transport (`transport.collective`). NCCL puts one communicator
+/// rank on each device of a group, so a group whose stage lists a device twice cannot use it.
 fn validate_transport(
     raw: Option<&RawTransport>,
     stages: &[Stage],
     c: &mut Collector,
-) -> TransportChoice {
-    let choices = [
-        ("auto", TransportChoice::Auto),
-        ("device_copy", TransportChoice::DeviceCopy),
-        ("peer_copy", TransportChoice::PeerCopy),
-    ];
-    let field = raw.and_then(|r| r.boundary.as_ref());
-    let errors = |choice| transport_errors(choice, stages);
-    validate_choice(
-        field,
+) -> (TransportChoice, Collective) {
+    let boundary = validate_choice(
+        raw.and_then(|r| r.boundary.as_ref()),
         "transport.boundary",
         "transport",
-        &choices,
-        errors,
+        &[
+            ("auto", TransportChoice::Auto),
+            ("device_copy", TransportChoice::DeviceCopy),
+            ("peer_copy", TransportChoice::PeerCopy),
+        ],
+        |choice| transport_errors(choice, stages),
         c,
-    )
+    );
+    let collective = validate_choice(
+        raw.and_then(|r| r.collective.as_ref()),
+        "transport.collective",
+        "collective",
+        &[("oneshot", Collective::Oneshot), ("nccl", Collective::Nccl)],
+        |choice| collective_errors(choice, stages),
+        c,
+    );
+    (boundary, collective)
 }
 
 /// Why boundaries between `stages` cannot use `choice` (empty when they can): a device copy
@@ -732,26 +739,6 @@ pub(crate) fn transport_errors(choice: TransportChoice, stages: &[Stage]) -> Vec
         }
     }
     errors
-}
-
-/// `transport.collective`: the tensor-parallel groups' transport. NCCL puts one communicator
-/// rank on each device of a group, so a group whose stage lists a device twice cannot use it.
-fn validate_collective(
-    raw: Option<&RawTransport>,
-    stages: &[Stage],
-    c: &mut Collector,
-) -> Collective {
-    let choices = [("oneshot", Collective::Oneshot), ("nccl", Collective::Nccl)];
-    let field = raw.and_then(|r| r.collective.as_ref());
-    let errors = |choice| collective_errors(choice, stages);
-    validate_choice(
-        field,
-        "transport.collective",
-        "collective",
-        &choices,
-        errors,
-        c,
-    )
 }
 
 /// Why the tensor-parallel groups of `stages` cannot use `choice` (empty when they can).

@@ -21,6 +21,13 @@ pub fn read_config_text(path: PathBuf, text: &str, dtype: Dtype) -> anyhow::Resu
     read_config(&path, dtype)
 }
 
+/// Fails unless reading a model failed with an error whose text (with its causes) ends with
+/// `want`.
+pub fn assert_refused(read: anyhow::Result<ModelMeta>, want: &str) {
+    let err = format!("{:#}", read.unwrap_err());
+    assert!(err.ends_with(want), "{err}");
+}
+
 /// The two readings of one model (its config.json and its GGUF) agree on the layer schema's
 /// facts (KDA, MLA, MoE, DSA, mHC), the dimensions and every tensor's shape.
 pub fn assert_same_facts(from_config: &ModelMeta, from_gguf: &ModelMeta) {

@@ -117,46 +117,39 @@ impl Tensor {
             .collect()
     }
 
-    /// Columns `cols` of rows `rows` of a `[.., row_len]` tensor of plain values (f32, f16,
-    /// bf16), converted. Large shards are drawn by several threads, each over its own rows:
-    /// every row's bytes depend on the row alone, so the threads change nothing but the time.
-    fn plain_rows(
-        &self,
-        dtype: GgmlType,
-        row_len: u64,
-        rows: std::ops::Range<u64>,
-        cols: std::ops::Range<u64>,
-    ) -> Result<Vec<u8>> {
-        let width = cols.end - cols.start;
-        draw_rows(dtype, width, rows, |r, chunk| {
-            let first = r * row_len + cols.start;
+    /// `part` of a tensor of plain values (f32, f16, bf16), converted. Large shards are drawn
+    /// by several threads, each over its own rows: every row's bytes depend on the row alone,
+    /// so the threads change nothing but the time.
+    fn plain_rows(&self, dtype: GgmlType, part: Part) -> Result<Vec<u8>> {
+        let width = part.cols.end - part.cols.start;
+        draw_rows(dtype, width, part.rows, |r, chunk| {
+            let first = r * part.row_len + part.cols.start;
             quantize(dtype, &self.values(first, first + width), chunk)
         })
     }
 
-    /// The blocks of columns `cols` of rows `rows` of a `[.., row_len]` tensor of a quantized
-    /// `dtype` (`cols` keeps blocks whole), in `count` matrices of `rows / count` rows (a
-    /// stack's experts), not drawn yet.
-    fn blocks(
-        &self,
-        dtype: GgmlType,
-        row_len: u64,
-        rows: std::ops::Range<u64>,
-        cols: std::ops::Range<u64>,
-        count: u64,
-    ) -> Result<DrawnBlocks> {
+    /// The blocks of `part` of a tensor of a quantized `dtype` (its columns keep blocks
+    /// whole), in `count` matrices of `rows / count` rows (a stack's experts), not drawn yet.
+    fn blocks(&self, dtype: GgmlType, part: Part, count: u64) -> Result<DrawnBlocks> {
         let block = dtype.block_size() as u64;
         Ok(DrawnBlocks {
             key: self.key,
             blocks: Blocks::new(dtype, self.spread)?,
             count,
-            rows: (rows.end - rows.start) / count,
-            col_blocks: (cols.end - cols.start) / block,
-            row_blocks: row_len / block,
-            first_row: rows.start,
-            first_col_block: cols.start / block,
+            rows: (part.rows.end - part.rows.start) / count,
+            col_blocks: (part.cols.end - part.cols.start) / block,
+            row_blocks: part.row_len / block,
+            first_row: part.rows.start,
+            first_col_block: part.cols.start / block,
         })
     }
+}
+
+/// Columns `cols` of rows `rows` of a `[.., row_len]` tensor: the part of it a shard holds.
+struct Part {
+    row_len: u64,
+    rows: std::ops::Range<u64>,
+    cols: std::ops::Range<u64>,
 }
 
 /// Draws rows `rows` of `width` values of `dtype` with `draw(row, its bytes)`, by several
@@ -328,15 +321,12 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
     let tensor = Tensor::new(&shard.tensor, shape, layers);
     let plain = matches!(dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let drawing = || format!("drawing `{}`", shard.tensor);
-    // columns `cols` of rows `rows` of a `[.., row_len]` tensor, in `count` matrices: drawn,
-    // or quantized blocks left to the device
-    let hold = |rows, cols, row_len, count| -> Result<Held> {
+    // `part` in `count` matrices: drawn, or quantized blocks left to the device
+    let hold = |part, count| -> Result<Held> {
         if plain {
-            return tensor
-                .plain_rows(dtype, row_len, rows, cols)
-                .map(Held::Bytes);
+            return tensor.plain_rows(dtype, part).map(Held::Bytes);
         }
-        let blocks = tensor.blocks(dtype, row_len, rows, cols, count)?;
+        let blocks = tensor.blocks(dtype, part, count)?;
         match drawn {
             BlocksDrawn::OnDevice => Ok(Held::Blocks(blocks)),
             BlocksDrawn::OnHost => blocks.bytes().map(Held::Bytes),
@@ -362,7 +352,12 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
                 rows_held.end - rows_held.start,
                 cols_held.end - cols_held.start,
             );
-            Ok(match hold(rows_held, cols_held, cols, 1).with_context(drawing)? {
+            let part = Part {
+                row_len: cols,
+                rows: rows_held,
+                cols: cols_held,
+            };
+            Ok(match hold(part, 1).with_context(drawing)? {
                 Held::Blocks(blocks) => Shard::DrawnMatrix(blocks),
                 Held::Bytes(data) => Shard::Matrix(Matrix {
                     dtype,
@@ -374,8 +369,12 @@ pub(crate) fn shard(shard: &WeightShard, layers: u32, drawn: BlocksDrawn) -> Res
         }
         (&[count, rows, cols], split) => {
             let (first, end) = stack_matrices(split, count)?;
-            let held = first * rows..end * rows;
-            Ok(match hold(held, 0..cols, cols, end - first).with_context(drawing)? {
+            let part = Part {
+                row_len: cols,
+                rows: first * rows..end * rows,
+                cols: 0..cols,
+            };
+            Ok(match hold(part, end - first).with_context(drawing)? {
                 Held::Blocks(blocks) => Shard::DrawnStack(blocks),
                 Held::Bytes(data) => Shard::Stack(Stack {
                     dtype,

@@ -41,24 +41,8 @@ pub fn tokenizer_spec(file: &GgufFile) -> Result<TokenizerSpec> {
             .map(str::to_owned)
             .collect())
     };
-    let token_types = match optional(file, "tokenizer.ggml.token_type", GgufFile::get_array)? {
-        None => Vec::new(),
-        Some(values) => values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_int()
-                    .and_then(|code| i32::try_from(code).ok())
-                    .ok_or_else(|| {
-                        anyhow!(
-                            "key `tokenizer.ggml.token_type` in {}: element {i} is {}, expected an integer",
-                            file.path().display(),
-                            v.type_name()
-                        )
-                    })
-            })
-            .collect::<Result<_>>()?,
-    };
+    let token_types =
+        optional(file, "tokenizer.ggml.token_type", GgufFile::get_i32_array)?.unwrap_or_default();
     let mut end_ids = Vec::new();
     for key in END_ID_KEYS {
         end_ids.extend(optional(file, key, GgufFile::get_u32)?);

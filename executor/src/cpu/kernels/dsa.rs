@@ -233,12 +233,9 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::uniform_values;
     use super::*;
     use memra_gguf::rng::Rng;
-
-    fn random(n: usize, r: &mut Rng) -> Vec<f32> {
-        (0..n).map(|_| r.uniform()).collect()
-    }
 
     /// Pools are written when complete and equal the per-channel softmax-weighted keys; the
     /// selection keeps every complete pool until there are more than `top_k / kpool`, then
@@ -247,10 +244,10 @@ mod tests {
     fn selection_matches_brute_force() {
         let (id, kp, heads, n) = (8, 4, 2, 23);
         let mut r = Rng::new(5);
-        let ape = random(kp * id, &mut r);
+        let ape = uniform_values(kp * id, &mut r);
         let mut cache = IndexerCache::new(id, kp, 64);
-        let keys: Vec<Vec<f32>> = (0..n).map(|_| random(id, &mut r)).collect();
-        let gates: Vec<Vec<f32>> = (0..n).map(|_| random(id, &mut r)).collect();
+        let keys: Vec<Vec<f32>> = (0..n).map(|_| uniform_values(id, &mut r)).collect();
+        let gates: Vec<Vec<f32>> = (0..n).map(|_| uniform_values(id, &mut r)).collect();
         let how = Selection {
             top_k: 8,
             select_tail: true,
@@ -258,8 +255,8 @@ mod tests {
         let mut cells = Vec::new();
         for pos in 0..n {
             cache.write(pos, &keys[pos], &gates[pos], &ape);
-            let q = random(heads * id, &mut r);
-            let w = random(heads, &mut r);
+            let q = uniform_values(heads * id, &mut r);
+            let w = uniform_values(heads, &mut r);
             cache.select(&q, &w, pos, &how, &mut cells);
             let complete = (pos + 1) / kp;
             let pooled = |j: usize| -> Vec<f64> {
@@ -326,7 +323,11 @@ mod tests {
     #[test]
     fn layer_norm_matches_its_definition() {
         let mut r = Rng::new(2);
-        let (x, w, b) = (random(33, &mut r), random(33, &mut r), random(33, &mut r));
+        let (x, w, b) = (
+            uniform_values(33, &mut r),
+            uniform_values(33, &mut r),
+            uniform_values(33, &mut r),
+        );
         let mut out = vec![0.0; 33];
         layer_norm(&x, &w, &b, 1e-6, &mut out);
         let mean: f64 = x.iter().map(|&v| f64::from(v)).sum::<f64>() / 33.0;

@@ -141,6 +141,7 @@ pub fn hc_mean(streams: &[f32], out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::uniform_values;
     use super::*;
     use memra_gguf::rng::Rng;
 
@@ -150,7 +151,7 @@ mod tests {
     fn the_combination_is_doubly_stochastic() {
         let mut r = Rng::new(3);
         let mixes: Vec<f32> = (0..MIXES).map(|_| r.uniform() * 4.0).collect();
-        let base: Vec<f32> = (0..MIXES).map(|_| r.uniform()).collect();
+        let base = uniform_values(MIXES, &mut r);
         let a = HcAffine {
             scale: &[0.7, 1.3, 1.1],
             base: &base,
@@ -172,8 +173,8 @@ mod tests {
     fn collapse_expand_and_mean_match_their_definitions() {
         let mut r = Rng::new(9);
         let d = 37;
-        let streams: Vec<f32> = (0..STREAMS * d).map(|_| r.uniform()).collect();
-        let f: Vec<f32> = (0..d).map(|_| r.uniform()).collect();
+        let streams = uniform_values(STREAMS * d, &mut r);
+        let f = uniform_values(d, &mut r);
         let mut m = HcMix::default();
         for s in 0..STREAMS {
             m.pre[s] = r.uniform();

@@ -131,12 +131,8 @@ mod tests {
     use memra_gguf::rng::Rng;
     use memra_gguf::GgmlType;
 
-    use super::super::{matvec, Pool, Weight};
+    use super::super::{matvec, uniform_values, Pool, Weight};
     use super::*;
-
-    fn random(n: usize, r: &mut Rng) -> Vec<f32> {
-        (0..n).map(|_| r.uniform()).collect()
-    }
 
     /// Absorbed decode (query mapped into the latent, cache of latents, value mapped out)
     /// equals plain multi-head attention over the expanded keys `[k_b^T c, k_pe]` and values
@@ -145,10 +141,18 @@ mod tests {
     fn absorbed_attention_equals_expanded_attention() {
         let (heads, nope, rope, kvl, v, n_ctx) = (3, 8, 4, 16, 8, 5);
         let mut r = Rng::new(7);
-        let k_b: Vec<Vec<f32>> = (0..heads).map(|_| random(kvl * nope, &mut r)).collect();
-        let v_b: Vec<Vec<f32>> = (0..heads).map(|_| random(v * kvl, &mut r)).collect();
-        let latents: Vec<Vec<f32>> = (0..n_ctx).map(|_| random(kvl + rope, &mut r)).collect();
-        let q: Vec<Vec<f32>> = (0..heads).map(|_| random(nope + rope, &mut r)).collect();
+        let k_b: Vec<Vec<f32>> = (0..heads)
+            .map(|_| uniform_values(kvl * nope, &mut r))
+            .collect();
+        let v_b: Vec<Vec<f32>> = (0..heads)
+            .map(|_| uniform_values(v * kvl, &mut r))
+            .collect();
+        let latents: Vec<Vec<f32>> = (0..n_ctx)
+            .map(|_| uniform_values(kvl + rope, &mut r))
+            .collect();
+        let q: Vec<Vec<f32>> = (0..heads)
+            .map(|_| uniform_values(nope + rope, &mut r))
+            .collect();
         let scale = 0.3f32;
         let pool = Pool::new(1);
         let bytes = |m: &[f32]| m.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();

@@ -286,3 +286,9 @@ pub(crate) fn reduce_row(
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     memra_gguf::f16::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
+
+/// `n` successive `r.uniform()` values: the random vectors of the kernels' tests.
+#[cfg(test)]
+fn uniform_values(n: usize, r: &mut memra_gguf::rng::Rng) -> Vec<f32> {
+    (0..n).map(|_| r.uniform()).collect()
+}

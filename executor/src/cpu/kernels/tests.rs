@@ -12,8 +12,7 @@ use super::reference::{effective_x, matvec_row};
 use super::*;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng::new(seed);
-    (0..n).map(|_| r.uniform()).collect()
+    uniform_values(n, &mut Rng::new(seed))
 }
 
 fn random_weight(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
