@@ -63,6 +63,12 @@
 #define ATTN_CHUNK (ATTN_WARPS * ATTN_SUB)
 // most rows a split takes (ATTN_SPLIT_ROWS in executor/src/cuda/ops.rs)
 #define ATTN_SPLIT_ROWS 16
+// Whether the split of heads up to D wide loads a chunk's v rows only after the chunk's max
+// (each lane asks L2 for one v row with the k loads, so the later loads find them there): k
+// and v together would hold too many registers for two blocks an SM, and a long context is
+// hundreds of chunk blocks, which two blocks an SM keep the memory busy through. The values
+// and the arithmetic are the same either way, so are the bits.
+#define ATTN_SPLIT_LATE_V(D) ((D) <= 128)
 // query heads of a block: the rows of an mma tile (ATTN_TILE_HEADS in executor/src/cuda/ops.rs)
 #define ATTN_TILE_HEADS 16
 // the slot of a pad row (PAD_SLOT in executor/src/cuda/ops.rs): no sequence has it
@@ -211,7 +217,7 @@ __device__ __forceinline__ void attn_q_fragments(const AttnSmem<D>& sm, u32 (&qf
 // (the mma's accumulator layout), which are also the A operands of the weighted values' k
 // steps; the v rows come as 4-value pieces, lane g taking dimensions 32s + 4g .. 32s + 4g + 3,
 // so that output tile (s, e) holds dimension 32s + 4n + e in its column n.
-template <int D>
+template <int D, bool LATE_V>
 __device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 32][8], const AttnRow& r, int c,
                                            const AttnHeads& b, int head_dim, size_t kv_row, float scale,
                                            Merged (&res)[ATTN_ELEMS(D)]) {
@@ -229,17 +235,10 @@ __device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 
     };
     float sc[4][4];
     // the slice's v pieces: k step kk (positions 16kk .. 16kk + 15), this lane's rows 2t, 2t + 1,
-    // 2t + 8 and 2t + 9 of it, loaded with the k rows (neither depends on the scores), so the
-    // two reads of the cache overlap
+    // 2t + 8 and 2t + 9 of it, loaded with the k rows (neither depends on the scores, so the
+    // two reads of the cache overlap), or with LATE_V after the chunk's max (ATTN_SPLIT_LATE_V)
     uint2 vv[2][S][4];
-    if (warp < subs) {
-        uint4 kw[4][S];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-            const u16* kr = cache_row(r.k_cache, sm.k_now, 8 * nt + g);
-#pragma unroll
-            for (int s = 0; s < S; ++s) kw[nt][s] = f16x8_at(kr, 32 * s + 8 * t, head_dim);
-        }
+    const auto load_v = [&]() {
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
@@ -251,6 +250,24 @@ __device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 
                     vv[kk][s][i] = d < head_dim ? *(const uint2*)(vr + d) : make_uint2(0u, 0u);
                 }
             }
+    };
+    if (warp < subs) {
+        uint4 kw[4][S];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+            const u16* kr = cache_row(r.k_cache, sm.k_now, 8 * nt + g);
+#pragma unroll
+            for (int s = 0; s < S; ++s) kw[nt][s] = f16x8_at(kr, 32 * s + 8 * t, head_dim);
+        }
+        if (LATE_V) {
+            // lane i asks L2 for the v row of position i0 + i now, so that the loads after the
+            // chunk's max find it there
+            const u16* vr = cache_row(r.v_cache, sm.v_now, lane);
+            if (vr != sm.v_now)
+                for (int d = 0; d < head_dim; d += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + d));
+        } else {
+            load_v();
+        }
         float mx[2] = {neg_inf, neg_inf};
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -271,6 +288,7 @@ __device__ __forceinline__ void attn_chunk(AttnSmem<D>& sm, const u32 (&qf)[D / 
     }
     __syncthreads();
     if (warp < subs) {
+        if (LATE_V) load_v();
         // the chunk's max of heads g and g + 8
         float m[2] = {sm.wm[0][g], sm.wm[0][g + 8]};
         for (int w = 1; w < subs; ++w) {
@@ -389,7 +407,7 @@ __device__ __forceinline__ void attention_walk(ATTN_ARGS) {
     const int chunks = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     for (int c = 0; c < chunks; ++c) {
         Merged res[ATTN_ELEMS(D)];
-        attn_chunk<D>(sm, qf, r, c, b, head_dim, kv_row, scale, res);
+        attn_chunk<D, false>(sm, qf, r, c, b, head_dim, kv_row, scale, res);
 #pragma unroll
         for (int j = 0; j < ATTN_ELEMS(D); ++j) run[j] = merge_chunk(run[j], res[j], c == 0);
     }
@@ -449,7 +467,7 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
     u32 qf[D / 32][8];
     attn_q_fragments<D>(sm, qf);
     Merged res[ATTN_ELEMS(D)];
-    attn_chunk<D>(sm, qf, r, c, b, head_dim, kv_row, scale, res);
+    attn_chunk<D, ATTN_SPLIT_LATE_V(D)>(sm, qf, r, c, b, head_dim, kv_row, scale, res);
     const int chunks = gridDim.z, used = (r.n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     if (used == 1) {
         // a context of one chunk: its partial is the whole merge (merge_chunk takes the first
@@ -501,17 +519,18 @@ __device__ __forceinline__ void attention_split(ATTN_ARGS) {
 }
 
 // the walk and the split for heads up to 32, 64, 128 and 256 wide (`attention` in
-// executor/src/cuda/ops.rs picks the narrowest that holds the head)
-#define ATTN_KERNEL(name, form, D) \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) name(ATTN_ARGS) { form<D>(ATTN_PASS); }
-ATTN_KERNEL(attention_f16_32, attention_walk, 32)
-ATTN_KERNEL(attention_split_f16_32, attention_split, 32)
-ATTN_KERNEL(attention_f16_64, attention_walk, 64)
-ATTN_KERNEL(attention_split_f16_64, attention_split, 64)
-ATTN_KERNEL(attention_f16_128, attention_walk, 128)
-ATTN_KERNEL(attention_split_f16_128, attention_split, 128)
-ATTN_KERNEL(attention_f16_256, attention_walk, 256)
-ATTN_KERNEL(attention_split_f16_256, attention_split, 256)
+// executor/src/cuda/ops.rs picks the narrowest that holds the head), BLOCKS an SM: two for a
+// split whose v rows load late (ATTN_SPLIT_LATE_V), else one
+#define ATTN_KERNEL(name, form, D, BLOCKS) \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, BLOCKS) name(ATTN_ARGS) { form<D>(ATTN_PASS); }
+ATTN_KERNEL(attention_f16_32, attention_walk, 32, 1)
+ATTN_KERNEL(attention_split_f16_32, attention_split, 32, 2)
+ATTN_KERNEL(attention_f16_64, attention_walk, 64, 1)
+ATTN_KERNEL(attention_split_f16_64, attention_split, 64, 2)
+ATTN_KERNEL(attention_f16_128, attention_walk, 128, 1)
+ATTN_KERNEL(attention_split_f16_128, attention_split, 128, 2)
+ATTN_KERNEL(attention_f16_256, attention_walk, 256, 1)
+ATTN_KERNEL(attention_split_f16_256, attention_split, 256, 1)
 
 // kv_store_rows_f16, block (t, kv head): row t of a prefill step's k head rotated to position
 // *pos + t and its v head, narrowed to f16, into the cache at that position (positions past
