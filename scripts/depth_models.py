@@ -60,10 +60,12 @@ POOL = (1 << 22) + 15
 # ---- the models: each config.json's numbers (the real ones, then --tiny's)
 
 REAL = {
-    # meta-llama/Meta-Llama-3-8B (no rope scaling, so the converter writes no rope_freqs)
+    # meta-llama/Meta-Llama-3-8B (no rope scaling, so the converter writes no rope_freqs), with
+    # Llama-3.1-8B's context length (the same widths), so that the depth-long suite's 32768
+    # tokens of context are within it
     "llama8b": dict(
         arch="llama", layers=32, dim=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256,
-        context=8192, rope_theta=500000.0, rms_eps=1e-5,
+        context=131072, rope_theta=500000.0, rms_eps=1e-5,
     ),
     # Qwen/Qwen3-30B-A3B
     "qwen3moe": dict(

@@ -100,6 +100,9 @@
 #                             of context and the time a layer adds (two layer counts) of
 #                             qwen3moe, deepseek2, kimi-linear, llama8b and glm5-next at real
 #                             widths (carry .dev with .dev/wheels, and .llama)
+#   depth-long [SECONDS] [MODEL...]  the same files' decode after 32768 tokens of context
+#                             (llama8b and deepseek2 by default), memra on the cuts'
+#                             long-context placements (plans/synthetic/depth/*-long.toml)
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -1591,19 +1594,21 @@ depth_llama() { # model layers depths: llama-bench of the cut; each depth's tg12
         d = 0; if (match($(NF - 2), /@ d[0-9]+/)) d = substr($(NF - 2), RSTART + 3, RLENGTH - 3)
         split($(NF - 1), v, "±"); gsub(/ /, "", v[1]); print d, v[1] }')
 }
-depth_plan() { # model layers name: the cut's plan, compiled afresh, into `plan`; a FAIL row for
-    # check NAME (and status 1) where memra-compile refuses it
-    local m=$1 l=$2
-    rm -f "$P/q4_1/depth-$m-l$l.plan.toml"
-    plan=$(plan "depth-$m-l$l" q4_1 "depth/depth-$m-l$l")
+depth_plan() { # model layers name [suffix]: the cut's plan (of its placement NAME-SUFFIX: -long
+    # for the long context), compiled afresh, into `plan`; a FAIL row for check NAME (and
+    # status 1) where memra-compile refuses it
+    local m=$1 l=$2 suffix=${4:-}
+    rm -f "$P/q4_1/depth-$m-l$l$suffix.plan.toml"
+    plan=$(plan "depth-$m-l$l" q4_1 "depth/depth-$m-l$l$suffix")
     [ -f "$plan" ] && return
     row "$3" FAIL "memra-compile: $(grep -a 'error' "$LOG/compile.log" | tail -1 | cut -c1-300)"
     return 1
 }
-depth_memra() { # model layers depth: memra-run bench of the cut; tok/s into mem[model-lL-dD]
+depth_memra() { # model layers depth [suffix]: memra-run bench of the cut (on its placement with
+    # SUFFIX, see depth_plan); tok/s into mem[model-lL-dD]
     local m=$1 l=$2 d=$3 name="memra $1 l$2 d$3" plan
     late "$name" && return
-    depth_plan "$m" "$l" "$name" || return
+    depth_plan "$m" "$l" "$name" "${4:-}" || return
     bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$d" -n 128 --reps 2
     mem[$m-l$l-d$d]=$(echo "$bench_out" | sed -n 's/.* reps: \([0-9.]*\) ± .*/\1/p' | tail -1)
 }
@@ -1638,6 +1643,18 @@ depth_prefill_summary() { # model: its `= ` prompt rows (see depth_suite)
         fi
     done
 }
+# The long-context depth of depth-long, within its placements' max_context.
+LONG_DEPTH=32768
+depth_long_summary() { # model: its `= ` row (see depth_suite)
+    local m=$1 l a b
+    l=$(depth_layers "$m")
+    a=${mem[$m-l$l-d$LONG_DEPTH]:-} b=${lcpp[$m-l$l-d$LONG_DEPTH]:-}
+    if [ -n "$a" ] && [ -n "$b" ]; then
+        row "= $m l$l d$LONG_DEPTH" ok "$(awk -v a="$a" -v b="$b" 'BEGIN { printf "memra %.1f vs llama.cpp %.1f tok/s: %.2fx", a, b, a / b }')"
+    else
+        row "= $m l$l d$LONG_DEPTH" skip "memra ${a:-none}, llama.cpp ${b:-none} tok/s"
+    fi
+}
 depth_decode_summary() { # model: its `= ` rows (see depth_suite)
     local m=$1 l h d a b
     l=$(depth_layers "$m")
@@ -1664,13 +1681,17 @@ depth_decode_summary() { # model: its `= ` rows (see depth_suite)
 }
 suite_depth() { depth_suite decode "$@"; }
 suite_prefill_depth() { depth_suite prefill "$@"; }
+suite_depth_long() { depth_suite long "$@"; }
 depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timings of the mode
     local mode=$1
     shift
     BUDGET=480
     if [[ ${1:-} =~ ^[0-9]+$ ]]; then BUDGET=$1 && shift; fi
     local models=("$@") m l f16 mounted= build quantizer writer quantizing
-    [ ${#models[@]} -gt 0 ] || models=(qwen3moe deepseek2 kimi-linear llama8b glm5-next)
+    if [ ${#models[@]} -eq 0 ]; then
+        models=(qwen3moe deepseek2 kimi-linear llama8b glm5-next)
+        [ "$mode" = long ] && models=(llama8b deepseek2)
+    fi
     local -A mem=() lcpp=()
     logs_in /tmp/memra-depth
     stamp name,driver_version,memory.total
@@ -1715,6 +1736,11 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
             depth_llama_prompt "$m" "$l"
             depth_memra_prompt "$m" "$l" 512
             depth_memra_prompt "$m" "$l" 4096
+            continue
+        fi
+        if [ "$mode" = long ]; then
+            depth_llama "$m" "$l" $LONG_DEPTH
+            depth_memra "$m" "$l" $LONG_DEPTH -long
             continue
         fi
         depth_llama "$m" "$l" 0,512,4096
@@ -1798,7 +1824,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | prefill-depth | profile | ncu-token | ncu-prefill | ncu-batch | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | depth-long | prefill-depth | profile | ncu-token | ncu-prefill | ncu-batch | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;
