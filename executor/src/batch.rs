@@ -13,6 +13,12 @@
 //! A slot is never cleared: a row attends only to its own slot's rows up to its position,
 //! all written by its own sequence. A joining prompt takes the free slot whose cached tokens
 //! share the longest prefix with it and decodes only the rest.
+//!
+//! Speculative decoding (`verify`): a generating sequence may be fed its token with drafted
+//! tokens after it. Its span then goes into a step whole, brings back every row's logits,
+//! and once the host knows how many drafts it accepted (`accept`), the rejected ones leave
+//! the slot's history; the next span writes their positions again (a recurrent state returns
+//! to the last accepted row's, which the engine kept).
 
 use std::collections::VecDeque;
 
@@ -50,6 +56,18 @@ struct Slot {
     flying: bool,
     /// Whether the sequence picks its tokens greedily (`Batch::greedy`).
     greedy: bool,
+    /// Drafted tokens at the end of `pending` (`Batch::verify`), then, once stepped, at the
+    /// end of `history` until `Batch::accept`.
+    drafts: usize,
+}
+
+impl Slot {
+    /// Drops the drafts at the end of the history, which the host did not accept.
+    fn drop_drafts(&mut self) {
+        let keep = self.history.len() - self.drafts;
+        self.history.truncate(keep);
+        self.drafts = 0;
+    }
 }
 
 /// What one engine step gave back.
@@ -73,18 +91,27 @@ pub struct Stepped {
 pub struct Decoded {
     /// The sequence's slot.
     pub slot: usize,
-    /// Its row of the step's logits.
+    /// Its last row of the step's logits.
     row: usize,
+    /// Its rows of logits: one, or a verify span's every row (its token, then each draft).
+    pub rows: usize,
 }
 
 impl Stepped {
     /// The logits after the last token fed to sequence `d`; `None` in a step of greedy
     /// sequences only, which brings back their argmaxes instead.
     pub fn logits(&self, d: &Decoded) -> Option<&[f32]> {
-        if self.logits.is_empty() {
+        self.row_logits(d, d.rows - 1)
+    }
+
+    /// The logits of row `i` of sequence `d`'s rows (`Decoded::rows`): after its token and
+    /// its first `i` drafts.
+    pub fn row_logits(&self, d: &Decoded, i: usize) -> Option<&[f32]> {
+        if self.logits.is_empty() || i >= d.rows {
             return None;
         }
-        Some(&self.logits[d.row * self.vocab..(d.row + 1) * self.vocab])
+        let row = d.row + 1 + i - d.rows;
+        Some(&self.logits[row * self.vocab..(row + 1) * self.vocab])
     }
 
     /// The greedy token after the last token fed to sequence `d`: the argmax of its logits,
@@ -178,14 +205,57 @@ impl Batch {
 
     /// Feeds the token the host picked for the sequence in `slot`: its next step decodes it.
     pub fn feed(&mut self, slot: usize, token: u32) -> Result<()> {
+        self.verify(slot, token, &[])
+    }
+
+    /// Feeds `token` and the tokens `drafts` drafted after it to the sequence in `slot`, whose
+    /// fed tokens are all decoded: its next step verifies them, one span of every row (at
+    /// most the engine's rows per step), each row's logits brought back. After it, `accept`
+    /// says how many drafts the host took.
+    pub fn verify(&mut self, slot: usize, token: u32, drafts: &[u32]) -> Result<()> {
+        let max_rows = self.max_rows;
         let s = self.held(slot)?;
+        if s.drafts > 0 {
+            bail!("sequence slot {slot}: its last drafts were not accepted or rejected yet (Batch::accept)");
+        }
+        if !drafts.is_empty() && (!s.pending.is_empty() || drafts.len() + 1 > max_rows) {
+            bail!(
+                "sequence slot {slot}: a verify span of {} rows needs every fed token decoded and at most the engine's {max_rows} rows per step",
+                drafts.len() + 1
+            );
+        }
         s.pending.push(token);
+        s.pending.extend_from_slice(drafts);
+        s.drafts = drafts.len();
         Ok(())
     }
 
-    /// The sequence in `slot` leaves; its tokens not decoded yet are dropped.
+    /// The host took the first `accepted` drafts of the verify span the last step decoded for
+    /// the sequence in `slot`: the rest leave its history, so the next span takes their
+    /// positions again.
+    pub fn accept(&mut self, slot: usize, accepted: usize) -> Result<()> {
+        let s = self.held(slot)?;
+        if accepted > s.drafts || !s.pending.is_empty() || s.flying {
+            bail!(
+                "sequence slot {slot}: {accepted} drafts accepted of a decoded span of {}",
+                s.drafts
+            );
+        }
+        s.drafts -= accepted;
+        s.drop_drafts();
+        Ok(())
+    }
+
+    /// The sequence in `slot` leaves; its tokens not decoded yet are dropped, and so are its
+    /// drafts not yet accepted.
     pub fn leave(&mut self, slot: usize) -> Result<()> {
         let s = self.held(slot)?;
+        if s.pending.is_empty() && !s.flying {
+            s.drop_drafts();
+        }
+        if !s.flying {
+            s.drafts = 0;
+        }
         s.pending.clear();
         s.joined = None;
         Ok(())
@@ -226,8 +296,13 @@ impl Batch {
         };
         let out = self.engine.next_output()?;
         self.steps += 1;
+        // a row of logits per span, or every row of a verify span's
+        let rows: usize = spans
+            .iter()
+            .map(|s| (s.rows() - s.logits_from) as usize)
+            .sum();
         let complete = match readback {
-            Readback::Logits => !out.logits.is_empty() && out.logits.len() % spans.len() == 0,
+            Readback::Logits => !out.logits.is_empty() && out.logits.len() % rows == 0,
             Readback::Argmax => out.argmax.len() == spans.len(),
         };
         if !complete {
@@ -242,17 +317,30 @@ impl Batch {
                 out.argmax.len()
             );
         }
-        let vocab = out.logits.len() / spans.len();
+        let vocab = out.logits.len() / rows;
         let mut done = Vec::new();
-        for (row, span) in spans.iter().enumerate() {
+        let mut row = 0;
+        for (i, span) in spans.iter().enumerate() {
             let slot = span.slot as usize;
             let s = &mut self.slots[slot];
-            // the cache holds the rows even of a sequence that left meanwhile
+            // the cache holds the rows even of a sequence that left meanwhile, but not the
+            // drafts it can no longer accept
             s.history.extend_from_slice(&span.tokens);
             s.stepped = self.steps;
             s.flying = false;
+            if s.joined.is_none() {
+                s.drop_drafts();
+            }
+            let n = (span.rows() - span.logits_from) as usize;
+            row += n;
             if s.pending.is_empty() && s.joined.is_some() {
-                done.push(Decoded { slot, row });
+                // an argmax step brings back one value per span
+                let last = if out.argmax.is_empty() { row - 1 } else { i };
+                done.push(Decoded {
+                    slot,
+                    row: last,
+                    rows: if out.argmax.is_empty() { n } else { 1 },
+                });
             }
         }
         done.sort_by_key(|d| d.slot);
@@ -278,7 +366,7 @@ impl Batch {
         // order
         ready.sort_by_key(|&i| {
             let s = &self.slots[i];
-            match s.pending.len() {
+            match s.pending.len() - s.drafts {
                 1 => (false, s.stepped, s.joined),
                 _ => (true, 0, s.joined),
             }
@@ -291,13 +379,17 @@ impl Batch {
                 break;
             }
             let s = &self.slots[i];
+            // a verify span goes whole or waits for a step with room for it
+            if s.drafts > 0 && s.pending.len() > room {
+                continue;
+            }
             let rows = s.pending.len().min(room);
             room -= rows;
             spans.push(Span {
                 slot: i as u32,
                 pos: s.history.len() as u32,
                 tokens: s.pending[..rows].to_vec(),
-                logits_from: rows as u32 - 1,
+                logits_from: if s.drafts > 0 { 0 } else { rows as u32 - 1 },
             });
         }
         Some(spans)

@@ -3,7 +3,8 @@
 //! requests decode together (the plan's 8 sequence slots) and each equals its one-at-a-time
 //! text, a dropped stream frees the engine, every bad request gets its 4xx naming the field
 //! and is counted in /metrics (wrong methods and bodies past the limit too), and long prompts
-//! being tokenized hold up no other request.
+//! being tokenized hold up no other request. A plan with `[speculative]` serves plain
+//! decoding's text, alone and together, with prompt-lookup drafts accepted and rejected.
 
 mod common;
 
@@ -175,6 +176,42 @@ fn concurrent_requests_decode_together_and_each_equals_its_text_alone() {
         "8 concurrent requests took {steps_together} steps, alone {steps_alone}"
     );
     assert_eq!(server.metric("memra_kv_slots_total"), 8.0);
+}
+
+#[test]
+fn a_speculative_plan_serves_plain_decodings_text_with_drafts_accepted_and_rejected() {
+    let server = Server::serving("smollm2-batch8-lookup", &[]);
+    // text the model copies (lookup drafts its phrases) and text it does not
+    let prompts = [
+        "Repeat this line: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick brown fox",
+        "One, two, three, four, five, six, seven, eight, nine, ten, one, two, three,",
+        "The capital of France is",
+    ];
+    let plain: Vec<String> = prompts.iter().map(|p| generate(p, 24)).collect();
+    let alone: Vec<String> = prompts.iter().map(|p| server.complete(p, 24)).collect();
+    assert_eq!(alone, plain);
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| s.spawn(|| server.complete(p, 24)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, plain);
+    let (drafted, accepted) = (
+        server.metric("memra_draft_tokens_total"),
+        server.metric("memra_draft_tokens_accepted_total"),
+    );
+    assert!(
+        accepted > 0.0 && accepted < drafted,
+        "{accepted} of {drafted} drafts accepted: the test wants some of each"
+    );
+    // fewer steps than tokens: accepted drafts took no step of their own
+    let generated = server.metric("memra_generated_tokens_total");
+    assert!(
+        server.metric("memra_steps_total") < generated,
+        "{generated} tokens"
+    );
 }
 
 #[test]

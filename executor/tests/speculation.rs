@@ -4,7 +4,9 @@
 //! second reusing the first's cache), and on the tiny models with drafts that are partly
 //! rejected (a replayed sequence with wrong tokens in it) through a KDA state (kimi-linear),
 //! the DSA indexer's keys and pools (glm5-next, full and shared indexers across a pipeline
-//! cut), tensor-parallel and pipeline plans, in both arms. Sampled, `Sampler::verify` keeps the
+//! cut), tensor-parallel and pipeline plans, in both arms; and two KDA sequences verifying
+//! their drafts in the same batched steps (the server's way), each with its plain tokens
+//! and logits. Sampled, `Sampler::verify` keeps the
 //! sampler's distribution (chi-square over seeds, against the exact probabilities and
 //! against a rule that is known wrong). `generate` and `bench` run a speculative plan, and
 //! the cuda engine refuses one. A KDA chat whose reply stops with a step still in flight
@@ -16,10 +18,11 @@ use common::{
     compile_scratch, options, root, smollm2, synth_model, synthetic_variant,
     tiny_kimi_linear_model, tiny_tp_model,
 };
+use memra_executor::batch::Batch;
 use memra_executor::cpu::Arm;
 use memra_executor::engine::open;
 use memra_executor::plan_load::LoadedPlan;
-use memra_executor::sample::{Sampler, SamplerConfig};
+use memra_executor::sample::{greedy, Sampler, SamplerConfig};
 use memra_executor::session::{Flow, Session};
 use memra_executor::speculate::{Drafts, Tally};
 
@@ -174,6 +177,85 @@ fn rejected_drafts_leave_no_trace_through_kda_dsa_tp_and_pp_plans() {
             );
         }
     }
+}
+
+#[test]
+fn batched_verify_spans_leave_each_kda_sequence_its_plain_tokens_and_logits() {
+    tiny_kimi_linear_model();
+    let plain = synthetic_with("tiny-kimi-linear", "");
+    let text = std::fs::read_to_string(root().join("plans/synthetic/tiny-kimi-linear.toml"))
+        .unwrap()
+        .replace(
+            "gguf = \"../../models/",
+            &format!("gguf = \"{}/models/", root().display()),
+        )
+        .replace("max_context = 256", "max_context = 256\nmax_sequences = 2");
+    let spec = compile_scratch(
+        "speculation-tiny-kimi-linear-batch2",
+        &format!("{text}\n{LOOKUP_3}"),
+    );
+    let (k, vocab, n) = (3, plain.plan.model.vocab, 14);
+    let prompts = [vec![5u32, 9, 200, 31, 7, 5, 9], vec![12, 5, 77, 3]];
+    let want: Vec<_> = prompts
+        .iter()
+        .map(|p| decode(&plain, Arm::Serial, std::slice::from_ref(p), n, None))
+        .collect();
+    // drafts from each sequence's greedy continuation, wrong every third token
+    let replays: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(&want)
+        .map(|(p, w)| garbled(&[&p[..], &w.0[..]].concat(), p.len() + 3, vocab))
+        .collect();
+    let mut batch = Batch::new(open(&spec, options(Arm::Serial)).unwrap(), 2, 1);
+    let slots: Vec<usize> = prompts
+        .iter()
+        .map(|p| batch.join(p).unwrap().unwrap())
+        .collect();
+    let mut got = vec![(Vec::new(), Vec::new()); 2];
+    let mut fed: Vec<Vec<u32>> = vec![Vec::new(); 2];
+    let (mut drafted, mut accepted) = (0, 0);
+    while batch.used() > 0 {
+        let stepped = batch.step().unwrap();
+        for d in &stepped.done {
+            let i = slots.iter().position(|&s| s == d.slot).unwrap();
+            let (tokens, logits) = &mut got[i];
+            let mut taken = 0;
+            let next = loop {
+                let row = stepped.row_logits(d, taken).unwrap();
+                let token = greedy(row);
+                tokens.push(token);
+                logits.push(row.to_vec());
+                if fed[i].get(taken) != Some(&token) {
+                    break token;
+                }
+                taken += 1;
+            };
+            drafted += fed[i].len();
+            accepted += taken;
+            if tokens.len() >= n {
+                tokens.truncate(n);
+                logits.truncate(n);
+                batch.leave(d.slot).unwrap();
+                continue;
+            }
+            batch.accept(d.slot, taken).unwrap();
+            let at = prompts[i].len() + tokens.len();
+            let room = k.min(n - tokens.len() - 1);
+            fed[i] = replays[i][at.min(replays[i].len())..][..room].to_vec();
+            batch.verify(d.slot, next, &fed[i]).unwrap();
+        }
+    }
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_same(
+            &format!("batched sequence {i}"),
+            &(w.0.clone(), w.1.clone()),
+            &(g.0.clone(), g.1.clone()),
+        );
+    }
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "drafts must be both accepted and rejected: {accepted} of {drafted}"
+    );
 }
 
 #[test]

@@ -28,6 +28,9 @@ pub struct Metrics {
     /// Engine steps, and the sequences they carried (their ratio is the mean batch).
     steps: AtomicU64,
     step_sequences: AtomicU64,
+    /// Speculative decoding: tokens drafted, and those accepted.
+    drafted: AtomicU64,
+    accepted: AtomicU64,
 }
 
 impl Metrics {
@@ -45,6 +48,8 @@ impl Metrics {
             slots_total: slots,
             steps: AtomicU64::new(0),
             step_sequences: AtomicU64::new(0),
+            drafted: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
         }
     }
 
@@ -58,6 +63,12 @@ impl Metrics {
     pub fn count_prompt(&self, tokens: usize) {
         self.prompt_tokens
             .fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a verify step's drafted tokens and those accepted.
+    pub fn count_drafts(&self, drafted: usize, accepted: usize) {
+        self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     /// Counts one generated token.
@@ -180,6 +191,18 @@ impl Metrics {
             "counter",
             "Sequences the engine steps carried; over memra_steps_total, the mean batch.",
             &plain(self.step_sequences.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "memra_draft_tokens_total",
+            "counter",
+            "Tokens drafted for speculative decoding (a plan with [speculative]).",
+            &plain(self.drafted.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "memra_draft_tokens_accepted_total",
+            "counter",
+            "Drafted tokens accepted: over memra_draft_tokens_total, the acceptance rate.",
+            &plain(self.accepted.load(Ordering::Relaxed).to_string()),
         );
         out
     }

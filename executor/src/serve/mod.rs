@@ -46,7 +46,7 @@ use conn::{track, BodyRules, Conn, Guarded};
 use grammar::Grammars;
 use metrics::Metrics;
 use routes::{router, App};
-use scheduler::Scheduler;
+use scheduler::{Drafting, Scheduler};
 use shutdown::{run_down, watch_signals, Drain};
 use tools::ToolStyle;
 
@@ -95,6 +95,10 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         .file_stem()
         .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
     let metrics = Arc::new(Metrics::new(max_sequences));
+    let drafting = plan.plan.speculative.map(|sp| Drafting {
+        tokens: sp.tokens as usize,
+        max_context,
+    });
     let scheduler = Scheduler::start(
         move || {
             let window = window(&plan.plan, options.arm);
@@ -104,6 +108,7 @@ pub fn serve(plan: LoadedPlan, options: EngineOptions, server: &ServerOptions) -
         metrics.clone(),
         drain.clone(),
         server.max_queue,
+        drafting,
     )?;
     // U+FFFD for a token of part of a character: never less than its bytes
     let max_token_bytes = (0..tokenizer.vocab_size())

@@ -7,7 +7,8 @@
 //! with its own sampler and send its text (`sequence`). A sequence's text does not depend
 //! on the company it decoded in: every row of a step is computed as it would be alone. An
 //! engine error fails the sequences of that step only: the engine is reopened for the next
-//! jobs.
+//! jobs. On a plan with `[speculative]` (`Drafting`), each sequence feeds its token with the
+//! drafts prompt lookup finds in its own context, and its next step verifies them.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +24,7 @@ use super::logprobs::TokenLogprob;
 use super::metrics::Metrics;
 use super::sequence::Sequence;
 use super::shutdown::Drain;
-use crate::batch::Batch;
+use crate::batch::{Batch, Decoded, Stepped};
 use crate::sample::{PenaltyConfig, SamplerConfig};
 use crate::text::Tokenizer;
 
@@ -117,6 +118,14 @@ impl FinishReason {
     }
 }
 
+/// Speculative decoding by prompt lookup (a plan's `[speculative]`): up to `tokens` drafts a
+/// step, within `max_context` positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drafting {
+    pub tokens: usize,
+    pub max_context: usize,
+}
+
 /// The handle HTTP handlers queue jobs through.
 pub struct Scheduler {
     queue: Sender<Job>,
@@ -127,14 +136,16 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the engine thread: `open` makes a batch on it (again after an engine error).
-    /// Returns once the first batch is open, or with its error.
+    /// Starts the engine thread: `open` makes a batch on it (again after an engine error);
+    /// with `drafting`, its sequences decode speculatively. Returns once the first batch is
+    /// open, or with its error.
     pub fn start(
         open: impl FnMut() -> Result<Batch> + Send + 'static,
         tokenizer: Arc<Tokenizer>,
         metrics: Arc<Metrics>,
         drain: Arc<Drain>,
         max_queued: usize,
+        drafting: Option<Drafting>,
     ) -> Result<Scheduler> {
         let (queue, jobs) = channel();
         let (ready_tx, ready) = channel();
@@ -149,6 +160,7 @@ impl Scheduler {
                     tokenizer,
                     metrics: thread_metrics,
                     drain: thread_drain,
+                    drafting,
                 };
                 let opened = engine.reopen();
                 let ok = opened.is_ok();
@@ -197,6 +209,7 @@ struct Engine<F> {
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
     drain: Arc<Drain>,
+    drafting: Option<Drafting>,
 }
 
 impl<F: FnMut() -> Result<Batch>> Engine<F> {
@@ -348,17 +361,7 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
                 kept.push(sequence);
                 continue;
             };
-            let fed = sequence
-                .advance(&stepped, d, &self.metrics)
-                .and_then(|next| {
-                    let batch = self.batch.as_mut().expect("invariant: stepped above");
-                    if sequence.argmax_from_now() {
-                        // its argmax comes back from the engine, not its logits
-                        batch.greedy(sequence.slot)?;
-                    }
-                    next.map(|token| batch.feed(sequence.slot, token))
-                        .transpose()
-                });
+            let fed = self.advance(&mut sequence, &stepped, d);
             match fed {
                 Ok(Some(())) => kept.push(sequence),
                 Ok(None) => self.leave(sequence, None),
@@ -367,6 +370,36 @@ impl<F: FnMut() -> Result<Batch>> Engine<F> {
         }
         self.count_slots();
         kept
+    }
+
+    /// `sequence`'s next token from its step `d`, fed for the next step (with its drafts when
+    /// speculating); `None` when the sequence has ended.
+    fn advance(
+        &mut self,
+        sequence: &mut Sequence,
+        stepped: &Stepped,
+        d: &Decoded,
+    ) -> Result<Option<()>> {
+        let batch = self.batch.as_mut().expect("invariant: stepped before");
+        let Some(drafting) = self.drafting else {
+            let Some(token) = sequence.advance(stepped, d, &self.metrics)? else {
+                return Ok(None);
+            };
+            if sequence.argmax_from_now() {
+                // its argmax comes back from the engine, not its logits
+                batch.greedy(sequence.slot)?;
+            }
+            return batch.feed(sequence.slot, token).map(Some);
+        };
+        let drafted = d.rows - 1;
+        let (next, accepted) = sequence.advance_drafts(stepped, d, &self.metrics)?;
+        self.metrics.count_drafts(drafted, accepted);
+        let Some(token) = next else {
+            return Ok(None);
+        };
+        batch.accept(sequence.slot, accepted)?;
+        let drafts = sequence.draft(drafting.tokens, drafting.max_context);
+        batch.verify(sequence.slot, token, &drafts).map(Some)
     }
 
     /// Frees `sequence`'s slot and ends its request (failed with `error` if given).

@@ -72,7 +72,13 @@ impl Decoder for Fixed {
             anyhow::bail!("the device fell over at position {}", at.pos);
         }
         self.widest.fetch_max(input.spans.len(), Ordering::Relaxed);
-        let rows = input.spans.len();
+        // a row of logits per span, or a verify span's every row
+        let rows: usize = input
+            .spans
+            .iter()
+            .map(|s| (s.rows() - s.logits_from) as usize)
+            .sum();
+        let argmaxes = input.spans.len();
         let (logits, argmax) = match input.readback {
             Readback::Logits => {
                 let mut logits = vec![0.0; 257 * rows];
@@ -81,7 +87,7 @@ impl Decoder for Fixed {
                 }
                 (logits, Vec::new())
             }
-            Readback::Argmax => (Vec::new(), vec![self.token; rows]),
+            Readback::Argmax => (Vec::new(), vec![self.token; argmaxes]),
         };
         self.outputs.push_back(StepOutput {
             step: 0,
@@ -147,7 +153,8 @@ fn an_engine_error_fails_its_request_and_the_next_gets_a_new_engine() {
         Ok(Batch::new(Fixed::new(a, first.then_some(3), None), 1, 1))
     };
     let metrics = Arc::new(Metrics::new(1));
-    let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), Arc::default(), 8).unwrap();
+    let scheduler =
+        Scheduler::start(open, tokenizer, metrics.clone(), Arc::default(), 8, None).unwrap();
     let (failing, rx_failing) = job(vec![a, a], 5);
     let (next, rx_next) = job(vec![a], 3);
     scheduler.submit(failing).unwrap();
@@ -183,7 +190,8 @@ fn ticked(metrics: Arc<Metrics>, max_queued: usize) -> (u32, Sender<()>, Schedul
     let (tick, ticks) = channel();
     let mut ticks = Some(ticks);
     let open = move || Ok(Batch::new(Fixed::new(a, None, ticks.take()), 1, 1));
-    let scheduler = Scheduler::start(open, tokenizer, metrics, Arc::default(), max_queued).unwrap();
+    let scheduler =
+        Scheduler::start(open, tokenizer, metrics, Arc::default(), max_queued, None).unwrap();
     (a, tick, scheduler)
 }
 
@@ -253,7 +261,8 @@ fn jobs_decode_together_up_to_the_slots_and_the_rest_wait() {
         Ok(Batch::new(engine, 2, 1))
     };
     let metrics = Arc::new(Metrics::new(2));
-    let scheduler = Scheduler::start(open, tokenizer, metrics.clone(), Arc::default(), 8).unwrap();
+    let scheduler =
+        Scheduler::start(open, tokenizer, metrics.clone(), Arc::default(), 8, None).unwrap();
     let receivers: Vec<_> = (0..3)
         .map(|_| {
             let (job, rx) = job(vec![a, a], 5);
@@ -278,4 +287,92 @@ fn jobs_decode_together_up_to_the_slots_and_the_rest_wait() {
     assert_eq!(metrics.slots_used.load(Ordering::Relaxed), 0);
     drop(scheduler);
     ticking.join().unwrap();
+}
+
+/// The value of the unlabelled metric `name` in `metrics`' exposition.
+fn metric(metrics: &Metrics, name: &str) -> f64 {
+    metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// A job of prompt `prompt` speculating (up to 3 drafts a step) over an engine that always
+/// picks `picks`: its events and the (drafted, accepted, steps) counts.
+fn speculate(prompt: &str, picks: &str, n: usize) -> (Vec<Event>, [f64; 3]) {
+    let tokenizer = tokenizer();
+    let tokens = tokenizer.encode(prompt, false).unwrap();
+    let pick = tokenizer.encode(picks, false).unwrap()[0];
+    let open = move || {
+        let mut engine = Fixed::new(pick, None, None);
+        engine.rows = 4;
+        Ok(Batch::new(engine, 2, 1))
+    };
+    let metrics = Arc::new(Metrics::new(2));
+    let drafting = Some(Drafting {
+        tokens: 3,
+        max_context: 64,
+    });
+    let scheduler = Scheduler::start(
+        open,
+        tokenizer,
+        metrics.clone(),
+        Arc::default(),
+        8,
+        drafting,
+    )
+    .unwrap();
+    let (job, rx) = job(tokens, n);
+    scheduler.submit(job).unwrap();
+    let all = events(rx);
+    let counts = [
+        "memra_draft_tokens_total",
+        "memra_draft_tokens_accepted_total",
+        "memra_steps_total",
+    ]
+    .map(|name| metric(&metrics, name));
+    (all, counts)
+}
+
+fn text_of(all: &[Event]) -> String {
+    all.iter()
+        .filter_map(|e| match e {
+            Event::Text { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_speculating_job_takes_accepted_drafts_without_steps_of_their_own() {
+    let (all, [drafted, accepted, steps]) = speculate("aaaa", "a", 10);
+    assert_eq!(text_of(&all), "a".repeat(10));
+    assert_eq!(
+        all.last(),
+        Some(&Event::Done(Finish {
+            reason: FinishReason::Length,
+            prompt_tokens: 4,
+            completion_tokens: 10,
+        }))
+    );
+    // every draft is the engine's pick; the prompt's step gives one token and each verify
+    // step its accepted drafts and one more
+    assert!(
+        drafted > 0.0 && accepted == drafted,
+        "{accepted} of {drafted}"
+    );
+    assert_eq!(accepted + steps, 10.0);
+}
+
+#[test]
+fn a_rejected_draft_leaves_the_text_plain_decodings() {
+    // after "xyxy" and the engine's "x", lookup drafts "y" ("xyx" was followed by "y"), which
+    // the engine rejects; once "xx" repeats, it drafts "x"
+    let (all, [drafted, accepted, _]) = speculate("xyxy", "x", 8);
+    assert_eq!(text_of(&all), "x".repeat(8));
+    assert!(
+        accepted < drafted && accepted > 0.0,
+        "{accepted} of {drafted}: the test wants rejected and accepted drafts"
+    );
 }

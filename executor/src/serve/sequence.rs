@@ -34,6 +34,10 @@ pub(super) struct Sequence<'t> {
     /// Tokens generated (an end-of-generation token is not counted).
     completion: usize,
     first: Option<Instant>,
+    /// The prompt and the tokens sampled since: what prompt lookup drafts from.
+    context: Vec<u32>,
+    /// The drafts fed after the sequence's last token (`verify`).
+    drafts: Vec<u32>,
 }
 
 impl<'t> Sequence<'t> {
@@ -45,6 +49,7 @@ impl<'t> Sequence<'t> {
             penalties: Penalties::new(sampling.penalties, &job.tokens),
             logprobs: Vec::new(),
             stop: StopMatcher::new(job.stop.clone()),
+            context: job.tokens.clone(),
             job,
             slot,
             tokenizer,
@@ -53,6 +58,7 @@ impl<'t> Sequence<'t> {
             sampled: 0,
             completion: 0,
             first: None,
+            drafts: Vec::new(),
         }
     }
 
@@ -71,46 +77,107 @@ impl<'t> Sequence<'t> {
         d: &Decoded,
         metrics: &Metrics,
     ) -> Result<Option<u32>> {
-        let sampling = self.job.sampling;
         // a greedy sequence's first token comes from its logits too, so that a model whose
         // logits are not finite fails there
         let token = if self.needs_logits() || self.sampled == 0 {
             let logits = stepped.logits(d).ok_or_else(|| {
                 anyhow!("invariant: a sampled sequence's step brings back its logits")
             })?;
-            if let Some(at) = logits.iter().position(|l| !l.is_finite()) {
-                bail!(
-                    "the model's logits are not finite (token {at}: {}) after {} generated tokens: a weight or an activation holds NaN or infinity",
-                    logits[at],
-                    self.sampled
-                );
-            }
-            let mut shaped = self.penalties.apply(logits);
-            if let Some(constraint) = self.job.constraint.as_mut() {
-                shaped = constraint.mask(shaped)?;
-            }
-            let mut token = if sampling.config.is_greedy() {
-                argmax(shaped)
-            } else {
-                self.sampler.sample(shaped)
-            };
-            // the draw's fallback for a sum rounded past its target is the last candidate,
-            // which a mask may have ruled out: the best allowed one instead
-            if shaped.get(token as usize) == Some(&f32::NEG_INFINITY) {
-                token = argmax(shaped);
-            }
-            if let (Some(top), false) = (sampling.logprobs, self.tokenizer.is_eog(token)) {
-                self.logprobs.push(token_logprob(logits, token, top));
-            }
-            token
+            self.pick(logits, None)?
         } else {
             stepped.argmax(d)?
         };
+        Ok(self.emit(token, metrics)?.then_some(token))
+    }
+
+    /// `advance` over a verify span's rows (`Sequence::verify`): row i's logits verify draft
+    /// i (`Sampler::verify`) after the tokens before it were taken; the first token that is
+    /// not a draft (a rejection's, or the one after every draft) ends the walk. Returns the
+    /// token to decode next (`None`: the sequence ended) and the drafts accepted.
+    pub fn advance_drafts(
+        &mut self,
+        stepped: &Stepped,
+        d: &Decoded,
+        metrics: &Metrics,
+    ) -> Result<(Option<u32>, usize)> {
+        let drafts = std::mem::take(&mut self.drafts);
+        if d.rows != drafts.len() + 1 {
+            bail!(
+                "invariant: a verify span of {} drafts brought back {} rows of logits",
+                drafts.len(),
+                d.rows
+            );
+        }
+        for (i, draft) in drafts.iter().map(Some).chain([None]).enumerate() {
+            let logits = stepped.row_logits(d, i).ok_or_else(|| {
+                anyhow!("invariant: a verify step brings back every row's logits")
+            })?;
+            let token = self.pick(logits, draft.copied())?;
+            let taken = draft == Some(&token);
+            let accepted = i + usize::from(taken);
+            if !self.emit(token, metrics)? {
+                return Ok((None, accepted));
+            }
+            if !taken {
+                return Ok((Some(token), accepted));
+            }
+        }
+        unreachable!("invariant: the last row has no draft, so its token ends the walk")
+    }
+
+    /// The drafts prompt lookup finds for the sequence after its last token: at most
+    /// `tokens`, none past `max_context` positions or its `max_tokens`. `Sequence::advance_drafts`
+    /// verifies them after the step that decodes them.
+    pub fn draft(&mut self, tokens: usize, max_context: usize) -> Vec<u32> {
+        // the last token sits at position context.len() - 1 once a step embeds it
+        let room = tokens
+            .min(max_context.saturating_sub(self.context.len()))
+            .min(self.job.max_tokens.saturating_sub(self.sampled + 1));
+        self.drafts = crate::speculate::lookup(&self.context, room);
+        self.drafts.clone()
+    }
+
+    /// The next token from `logits` (a draw, or the argmax, of its penalized and masked
+    /// logits; with `draft`, speculative sampling of it), and its logprob when asked.
+    fn pick(&mut self, logits: &[f32], draft: Option<u32>) -> Result<u32> {
+        let sampling = self.job.sampling;
+        if let Some(at) = logits.iter().position(|l| !l.is_finite()) {
+            bail!(
+                "the model's logits are not finite (token {at}: {}) after {} generated tokens: a weight or an activation holds NaN or infinity",
+                logits[at],
+                self.sampled
+            );
+        }
+        let mut shaped = self.penalties.apply(logits);
+        if let Some(constraint) = self.job.constraint.as_mut() {
+            shaped = constraint.mask(shaped)?;
+        }
+        let mut token = match draft {
+            _ if sampling.config.is_greedy() => argmax(shaped),
+            Some(draft) => self.sampler.verify(shaped, draft),
+            None => self.sampler.sample(shaped),
+        };
+        // the draw's fallback for a sum rounded past its target is the last candidate,
+        // which a mask may have ruled out: the best allowed one instead
+        if shaped.get(token as usize) == Some(&f32::NEG_INFINITY) {
+            token = argmax(shaped);
+        }
+        if let (Some(top), false) = (sampling.logprobs, self.tokenizer.is_eog(token)) {
+            self.logprobs.push(token_logprob(logits, token, top));
+        }
+        Ok(token)
+    }
+
+    /// Takes `token` as the sequence's next and sends the text it releases; whether the
+    /// sequence goes on (not at its end of generation, a stop string, a completed grammar or
+    /// `max_tokens`).
+    fn emit(&mut self, token: u32, metrics: &Metrics) -> Result<bool> {
         self.penalties.record(token);
         self.sampled += 1;
+        self.context.push(token);
         if self.tokenizer.is_eog(token) {
             self.reason = FinishReason::Stop;
-            return Ok(None);
+            return Ok(false);
         }
         self.first.get_or_insert_with(Instant::now);
         self.completion += 1;
@@ -124,14 +191,14 @@ impl<'t> Sequence<'t> {
             self.send(released.text);
             if released.stopped {
                 self.reason = FinishReason::Stop;
-                return Ok(None);
+                return Ok(false);
             }
         }
         if complete {
             self.reason = FinishReason::Stop;
-            return Ok(None);
+            return Ok(false);
         }
-        Ok((self.sampled < self.job.max_tokens).then_some(token))
+        Ok(self.sampled < self.job.max_tokens)
     }
 
     /// Whether the sequence picks from its logits: its sampling asks for them, or a grammar

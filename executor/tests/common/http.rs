@@ -21,7 +21,12 @@ impl Server {
 
     /// As `start`, with more `serve` options.
     pub fn start_with(options: &[&str]) -> Server {
-        let server = Server(ServeProcess::start_with(1, options));
+        Server::serving("smollm2-batch8", options)
+    }
+
+    /// As `start_with`, under the plan `plans/NAME.plan.toml`.
+    pub fn serving(name: &str, options: &[&str]) -> Server {
+        let server = Server(ServeProcess::serving(name, 1, options));
         let (status, body) = server.get("/health");
         assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
         server

@@ -209,20 +209,19 @@ impl ServeProcess {
 
     /// As `start`, with more `serve` options.
     pub fn start_with(threads: u32, options: &[&str]) -> ServeProcess {
+        ServeProcess::serving("smollm2-batch8", threads, options)
+    }
+
+    /// As `start_with`, serving the real SmolLM2 under the plan `plans/NAME.plan.toml`.
+    pub fn serving(name: &str, threads: u32, options: &[&str]) -> ServeProcess {
         use std::io::{BufRead, BufReader};
         use std::process::{Command, Stdio};
-        smollm2("smollm2-batch8");
+        smollm2(name);
         let threads = threads.to_string();
+        let plan = format!("plans/{name}.plan.toml");
         let mut child = Command::new(env!("CARGO_BIN_EXE_memra-run"))
             .current_dir(root())
-            .args([
-                "serve",
-                "plans/smollm2-batch8.plan.toml",
-                "--port",
-                "0",
-                "-t",
-                &threads,
-            ])
+            .args(["serve", &plan, "--port", "0", "-t", &threads])
             .args(options)
             .stderr(Stdio::piped())
             .spawn()
