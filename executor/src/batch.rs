@@ -77,8 +77,8 @@ pub struct Stepped {
     pub sequences: usize,
     /// Each sequence whose fed tokens are all decoded now, in slot order.
     pub done: Vec<Decoded>,
-    /// The step's logits: a row of `vocab` values per sequence it carried, as the engine
-    /// returned them (kept whole, not copied per sequence); empty in a step of greedy
+    /// The step's logits: a row of `vocab` values per sequence it carried (a verify span's
+    /// every row), as the engine returned them (kept whole, not copied per sequence); empty in a step of greedy
     /// sequences only (`Batch::greedy`).
     logits: Vec<f32>,
     vocab: usize,

@@ -40,13 +40,15 @@ fn tokenizer() -> Arc<Tokenizer> {
 
 /// An engine of up to `rows` rows per step whose logits always pick `token`, failing at
 /// position `fail_at` if given; with `ticks`, each step waits for one. `widest` keeps the
-/// most sequences one step carried.
+/// most sequences one step carried, `written` the token each step embedded at each
+/// position, by slot and position.
 struct Fixed {
     token: u32,
     fail_at: Option<u32>,
     ticks: Option<Receiver<()>>,
     rows: u32,
     widest: Arc<AtomicUsize>,
+    written: Arc<std::sync::Mutex<std::collections::BTreeMap<(u32, u32), u32>>>,
     outputs: VecDeque<StepOutput>,
 }
 
@@ -58,6 +60,7 @@ impl Fixed {
             ticks,
             rows: 1,
             widest: Arc::default(),
+            written: Arc::default(),
             outputs: VecDeque::new(),
         }
     }
@@ -72,6 +75,12 @@ impl Decoder for Fixed {
             anyhow::bail!("the device fell over at position {}", at.pos);
         }
         self.widest.fetch_max(input.spans.len(), Ordering::Relaxed);
+        let mut written = self.written.lock().unwrap();
+        for span in input.spans.iter() {
+            for (i, &t) in span.tokens.iter().enumerate() {
+                written.insert((span.slot, span.pos + i as u32), t);
+            }
+        }
         // a row of logits per span, or a verify span's every row
         let rows: usize = input
             .spans
@@ -299,14 +308,19 @@ fn metric(metrics: &Metrics, name: &str) -> f64 {
 }
 
 /// A job of prompt `prompt` speculating (up to 3 drafts a step) over an engine that always
-/// picks `picks`: its events and the (drafted, accepted, steps) counts.
+/// picks `picks`: its events and the (drafted, accepted, steps) counts. Fails unless every
+/// position the engine embedded last holds the prompt's token or a generated one there (a
+/// rejected draft's position written again).
 fn speculate(prompt: &str, picks: &str, n: usize) -> (Vec<Event>, [f64; 3]) {
     let tokenizer = tokenizer();
     let tokens = tokenizer.encode(prompt, false).unwrap();
     let pick = tokenizer.encode(picks, false).unwrap()[0];
+    let written = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let seen = written.clone();
     let open = move || {
         let mut engine = Fixed::new(pick, None, None);
         engine.rows = 4;
+        engine.written = seen.clone();
         Ok(Batch::new(engine, 2, 1))
     };
     let metrics = Arc::new(Metrics::new(2));
@@ -323,9 +337,22 @@ fn speculate(prompt: &str, picks: &str, n: usize) -> (Vec<Event>, [f64; 3]) {
         drafting,
     )
     .unwrap();
-    let (job, rx) = job(tokens, n);
+    let (job, rx) = job(tokens.clone(), n);
     scheduler.submit(job).unwrap();
     let all = events(rx);
+    // the last generated token is never embedded
+    let want: Vec<u32> = tokens.into_iter().chain(vec![pick; n - 1]).collect();
+    let got: Vec<u32> = written
+        .lock()
+        .unwrap()
+        .range((0, 0)..(1, 0))
+        .map(|(_, &t)| t)
+        .collect();
+    assert_eq!(
+        got[..want.len()],
+        want[..],
+        "the tokens at each position of slot 0"
+    );
     let counts = [
         "memra_draft_tokens_total",
         "memra_draft_tokens_accepted_total",
