@@ -250,11 +250,14 @@ impl Batch {
     /// drafts not yet accepted.
     pub fn leave(&mut self, slot: usize) -> Result<()> {
         let s = self.held(slot)?;
-        if s.pending.is_empty() && !s.flying {
-            s.drop_drafts();
-        }
+        // drafts still pending go with them; decoded ones leave the history (in flight: when
+        // their step lands)
         if !s.flying {
-            s.drafts = 0;
+            if s.pending.is_empty() {
+                s.drop_drafts();
+            } else {
+                s.drafts = 0;
+            }
         }
         s.pending.clear();
         s.joined = None;
