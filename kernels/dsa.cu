@@ -1,19 +1,24 @@
-// memra kernels: the DSA indexer with k-pool compression (glm5-next) at decode, one token,
-// with the semantics of the CPU backend's cpu::kernels::dsa (llama.cpp's build_kpool_select
-// and its CPU top_k). The indexer's projections are ordinary matvecs; these kernels do the
-// rest, reading the position from device memory so that a step is capturable:
+// memra kernels: the DSA indexer with k-pool compression (glm5-next), a decode token or every
+// token row of a prefill step (grid row y for the row at pos[y]), with the semantics of the
+// CPU backend's cpu::kernels::dsa (llama.cpp's build_kpool_select and its CPU top_k). The
+// indexer's projections are ordinary products; these kernels do the rest, reading the
+// positions from device memory so that a step is capturable:
 //
-// dsa_write_f32 layer-norms the token's indexer key, stores key and pool gate in the layer's
-// indexer cache (per position: id key values, then id gate values) and, when the token
-// completes a pool of kp tokens, pools it: per channel, a softmax over the members of gate
-// plus the position term ape weighs the members' keys.
-// dsa_score_f32 scores every complete pool, sum_h w_h relu(q_h . pool), the row padded to a
-// multiple of 64 (at least 64) with -inf as llama.cpp pads it.
+// dsa_write_f32 layer-norms each row's indexer key and stores key and pool gate in the layer's
+// indexer cache (per position: id key values, then id gate values); a one-row step pools in
+// the same launch, a step of several rows in dsa_pool_f32 after it: when a row completes a
+// pool of kp tokens, per channel, a softmax over the members of gate plus the position term
+// ape weighs the members' keys.
+// dsa_score_f32 scores every pool complete at a row's position, sum_h w_h relu(q_h . pool),
+// the row padded to a multiple of 64 (at least 64) with -inf as llama.cpp pads it.
 // dsa_select_f32 picks the best top_k / kp pools with ggml's choice among equal scores
 // (libstdc++'s partial_sort heap over the padded row, then ggml's swap of the first two, then
 // a stable descending sort; a parallel sort gives the same where no scores tie) and writes the cells the MLA softmax runs over: the chosen pools'
 // members, best first, then (select_tail) the incomplete pool's tokens from the position
 // down. cells[0] holds their count, cells[1..] the positions (the sparse form of mla.cu's latent attention).
+//
+// A row's cells depend on its own inputs and the cache rows at or before its position only, so
+// a prefill step's rows select what their decode steps would from the same inputs.
 //
 // Every value is computed with the CPU loops' float operations in their order, with explicit
 // round-to-nearest intrinsics so that no multiply-add is contracted into an FMA, and the f64
@@ -28,16 +33,45 @@
 #define DSA_AHEAD 32
 #define DSA_SELECT_THREADS 256
 
-// One block of id threads (rounded up to a warp), thread d channel d. key, gate: the token's
-// raw indexer key and pool gate (id each); norm_w, norm_b: the key norm (id each); ape: kp rows
-// of id; rows: capacity rows of 2 * id; pooled: capacity / kp rows of id.
+// Channel d of the pool that position p completes (nothing where p completes none): per
+// channel, a softmax over the members of gate plus the position term ape weighs the members'
+// keys, read from `rows` (every member written before).
+__device__ __forceinline__ void dsa_pool_channel(const float* rows, float* pooled, const float* ape, u32 p, int id,
+                                                 int kp, int d) {
+    if ((p + 1) % kp != 0) return;
+    const size_t first = (size_t)(p / kp) * kp;
+    float probs[DSA_MAX_POOL];
+    float mx = -__int_as_float(0x7f800000);
+    for (int m = 0; m < kp; ++m) {
+        probs[m] = __fadd_rn(rows[2 * id * (first + m) + id + d], ape[(size_t)m * id + d]);
+        mx = fmaxf(mx, probs[m]);
+    }
+    double total = 0.0;
+    for (int m = 0; m < kp; ++m) {
+        probs[m] = expf(__fsub_rn(probs[m], mx));
+        total += (double)probs[m];
+    }
+    const float inv = (float)(1.0 / total);
+    float sum = 0.0f;
+    for (int m = 0; m < kp; ++m) sum = __fadd_rn(sum, __fmul_rn(__fmul_rn(probs[m], inv), rows[2 * id * (first + m) + d]));
+    pooled[(size_t)(p / kp) * id + d] = sum;
+}
+
+// Block y (a token row at pos[y]) of id threads (rounded up to a warp), thread d channel d.
+// key, gate: each row's raw indexer key and pool gate (id each); norm_w, norm_b: the key norm
+// (id each); ape: kp rows of id; rows: capacity rows of 2 * id; pooled: capacity / kp rows of
+// id. With `pool` (a step of one row) the block also pools the pool its token completes; a
+// step of several rows pools in dsa_pool_f32 after every row is written.
 extern "C" __global__ void __launch_bounds__(DSA_MAX_DIM)
     dsa_write_f32(const float* key, const float* norm_w, const float* norm_b, float norm_eps, const float* gate,
-                  const float* ape, float* rows, float* pooled, const u32* pos, int id, int kp, int capacity) {
+                  const float* ape, float* rows, float* pooled, const u32* pos, int id, int kp, int capacity,
+                  int pool) {
     overlap_with_neighbours();
     __shared__ float mean_s, scale_s;
-    const u32 p = *pos;
+    const u32 p = pos[blockIdx.y];
     if (p >= (u32)capacity) return;
+    key += (size_t)blockIdx.y * id;
+    gate += (size_t)blockIdx.y * id;
     const int d = threadIdx.x;
     if (d == 0) {
         double sum = 0.0;
@@ -57,24 +91,19 @@ extern "C" __global__ void __launch_bounds__(DSA_MAX_DIM)
     float* row = rows + (size_t)2 * id * p;
     row[d] = normed;
     row[id + d] = gate[d];
-    if ((p + 1) % kp != 0) return;
-    // the pool is complete: channel d of its members was written by this thread
-    const size_t first = (size_t)(p / kp) * kp;
-    float probs[DSA_MAX_POOL];
-    float mx = -__int_as_float(0x7f800000);
-    for (int m = 0; m < kp; ++m) {
-        probs[m] = __fadd_rn(rows[2 * id * (first + m) + id + d], ape[(size_t)m * id + d]);
-        mx = fmaxf(mx, probs[m]);
-    }
-    double total = 0.0;
-    for (int m = 0; m < kp; ++m) {
-        probs[m] = expf(__fsub_rn(probs[m], mx));
-        total += (double)probs[m];
-    }
-    const float inv = (float)(1.0 / total);
-    float sum = 0.0f;
-    for (int m = 0; m < kp; ++m) sum = __fadd_rn(sum, __fmul_rn(__fmul_rn(probs[m], inv), rows[2 * id * (first + m) + d]));
-    pooled[(size_t)(p / kp) * id + d] = sum;
+    // channel d of the pool's members was written by this thread
+    if (pool) dsa_pool_channel(rows, pooled, ape, p, id, kp, d);
+}
+
+// Block y pools the pool that the token row at pos[y] completes (dsa_write_f32 wrote every
+// row of the step before), thread d channel d.
+extern "C" __global__ void __launch_bounds__(DSA_MAX_DIM)
+    dsa_pool_f32(const float* ape, const float* rows, float* pooled, const u32* pos, int id, int kp, int capacity) {
+    overlap_with_neighbours();
+    const u32 p = pos[blockIdx.y];
+    const int d = threadIdx.x;
+    if (p >= (u32)capacity || d >= id) return;
+    dsa_pool_channel(rows, pooled, ape, p, id, kp, d);
 }
 
 // The padded length of the pool score row at position p.
@@ -83,15 +112,19 @@ __device__ __forceinline__ int dsa_padded(u32 p, int kp) {
     return max(1, (complete + 1 + 63) / 64) * 64;
 }
 
-// One warp per entry of the padded score row (a grid over the most pools there can be). Lane l
+// One warp per entry of the padded score row (a grid over the most pools there can be; grid
+// row y for the token row at pos[y], its q, w and score row `scores_stride` apart). Lane l
 // takes heads l, l + 32, ...: its q_h . pool is the CPU's sequential sum over d (the operands
 // loaded DSA_AHEAD at a time before the dependent adds), and its term relu(qk) * (w_h * w_scale)
 // goes through a shuffle to every lane, which all add the terms in head order as the CPU does.
 // q: ih heads of id; w: ih raw head weights, times w_scale as the CPU scales them.
 extern "C" __global__ void dsa_score_f32(const float* q, const float* w, float w_scale, const float* pooled,
-                                         const u32* pos, int id, int ih, int kp, float* scores) {
+                                         const u32* pos, int id, int ih, int kp, float* scores, int scores_stride) {
     overlap_with_neighbours();
-    const u32 p = *pos;
+    const u32 p = pos[blockIdx.y];
+    q += (size_t)blockIdx.y * ih * id;
+    w += (size_t)blockIdx.y * ih;
+    scores += (size_t)blockIdx.y * scores_stride;
     const int j = (int)((blockIdx.x * blockDim.x + threadIdx.x) / WARP), lane = (int)(threadIdx.x % WARP);
     if (j >= dsa_padded(p, kp)) return;
     if (j >= (int)((p + 1) / kp)) {
@@ -173,15 +206,18 @@ __device__ void dsa_adjust_heap(DsaEntry* heap, int len, int hole, DsaEntry valu
 // of them); an entry i >= k that the scan reaches is still its own index i (the CPU's scan
 // moves only entry i and the heap [0, k)), and the entries past k are read no more, so the
 // heap is only the k best: the comparisons are the CPU's on the same scores. The threads then
-// write the cells out. scores: dsa_score_f32's row; cells: 1 + capacity ints (count, then
-// positions).
+// write the cells out. Block y selects for the token row at pos[y]. scores: dsa_score_f32's
+// rows, `scores_stride` apart; cells: a row of `cells_stride` ints per token row (count, then
+// positions: at most top_k plus kp - 1 of them).
 extern "C" __global__ void __launch_bounds__(DSA_SELECT_THREADS)
     dsa_select_f32(const float* scores, const u32* pos, int kp, int top_k, int select_tail, int sort_len,
-                   int* cells) {
+                   int* cells, int scores_stride, int cells_stride) {
     overlap_with_neighbours();
     extern __shared__ DsaEntry dsa_entries[];
     __shared__ int tied;
-    const u32 p = *pos;
+    const u32 p = pos[blockIdx.y];
+    scores += (size_t)blockIdx.y * scores_stride;
+    cells += (size_t)blockIdx.y * cells_stride;
     const int padded = dsa_padded(p, kp), complete = (int)((p + 1) / kp);
     const int k = min(top_k / kp, padded), emitted = min(complete, k);
     int n2 = 1;

@@ -25,8 +25,9 @@
 // (`row_now`, the normalized latent then the roped key) is narrowed to f16, written to the
 // cache by block (0, 0) and read by every block from shared memory, so no block reads the
 // slot being written. A prefill step's rows are grid z (the merge's grid y): row z's queries,
-// position pos[z] and partials, over a cache mla_store_rows_f16 already wrote (`row_now`
-// null), so each row has the bits of a decode step at its position with the same queries.
+// position pos[z], partials and (DSA) cells row, `cells_stride` ints past the previous row's,
+// over a cache mla_store_rows_f16 already wrote (`row_now` null), so each row has the bits of
+// a decode step at its position with the same queries and cells.
 //
 // mla_store_rows_f16 narrows a prefill step's cache rows to f16 and writes row r at position
 // pos[0] + r. mla_heads_f16 narrows each head's slice of every row into a head-major block
@@ -127,8 +128,10 @@ __device__ __forceinline__ MlaSmem mla_smem(int width) {
 // 2t + 9 of each k step, so that output tile (b, e) holds value 32b + 4n + e in its column n.
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
     mla_attention_f16(const float* q_lat, const float* row_now, u16* cache, float* parts, const u32* pos,
-                      int n_heads, int kv_lora, int width, int capacity, float scale, const int* cells) {
+                      int n_heads, int kv_lora, int width, int capacity, float scale, const int* cells,
+                      int cells_stride) {
     overlap_with_neighbours();
+    if (cells) cells += (size_t)blockIdx.z * cells_stride;
     const MlaSmem sm = mla_smem(width);
     const int h0 = blockIdx.x * MLA_TILE_HEADS, c = blockIdx.y, chunks = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -301,8 +304,9 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
 // out (n_heads rows of kv_lora a token row), `chunks` as the split's grid had them.
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     mla_merge_f16(const float* parts, float* out, const u32* pos, int n_heads, int kv_lora, int capacity,
-                  const int* cells, int chunks) {
+                  const int* cells, int cells_stride, int chunks) {
     overlap_with_neighbours();
+    if (cells) cells += (size_t)blockIdx.y * cells_stride;
     const int h = blockIdx.x;
     parts += (size_t)blockIdx.y * n_heads * chunks * (kv_lora + 2);
     out += (size_t)blockIdx.y * n_heads * kv_lora;

@@ -58,12 +58,15 @@
 #                             time to first token of 4096 tokens, llama8b decode; with
 #                             .llama/llama.cpp carried, llama.cpp's pp512 of the same four
 #                             files and its pp4096 of llama8b q4_1 (built while the gates run)
-#   prefill-arch [SECONDS]    the cuda prefill of MoE, MLA and KDA models: self-test (the
-#                             experts over token rows), prefill gates over 230 tokens (q8_0
-#                             tiny-qwen3moe graphs, TP-2, TP-4, EP-4, PP-2; tiny-deepseek2 and
-#                             tiny-deepseek2-lite graphs, TP-2, PP-2; tiny-kimi-linear graphs,
-#                             TP-2, TP-4, EP-2, PP-2, MLA eager), CUDA vs CPU of each over its
-#                             prompt (deepseek2 and kimi-linear in f32), the
+#   prefill-arch [SECONDS] [SHAPES]
+#                             the cuda prefill of MoE, MLA, KDA and glm5-next models:
+#                             self-test (the experts and the DSA indexer over token rows),
+#                             prefill gates over 230 tokens (q8_0 tiny-qwen3moe graphs, TP-2,
+#                             TP-4, EP-4, PP-2; tiny-deepseek2 and tiny-deepseek2-lite graphs,
+#                             TP-2, PP-2; tiny-kimi-linear graphs, TP-2, TP-4, EP-2, PP-2, MLA
+#                             eager; tiny-glm5-next and -shared graphs, TP-2, TP-4 or PP-4,
+#                             EP-2, PP-2, MLA eager), CUDA vs CPU of each over its prompt
+#                             (all but qwen3moe in f32), the
 #                             Qwen3-30B-A3B-shaped 8-layer q4_1 cut (graphs, TP-2, EP-4, PP-2)
 #                             over a two-chunk prompt
 #   batch [SECONDS]           CUDA continuous batching: self-test (the matvec over rows and
@@ -1004,39 +1007,46 @@ suite_prefill() {
 #   - prefill gates against the 1-rank eager CUDA run, every logit bit, both arms: q8_0
 #     tiny-qwen3moe (rows grouped by expert, each expert's GEMMs once per chunk),
 #     tiny-deepseek2 and tiny-deepseek2-lite (MLA rows by the decode kernels at their own
-#     positions, shared experts), tiny-kimi-linear (KDA rows likewise) in every placement
-#     under plans/synthetic/cuda/; the tiny plans hold 256 positions, so their prompt is about
-#     230 tokens (one chunk, tiles cut mid-way);
+#     positions, shared experts), tiny-kimi-linear (KDA rows likewise), tiny-glm5-next and
+#     tiny-glm5-next-shared (the DSA indexer a grid row per token row, mHC mixing over the
+#     rows, the shared layers reading their full layer's selection, a PP cut carrying it) in
+#     every placement under plans/synthetic/cuda/; the tiny plans hold 256 positions, so their
+#     prompt is about 230 tokens (one chunk, tiles cut mid-way);
 #   - CUDA against the CPU, teacher-forced within 5e-2 over the prompt and 16 steps:
-#     tiny-qwen3moe q8_0, deepseek2 and kimi-linear in f32 (in q8_0 the backends pick another
-#     expert at a routing near-tie, README's known limits);
+#     tiny-qwen3moe q8_0, the others in f32 (in q8_0 the backends pick another expert at a
+#     routing near-tie, README's known limits);
 #   - the Qwen3-30B-A3B-shaped 8-layer q4_1 cut at real width (graphs, TP-2, EP-4, PP-2)
 #     over about 600 tokens: a 512-row chunk and a shorter one.
-# SECONDS defaults to 420.
+# SECONDS defaults to 420. SHAPES, when given, are the tiny shapes checked (the 8-layer cut
+# is then left out).
 suite_prefill_arch() {
     BUDGET=${1:-420}
     logs_in /tmp/memra-prefill-arch
     stamp name,driver_version,memory.total
-    local rc dtype ref cand shape suffix short prompt big=qwen3-30b-a3b-l8 synths=()
-    for shape in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
+    local rc dtype ref cand shape suffix short prompt big=qwen3-30b-a3b-l8 synths=() synth_big=
+    local shapes=("${@:2}")
+    if [ ${#shapes[@]} -eq 0 ]; then
+        shapes=(tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear tiny-glm5-next
+            tiny-glm5-next-shared)
+        synth_cut qwen3-30b-a3b 8 q4_1 &
+        synth_big=$!
+    fi
+    for shape in "${shapes[@]}"; do
         synth $shape q8_0 &
         synths+=($!)
-    done
-    for shape in tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
+        [ $shape = tiny-qwen3moe ] && continue
         synth $shape f32 &
         synths+=($!)
     done
-    synth_cut qwen3-30b-a3b 8 q4_1 &
-    local synth_big=$!
     limit 200 "$BIN/cuda_selftest" >"$LOG/selftest.log" 2>&1
     rc=$?
-    grep -E "^(moe|  moe)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
+    grep -E "^ *(moe|dsa|hc|mla attention)" "$LOG/selftest.log" | grep -v " PASS$" | head -20
     row "selftest" "$(ok_or_fail $rc)" "$(tail -1 "$LOG/selftest.log" | cut -c1-120)"
     wait "${synths[@]}"
     short=$(sentences 5)
-    for shape in tiny-qwen3moe tiny-deepseek2 tiny-deepseek2-lite tiny-kimi-linear; do
+    for shape in "${shapes[@]}"; do
         ref=$(plan $shape q8_0 cuda/$shape-eager)
-        for suffix in "" -tp2 -tp4 -ep2 -ep4 -pp2 -mla-eager; do
+        for suffix in "" -tp2 -tp4 -ep2 -ep4 -pp2 -pp4 -mla-eager; do
             cand=cuda/$shape$suffix
             [ -f "plans/synthetic/$cand.toml" ] || continue
             late "prefill gate $cand q8_0" && continue
@@ -1052,16 +1062,18 @@ suite_prefill_arch() {
             against_cpu "cuda vs cpu $shape $dtype prefill" 5e-2 "$M/$shape-$dtype.gguf" \
                 "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --conditioning 1e-3 --per-step -p "$short"
     done
-    wait $synth_big
-    prompt=$(sentences 13)
-    ref=$(plan $big q4_1 cuda/$big-eager)
-    for cand in cuda/$big cuda/$big-tp2 cuda/$big-ep4 cuda/$big-pp2; do
-        late "prefill gate $cand q4_1" && continue
-        gate "prefill gate $cand q4_1" 200 "$M/$big-q4_1.gguf" "$ref" \
-            "$(plan $big q4_1 "$cand")" -p "$prompt" -n 8
-    done
-    late "pp512 $big q4_1" ||
-        bench "pp512 $big q4_1" 150 "$M/$big-q4_1.gguf" "$(plan $big q4_1 cuda/$big)" --prompt 512 -n 16 --reps 3
+    if [ -n "$synth_big" ]; then
+        wait $synth_big
+        prompt=$(sentences 13)
+        ref=$(plan $big q4_1 cuda/$big-eager)
+        for cand in cuda/$big cuda/$big-tp2 cuda/$big-ep4 cuda/$big-pp2; do
+            late "prefill gate $cand q4_1" && continue
+            gate "prefill gate $cand q4_1" 200 "$M/$big-q4_1.gguf" "$ref" \
+                "$(plan $big q4_1 "$cand")" -p "$prompt" -n 8
+        done
+        late "pp512 $big q4_1" ||
+            bench "pp512 $big q4_1" 150 "$M/$big-q4_1.gguf" "$(plan $big q4_1 cuda/$big)" --prompt 512 -n 16 --reps 3
+    fi
     # a gate whose two sides both ran token by token would pass without testing prefill
     if grep -q "prompts run token by token" "$LOG"/*.log 2>/dev/null; then
         row "prefill taken" FAIL "a run printed the token-by-token notice: $(grep -l "prompts run token by token" "$LOG"/*.log | head -3 | tr '\n' ' ')"

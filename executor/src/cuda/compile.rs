@@ -182,7 +182,12 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
     kernel_file!(
         "dsa.cu",
-        ["dsa_write_f32", "dsa_score_f32", "dsa_select_f32"]
+        [
+            "dsa_write_f32",
+            "dsa_pool_f32",
+            "dsa_score_f32",
+            "dsa_select_f32"
+        ]
     ),
     kernel_file!(
         "mhc.cu",
@@ -340,6 +345,67 @@ mod tests {
                 assert!(
                     direct || via_macro,
                     "kernels/{}: no entry point {entry}",
+                    file.name
+                );
+            }
+        }
+    }
+
+    /// Every entry point a file writes directly (`extern "C" __global__ ... name(`) or through
+    /// a one-line macro of that declaration (`ENTRY name(`) is listed, so that no launch of it
+    /// panics at run time for want of a listing. (Entry points a multi-line macro makes are
+    /// named in its calls, which the converse test checks.)
+    #[test]
+    fn every_defined_entry_point_is_listed() {
+        const DECL: &str = "extern \"C\" __global__";
+        // the name of `[void] [__launch_bounds__(..)] name(`
+        fn name_of(head: &str) -> &str {
+            let mut head = head.trim_start().trim_start_matches("void").trim_start();
+            if let Some(bounds) = head.strip_prefix("__launch_bounds__") {
+                head = &bounds[bounds.find(')').unwrap() + 1..];
+            }
+            head.trim_start().split('(').next().unwrap().trim()
+        }
+        for file in FILES {
+            let src = full_source(file).unwrap();
+            let mut entry_macros = Vec::new();
+            let mut names = Vec::new();
+            let mut lines = src.lines().peekable();
+            let mut in_macro = false;
+            while let Some(line) = lines.next() {
+                let t = line.trim();
+                // a multi-line macro's lines: each but the last ends with a backslash
+                let was_in_macro = std::mem::replace(&mut in_macro, t.ends_with('\\'));
+                if was_in_macro || in_macro {
+                    continue;
+                }
+                if let Some(def) = t.strip_prefix("#define ") {
+                    if let Some((name, body)) = def.split_once(' ') {
+                        if body.trim_start().starts_with(DECL) {
+                            entry_macros.push(name.to_string());
+                        }
+                    }
+                    continue;
+                }
+                if let Some(at) = t.find(DECL) {
+                    // the declaration may go on over the next line
+                    let mut head = t[at + DECL.len()..].to_string();
+                    if !head.contains('(') || head.trim_end().ends_with(')') {
+                        head.push(' ');
+                        head.push_str(lines.peek().map_or("", |l| l.trim()));
+                    }
+                    names.push(name_of(&head).to_string());
+                } else if let Some(m) = entry_macros
+                    .iter()
+                    .find(|m| t.starts_with(&format!("{m} ")))
+                {
+                    names.push(name_of(&t[m.len()..]).to_string());
+                }
+            }
+            for name in names {
+                assert!(
+                    file.entries.contains(&name.as_str()),
+                    "kernels/{}: entry point {name} is not listed in FILES",
                     file.name
                 );
             }

@@ -117,7 +117,7 @@ impl RankDevice {
                         seg.name()
                     );
                 };
-                hc.pre(dev, s, &w[usize::from(seg == Segment::HcFfnPre)], &x)
+                hc.pre(dev, s, &w[usize::from(seg == Segment::HcFfnPre)], &x, 1)
             }
             Segment::DsaSelect => {
                 let (MixerWeights::Mla(m), Some(mla), Some(dsa)) =

@@ -25,7 +25,7 @@ pub const MAX_INDEXER_DIM: usize = 1024;
 /// The largest pool the kernels take (DSA_MAX_POOL in kernels/dsa.cu).
 pub const MAX_POOL: usize = 64;
 /// Threads of `dsa_select_f32`'s block (DSA_SELECT_THREADS in kernels/dsa.cu).
-const SELECT_THREADS: u32 = 256;
+const SELECT_THREADS: usize = 256;
 
 /// The shape of one layer's indexer and its cache.
 #[derive(Clone, Copy)]
@@ -57,21 +57,49 @@ impl IndexerShape {
     }
 }
 
-/// The token's indexer inputs of `dsa_write` besides the cache.
+/// The indexer inputs of `dsa_write` besides the cache, for every token row of a step.
 pub(super) struct IndexerKey {
-    /// The raw key (`indexer.attn_k` output).
+    /// The raw keys (`indexer.attn_k` output), `dim` values a row.
     pub key: Span<f32>,
     /// The key norm's weight and bias, and its epsilon (`model.dsa.norm_eps`).
     pub norm: (Span<f32>, Span<f32>, f32),
-    /// The pool gate (`indexer.gate` output).
+    /// The pool gates (`indexer.gate` output), `dim` values a row.
     pub gate: Span<f32>,
     /// The position terms, `kpool` rows of `dim`.
     pub ape: Span<f32>,
 }
 
+/// The selections of a step's token rows: per row, the cell count then the positions, rows
+/// `stride` values apart (the plan's `DsaSummary::selection_values`, what a boundary row
+/// carries).
+pub(super) struct Cells {
+    pub span: Span<i32>,
+    pub stride: usize,
+}
+
+impl Cells {
+    /// The first `rows` rows.
+    pub fn rows(&self, rows: usize) -> Cells {
+        Cells {
+            span: self.span.sub(0, rows * self.stride),
+            stride: self.stride,
+        }
+    }
+}
+
+/// A block per token row of `x` threads.
+fn rows_config(rows: usize, x: usize, smem: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, rows as u32, 1),
+        block_dim: (x as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    }
+}
+
 impl CudaDevice {
-    /// The token at `pos[0]` into an indexer cache (`rows`, `pooled`): its layer-normed key and
-    /// its gate, and the pooled key of the pool it completes.
+    /// The token rows at `pos[r]` into an indexer cache (`rows`, `pooled`): their layer-normed
+    /// keys and their gates, and the pooled key of each pool a row completes (one launch for
+    /// a step of one row; a second, once every row is written, for a step of several).
     pub(super) fn dsa_write(
         &self,
         s: &CudaStream,
@@ -81,15 +109,19 @@ impl CudaDevice {
         sh: IndexerShape,
     ) -> Result<()> {
         let IndexerShape { dim, kpool, .. } = sh;
+        let n = pos.len();
         assert!(
             (1..=MAX_INDEXER_DIM).contains(&dim)
                 && (2..=MAX_POOL).contains(&kpool)
-                && [k.key.len(), k.norm.0.len(), k.norm.1.len(), k.gate.len()] == [dim; 4]
+                && n > 0
+                && [k.key.len(), k.gate.len()] == [n * dim; 2]
+                && [k.norm.0.len(), k.norm.1.len()] == [dim; 2]
                 && k.ape.len() == kpool * dim
                 && rows.len() == sh.rows_len()
                 && pooled.len() == sh.pooled_len(),
-            "dsa_write: keys of {dim}, pools of {kpool}: key {}, ape {}, rows {}, pooled {}",
+            "dsa_write: {n} rows of keys of {dim}, pools of {kpool}: key {}, gate {}, ape {}, rows {}, pooled {}",
             k.key.len(),
+            k.gate.len(),
             k.ape.len(),
             rows.len(),
             pooled.len()
@@ -103,19 +135,30 @@ impl CudaDevice {
         );
         let (rp, pp, posp, eps) = (rows.addr(), pooled.addr(), pos.addr(), k.norm.2);
         let (id, kpi, cap) = (int(dim), int(kpool), int(sh.capacity));
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (dim.next_multiple_of(32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let pool_now = i32::from(n == 1);
+        let cfg = rows_config(n, dim.next_multiple_of(32), 0);
         self.launch(s, "dsa_write_f32", cfg, |a| {
             a.arg(&kp).arg(&wp).arg(&bp).arg(&eps).arg(&gp).arg(&ap);
             a.arg(&rp).arg(&pp).arg(&posp).arg(&id).arg(&kpi).arg(&cap);
+            a.arg(&pool_now);
+        })?;
+        if n == 1 {
+            return Ok(());
+        }
+        self.launch(s, "dsa_pool_f32", cfg, |a| {
+            a.arg(&ap)
+                .arg(&rp)
+                .arg(&pp)
+                .arg(&posp)
+                .arg(&id)
+                .arg(&kpi)
+                .arg(&cap);
         })
     }
 
-    /// The scores of the pools complete at `pos[0]` into `scores` (the padded row, -inf past
-    /// them): `sum_h w_h relu(q_h . pool)` with the raw head weights `w` times `w_scale`.
+    /// The scores of the pools complete at each row's position `pos[r]` into row `r` of
+    /// `scores` (padded rows of `sh.scores_len()`, -inf past them): `sum_h w_h relu(q_h .
+    /// pool)` with the row's raw head weights `w` times `w_scale`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dsa_score(
         &self,
@@ -128,12 +171,14 @@ impl CudaDevice {
         sh: IndexerShape,
         scores: &Span<f32>,
     ) -> Result<()> {
+        let (n, stride) = (pos.len(), sh.scores_len());
         assert!(
-            q.len() == sh.heads * sh.dim
-                && w.len() == sh.heads
+            n > 0
+                && q.len() == n * sh.heads * sh.dim
+                && w.len() == n * sh.heads
                 && pooled.len() == sh.pooled_len()
-                && scores.len() >= sh.scores_len(),
-            "dsa_score: {} heads of {}: q {}, w {}, pooled {}, scores {}",
+                && scores.len() >= n * stride,
+            "dsa_score: {n} rows of {} heads of {}: q {}, w {}, pooled {}, scores {}",
             sh.heads,
             sh.dim,
             q.len(),
@@ -142,18 +187,19 @@ impl CudaDevice {
             scores.len()
         );
         let (qp, wp, pp, posp, sp) = (q.addr(), w.addr(), pooled.addr(), pos.addr(), scores.addr());
-        let (id, ih, kp) = (int(sh.dim), int(sh.heads), int(sh.kpool));
-        // a warp per entry of the padded row
-        self.launch(s, "dsa_score_f32", grid(sh.scores_len() * 32, 128), |a| {
+        let (id, ih, kp, ss) = (int(sh.dim), int(sh.heads), int(sh.kpool), int(stride));
+        // a warp per entry of the padded row, a grid row per token row
+        let mut cfg = grid(stride * 32, 128);
+        cfg.grid_dim.1 = n as u32;
+        self.launch(s, "dsa_score_f32", cfg, |a| {
             a.arg(&qp).arg(&wp).arg(&w_scale).arg(&pp).arg(&posp);
-            a.arg(&id).arg(&ih).arg(&kp).arg(&sp);
+            a.arg(&id).arg(&ih).arg(&kp).arg(&sp).arg(&ss);
         })
     }
 
-    /// The cells the token at `pos[0]` attends to, from `dsa_score`'s row: the best
-    /// `top_k / kpool` pools' members (ggml's choice among equal scores), then with
-    /// `select_tail` the incomplete pool's tokens; into `cells` (the count, then the
-    /// positions; `capacity + 1` values).
+    /// The cells each token row at `pos[r]` attends to, from row `r` of `dsa_score`'s rows:
+    /// the best `top_k / kpool` pools' members (ggml's choice among equal scores), then with
+    /// `select_tail` the incomplete pool's tokens; into row `r` of `cells`.
     pub(super) fn dsa_select(
         &self,
         s: &CudaStream,
@@ -161,15 +207,21 @@ impl CudaDevice {
         pos: &Span<u32>,
         sh: IndexerShape,
         (top_k, select_tail): (usize, bool),
-        cells: &Span<i32>,
+        cells: &Cells,
     ) -> Result<()> {
+        let n = pos.len();
+        let tail = if select_tail { sh.kpool - 1 } else { 0 };
         assert!(
-            scores.len() >= sh.scores_len() && cells.len() > sh.capacity,
-            "dsa_select: {} positions in pools of {}: scores {}, cells {}",
+            n > 0
+                && scores.len() >= n * sh.scores_len()
+                && cells.span.len() >= n * cells.stride
+                && cells.stride > (top_k + tail).min(sh.capacity),
+            "dsa_select: {n} rows, {} positions in pools of {}: scores {}, cells {} in rows of {}",
             sh.capacity,
             sh.kpool,
             scores.len(),
-            cells.len()
+            cells.span.len(),
+            cells.stride
         );
         // shared memory: the padded row at the capacity as (score, index) entries, rounded up
         // to a power of two, for the parallel sort where it fits; else only the heap's entries
@@ -187,29 +239,30 @@ impl CudaDevice {
             self.allow_dynamic_shared("dsa_select_f32", 0, smem)
                 .with_context(|| format!("dsa_select: a heap of {} pools", top_k / sh.kpool))?;
         }
-        let (sp, posp, cp) = (scores.addr(), pos.addr(), cells.addr());
+        let (sp, posp, cp) = (scores.addr(), pos.addr(), cells.span.addr());
         let (kp, top, tail) = (int(sh.kpool), int(top_k), i32::from(select_tail));
         let sort_len = if sort_fits { int(sort_len) } else { 0 };
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (SELECT_THREADS, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        self.launch(s, "dsa_select_f32", cfg, |a| {
-            a.arg(&sp).arg(&posp).arg(&kp).arg(&top).arg(&tail);
-            a.arg(&sort_len).arg(&cp);
-        })
+        let (ss, cs) = (int(sh.scores_len()), int(cells.stride));
+        self.launch(
+            s,
+            "dsa_select_f32",
+            rows_config(n, SELECT_THREADS, smem),
+            |a| {
+                a.arg(&sp).arg(&posp).arg(&kp).arg(&top).arg(&tail);
+                a.arg(&sort_len).arg(&cp).arg(&ss).arg(&cs);
+            },
+        )
     }
 }
 
 /// One DSA layer's indexer on the device (`layer_weights::IndexerWeights`, checked there).
 pub(super) struct IndexerWeights {
-    q_b: DeviceWeight,
-    k: DeviceWeight,
+    pub q_b: DeviceWeight,
+    pub k: DeviceWeight,
     k_norm: (DeviceBuffer<f32>, DeviceBuffer<f32>),
-    gate: DeviceWeight,
+    pub gate: DeviceWeight,
     ape: DeviceBuffer<f32>,
-    proj: DeviceWeight,
+    pub proj: DeviceWeight,
 }
 
 impl IndexerWeights {
@@ -230,7 +283,8 @@ impl IndexerWeights {
     }
 }
 
-/// A rank's indexer buffers and one indexer cache (rows, pooled keys) per DSA layer.
+/// A rank's indexer buffers for steps of up to `rows` token rows and one indexer cache (rows,
+/// pooled keys) per DSA layer.
 pub(super) struct DsaState {
     xn: DeviceBuffer<f32>,
     key: DeviceBuffer<f32>,
@@ -238,8 +292,9 @@ pub(super) struct DsaState {
     q: DeviceBuffer<f32>,
     w: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
-    /// The last selection: the count, then the positions (read by `mla_core`).
+    /// The last selection of each token row (read by `mla_core`), rows `stride` apart.
     cells: DeviceBuffer<i32>,
+    stride: usize,
     /// By the rank's layer index; `None` for other layers.
     caches: Vec<Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>>,
     shape: IndexerShape,
@@ -247,15 +302,26 @@ pub(super) struct DsaState {
     norm_eps: f32,
 }
 
+/// One step's indexer inputs over its token rows: what the indexer's products write.
+pub(super) struct IndexerRows {
+    pub key: Span<f32>,
+    pub gate: Span<f32>,
+    /// The raw head weights (`indexer.proj` output).
+    pub w: Span<f32>,
+    /// The query heads (`indexer.attn_q_b` output).
+    pub q: Span<f32>,
+}
+
 impl DsaState {
-    /// The state of a rank whose layers have an indexer where `layers` says so; made when
-    /// one does or when the rank otherwise holds a selection (`sparse`: a shared-indexer
-    /// layer, or a boundary that carries the selection); `d` is the model's embedding width.
+    /// The state of a rank whose layers have an indexer where `layers` says so, for steps of
+    /// up to `rows` token rows; made when one does or when the rank otherwise holds a
+    /// selection (`sparse`: a shared-indexer layer, or a boundary that carries the
+    /// selection); `d` is the model's embedding width.
     pub fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         plan: &Plan,
-        d: usize,
+        (d, rows): (usize, usize),
         layers: &[bool],
         sparse: bool,
     ) -> Result<Option<DsaState>> {
@@ -289,14 +355,17 @@ impl DsaState {
                 false => None,
             });
         }
+        let stride = dsa.selection_values(plan.runtime.max_context) as usize;
+        let rows = rows.max(1);
         Ok(Some(DsaState {
             xn: dev.alloc(s, d)?,
-            key: dev.alloc(s, shape.dim)?,
-            gate: dev.alloc(s, shape.dim)?,
-            q: dev.alloc(s, shape.heads * shape.dim)?,
-            w: dev.alloc(s, shape.heads)?,
-            scores: dev.alloc(s, shape.scores_len())?,
-            cells: dev.alloc(s, shape.capacity + 1)?,
+            key: dev.alloc(s, rows * shape.dim)?,
+            gate: dev.alloc(s, rows * shape.dim)?,
+            q: dev.alloc(s, rows * shape.heads * shape.dim)?,
+            w: dev.alloc(s, rows * shape.heads)?,
+            scores: dev.alloc(s, rows * shape.scores_len())?,
+            cells: dev.alloc(s, rows * stride)?,
+            stride,
             caches,
             shape,
             top_k: dsa.top_k as usize,
@@ -304,9 +373,26 @@ impl DsaState {
         }))
     }
 
-    /// `dsa_select` of layer `layer` (the CPU's `segments::dsa_select`): the indexer's key,
-    /// gate and head weights from the normed input (`norm` of `x`), its query from the
-    /// normed q-LoRA activations `q_a`, the cache write and the selected cells.
+    /// The indexer products' outputs of a step of `rows` token rows.
+    pub fn rows(&self, rows: usize) -> Result<IndexerRows> {
+        let sh = self.shape;
+        if rows * sh.dim > self.key.len() {
+            bail!(
+                "a DSA step of {rows} token rows; this rank holds {}",
+                self.key.len() / sh.dim
+            );
+        }
+        Ok(IndexerRows {
+            key: Span::of(&self.key).sub(0, rows * sh.dim),
+            gate: Span::of(&self.gate).sub(0, rows * sh.dim),
+            w: Span::of(&self.w).sub(0, rows * sh.heads),
+            q: Span::of(&self.q).sub(0, rows * sh.heads * sh.dim),
+        })
+    }
+
+    /// `dsa_select` of layer `layer` for one token (the CPU's `segments::dsa_select`): the
+    /// indexer's key, gate and head weights from the normed input (`norm` of `x`), its query
+    /// from the normed q-LoRA activations `q_a`, then [`Self::select_rows`].
     #[allow(clippy::too_many_arguments)]
     pub fn select(
         &self,
@@ -319,13 +405,9 @@ impl DsaState {
         layer: usize,
         pos: &Span<u32>,
     ) -> Result<()> {
-        let (rows, pooled) = self.caches[layer]
-            .as_ref()
-            .map(|(r, p)| (Span::of(r), Span::of(p)))
-            .ok_or_else(|| anyhow!("dsa_select on a layer without an indexer cache"))?;
-        let (key, gate, w) = (Span::of(&self.key), Span::of(&self.gate), Span::of(&self.w));
+        let r = self.rows(1)?;
         let ws = [&ix.k, &ix.gate, &ix.proj];
-        let ys = [key.clone(), gate.clone(), w.clone()];
+        let ys = [r.key.clone(), r.gate.clone(), r.w.clone()];
         let chunks = full_chunks(&ix.k);
         if ws
             .iter()
@@ -339,47 +421,72 @@ impl DsaState {
                 dev.matvec(s, m, &xn, full_chunks(m), &mut y.clone())?;
             }
         }
-        let q = Span::of(&self.q);
-        dev.matvec(s, &ix.q_b, q_a, full_chunks(&ix.q_b), &mut q.clone())?;
+        dev.matvec(s, &ix.q_b, q_a, full_chunks(&ix.q_b), &mut r.q.clone())?;
+        self.select_rows(dev, s, ix, layer, &pos.sub(0, 1))
+    }
+
+    /// The indexer of layer `layer` over the token rows at `positions` (one per row), whose
+    /// products are in [`Self::rows`]: every row's key and gate into the cache, the pools the
+    /// rows complete, then each row's scores and selected cells, as its decode step would
+    /// from the same products.
+    pub fn select_rows(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        ix: &IndexerWeights,
+        layer: usize,
+        positions: &Span<u32>,
+    ) -> Result<()> {
+        let n = positions.len();
+        let (rows, pooled) = self.caches[layer]
+            .as_ref()
+            .map(|(r, p)| (Span::of(r), Span::of(p)))
+            .ok_or_else(|| anyhow!("dsa_select on a layer without an indexer cache"))?;
+        let r = self.rows(n)?;
         let k = IndexerKey {
-            key,
+            key: r.key,
             norm: (
                 Span::of(&ix.k_norm.0),
                 Span::of(&ix.k_norm.1),
                 self.norm_eps,
             ),
-            gate,
+            gate: r.gate,
             ape: Span::of(&ix.ape),
         };
         let sh = self.shape;
-        dev.dsa_write(s, &k, (&rows, &pooled), pos, sh)?;
+        dev.dsa_write(s, &k, (&rows, &pooled), positions, sh)?;
         let w_scale = 1.0 / ((sh.dim * sh.heads) as f32).sqrt();
         let scores = Span::of(&self.scores);
-        dev.dsa_score(s, &q, &w, w_scale, &pooled, pos, sh, &scores)?;
+        dev.dsa_score(s, &r.q, &r.w, w_scale, &pooled, positions, sh, &scores)?;
         dev.dsa_select(
             s,
             &scores,
-            pos,
+            positions,
             sh,
             (self.top_k, true),
-            &Span::of(&self.cells),
+            &self.cells().rows(n),
         )
     }
 
-    /// The cells the last `select` chose (or a boundary brought).
-    pub fn cells(&self) -> Span<i32> {
-        Span::of(&self.cells)
+    /// The last selection of each token row (or what a boundary brought).
+    pub fn cells(&self) -> Cells {
+        Cells {
+            span: Span::of(&self.cells),
+            stride: self.stride,
+        }
     }
 
-    /// The first `values` of `cells` as bytes: the count and the cells a boundary row
-    /// carries (`Boundary::selection`), for the copies into and out of a slot.
-    pub fn selection_bytes(&self, values: usize) -> Result<Span<u8>> {
-        if values > self.cells.len() {
+    /// The selections of the first `rows` token rows as bytes: what a boundary's slot carries
+    /// after the residual rows (`Boundary::selection` values a row), for the copies into and
+    /// out of a slot.
+    pub fn selection_bytes(&self, rows: usize, values: usize) -> Result<Span<u8>> {
+        if values != self.stride || rows * values > self.cells.len() {
             bail!(
-                "a boundary carries {values} selection values; this rank holds {}",
-                self.cells.len()
+                "a boundary carries {rows} rows of {values} selection values; this rank holds {} rows of {}",
+                self.cells.len() / self.stride,
+                self.stride
             );
         }
-        Ok(Span::of(&self.cells).sub(0, values).cast())
+        Ok(Span::of(&self.cells).sub(0, rows * values).cast())
     }
 }

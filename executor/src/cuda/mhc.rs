@@ -63,6 +63,9 @@ pub(super) struct HcState {
     mixes: DeviceBuffer<f32>,
     mix: DeviceBuffer<f32>,
     out: DeviceBuffer<f32>,
+    /// The RMS-normed streams of a step of several token rows (whose mixes are a matvec over
+    /// the rows, without the one-row launch's fused norm); `None` for steps of one row.
+    normed: Option<DeviceBuffer<f32>>,
     /// The unit weight of the streams' RMS norm.
     ones: DeviceBuffer<f32>,
     /// The streams' RMS norm epsilon (the model's).
@@ -96,6 +99,10 @@ impl HcState {
             mixes: dev.alloc(s, rows * MIXES)?,
             mix: dev.alloc(s, rows * MIX_LEN)?,
             out: dev.alloc(s, rows * d)?,
+            normed: match rows > 1 {
+                true => Some(dev.alloc(s, rows * STREAMS * d)?),
+                false => None,
+            },
             ones: dev.upload(s, &vec![1f32; STREAMS * d])?,
             norm_eps,
             eps: h.eps as f32,
@@ -125,30 +132,43 @@ impl HcState {
         dev.hc_mean(s, &self.streams(rows), x, rows)
     }
 
-    /// `hc_attn_pre` / `hc_ffn_pre` of one token row with sublayer weights `w`: the mixes,
-    /// the mixing weights, and the sublayer's input in `x`.
+    /// `hc_attn_pre` / `hc_ffn_pre` of `rows` token rows with sublayer weights `w`: the mixes,
+    /// the mixing weights, and the sublayer's input in `x` (`rows` rows). Each row has the
+    /// bits of its one-row step: the streams' norm is `rms_norm`'s, fused into the matvec for
+    /// one row and a launch of its own for several.
     pub fn pre(
         &self,
         dev: &CudaDevice,
         s: &CudaStream,
         w: &HcWeights,
         x: &Span<f32>,
+        rows: usize,
     ) -> Result<()> {
-        let streams = self.streams(1);
-        let mixes = Span::of(&self.mixes).sub(0, MIXES);
-        let norm = Norm {
-            weight: &self.ones,
-            eps: self.norm_eps,
-        };
+        let streams = self.streams(rows);
+        let mixes = Span::of(&self.mixes).sub(0, rows * MIXES);
         let chunks = full_chunks(&w.mixes);
-        dev.matvec_many(
-            s,
-            &[&w.mixes],
-            &streams,
-            Some(norm),
-            chunks,
-            std::slice::from_ref(&mixes),
-        )?;
+        match (rows, &self.normed) {
+            (1, _) => {
+                let norm = Norm {
+                    weight: &self.ones,
+                    eps: self.norm_eps,
+                };
+                dev.matvec_many(
+                    s,
+                    &[&w.mixes],
+                    &streams,
+                    Some(norm),
+                    chunks,
+                    std::slice::from_ref(&mixes),
+                )?;
+            }
+            (_, Some(normed)) => {
+                let normed = Span::of(normed).sub(0, streams.len());
+                dev.rms_norm(s, &streams, &self.ones, self.norm_eps, &mut normed.clone())?;
+                dev.matvec(s, &w.mixes, &normed, chunks, &mut mixes.clone())?;
+            }
+            (_, None) => bail!("an mHC step of {rows} token rows on a rank allocated for one"),
+        }
         let a = HcAffine {
             scale: Span::of(&w.scale),
             base: Span::of(&w.base),
@@ -160,27 +180,33 @@ impl HcState {
             &mixes,
             &a,
             &streams,
-            &Span::of(&self.mix).sub(0, MIX_LEN),
+            &Span::of(&self.mix).sub(0, rows * MIX_LEN),
             x,
         )
     }
 
-    /// Where a finished sublayer's output of one token row goes before `post`: zeroed when
-    /// `zeroed` (an all-reduce or the experts' combine adds into it).
-    pub fn output(&self, s: &CudaStream, d: usize, zeroed: bool) -> Result<Span<f32>> {
-        let out = Span::of(&self.out).sub(0, d);
+    /// Where a finished sublayer's output of `len` values (its token rows) goes before
+    /// `post`: zeroed when `zeroed` (an all-reduce or the experts' combine adds into it).
+    pub fn output(&self, s: &CudaStream, len: usize, zeroed: bool) -> Result<Span<f32>> {
+        let out = Span::of(&self.out).sub(0, len);
         if zeroed {
             s.context().bind_to_thread()?;
-            // SAFETY: `out` is a live buffer of this rank of `d` f32 values
-            unsafe { cu::memset_d8_async(out.addr(), 0, d * 4, s.cu_stream()) }
+            // SAFETY: `out` is a live buffer of this rank of `len` f32 values
+            unsafe { cu::memset_d8_async(out.addr(), 0, len * 4, s.cu_stream()) }
                 .map_err(|e| anyhow!("cuda backend: zeroing the mHC output: {e:?}"))?;
         }
         Ok(out)
     }
 
-    /// Spreads the finished sublayer output `f` (one token row) over the streams.
+    /// Spreads the finished sublayer output `f` (whole token rows) over the streams.
     pub fn post(&self, dev: &CudaDevice, s: &CudaStream, f: &Span<f32>) -> Result<()> {
-        dev.hc_post(s, f, &Span::of(&self.mix).sub(0, MIX_LEN), &self.streams(1))
+        let rows = f.len() / (self.ones.len() / STREAMS);
+        dev.hc_post(
+            s,
+            f,
+            &Span::of(&self.mix).sub(0, rows * MIX_LEN),
+            &self.streams(rows),
+        )
     }
 }
 

@@ -13,8 +13,13 @@
 //! then latent attention with a grid row per token row); MLA layers whose widths are not whole
 //! GEMM steps run it row by row with the decode kernels, each row at its own position. KDA
 //! layers run their projections over the rows at once and the convolution and delta rule token
-//! by token inside one launch each (not yet the chunkwise-parallel form). DSA and mHC plans run
-//! prompts token by token (`prefill_rows` says why).
+//! by token inside one launch each (not yet the chunkwise-parallel form). DSA layers run the
+//! indexer's products over the rows, then every row's cache write, the pools the rows
+//! complete, and each row's scores and selection with a grid row per token row (`dsa.rs`),
+//! and the MLA core over each row's cells. mHC runs each sublayer's mixing over the rows
+//! (`mhc.rs`), and a finished sublayer's rows go to the streams instead of the residual. DSA
+//! layers whose widths are not whole GEMM steps run prompts token by token (`prefill_rows`
+//! says why).
 
 use std::sync::Arc;
 
@@ -25,7 +30,7 @@ use memra_compiler::plan::{reduction_chunks, FfnKind, Plan, Segment};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
 use super::moe::unfit;
-use super::moe::FfnWeights;
+use super::moe::{FfnWeights, MoeState};
 use super::rank::{MixerWeights, Pending, RankDevice, Rows};
 use super::rows::GEMM_DEPTH;
 use super::span::Span;
@@ -35,8 +40,20 @@ use super::weights::{full_chunks, DeviceWeight};
 /// run token by token.
 pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     let m = &plan.model;
-    if m.mhc.is_some() || (0..m.layers).any(|l| m.layer_kind(l).mixer.is_sparse()) {
-        return Err("the cuda prefill has no DSA selection or mHC kernels over token rows; DSA and mHC prompts run token by token");
+    if (0..m.layers).any(|l| m.layer_kind(l).mixer.is_sparse()) {
+        let fits = m.mla.as_ref().is_some_and(|a| {
+            [
+                m.embedding,
+                a.q_lora_rank,
+                a.qk_nope_head_dim,
+                a.kv_lora_rank,
+            ]
+            .iter()
+            .all(|&w| u64::from(w).is_multiple_of(GEMM_DEPTH as u64))
+        });
+        if !fits {
+            return Err("the cuda prefill takes DSA layers whose hidden size, q-LoRA rank, no-rope head and latent are whole 64-value GEMM steps; this model's DSA prompts run token by token");
+        }
     }
     let moe = (0..m.layers).any(|l| matches!(m.layer_kind(l).ffn, FfnKind::Moe { .. }));
     if let Some(why) = m
@@ -100,6 +117,13 @@ impl RankDevice {
     ) -> Result<()> {
         let dev = &self.dev;
         let rb = self.row_buffers()?;
+        if input.len() > rb.a16.len() {
+            bail!(
+                "a prefill product over {} input values; the rank's f16 rows hold {}",
+                input.len(),
+                rb.a16.len()
+            );
+        }
         let mut a16 = Span::of(&rb.a16).sub(0, input.len());
         // whole products (one chunk) go out together, sharing launches
         let mut whole = Vec::new();
@@ -147,8 +171,9 @@ impl RankDevice {
             .ok_or_else(|| anyhow!("a prefill step on a rank allocated for one token row"))
     }
 
-    /// The row-parallel product into x: added at once on a lone rank, left in `partial` for
-    /// the group's all-reduce otherwise; `narrowed` as for [`Self::products`].
+    /// The row-parallel product into x: added at once on a lone rank (with mHC: spread over
+    /// the streams), left in `partial` for the group's all-reduce otherwise; `narrowed` as
+    /// for [`Self::products`].
     #[allow(clippy::too_many_arguments)]
     fn row_parallel(
         &self,
@@ -168,11 +193,31 @@ impl RankDevice {
             .max(1);
         let x = Self::rows_of(&self.buf.x, rows, d);
         let partial = Self::rows_of(&self.buf.partial, rows, d);
-        self.products(s, input, narrowed, rows, chunks, &[(w, &partial)])?;
-        if reduced {
-            Ok(())
-        } else {
-            self.dev.add(s, &x, &partial, &mut x.clone())
+        match (&self.hc, reduced) {
+            (Some(hc), false) => {
+                let f = hc.output(s, rows * d, false)?;
+                self.products(s, input, narrowed, rows, chunks, &[(w, &f)])?;
+                hc.post(&self.dev, s, &f)
+            }
+            (None, false) => {
+                self.products(s, input, narrowed, rows, chunks, &[(w, &partial)])?;
+                self.dev.add(s, &x, &partial, &mut x.clone())
+            }
+            (_, true) => self.products(s, input, narrowed, rows, chunks, &[(w, &partial)]),
+        }
+    }
+
+    /// A lone rank's MoE rows of a step of `rows` token rows, combined into x, or with mHC
+    /// into the sublayer's output and spread over the streams.
+    fn combine_rows(&self, state: &MoeState, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
+        let d = self.hidden_len();
+        match &self.hc {
+            None => state.combine(&self.dev, s, &Self::rows_of(&self.buf.x, rows, d), false),
+            Some(hc) => {
+                let f = hc.output(s, rows * d, true)?;
+                state.combine(&self.dev, s, &f, false)?;
+                hc.post(&self.dev, s, &f)
+            }
         }
     }
 
@@ -198,6 +243,23 @@ impl RankDevice {
                 return self.prefill_mla_by_row(layer, li, seg, rows, s);
             }
             Segment::KdaPre | Segment::KdaCore => return self.prefill_kda(li, seg, rows, s),
+            Segment::DsaSelect => return self.prefill_dsa(layer, li, rows, s),
+            Segment::HcAttnPre | Segment::HcFfnPre => {
+                let (Some(w), Some(hc)) = (&self.layers[li].hc, &self.hc) else {
+                    bail!(
+                        "segment `{}` on layer {layer} without mHC in the plan's model",
+                        seg.name()
+                    );
+                };
+                let x = Self::rows_of(&self.buf.x, rows, self.hidden_len());
+                return hc.pre(
+                    &self.dev,
+                    s,
+                    &w[usize::from(seg == Segment::HcFfnPre)],
+                    &x,
+                    rows,
+                );
+            }
             _ => {}
         }
         let lw = &self.layers[li];
@@ -278,8 +340,47 @@ impl RankDevice {
             state.pre_rows(dev, s, m, li, norm, (&x, &xn), &positions, rows)
         } else {
             let att = Self::rows_of(&b.att, rows, lw.o.cols);
-            state.core_rows(dev, s, m, li, &positions, &att)
+            // a shared-indexer layer reads the selections its full layer left, on this rank
+            // or loaded with the hidden state
+            let cells = match (m.sparse, &self.dsa) {
+                (true, Some(dsa)) => Some(dsa.cells().rows(rows)),
+                (true, None) => bail!("a DSA layer without a DSA selection state"),
+                (false, _) => None,
+            };
+            state.core_rows(dev, s, m, li, &positions, &att, cells.as_ref())
         }
+    }
+
+    /// `dsa_select` of layer `layer` (index `li`) over `rows` token rows: the indexer's key,
+    /// gate and head weights from the normed rows and its queries from the rows' normed q-LoRA
+    /// activations (products over the rows), then every row's selection (`DsaState::select_rows`)
+    /// at the positions `mla_pre` wrote.
+    fn prefill_dsa(&self, layer: u32, li: usize, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
+        let lw = &self.layers[li];
+        let (MixerWeights::Mla(m), Some(mla), Some(dsa)) = (&lw.mixer, &self.mla, &self.dsa) else {
+            bail!("dsa_select on layer {layer}, not a DSA layer");
+        };
+        let Some(ix) = &m.indexer else {
+            bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
+        };
+        let (dev, b, d) = (&self.dev, &self.buf, self.hidden_len());
+        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
+        let a16 = self.narrowed_rows(xn.len())?;
+        dev.rms_norm_narrowing(
+            s,
+            &x,
+            &lw.attn_norm,
+            self.geo.eps,
+            &mut xn.clone(),
+            Some(&a16),
+        )?;
+        let r = dsa.rows(rows)?;
+        let from_x = [(&ix.k, &r.key), (&ix.gate, &r.gate), (&ix.proj, &r.w)];
+        self.products(s, &xn, true, rows, 1, &from_x)?;
+        let q_a = mla.q_lora_normed_rows(m, rows)?;
+        self.products(s, &q_a, false, rows, 1, &[(&ix.q_b, &r.q)])?;
+        let positions = Span::of(&self.row_buffers()?.positions).sub(0, rows);
+        dsa.select_rows(dev, s, ix, li, &positions)
     }
 
     /// A KDA segment of the layer of index `li` over `rows` token rows: the projections as
@@ -336,6 +437,9 @@ impl RankDevice {
     ) -> Result<()> {
         let lw = &self.layers[li];
         match (&lw.mixer, seg) {
+            (MixerWeights::Mla(m), _) if m.sparse => bail!(
+                "layer {layer}: a DSA layer whose widths are not whole GEMM steps takes prompts token by token"
+            ),
             (MixerWeights::Mla(_), Segment::MlaPre) => return Ok(()),
             (MixerWeights::Mla(_), Segment::MlaCore) => {}
             _ => bail!(
@@ -396,7 +500,7 @@ impl RankDevice {
                 self.pending = Pending::Experts;
                 moe_rows.experts(dev, s, e, &xn, rows, &Span::of(&state.rows))?;
                 if lone && e.shared.is_none() {
-                    state.combine(dev, s, &x, false)?;
+                    self.combine_rows(state, rows, s)?;
                 }
                 Ok(())
             }
@@ -418,7 +522,7 @@ impl RankDevice {
                 let out = Span::of(&state.rows).sub(k * rows * d, rows * d);
                 self.products(s, &gate, true, rows, chunks.max(1), &[(&g.down, &out)])?;
                 if lone {
-                    state.combine(dev, s, &x, false)?;
+                    self.combine_rows(state, rows, s)?;
                 }
                 Ok(())
             }

@@ -18,7 +18,7 @@ use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::{mla_parts_len, Mixer, Plan, MLA_CHUNK};
 
 use super::device::{CudaDevice, DeviceBuffer};
-use super::dsa::IndexerWeights;
+use super::dsa::{Cells, IndexerWeights};
 use super::matvec::{ExpertSel, Norm};
 use super::ops::RopeStyle;
 use super::span::Span;
@@ -373,7 +373,7 @@ impl MlaState {
         layer: usize,
         pos: &Span<u32>,
         att: &Span<f32>,
-        cells: Option<&Span<i32>>,
+        cells: Option<&Cells>,
     ) -> Result<()> {
         let sh = m.shape();
         let cache = self.caches[layer]
@@ -529,7 +529,7 @@ impl CudaDevice {
         pos: &Span<u32>,
         (heads, kvl, width, capacity): (usize, usize, usize, usize),
         scale: f32,
-        cells: Option<&Span<i32>>,
+        cells: Option<&Cells>,
     ) -> Result<()> {
         let rows = q_lat.len() / (heads * width).max(1);
         assert!(
@@ -544,7 +544,7 @@ impl CudaDevice {
                 && row.is_none_or(|r| r.len() == width && rows == 1)
                 && cache.len() >= width * capacity
                 && parts.len() >= rows * mla_parts_len(heads, kvl, capacity)
-                && cells.is_none_or(|c| c.len() > capacity && rows == 1),
+                && cells.is_none_or(|c| c.span.len() >= rows * c.stride && c.stride > 0),
             "mla_attention: {rows} rows of {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
         );
         let (qp, rp, cp, op, pap, pp) = (
@@ -556,7 +556,7 @@ impl CudaDevice {
             pos.addr(),
         );
         let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
-        let cp_cells = cells.map_or(0, Span::addr);
+        let (cp_cells, cells_stride) = cells.map_or((0, 0), |c| (c.span.addr(), int(c.stride)));
         let chunks = capacity.div_ceil(MLA_CHUNK);
         let cfg = |x: usize, y: usize, z: usize, smem: usize| LaunchConfig {
             grid_dim: (x as u32, y as u32, z as u32),
@@ -572,11 +572,12 @@ impl CudaDevice {
         self.launch(s, "mla_attention_f16", grid, |a| {
             a.arg(&qp).arg(&rp).arg(&cp).arg(&pap).arg(&pp);
             a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale).arg(&cp_cells);
+            a.arg(&cells_stride);
         })?;
         let nc = int(chunks);
         self.launch(s, "mla_merge_f16", cfg(heads, rows, 1, 0), |a| {
             a.arg(&pap).arg(&op).arg(&pp).arg(&h).arg(&k).arg(&c);
-            a.arg(&cp_cells).arg(&nc);
+            a.arg(&cp_cells).arg(&cells_stride).arg(&nc);
         })
     }
 

@@ -3,7 +3,8 @@
 //! rows in one launch each, every row's cache row written before attention, the per-head
 //! absorbed products through `attn_k_b` and `attn_v_b` as one grouped GEMM each (a group per
 //! head: each head's slices of the rows gathered into a block of their own), and latent
-//! attention with a grid row per token row, each over its causal prefix. The products take f16
+//! attention with a grid row per token row, each over its causal prefix (a DSA layer's over
+//! the row's selected cells). The products take f16
 //! activations, so the rows differ from decode's in the last bits, as dense prefill's do; a
 //! head's products and attention depend on that head alone, and each output row on its own
 //! row, so every plan that splits the heads gives each head the 1-rank bits.
@@ -16,6 +17,7 @@ use memra_compiler::plan::{mla_attend_rows, mla_parts_len};
 
 use super::{MlaState, MlaWeights, QueryPath, Shape};
 use crate::cuda::device::{CudaDevice, DeviceBuffer};
+use crate::cuda::dsa::Cells;
 use crate::cuda::matvec::Norm;
 use crate::cuda::rows::{Groups, GEMM_DEPTH};
 use crate::cuda::span::Span;
@@ -97,7 +99,20 @@ impl MlaState {
     /// Whether layer `m` of a model with hidden size `d` takes [`Self::pre_rows`] and
     /// [`Self::core_rows`] (else its prefill rows run one at a time with the decode kernels).
     pub fn takes_rows(&self, m: &MlaWeights, d: usize) -> bool {
-        self.rows.is_some() && !m.sparse && fits(&m.shape(), d, m.q_lora())
+        self.rows.is_some() && fits(&m.shape(), d, m.q_lora())
+    }
+
+    /// The normed q-LoRA activations of the `rows` token rows `pre_rows` left (the DSA
+    /// indexer's query input).
+    pub fn q_lora_normed_rows(&self, m: &MlaWeights, rows: usize) -> Result<Span<f32>> {
+        match &m.q {
+            QueryPath::LowRank { a, .. } => {
+                Ok(Span::of(&self.rows_buffers(rows)?.q_a).sub(0, rows * a.rows))
+            }
+            QueryPath::Direct(_) => {
+                bail!("the DSA indexer reads the q-LoRA activations; this layer has a direct query")
+            }
+        }
     }
 
     /// `mla_pre` of `rows` token rows of `x` (row `r` at `positions[r]`, `positions[0] + r`):
@@ -191,7 +206,9 @@ impl MlaState {
     }
 
     /// `mla_core` of the token rows at `positions`: latent attention of each row's absorbed
-    /// queries over its causal prefix, then each head's value into the rows of `att`.
+    /// queries over its causal prefix (a DSA layer's: over its row of `cells`), then each
+    /// head's value into the rows of `att`.
+    #[allow(clippy::too_many_arguments)]
     pub fn core_rows(
         &self,
         dev: &CudaDevice,
@@ -200,6 +217,7 @@ impl MlaState {
         layer: usize,
         positions: &Span<u32>,
         att: &Span<f32>,
+        cells: Option<&Cells>,
     ) -> Result<()> {
         let rows = positions.len();
         let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
@@ -209,6 +227,10 @@ impl MlaState {
         let (per_q, per_lat) = (sh.heads * sh.width, sh.heads * sh.kvl);
         for r0 in (0..rows).step_by(b.attend_rows) {
             let n = b.attend_rows.min(rows - r0);
+            let cells = cells.map(|c| Cells {
+                span: c.span.sub(r0 * c.stride, n * c.stride),
+                stride: c.stride,
+            });
             dev.mla_attention(
                 s,
                 &q_lat.sub(r0 * per_q, n * per_q),
@@ -219,7 +241,7 @@ impl MlaState {
                 &positions.sub(r0, n),
                 (sh.heads, sh.kvl, sh.width, self.capacity),
                 self.kq_scale,
-                None,
+                cells.as_ref(),
             )?;
         }
         self.per_head(

@@ -202,7 +202,14 @@ impl RankDevice {
                 .boundaries
                 .iter()
                 .any(|b| b.selection > 0 && (b.from_rank == rank || b.to_rank == rank));
-        let dsa = DsaState::new(&dev, &s, plan, m.embedding as usize, &indexed, sparse)?;
+        let dsa = DsaState::new(
+            &dev,
+            &s,
+            plan,
+            (m.embedding as usize, max_rows),
+            &indexed,
+            sparse,
+        )?;
         for (l, m) in mla_layers.iter().enumerate() {
             if let Some(m) = m {
                 if m.att_len() != layers[l].o.cols {

@@ -445,7 +445,7 @@ impl RankDevice {
                 let hidden: Span<u8> = self.residual(rows.rows).cast();
                 let slot = self.rx_slot(bd, bd.recv_slot(t), rows.rows);
                 copy(s, &slot.sub(0, hidden.len()), &hidden)?;
-                self.copy_selection(bd, &slot, hidden.len(), false, s)
+                self.copy_selection(bd, &slot, hidden.len(), rows.rows, false, s)
             }
             Work::StoreHidden | Work::StoreToken => {
                 let (carries, src, n) = if work == Work::StoreHidden {
@@ -457,7 +457,7 @@ impl RankDevice {
                 for bd in self.outgoing.iter().filter(|x| x.carries == carries) {
                     let slot = self.tx_slot(bd, bd.send_slot(t), n);
                     copy(s, &src, &slot.sub(0, src.len()))?;
-                    self.copy_selection(bd, &slot, src.len(), true, s)?;
+                    self.copy_selection(bd, &slot, src.len(), n, true, s)?;
                     sent = true;
                 }
                 if !sent {
@@ -532,14 +532,16 @@ impl RankDevice {
             .ok_or_else(|| anyhow!("a collective on a rank of no tensor-parallel group"))
     }
 
-    /// A hidden-state slot's DSA selection (`Boundary::selection` values after the `at`
-    /// bytes of residual rows; DSA steps hold one row on this backend) from the rank's
-    /// selection (`store`) or into it.
+    /// A hidden-state slot's DSA selections (`Boundary::selection` values a token row, after
+    /// the `at` bytes of residual rows) from the rank's selections of its `rows` rows
+    /// (`store`) or into them.
+    #[allow(clippy::too_many_arguments)]
     fn copy_selection(
         &self,
         b: &Boundary,
         slot: &Span<u8>,
         at: usize,
+        rows: usize,
         store: bool,
         s: &CudaStream,
     ) -> Result<()> {
@@ -552,10 +554,10 @@ impl RankDevice {
                 b.boundary
             )
         })?;
-        let sel = dsa.selection_bytes(b.selection as usize)?;
+        let sel = dsa.selection_bytes(rows, b.selection as usize)?;
         if slot.len() != at + sel.len() {
             bail!(
-                "boundary {}: a slot of {} bytes for one row of {at} bytes of residual and {} of selection (the cuda backend carries a DSA selection for steps of one row)",
+                "boundary {}: a slot of {} bytes for {rows} rows of {at} bytes of residual and {} of selection",
                 b.boundary,
                 slot.len(),
                 sel.len()

@@ -3,8 +3,11 @@
 //! against `layer_norm`, and the cells `dsa_write`, `dsa_score` and `dsa_select` pick exactly
 //! against `IndexerCache::select` (pools of 2 to 8, more pools than one padded row of 64,
 //! with and without the tail, a row read in place where shared memory cannot hold it), including a case where every pool scores 0 so that the choice
-//! among equal scores is ggml's heap order alone. Then the three launches captured in a graph
-//! and replayed against eager position by position, bit for bit.
+//! among equal scores is ggml's heap order alone. The same tokens then run as a prompt does,
+//! in steps of several rows (the keys written, then the pools the step completes, each row
+//! scored and selected at its own position): every row's cells and the whole cache bit for
+//! bit against the token-by-token run. Then the three launches captured in a graph and
+//! replayed against eager position by position, bit for bit.
 
 use anyhow::Result;
 
@@ -12,7 +15,7 @@ use super::exact::report_replay;
 use super::{random, Ctx};
 use crate::cpu::kernels::{layer_norm, IndexerCache, Selection};
 use crate::cuda::device::DeviceBuffer;
-use crate::cuda::dsa::{IndexerKey, IndexerShape};
+use crate::cuda::dsa::{Cells, IndexerKey, IndexerShape};
 use crate::cuda::{capture, CudaDevice, CudaStream, Span};
 
 /// The key norm's epsilon (glm5-next's `indexer.norm_eps` scale).
@@ -58,8 +61,13 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// A layer's fixed indexer weights and its cache on the device.
+/// Token rows of a prompt step in the chunked run.
+const STEP_ROWS: usize = 7;
+
+/// A layer's fixed indexer weights, its cache and the inputs of a step of `rows` token rows on
+/// the device.
 struct Layer {
+    rows_n: usize,
     norm_w: Vec<f32>,
     norm_b: Vec<f32>,
     ape: Vec<f32>,
@@ -100,7 +108,7 @@ impl Token {
 }
 
 impl Layer {
-    fn new(cx: &mut Ctx, sh: IndexerShape, ties: bool) -> Result<Layer> {
+    fn new(cx: &mut Ctx, sh: IndexerShape, ties: bool, rows_n: usize) -> Result<Layer> {
         let (dev, s) = (cx.dev, cx.s);
         let mut norm_w = random(&mut cx.rng, sh.dim, 1.0);
         let mut norm_b = random(&mut cx.rng, sh.dim, 1.0);
@@ -111,6 +119,7 @@ impl Layer {
         }
         let ape = random(&mut cx.rng, sh.kpool * sh.dim, 1.0);
         Ok(Layer {
+            rows_n,
             d_norm: (dev.upload(s, &norm_w)?, dev.upload(s, &norm_b)?),
             d_ape: dev.upload(s, &ape)?,
             norm_w,
@@ -118,66 +127,72 @@ impl Layer {
             ape,
             rows: dev.alloc(s, sh.rows_len())?,
             pooled: dev.alloc(s, sh.pooled_len())?,
-            scores: dev.alloc(s, sh.scores_len())?,
-            cells: dev.alloc(s, sh.capacity + 1)?,
-            pos: dev.alloc(s, 1)?,
-            key: dev.alloc(s, sh.dim)?,
-            gate: dev.alloc(s, sh.dim)?,
-            q: dev.alloc(s, sh.heads * sh.dim)?,
-            w: dev.alloc(s, sh.heads)?,
+            scores: dev.alloc(s, rows_n * sh.scores_len())?,
+            cells: dev.alloc(s, rows_n * cells_stride(sh))?,
+            pos: dev.alloc(s, rows_n)?,
+            key: dev.alloc(s, rows_n * sh.dim)?,
+            gate: dev.alloc(s, rows_n * sh.dim)?,
+            q: dev.alloc(s, rows_n * sh.heads * sh.dim)?,
+            w: dev.alloc(s, rows_n * sh.heads)?,
         })
     }
 
+    /// The tokens `ts` as one step from position `first` (at most `rows_n` of them).
     fn feed(
         &mut self,
         dev: &CudaDevice,
         s: &std::sync::Arc<CudaStream>,
-        pos: usize,
-        t: &Token,
+        first: usize,
+        ts: &[Token],
     ) -> Result<()> {
-        dev.write(s, &[pos as u32], &mut self.pos)?;
-        dev.write(s, &t.key, &mut self.key)?;
-        dev.write(s, &t.gate, &mut self.gate)?;
-        dev.write(s, &t.q, &mut self.q)?;
-        dev.write(s, &t.w, &mut self.w)
+        assert!(ts.len() <= self.rows_n);
+        let pos: Vec<u32> = (first..first + ts.len()).map(|p| p as u32).collect();
+        let cat = |f: fn(&Token) -> &Vec<f32>| ts.iter().flat_map(f).copied().collect::<Vec<_>>();
+        dev.write(s, &pos, &mut self.pos)?;
+        dev.write(s, &cat(|t| &t.key), &mut self.key)?;
+        dev.write(s, &cat(|t| &t.gate), &mut self.gate)?;
+        dev.write(s, &cat(|t| &t.q), &mut self.q)?;
+        dev.write(s, &cat(|t| &t.w), &mut self.w)
     }
 
-    /// The three launches of a token, as a DSA layer makes them.
-    fn enqueue(&self, dev: &CudaDevice, s: &CudaStream, c: &Case) -> Result<()> {
+    /// The launches of a step of `n` token rows, as a DSA layer makes them.
+    fn enqueue(&self, dev: &CudaDevice, s: &CudaStream, c: &Case, n: usize) -> Result<()> {
         let sh = c.shape;
         let key = IndexerKey {
-            key: Span::of(&self.key),
+            key: Span::of(&self.key).sub(0, n * sh.dim),
             norm: (Span::of(&self.d_norm.0), Span::of(&self.d_norm.1), NORM_EPS),
-            gate: Span::of(&self.gate),
+            gate: Span::of(&self.gate).sub(0, n * sh.dim),
             ape: Span::of(&self.d_ape),
         };
         let (rows, pooled, pos) = (
             Span::of(&self.rows),
             Span::of(&self.pooled),
-            Span::of(&self.pos),
+            Span::of(&self.pos).sub(0, n),
         );
         dev.dsa_write(s, &key, (&rows, &pooled), &pos, sh)?;
         let scale = w_scale(sh);
         let scores = Span::of(&self.scores);
         dev.dsa_score(
             s,
-            &Span::of(&self.q),
-            &Span::of(&self.w),
+            &Span::of(&self.q).sub(0, n * sh.heads * sh.dim),
+            &Span::of(&self.w).sub(0, n * sh.heads),
             scale,
             &pooled,
             &pos,
             sh,
             &scores,
         )?;
-        dev.dsa_select(
-            s,
-            &scores,
-            &pos,
-            sh,
-            (c.top_k, c.select_tail),
-            &Span::of(&self.cells),
-        )
+        let cells = Cells {
+            span: Span::of(&self.cells),
+            stride: cells_stride(sh),
+        };
+        dev.dsa_select(s, &scores, &pos, sh, (c.top_k, c.select_tail), &cells)
     }
+}
+
+/// Values of a row of cells: the count, then up to every position.
+fn cells_stride(sh: IndexerShape) -> usize {
+    sh.capacity + 1
 }
 
 /// The CPU's scale of the head weights.
@@ -194,7 +209,7 @@ fn cells_of(v: &[i32]) -> Vec<usize> {
 fn tokens(cx: &mut Ctx, c: &Case) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let sh = c.shape;
-    let mut l = Layer::new(cx, sh, c.ties)?;
+    let mut l = Layer::new(cx, sh, c.ties, 1)?;
     let mut cache = IndexerCache::new(sh.dim, sh.kpool, sh.capacity);
     let how = Selection {
         top_k: c.top_k,
@@ -202,19 +217,21 @@ fn tokens(cx: &mut Ctx, c: &Case) -> Result<()> {
     };
     let (mut key_bits, mut wrong, mut first_wrong) = (0, 0, String::new());
     let mut want_cells = Vec::new();
-    for pos in 0..c.tokens {
-        let t = Token::new(cx, sh, c.ties);
+    let toks: Vec<Token> = (0..c.tokens).map(|_| Token::new(cx, sh, c.ties)).collect();
+    let mut cells_by_pos = Vec::new();
+    for (pos, t) in toks.iter().enumerate() {
         let mut key = vec![0f32; sh.dim];
         layer_norm(&t.key, &l.norm_w, &l.norm_b, NORM_EPS, &mut key);
         cache.write(pos, &key, &t.gate, &l.ape);
         let w: Vec<f32> = t.w.iter().map(|&v| v * w_scale(sh)).collect();
         cache.select(&t.q, &w, pos, &how, &mut want_cells);
-        l.feed(dev, s, pos, &t)?;
-        l.enqueue(dev, s, c)?;
+        l.feed(dev, s, pos, std::slice::from_ref(t))?;
+        l.enqueue(dev, s, c, 1)?;
         let rows = dev.download(s, &l.rows)?;
         let at = 2 * sh.dim * pos;
         key_bits += super::bit_mismatches(&rows[at..at + sh.dim], &key);
         let got = cells_of(&dev.download(s, &l.cells)?);
+        cells_by_pos.push(got.clone());
         if got != want_cells {
             wrong += 1;
             if first_wrong.is_empty() {
@@ -235,6 +252,52 @@ fn tokens(cx: &mut Ctx, c: &Case) -> Result<()> {
     cx.report.exact("dsa key norm", name.clone(), key_bits);
     cx.report
         .exact("dsa cells", format!("{name}{first_wrong}"), wrong);
+    steps(cx, c, &l, &toks, &cells_by_pos, &name)
+}
+
+/// The tokens `toks` again in steps of `STEP_ROWS` rows on a fresh cache with `one`'s weights:
+/// each row's cells against the token-by-token run's `cells_by_pos`, and the cache after the
+/// last step against `one`'s, bit for bit.
+fn steps(
+    cx: &mut Ctx,
+    c: &Case,
+    one: &Layer,
+    toks: &[Token],
+    cells_by_pos: &[Vec<usize>],
+    name: &str,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let sh = c.shape;
+    let mut l = Layer::new(cx, sh, c.ties, STEP_ROWS)?;
+    dev.write(s, &one.norm_w, &mut l.d_norm.0)?;
+    dev.write(s, &one.norm_b, &mut l.d_norm.1)?;
+    dev.write(s, &one.ape, &mut l.d_ape)?;
+    let stride = cells_stride(sh);
+    let mut wrong = 0;
+    for (k, step) in toks.chunks(STEP_ROWS).enumerate() {
+        let first = k * STEP_ROWS;
+        l.feed(dev, s, first, step)?;
+        l.enqueue(dev, s, c, step.len())?;
+        let cells = dev.download(s, &l.cells)?;
+        for r in 0..step.len() {
+            let got = cells_of(&cells[r * stride..(r + 1) * stride]);
+            wrong += usize::from(got != cells_by_pos[first + r]);
+        }
+    }
+    let cache = |l: &Layer| -> Result<Vec<f32>> {
+        let mut v = dev.download(s, &l.rows)?;
+        v.extend(dev.download(s, &l.pooled)?);
+        Ok(v)
+    };
+    let (want, got) = (cache(one)?, cache(&l)?);
+    let what = format!("{name}, steps of {STEP_ROWS} rows");
+    cx.report.exact(
+        "dsa rows",
+        format!("{what}: cache"),
+        super::bit_mismatches(&got, &want),
+    );
+    cx.report
+        .exact("dsa rows", format!("{what}: cells a row"), wrong);
     Ok(())
 }
 
@@ -255,19 +318,19 @@ fn graph(cx: &mut Ctx) -> Result<()> {
     let toks: Vec<Token> = (0..c.tokens)
         .map(|_| Token::new(cx, c.shape, false))
         .collect();
-    let mut eager_run = Layer::new(cx, c.shape, false)?;
-    let mut replay_run = Layer::new(cx, c.shape, false)?;
+    let mut eager_run = Layer::new(cx, c.shape, false, 1)?;
+    let mut replay_run = Layer::new(cx, c.shape, false, 1)?;
     dev.write(s, &eager_run.norm_w, &mut replay_run.d_norm.0)?;
     dev.write(s, &eager_run.norm_b, &mut replay_run.d_norm.1)?;
     dev.write(s, &eager_run.ape, &mut replay_run.d_ape)?;
     let mut eager = Vec::new();
     for (pos, t) in toks.iter().enumerate() {
-        eager_run.feed(dev, s, pos, t)?;
-        eager_run.enqueue(dev, s, &c)?;
+        eager_run.feed(dev, s, pos, std::slice::from_ref(t))?;
+        eager_run.enqueue(dev, s, &c, 1)?;
         eager.extend(dev.download(s, &eager_run.cells)?.iter().map(|&v| v as f32));
     }
     s.synchronize()?;
-    let captured = capture(s, || replay_run.enqueue(dev, s, &c));
+    let captured = capture(s, || replay_run.enqueue(dev, s, &c, 1));
     report_replay(
         cx,
         "dsa graph",
@@ -277,7 +340,7 @@ fn graph(cx: &mut Ctx) -> Result<()> {
         |g| {
             let mut replayed = Vec::new();
             for (pos, t) in toks.iter().enumerate() {
-                replay_run.feed(dev, s, pos, t)?;
+                replay_run.feed(dev, s, pos, std::slice::from_ref(t))?;
                 g.replay()?;
                 replayed.extend(
                     dev.download(s, &replay_run.cells)?

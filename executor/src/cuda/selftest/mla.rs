@@ -15,6 +15,7 @@ use super::{bit_mismatches, random, Ctx};
 use crate::cpu::kernels::{
     latent_attention, latent_attention_at, rope_part, KvDtype, LatentCache, RopeStyle, Rotation,
 };
+use crate::cuda::dsa::Cells;
 use crate::cuda::{capture, Span};
 use crate::rope::Yarn;
 
@@ -353,7 +354,13 @@ fn on_device(
         &Span::of(&pos),
         (heads, kvl, row.len(), capacity),
         scale,
-        cells.as_ref().map(Span::of).as_ref(),
+        cells
+            .as_ref()
+            .map(|c| Cells {
+                span: Span::of(c),
+                stride: c.len(),
+            })
+            .as_ref(),
     )?;
     Ok((dev.download(s, &out)?, dev.download(s, &cache)?))
 }
