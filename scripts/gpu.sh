@@ -77,6 +77,9 @@
 #                             themselves, llama8b q4_1 bench --batch 1 4 16 64 (128 tokens
 #                             each) beside its one-sequence decode; with .llama/llama.cpp
 #                             carried, llama-batched-bench -npl 1,4,16,64 of the same file
+#   speculation [SECONDS]     CUDA speculative decoding (dense): the gpu-tests speculation
+#                             test (bit for bit the plain plan, one device, PP-2, TP-2), and
+#                             llama8b q4_1 plain against replayed drafts cut at 1 to 4
 #   moe-wide [SECONDS]        Qwen3-30B-A3B-shaped 8-layer q4_1 cut gated at real width on
 #                             device 0: graphs, TP-2, TP-4, EP-4, PP-2
 #   kda [SECONDS]             kimi-linear (KDA + MLA + MoE) on CUDA: self-test, tiny-kimi-linear
@@ -1083,6 +1086,35 @@ suite_prefill_arch() {
     table
 }
 
+# CUDA speculative decoding of dense models (a verify step on the batched decode kernels):
+#   - the gpu-tests speculation test: speculative plans on one device, PP-2 and TP-2, both
+#     arms, with replayed drafts partly rejected and lookup drafts, every generated token's
+#     logits bit for bit the plain plan's;
+#   - llama8b-shaped q4_1 (plans/synthetic/llama8b-spec.toml, up to 4 drafts a step): plain
+#     decode against speculative decoding of the plain run's own greedy continuation cut at 1
+#     to 4 drafts a step (acceptance 100%): the verify step's cost against the acceptance
+#     length, 128 tokens after a 512-token prompt.
+# SECONDS defaults to 300.
+suite_speculation() {
+    BUDGET=${1:-300}
+    logs_in /tmp/memra-speculation
+    stamp name,driver_version,memory.total
+    local rc cut plan_spec
+    synth llama8b q4_1 &
+    local synth_pid=$!
+    limit 240 bash "$0" tests speculative >"$LOG/tests.log" 2>&1
+    rc=$?
+    row "gpu-tests speculative" "$(ok_or_fail $rc)" "$(grep -E '^test result' "$LOG/tests.log" | tail -1)"
+    wait $synth_pid
+    plan_spec=$(plan llama8b q4_1 llama8b-spec)
+    for cut in 1 2 3 4; do
+        late "bench llama8b-spec q4_1 replay $cut" ||
+            bench "bench llama8b-spec q4_1 replay $cut" 90 "$M/llama8b-q4_1.gguf" "$plan_spec" \
+                --prompt 512 -n 128 --reps 3 --draft-replay $cut
+    done
+    table
+}
+
 # CUDA continuous batching (executor/src/cuda/batched.rs): the kernels of a batched step bit
 # for bit against the one-row decode, the batch gates (sequences together against each alone,
 # bit for bit), and llama8b q4_1's aggregate decode over 1, 4, 16 and 64 sequences against
@@ -1836,7 +1868,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | depth-long | prefill-depth | profile | ncu-token | ncu-prefill | ncu-batch | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | depth-long | prefill-depth | speculation | profile | ncu-token | ncu-prefill | ncu-batch | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

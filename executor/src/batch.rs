@@ -285,8 +285,14 @@ impl Batch {
             } else {
                 Readback::Logits
             };
-            self.engine
-                .submit(StepInput::of(spans.clone()).reading(readback))?;
+            // a verify span's rows stand for decode steps: they need decode's bits
+            let decode_bits = spans
+                .iter()
+                .any(|sp| self.slots[sp.slot as usize].drafts > 0);
+            self.engine.submit(StepInput {
+                decode_bits,
+                ..StepInput::of(spans.clone()).reading(readback)
+            })?;
             for span in &spans {
                 let s = &mut self.slots[span.slot as usize];
                 s.pending.drain(..span.tokens.len());

@@ -138,6 +138,11 @@ pub struct StepInput {
     pub spans: Arc<[Span]>,
     /// What comes back of the logit rows.
     pub readback: Readback,
+    /// Whether every row must have the bits of a one-row decode step at its position: a
+    /// speculative verify step, whose accepted rows stand for decode steps. An engine whose
+    /// prompt rows have those bits anyway (the CPU's) takes it as any step; the cuda engine
+    /// runs it through its batched decode kernels instead of the prefill GEMMs.
+    pub decode_bits: bool,
 }
 
 /// What a step brings back to the host of its logit rows.
@@ -179,6 +184,17 @@ impl StepInput {
         StepInput {
             spans: Arc::from(spans),
             readback: Readback::Logits,
+            decode_bits: false,
+        }
+    }
+
+    /// A speculative verify step of sequence slot 0: `tokens` (the last emitted token, then
+    /// the drafts) from `pos` on, every row's logits with the bits of a decode step of its
+    /// own (`decode_bits`).
+    pub fn verify(pos: u32, tokens: &[u32]) -> StepInput {
+        StepInput {
+            decode_bits: true,
+            ..StepInput::prompt(pos, tokens, 0)
         }
     }
 
@@ -427,14 +443,8 @@ pub trait Decoder {
 
 /// Loads `loaded` onto the backend `options` names. Both backends decode several sequences
 /// together; the cuda backend refuses a plan of several sequence slots it cannot batch, and
-/// a speculative plan.
+/// a speculative plan whose verify step it cannot run on its batched decode kernels.
 pub fn open(loaded: &LoadedPlan, options: EngineOptions) -> Result<Box<dyn Decoder>> {
-    if options.backend == Backend::Cuda && loaded.plan.speculative.is_some() {
-        bail!(
-            "{}: the plan's speculative section is not run by the cuda engine yet (its verify step of drafts + 1 rows needs every row on the one-row decode kernels' bits); run it with --backend cpu, or compile the placement without [speculative]",
-            loaded.path.display()
-        );
-    }
     Ok(match options.backend {
         Backend::Cpu => Box::new(crate::cpu::Engine::new(loaded, options)?),
         Backend::Cuda => Box::new(crate::cuda::Engine::new(loaded, options)?),

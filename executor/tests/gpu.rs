@@ -4,8 +4,10 @@
 //! within a relative logit tolerance, and batched plans (several sequence slots, on one
 //! device, PP-2, TP-2, PP-2 x TP-2) whose sequences decoded together must have, bit for bit,
 //! the logits of each decoded alone (by the one-sequence decode kernels, and by the batched
-//! plan itself), and a KDA and a DSA plan's second sequence in one session, which must start
-//! from a fresh state. Run with
+//! plan itself), a KDA and a DSA plan's second sequence in one session, which must start
+//! from a fresh state, and speculative plans (one device, PP-2, TP-2, both arms) whose greedy
+//! tokens and every generated token's logits are the plain plan's, bit for bit, with drafts
+//! accepted and rejected. Run with
 //! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
 #![cfg(feature = "gpu-tests")]
 
@@ -13,13 +15,16 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{options, synth_model, tiny_kimi_linear_model, tiny_tp_model};
+use common::{
+    assert_same, decode_turns, garbled, options, synth_model, tiny_kimi_linear_model, tiny_tp_model,
+};
 use memra_executor::batch_gate::{batch_gate, sequences};
 use memra_executor::cpu::Arm;
 use memra_executor::engine::{open, Backend, EngineOptions, StepOutput};
 use memra_executor::gate::{decode_all, first_mismatch, gate};
 use memra_executor::plan_load::{load, LoadedPlan};
 use memra_executor::session::{Flow, Session};
+use memra_executor::speculate::Drafts;
 
 const PROMPT: [u32; 5] = [1, 17, 200, 33, 401];
 const GENERATED: usize = 12;
@@ -212,5 +217,48 @@ fn a_second_sequence_on_a_kda_or_dsa_plan_starts_from_a_fresh_state() {
             "{name}: a continued sequence over a cut history differs from a fresh one: {}",
             mismatch.unwrap()
         );
+    }
+}
+
+#[test]
+fn speculative_plans_on_cuda_generate_plain_decodings_tokens_and_logits() {
+    // the verify step runs the batched decode kernels, so each of its rows has the bits of
+    // the one-row decode step the plain plan takes at that position; the prompt is prefill
+    // in both
+    let dir = scratch("speculation");
+    let plain = plan(&dir, "plain", "devices = [[0]]", "");
+    let section = "\n[speculative]\ndraft = \"lookup\"\ntokens = 3\n";
+    let prompt: Vec<u32> = vec![5, 9, 200, 31, 7, 5, 9];
+    let turns = [prompt.clone(), vec![12, 5]];
+    let n = 14;
+    let want = decode_turns(&plain, cuda(), &turns, n, None);
+    let sequence = [&prompt[..], &want.0[..n], &turns[1], &want.0[n..]].concat();
+    let vocab = plain.plan.model.vocab;
+    let replay = Drafts::Replay {
+        tokens: garbled(&sequence, prompt.len() + 3, vocab),
+        cut: 3,
+    };
+    for (name, pipeline) in [
+        ("spec", "devices = [[0]]"),
+        ("spec-pp2", "devices = [[0], [0]]"),
+        ("spec-tp2", "devices = [[0, 0]]"),
+    ] {
+        let spec = plan(&dir, name, pipeline, section);
+        for arm in [Arm::Serial, Arm::Pipelined] {
+            let options = EngineOptions { arm, ..cuda() };
+            for drafts in [replay.clone(), Drafts::Lookup] {
+                let (tokens, logits, tally) =
+                    decode_turns(&spec, options, &turns, n, Some(drafts.clone()));
+                let label = format!("{name} {arm:?} {drafts:?}");
+                assert_same(&label, &(want.0.clone(), want.1.clone()), &(tokens, logits));
+                let t = tally.unwrap();
+                if matches!(drafts, Drafts::Replay { .. }) {
+                    assert!(
+                        t.accepted > 0 && t.accepted < t.drafted,
+                        "{label}: drafts accepted and rejected both: {t:?}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -36,21 +36,34 @@ pub const MAX_SEQUENCES: u32 = 256;
 
 /// Refuses a plan of several sequence slots the batched decode cannot run, saying why.
 pub fn check_batched(plan: &Plan) -> Result<()> {
-    let m = &plan.model;
     let sequences = plan.runtime.max_sequences;
     if sequences > MAX_SEQUENCES {
         bail!(
             "runtime.max_sequences is {sequences}; the cuda backend decodes up to {MAX_SEQUENCES} sequences together"
         );
     }
-    let dense_gqa = (0..m.layers).all(|l| {
-        let kind = m.layer_kind(l);
-        kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
-    });
-    if !dense_gqa {
+    if !batched_layers(plan) {
         bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers dense GQA layers (MoE, MLA and KDA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
     }
     Ok(())
+}
+
+/// Refuses a speculative plan whose verify step (drafts + 1 rows through the batched decode
+/// kernels, each with its decode step's bits) the cuda backend cannot run, saying why.
+pub fn check_speculative(plan: &Plan) -> Result<()> {
+    if plan.speculative.is_some() && !batched_layers(plan) {
+        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover dense GQA layers on the cuda backend; run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
+    }
+    Ok(())
+}
+
+/// Whether the batched decode kernels cover every layer: dense GQA ones.
+fn batched_layers(plan: &Plan) -> bool {
+    let m = &plan.model;
+    (0..m.layers).all(|l| {
+        let kind = m.layer_kind(l);
+        kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
+    })
 }
 
 fn chunks_of(w: &DeviceWeight) -> usize {

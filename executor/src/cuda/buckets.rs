@@ -86,6 +86,9 @@ impl Buckets {
                     logits_from: 0,
                     padding: self.rows[i] - n,
                     decode: true,
+                    // a decode step's rows have decode's bits on either kernels: the graphs
+                    // of its bucket are the plan's own
+                    decode_bits: false,
                 },
                 logit_rows: (0..self.rows[i]).collect(),
                 bucket: Some(i),
@@ -98,6 +101,7 @@ impl Buckets {
                         logits_from: n - logit_rows.len(),
                         padding: 0,
                         decode: false,
+                        decode_bits: input.decode_bits,
                     },
                     logit_rows,
                     bucket: None,
@@ -304,6 +308,7 @@ mod tests {
                 logits_from: 0,
                 padding: 1,
                 decode: true,
+                decode_bits: false,
             }
         );
         assert_eq!(s.bucket, Some(2));
@@ -327,6 +332,7 @@ mod tests {
                 logits_from: 2,
                 padding: 0,
                 decode: false,
+                decode_bits: false,
             }
         );
         assert_eq!(s.logit_rows, [0, 3, 4]);
@@ -342,11 +348,20 @@ mod tests {
             logits_from: 0,
             padding: 0,
             decode: true,
+            decode_bits: false,
         };
         assert_eq!((decode.rows, decode.bucket), (one, Some(0)));
         let prefill = b.shape(&StepInput::prompt(0, &[1, 2, 3, 4], 3));
         assert_eq!(prefill.bucket, None);
         assert_eq!((prefill.rows.rows, prefill.rows.logits_from), (4, 3));
+        assert!(!prefill.rows.decode_bits);
+        // a verify step: eager, every row's logits, on the batched decode kernels
+        let verify = b.shape(&StepInput::verify(5, &[1, 2, 3, 4]));
+        assert_eq!((verify.bucket, verify.logit_rows.len()), (None, 4));
+        assert!(verify.rows.decode_bits && !verify.rows.decode);
+        // with no drafts, a plain decode step
+        let one = b.shape(&StepInput::verify(5, &[1]));
+        assert_eq!((one.bucket, one.rows.decode_bits), (Some(0), false));
     }
 
     #[test]

@@ -36,7 +36,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
 use memra_compiler::plan::{Boundary, Step};
 
-use super::batched::check_batched;
+use super::batched::{check_batched, check_speculative};
 use super::buckets::{Buckets, RunGraphs, Shape, Tally};
 use super::device::CudaDevice;
 use super::enqueue::{CudaOps, InputRing, ReadbackRing};
@@ -156,6 +156,7 @@ impl Engine {
                 (map.ranks(plan, world.process()), Some(link))
             }
         };
+        check_speculative(plan).map_err(|e| anyhow!("{}: {e:#}", loaded.path.display()))?;
         let sequences = plan.runtime.max_sequences.max(1);
         let prompt = if sequences > 1 {
             check_batched(plan).map_err(|e| anyhow!("{}: {e:#}", loaded.path.display()))?;
@@ -480,8 +481,8 @@ impl Decoder for Engine {
         // are one span, its logits from a row on; a batched step's head gathers its rows (a
         // padded decode step's: all of them, the pad rows' never come back)
         let shape = self.buckets.shape(&input);
-        // several sequence slots: every step is batched
-        if self.limits.sequences > 1 {
+        // several sequence slots: every step is batched; so is a step of decode's bits
+        if self.limits.sequences > 1 || shape.rows.decode_bits {
             for rank in &mut self.ranks {
                 rank.logit_rows.clone_from(&shape.logit_rows);
             }

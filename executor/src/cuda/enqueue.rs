@@ -108,7 +108,7 @@ impl CudaOps<'_> {
                 .map_err(|e| anyhow!("cuda backend: host to device copy: {e:?}"))
         };
         let padding = self.rows.padding;
-        if rank.batched() {
+        if rank.batch_step(self.rows) {
             let (pos, slots): (Vec<u32>, Vec<u32>) = std::iter::repeat_n((0, PAD_SLOT), padding)
                 .chain(input.rows_at().map(|r| (r.pos as u32, r.slot as u32)))
                 .unzip();

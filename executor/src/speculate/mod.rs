@@ -1,7 +1,7 @@
 //! Speculative decoding on any engine: each step verifies the tokens a draft source proposes
 //! in one step of one sequence's consecutive positions (the last emitted token, then the
-//! drafts). A row of a step has the bits it has alone, so row `i`'s logits are the ones a
-//! one-token step at its position gives. The sampler takes the drafts row after row while
+//! drafts), a `StepInput::verify` step whose rows must have decode's bits, so row `i`'s
+//! logits are the ones a one-token step at its position gives. The sampler takes the drafts row after row while
 //! it accepts them, then one token of its own: greedy, exactly plain decoding's tokens and
 //! logits; sampled, plain sampling's distribution (`Sampler::verify`).
 //!
@@ -160,7 +160,7 @@ pub fn speculate(
         let mut rows = Vec::with_capacity(draft.len() + 1);
         rows.push(token);
         rows.extend_from_slice(&draft);
-        let out = engine.step(StepInput::prompt(n as u32, &rows, 0))?;
+        let out = engine.step(StepInput::verify(n as u32, &rows))?;
         let vocab = out.logits.len() / rows.len();
         if vocab == 0 || out.logits.len() != vocab * rows.len() {
             bail!(

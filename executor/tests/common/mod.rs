@@ -10,9 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use memra_executor::cpu::{Arm, EngineOptions, ReduceOrder};
+use memra_executor::engine::open;
 use memra_executor::gate::{gate, Difference, GateReport, Mismatch};
 use memra_executor::plan_load::{load, LoadedPlan};
-use memra_executor::sample::SamplerConfig;
+use memra_executor::sample::{Sampler, SamplerConfig};
+use memra_executor::session::{Flow, Session};
+use memra_executor::speculate::{Drafts, Tally};
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -284,4 +287,68 @@ impl Drop for ServeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Tokens and each generated token's logits of `turns` (each a prompt continuing the
+/// history, then `n` generated tokens), greedy, on `plan` with `options`: plainly, or by
+/// speculative decoding from `drafts` when given (the speculation gates).
+pub fn decode_turns(
+    plan: &LoadedPlan,
+    options: EngineOptions,
+    turns: &[Vec<u32>],
+    n: usize,
+    drafts: Option<Drafts>,
+) -> (Vec<u32>, Vec<Vec<f32>>, Option<Tally>) {
+    let engine = open(plan, options).unwrap();
+    let rt = &plan.plan.runtime;
+    let mut session = Session::new(engine, rt.in_flight, rt.max_context);
+    if let Some(d) = drafts {
+        let k = plan.plan.speculative.expect("a speculative plan").tokens as usize;
+        session = session.speculating(k, d, Sampler::new(SamplerConfig::GREEDY));
+    }
+    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+    let mut context = Vec::new();
+    for turn in turns {
+        context.extend_from_slice(turn);
+        let generated = session
+            .continue_with(&context, n, |out, generates| {
+                if generates {
+                    logits.push(out.logits.clone());
+                }
+                Ok(Flow::Continue)
+            })
+            .unwrap();
+        context.extend_from_slice(&generated);
+        tokens.extend(generated);
+    }
+    (tokens, logits, session.tally())
+}
+
+/// Fails unless `got` has `want`'s tokens and every logit's bits.
+pub fn assert_same(label: &str, want: &(Vec<u32>, Vec<Vec<f32>>), got: &(Vec<u32>, Vec<Vec<f32>>)) {
+    assert_eq!(want.0, got.0, "{label}: tokens");
+    assert_eq!(want.1.len(), got.1.len(), "{label}: rows of logits");
+    for (t, (w, g)) in want.1.iter().zip(&got.1).enumerate() {
+        assert!(!w.is_empty() && w.len() == g.len(), "{label} token {t}");
+        let differs = w
+            .iter()
+            .zip(g)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            differs, None,
+            "{label}: token {t}, first logit whose bits differ"
+        );
+    }
+}
+
+/// `sequence` with every third token from its `from`-th on replaced by another one: drafts
+/// that are accepted for a while, then rejected.
+pub fn garbled(sequence: &[u32], from: usize, vocab: u32) -> Vec<u32> {
+    let mut out = sequence.to_vec();
+    for (i, t) in out.iter_mut().enumerate().skip(from) {
+        if (i - from) % 3 == 2 {
+            *t = (*t + 1) % vocab;
+        }
+    }
+    out
 }

@@ -178,13 +178,15 @@ pub struct RankDevice {
 /// The token rows of the step being enqueued: `rows` rows, logits from row `logits_from`;
 /// the first `padding` rows are a padded decode step's pad rows (`super::buckets`). In a
 /// `decode` step every row is a different sequence's next token, so no row reads a cache
-/// entry another row of the step writes.
+/// entry another row of the step writes. A `decode_bits` step (a speculative verify step,
+/// `StepInput::decode_bits`) runs the batched decode kernels on any plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rows {
     pub rows: usize,
     pub logits_from: usize,
     pub padding: usize,
     pub decode: bool,
+    pub decode_bits: bool,
 }
 
 impl Rows {
@@ -272,6 +274,12 @@ impl RankDevice {
         self.sequences > 1
     }
 
+    /// Whether a step of `rows` runs the batched decode kernels (`batched`): every step of
+    /// a plan of several sequence slots, and a step whose rows must have decode's bits.
+    pub fn batch_step(&self, rows: Rows) -> bool {
+        self.batched() || rows.decode_bits
+    }
+
     /// The tokens of the step's rows: embed reads them, sample writes the first.
     pub fn tokens(&self, rows: usize) -> Span<u32> {
         Span::of(&self.buf.token).sub(0, rows)
@@ -356,7 +364,7 @@ impl RankDevice {
                     None => Ok(()),
                 }
             }
-            Work::Segment { layer, segment } if self.batched() => {
+            Work::Segment { layer, segment } if self.batch_step(rows) => {
                 self.batch_segment(layer, segment, rows, s)
             }
             Work::Segment { layer, segment } if rows.rows > 1 => {
@@ -389,7 +397,7 @@ impl RankDevice {
                     None => Ok(()),
                 }
             }
-            Work::Head if self.batched() => self.batch_head(s),
+            Work::Head if self.batch_step(rows) => self.batch_head(s),
             Work::Head => {
                 // mHC: the head reads the streams' mean
                 if let Some(hc) = &self.hc {
