@@ -351,6 +351,19 @@ impl RankDevice {
         }
     }
 
+    /// The attention norm of layer index `li` over `rows` token rows of `x` into `xn`, and
+    /// its f16 copy for the products that read it: `xn`.
+    fn attn_normed_rows(&self, li: usize, rows: usize, s: &Arc<CudaStream>) -> Result<Span<f32>> {
+        let (b, d) = (&self.buf, self.hidden_len());
+        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
+        let a16 = self.narrowed_rows(xn.len())?;
+        let norm = &self.layers[li].attn_norm;
+        let eps = self.geo.eps;
+        self.dev
+            .rms_norm_narrowing(s, &x, norm, eps, &mut xn.clone(), Some(&a16))?;
+        Ok(xn)
+    }
+
     /// `dsa_select` of layer `layer` (index `li`) over `rows` token rows: the indexer's key,
     /// gate and head weights from the normed rows and its queries from the rows' normed q-LoRA
     /// activations (products over the rows), then every row's selection (`DsaState::select_rows`)
@@ -363,24 +376,14 @@ impl RankDevice {
         let Some(ix) = &m.indexer else {
             bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
         };
-        let (dev, b, d) = (&self.dev, &self.buf, self.hidden_len());
-        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
-        let a16 = self.narrowed_rows(xn.len())?;
-        dev.rms_norm_narrowing(
-            s,
-            &x,
-            &lw.attn_norm,
-            self.geo.eps,
-            &mut xn.clone(),
-            Some(&a16),
-        )?;
+        let xn = self.attn_normed_rows(li, rows, s)?;
         let r = dsa.rows(rows)?;
         let from_x = [(&ix.k, &r.key), (&ix.gate, &r.gate), (&ix.proj, &r.w)];
         self.products(s, &xn, true, rows, 1, &from_x)?;
         let q_a = mla.q_lora_normed_rows(m, rows)?;
         self.products(s, &q_a, false, rows, 1, &[(&ix.q_b, &r.q)])?;
         let positions = Span::of(&self.row_buffers()?.positions).sub(0, rows);
-        dsa.select_rows(dev, s, ix, li, &positions)
+        dsa.select_rows(&self.dev, s, ix, li, &positions)
     }
 
     /// A KDA segment of the layer of index `li` over `rows` token rows: the projections as
@@ -392,22 +395,13 @@ impl RankDevice {
         let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
             bail!("a KDA segment on a layer without KDA weights or state");
         };
-        let (dev, b, d) = (&self.dev, &self.buf, self.hidden_len());
+        let (dev, b) = (&self.dev, &self.buf);
         let sp = state.row_spans(k, rows)?;
         if seg == Segment::KdaCore {
             let att = Self::rows_of(&b.att, rows, lw.o.cols);
             return state.core_rows(dev, s, k, li, &sp, &att, &Span::of(&b.pos));
         }
-        let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
-        let a16 = self.narrowed_rows(xn.len())?;
-        dev.rms_norm_narrowing(
-            s,
-            &x,
-            &lw.attn_norm,
-            self.geo.eps,
-            &mut xn.clone(),
-            Some(&a16),
-        )?;
+        let xn = self.attn_normed_rows(li, rows, s)?;
         let from_x = [
             (&k.q, &sp.q),
             (&k.k, &sp.k),
