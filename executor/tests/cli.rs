@@ -141,7 +141,9 @@ fn teacher_forced_compare_feeds_the_reference_sequence() {
     ]);
     let text = stdout(&out);
     assert!(
-        text.contains("max relative logit error 0.000e0") && text.ends_with(": ok\n"),
+        text.contains("max relative logit error 0.000e0")
+            && text.contains("median 0.0e0, p95 0.0e0, 0 of ")
+            && text.ends_with(": ok\n"),
         "{text}"
     );
 }

@@ -308,8 +308,10 @@ pub fn compare(
     let (mut worst, mut worst_ill) = ((0.0f64, 0usize), None::<(f64, usize)>);
     let mut ill_steps = Vec::new();
     let mut steps = Vec::new();
+    let mut errors = Vec::with_capacity(compared);
     for (i, (a, b)) in want.iter().zip(&got).take(compared).enumerate() {
         let rel = relative_error(&a.logits, &b.logits);
+        errors.push(rel);
         if per_step {
             steps.push(format!(
                 "step {i}: relative logit error {rel:.3e}, picks {} {}{}",
@@ -371,10 +373,11 @@ pub fn compare(
         None => String::new(),
     };
     println!(
-        "compare {}: {tokens}; max relative logit error {:.3e} at step {} (tolerance {tolerance:e}){apart}: {}",
+        "compare {}: {tokens}; max relative logit error {:.3e} at step {} (tolerance {tolerance:e}; {}){apart}: {}",
         plan.display(),
         worst.0,
         worst.1,
+        spread(&errors, tolerance),
         if ok { "ok" } else { "FAILED" }
     );
     Ok(if ok {
@@ -382,6 +385,28 @@ pub fn compare(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The spread of the compared steps' relative errors (ill-conditioned ones included): the
+/// median, the 95th percentile (nearest rank) and how many steps are past `tolerance`.
+fn spread(errors: &[f64], tolerance: f64) -> String {
+    let mut sorted = errors.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank =
+        |q: f64| sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+    let past = errors
+        .iter()
+        .filter(|&&e| e > tolerance || e.is_nan())
+        .count();
+    match sorted.is_empty() {
+        true => "no step compared".to_string(),
+        false => format!(
+            "median {:.1e}, p95 {:.1e}, {past} of {} steps past it",
+            rank(0.5),
+            rank(0.95),
+            errors.len()
+        ),
+    }
 }
 
 /// The copy bandwidth of the device of the plan's first rank.
@@ -583,4 +608,23 @@ pub fn bench(bench: &Bench) -> Result<ExitCode> {
         println!("{}", runs.measured().report(bench.json, k, mean));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn spread_gives_the_median_p95_and_the_steps_past_the_tolerance() {
+        let errors: Vec<f64> = (1..=20).map(|i| f64::from(i) * 1e-3).collect();
+        assert_eq!(
+            spread(&errors, 0.015),
+            "median 1.0e-2, p95 1.9e-2, 5 of 20 steps past it"
+        );
+        assert_eq!(
+            spread(&[f64::NAN, 0.0], 1.0),
+            "median 0.0e0, p95 NaN, 1 of 2 steps past it"
+        );
+        assert_eq!(spread(&[], 1.0), "no step compared");
+    }
 }
