@@ -1,5 +1,6 @@
-//! A batched decode step on a CUDA rank (a plan of several sequence slots): the rows of every
-//! span of the step (a generated token of each sequence, or the prompt chunk of a joining one)
+//! A batched decode step on a CUDA rank (every step of a plan of several sequence slots, and a
+//! speculative verify step on any plan): the rows of every span of the step (a generated token
+//! of each sequence, the prompt chunk of a joining one, or a verify span's token and drafts)
 //! go through the decode kernels together, each row with the bits it has in a step of its own.
 //! Products keep the one-row decode's reduction order, never the prefill GEMM's: for q4_0 and
 //! q4_1 weights an integer mma on tensor cores over the rows quantized once
@@ -57,13 +58,14 @@ pub fn check_speculative(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Whether the batched decode kernels cover every layer: dense GQA ones.
+/// Whether the batched decode kernels cover every layer: dense GQA ones, without mHC streams.
 fn batched_layers(plan: &Plan) -> bool {
     let m = &plan.model;
-    (0..m.layers).all(|l| {
-        let kind = m.layer_kind(l);
-        kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
-    })
+    m.mhc.is_none()
+        && (0..m.layers).all(|l| {
+            let kind = m.layer_kind(l);
+            kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
+        })
 }
 
 fn chunks_of(w: &DeviceWeight) -> usize {

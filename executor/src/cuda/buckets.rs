@@ -259,7 +259,7 @@ impl Tally {
             n => format!("; {n} runs latched to eager after a failed capture"),
         };
         format!(
-            "cuda graphs of decode steps by bucket (rows: steps, pad rows, graphs captured): {}; steps with prompt rows, eager: {}{latched}",
+            "cuda graphs of decode steps by bucket (rows: steps, pad rows, graphs captured): {}; steps with prompt or verify rows, eager: {}{latched}",
             per.join("; "),
             self.eager
         )
@@ -386,7 +386,7 @@ mod tests {
         }
         assert_eq!(
             tally.line(&b, |bucket| usize::from(bucket == 2), 0),
-            "cuda graphs of decode steps by bucket (rows: steps, pad rows, graphs captured): 1: 1, 0, 0; 2: 0, 0, 0; 4: 2, 2, 1; steps with prompt rows, eager: 1"
+            "cuda graphs of decode steps by bucket (rows: steps, pad rows, graphs captured): 1: 1, 0, 0; 2: 0, 0, 0; 4: 2, 2, 1; steps with prompt or verify rows, eager: 1"
         );
     }
 }

@@ -146,6 +146,7 @@ impl Engine {
             );
         }
         check_phases(plan)?;
+        check_speculative(plan).map_err(|e| anyhow!("{}: {e:#}", loaded.path.display()))?;
         let map = ProcessMap::of(plan);
         let (local, link) = match options.world {
             None => (plan.ranks.iter().map(|r| r.rank).collect(), None),
@@ -156,7 +157,6 @@ impl Engine {
                 (map.ranks(plan, world.process()), Some(link))
             }
         };
-        check_speculative(plan).map_err(|e| anyhow!("{}: {e:#}", loaded.path.display()))?;
         let sequences = plan.runtime.max_sequences.max(1);
         let prompt = if sequences > 1 {
             check_batched(plan).map_err(|e| anyhow!("{}: {e:#}", loaded.path.display()))?;

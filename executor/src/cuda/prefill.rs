@@ -351,8 +351,9 @@ impl RankDevice {
         }
     }
 
-    /// The attention norm of layer index `li` over `rows` token rows of `x` into `xn`, and
-    /// its f16 copy for the products that read it: `xn`.
+    /// Normalizes `rows` token rows of `x` by the attention norm of layer index `li` into
+    /// `xn` and its f16 copy, which the products read (an earlier segment's products may have
+    /// left their own input there); returns `xn`.
     fn attn_normed_rows(&self, li: usize, rows: usize, s: &Arc<CudaStream>) -> Result<Span<f32>> {
         let (b, d) = (&self.buf, self.hidden_len());
         let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
