@@ -1015,7 +1015,8 @@ suite_prefill() {
 #     rows, the shared layers reading their full layer's selection, a PP cut carrying it) in
 #     every placement under plans/synthetic/cuda/; the tiny plans hold 256 positions, so their
 #     prompt is about 230 tokens (one chunk, tiles cut mid-way);
-#   - CUDA against the CPU, teacher-forced within 5e-2 over the prompt and 16 steps:
+#   - CUDA against the CPU, teacher-forced over the prompt and 16 steps, the 95th percentile
+#     of the well-conditioned steps within 2.5e-2 (the prefill bound of docs/prefill.md):
 #     tiny-qwen3moe q8_0, the others in f32 (in q8_0 the backends pick another expert at a
 #     routing near-tie, README's known limits);
 #   - the Qwen3-30B-A3B-shaped 8-layer q4_1 cut at real width (graphs, TP-2, EP-4, PP-2)
@@ -1060,10 +1061,13 @@ suite_prefill_arch() {
         [ $shape = tiny-qwen3moe ] || dtype=f32
         # the prefill's products take f16 activations (unit roundoff 4.9e-4): a step where
         # noise of that size (1e-3) moves the CPU's own logits past the tolerance, an MoE
-        # top-k near-tie, is reported apart
+        # top-k near-tie, is reported apart; the bound (docs/prefill.md) is on the 95th
+        # percentile of the other steps, since a discrete flip (a top-k or DSA near-tie the
+        # one-draw check misses) makes a lone step far above the rest
         late "cuda vs cpu $shape $dtype prefill" ||
-            against_cpu "cuda vs cpu $shape $dtype prefill" 5e-2 "$M/$shape-$dtype.gguf" \
-                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --conditioning 1e-3 --per-step -p "$short"
+            against_cpu "cuda vs cpu $shape $dtype prefill" 2.5e-2 "$M/$shape-$dtype.gguf" \
+                "$(plan $shape $dtype cuda/$shape)" 16 --teacher-forced --conditioning 1e-3 \
+                --quantile 0.95 --per-step -p "$short"
     done
     if [ -n "$synth_big" ]; then
         wait $synth_big

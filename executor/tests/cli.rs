@@ -149,6 +149,40 @@ fn teacher_forced_compare_feeds_the_reference_sequence() {
 }
 
 #[test]
+fn compare_judges_a_quantile_when_asked_and_refuses_one_outside_0_to_1() {
+    smollm2("smollm2");
+    let run = |q: &str| {
+        memra_run(&[
+            "compare",
+            "plans/smollm2.plan.toml",
+            "--backend",
+            "cpu",
+            "-n",
+            "3",
+            "--tolerance",
+            "0",
+            "-t",
+            "1",
+            "--quantile",
+            q,
+        ])
+    };
+    let text = stdout(&run("0.5"));
+    assert!(
+        text.contains("; 0.5 quantile of the other steps 0.000e0 judged: ok\n"),
+        "{text}"
+    );
+    for bad in ["0", "1.5", "x"] {
+        let out = run(bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("allowed: a number in (0, 1]"),
+            "--quantile {bad}: {err}"
+        );
+    }
+}
+
+#[test]
 fn compare_per_step_prints_every_compared_step_before_the_summary() {
     // a lone step far above its neighbours (tiny-kimi-linear q8_0 on cuda: an MoE top-2
     // near-tie, see bench/kda-q8-compare.md) is told apart from drift only step by step
