@@ -20,6 +20,22 @@ fn memra_run(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `memra-run compare PLAN` of the CPU against itself (`--tolerance 0`, one thread) with
+/// `args` after it.
+fn compare_on_cpu(plan: &str, args: &[&str]) -> std::process::Output {
+    let head = [
+        "compare",
+        plan,
+        "--backend",
+        "cpu",
+        "--tolerance",
+        "0",
+        "-t",
+        "1",
+    ];
+    memra_run(&[&head[..], args].concat())
+}
+
 fn stdout(out: &std::process::Output) -> String {
     assert!(
         out.status.success(),
@@ -126,19 +142,7 @@ fn teacher_forced_compare_feeds_the_reference_sequence() {
     // the CPU against itself: teacher-forced, the backend is fed the CPU's greedy sequence;
     // fed one step early or late, the logits would differ from the CPU's own run
     smollm2("smollm2");
-    let out = memra_run(&[
-        "compare",
-        "plans/smollm2.plan.toml",
-        "--backend",
-        "cpu",
-        "--teacher-forced",
-        "-n",
-        "6",
-        "--tolerance",
-        "0",
-        "-t",
-        "1",
-    ]);
+    let out = compare_on_cpu("plans/smollm2.plan.toml", &["--teacher-forced", "-n", "6"]);
     let text = stdout(&out);
     assert!(
         text.contains("max relative logit error 0.000e0")
@@ -151,22 +155,7 @@ fn teacher_forced_compare_feeds_the_reference_sequence() {
 #[test]
 fn compare_judges_a_quantile_when_asked_and_refuses_one_outside_0_to_1() {
     smollm2("smollm2");
-    let run = |q: &str| {
-        memra_run(&[
-            "compare",
-            "plans/smollm2.plan.toml",
-            "--backend",
-            "cpu",
-            "-n",
-            "3",
-            "--tolerance",
-            "0",
-            "-t",
-            "1",
-            "--quantile",
-            q,
-        ])
-    };
+    let run = |q: &str| compare_on_cpu("plans/smollm2.plan.toml", &["-n", "3", "--quantile", q]);
     let text = stdout(&run("0.5"));
     assert!(
         text.contains("; 0.5 quantile of the other steps 0.000e0 judged: ok\n"),
@@ -192,22 +181,10 @@ fn compare_per_step_prints_every_compared_step_before_the_summary() {
         16,
         "models/tiny-kimi-linear-q8_0.gguf",
     );
-    let out = memra_run(&[
-        "compare",
+    let out = compare_on_cpu(
         "plans/synthetic/tiny-kimi-linear.plan.toml",
-        "--backend",
-        "cpu",
-        "--teacher-forced",
-        "--per-step",
-        "-p",
-        "hi",
-        "-n",
-        "3",
-        "--tolerance",
-        "0",
-        "-t",
-        "1",
-    ]);
+        &["--teacher-forced", "--per-step", "-p", "hi", "-n", "3"],
+    );
     let text = stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
     let (summary, steps) = lines.split_last().unwrap();
