@@ -1597,7 +1597,8 @@ depth_write() { # F16DIR MODEL...: writes each model's F16 cut, then $DEPTH_DONE
     done
 }
 depth_quantize() { # F16DIR MODEL...: each written cut quantized into $M, its F16 removed, the
-    # half cut made; then $DEPTH_DONE/MODEL.ok (or .fail)
+    # half cut made (not for the prefill mode, which times the full cut alone: DEPTH_HALF=0);
+    # then $DEPTH_DONE/MODEL.ok (or .fail)
     local dir=$1 m l f16 out
     shift
     for m; do
@@ -1608,8 +1609,8 @@ depth_quantize() { # F16DIR MODEL...: each written cut quantized into $M, its F1
         if ! /tmp/llama-quantize/bin/llama-quantize --token-embedding-type q8_0 "$f16" "$out" Q4_1 \
             >>"$LOG/quantize.log" 2>&1; then
             echo "llama-quantize $m: $(tail -1 "$LOG/quantize.log")" >"$DEPTH_DONE/$m.fail"
-        elif ! depth_py cut "$out" "$M/depth-$m-l$((l / 2))-q4_1.gguf" --layers $((l / 2)) \
-            --from "$(depth_half_from "$m")" >>"$LOG/write.log" 2>&1; then
+        elif [ "${DEPTH_HALF:-1}" = 1 ] && ! depth_py cut "$out" "$M/depth-$m-l$((l / 2))-q4_1.gguf" \
+            --layers $((l / 2)) --from "$(depth_half_from "$m")" >>"$LOG/write.log" 2>&1; then
             echo "depth_models.py cut $m: $(tail -1 "$LOG/write.log")" >"$DEPTH_DONE/$m.fail"
         else
             touch "$DEPTH_DONE/$m.ok"
@@ -1769,6 +1770,7 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
     writer=$!
     wait $quantizer
     row "llama-quantize build (cpu)" "$(ok_or_fail $?)" "$(tail -1 "$LOG/quantizer-build.log" | cut -c1-120)"
+    [ "$mode" = decode ] || DEPTH_HALF=0
     depth_quantize "$f16" "${models[@]}" &
     quantizing=$!
     # the timings run after the build, not beside it: its cores would slow memra's host side;
