@@ -29,6 +29,7 @@ use memra_compiler::plan::{reduction_chunks, FfnKind, Plan, Segment};
 
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::Norm;
+use super::mla;
 use super::moe::unfit;
 use super::moe::{FfnWeights, MoeState};
 use super::rank::{MixerWeights, Pending, RankDevice, Rows};
@@ -42,14 +43,9 @@ pub fn prefill_rows(plan: &Plan) -> Result<u32, &'static str> {
     let m = &plan.model;
     if (0..m.layers).any(|l| m.layer_kind(l).mixer.is_sparse()) {
         let fits = m.mla.as_ref().is_some_and(|a| {
-            [
-                m.embedding,
-                a.q_lora_rank,
-                a.qk_nope_head_dim,
-                a.kv_lora_rank,
-            ]
-            .iter()
-            .all(|&w| u64::from(w).is_multiple_of(GEMM_DEPTH as u64))
+            let w = |v: u32| v as usize;
+            let (d, lora) = (w(m.embedding), w(a.q_lora_rank));
+            mla::fits(d, lora, w(a.qk_nope_head_dim), w(a.kv_lora_rank))
         });
         if !fits {
             return Err("the cuda prefill takes DSA layers whose hidden size, q-LoRA rank, no-rope head and latent are whole 64-value GEMM steps; this model's DSA prompts run token by token");

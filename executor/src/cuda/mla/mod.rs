@@ -11,6 +11,8 @@
 
 mod rows;
 
+pub use rows::fits;
+
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};

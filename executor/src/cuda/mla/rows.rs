@@ -78,10 +78,12 @@ impl MlaRows {
     }
 }
 
-/// Whether a layer of shape `sh` (hidden size `d`, q-LoRA rank `lora`) runs its prefill rows
-/// here: every product's reduction is whole 64-value GEMM steps.
-pub(super) fn fits(sh: &Shape, d: usize, lora: usize) -> bool {
-    [d, lora, sh.nope, sh.kvl]
+/// Whether an MLA layer of hidden size `d`, q-LoRA rank `lora` (0 for a direct query),
+/// no-rope head `nope` and latent `kvl` runs its prefill rows here: every product's
+/// reduction is whole 64-value GEMM steps (a layer's own check, and a DSA plan's in
+/// `prefill_rows`).
+pub fn fits(d: usize, lora: usize, nope: usize, kvl: usize) -> bool {
+    [d, lora, nope, kvl]
         .iter()
         .all(|w| w.is_multiple_of(GEMM_DEPTH))
 }
@@ -99,7 +101,8 @@ impl MlaState {
     /// Whether layer `m` of a model with hidden size `d` takes [`Self::pre_rows`] and
     /// [`Self::core_rows`] (else its prefill rows run one at a time with the decode kernels).
     pub fn takes_rows(&self, m: &MlaWeights, d: usize) -> bool {
-        self.rows.is_some() && fits(&m.shape(), d, m.q_lora())
+        let sh = m.shape();
+        self.rows.is_some() && fits(d, m.q_lora(), sh.nope, sh.kvl)
     }
 
     /// The normed q-LoRA activations of the `rows` token rows `pre_rows` left (the DSA
