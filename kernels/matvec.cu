@@ -571,18 +571,25 @@ struct MatvecJob {
     const float* norm;
     float eps;
     int xn_offset;
-    // expert mode (`experts` set; moe.cu picks them): grid row y computes selected expert y,
-    // matrix experts[y] - expert_first of each weight's stack (expert_bytes apart), over
-    // x + y * x_stride into y + y * y_stride; a plain job multiplies each row by
-    // expert_weights[y] (the CPU's matvec then scale), and writes -0.0 for an expert this rank
-    // does not hold (kernels/moe.cu's combine contract)
+    // expert mode (`experts` set; moe.cu picks them): grid row y takes pick p = t * k + s,
+    // pick s of token row t (k = gridDim.y / slot_rows picks a token row of `slot_rows`, as
+    // the router writes them): p = expert_order[y] where an order is given (moe_order_i32),
+    // else slot-major, y = s * slot_rows + t (one token row: p = y). Its slot is
+    // s * slot_rows + t. It computes matrix experts[p] - expert_first of each weight's stack
+    // (expert_bytes apart), over x + slot * x_stride + t * x_row_stride into
+    // y + slot * y_stride; a plain job multiplies each row by expert_weights[p] (the CPU's
+    // matvec then scale), and writes -0.0 for an expert this rank does not hold
+    // (kernels/moe.cu's combine contract)
     const int* experts;
+    const int* expert_order;
     const float* expert_weights;
     long long expert_bytes;
     int expert_first;
     int expert_count;
     int x_stride;
     int y_stride;
+    int slot_rows;
+    int x_row_stride;
     // activation rows (matvec_rows8_*): row b reads x + b * cols and writes y[s] + b * rows[s]
     // (residual + b * rows0); every other mode has one
     int batch;
@@ -678,8 +685,11 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
     if (j.experts) {
         // the expert ids are the previous kernel's output: wait before the weights are known
         overlap_with_neighbours();
-        const int slot = blockIdx.y, e = j.experts[slot] - j.expert_first;
-        j.x += (size_t)slot * j.x_stride;
+        const int k = gridDim.y / j.slot_rows, y = blockIdx.y;
+        const int pick = j.expert_order ? j.expert_order[y] : (y % j.slot_rows) * k + y / j.slot_rows;
+        const int t = pick / k, slot = (pick - t * k) * j.slot_rows + t;
+        const int e = j.experts[pick] - j.expert_first;
+        j.x += (size_t)slot * j.x_stride + (size_t)t * j.x_row_stride;
         j.y0 += (size_t)slot * j.y_stride;
         if (e < 0 || e >= j.expert_count) {
             if (!j.swiglu)
@@ -689,7 +699,7 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
         const size_t off = (size_t)e * (size_t)j.expert_bytes;
         j.w0 += off;
         if (j.swiglu) j.w1 += off;
-        if (j.expert_weights) expert_weight = j.expert_weights[slot];
+        if (j.expert_weights) expert_weight = j.expert_weights[pick];
         if (threadIdx.x == 0) prefetch_run(j, i0, i1, rb, sb);
     } else {
         // the weights are constant: ask L2 for the run's first bytes while the previous kernel

@@ -11,6 +11,10 @@
 // every plan gives the 1-rank bits. A prefill step's rows are slot-major (slot s of token row
 // t at (s * rows + t) * hidden), so the same kernel combines all token rows at once.
 //
+// A batched decode step's expert products (matvec.cu, expert mode) take every (row, slot)
+// pick as a grid row: moe_order_i32 first puts the picks in expert order, so the rows that
+// chose one expert run side by side and read its weights from L2 after the first.
+//
 // A prefill step runs each expert this rank holds once over the token rows routed to it
 // (cuda/moe/rows.rs): the rows are named by assignments a = row * k + slot, grouped by expert.
 // moe_gather_f16 narrows the assigned rows of the normalized input to f16 for the tensor-core
@@ -57,6 +61,53 @@ extern "C" __global__ void moe_scatter_f32(const float* y, const int* assign, co
     if (i >= count * d) return;
     const int j = i / d, c = i % d, a = assign[j];
     out[((size_t)(a % k) * rows + a / k) * d + c] = y[i] * weights[a];
+}
+
+// order[j] for j < count: the picks a = row * k + slot grouped by expert id, ascending (an id
+// outside 0..n last), in pick order within an expert. One block; a warp per expert counts,
+// the first warp scans the counts, then a warp per expert writes its picks.
+extern "C" __global__ void moe_order_i32(const int* ids, int count, int n, int* order) {
+    __shared__ int start[MOE_MAX_EXPERTS + 2];
+    overlap_with_neighbours();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    // bucket e of id: e itself, or n for an id out of range
+    auto in = [&](int i, int e) {
+        const int id = ids[i];
+        return (id < 0 || id >= n ? n : id) == e;
+    };
+    for (int e = warp; e <= n; e += warps) {
+        int c = 0;
+        for (int i = lane; i - lane < count; i += WARP) c += __popc(__ballot_sync(~0u, i < count && in(i, e)));
+        if (lane == 0) start[e + 1] = c;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // buckets 1..=n+1 in runs of `per` a lane, each run summed, the runs' sums scanned
+        const int buckets = n + 1, per = (buckets + WARP - 1) / WARP, b0 = 1 + lane * per;
+        int sum = 0;
+        for (int b = b0; b < b0 + per && b <= buckets; ++b) sum += start[b];
+        int before = sum;
+        for (int o = 1; o < WARP; o <<= 1) {
+            const int v = __shfl_up_sync(~0u, before, o);
+            if (lane >= o) before += v;
+        }
+        before -= sum;
+        for (int b = b0; b < b0 + per && b <= buckets; ++b) {
+            before += start[b];
+            start[b] = before;
+        }
+        if (lane == 0) start[0] = 0;
+    }
+    __syncthreads();
+    for (int e = warp; e <= n; e += warps) {
+        int at = start[e];
+        for (int i = lane; i - lane < count; i += WARP) {
+            const bool mine = i < count && in(i, e);
+            const unsigned m = __ballot_sync(~0u, mine);
+            if (mine) order[at + __popc(m & ((1u << lane) - 1))] = i;
+            at += __popc(m);
+        }
+    }
 }
 
 // rows[i] = -0.0: the value of an expert held elsewhere (x + -0.0 == x for every x).

@@ -109,6 +109,9 @@
 #   depth-long [SECONDS] [MODEL...]  the same files' decode after 32768 tokens of context
 #                             (llama8b and deepseek2 by default), memra on the cuts'
 #                             long-context placements (plans/synthetic/depth/*-long.toml)
+#   batch-depth [SECONDS] [MODEL...]  the same files decoded by 1, 4, 16 and 64 sequences
+#                             together (qwen3moe by default): memra-run bench --batch B on the
+#                             cut's -batch64 placement against llama-batched-bench
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -1541,6 +1544,10 @@ suite_glm5() {
 #     99, -r 3) and `memra-run bench --prompt D -n 128 --reps 2` of plans/synthetic/depth/
 #     at D = 0 and 4096, each model's half cut right after (llama-bench -d 0,4096 and memra
 #     at D = 0 and 4096); then memra at D = 512 (what the budget skips comes last);
+#   - batch-depth: `llama-batched-bench -npp 8 -ntg 128 -npl 1,4,16,64` (-fa on, -ngl 99) and
+#     `memra-run bench --batch B --prompt 8 -n 128 --reps 2` of the cut's -batch64 placement,
+#     B = 1, 4, 16, 64; its `= ` rows: aggregate tok/s of both and their ratio, 64 sequences
+#     against one, and the per-token latency of 16 against one;
 #   - the last rows, `= MODEL ...`: per model and depth, memra's and llama.cpp's decode tok/s
 #     and their ratio (memra / llama.cpp), and the time a layer adds. With t(L) = 1e6 / tok/s
 #     the microseconds a token takes in a cut of L blocks, and H = L / 2,
@@ -1680,6 +1687,47 @@ depth_memra_prompt() { # model layers tokens: memra-run bench --prompt of the cu
     bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --prompt "$n" -n 2 --reps 3
     mem[$m-l$l-p$n]=$(echo "$bench_out" | sed -n 's/.*prompt [0-9]* tokens ([^)]*): \([0-9.]*\) ± .*/\1/p' | tail -1)
 }
+depth_llama_batch() { # model layers: llama-batched-bench of the cut, 1, 4, 16 and 64 sequences
+    # of an 8-token prompt and 128 tokens; each count's S_TG tok/s into lcpp[model-lL-bB]
+    local m=$1 l=$2 name="llama-batched-bench $1 l$2" out rc b tps
+    late "$name" && return
+    out=$(CUDA_VISIBLE_DEVICES=0 limit "$(capped 400)" /tmp/llama-build/bin/llama-batched-bench \
+        -m "$M/depth-$m-l$l-q4_1.gguf" -c 9216 -b 2048 -ub 512 -npp 8 -ntg 128 -npl 1,4,16,64 \
+        -ngl 99 -fa on 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG/llama-batched-bench.txt"
+    # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+    while read -r b tps; do
+        lcpp[$m-l$l-b$b]=$tps
+    done < <(echo "$out" | awk -F'|' '$2 + 0 == 8 && $3 + 0 == 128 { v = $9; gsub(/ /, "", v); print $4 + 0, v }')
+    result "$name" $rc "$out" "$(echo "$out" | awk -F'|' '$2 + 0 == 8 && $3 + 0 == 128 { printf "B=%d S_TG %s t/s; ", $4, $9 }' | tr -s ' ')"
+}
+depth_memra_batch() { # model layers sequences: memra-run bench --batch of the cut's -batch64
+    # placement; aggregate tok/s into mem[model-lL-bB]
+    local m=$1 l=$2 b=$3 name="memra $1 l$2 batch$3" plan
+    late "$name" && return
+    depth_plan "$m" "$l" "$name" -batch64 || return
+    bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --batch "$b" --prompt 8 -n 128 --reps 2
+    mem[$m-l$l-b$b]=$(echo "$bench_out" | sed -n 's/.*: \([0-9.]*\) ± [0-9.]* tok\/s aggregate.*/\1/p' | tail -1)
+}
+depth_batch_summary() { # model: its `= ` batch rows (see depth_suite)
+    local m=$1 l b a c
+    l=$(depth_layers "$m")
+    for b in 1 4 16 64; do
+        a=${mem[$m-l$l-b$b]:-} c=${lcpp[$m-l$l-b$b]:-}
+        if [ -n "$a" ] && [ -n "$c" ]; then
+            row "= $m l$l batch $b" ok "$(awk -v a="$a" -v b="$c" 'BEGIN { printf "memra %.1f vs llama.cpp %.1f tok/s aggregate: %.2fx", a, b, a / b }')"
+        else
+            row "= $m l$l batch $b" skip "memra ${a:-none}, llama.cpp ${c:-none} tok/s"
+        fi
+    done
+    a=${mem[$m-l$l-b1]:-} b=${mem[$m-l$l-b16]:-} c=${mem[$m-l$l-b64]:-}
+    if [ -n "$a" ] && [ -n "$b" ] && [ -n "$c" ]; then
+        row "= $m l$l batch scaling" ok "$(awk -v a="$a" -v b="$b" -v c="$c" 'BEGIN { printf "64 sequences %.1fx one; per-token latency at 16 %.2fx one", c / a, 16 * a / b }')"
+    else
+        row "= $m l$l batch scaling" skip "needs batch 1, 16 and 64 timed"
+    fi
+}
 depth_prefill_summary() { # model: its `= ` prompt rows (see depth_suite)
     local m=$1 l n a b
     l=$(depth_layers "$m")
@@ -1731,6 +1779,7 @@ depth_decode_summary() { # model: its `= ` rows (see depth_suite)
 suite_depth() { depth_suite decode "$@"; }
 suite_prefill_depth() { depth_suite prefill "$@"; }
 suite_depth_long() { depth_suite long "$@"; }
+suite_batch_depth() { depth_suite batch "$@"; }
 depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timings of the mode
     local mode=$1
     shift
@@ -1740,6 +1789,7 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
     if [ ${#models[@]} -eq 0 ]; then
         models=(qwen3moe deepseek2 kimi-linear llama8b glm5-next)
         [ "$mode" = long ] && models=(llama8b deepseek2)
+        [ "$mode" = batch ] && models=(qwen3moe)
     fi
     local -A mem=() lcpp=()
     logs_in /tmp/memra-depth
@@ -1757,7 +1807,9 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
     row "gguf wheel" ok "$(tail -1 "$LOG/wheels.log")"
     # llama-bench's build yields (nice 5) to the files' writing and quantizing, which are the
     # longer way to the first timing
-    (renice -n 5 -p $BASHPID >/dev/null && build_llamacpp) >"$LOG/llama-build.log" 2>&1 &
+    local targets=(llama-bench)
+    [ "$mode" = batch ] && targets=(llama-batched-bench)
+    (renice -n 5 -p $BASHPID >/dev/null && build_llamacpp "${targets[@]}") >"$LOG/llama-build.log" 2>&1 &
     build=$!
     depth_quantizer >"$LOG/quantizer-build.log" 2>&1 &
     quantizer=$!
@@ -1786,6 +1838,11 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
             depth_llama_prompt "$m" "$l"
             depth_memra_prompt "$m" "$l" 512
             depth_memra_prompt "$m" "$l" 4096
+            continue
+        fi
+        if [ "$mode" = batch ]; then
+            depth_llama_batch "$m" "$l"
+            for b in 1 4 16 64; do depth_memra_batch "$m" "$l" $b; done
             continue
         fi
         if [ "$mode" = long ]; then
@@ -1874,7 +1931,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | depth-long | prefill-depth | speculation | profile | ncu-token | ncu-prefill | ncu-batch | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | depth-long | prefill-depth | batch-depth | speculation | profile | ncu-token | ncu-prefill | ncu-batch | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;

@@ -148,7 +148,7 @@ fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
         (
             "tiny-deepseek2",
             "max_sequences = 4",
-            "runtime.max_sequences is 4; the cuda backend's batched decode covers dense GQA layers",
+            "runtime.max_sequences is 4; the cuda backend's batched decode covers GQA layers with dense or MoE FFNs",
         ),
         (
             "tiny-tp",

@@ -1,13 +1,13 @@
 //! End-to-end tests of the CUDA backend on device 0 (feature `gpu-tests`; plain `cargo test`
 //! builds nothing here): tiny-tp placements written to a scratch directory and compiled, each
 //! gated bit for bit against the 1-rank eager CUDA run, the CUDA run against the CPU backend
-//! within a relative logit tolerance, and batched plans (several sequence slots, on one
-//! device, PP-2, TP-2, PP-2 x TP-2) whose sequences decoded together must have, bit for bit,
-//! the logits of each decoded alone (by the one-sequence decode kernels, and by the batched
-//! plan itself), a KDA and a DSA plan's second sequence in one session, which must start
-//! from a fresh state, and speculative plans (one device, PP-2, TP-2, both arms) whose greedy
-//! tokens and every generated token's logits are the plain plan's, bit for bit, with drafts
-//! accepted and rejected. Run with
+//! within a relative logit tolerance, and batched plans (several sequence slots: tiny-tp on
+//! one device, PP-2, TP-2, PP-2 x TP-2; tiny-qwen3moe on one device, PP-2, TP-2, EP-2) whose
+//! sequences decoded together must have, bit for bit, the logits of each decoded alone (by
+//! the one-sequence decode kernels, and by the batched plan itself), a KDA and a DSA plan's
+//! second sequence in one session, which must start from a fresh state, and speculative plans
+//! (one device, PP-2, TP-2, both arms) whose greedy tokens and every generated token's logits
+//! are the plain plan's, bit for bit, with drafts accepted and rejected. Run with
 //! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
 #![cfg(feature = "gpu-tests")]
 
@@ -115,33 +115,52 @@ fn cuda_agrees_with_the_cpu_backend() {
 #[test]
 fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
     let dir = scratch("batch");
-    // the reference decodes one sequence with the decode kernels only (prompts token by
-    // token, graphs): a batched row must have exactly those bits
-    let reference = plan(&dir, "one", "devices = [[0]]", "prefill_chunk = 1\n");
-    let batch = "max_sequences = 4\nprefill_chunk = 6\n";
-    for (name, pipeline) in [
-        ("batch", "devices = [[0]]"),
-        ("batch-pp2", "devices = [[0], [0]]"),
-        ("batch-tp2", "devices = [[0, 0]]"),
-        ("batch-pp2-tp2", "devices = [[0, 0], [0, 0]]"),
+    let ep2 = "devices = [[0, 0]]\n\n[parallel]\nattention = \"replicated\"";
+    let qwen3moe = synth_model("tiny-qwen3moe", "q8_0", 9, "models/tiny-qwen3moe-q8_0.gguf");
+    for (model, placements) in [
+        (
+            tiny_tp_model(),
+            &[
+                ("batch", "devices = [[0]]"),
+                ("batch-pp2", "devices = [[0], [0]]"),
+                ("batch-tp2", "devices = [[0, 0]]"),
+                ("batch-pp2-tp2", "devices = [[0, 0], [0, 0]]"),
+            ][..],
+        ),
+        (
+            qwen3moe,
+            &[
+                ("moe-batch", "devices = [[0]]"),
+                ("moe-batch-pp2", "devices = [[0], [0]]"),
+                ("moe-batch-tp2", "devices = [[0, 0]]"),
+                ("moe-batch-ep2", ep2),
+            ][..],
+        ),
     ] {
-        let batched = plan(&dir, name, pipeline, batch);
-        let vocab = batched.plan.model.vocab;
-        let arms = [Arm::Serial, Arm::Pipelined];
-        for against in [&reference, &batched] {
-            let report =
-                batch_gate(against, &batched, &sequences(vocab, 4, 0), cuda(), &arms).unwrap();
-            assert!(
-                report.widest.iter().all(|&w| w >= 4),
-                "{name}: at most {:?} sequences together",
-                report.widest
-            );
-            assert!(
-                report.mismatch.is_none(),
-                "{name} against {}: {}",
-                against.path.display(),
-                report.mismatch.unwrap()
-            );
+        // the reference decodes one sequence with the decode kernels only (prompts token by
+        // token, graphs): a batched row must have exactly those bits
+        let one = format!("{}-one", placements[0].0);
+        let reference = plan_of(&model, &dir, &one, "devices = [[0]]", "prefill_chunk = 1\n");
+        let batch = "max_sequences = 4\nprefill_chunk = 6\n";
+        for &(name, pipeline) in placements {
+            let batched = plan_of(&model, &dir, name, pipeline, batch);
+            let vocab = batched.plan.model.vocab;
+            let arms = [Arm::Serial, Arm::Pipelined];
+            for against in [&reference, &batched] {
+                let report =
+                    batch_gate(against, &batched, &sequences(vocab, 4, 0), cuda(), &arms).unwrap();
+                assert!(
+                    report.widest.iter().all(|&w| w >= 4),
+                    "{name}: at most {:?} sequences together",
+                    report.widest
+                );
+                assert!(
+                    report.mismatch.is_none(),
+                    "{name} against {}: {}",
+                    against.path.display(),
+                    report.mismatch.unwrap()
+                );
+            }
         }
     }
 }

@@ -19,9 +19,9 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{reduction_chunks, FfnKind, Mixer, Plan, Segment};
+use memra_compiler::plan::{Mixer, Plan, Segment};
 
 use super::device::CudaDevice;
 use super::matvec::{Epilogue, Norm};
@@ -29,7 +29,7 @@ use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
 use super::moe::FfnWeights;
 use super::rank::{copy, MixerWeights, Pending, RankDevice, Rows};
 use super::span::Span;
-use super::weights::DeviceWeight;
+use super::weights::{full_chunks, DeviceWeight};
 
 /// Most sequence slots a plan may have on the cuda backend (each row of a step is a grid row
 /// of the attention launch, and the host stages every row's position and slot).
@@ -44,7 +44,7 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
         );
     }
     if !batched_layers(plan) {
-        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers dense GQA layers (MoE, MLA and KDA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
+        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA layers with dense or MoE FFNs, without mHC (MLA, KDA and DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
     }
     Ok(())
 }
@@ -53,23 +53,16 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
 /// kernels, each with its decode step's bits) the cuda backend cannot run, saying why.
 pub fn check_speculative(plan: &Plan) -> Result<()> {
     if plan.speculative.is_some() && !batched_layers(plan) {
-        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover dense GQA layers on the cuda backend; run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
+        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA layers with dense or MoE FFNs on the cuda backend; run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
     }
     Ok(())
 }
 
-/// Whether the batched decode kernels cover every layer: dense GQA ones, without mHC streams.
+/// Whether the batched decode kernels cover every layer: GQA ones (dense or MoE FFN), without
+/// mHC streams.
 fn batched_layers(plan: &Plan) -> bool {
     let m = &plan.model;
-    m.mhc.is_none()
-        && (0..m.layers).all(|l| {
-            let kind = m.layer_kind(l);
-            kind.mixer == Mixer::Gqa && kind.ffn == FfnKind::Dense
-        })
-}
-
-fn chunks_of(w: &DeviceWeight) -> usize {
-    reduction_chunks(w.cols as u64, w.dtype.block_size() as u64) as usize
+    m.mhc.is_none() && (0..m.layers).all(|l| m.layer_kind(l).mixer == Mixer::Gqa)
 }
 
 impl RankDevice {
@@ -108,7 +101,7 @@ impl RankDevice {
         // the row-parallel product: added to x in the same launch on a lone rank, left in
         // `partial` for the group's all-reduce otherwise
         let row_parallel = |w: &DeviceWeight, input: Input, chunks: Option<usize>, reduced| {
-            let chunks = chunks.unwrap_or_else(|| chunks_of(w)).max(1);
+            let chunks = chunks.unwrap_or_else(|| full_chunks(w)).max(1);
             if reduced {
                 let partial = Self::rows_of(&b.partial, rows, d);
                 product(&[w], input, chunks, &[out(&partial)], Epilogue::Plain)
@@ -126,16 +119,16 @@ impl RankDevice {
                 let (ws, ys) = ([&g.q, &g.k, &g.v], [out(&q), out(&k), out(&v)]);
                 if ws
                     .iter()
-                    .all(|w| w.dtype == g.q.dtype && chunks_of(w) == chunks_of(&g.q))
+                    .all(|w| w.dtype == g.q.dtype && full_chunks(w) == full_chunks(&g.q))
                 {
                     let plain = Epilogue::Plain;
                     let input = Input::Rows(&x, Some((norm, &xn)));
-                    product(&ws, input, chunks_of(&g.q), &ys, plain)?;
+                    product(&ws, input, full_chunks(&g.q), &ys, plain)?;
                 } else {
                     dev.rms_norm(s, &x, norm.weight, eps, &mut xn.clone())?;
                     for (w, y) in ws.iter().zip(ys) {
                         let input = Input::Rows(&xn, None);
-                        product(&[w], input, chunks_of(w), &[y], Epilogue::Plain)?;
+                        product(&[w], input, full_chunks(w), &[y], Epilogue::Plain)?;
                     }
                 }
                 g.finish_qkv(dev, s, [&q, &k, &v], eps)
@@ -197,11 +190,68 @@ impl RankDevice {
                 let swiglu = Epilogue::SwiGlu { limit: ffn.clamp };
                 let ys = [out(&gate), out(&gate)];
                 let input = Input::Rows(&x, Some((norm, &xn)));
-                product(&[gw, uw], input, chunks_of(gw), &ys, swiglu)?;
+                product(&[gw, uw], input, full_chunks(gw), &ys, swiglu)?;
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.1);
                 let input = Input::Rows(&gate, None);
                 row_parallel(&ffn.down, input, chunks, self.geo.tp_degree > 1)
+            }
+            Segment::MoeRouter | Segment::MoeExperts | Segment::MoeShared => {
+                let (FfnWeights::Moe(e), Some(state)) = (&lw.ffn, &self.moe) else {
+                    bail!("segment `{}` on layer {layer}, a dense layer", seg.name());
+                };
+                let wide = state.wide.as_ref().ok_or_else(|| {
+                    anyhow!("a batched step on a rank allocated for one token row")
+                })?;
+                let lone = self.geo.tp_degree == 1;
+                // the FFN norm is folded into each product that reads it, as in a decode step
+                let norm = Norm {
+                    weight: &lw.ffn_norm,
+                    eps,
+                };
+                match seg {
+                    Segment::MoeRouter => {
+                        wide.route(dev, s, e, &state.router, &x, Some(norm), rows)
+                    }
+                    Segment::MoeExperts => {
+                        self.pending = Pending::Experts;
+                        let picks = wide.picks(dev, s, rows)?;
+                        state.experts(dev, s, e, norm, &x, &picks, rows)?;
+                        if lone && e.shared.is_none() {
+                            state.combine(dev, s, &x, false)?;
+                        }
+                        Ok(())
+                    }
+                    _ => {
+                        let (Some(g), Pending::Experts) = (&e.shared, self.pending) else {
+                            bail!("moe_shared without shared experts after moe_experts");
+                        };
+                        let gate = Self::rows_of(&b.gate, rows, g.gate.rows);
+                        let swiglu = Epilogue::SwiGlu { limit: g.clamp };
+                        let input = Input::Rows(&x, Some((norm, &xn)));
+                        let ys = [out(&gate), out(&gate)];
+                        product(&[&g.gate, &g.up], input, full_chunks(&g.gate), &ys, swiglu)?;
+                        // the shared experts' row is the block after the routed picks'
+                        let k = state.router.top_k as usize;
+                        let shared = Span::of(&state.rows).sub(k * rows * d, rows * d);
+                        let chunks = self
+                            .geo
+                            .row_chunks
+                            .map_or_else(|| full_chunks(&g.down), |c| c.1);
+                        let input = Input::Rows(&gate, None);
+                        product(
+                            &[&g.down],
+                            input,
+                            chunks.max(1),
+                            &[out(&shared)],
+                            Epilogue::Plain,
+                        )?;
+                        if lone {
+                            state.combine(dev, s, &x, false)?;
+                        }
+                        Ok(())
+                    }
+                }
             }
             other => bail!(
                 "segment `{}` has no batched decode kernels on the cuda backend",
@@ -246,7 +296,7 @@ impl RankDevice {
             s,
             &[w],
             Input::Rows(&xn, Some((norm, &xn))),
-            chunks_of(w),
+            full_chunks(w),
             &ys,
             Epilogue::Plain,
         )

@@ -165,6 +165,7 @@ pub const FILES: &[KernelFile] = &[
             "moe_combine_f32",
             "moe_gather_f16",
             "moe_scatter_f32",
+            "moe_order_i32",
             "moe_unheld_f32"
         ]
     ),

@@ -235,7 +235,7 @@ impl RankDevice {
                     Segment::MoeRouter => state.route(dev, s, e, norm, &x),
                     Segment::MoeExperts => {
                         self.pending = Pending::Experts;
-                        state.experts(dev, s, e, norm, &x)?;
+                        state.experts(dev, s, e, norm, &x, &state.picks(), 1)?;
                         if lone && e.shared.is_none() {
                             combine(state)?;
                         }

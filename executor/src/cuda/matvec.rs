@@ -145,18 +145,24 @@ struct MatvecJob {
     eps: f32,
     xn_offset: i32,
     experts: u64,
+    expert_order: u64,
     expert_weights: u64,
     expert_bytes: i64,
     expert_first: i32,
     expert_count: i32,
     x_stride: i32,
     y_stride: i32,
+    slot_rows: i32,
+    x_row_stride: i32,
     batch: i32,
 }
 
 /// Expert mode of a matvec launch (kernels/matvec.cu): one grid row per selected expert, the
 /// weights being stacks of `count` matrices `stride` bytes apart whose first is expert
-/// `first`; ids (and, for a weighted launch, weights) are read from device memory.
+/// `first`; ids (and, for a weighted launch, weights) are read from device memory. Over
+/// several token rows (a batched decode step) slot `s * token_rows + t` is the `s`-th pick of
+/// token row `t`, whose ids and weights are at `t * (slots / token_rows) + s` (as the router
+/// writes them); the grid's rows take the slots in that order, or the picks in `order`.
 #[derive(Clone, Copy)]
 pub(super) struct ExpertSel {
     /// Device address of the selected expert ids (`slots` i32 values).
@@ -164,7 +170,9 @@ pub(super) struct ExpertSel {
     /// Device address of their weights (`slots` f32 values), or 0: rows are not weighted and
     /// experts held elsewhere leave their rows unwritten.
     pub weights: u64,
-    /// Selected experts (the grid's rows).
+    /// Device address of the picks in the order the grid's rows take them (`moe_order`), or 0.
+    pub order: u64,
+    /// Selected experts (the grid's rows), of every token row.
     pub slots: usize,
     /// The first expert the stacks hold, and how many.
     pub first: usize,
@@ -174,6 +182,9 @@ pub(super) struct ExpertSel {
     /// Values from one slot's x to the next (0: all read the same x), and from one y to the next.
     pub x_stride: usize,
     pub y_stride: usize,
+    /// Token rows the slots are picked for, and values from one token row's x to the next.
+    pub token_rows: usize,
+    pub x_row_stride: usize,
 }
 
 // SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
@@ -337,7 +348,10 @@ impl CudaDevice {
     ) -> Result<()> {
         let w0 = ws[0];
         assert!(
-            x.len() >= (sel.slots - 1) * sel.x_stride + w0.cols
+            x.len()
+                >= (sel.slots - 1) * sel.x_stride
+                    + (sel.token_rows - 1) * sel.x_row_stride
+                    + w0.cols
                 && y.len() >= (sel.slots - 1) * sel.y_stride + w0.rows,
             "matvec_experts: x or y too short for {} slots",
             sel.slots
@@ -446,18 +460,27 @@ impl CudaDevice {
             eps: norm.map_or(0.0, |n| n.eps),
             xn_offset: int(xn_offset),
             experts: sel.map_or(0, |e| e.ids),
+            expert_order: sel.map_or(0, |e| e.order),
             expert_weights: sel.map_or(0, |e| e.weights),
             expert_bytes: sel.map_or(0, |e| e.stride as i64),
             expert_first: sel.map_or(0, |e| int(e.first)),
             expert_count: sel.map_or(0, |e| int(e.count)),
             x_stride: sel.map_or(0, |e| int(e.x_stride)),
             y_stride: sel.map_or(0, |e| int(e.y_stride)),
+            slot_rows: sel.map_or(1, |e| int(e.token_rows)),
+            x_row_stride: sel.map_or(0, |e| int(e.x_row_stride)),
             batch: int(batch),
         };
         if let Some(e) = sel {
             assert!(
                 e.stride.is_multiple_of(16) && e.slots > 0,
                 "matvec: expert matrices must be 16-byte aligned, one slot at least"
+            );
+            assert!(
+                e.token_rows > 0 && e.slots.is_multiple_of(e.token_rows),
+                "matvec: {} expert slots are not whole picks of {} token rows",
+                e.slots,
+                e.token_rows
             );
         }
         for (i, (w, &(y, _))) in ws.iter().zip(ys).enumerate() {

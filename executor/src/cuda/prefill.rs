@@ -476,7 +476,7 @@ impl RankDevice {
             bail!("segment `{}` on layer {layer}, a dense layer", seg.name());
         };
         let moe_rows = state
-            .prefill
+            .wide
             .as_ref()
             .ok_or_else(|| anyhow!("a prefill step on a rank allocated for one token row"))?;
         let (dev, b, d) = (&self.dev, &self.buf, self.hidden_len());
@@ -485,7 +485,7 @@ impl RankDevice {
         match seg {
             Segment::MoeRouter => {
                 dev.rms_norm(s, &x, &lw.ffn_norm, self.geo.eps, &mut xn.clone())?;
-                moe_rows.route(dev, s, e, &state.router, &xn, rows)
+                moe_rows.route(dev, s, e, &state.router, &xn, None, rows)
             }
             Segment::MoeExperts => {
                 self.pending = Pending::Experts;

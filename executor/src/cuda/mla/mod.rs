@@ -414,12 +414,15 @@ impl MlaState {
         ExpertSel {
             ids: Span::of(&self.head_ids).addr(),
             weights: 0,
+            order: 0,
             slots: stack.count,
             first: stack.first,
             count: stack.count,
             stride: stack.stride,
             x_stride,
             y_stride,
+            token_rows: 1,
+            x_row_stride: 0,
         }
     }
 

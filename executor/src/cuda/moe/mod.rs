@@ -160,6 +160,16 @@ impl FfnWeights {
     }
 }
 
+/// Where an expert pass finds its token rows' picks (`k` ids and weights a row, as the
+/// router writes them; the order its products take them in, if any) and leaves their gated
+/// activations (`k * expert_ffn` a row).
+pub(super) struct Picks {
+    pub ids: Span<i32>,
+    pub weights: Span<f32>,
+    pub order: Option<Span<i32>>,
+    pub gate: Span<f32>,
+}
+
 /// A rank's MoE state: the router's settings and the buffers of its MoE layers.
 pub(super) struct MoeState {
     pub router: MoeSummary,
@@ -175,8 +185,9 @@ pub(super) struct MoeState {
     pub rows: DeviceBuffer<f32>,
     /// The group's sum of `rows`, zero between all-reduces.
     pub sum: DeviceBuffer<f32>,
-    /// A prefill step's routing and expert buffers (none when prompts run token by token).
-    pub prefill: Option<MoeRows>,
+    /// The routing and expert buffers of a step of several token rows (none when every step
+    /// has one).
+    pub wide: Option<MoeRows>,
 }
 
 impl MoeState {
@@ -206,7 +217,7 @@ impl MoeState {
             )?,
             rows: dev.alloc(s, rows)?,
             sum: dev.alloc(s, rows)?,
-            prefill: if max_rows > 1 {
+            wide: if max_rows > 1 {
                 Some(MoeRows::new(dev, s, moe, max_rows, d)?)
             } else {
                 None
@@ -234,8 +245,23 @@ impl MoeState {
         dev.matvec_picking(s, &e.router, x, norm, chunks, &Span::of(&self.logits), pick)
     }
 
-    /// The selected experts this rank holds over `rms_norm(x) * norm`, each weighted, into
-    /// `rows` (`-0.0` for others).
+    /// The picks of a one-row step: the router's ids and weights, and the experts' gated
+    /// activations.
+    pub fn picks(&self) -> Picks {
+        Picks {
+            ids: Span::of(&self.ids),
+            weights: Span::of(&self.weights),
+            order: None,
+            gate: Span::of(&self.gate),
+        }
+    }
+
+    /// The selected experts this rank holds over `rms_norm(x) * norm` for each of the `rows`
+    /// token rows of x (their picks in `picks`), each weighted, into `rows` slot-major (pick
+    /// `s` of token row `t` at `(s * rows + t) * hidden`; `-0.0` for experts held elsewhere).
+    /// Every pick is a one-row decode matvec of its own grid row, so a token row's values do
+    /// not depend on the other rows of the step.
+    #[allow(clippy::too_many_arguments)]
     pub fn experts(
         &self,
         dev: &CudaDevice,
@@ -243,35 +269,44 @@ impl MoeState {
         e: &MoeWeights,
         norm: Norm,
         x: &Span<f32>,
+        picks: &Picks,
+        rows: usize,
     ) -> Result<()> {
         let k = self.router.top_k as usize;
         let (ff, d) = (e.gate.weight.rows, e.down.weight.rows);
-        let sel = |weights: u64, x_stride, y_stride| ExpertSel {
-            ids: Span::of(&self.ids).addr(),
-            weights,
-            slots: k,
+        let gate = picks.gate.sub(0, rows * k * ff);
+        let sel = ExpertSel {
+            ids: picks.ids.addr(),
+            weights: 0,
+            order: picks.order.as_ref().map_or(0, Span::addr),
+            slots: rows * k,
             first: e.gate.first,
             count: e.gate.count,
             stride: e.gate.stride,
-            x_stride,
-            y_stride,
+            x_stride: 0,
+            y_stride: ff,
+            token_rows: rows,
+            x_row_stride: d,
         };
-        let g = Span::of(&self.gate);
         let chunks = full_chunks(&e.gate.weight);
         let gu = [&e.gate.weight, &e.up.weight];
-        dev.matvec_experts(s, &gu, x, Some(norm), chunks, &g, e.clamp, sel(0, 0, ff))?;
+        dev.matvec_experts(s, &gu, x, Some(norm), chunks, &gate, e.clamp, sel)?;
         let down = ExpertSel {
+            weights: picks.weights.addr(),
             stride: e.down.stride,
-            ..sel(Span::of(&self.weights).addr(), ff, d)
+            x_stride: ff,
+            y_stride: d,
+            x_row_stride: 0,
+            ..sel
         };
         let chunks = full_chunks(&e.down.weight);
         dev.matvec_experts(
             s,
             &[&e.down.weight],
-            &g,
+            &gate,
             None,
             chunks,
-            &Span::of(&self.rows),
+            &Span::of(&self.rows).sub(0, rows * k * d),
             None,
             down,
         )
@@ -356,6 +391,31 @@ impl CudaDevice {
             weights: weights.addr(),
         };
         self.pick(s, logits.addr(), rows, &pick)
+    }
+
+    /// The picks of `ids` (`k` a token row) grouped by expert into `order` (`moe_order_i32`):
+    /// the order in which a batched step's expert products take them.
+    pub(super) fn moe_order(
+        &self,
+        s: &CudaStream,
+        ids: &Span<i32>,
+        experts: usize,
+        order: &Span<i32>,
+    ) -> Result<()> {
+        let count = ids.len();
+        assert!(
+            order.len() == count && experts <= MAX_EXPERTS,
+            "moe_order: one place a pick, up to {MAX_EXPERTS} experts"
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ip, op, c, n) = (ids.addr(), order.addr(), int(count), int(experts));
+        self.launch(s, "moe_order_i32", cfg, |a| {
+            a.arg(&ip).arg(&c).arg(&n).arg(&op);
+        })
     }
 
     /// `pick` over `rows` rows of logits at `logits`, a block a row.

@@ -1,15 +1,18 @@
-//! The routed experts of a prefill step on a CUDA rank. The router runs over every token row
-//! in one launch (the decode matvec, so each row is routed as its decode step routes it), the
-//! top-k of every row in another; the ids come back to the host, which groups the rows by
-//! expert. The rows of every expert this rank holds are gathered at once, gate and up then run
-//! as one grouped tensor-core GEMM launch (an expert's matrices read once for the chunk), the
-//! SiLU gate and down as one launch each, and each product row, times its routing weight, lands
-//! in its slot's block of the layer's rows (`MoeState::rows`, slot-major: slot `s` of token row
-//! `t` at `(s * rows + t) * hidden`); the blocks of experts held elsewhere hold `-0.0`. That is
-//! the decode combine's structure row for row: the group's all-reduce and `moe_combine` then
-//! give every plan the 1-rank bits (`cuda::moe`). A row's product does not depend on the other
-//! rows of its expert's group, and every rank routes the same rows the same way, so any rank
-//! holding an expert computes its rows' bits.
+//! The routed experts of a step of several token rows on a CUDA rank. The router runs over
+//! every token row in one launch (the decode matvec, so each row is routed as its decode step
+//! routes it), the top-k of every row in another (`route`). A batched decode step then runs
+//! the decode experts over the rows' picks (`picks`, `MoeState::experts`), each pick a one-row
+//! matvec with its decode step's bits. A prefill step's ids come back to the host, which
+//! groups the rows by expert (`experts`). The rows of every expert this rank holds are
+//! gathered at once, gate and up then run as one grouped tensor-core GEMM launch (an expert's
+//! matrices read once for the chunk), the SiLU gate and down as one launch each, and each
+//! product row, times its routing weight, lands in its slot's block of the layer's rows
+//! (`MoeState::rows`, slot-major: slot `s` of token row `t` at `(s * rows + t) * hidden`); the
+//! blocks of experts held elsewhere hold `-0.0`. That is the decode combine's structure row for
+//! row: the group's all-reduce and `moe_combine` then give every plan the 1-rank bits
+//! (`cuda::moe`). A row's product does not depend on the other rows of its expert's group, and
+//! every rank routes the same rows the same way, so any rank holding an expert computes its
+//! rows' bits.
 
 use std::sync::Arc;
 
@@ -17,22 +20,25 @@ use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
 use memra_compiler::plan::MoeSummary;
 
-use super::MoeWeights;
+use super::{MoeWeights, Picks};
 use crate::cuda::device::{CudaDevice, DeviceBuffer};
-use crate::cuda::matvec::ExpertSel;
+use crate::cuda::matvec::{ExpertSel, Norm};
 use crate::cuda::rows::{Groups, Matrix, GEMM_DEPTH};
 use crate::cuda::span::Span;
 use crate::cuda::weights::{full_chunks, grid, int, DeviceStack};
 
 /// A prefill step's buffers of the routed experts, for up to `rows` token rows.
 pub(crate) struct MoeRows {
-    /// Experts selected per row.
+    /// Experts, and experts selected per row.
+    experts: usize,
     k: usize,
     /// Router logits of every row.
     logits: DeviceBuffer<f32>,
     /// The selected ids and weights of every row (`k` a row).
     pub ids: DeviceBuffer<i32>,
     weights: DeviceBuffer<f32>,
+    /// A batched decode step's picks grouped by expert (`CudaDevice::moe_order`).
+    order: DeviceBuffer<i32>,
     /// One zero per row: every router slot names the one router matrix.
     router_ids: DeviceBuffer<i32>,
     /// The assignments `row * k + slot`, grouped by expert.
@@ -62,10 +68,12 @@ impl MoeRows {
             moe.expert_ffn as usize,
         );
         Ok(MoeRows {
+            experts: n,
             k,
             logits: dev.alloc(s, rows * n)?,
             ids: dev.alloc(s, rows * k)?,
             weights: dev.alloc(s, rows * k)?,
+            order: dev.alloc(s, rows * k)?,
             router_ids: dev.alloc(s, rows)?,
             assign: dev.alloc(s, rows * k)?,
             spans: dev.alloc(s, 2 * n)?,
@@ -76,14 +84,39 @@ impl MoeRows {
         })
     }
 
-    /// The router logits and the top-k ids and weights of each of the `rows` rows of `xn`.
+    /// The picks of a batched decode step of `rows` token rows routed by `route`, for the
+    /// decode experts (`MoeState::experts`): over several rows grouped by expert first, so
+    /// that the rows which chose an expert run side by side and share its reads.
+    pub fn picks(&self, dev: &CudaDevice, s: &CudaStream, rows: usize) -> Result<Picks> {
+        let n = rows * self.k;
+        let ids = Span::of(&self.ids).sub(0, n);
+        let order = if rows > 1 {
+            let order = Span::of(&self.order).sub(0, n);
+            dev.moe_order(s, &ids, self.experts, &order)?;
+            Some(order)
+        } else {
+            None
+        };
+        Ok(Picks {
+            ids,
+            weights: Span::of(&self.weights).sub(0, n),
+            order,
+            gate: Span::of(&self.gate),
+        })
+    }
+
+    /// The router logits and the top-k ids and weights of each of the `rows` rows of
+    /// `rms_norm(x) * norm` (of x itself without a norm), each row routed by the decode matvec
+    /// as its decode step routes it.
+    #[allow(clippy::too_many_arguments)]
     pub fn route(
         &self,
         dev: &CudaDevice,
         s: &CudaStream,
         e: &MoeWeights,
         r: &MoeSummary,
-        xn: &Span<f32>,
+        x: &Span<f32>,
+        norm: Option<Norm>,
         rows: usize,
     ) -> Result<()> {
         let (n, k, d) = (e.router.rows, self.k, e.router.cols);
@@ -91,18 +124,21 @@ impl MoeRows {
         let sel = ExpertSel {
             ids: Span::of(&self.router_ids).addr(),
             weights: 0,
+            order: 0,
             slots: rows,
             first: 0,
             count: 1,
             stride: 0,
             x_stride: d,
             y_stride: n,
+            token_rows: 1,
+            x_row_stride: 0,
         };
         dev.matvec_experts(
             s,
             &[&e.router],
-            xn,
-            None,
+            x,
+            norm,
             full_chunks(&e.router),
             &logits,
             None,

@@ -2,7 +2,8 @@
 //! 1e-6 relative) for softmax and sigmoid gating, bias and groups; a whole MoE layer (norm,
 //! router, experts, combine) per expert dtype against the CPU kernels; expert parallelism
 //! (a rank holding half the experts writes the full run's rows bit for bit, `-0.0` for the
-//! rest); a prefill step's experts over many token rows (grouped by expert, GEMMs) against
+//! rest); a batched decode step's routing and experts over many token rows against each row's
+//! one-row decode, bit for bit (and with half the experts held); a prefill step's experts over many token rows (grouped by expert, GEMMs) against
 //! exact products row by row, with the same expert-parallel check; glm5-next's clamped SwiGLU in
 //! the experts against `silu_mul_clamped`; and the layer captured in a graph, replayed against
 //! eager, bit for bit.
@@ -42,6 +43,7 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
         GgmlType::F16,
     ] {
         layer(cx, dtype, None)?;
+        decode_rows(cx, dtype)?;
         prefill(cx, dtype)?;
     }
     layer(cx, GgmlType::Q8_0, Some(CLAMP))?;
@@ -231,7 +233,8 @@ impl Layer {
         };
         let x = Span::of(&self.x);
         self.st.route(dev, s, &self.w, norm, &x)?;
-        self.st.experts(dev, s, &self.w, norm, &x)?;
+        self.st
+            .experts(dev, s, &self.w, norm, &x, &self.st.picks(), 1)?;
         if combine {
             self.st.combine(dev, s, &x, false)?;
         }
@@ -424,6 +427,85 @@ fn graph(cx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// Token rows of the batched decode case.
+const DECODE_ROWS: usize = 13;
+
+/// A batched decode step's routed experts over `DECODE_ROWS` token rows (`MoeRows::route`,
+/// then the decode experts over the rows' picks) against each row decoded alone: the ids and
+/// every pick's weighted row bit for bit, also on an expert-parallel rank holding half the
+/// experts (`-0.0` for the rest); the picks' expert order against a stable sort.
+fn decode_rows(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let mut l = Layer::new(dev, s, &mut cx.rng, dtype, DECODE_ROWS, None)?;
+    let n = TOP_K * DECODE_ROWS * D;
+    let together = |l: &Layer| -> Result<(Vec<i32>, Vec<i32>, Vec<f32>)> {
+        let norm = Norm {
+            weight: &l.norm_d,
+            eps: 1e-6,
+        };
+        let (x, wide) = (Span::of(&l.x), l.st.wide.as_ref().expect("invariant"));
+        wide.route(dev, s, &l.w, &l.st.router, &x, Some(norm), DECODE_ROWS)?;
+        let picks = wide.picks(dev, s, DECODE_ROWS)?;
+        l.st.experts(dev, s, &l.w, norm, &x, &picks, DECODE_ROWS)?;
+        let order = picks
+            .order
+            .as_ref()
+            .expect("invariant: several rows are ordered");
+        Ok((
+            dev.download(s, &picks.ids)?,
+            dev.download(s, order)?,
+            dev.download(s, &Span::of(&l.st.rows).sub(0, n))?,
+        ))
+    };
+    let alone = |l: &Layer| -> Result<(Vec<i32>, Vec<f32>)> {
+        let norm = Norm {
+            weight: &l.norm_d,
+            eps: 1e-6,
+        };
+        let (mut ids, mut blocks) = (Vec::new(), vec![0f32; n]);
+        for t in 0..DECODE_ROWS {
+            let x = Span::of(&l.x).sub(t * D, D);
+            l.st.route(dev, s, &l.w, norm, &x)?;
+            l.st.experts(dev, s, &l.w, norm, &x, &l.st.picks(), 1)?;
+            ids.extend(dev.download(s, &l.st.ids)?);
+            let rows = dev.download(s, &l.st.rows)?;
+            for (slot, row) in rows.chunks_exact(D).take(TOP_K).enumerate() {
+                blocks[(slot * DECODE_ROWS + t) * D..][..D].copy_from_slice(row);
+            }
+        }
+        Ok((ids, blocks))
+    };
+    let case = |what: &str| format!("{dtype} {DECODE_ROWS} rows{what}");
+    for held in [None, Some(0), Some(EXPERTS / 2)] {
+        if let Some(first) = held {
+            l.hold(dev, s, first, EXPERTS / 2)?;
+        }
+        let what = held.map_or(String::new(), |f| {
+            format!(", experts {f}..{}", f + EXPERTS / 2)
+        });
+        let (got_ids, order, got) = together(&l)?;
+        // the picks grouped by expert, in pick order within one: a sorted permutation
+        let mut want_order: Vec<i32> = (0..got_ids.len() as i32).collect();
+        want_order.sort_by_key(|&p| got_ids[p as usize]);
+        let misplaced = order
+            .iter()
+            .zip(&want_order)
+            .filter(|(a, b)| a != b)
+            .count();
+        cx.report.exact("moe_order", case(&what), misplaced);
+        let (want_ids, want) = alone(&l)?;
+        let wrong = got_ids
+            .iter()
+            .zip(&want_ids)
+            .filter(|(a, b)| a != b)
+            .count();
+        cx.report.exact("moe decode rows ids", case(&what), wrong);
+        cx.report
+            .exact("moe decode rows", case(&what), bit_mismatches(&got, &want));
+    }
+    Ok(())
+}
+
 /// Token rows of the prefill case: a GEMM tile and a cut one.
 const PREFILL_ROWS: usize = 77;
 
@@ -435,10 +517,10 @@ fn prefill(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
     let mut l = Layer::new(dev, s, &mut cx.rng, dtype, PREFILL_ROWS, None)?;
     let x0 = dev.download(s, &l.x)?;
     let run = |l: &Layer| -> Result<Vec<f32>> {
-        let pre = l.st.prefill.as_ref().expect("invariant: rows above one");
+        let pre = l.st.wide.as_ref().expect("invariant: rows above one");
         let (x, xn) = (Span::of(&l.x), Span::of(&l.xn));
         dev.rms_norm(s, &x, &l.norm_d, 1e-6, &mut xn.clone())?;
-        pre.route(dev, s, &l.w, &l.st.router, &xn, PREFILL_ROWS)?;
+        pre.route(dev, s, &l.w, &l.st.router, &xn, None, PREFILL_ROWS)?;
         pre.experts(dev, s, &l.w, &xn, PREFILL_ROWS, &Span::of(&l.st.rows))?;
         dev.download(s, &l.st.rows)
     };
@@ -454,7 +536,7 @@ fn prefill(cx: &mut Ctx, dtype: GgmlType) -> Result<()> {
         routes.push(route);
         want_rows.extend(rows);
     }
-    let ids = dev.download(s, &l.st.prefill.as_ref().expect("invariant").ids)?;
+    let ids = dev.download(s, &l.st.wide.as_ref().expect("invariant").ids)?;
     let case = format!("{dtype} {PREFILL_ROWS} rows");
     cx.report
         .exact("moe_rows ids", case.clone(), wrong_ids(&ids, &routes));
