@@ -6,8 +6,9 @@
 //! sequences decoded together must have, bit for bit, the logits of each decoded alone (by
 //! the one-sequence decode kernels, and by the batched plan itself), a KDA and a DSA plan's
 //! second sequence in one session, which must start from a fresh state, and speculative plans
-//! (one device, PP-2, TP-2, both arms) whose greedy tokens and every generated token's logits
-//! are the plain plan's, bit for bit, with drafts accepted and rejected. Run with
+//! (tiny-tp on one device, PP-2, TP-2; tiny-qwen3moe on one device, PP-2, EP-2; both arms)
+//! whose greedy tokens and every generated token's logits are the plain plan's, bit for bit,
+//! with drafts accepted and rejected. Run with
 //! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
 #![cfg(feature = "gpu-tests")]
 
@@ -245,37 +246,55 @@ fn speculative_plans_on_cuda_generate_plain_decodings_tokens_and_logits() {
     // the one-row decode step the plain plan takes at that position; the prompt is prefill
     // in both
     let dir = scratch("speculation");
-    let plain = plan(&dir, "plain", "devices = [[0]]", "");
+    let ep2 = "devices = [[0, 0]]\n\n[parallel]\nattention = \"replicated\"";
+    let qwen3moe = synth_model("tiny-qwen3moe", "q8_0", 9, "models/tiny-qwen3moe-q8_0.gguf");
     let section = "\n[speculative]\ndraft = \"lookup\"\ntokens = 3\n";
     let prompt: Vec<u32> = vec![5, 9, 200, 31, 7, 5, 9];
     let turns = [prompt.clone(), vec![12, 5]];
     let n = 14;
-    let want = decode_turns(&plain, cuda(), &turns, n, None);
-    let sequence = [&prompt[..], &want.0[..n], &turns[1], &want.0[n..]].concat();
-    let vocab = plain.plan.model.vocab;
-    let replay = Drafts::Replay {
-        tokens: garbled(&sequence, prompt.len() + 3, vocab),
-        cut: 3,
-    };
-    for (name, pipeline) in [
-        ("spec", "devices = [[0]]"),
-        ("spec-pp2", "devices = [[0], [0]]"),
-        ("spec-tp2", "devices = [[0, 0]]"),
+    for (model, placements) in [
+        (
+            tiny_tp_model(),
+            &[
+                ("spec", "devices = [[0]]"),
+                ("spec-pp2", "devices = [[0], [0]]"),
+                ("spec-tp2", "devices = [[0, 0]]"),
+            ][..],
+        ),
+        (
+            qwen3moe,
+            &[
+                ("moe-spec", "devices = [[0]]"),
+                ("moe-spec-pp2", "devices = [[0], [0]]"),
+                ("moe-spec-ep2", ep2),
+            ][..],
+        ),
     ] {
-        let spec = plan(&dir, name, pipeline, section);
-        for arm in [Arm::Serial, Arm::Pipelined] {
-            let options = EngineOptions { arm, ..cuda() };
-            for drafts in [replay.clone(), Drafts::Lookup] {
-                let (tokens, logits, tally) =
-                    decode_turns(&spec, options, &turns, n, Some(drafts.clone()));
-                let label = format!("{name} {arm:?} {drafts:?}");
-                assert_same(&label, &(want.0.clone(), want.1.clone()), &(tokens, logits));
-                let t = tally.unwrap();
-                if matches!(drafts, Drafts::Replay { .. }) {
-                    assert!(
-                        t.accepted > 0 && t.accepted < t.drafted,
-                        "{label}: drafts accepted and rejected both: {t:?}"
-                    );
+        let plain_name = format!("{}-plain", placements[0].0);
+        let plain = plan_of(&model, &dir, &plain_name, "devices = [[0]]", "");
+        let want = decode_turns(&plain, cuda(), &turns, n, None);
+        let sequence = [&prompt[..], &want.0[..n], &turns[1], &want.0[n..]].concat();
+        let vocab = plain.plan.model.vocab;
+        let replay = Drafts::Replay {
+            tokens: garbled(&sequence, prompt.len() + 3, vocab),
+            cut: 3,
+        };
+        for &(name, pipeline) in placements {
+            let spec = plan_of(&model, &dir, name, pipeline, section);
+            for arm in [Arm::Serial, Arm::Pipelined] {
+                let options = EngineOptions { arm, ..cuda() };
+                for drafts in [replay.clone(), Drafts::Lookup] {
+                    let (tokens, logits, tally) =
+                        decode_turns(&spec, options, &turns, n, Some(drafts.clone()));
+                    let label = format!("{name} {arm:?} {drafts:?}");
+                    assert_same(&label, &(want.0.clone(), want.1.clone()), &(tokens, logits));
+                    let t = tally.unwrap();
+                    if matches!(drafts, Drafts::Replay { .. }) {
+                        assert!(
+                            t.accepted > 0 && t.accepted < t.drafted,
+                            "{label}: drafts accepted and rejected both: {t:?}"
+                        );
+                    }
                 }
             }
         }
