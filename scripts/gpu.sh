@@ -1547,7 +1547,8 @@ suite_glm5() {
 #   - batch-depth: `llama-batched-bench -npp 8 -ntg 128 -npl 1,4,16,64` (-fa on, -ngl 99) and
 #     `memra-run bench --batch B --prompt 8 -n 128 --reps 2` of the cut's -batch64 placement,
 #     B = 1, 4, 16, 64; its `= ` rows: aggregate tok/s of both and their ratio, 64 sequences
-#     against one, and the per-token latency of 16 against one;
+#     against one, and the per-token latency of 16 against one; then `gate --batch` of the
+#     -batch64 plan against itself and against the cut's -decode plan (bit for bit);
 #   - the last rows, `= MODEL ...`: per model and depth, memra's and llama.cpp's decode tok/s
 #     and their ratio (memra / llama.cpp), and the time a layer adds. With t(L) = 1e6 / tok/s
 #     the microseconds a token takes in a cut of L blocks, and H = L / 2,
@@ -1710,6 +1711,19 @@ depth_memra_batch() { # model layers sequences: memra-run bench --batch of the c
     bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --batch "$b" --prompt 8 -n 128 --reps 2
     mem[$m-l$l-b$b]=$(echo "$bench_out" | sed -n 's/.*: \([0-9.]*\) ± [0-9.]* tok\/s aggregate.*/\1/p' | tail -1)
 }
+depth_batch_gates() { # model layers: the cut's -batch64 plan against itself and against its
+    # -decode plan (one sequence, prompts token by token), gate --batch
+    local m=$1 l=$2 ref batched decode
+    depth_plan "$m" "$l" "memra $m l$l batch gates" -batch64 || return
+    batched=$plan
+    depth_plan "$m" "$l" "memra $m l$l batch gates" -decode || return
+    decode=$plan
+    for ref in decode self; do
+        late "batch gate $m l$l vs $ref" && continue
+        gate "batch gate $m l$l vs $ref" 200 "$M/depth-$m-l$l-q4_1.gguf" \
+            "$([ $ref = self ] && echo "$batched" || echo "$decode")" "$batched" --batch
+    done
+}
 depth_batch_summary() { # model: its `= ` batch rows (see depth_suite)
     local m=$1 l b a c
     l=$(depth_layers "$m")
@@ -1843,6 +1857,7 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
         if [ "$mode" = batch ]; then
             depth_llama_batch "$m" "$l"
             for b in 1 4 16 64; do depth_memra_batch "$m" "$l" $b; done
+            depth_batch_gates "$m" "$l"
             continue
         fi
         if [ "$mode" = long ]; then
