@@ -17,6 +17,12 @@
 //! to a q4 product. It costs the pad rows' own work (norms, the head, the 8-row tiles of the
 //! other dtypes' matvec), and nothing in attention.
 //!
+//! A speculative plan's verify step of one sequence (a span of its token and m drafts, every
+//! row's logits back, on the batched decode kernels) replays graphs too: its *verify bucket*
+//! is its row count, 2 to `tokens + 1`, with no pad rows (every launch of such a step reads
+//! its rows' positions, slot and tokens from the input buffers, and its grid depends on the
+//! row count alone). A verify span beside other sequences' rows runs eagerly.
+//!
 //! Pad rows come first, so the real rows are the step's last ones and the sampler's last row
 //! is a real one. A pad row embeds token 0 at position 0 of the slot `PAD_SLOT`, which no
 //! sequence has: `kv_store_rows_f16` and `attention_f16` skip it (no cache write, no cache
@@ -31,10 +37,13 @@ use crate::engine::StepInput;
 /// Rows past which buckets step by this many (the widest row tile of the batched products).
 const BUCKET_STEP: usize = 32;
 
-/// The row counts decode steps are padded to, ascending.
+/// The row counts decode steps are padded to, ascending, then the verify buckets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Buckets {
     rows: Vec<usize>,
+    /// The widest verify step with a bucket of its own (0: none): verify buckets of 2 to
+    /// `verify` rows follow the decode buckets.
+    verify: usize,
 }
 
 /// How a step is enqueued: its token rows, the rows of its head (a batched step's), and the
@@ -48,8 +57,9 @@ pub(super) struct Shape {
 }
 
 impl Buckets {
-    /// The buckets of an engine whose decode steps have at most `widest` rows.
-    pub(super) fn new(widest: usize) -> Buckets {
+    /// The buckets of an engine whose decode steps have at most `widest` rows and whose
+    /// verify steps up to `verify` rows (0: a plan without speculation).
+    pub(super) fn new(widest: usize, verify: usize) -> Buckets {
         let widest = widest.max(1);
         let mut rows: Vec<usize> = std::iter::successors(Some(1), |&r| {
             Some(if r < BUCKET_STEP {
@@ -61,24 +71,46 @@ impl Buckets {
         .take_while(|&r| r < widest)
         .collect();
         rows.push(widest);
-        Buckets { rows }
+        Buckets { rows, verify }
     }
 
     /// Buckets of the engine.
     pub(super) fn len(&self) -> usize {
-        self.rows.len()
+        self.rows.len() + self.verify.saturating_sub(1)
     }
 
-    /// Rows of bucket `i`.
-    pub(super) fn rows(&self, i: usize) -> usize {
-        self.rows[i]
+    /// Rows of bucket `i`, and whether it is a verify bucket.
+    pub(super) fn rows(&self, i: usize) -> (usize, bool) {
+        match self.rows.get(i) {
+            Some(&rows) => (rows, false),
+            None => (i - self.rows.len() + 2, true),
+        }
     }
 
     /// How `input` is enqueued: a decode step of `n` rows as its bucket's rows, the first
-    /// `bucket - n` of them pad rows, every row a logit row; any other step as it is, eagerly.
+    /// `bucket - n` of them pad rows, every row a logit row; a verify step of one sequence
+    /// in its verify bucket; any other step as it is, eagerly.
     pub(super) fn shape(&self, input: &StepInput) -> Shape {
         let n = input.rows() as usize;
         let decode = n == input.spans.len();
+        let verify = !decode
+            && input.decode_bits
+            && input.spans.len() == 1
+            && n <= self.verify
+            && input.spans[0].logits_from == 0;
+        if verify {
+            return Shape {
+                rows: Rows {
+                    rows: n,
+                    logits_from: 0,
+                    padding: 0,
+                    decode: false,
+                    decode_bits: true,
+                },
+                logit_rows: (0..n).collect(),
+                bucket: Some(self.rows.len() + n - 2),
+            };
+        }
         match self.rows.iter().position(|&b| b >= n).filter(|_| decode) {
             Some(i) => Shape {
                 rows: Rows {
@@ -234,8 +266,9 @@ impl Tally {
         self.pad_rows[b] += shape.rows.padding as u64;
     }
 
-    /// One line: per bucket its rows, decode steps, pad rows and `graphs(bucket)` graphs
-    /// captured; the eager steps; `latched` runs latched to eager when there are any.
+    /// One line: per bucket its rows (`verify N` for a verify bucket), steps, pad rows and
+    /// `graphs(bucket)` graphs captured; the eager steps; `latched` runs latched to eager
+    /// when there are any.
     pub(super) fn line(
         &self,
         buckets: &Buckets,
@@ -245,9 +278,12 @@ impl Tally {
         let per: Vec<String> = (0..buckets.len())
             .map(|b| {
                 let of = |v: &[u64]| v.get(b).copied().unwrap_or(0);
+                let rows = match buckets.rows(b) {
+                    (rows, false) => rows.to_string(),
+                    (rows, true) => format!("verify {rows}"),
+                };
                 format!(
-                    "{}: {}, {}, {}",
-                    buckets.rows(b),
+                    "{rows}: {}, {}, {}",
                     of(&self.steps),
                     of(&self.pad_rows),
                     graphs(b)
@@ -259,7 +295,7 @@ impl Tally {
             n => format!("; {n} runs latched to eager after a failed capture"),
         };
         format!(
-            "cuda graphs of decode steps by bucket (rows: steps, pad rows, graphs captured): {}; steps with prompt or verify rows, eager: {}{latched}",
+            "cuda graphs of decode and verify steps by bucket (rows: steps, pad rows, graphs captured): {}; other steps with prompt or verify rows, eager: {}{latched}",
             per.join("; "),
             self.eager
         )
@@ -288,7 +324,7 @@ mod tests {
 
     #[test]
     fn buckets_double_to_32_then_step_by_32_up_to_the_widest_step() {
-        let rows = |widest| Buckets::new(widest).rows;
+        let rows = |widest| Buckets::new(widest, 0).rows;
         assert_eq!(rows(1), [1]);
         assert_eq!(rows(8), [1, 2, 4, 8]);
         assert_eq!(rows(6), [1, 2, 4, 6]);
@@ -299,7 +335,7 @@ mod tests {
 
     #[test]
     fn a_decode_step_is_padded_in_front_to_its_bucket() {
-        let b = Buckets::new(8);
+        let b = Buckets::new(8, 0);
         let s = b.shape(&step(&[1, 1, 1]));
         assert_eq!(
             s.rows,
@@ -322,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_step_with_prompt_rows_runs_eagerly_as_it_is() {
-        let b = Buckets::new(8);
+        let b = Buckets::new(8, 0);
         let s = b.shape(&step(&[1, 3, 1]));
         assert_eq!(s.bucket, None);
         assert_eq!(
@@ -341,7 +377,7 @@ mod tests {
 
     #[test]
     fn one_sequence_decodes_in_the_one_bucket_and_prefills_eagerly() {
-        let b = Buckets::new(1);
+        let b = Buckets::new(1, 0);
         let decode = b.shape(&StepInput::sampled(9));
         let one = Rows {
             rows: 1,
@@ -365,6 +401,44 @@ mod tests {
     }
 
     #[test]
+    fn a_verify_step_of_one_sequence_takes_the_verify_bucket_of_its_rows() {
+        // a speculative plan of 3 drafts: decode buckets 1, 2, 4, then verify 2, 3, 4
+        let b = Buckets::new(4, 4);
+        assert_eq!(b.len(), 6);
+        assert_eq!(
+            (b.rows(2), b.rows(3), b.rows(5)),
+            ((4, false), (2, true), (4, true))
+        );
+        let verify = b.shape(&StepInput::verify(5, &[1, 2, 3]));
+        assert_eq!(verify.bucket, Some(4));
+        assert_eq!(verify.logit_rows, [0, 1, 2]);
+        let want = Rows {
+            rows: 3,
+            logits_from: 0,
+            padding: 0,
+            decode: false,
+            decode_bits: true,
+        };
+        assert_eq!(verify.rows, want);
+        // a prompt chunk of the same rows, and a verify span beside another sequence: eager
+        assert_eq!(b.shape(&StepInput::prompt(0, &[1, 2, 3], 0)).bucket, None);
+        let spans = [
+            StepInput::verify(5, &[1, 2, 3]).spans[0].clone(),
+            step(&[1]).spans[0].clone(),
+        ];
+        let beside = StepInput {
+            decode_bits: true,
+            ..StepInput::of(spans.to_vec())
+        };
+        assert_eq!(b.shape(&beside).bucket, None);
+        // wider than the plan's drafts: eager
+        assert_eq!(
+            b.shape(&StepInput::verify(5, &[1, 2, 3, 4, 5])).bucket,
+            None
+        );
+    }
+
+    #[test]
     fn a_run_warms_up_once_per_phase_and_bucket_then_is_due_until_latched() {
         let mut run = RunGraphs::new(2, 3);
         assert!(matches!(run.enter(4, 1), Replay::Walk));
@@ -379,14 +453,14 @@ mod tests {
 
     #[test]
     fn the_tally_counts_steps_and_pad_rows_per_bucket() {
-        let b = Buckets::new(4);
+        let b = Buckets::new(4, 0);
         let mut tally = Tally::default();
         for spans in [&[1, 1, 1][..], &[1, 1, 1], &[1], &[2, 1]] {
             tally.count(&b.shape(&step(spans)));
         }
         assert_eq!(
             tally.line(&b, |bucket| usize::from(bucket == 2), 0),
-            "cuda graphs of decode steps by bucket (rows: steps, pad rows, graphs captured): 1: 1, 0, 0; 2: 0, 0, 0; 4: 2, 2, 1; steps with prompt or verify rows, eager: 1"
+            "cuda graphs of decode and verify steps by bucket (rows: steps, pad rows, graphs captured): 1: 1, 0, 0; 2: 0, 0, 0; 4: 2, 2, 1; other steps with prompt or verify rows, eager: 1"
         );
     }
 }

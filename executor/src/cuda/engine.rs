@@ -168,8 +168,12 @@ impl Engine {
             }
         };
         let max_rows = prompt.rows() as usize;
-        // a decode step has a row per sequence
-        let buckets = Buckets::new(max_rows.min(sequences as usize));
+        // a decode step has a row per sequence; a verify step the token and its drafts
+        let verify = plan
+            .speculative
+            .as_ref()
+            .map_or(0, |sp| (sp.tokens as usize + 1).min(max_rows));
+        let buckets = Buckets::new(max_rows.min(sequences as usize), verify);
         let devices = open_devices(plan, &local)?;
         let free_before: BTreeMap<u32, usize> = devices
             .iter()
