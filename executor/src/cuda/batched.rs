@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{Mixer, Plan, Segment};
+use memra_compiler::plan::{FfnKind, Mixer, Plan, Segment};
 
 use super::device::CudaDevice;
 use super::matvec::{Epilogue, Norm};
@@ -44,7 +44,7 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
         );
     }
     if !batched_layers(plan) {
-        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA layers with dense or MoE FFNs, without mHC (MLA, KDA and DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
+        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA layers with dense or MoE FFNs (routed experts, no shared experts), without mHC (MLA, KDA and DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
     }
     Ok(())
 }
@@ -53,16 +53,21 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
 /// kernels, each with its decode step's bits) the cuda backend cannot run, saying why.
 pub fn check_speculative(plan: &Plan) -> Result<()> {
     if plan.speculative.is_some() && !batched_layers(plan) {
-        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA layers with dense or MoE FFNs on the cuda backend; run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
+        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA layers with dense or MoE FFNs (no shared experts) on the cuda backend; run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
     }
     Ok(())
 }
 
-/// Whether the batched decode kernels cover every layer: GQA ones (dense or MoE FFN), without
-/// mHC streams.
+/// Whether the batched decode kernels cover every layer: GQA ones with a dense FFN or routed
+/// experts (no shared experts), without mHC streams.
 fn batched_layers(plan: &Plan) -> bool {
     let m = &plan.model;
-    m.mhc.is_none() && (0..m.layers).all(|l| m.layer_kind(l).mixer == Mixer::Gqa)
+    m.mhc.is_none()
+        && (0..m.layers).all(|l| {
+            let kind = m.layer_kind(l);
+            kind.mixer == Mixer::Gqa
+                && matches!(kind.ffn, FfnKind::Dense | FfnKind::Moe { shared: false })
+        })
 }
 
 impl RankDevice {
@@ -217,40 +222,15 @@ impl RankDevice {
                         self.pending = Pending::Experts;
                         let picks = wide.picks(dev, s, rows)?;
                         state.experts(dev, s, e, norm, &x, &picks, rows)?;
-                        if lone && e.shared.is_none() {
-                            state.combine(dev, s, &x, false)?;
-                        }
-                        Ok(())
-                    }
-                    _ => {
-                        let (Some(g), Pending::Experts) = (&e.shared, self.pending) else {
-                            bail!("moe_shared without shared experts after moe_experts");
-                        };
-                        let gate = Self::rows_of(&b.gate, rows, g.gate.rows);
-                        let swiglu = Epilogue::SwiGlu { limit: g.clamp };
-                        let input = Input::Rows(&x, Some((norm, &xn)));
-                        let ys = [out(&gate), out(&gate)];
-                        product(&[&g.gate, &g.up], input, full_chunks(&g.gate), &ys, swiglu)?;
-                        // the shared experts' row is the block after the routed picks'
-                        let k = state.router.top_k as usize;
-                        let shared = Span::of(&state.rows).sub(k * rows * d, rows * d);
-                        let chunks = self
-                            .geo
-                            .row_chunks
-                            .map_or_else(|| full_chunks(&g.down), |c| c.1);
-                        let input = Input::Rows(&gate, None);
-                        product(
-                            &[&g.down],
-                            input,
-                            chunks.max(1),
-                            &[out(&shared)],
-                            Epilogue::Plain,
-                        )?;
+                        // no shared experts (`batched_layers`): the routed rows are the FFN's
                         if lone {
                             state.combine(dev, s, &x, false)?;
                         }
                         Ok(())
                     }
+                    _ => bail!(
+                        "moe_shared on layer {layer}: shared experts have no batched decode kernels on the cuda backend"
+                    ),
                 }
             }
             other => bail!(
