@@ -69,6 +69,9 @@
 #                             (all but qwen3moe in f32), the
 #                             Qwen3-30B-A3B-shaped 8-layer q4_1 cut (graphs, TP-2, EP-4, PP-2)
 #                             over a two-chunk prompt
+#   moe-batch [SECONDS]       CUDA continuous batching of MoE layers, memra alone: a
+#                             Qwen3-30B-A3B-shaped 8-layer q4_1 cut by 1, 4, 16 and 64
+#                             sequences, and its batch gates
 #   batch [SECONDS]           CUDA continuous batching: self-test (the matvec over rows and
 #                             attention over sequence slots bit for bit against the one-row
 #                             decode, and the batched matvec throughput table), batch gates of
@@ -1189,6 +1192,30 @@ suite_batch() {
     fi
     table
 }
+# MoE continuous batching on CUDA, memra alone: the Qwen3-30B-A3B-shaped 8-layer q4_1 cut
+# (memra-synth) decoded by 1, 4, 16 and 64 sequences together (bench --batch B, 8-token
+# prompts, 64 tokens each), then its 64-slot plan's batch gates against itself and against
+# the cut's token-by-token decode plan. Against llama.cpp on a file of its own tools:
+# batch-depth.
+suite_moe_batch() {
+    BUDGET=${1:-300}
+    logs_in /tmp/memra-moe-batch
+    stamp name,driver_version,memory.total
+    local big=qwen3-30b-a3b-l8 b batched ref
+    synth_cut qwen3-30b-a3b 8 q4_1
+    batched=$(plan $big q4_1 cuda/$big-batch64)
+    for b in 1 4 16 64; do
+        late "batch $b $big q4_1" ||
+            bench "batch $b $big q4_1" 120 "$M/$big-q4_1.gguf" "$batched" --batch $b --prompt 8 -n 64 --reps 2
+    done
+    grep -h "^cuda graphs" "$LOG/bench.log"
+    for ref in decode self; do
+        late "batch gate $big vs $ref" && continue
+        gate "batch gate $big vs $ref" 150 "$M/$big-q4_1.gguf" \
+            "$([ $ref = self ] && echo "$batched" || plan $big q4_1 cuda/$big-decode)" "$batched" --batch
+    done
+    table
+}
 suite_moe_wide() {
     BUDGET=${1:-240}
     logs_in /tmp/memra-moe-wide
@@ -1946,7 +1973,7 @@ suite_smoke() {
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 SUITE=${1:-}
 case "$SUITE" in
-build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | depth-long | prefill-depth | batch-depth | speculation | profile | ncu-token | ncu-prefill | ncu-batch | final)
+build | smoke | selftest | tests | gates | bench | speed | real | multi | tp | moe | moe-wide | prefill | prefill-arch | kda | glm5 | batch | llamacpp | launch | deepseek | depth | depth-long | prefill-depth | batch-depth | moe-batch | speculation | profile | ncu-token | ncu-prefill | ncu-batch | final)
     shift
     "suite_${SUITE//-/_}" "$@"
     ;;
