@@ -189,6 +189,8 @@ pub(super) struct ExpertSel {
 
 // SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
 unsafe impl DeviceRepr for MatvecJob {}
+/// Most rows of a launch's grid (CUDA's limit on its y).
+const MAX_GRID_Y: usize = 65535;
 /// Largest chunk count the matvec tree (one lane per chunk) and tree_sum support.
 pub const MAX_CHUNKS: usize = 32;
 /// Shared bytes of a matvec block's 8-bit copy of x: K quants plus, per 32 values, the scale
@@ -481,6 +483,12 @@ impl CudaDevice {
                 "matvec: {} expert slots are not whole picks of {} token rows",
                 e.slots,
                 e.token_rows
+            );
+            // the slots are the grid's y
+            ensure!(
+                e.slots <= MAX_GRID_Y,
+                "matvec: {} expert slots in one launch; a grid takes up to {MAX_GRID_Y} (fewer token rows a step: a smaller runtime.prefill_chunk)",
+                e.slots
             );
         }
         for (i, (w, &(y, _))) in ws.iter().zip(ys).enumerate() {
