@@ -572,10 +572,10 @@ struct MatvecJob {
     float eps;
     int xn_offset;
     // expert mode (`experts` set; moe.cu picks them): grid row y takes pick p = t * k + s,
-    // pick s of token row t (k = gridDim.y / slot_rows picks a token row of `slot_rows`, as
+    // pick s of token row t (k = gridDim.y / token_rows picks a token row of `token_rows`, as
     // the router writes them): p = expert_order[y] where an order is given (moe_order_i32),
-    // else slot-major, y = s * slot_rows + t (one token row: p = y). Its slot is
-    // s * slot_rows + t. It computes matrix experts[p] - expert_first of each weight's stack
+    // else slot-major, y = s * token_rows + t (one token row: p = y). Its slot is
+    // s * token_rows + t. It computes matrix experts[p] - expert_first of each weight's stack
     // (expert_bytes apart), over x + slot * x_stride + t * x_row_stride into
     // y + slot * y_stride; a plain job multiplies each row by expert_weights[p] (the CPU's
     // matvec then scale), and writes -0.0 for an expert this rank does not hold
@@ -588,7 +588,7 @@ struct MatvecJob {
     int expert_count;
     int x_stride;
     int y_stride;
-    int slot_rows;
+    int token_rows;
     int x_row_stride;
     // activation rows (matvec_rows8_*): row b reads x + b * cols and writes y[s] + b * rows[s]
     // (residual + b * rows0); every other mode has one
@@ -685,9 +685,9 @@ __device__ __forceinline__ void matvec_run(MatvecJob j) {
     if (j.experts) {
         // the expert ids are the previous kernel's output: wait before the weights are known
         overlap_with_neighbours();
-        const int k = gridDim.y / j.slot_rows, y = blockIdx.y;
-        const int pick = j.expert_order ? j.expert_order[y] : (y % j.slot_rows) * k + y / j.slot_rows;
-        const int t = pick / k, slot = (pick - t * k) * j.slot_rows + t;
+        const int k = gridDim.y / j.token_rows, y = blockIdx.y;
+        const int pick = j.expert_order ? j.expert_order[y] : (y % j.token_rows) * k + y / j.token_rows;
+        const int t = pick / k, slot = (pick - t * k) * j.token_rows + t;
         const int e = j.experts[pick] - j.expert_first;
         j.x += (size_t)slot * j.x_stride + (size_t)t * j.x_row_stride;
         j.y0 += (size_t)slot * j.y_stride;

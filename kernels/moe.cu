@@ -63,10 +63,12 @@ extern "C" __global__ void moe_scatter_f32(const float* y, const int* assign, co
     out[((size_t)(a % k) * rows + a / k) * d + c] = y[i] * weights[a];
 }
 
+#define MOE_ORDER_THREADS 1024 // must match MOE_ORDER_THREADS in cuda/moe/mod.rs
+
 // order[j] for j < count: the picks a = row * k + slot grouped by expert id, ascending (an id
-// outside 0..n last), in pick order within an expert. One block; a warp per expert counts,
+// outside 0..n last), in pick order within an expert. One block of MOE_ORDER_THREADS; a warp per expert counts,
 // the first warp scans the counts, then a warp per expert writes its picks.
-extern "C" __global__ void __launch_bounds__(1024) moe_order_i32(const int* ids, int count, int n, int* order) {
+extern "C" __global__ void __launch_bounds__(MOE_ORDER_THREADS) moe_order_i32(const int* ids, int count, int n, int* order) {
     __shared__ int start[MOE_MAX_EXPERTS + 2];
     overlap_with_neighbours();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;

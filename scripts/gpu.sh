@@ -1730,19 +1730,16 @@ depth_llama_batch() { # model layers: llama-batched-bench of the cut, 1, 4, 16 a
     done < <(echo "$out" | awk -F'|' '$2 + 0 == 8 && $3 + 0 == 128 { v = $9; gsub(/ /, "", v); print $4 + 0, v }')
     result "$name" $rc "$out" "$(echo "$out" | awk -F'|' '$2 + 0 == 8 && $3 + 0 == 128 { printf "B=%d S_TG %s t/s; ", $4, $9 }' | tr -s ' ')"
 }
-depth_memra_batch() { # model layers sequences: memra-run bench --batch of the cut's -batch64
-    # placement; aggregate tok/s into mem[model-lL-bB]
-    local m=$1 l=$2 b=$3 name="memra $1 l$2 batch$3" plan
+depth_memra_batch() { # model layers plan sequences: memra-run bench --batch of the cut's
+    # -batch64 plan; aggregate tok/s into mem[model-lL-bB]
+    local m=$1 l=$2 b=$4 name="memra $1 l$2 batch$4"
     late "$name" && return
-    depth_plan "$m" "$l" "$name" -batch64 || return
-    bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$plan" --batch "$b" --prompt 8 -n 128 --reps 2
+    bench "$name" 300 "$M/depth-$m-l$l-q4_1.gguf" "$3" --batch "$b" --prompt 8 -n 128 --reps 2
     mem[$m-l$l-b$b]=$(echo "$bench_out" | sed -n 's/.*: \([0-9.]*\) ± [0-9.]* tok\/s aggregate.*/\1/p' | tail -1)
 }
-depth_batch_gates() { # model layers: the cut's -batch64 plan against itself and against its
-    # -decode plan (one sequence, prompts token by token), gate --batch
-    local m=$1 l=$2 ref batched decode
-    depth_plan "$m" "$l" "memra $m l$l batch gates" -batch64 || return
-    batched=$plan
+depth_batch_gates() { # model layers plan: the cut's -batch64 plan against itself and against
+    # its -decode plan (one sequence, prompts token by token), gate --batch
+    local m=$1 l=$2 batched=$3 ref decode
     depth_plan "$m" "$l" "memra $m l$l batch gates" -decode || return
     decode=$plan
     for ref in decode self; do
@@ -1826,7 +1823,7 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
     shift
     BUDGET=480
     if [[ ${1:-} =~ ^[0-9]+$ ]]; then BUDGET=$1 && shift; fi
-    local models=("$@") m l f16 mounted= build quantizer writer quantizing
+    local models=("$@") m l f16 mounted= build quantizer writer quantizing plan batched
     if [ ${#models[@]} -eq 0 ]; then
         models=(qwen3moe deepseek2 kimi-linear llama8b glm5-next)
         [ "$mode" = long ] && models=(llama8b deepseek2)
@@ -1883,8 +1880,10 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
         fi
         if [ "$mode" = batch ]; then
             depth_llama_batch "$m" "$l"
-            for b in 1 4 16 64; do depth_memra_batch "$m" "$l" $b; done
-            depth_batch_gates "$m" "$l"
+            depth_plan "$m" "$l" "memra $m l$l batch plan" -batch64 || continue
+            batched=$plan
+            for b in 1 4 16 64; do depth_memra_batch "$m" "$l" "$batched" $b; done
+            depth_batch_gates "$m" "$l" "$batched"
             continue
         fi
         if [ "$mode" = long ]; then

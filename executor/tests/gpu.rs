@@ -17,7 +17,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    assert_same, decode_turns, garbled, options, synth_model, tiny_kimi_linear_model, tiny_tp_model,
+    assert_same, decode_turns, garbled, options, synth_model, tiny_kimi_linear_model,
+    tiny_qwen3moe_model, tiny_tp_model,
 };
 use memra_executor::batch_gate::{batch_gate, sequences};
 use memra_executor::cpu::Arm;
@@ -29,6 +30,8 @@ use memra_executor::speculate::Drafts;
 
 const PROMPT: [u32; 5] = [1, 17, 200, 33, 401];
 const GENERATED: usize = 12;
+/// Expert parallelism 2 on device 0: attention replicated, the experts split.
+const EP2: &str = "devices = [[0, 0]]\n\n[parallel]\nattention = \"replicated\"";
 
 fn cuda() -> EngineOptions {
     EngineOptions {
@@ -116,8 +119,6 @@ fn cuda_agrees_with_the_cpu_backend() {
 #[test]
 fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
     let dir = scratch("batch");
-    let ep2 = "devices = [[0, 0]]\n\n[parallel]\nattention = \"replicated\"";
-    let qwen3moe = synth_model("tiny-qwen3moe", "q8_0", 9, "models/tiny-qwen3moe-q8_0.gguf");
     for (model, placements) in [
         (
             tiny_tp_model(),
@@ -129,12 +130,12 @@ fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
             ][..],
         ),
         (
-            qwen3moe,
+            tiny_qwen3moe_model(),
             &[
                 ("moe-batch", "devices = [[0]]"),
                 ("moe-batch-pp2", "devices = [[0], [0]]"),
                 ("moe-batch-tp2", "devices = [[0, 0]]"),
-                ("moe-batch-ep2", ep2),
+                ("moe-batch-ep2", EP2),
             ][..],
         ),
     ] {
@@ -246,8 +247,6 @@ fn speculative_plans_on_cuda_generate_plain_decodings_tokens_and_logits() {
     // the one-row decode step the plain plan takes at that position; the prompt is prefill
     // in both
     let dir = scratch("speculation");
-    let ep2 = "devices = [[0, 0]]\n\n[parallel]\nattention = \"replicated\"";
-    let qwen3moe = synth_model("tiny-qwen3moe", "q8_0", 9, "models/tiny-qwen3moe-q8_0.gguf");
     let section = "\n[speculative]\ndraft = \"lookup\"\ntokens = 3\n";
     let prompt: Vec<u32> = vec![5, 9, 200, 31, 7, 5, 9];
     let turns = [prompt.clone(), vec![12, 5]];
@@ -262,11 +261,11 @@ fn speculative_plans_on_cuda_generate_plain_decodings_tokens_and_logits() {
             ][..],
         ),
         (
-            qwen3moe,
+            tiny_qwen3moe_model(),
             &[
                 ("moe-spec", "devices = [[0]]"),
                 ("moe-spec-pp2", "devices = [[0], [0]]"),
-                ("moe-spec-ep2", ep2),
+                ("moe-spec-ep2", EP2),
             ][..],
         ),
     ] {

@@ -152,7 +152,7 @@ struct MatvecJob {
     expert_count: i32,
     x_stride: i32,
     y_stride: i32,
-    slot_rows: i32,
+    token_rows: i32,
     x_row_stride: i32,
     batch: i32,
 }
@@ -469,7 +469,7 @@ impl CudaDevice {
             expert_count: sel.map_or(0, |e| int(e.count)),
             x_stride: sel.map_or(0, |e| int(e.x_stride)),
             y_stride: sel.map_or(0, |e| int(e.y_stride)),
-            slot_rows: sel.map_or(1, |e| int(e.token_rows)),
+            token_rows: sel.map_or(1, |e| int(e.token_rows)),
             x_row_stride: sel.map_or(0, |e| int(e.x_row_stride)),
             batch: int(batch),
         };

@@ -53,6 +53,10 @@ pub fn tiny_tp_model() -> PathBuf {
 
 /// Path of the synthetic tiny-kimi-linear q8_0 model (KDA and MLA layers), written (seed 16)
 /// when absent.
+pub fn tiny_qwen3moe_model() -> PathBuf {
+    synth_model("tiny-qwen3moe", "q8_0", 9, "models/tiny-qwen3moe-q8_0.gguf")
+}
+
 pub fn tiny_kimi_linear_model() -> PathBuf {
     synth_model(
         "tiny-kimi-linear",

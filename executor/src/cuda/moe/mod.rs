@@ -26,6 +26,8 @@ mod rows;
 
 /// Most experts the device router takes (MOE_MAX_EXPERTS in kernels/moe.cu).
 pub const MAX_EXPERTS: usize = 512;
+/// Threads of `moe_order_i32`'s one block (MOE_ORDER_THREADS in kernels/moe.cu).
+const MOE_ORDER_THREADS: u32 = 1024;
 /// Most selected experts and expert groups (one warp lane each in kernels/moe.cu).
 pub const MAX_SELECTED: usize = 32;
 
@@ -409,7 +411,7 @@ impl CudaDevice {
         );
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
+            block_dim: (MOE_ORDER_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let (ip, op, c, n) = (ids.addr(), order.addr(), int(count), int(experts));
