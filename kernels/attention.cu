@@ -5,7 +5,7 @@
 // over 0..=*pos + y, each row with the bits of the decode step at its position. A batched
 // decode step's rows belong to different sequences: with `slots` given, row y sits at pos[y]
 // in sequence slot slots[y], whose cache is `capacity` positions from slot * capacity on; a
-// pad row (slots[y] == ATTN_PAD_SLOT, a batched step padded to its graph's row count) writes
+// pad row (slots[y] == PAD_SLOT, a batched step padded to its graph's row count) writes
 // no cache and reads none, and its output is zeros, so it touches no sequence.
 //
 // Cache layout: `capacity` positions of `n_kv_heads * head_dim` halves (K and V separately).
@@ -71,8 +71,6 @@
 #define ATTN_SPLIT_LATE_V(D) ((D) <= 128)
 // query heads of a block: the rows of an mma tile (ATTN_TILE_HEADS in executor/src/cuda/ops.rs)
 #define ATTN_TILE_HEADS 16
-// the slot of a pad row (PAD_SLOT in executor/src/cuda/ops.rs): no sequence has it
-#define ATTN_PAD_SLOT 0xffffffffu
 
 // Value `col` of row `row` of the output, v, into the row's 8-bit copy at xq
 // (quantize_rows_q8's layout: `cols` quants, then a (d, d * sum) pair per 32 values); a warp's
@@ -103,7 +101,7 @@ struct AttnRow {
 __device__ __forceinline__ AttnRow attn_row(const u32* pos, const u32* slots, int y, int capacity, size_t kv_row,
                                             const u16* k_cache, const u16* v_cache) {
     AttnRow r;
-    r.pad = slots && slots[y] == ATTN_PAD_SLOT;
+    r.pad = slots && slots[y] == PAD_SLOT;
     r.p_now = r.pad ? 0 : slots ? pos[y] : *pos + y;
     r.n_ctx = min((int)r.p_now + 1, capacity);
     r.now = r.p_now < (u32)capacity ? (int)r.p_now : -1;
@@ -537,14 +535,14 @@ ATTN_KERNEL(attention_split_f16_256, attention_split, 256, 1)
 // the capacity are not written), with attention_f16's rotation and narrowing, so the step's
 // attention (attention_f16 over the rows, or flash.cu) reads the cache decode steps would
 // have written. With `slots` given, row t sits at pos[t] in slot slots[t] (as attention_f16);
-// a pad row (ATTN_PAD_SLOT) is not written.
+// a pad row (PAD_SLOT) is not written.
 extern "C" __global__ void kv_store_rows_f16(const float* k, const float* v, u16* k_cache, u16* v_cache,
                                              const u32* pos, const u32* slots, int n_kv_heads, int head_dim,
                                              int capacity, float theta_scale, int neox) {
     overlap_with_neighbours();
     const int t = blockIdx.x, kvh = blockIdx.y;
     const u32 p = slots ? pos[t] : *pos + (u32)t;
-    if (p >= (u32)capacity || (slots && slots[t] == ATTN_PAD_SLOT)) return;
+    if (p >= (u32)capacity || (slots && slots[t] == PAD_SLOT)) return;
     const size_t row = (size_t)n_kv_heads * head_dim;
     if (slots) {
         k_cache += (size_t)slots[t] * capacity * row;

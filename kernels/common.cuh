@@ -10,6 +10,10 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// the sequence slot of a pad row of a batched step (PAD_SLOT in executor/src/cuda/ops.rs): no
+// sequence has it, so attention and the cache writes skip it
+#define PAD_SLOT 0xffffffffu
+
 #define WARP 32
 #define FULL_MASK 0xffffffffu
 

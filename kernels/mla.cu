@@ -29,8 +29,12 @@
 // over a cache mla_store_rows_f16 already wrote (`row_now` null), so each row has the bits of
 // a decode step at its position with the same queries and cells.
 //
+// A batched decode step's rows (`slots` set) sit in sequence slots: row z attends over slot
+// slots[z]'s cache (`capacity` rows from slot * capacity on), a pad row (PAD_SLOT) over slot
+// 0's, its output unused.
+//
 // mla_store_rows_f16 narrows a prefill step's cache rows to f16 and writes row r at position
-// pos[0] + r. mla_heads_f16 narrows each head's slice of every row into a head-major block
+// pos[0] + r (a batched step's: at pos[r] of its slot). mla_heads_f16 narrows each head's slice of every row into a head-major block
 // (the rows of head h together: the per-head absorbed products run as one grouped GEMM, a
 // group per head), and mla_heads_f32 writes such a product's head-major rows back into each
 // row's head slices.
@@ -128,10 +132,11 @@ __device__ __forceinline__ MlaSmem mla_smem(int width) {
 // 2t + 9 of each k step, so that output tile (b, e) holds value 32b + 4n + e in its column n.
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
     mla_attention_f16(const float* q_lat, const float* row_now, u16* cache, float* parts, const u32* pos,
-                      int n_heads, int kv_lora, int width, int capacity, float scale, const int* cells,
-                      int cells_stride) {
+                      const u32* slots, int n_heads, int kv_lora, int width, int capacity, float scale,
+                      const int* cells, int cells_stride) {
     overlap_with_neighbours();
     if (cells) cells += (size_t)blockIdx.z * cells_stride;
+    if (slots && slots[blockIdx.z] != PAD_SLOT) cache += (size_t)slots[blockIdx.z] * capacity * width;
     const MlaSmem sm = mla_smem(width);
     const int h0 = blockIdx.x * MLA_TILE_HEADS, c = blockIdx.y, chunks = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -321,15 +326,19 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     }
 }
 
-// cache[(pos[0] + r) * width + d] = f16(rows[r * width + d]) for the n values of the rows;
-// nothing past the capacity.
-extern "C" __global__ void mla_store_rows_f16(const float* rows, u16* cache, const u32* pos, int width, int n,
-                                              int capacity) {
+// cache[(pos[0] + r) * width + d] = f16(rows[r * width + d]) for the n values of the rows, or
+// with `slots` row r at pos[r] of slot slots[r]'s cache (`capacity` rows from slot * capacity
+// on; a pad row's is not written); nothing past the capacity.
+extern "C" __global__ void mla_store_rows_f16(const float* rows, u16* cache, const u32* pos, const u32* slots,
+                                              int width, int n, int capacity) {
     overlap_with_neighbours();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const u32 p = pos[0] + (u32)(i / width);
-    if (p < (u32)capacity) cache[(size_t)p * width + i % width] = f32_to_f16(rows[i]);
+    const int r = i / width;
+    const u32 p = slots ? pos[r] : pos[0] + (u32)r;
+    if (p >= (u32)capacity || (slots && slots[r] == PAD_SLOT)) return;
+    const size_t base = slots ? (size_t)slots[r] * capacity * width : 0;
+    cache[base + (size_t)p * width + i % width] = f32_to_f16(rows[i]);
 }
 
 // out[(h * rows + r) * len + i] = f16(x[r * row_stride + h * head_stride + i]) for the `rows`
@@ -341,6 +350,18 @@ extern "C" __global__ void mla_heads_f16(const float* x, int row_stride, int hea
     if (i >= heads * rows * len) return;
     const int h = i / (rows * len), r = i / len % rows;
     out[i] = f32_to_f16(x[(size_t)r * row_stride + (size_t)h * head_stride + i % len]);
+}
+
+// out[(h * rows + r) * len + i] = x[r * row_stride + h * head_stride + i]: mla_heads_f16's
+// head-major blocks in f32 (a batched decode step's per-head products, expert-mode matvecs
+// over slots h * rows + r).
+extern "C" __global__ void mla_heads_gather_f32(const float* x, int row_stride, int head_stride, int len, int rows,
+                                                int heads, float* out) {
+    overlap_with_neighbours();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= heads * rows * len) return;
+    const int h = i / (rows * len), r = i / len % rows;
+    out[i] = x[(size_t)r * row_stride + (size_t)h * head_stride + i % len];
 }
 
 // out[r * row_stride + h * head_stride + i] = y[(h * rows + r) * len + i]: mla_heads_f16's

@@ -8,7 +8,8 @@
 mod common;
 
 use common::{
-    options, smollm2, synth_model, synthetic_variant, tiny_kimi_linear_model, tiny_tp_model,
+    options, smollm2, synth_model, synthetic_variant, tiny_deepseek2_model, tiny_kimi_linear_model,
+    tiny_tp_model,
 };
 use memra_executor::batch::window;
 use memra_executor::batch_gate::{batch_gate, sequences, Sequence};
@@ -69,12 +70,8 @@ fn variant(name: &str, runtime: &str) -> LoadedPlan {
 #[test]
 fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kind() {
     tiny_tp_model();
-    for (model, shape, seed) in [
-        ("tiny-deepseek2", "tiny-deepseek2", 9),
-        ("tiny-kimi-linear", "tiny-kimi-linear", 16),
-    ] {
-        synth_model(shape, "q8_0", seed, &format!("models/{model}-q8_0.gguf"));
-    }
+    tiny_deepseek2_model();
+    tiny_kimi_linear_model();
     // (reference plan, plan decoding together, its other runtime lines): PP with the token
     // crossing stages, TP, PP x TP, MLA's latent cache with experts, KDA's state of each
     // row's slot; every PP plan with two steps in flight in the pipelined arm, each over its
@@ -133,12 +130,7 @@ fn a_sampled_token_step_is_refused_where_the_token_crosses_stages_late() {
 
 #[test]
 fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
-    synth_model(
-        "tiny-deepseek2",
-        "q8_0",
-        9,
-        "models/tiny-deepseek2-q8_0.gguf",
-    );
+    tiny_kimi_linear_model();
     tiny_tp_model();
     let options = EngineOptions {
         backend: Backend::Cuda,
@@ -146,9 +138,9 @@ fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
     };
     for (name, runtime, why) in [
         (
-            "tiny-deepseek2",
+            "tiny-kimi-linear",
             "max_sequences = 4",
-            "runtime.max_sequences is 4; the cuda backend's batched decode covers GQA layers with dense or MoE FFNs",
+            "runtime.max_sequences is 4; the cuda backend's batched decode covers GQA and MLA layers with dense or MoE FFNs, without mHC (KDA and DSA plans",
         ),
         (
             "tiny-tp",

@@ -17,8 +17,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    assert_same, decode_turns, garbled, options, synth_model, tiny_kimi_linear_model,
-    tiny_qwen3moe_model, tiny_tp_model,
+    assert_same, decode_turns, garbled, options, synth_model, tiny_deepseek2_model,
+    tiny_kimi_linear_model, tiny_qwen3moe_model, tiny_tp_model,
 };
 use memra_executor::batch_gate::{batch_gate, sequences};
 use memra_executor::cpu::Arm;
@@ -136,6 +136,15 @@ fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
                 ("moe-batch-pp2", "devices = [[0], [0]]"),
                 ("moe-batch-tp2", "devices = [[0, 0]]"),
                 ("moe-batch-ep2", EP2),
+            ][..],
+        ),
+        (
+            tiny_deepseek2_model(),
+            &[
+                ("mla-batch", "devices = [[0]]"),
+                ("mla-batch-pp2", "devices = [[0], [0]]"),
+                ("mla-batch-tp2", "devices = [[0, 0]]"),
+                ("mla-batch-ep2", EP2),
             ][..],
         ),
     ] {
@@ -266,6 +275,14 @@ fn speculative_plans_on_cuda_generate_plain_decodings_tokens_and_logits() {
                 ("moe-spec", "devices = [[0]]"),
                 ("moe-spec-pp2", "devices = [[0], [0]]"),
                 ("moe-spec-ep2", EP2),
+            ][..],
+        ),
+        (
+            tiny_deepseek2_model(),
+            &[
+                ("mla-spec", "devices = [[0]]"),
+                ("mla-spec-pp2", "devices = [[0], [0]]"),
+                ("mla-spec-tp2", "devices = [[0, 0]]"),
             ][..],
         ),
     ] {

@@ -10,7 +10,10 @@
 //! the rows (the bits of the norms the one-row decode folds into its matvecs). Attention writes
 //! every row's k and v into its own sequence slot, then runs the decode attention kernel with
 //! a grid row per token row, each at its own position over its own slot (leaving the o
-//! product's 8-bit rows where that product takes the tensor cores). The head takes the rows
+//! product's 8-bit rows where that product takes the tensor cores); an MLA layer's rows each
+//! attend over their own slot's latent cache (`mla::batched`). MoE layers route every row
+//! on the device and run each pick as a one-row expert matvec of its own grid row, grouped by
+//! expert (`moe::rows`); shared experts are a product over the rows. The head takes the rows
 //! whose logits come back.
 //! A step of generated tokens only is padded to its bucket of rows and replayed from graphs
 //! (`buckets`: pad rows first, in a slot the cache write and attention skip, every row a
@@ -21,11 +24,12 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{FfnKind, Mixer, Plan, Segment};
+use memra_compiler::plan::{Mixer, Plan, Segment};
 
 use super::device::CudaDevice;
 use super::matvec::{Epilogue, Norm};
 use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
+use super::mla::RowsAt;
 use super::moe::FfnWeights;
 use super::rank::{copy, MixerWeights, Pending, RankDevice, Rows};
 use super::span::Span;
@@ -44,7 +48,7 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
         );
     }
     if !batched_layers(plan) {
-        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA layers with dense or MoE FFNs (routed experts, no shared experts), without mHC (MLA, KDA and DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
+        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA and MLA layers with dense or MoE FFNs, without mHC (KDA and DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
     }
     Ok(())
 }
@@ -53,21 +57,17 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
 /// kernels, each with its decode step's bits) the cuda backend cannot run, saying why.
 pub fn check_speculative(plan: &Plan) -> Result<()> {
     if plan.speculative.is_some() && !batched_layers(plan) {
-        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA layers with dense or MoE FFNs (no shared experts) on the cuda backend; run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
+        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA and MLA layers with dense or MoE FFNs, without mHC, on the cuda backend (not KDA or DSA); run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
     }
     Ok(())
 }
 
-/// Whether the batched decode kernels cover every layer: GQA ones with a dense FFN or routed
-/// experts (no shared experts), without mHC streams.
+/// Whether the batched decode kernels cover every layer: GQA and MLA ones (any FFN), without
+/// mHC streams.
 fn batched_layers(plan: &Plan) -> bool {
     let m = &plan.model;
     m.mhc.is_none()
-        && (0..m.layers).all(|l| {
-            let kind = m.layer_kind(l);
-            kind.mixer == Mixer::Gqa
-                && matches!(kind.ffn, FfnKind::Dense | FfnKind::Moe { shared: false })
-        })
+        && (0..m.layers).all(|l| matches!(m.layer_kind(l).mixer, Mixer::Gqa | Mixer::Mla))
 }
 
 impl RankDevice {
@@ -82,26 +82,31 @@ impl RankDevice {
         let rows = step.rows;
         let li = self.geo.layer_index(layer, self.layers.len())?;
         let lw = &self.layers[li];
-        let MixerWeights::Gqa(g) = &lw.mixer else {
-            bail!("a batched step of layer {layer}, not a GQA layer");
+        let gqa = || match &lw.mixer {
+            MixerWeights::Gqa(g) => Ok(g),
+            _ => Err(anyhow!(
+                "segment `{}` on layer {layer}, not a GQA layer",
+                seg.name()
+            )),
         };
         let b = &self.buf;
         let dev = &self.dev;
         let d = self.hidden_len();
         let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
-        let q = Self::rows_of(&b.q, rows, g.q.rows);
-        let (k, v) = (
-            Self::rows_of(&b.k, rows, g.k.rows),
-            Self::rows_of(&b.v, rows, g.v.rows),
-        );
         let eps = self.geo.eps;
         let xq = self.quantized_rows();
         let product = |ws: &[&DeviceWeight], x: Input, chunks, ys: &[(u64, usize)], epilogue| {
             batch_product(dev, xq.as_ref(), s, ws, x, chunks, ys, epilogue)
         };
-        // the attention's output is quantized for the o product in the attention's launch
+        // the GQA attention's output is quantized for the o product in the attention's launch
         // where that product takes the tensor cores
-        let att_quantized = on_tensor_cores(xq.as_ref(), rows, &lw.o);
+        let att_quantized =
+            matches!(lw.mixer, MixerWeights::Gqa(_)) && on_tensor_cores(xq.as_ref(), rows, &lw.o);
+        let att = Self::rows_of(&b.att, rows, lw.o.cols);
+        let at = RowsAt {
+            pos: &self.pos(rows),
+            slots: &self.slots(rows),
+        };
         let out = |y: &Span<f32>| (y.addr(), y.len());
         // the row-parallel product: added to x in the same launch on a lone rank, left in
         // `partial` for the group's all-reduce otherwise
@@ -116,7 +121,33 @@ impl RankDevice {
             }
         };
         match seg {
+            Segment::MlaPre | Segment::MlaCore => {
+                let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
+                    bail!(
+                        "segment `{}` on layer {layer}, not an MLA layer",
+                        seg.name()
+                    );
+                };
+                if m.sparse {
+                    bail!("layer {layer}: a DSA layer has no batched decode kernels on the cuda backend");
+                }
+                if seg == Segment::MlaPre {
+                    let norm = Norm {
+                        weight: &lw.attn_norm,
+                        eps,
+                    };
+                    state.pre_batched(dev, s, m, li, norm, (&x, &xn), at, xq.as_ref())
+                } else {
+                    state.core_batched(dev, s, m, li, at, &att)
+                }
+            }
             Segment::AttnPre => {
+                let g = gqa()?;
+                let q = Self::rows_of(&b.q, rows, g.q.rows);
+                let (k, v) = (
+                    Self::rows_of(&b.k, rows, g.k.rows),
+                    Self::rows_of(&b.v, rows, g.v.rows),
+                );
                 let norm = Norm {
                     weight: &lw.attn_norm,
                     eps,
@@ -139,8 +170,13 @@ impl RankDevice {
                 g.finish_qkv(dev, s, [&q, &k, &v], eps)
             }
             Segment::AttnCore => {
-                let att = Self::rows_of(&b.att, rows, lw.o.cols);
-                let (pos, slots) = (self.pos(rows), self.slots(rows));
+                let g = gqa()?;
+                let q = Self::rows_of(&b.q, rows, g.q.rows);
+                let (k, v) = (
+                    Self::rows_of(&b.k, rows, g.k.rows),
+                    Self::rows_of(&b.v, rows, g.v.rows),
+                );
+                let (pos, slots) = (at.pos, at.slots);
                 let rope = (self.geo.theta, self.geo.rope);
                 let parts = Span::of(&b.attn_parts);
                 let kv = self.kv[li]
@@ -151,7 +187,7 @@ impl RankDevice {
                     // decode step each row's attention writes the one entry it reads that
                     // the step makes)
                     self.dev
-                        .kv_store_rows(s, &k, &v, kv, &pos, Some(&slots), rope)?;
+                        .kv_store_rows(s, &k, &v, kv, pos, Some(slots), rope)?;
                 }
                 self.dev.attention(
                     s,
@@ -159,8 +195,8 @@ impl RankDevice {
                     &k,
                     &v,
                     kv,
-                    &pos,
-                    Some(&slots),
+                    pos,
+                    Some(slots),
                     rope,
                     &parts,
                     &mut att.clone(),
@@ -169,7 +205,6 @@ impl RankDevice {
                 )
             }
             Segment::AttnOut => {
-                let att = Self::rows_of(&b.att, rows, lw.o.cols);
                 self.pending = Pending::Hidden;
                 let chunks = self.geo.row_chunks.map(|c| c.0);
                 let input = if att_quantized {
@@ -222,15 +257,36 @@ impl RankDevice {
                         self.pending = Pending::Experts;
                         let picks = wide.picks(dev, s, rows)?;
                         state.experts(dev, s, e, norm, &x, &picks, rows)?;
-                        // no shared experts (`batched_layers`): the routed rows are the FFN's
+                        if lone && e.shared.is_none() {
+                            state.combine(dev, s, &x, false)?;
+                        }
+                        Ok(())
+                    }
+                    _ => {
+                        let (Some(g), Pending::Experts) = (&e.shared, self.pending) else {
+                            bail!("moe_shared without shared experts after moe_experts");
+                        };
+                        // the shared experts' row of every token row after the routed ones
+                        // (slot `top_k`), as the one-row decode's `MoeState::shared`
+                        let gate = Self::rows_of(&b.gate, rows, g.gate.rows);
+                        let swiglu = Epilogue::SwiGlu { limit: g.clamp };
+                        let input = Input::Rows(&x, Some((norm, &xn)));
+                        let ys = [out(&gate), out(&gate)];
+                        product(&[&g.gate, &g.up], input, full_chunks(&g.gate), &ys, swiglu)?;
+                        let k = state.router.top_k as usize;
+                        let shared = Span::of(&state.rows).sub(k * rows * d, rows * d);
+                        let chunks = self
+                            .geo
+                            .row_chunks
+                            .map_or_else(|| full_chunks(&g.down), |c| c.1)
+                            .max(1);
+                        let input = Input::Rows(&gate, None);
+                        product(&[&g.down], input, chunks, &[out(&shared)], Epilogue::Plain)?;
                         if lone {
                             state.combine(dev, s, &x, false)?;
                         }
                         Ok(())
                     }
-                    _ => bail!(
-                        "moe_shared on layer {layer}: shared experts have no batched decode kernels on the cuda backend"
-                    ),
                 }
             }
             other => bail!(
@@ -287,7 +343,7 @@ impl RankDevice {
 /// (which may be x) where one is given; or x whose 8-bit copy the launch that wrote x also
 /// left in the rank's `xq` (where `on_tensor_cores` holds for the product).
 #[derive(Clone, Copy)]
-enum Input<'a> {
+pub(super) enum Input<'a> {
     Rows(&'a Span<f32>, Option<(Norm<'a>, &'a Span<f32>)>),
     Quantized(&'a Span<f32>),
 }
@@ -302,7 +358,7 @@ fn on_tensor_cores(xq: Option<&Span<u8>>, rows: usize, w: &DeviceWeight) -> bool
 /// tensor cores (`on_tensor_cores`), x quantized once into `xq` unless it is already there,
 /// else the matvec tiles; every row has the one-row decode's bits either way.
 #[allow(clippy::too_many_arguments)]
-fn batch_product(
+pub(super) fn batch_product(
     dev: &CudaDevice,
     xq: Option<&Span<u8>>,
     s: &Arc<CudaStream>,

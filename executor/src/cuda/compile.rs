@@ -177,6 +177,7 @@ pub const FILES: &[KernelFile] = &[
             "mla_merge_f16",
             "mla_store_rows_f16",
             "mla_heads_f16",
+            "mla_heads_gather_f32",
             "mla_heads_f32"
         ]
     ),

@@ -102,7 +102,7 @@ pub enum AttentionForm {
 
 /// The sequence slot of a pad row of a batched step (`super::buckets`), which no sequence
 /// has: `attention` and `kv_store_rows` write no cache for it and give it a zero output
-/// (ATTN_PAD_SLOT in kernels/attention.cu).
+/// (PAD_SLOT in kernels/common.cuh).
 pub const PAD_SLOT: u32 = u32::MAX;
 /// The most candidates the device sampler keeps (`SAMPLE_MAX_K` in kernels/sample.cu).
 pub const MAX_TOP_K: usize = 256;

@@ -51,12 +51,25 @@ pub fn tiny_tp_model() -> PathBuf {
     synth_model("tiny-tp", "q8_0", 0, "models/tiny-tp-q8_0.gguf")
 }
 
-/// Path of the synthetic tiny-kimi-linear q8_0 model (KDA and MLA layers), written (seed 16)
+/// Path of the synthetic tiny-qwen3moe q8_0 model (GQA and routed experts), written (seed 9)
 /// when absent.
 pub fn tiny_qwen3moe_model() -> PathBuf {
     synth_model("tiny-qwen3moe", "q8_0", 9, "models/tiny-qwen3moe-q8_0.gguf")
 }
 
+/// Path of the synthetic tiny-deepseek2 q8_0 model (MLA with a q-LoRA, routed and shared
+/// experts), written (seed 9) when absent.
+pub fn tiny_deepseek2_model() -> PathBuf {
+    synth_model(
+        "tiny-deepseek2",
+        "q8_0",
+        9,
+        "models/tiny-deepseek2-q8_0.gguf",
+    )
+}
+
+/// Path of the synthetic tiny-kimi-linear q8_0 model (KDA and MLA layers), written (seed 16)
+/// when absent.
 pub fn tiny_kimi_linear_model() -> PathBuf {
     synth_model(
         "tiny-kimi-linear",

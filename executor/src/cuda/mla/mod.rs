@@ -7,10 +7,13 @@
 //! same order; rope (YaRN included) and the latent attention are kernels/mla.cu. The position
 //! is read from device memory throughout, so the segments are captured like any other. A DSA
 //! layer (glm5-next: nope MLA, no rope part) carries its indexer, and its attention runs over
-//! the cells `dsa::DsaState` selected.
+//! the cells `dsa::DsaState` selected. A batched decode step's rows (`batched.rs`) each
+//! attend over their own sequence slot's cache; a prefill step's (`rows.rs`) over slot 0's.
 
+mod batched;
 mod rows;
 
+pub(super) use batched::RowsAt;
 pub use rows::fits;
 
 use std::sync::Arc;
@@ -235,17 +238,25 @@ impl MlaState {
             .map(|h| i32::try_from(h).expect("invariant: head ids fit in i32"))
             .collect();
         let capacity = plan.runtime.max_context as usize;
+        let sequences = plan.runtime.max_sequences.max(1) as usize;
         let d = plan.model.embedding as usize;
         let mut caches = Vec::new();
         for m in layers {
             caches.push(match m {
-                Some(m) => Some(dev.alloc(s, m.shape().width * capacity)?),
+                // a cache of `capacity` rows per sequence slot, slot after slot
+                Some(m) => Some(dev.alloc(s, m.shape().width * capacity * sequences)?),
                 None => None,
             });
         }
         let rows = match max_rows {
             0 | 1 => None,
-            n => Some(rows::MlaRows::new(dev, s, &shapes, lora, (n, d, capacity))?),
+            n => Some(rows::MlaRows::new(
+                dev,
+                s,
+                &shapes,
+                (lora, &head_ids),
+                (n, d, capacity),
+            )?),
         };
         Ok(Some(MlaState {
             rows,
@@ -389,7 +400,7 @@ impl MlaState {
             &Span::of(cache),
             &lat,
             &Span::of(&self.parts),
-            pos,
+            (pos, None),
             (sh.heads, sh.kvl, sh.width, self.capacity),
             self.kq_scale,
             cells,
@@ -521,7 +532,9 @@ impl CudaDevice {
     /// `MLA_CHUNK` rows across blocks, then merged in chunk order (kernels/mla.cu). With `row`,
     /// that row (narrowed to f16) is written to the cache at `pos[0]` first; without, `q_lat`
     /// and `out` may hold several token rows (a prefill step's, row `r` at position `pos[r]`),
-    /// over the cache rows `mla_store_rows` wrote. `parts` holds `mla_parts_len` values a row.
+    /// over the cache rows `mla_store_rows` wrote. With `slots` (a batched decode step), row
+    /// `r` attends over sequence slot `slots[r]`'s cache, `capacity` rows from
+    /// `slots[r] * capacity` on. `parts` holds `mla_parts_len` values a row.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention(
         &self,
@@ -531,7 +544,7 @@ impl CudaDevice {
         cache: &Span<u16>,
         out: &Span<f32>,
         parts: &Span<f32>,
-        pos: &Span<u32>,
+        (pos, slots): (&Span<u32>, Option<&Span<u32>>),
         (heads, kvl, width, capacity): (usize, usize, usize, usize),
         scale: f32,
         cells: Option<&Cells>,
@@ -546,19 +559,21 @@ impl CudaDevice {
                 && q_lat.len() == rows * heads * width
                 && out.len() == rows * heads * kvl
                 && pos.len() >= rows
-                && row.is_none_or(|r| r.len() == width && rows == 1)
+                && row.is_none_or(|r| r.len() == width && rows == 1 && slots.is_none())
+                && slots.is_none_or(|x| x.len() >= rows)
                 && cache.len() >= width * capacity
                 && parts.len() >= rows * mla_parts_len(heads, kvl, capacity)
                 && cells.is_none_or(|c| c.span.len() >= rows * c.stride && c.stride > 0),
             "mla_attention: {rows} rows of {heads} heads, rows of {width}, latents of {kvl}, {capacity} positions"
         );
-        let (qp, rp, cp, op, pap, pp) = (
+        let (qp, rp, cp, op, pap, pp, sp) = (
             q_lat.addr(),
             row.map_or(0, Span::addr),
             cache.addr(),
             out.addr(),
             parts.addr(),
             pos.addr(),
+            slots.map_or(0, Span::addr),
         );
         let (h, k, w, c) = (int(heads), int(kvl), int(width), int(capacity));
         let (cp_cells, cells_stride) = cells.map_or((0, 0), |c| (c.span.addr(), int(c.stride)));
@@ -575,7 +590,7 @@ impl CudaDevice {
             mla_smem_bytes(width),
         );
         self.launch(s, "mla_attention_f16", grid, |a| {
-            a.arg(&qp).arg(&rp).arg(&cp).arg(&pap).arg(&pp);
+            a.arg(&qp).arg(&rp).arg(&cp).arg(&pap).arg(&pp).arg(&sp);
             a.arg(&h).arg(&k).arg(&w).arg(&c).arg(&scale).arg(&cp_cells);
             a.arg(&cells_stride);
         })?;
@@ -586,25 +601,79 @@ impl CudaDevice {
         })
     }
 
-    /// Writes the `rows` f32 cache rows (each `width` values: the normalized latent, then
-    /// the roped key) narrowed to f16 at positions `pos[0] + r` of `cache` (none past
-    /// `capacity`).
+    /// Writes the f32 cache rows (each `width` values: the normalized latent, then the roped
+    /// key) narrowed to f16 at positions `pos[0] + r` of `cache`, or with `slots` (a batched
+    /// decode step) row `r` at `pos[r]` of sequence slot `slots[r]`'s cache (`capacity` rows
+    /// a slot; a pad row's not at all); none past `capacity`.
     pub(super) fn mla_store_rows(
         &self,
         s: &CudaStream,
         rows: &Span<f32>,
         cache: &Span<u16>,
-        pos: &Span<u32>,
+        (pos, slots): (&Span<u32>, Option<&Span<u32>>),
         (width, capacity): (usize, usize),
     ) -> Result<()> {
+        let n_rows = rows.len() / width.max(1);
         assert!(
-            width > 0 && rows.len().is_multiple_of(width) && cache.len() >= width * capacity,
+            width > 0
+                && rows.len().is_multiple_of(width)
+                && cache.len() >= width * capacity
+                && slots.is_none_or(|x| x.len() >= n_rows && pos.len() >= n_rows),
             "mla_store_rows: rows of {width} values into a cache of {capacity}"
         );
-        let (rp, cp, pp) = (rows.addr(), cache.addr(), pos.addr());
+        let (rp, cp, pp, sp) = (
+            rows.addr(),
+            cache.addr(),
+            pos.addr(),
+            slots.map_or(0, Span::addr),
+        );
         let (w, n, c) = (int(width), int(rows.len()), int(capacity));
         self.launch(s, "mla_store_rows_f16", grid(rows.len(), 256), |a| {
-            a.arg(&rp).arg(&cp).arg(&pp).arg(&w).arg(&n).arg(&c);
+            a.arg(&rp)
+                .arg(&cp)
+                .arg(&pp)
+                .arg(&sp)
+                .arg(&w)
+                .arg(&n)
+                .arg(&c);
+        })
+    }
+
+    /// `out[h][r][i] = x[r * row_stride + h * head_stride + i]`, `i < len`: each head's
+    /// slices of the `rows` rows together in f32 ([`Self::mla_heads_f16`]'s layout), the
+    /// slots of a batched step's per-head products (`out` holds `heads * rows * len`).
+    pub(super) fn mla_heads_gather(
+        &self,
+        s: &CudaStream,
+        x: &Span<f32>,
+        (row_stride, head_stride, len): (usize, usize, usize),
+        (rows, heads): (usize, usize),
+        out: &Span<f32>,
+    ) -> Result<()> {
+        let n = heads * rows * len;
+        assert!(
+            n > 0
+                && n <= i32::MAX as usize
+                && out.len() >= n
+                && x.len() >= (rows - 1) * row_stride + (heads - 1) * head_stride + len,
+            "mla_heads_gather: {rows} rows of {heads} heads of {len} values"
+        );
+        let (xp, op) = (x.addr(), out.addr());
+        let (rs, hs, l, r, h) = (
+            int(row_stride),
+            int(head_stride),
+            int(len),
+            int(rows),
+            int(heads),
+        );
+        self.launch(s, "mla_heads_gather_f32", grid(n, 256), |a| {
+            a.arg(&xp)
+                .arg(&rs)
+                .arg(&hs)
+                .arg(&l)
+                .arg(&r)
+                .arg(&h)
+                .arg(&op);
         })
     }
 

@@ -23,34 +23,41 @@ use crate::cuda::rows::{Groups, GEMM_DEPTH};
 use crate::cuda::span::Span;
 use crate::cuda::weights::DeviceStack;
 
-/// A rank's MLA buffers for prefill steps of up to `rows` token rows.
+/// A rank's MLA buffers for prefill and batched decode steps of up to `rows` token rows.
 pub(crate) struct MlaRows {
     rows: usize,
-    q: DeviceBuffer<f32>,
-    q_a: DeviceBuffer<f32>,
-    kv_a: DeviceBuffer<f32>,
+    pub(super) q: DeviceBuffer<f32>,
+    pub(super) q_a: DeviceBuffer<f32>,
+    pub(super) kv_a: DeviceBuffer<f32>,
     /// Each row's cache row in f32: the normalized latent, then the roped key.
-    cache_rows: DeviceBuffer<f32>,
-    q_lat: DeviceBuffer<f32>,
-    lat: DeviceBuffer<f32>,
+    pub(super) cache_rows: DeviceBuffer<f32>,
+    pub(super) q_lat: DeviceBuffer<f32>,
+    pub(super) lat: DeviceBuffer<f32>,
     /// f16 product inputs: the normed rows, or each head's slices gathered head-major.
     a16: DeviceBuffer<u16>,
+    /// A batched decode step's per-head product inputs: each head's slices gathered
+    /// head-major in f32.
+    pub(super) heads_in: DeviceBuffer<f32>,
     /// The per-head products, head-major.
-    heads_out: DeviceBuffer<f32>,
+    pub(super) heads_out: DeviceBuffer<f32>,
     /// Each head's (first row, rows) in the head-major blocks.
     spans: DeviceBuffer<i32>,
+    /// The rank's head ids once per token row (`r * heads + h`: head `h`): the picks of a
+    /// batched decode step's per-head products.
+    pub(super) head_picks: DeviceBuffer<i32>,
     /// Token rows of one latent attention launch, and its partials.
-    attend_rows: usize,
-    parts: DeviceBuffer<f32>,
+    pub(super) attend_rows: usize,
+    pub(super) parts: DeviceBuffer<f32>,
 }
 
 impl MlaRows {
-    /// The buffers of `rows` token rows (hidden size `d`) for layers of these shapes.
+    /// The buffers of `rows` token rows (hidden size `d`) for layers of these shapes, whose
+    /// heads on this rank are `head_ids`.
     pub(super) fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         shapes: &[Shape],
-        lora: usize,
+        (lora, head_ids): (usize, &[i32]),
         (rows, d, capacity): (usize, usize, usize),
     ) -> Result<MlaRows> {
         let most = |f: &dyn Fn(&Shape) -> usize| shapes.iter().map(f).max().unwrap_or(1).max(1);
@@ -70,8 +77,10 @@ impl MlaRows {
             q_lat: dev.alloc(s, rows * most(&|x| x.heads * x.width))?,
             lat: dev.alloc(s, rows * most(&|x| x.heads * x.kvl))?,
             a16: dev.alloc(s, rows * widest_head.max(d).max(lora))?,
+            heads_in: dev.alloc(s, rows * widest_head)?,
             heads_out: dev.alloc(s, rows * most(&|x| x.heads * x.kvl.max(x.v)))?,
             spans: dev.alloc(s, 2 * most(&|x| x.heads))?,
+            head_picks: dev.upload(s, &head_ids.repeat(rows))?,
             attend_rows,
             parts: dev.alloc(s, attend_rows * per_row)?,
         })
@@ -89,7 +98,7 @@ pub fn fits(d: usize, lora: usize, nope: usize, kvl: usize) -> bool {
 }
 
 impl MlaState {
-    fn rows_buffers(&self, rows: usize) -> Result<&MlaRows> {
+    pub(super) fn rows_buffers(&self, rows: usize) -> Result<&MlaRows> {
         self.rows
             .as_ref()
             .filter(|r| rows <= r.rows)
@@ -166,38 +175,15 @@ impl MlaState {
         }
         let cache_rows = Span::of(&b.cache_rows).sub(0, rows * sh.width);
         let q_lat = Span::of(&b.q_lat).sub(0, rows * sh.heads * sh.width);
-        dev.rms_norm_strided(
-            s,
-            &kv_a,
-            &m.kv_a_norm,
-            self.eps,
-            &cache_rows,
-            (rows, sh.width),
-        )?;
-        let n_rot = sh.width - sh.kvl;
-        if n_rot > 0 {
-            let end = |span: &Span<f32>, from: usize| span.sub(from, span.len() - from);
-            self.rope_launch(
-                dev,
-                s,
-                (&end(&kv_a, sh.kvl), sh.width),
-                (&end(&cache_rows, sh.kvl), sh.width),
-                rows,
-                n_rot,
-                (positions, 1),
-            )?;
-            self.rope_launch(
-                dev,
-                s,
-                (&end(&q, sh.nope), sh.head_q),
-                (&end(&q_lat, sh.kvl), sh.width),
-                rows * sh.heads,
-                n_rot,
-                (positions, sh.heads),
-            )?;
-        }
+        self.rope_rows(dev, s, m, (&kv_a, &q), (&cache_rows, &q_lat), positions)?;
         let cache = self.cache(layer)?;
-        dev.mla_store_rows(s, &cache_rows, &cache, positions, (sh.width, self.capacity))?;
+        dev.mla_store_rows(
+            s,
+            &cache_rows,
+            &cache,
+            (positions, None),
+            (sh.width, self.capacity),
+        )?;
         self.per_head(
             dev,
             s,
@@ -205,6 +191,54 @@ impl MlaState {
             (&q, (sh.q_rows, sh.head_q, sh.nope)),
             (&q_lat, (sh.heads * sh.width, sh.width, sh.kvl)),
             rows,
+        )
+    }
+
+    /// The latent norm of the token rows of `kv_a` into their cache rows, and the rope of
+    /// their key parts (into the cache rows) and of their query heads' (from `q` into
+    /// `q_lat`), row `r` at `positions[r]`: a launch each over every row.
+    pub(super) fn rope_rows(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        m: &MlaWeights,
+        (kv_a, q): (&Span<f32>, &Span<f32>),
+        (cache_rows, q_lat): (&Span<f32>, &Span<f32>),
+        positions: &Span<u32>,
+    ) -> Result<()> {
+        let sh = m.shape();
+        let rows = positions.len();
+        dev.rms_norm_strided(
+            s,
+            kv_a,
+            &m.kv_a_norm,
+            self.eps,
+            cache_rows,
+            (rows, sh.width),
+        )?;
+        let n_rot = sh.width - sh.kvl;
+        // a nope layer (glm5-next's) has no rope part to rotate or copy
+        if n_rot == 0 {
+            return Ok(());
+        }
+        let end = |span: &Span<f32>, from: usize| span.sub(from, span.len() - from);
+        self.rope_launch(
+            dev,
+            s,
+            (&end(kv_a, sh.kvl), sh.width),
+            (&end(cache_rows, sh.kvl), sh.width),
+            rows,
+            n_rot,
+            (positions, 1),
+        )?;
+        self.rope_launch(
+            dev,
+            s,
+            (&end(q, sh.nope), sh.head_q),
+            (&end(q_lat, sh.kvl), sh.width),
+            rows * sh.heads,
+            n_rot,
+            (positions, sh.heads),
         )
     }
 
@@ -241,7 +275,7 @@ impl MlaState {
                 &cache,
                 &lat.sub(r0 * per_lat, n * per_lat),
                 &Span::of(&b.parts),
-                &positions.sub(r0, n),
+                (&positions.sub(r0, n), None),
                 (sh.heads, sh.kvl, sh.width, self.capacity),
                 self.kq_scale,
                 cells.as_ref(),
@@ -289,7 +323,7 @@ impl MlaState {
         dev.mla_heads_f32(s, &out, (rows, heads), y, y_at)
     }
 
-    fn cache(&self, layer: usize) -> Result<Span<u16>> {
+    pub(super) fn cache(&self, layer: usize) -> Result<Span<u16>> {
         self.caches[layer]
             .as_ref()
             .map(Span::of)

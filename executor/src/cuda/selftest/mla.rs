@@ -16,6 +16,7 @@ use crate::cpu::kernels::{
     latent_attention, latent_attention_at, rope_part, KvDtype, LatentCache, RopeStyle, Rotation,
 };
 use crate::cuda::dsa::Cells;
+use crate::cuda::ops::PAD_SLOT;
 use crate::cuda::{capture, Span};
 use crate::rope::Yarn;
 
@@ -104,7 +105,7 @@ fn prefill_rows(
             &cs,
             &os,
             &Span::of(&parts),
-            &ps,
+            (&ps, None),
             shape,
             scale,
             None,
@@ -119,7 +120,7 @@ fn prefill_rows(
     let pos = dev.upload(s, &positions)?;
     let out = dev.alloc::<f32>(s, rows * heads * kvl)?;
     let (cs, ps) = (Span::of(&cache), Span::of(&pos));
-    dev.mla_store_rows(s, &Span::of(&rows_d), &cs, &ps, (width, capacity))?;
+    dev.mla_store_rows(s, &Span::of(&rows_d), &cs, (&ps, None), (width, capacity))?;
     for r0 in (0..rows).step_by(2) {
         let n = 2.min(rows - r0);
         let (qs, os) = (
@@ -133,20 +134,68 @@ fn prefill_rows(
             &cs,
             &os,
             &Span::of(&parts),
-            &ps.sub(r0, n),
+            (&ps.sub(r0, n), None),
             shape,
             scale,
             None,
         )?;
     }
     let mut got = dev.download(s, &out)?;
-    let mut want = decoded;
+    let mut want = decoded.clone();
     got.extend(dev.download(s, &cache)?.into_iter().map(f16_to_f32));
-    want.extend(decoded_cache.into_iter().map(f16_to_f32));
+    want.extend(decoded_cache.iter().copied().map(f16_to_f32));
     cx.report.exact(
         "mla rows",
         format!(
             "{heads} heads, latent {kvl} + {rope}, rows {p0}..{} = decode steps",
+            p0 + rows
+        ),
+        bit_mismatches(&got, &want),
+    );
+    // a batched step: the rows in sequence slot 2 of 3 behind a pad row, stored and attended
+    // in one launch each; slots 0 and 1 keep what they held
+    let others: Vec<u16> = random(&mut cx.rng, 2 * capacity * width, 1.0)
+        .into_iter()
+        .map(f32_to_f16)
+        .collect();
+    let slotted = dev.upload(s, &[&others[..], &earlier[..]].concat())?;
+    let mut at: Vec<u32> = vec![0];
+    at.extend(&positions);
+    let in_slot: Vec<u32> = std::iter::once(PAD_SLOT)
+        .chain(std::iter::repeat_n(2, rows))
+        .collect();
+    let (pos, slots) = (dev.upload(s, &at)?, dev.upload(s, &in_slot)?);
+    let (ps, ss) = (Span::of(&pos), Span::of(&slots));
+    let mut padded_q = random(&mut cx.rng, heads * width, 1.0);
+    padded_q.extend(&q);
+    let mut padded_rows = random(&mut cx.rng, width, 1.0);
+    padded_rows.extend(&cache_rows);
+    let (qd, rows_d) = (dev.upload(s, &padded_q)?, dev.upload(s, &padded_rows)?);
+    let out = dev.alloc::<f32>(s, (rows + 1) * heads * kvl)?;
+    let parts = dev.alloc::<f32>(s, (rows + 1) * mla_parts_len(heads, kvl, capacity))?;
+    let cs = Span::of(&slotted);
+    let slot_rows = (&ps, Some(&ss));
+    dev.mla_store_rows(s, &Span::of(&rows_d), &cs, slot_rows, (width, capacity))?;
+    dev.mla_attention(
+        s,
+        &Span::of(&qd),
+        None,
+        &cs,
+        &Span::of(&out),
+        &Span::of(&parts),
+        slot_rows,
+        shape,
+        scale,
+        None,
+    )?;
+    let mut got = dev.download(s, &out)?.split_off(heads * kvl);
+    let mut want = decoded;
+    got.extend(dev.download(s, &slotted)?.into_iter().map(f16_to_f32));
+    want.extend(others.into_iter().chain(decoded_cache).map(f16_to_f32));
+    cx.report.exact(
+        "mla rows",
+        format!(
+            "{heads} heads, latent {kvl} + {rope}, rows {p0}..{} in slot 2 of 3 behind a pad row = decode steps",
             p0 + rows
         ),
         bit_mismatches(&got, &want),
@@ -351,7 +400,7 @@ fn on_device(
         &Span::of(&cache),
         &Span::of(&out),
         &Span::of(&parts),
-        &Span::of(&pos),
+        (&Span::of(&pos), None),
         (heads, kvl, row.len(), capacity),
         scale,
         cells
@@ -404,7 +453,7 @@ fn graph(cx: &mut Ctx) -> Result<()> {
             cache,
             &Span::of(&out),
             &Span::of(&parts),
-            &pos_at,
+            (&pos_at, None),
             (heads, kvl, width, capacity),
             0.1,
             None,

@@ -1,0 +1,194 @@
+//! The MLA mixer of a batched decode step on a CUDA rank (the rows of several sequences, or a
+//! speculative verify span), every row with the bits of a one-row decode step at its position
+//! in its own sequence slot: the projections are the batched decode products
+//! (`batched::batch_product`, the one-row decode's reduction order), the latent norm and the
+//! rope of all rows one launch each (`rope_rows`, as a prefill step's), each row's cache row
+//! written into its slot before attention, latent attention with a grid row per token row over
+//! its slot, and the per-head absorbed products through `attn_k_b` and `attn_v_b` one
+//! expert-mode matvec each over (head, row) slots: each slot is the one-row decode's matvec of
+//! its head, over the head's slice of its row gathered head-major.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use cudarc::driver::{CudaStream, DeviceSlice};
+
+use super::{MlaState, MlaWeights, QueryPath};
+use crate::cuda::batched::{batch_product, Input};
+use crate::cuda::device::CudaDevice;
+use crate::cuda::matvec::{Epilogue, ExpertSel, Norm};
+use crate::cuda::span::Span;
+use crate::cuda::weights::{full_chunks, DeviceStack, DeviceWeight};
+
+/// Where a batched step's rows sit: each row's position and sequence slot.
+#[derive(Clone, Copy)]
+pub(crate) struct RowsAt<'a> {
+    pub pos: &'a Span<u32>,
+    pub slots: &'a Span<u32>,
+}
+
+impl MlaState {
+    /// `mla_pre` of the `rows` token rows of `x` of a batched step: the attention norm (into
+    /// `xn` where a product needs it), the query and latent products, the latent norm and the
+    /// rope of every row, each row's cache row written into its slot, and each head's absorbed
+    /// query. `xq` is the rank's 8-bit copy of the rows (tensor-core products).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pre_batched(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        m: &MlaWeights,
+        layer: usize,
+        norm: Norm,
+        (x, xn): (&Span<f32>, &Span<f32>),
+        at: RowsAt,
+        xq: Option<&Span<u8>>,
+    ) -> Result<()> {
+        let rows = at.pos.len();
+        let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
+        let q = Span::of(&b.q).sub(0, rows * sh.q_rows);
+        let kv_a = Span::of(&b.kv_a).sub(0, rows * sh.width);
+        let out = |y: &Span<f32>| (y.addr(), y.len());
+        let product = |ws: &[&DeviceWeight], input: Input, ys: &[(u64, usize)]| {
+            batch_product(
+                dev,
+                xq,
+                s,
+                ws,
+                input,
+                full_chunks(ws[0]),
+                ys,
+                Epilogue::Plain,
+            )
+        };
+        let (first, first_y) = match &m.q {
+            QueryPath::Direct(w) => (w, q.clone()),
+            QueryPath::LowRank { a, .. } => (a, Span::of(&b.q_a).sub(0, rows * a.rows)),
+        };
+        // as the one-row decode: one launch of both products where their dtype and
+        // reduction agree, else the norm first
+        if first.dtype == m.kv_a.dtype && full_chunks(first) == full_chunks(&m.kv_a) {
+            let input = Input::Rows(x, Some((norm, xn)));
+            product(&[first, &m.kv_a], input, &[out(&first_y), out(&kv_a)])?;
+        } else {
+            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+            product(&[first], Input::Rows(xn, None), &[out(&first_y)])?;
+            product(&[&m.kv_a], Input::Rows(xn, None), &[out(&kv_a)])?;
+        }
+        if let QueryPath::LowRank { norm, b: q_b, .. } = &m.q {
+            let q_norm = Norm {
+                weight: norm,
+                eps: self.eps,
+            };
+            // normalized in place
+            let input = Input::Rows(&first_y, Some((q_norm, &first_y)));
+            product(&[q_b], input, &[out(&q)])?;
+        }
+        let cache_rows = Span::of(&b.cache_rows).sub(0, rows * sh.width);
+        let q_lat = Span::of(&b.q_lat).sub(0, rows * sh.heads * sh.width);
+        self.rope_rows(dev, s, m, (&kv_a, &q), (&cache_rows, &q_lat), at.pos)?;
+        let cache = self.cache(layer)?;
+        let (width, capacity) = (sh.width, self.capacity);
+        dev.mla_store_rows(
+            s,
+            &cache_rows,
+            &cache,
+            (at.pos, Some(at.slots)),
+            (width, capacity),
+        )?;
+        self.heads_batched(
+            dev,
+            s,
+            &m.k_b,
+            (&q, (sh.q_rows, sh.head_q, sh.nope)),
+            (&q_lat, (sh.heads * sh.width, sh.width, sh.kvl)),
+            rows,
+        )
+    }
+
+    /// `mla_core` of a batched step's rows: latent attention of each row's absorbed queries
+    /// over its slot, then each head's value into the rows of `att`.
+    pub fn core_batched(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        m: &MlaWeights,
+        layer: usize,
+        at: RowsAt,
+        att: &Span<f32>,
+    ) -> Result<()> {
+        let rows = at.pos.len();
+        let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
+        let cache = self.cache(layer)?;
+        let q_lat = Span::of(&b.q_lat);
+        let (per_q, per_lat) = (sh.heads * sh.width, sh.heads * sh.kvl);
+        let lat = Span::of(&b.lat).sub(0, rows * per_lat);
+        for r0 in (0..rows).step_by(b.attend_rows) {
+            let n = b.attend_rows.min(rows - r0);
+            dev.mla_attention(
+                s,
+                &q_lat.sub(r0 * per_q, n * per_q),
+                None,
+                &cache,
+                &lat.sub(r0 * per_lat, n * per_lat),
+                &Span::of(&b.parts),
+                (&at.pos.sub(r0, n), Some(&at.slots.sub(r0, n))),
+                (sh.heads, sh.kvl, sh.width, self.capacity),
+                self.kq_scale,
+                None,
+            )?;
+        }
+        self.heads_batched(
+            dev,
+            s,
+            &m.v_b,
+            (&lat, (per_lat, sh.kvl, sh.kvl)),
+            (att, (sh.heads * sh.v, sh.v, sh.v)),
+            rows,
+        )
+    }
+
+    /// For each head `h` of `stack` and each of the `rows` rows: the head's slice of the row
+    /// of `x` (`(row stride, head stride, length)`) times the head's matrix into its slice of
+    /// the row of `y`. The slices are gathered head-major, one expert-mode matvec takes slot
+    /// `h * rows + r` with head `h`'s matrix (as the one-row decode's launch takes head `h`),
+    /// and the products are scattered back.
+    fn heads_batched(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        stack: &DeviceStack,
+        (x, x_at): (&Span<f32>, (usize, usize, usize)),
+        (y, y_at): (&Span<f32>, (usize, usize, usize)),
+        rows: usize,
+    ) -> Result<()> {
+        let b = self.rows_buffers(rows)?;
+        let heads = stack.count;
+        if !x_at.2.is_multiple_of(4) {
+            bail!(
+                "per-head slices of {} values are not 16-byte aligned for the batched matvec",
+                x_at.2
+            );
+        }
+        let gathered = Span::of(&b.heads_in).sub(0, heads * rows * x_at.2);
+        let out = Span::of(&b.heads_out).sub(0, heads * rows * y_at.2);
+        dev.mla_heads_gather(s, x, x_at, (rows, heads), &gathered)?;
+        let sel = ExpertSel {
+            // head h of token row r at r * heads + h, as a router writes its picks
+            ids: Span::of(&b.head_picks).addr(),
+            weights: 0,
+            order: 0,
+            slots: rows * heads,
+            first: stack.first,
+            count: stack.count,
+            stride: stack.stride,
+            x_stride: x_at.2,
+            y_stride: y_at.2,
+            token_rows: rows,
+            x_row_stride: 0,
+        };
+        let w = &stack.weight;
+        dev.matvec_experts(s, &[w], &gathered, None, full_chunks(w), &out, None, sel)?;
+        dev.mla_heads_f32(s, &out, (rows, heads), y, y_at)
+    }
+}
