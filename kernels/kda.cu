@@ -26,6 +26,14 @@
 // A step whose first token is at position 0 (pos[0], the step's position) starts a sequence:
 // both kernels read the windows and the state as zeros then, as the CPU's KdaState::begin
 // resets them, whatever an earlier sequence left.
+//
+// A batched step (`slots` set) holds several sequences' rows, each row at pos[r] in sequence
+// slot slots[r], whose windows and state sit slot_len values past the previous slot's: a
+// sequence's rows are a span of consecutive rows of one slot at consecutive positions (one row
+// at decode, a joining prompt's chunk). Grid row y takes the span that starts at row y (none
+// when row y continues a span) and runs its rows in order, as a step of that sequence alone
+// would; a span at position 0 starts from zeros. A pad row (PAD_SLOT) touches no state and
+// gets zeros.
 #include "common.cuh"
 
 // The widest head (threads of a block).
@@ -39,6 +47,31 @@
 #define KDA_HELD 64
 // no block of kda_conv_f32 but the first reads a window
 static_assert(KDA_CONV_ROWS >= KDA_MAX_TAPS - 1, "a later block's tokens start past the window");
+
+// The rows a block takes: `first` .. `end` - 1 (indices into the step's rows), the offset of
+// their sequence's windows and state, and whether they start the sequence or are pad rows.
+struct KdaSpan {
+    int first, end;
+    size_t base;
+    bool fresh, pad;
+};
+
+// The span of a batched step that starts at row y (`slots` set), or false when row y continues
+// the span of the row before it.
+__device__ __forceinline__ bool kda_span(const u32* pos, const u32* slots, int rows, int y, long long slot_len,
+                                         KdaSpan& span) {
+    const u32 slot = slots[y];
+    const auto continues = [&](int r) { return slots[r] == slot && slot != PAD_SLOT && pos[r] == pos[r - 1] + 1; };
+    if (y > 0 && continues(y)) return false;
+    int end = y + 1;
+    while (end < rows && continues(end)) ++end;
+    span.first = y;
+    span.end = end;
+    span.pad = slot == PAD_SLOT;
+    span.base = span.pad ? 0 : (size_t)slot * (size_t)slot_len;
+    span.fresh = pos[y] == 0;
+    return true;
+}
 
 __device__ __forceinline__ float kda_sigmoid(float x) {
     return rcp_rn(__fadd_rn(1.0f, expf(-x)));
@@ -54,7 +87,7 @@ __device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps)
 
 // Block (head, y) of q, k and v (3 * heads heads, q heads first), thread i its channel i, over
 // tokens y * KDA_CONV_ROWS .. + KDA_CONV_ROWS - 1 of the `rows` in order (a prefill step's; one
-// at decode). x, out: q, k and v one after the other, each `rows` rows of heads * hd
+// at decode), or over the span that starts at row y of a batched step (`slots` set). x, out: q, k and v one after the other, each `rows` rows of heads * hd
 // (x[(part * rows + r) * heads * hd + channel]); w: taps weights per channel; window: the
 // taps - 1 inputs before the first token per channel, oldest first. A token's inputs are the
 // window's and x's, which no block writes, so the blocks run apart; the blocks of y = 0 move
@@ -62,7 +95,7 @@ __device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps)
 // after 1 / sqrt(hd), both computed by the host as the CPU computes them.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_conv_f32(const float* x, const float* w, float* window, float* out, int heads, int hd, int taps,
-                 float l2_eps, float after, int rows, const u32* pos) {
+                 float l2_eps, float after, int rows, const u32* pos, const u32* slots, long long slot_len) {
     overlap_with_neighbours();
     __shared__ float vals[KDA_MAX_DIM];
     __shared__ float scale;
@@ -70,20 +103,36 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     const size_t c = (size_t)blockIdx.x * hd + i, width = (size_t)heads * hd;
     const size_t part = blockIdx.x / heads, in_part = c - part * width;
     const int keep = taps - 1;
-    const bool fresh = pos[0] == 0;
-    // input t of the step (t < 0: the window's, zeros at a sequence's start)
+    // the sequence's rows first .. end - 1, of which this block takes r0 .. r1 - 1; the block
+    // that takes the last rows moves the window on
+    KdaSpan span = {0, rows, 0, pos[0] == 0, false};
+    int r0 = blockIdx.y * KDA_CONV_ROWS, r1 = min(rows, r0 + KDA_CONV_ROWS);
+    bool moves = blockIdx.y == 0;
+    if (slots) {
+        if (!kda_span(pos, slots, rows, blockIdx.y, slot_len, span)) return;
+        if (span.pad) {
+            for (int r = span.first; r < span.end && i < hd; ++r) out[(part * rows + r) * width + in_part] = 0.f;
+            return;
+        }
+        window += span.base;
+        r0 = span.first;
+        r1 = span.end;
+        moves = true;
+    }
+    const bool fresh = span.fresh;
+    // input t of the sequence's rows this step (t < 0: the window's, zeros at its start)
     const auto input = [&](int t) -> float {
-        if (t >= 0) return x[(part * rows + t) * width + in_part];
+        if (t >= 0) return x[(part * rows + span.first + t) * width + in_part];
         return fresh ? 0.f : window[c * keep + keep + t];
     };
-    const int r0 = blockIdx.y * KDA_CONV_ROWS, r1 = min(rows, r0 + KDA_CONV_ROWS);
     for (int r = r0; r < r1; ++r) {
         float v = 0.f;
         if (i < hd) {
             const float* wc = w + c * taps;
+            const int u = r - span.first;
             float sum = 0.f;
-            for (int t = 0; t < keep; ++t) sum = __fadd_rn(sum, __fmul_rn(input(r - keep + t), wc[t]));
-            sum = __fadd_rn(sum, __fmul_rn(input(r), wc[keep]));
+            for (int t = 0; t < keep; ++t) sum = __fadd_rn(sum, __fmul_rn(input(u - keep + t), wc[t]));
+            sum = __fadd_rn(sum, __fmul_rn(input(u), wc[keep]));
             v = __fdiv_rn(sum, __fadd_rn(1.0f, expf(-sum)));
             vals[i] = v;
         }
@@ -97,10 +146,11 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
         }
         if (i < hd) out[(part * rows + r) * width + in_part] = v;
     }
-    if (blockIdx.y == 0 && i < hd) {
-        // the step's last keep inputs, oldest first: entry t is read from entry rows + t of
-        // the old window (or x) before that entry is written
-        for (int t = 0; t < keep; ++t) window[c * keep + t] = input(rows - keep + t);
+    if (moves && i < hd) {
+        // the sequence's last keep inputs, oldest first: entry t is read from entry n + t of
+        // the old window (or x) before that entry is written (n its rows this step)
+        const int n = span.end - span.first;
+        for (int t = 0; t < keep; ++t) window[c * keep + t] = input(n - keep + t);
     }
 }
 
@@ -119,29 +169,40 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
 // (heads per token); gate: the output gate before its sigmoid (heads * d per token); norm_w:
 // d weights; states: heads key-major d x d states; out: heads * d per token. scale is
 // 1 / sqrt(d) computed by the host; bounded selects the bounded decay with lower bound lb.
+// Block (head, y) of a batched step (`slots` set) takes the span that starts at row y.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_delta_f32(float* states, const float* qkv, const float* f, const float* dt_bias, const float* a,
                   const float* b, const float* gate, const float* norm_w, float* out, int heads, int d,
-                  float scale, float eps, int bounded, float lb, int rows, const u32* pos) {
+                  float scale, float eps, int bounded, float lb, int rows, const u32* pos, const u32* slots,
+                  long long slot_len) {
     overlap_with_neighbours();
     __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM];
     extern __shared__ float kda_rest[];
     const int h = blockIdx.x, j = threadIdx.x;
     const size_t width = (size_t)heads * d, at = (size_t)h * d;
+    KdaSpan span = {0, rows, 0, pos[0] == 0, false};
+    if (slots) {
+        if (!kda_span(pos, slots, rows, blockIdx.y, slot_len, span)) return;
+        if (span.pad) {
+            for (int r = span.first; r < span.end && j < d; ++r) out[(size_t)r * width + at + j] = 0.f;
+            return;
+        }
+        states += span.base;
+    }
     float* s = states + at * d + j;
     // entry i >= KDA_HELD of this thread's row, in its shared column
     const auto rest = [&](int i) -> float& { return kda_rest[(size_t)(i - KDA_HELD) * blockDim.x + j]; };
     // zeros at a sequence's start
-    const bool fresh = pos[0] == 0;
+    const bool fresh = span.fresh;
     float held[KDA_HELD];
 #pragma unroll
     for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d && !fresh ? s[(size_t)i * d] : 0.f;
     if (j < d)
         for (int i = KDA_HELD; i < d; ++i) rest(i) = fresh ? 0.f : s[(size_t)i * d];
-    for (int r = 0; r < rows; ++r) {
+    for (int r = span.first; r < span.end; ++r) {
         const size_t row = (size_t)r * width + at;
         // every thread is done with the previous token's qs, ks and decay
-        if (r > 0) __syncthreads();
+        if (r > span.first) __syncthreads();
         if (j < d) {
             qs[j] = qkv[row + j];
             ks[j] = qkv[(size_t)rows * width + row + j];
@@ -189,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     // every token's output is in `out` (this block's writes, visible after the barrier)
     __syncthreads();
     const int lane = j & 31, warps = blockDim.x / 32;
-    for (int r = j / 32; r < rows; r += warps) {
+    for (int r = span.first + j / 32; r < span.end; r += warps) {
         float* o = out + (size_t)r * width + at;
         float ns = lane == 0 ? kda_rms_scale(o, d, eps) : 0.f;
         ns = __shfl_sync(FULL_MASK, ns, 0);

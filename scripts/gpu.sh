@@ -113,9 +113,9 @@
 #                             (llama8b and deepseek2 by default), memra on the cuts'
 #                             long-context placements (plans/synthetic/depth/*-long.toml)
 #   batch-depth [SECONDS] [MODEL...]  the same files decoded by 1, 4, 16 and 64 sequences
-#                             together (qwen3moe and deepseek2 by default): memra-run bench
-#                             --batch B on the cut's -batch64 placement against
-#                             llama-batched-bench
+#                             together (qwen3moe, deepseek2 and kimi-linear by default):
+#                             memra-run bench --batch B on the cut's -batch64 placement
+#                             against llama-batched-bench
 #
 # Suites with a result table print it last, one row per check (`name status detail`), and
 # exit 1 when a row is FAIL; with a SECONDS budget, a row that would start after it is `skip`,
@@ -1828,7 +1828,7 @@ depth_suite() { # decode|prefill [BUDGET] [MODEL...]: the files, then the timing
     if [ ${#models[@]} -eq 0 ]; then
         models=(qwen3moe deepseek2 kimi-linear llama8b glm5-next)
         [ "$mode" = long ] && models=(llama8b deepseek2)
-        [ "$mode" = batch ] && models=(qwen3moe deepseek2)
+        [ "$mode" = batch ] && models=(qwen3moe deepseek2 kimi-linear)
     fi
     local -A mem=() lcpp=()
     logs_in /tmp/memra-depth

@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    options, smollm2, synth_model, synthetic_variant, tiny_deepseek2_model, tiny_kimi_linear_model,
-    tiny_tp_model,
+    options, smollm2, synth_model, synthetic_variant, tiny_deepseek2_model, tiny_glm5_next_model,
+    tiny_kimi_linear_model, tiny_tp_model,
 };
 use memra_executor::batch::window;
 use memra_executor::batch_gate::{batch_gate, sequences, Sequence};
@@ -130,7 +130,7 @@ fn a_sampled_token_step_is_refused_where_the_token_crosses_stages_late() {
 
 #[test]
 fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
-    tiny_kimi_linear_model();
+    tiny_glm5_next_model();
     tiny_tp_model();
     let options = EngineOptions {
         backend: Backend::Cuda,
@@ -138,9 +138,9 @@ fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
     };
     for (name, runtime, why) in [
         (
-            "tiny-kimi-linear",
+            "tiny-glm5-next",
             "max_sequences = 4",
-            "runtime.max_sequences is 4; the cuda backend's batched decode covers GQA and MLA layers with dense or MoE FFNs, without mHC (KDA and DSA plans",
+            "runtime.max_sequences is 4; the cuda backend's batched decode covers GQA, MLA and KDA layers with dense or MoE FFNs, without mHC (DSA plans",
         ),
         (
             "tiny-tp",

@@ -17,7 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    assert_same, decode_turns, garbled, options, synth_model, tiny_deepseek2_model,
+    assert_same, decode_turns, garbled, options, tiny_deepseek2_model, tiny_glm5_next_model,
     tiny_kimi_linear_model, tiny_qwen3moe_model, tiny_tp_model,
 };
 use memra_executor::batch_gate::{batch_gate, sequences};
@@ -147,6 +147,15 @@ fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
                 ("mla-batch-ep2", EP2),
             ][..],
         ),
+        (
+            tiny_kimi_linear_model(),
+            &[
+                ("kda-batch", "devices = [[0]]"),
+                ("kda-batch-pp2", "devices = [[0], [0]]"),
+                ("kda-batch-tp2", "devices = [[0, 0]]"),
+                ("kda-batch-ep2", EP2),
+            ][..],
+        ),
     ] {
         // the reference decodes one sequence with the decode kernels only (prompts token by
         // token, graphs): a batched row must have exactly those bits
@@ -184,14 +193,10 @@ fn a_second_sequence_on_a_kda_or_dsa_plan_starts_from_a_fresh_state() {
     // first, not from what it left. The tiny models' vocabulary is 256 tokens.
     const PROMPT: [u32; 5] = [1, 17, 200, 33, 101];
     let dir = scratch("recurrent");
-    // the gates' seed for glm5-next (executor/tests/moe_gates.rs), so both write one file
-    let glm5 = synth_model(
-        "tiny-glm5-next",
-        "q8_0",
-        8,
-        "models/tiny-glm5-next-q8_0.gguf",
-    );
-    for (name, model) in [("kimi", tiny_kimi_linear_model()), ("glm5", glm5)] {
+    for (name, model) in [
+        ("kimi", tiny_kimi_linear_model()),
+        ("glm5", tiny_glm5_next_model()),
+    ] {
         let loaded = plan_of(&model, &dir, name, "devices = [[0]]", "");
         let runtime = &loaded.plan.runtime;
         let engine = open(&loaded, cuda()).unwrap();

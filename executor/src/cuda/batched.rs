@@ -11,7 +11,8 @@
 //! every row's k and v into its own sequence slot, then runs the decode attention kernel with
 //! a grid row per token row, each at its own position over its own slot (leaving the o
 //! product's 8-bit rows where that product takes the tensor cores); an MLA layer's rows each
-//! attend over their own slot's latent cache (`mla::batched`). MoE layers route every row
+//! attend over their own slot's latent cache (`mla::batched`), and a KDA layer's rows of each
+//! sequence run in order on their slot's windows and state (`kda`). MoE layers route every row
 //! on the device and run each pick as a one-row expert matvec of its own grid row, grouped by
 //! expert (`moe::rows`); shared experts are a product over the rows. The head takes the rows
 //! whose logits come back.
@@ -29,7 +30,6 @@ use memra_compiler::plan::{Mixer, Plan, Segment};
 use super::device::CudaDevice;
 use super::matvec::{Epilogue, Norm};
 use super::matvec_mma::{has_mma, MMA_MIN_ROWS};
-use super::mla::RowsAt;
 use super::moe::FfnWeights;
 use super::rank::{copy, MixerWeights, Pending, RankDevice, Rows};
 use super::span::Span;
@@ -47,8 +47,8 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
             "runtime.max_sequences is {sequences}; the cuda backend decodes up to {MAX_SEQUENCES} sequences together"
         );
     }
-    if !batched_layers(plan) {
-        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA and MLA layers with dense or MoE FFNs, without mHC (KDA and DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
+    if !batched_layers(plan, false) {
+        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA, MLA and KDA layers with dense or MoE FFNs, without mHC (DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
     }
     Ok(())
 }
@@ -56,18 +56,23 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
 /// Refuses a speculative plan whose verify step (drafts + 1 rows through the batched decode
 /// kernels, each with its decode step's bits) the cuda backend cannot run, saying why.
 pub fn check_speculative(plan: &Plan) -> Result<()> {
-    if plan.speculative.is_some() && !batched_layers(plan) {
-        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA and MLA layers with dense or MoE FFNs, without mHC, on the cuda backend (not KDA or DSA); run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
+    if plan.speculative.is_some() && !batched_layers(plan, true) {
+        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA and MLA layers with dense or MoE FFNs, without mHC, on the cuda backend (not DSA, nor KDA, whose state a rejected draft would have to roll back); run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
     }
     Ok(())
 }
 
-/// Whether the batched decode kernels cover every layer: GQA and MLA ones (any FFN), without
-/// mHC streams.
-fn batched_layers(plan: &Plan) -> bool {
+/// Whether the batched decode kernels cover every layer: GQA, MLA and (but for a verify step,
+/// which would have to roll a rejected draft's state back) KDA ones, any FFN, without mHC
+/// streams.
+fn batched_layers(plan: &Plan, verify: bool) -> bool {
     let m = &plan.model;
     m.mhc.is_none()
-        && (0..m.layers).all(|l| matches!(m.layer_kind(l).mixer, Mixer::Gqa | Mixer::Mla))
+        && (0..m.layers).all(|l| match m.layer_kind(l).mixer {
+            Mixer::Gqa | Mixer::Mla => true,
+            Mixer::Kda => !verify,
+            Mixer::Dsa | Mixer::DsaShared => false,
+        })
 }
 
 impl RankDevice {
@@ -139,6 +144,20 @@ impl RankDevice {
                     state.pre_batched(dev, s, m, li, norm, (&x, &xn), at, xq.as_ref())
                 } else {
                     state.core_batched(dev, s, m, li, at, &att)
+                }
+            }
+            Segment::KdaPre | Segment::KdaCore => {
+                let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
+                    bail!("segment `{}` on layer {layer}, not a KDA layer", seg.name());
+                };
+                if seg == Segment::KdaPre {
+                    let norm = Norm {
+                        weight: &lw.attn_norm,
+                        eps,
+                    };
+                    state.pre_batched(dev, s, k, li, norm, (&x, &xn), at, xq.as_ref())
+                } else {
+                    state.core_batched(dev, s, k, li, at, &att)
                 }
             }
             Segment::AttnPre => {
@@ -337,6 +356,14 @@ impl RankDevice {
             Epilogue::Plain,
         )
     }
+}
+
+/// Where a batched step's rows sit: each row's position and sequence slot (`PAD_SLOT` for a
+/// pad row).
+#[derive(Clone, Copy)]
+pub(super) struct RowsAt<'a> {
+    pub pos: &'a Span<u32>,
+    pub slots: &'a Span<u32>,
 }
 
 /// A product's activation rows x: as f32 rows, `rms_norm`ed first with the norm into its span

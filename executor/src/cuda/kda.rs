@@ -21,8 +21,9 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 
+use super::batched::{batch_product, Input, RowsAt};
 use super::device::{CudaDevice, DeviceBuffer};
-use super::matvec::Norm;
+use super::matvec::{Epilogue, Norm};
 use super::span::Span;
 use super::weights::{full_chunks, upload_matrix, DeviceWeight, LayerLoad};
 use crate::layer_weights::KdaWeights as HostKda;
@@ -145,8 +146,9 @@ pub(super) struct KdaState {
     f: DeviceBuffer<f32>,
     beta: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
-    /// By the rank's layer index; `None` for other layers.
+    /// By the rank's layer index (`None` for other layers): a state per sequence slot.
     states: Vec<Option<DeviceBuffer<f32>>>,
+    sequences: usize,
     eps: f32,
 }
 
@@ -157,20 +159,21 @@ impl KdaState {
     pub fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
-        d: usize,
-        eps: f32,
+        (d, eps): (usize, f32),
         layers: &[Option<&KdaWeights>],
-        max_rows: usize,
+        (max_rows, sequences): (usize, usize),
     ) -> Result<Option<KdaState>> {
         let held: Vec<&KdaWeights> = layers.iter().flatten().copied().collect();
         if held.is_empty() {
             return Ok(None);
         }
         let most = |f: fn(&KdaWeights) -> usize| held.iter().map(|&k| f(k)).max().unwrap_or(1);
+        let sequences = sequences.max(1);
         let mut states = Vec::new();
         for k in layers {
             states.push(match k {
-                Some(k) => Some(dev.alloc(s, k.state_len())?),
+                // a state per sequence slot, slot after slot
+                Some(k) => Some(dev.alloc(s, k.state_len() * sequences)?),
                 None => None,
             });
         }
@@ -198,8 +201,123 @@ impl KdaState {
             beta: dev.alloc(s, most(|k| k.heads))?,
             gate: dev.alloc(s, most(KdaWeights::width))?,
             states,
+            sequences,
             eps,
         }))
+    }
+
+    /// `kda_pre` of a batched step's rows (each in its sequence slot, `at`): every projection
+    /// over the rows with the one-row decode's bits (`batch_product`; `xq` the rank's 8-bit
+    /// copy of the rows), then the convolutions and q/k norms of each sequence's rows in
+    /// order on its slot's windows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pre_batched(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        k: &KdaWeights,
+        layer: usize,
+        norm: Norm,
+        (x, xn): (&Span<f32>, &Span<f32>),
+        at: RowsAt,
+        xq: Option<&Span<u8>>,
+    ) -> Result<()> {
+        let rows = at.pos.len();
+        let sp = self.row_spans(k, rows)?;
+        let product = |ws: &[&DeviceWeight], input: Input, ys: &[&Span<f32>]| {
+            let ys: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
+            batch_product(
+                dev,
+                xq,
+                s,
+                ws,
+                input,
+                full_chunks(ws[0]),
+                &ys,
+                Epilogue::Plain,
+            )
+        };
+        // as the one-row `products`: one launch where the weights share dtype and chunk count
+        // (the norm in it), else the norm first and a launch each
+        let normed = |ws: &[&DeviceWeight], ys: &[&Span<f32>]| -> Result<()> {
+            let chunks = full_chunks(ws[0]);
+            if ws
+                .iter()
+                .all(|w| w.dtype == ws[0].dtype && full_chunks(w) == chunks)
+            {
+                return product(ws, Input::Rows(x, Some((norm, xn))), ys);
+            }
+            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+            for (w, y) in ws.iter().zip(ys) {
+                product(&[w], Input::Rows(xn, None), &[y])?;
+            }
+            Ok(())
+        };
+        normed(&[&k.q, &k.k, &k.v], &[&sp.q, &sp.k, &sp.v])?;
+        normed(
+            &[&k.f_a, &k.beta, &k.g_a],
+            &[&sp.f_low, &sp.beta, &sp.g_low],
+        )?;
+        product(&[&k.f_b], Input::Rows(&sp.f_low, None), &[&sp.f])?;
+        product(&[&k.g_b], Input::Rows(&sp.g_low, None), &[&sp.gate])?;
+        let state = self.state(layer)?;
+        dev.kda_conv(
+            s,
+            &sp.projected,
+            &Span::of(&k.conv),
+            &state,
+            &sp.qkv,
+            (k.heads, k.head_dim, k.taps),
+            k.l2_eps.unwrap_or(self.eps),
+            at.pos,
+            Some(self.slotted(k, at)),
+        )
+    }
+
+    /// `kda_core` of a batched step's rows: the gates, the delta rule of each sequence's rows
+    /// in order on its slot's states and the gated output norm, into the rows of `att`.
+    pub fn core_batched(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        k: &KdaWeights,
+        layer: usize,
+        at: RowsAt,
+        att: &Span<f32>,
+    ) -> Result<()> {
+        let rows = at.pos.len();
+        let sp = self.row_spans(k, rows)?;
+        let state = self.state(layer)?;
+        let windows = 3 * k.width() * (k.taps - 1);
+        let gates = KdaGates {
+            f: sp.f.clone(),
+            dt_bias: Span::of(&k.dt_bias),
+            a: Span::of(&k.a),
+            beta: sp.beta.clone(),
+            gate: sp.gate.clone(),
+            norm: Span::of(&k.o_norm),
+            bound: k.bound,
+        };
+        dev.kda_delta(
+            s,
+            &state.sub(windows, state.len() - windows),
+            &sp.qkv,
+            &gates,
+            att,
+            (k.heads, k.head_dim),
+            self.eps,
+            at.pos,
+            Some(self.slotted(k, at)),
+        )
+    }
+
+    /// The rows of `at` in this rank's sequence slots, for layer `k`'s kernels.
+    fn slotted<'a>(&self, k: &KdaWeights, at: RowsAt<'a>) -> Slotted<'a> {
+        Slotted {
+            slots: at.slots,
+            stride: k.state_len(),
+            sequences: self.sequences,
+        }
     }
 
     /// `kda_pre`: every projection (the normed input's, then the low-rank gates' second
@@ -245,6 +363,7 @@ impl KdaState {
             (k.heads, k.head_dim, k.taps),
             k.l2_eps.unwrap_or(self.eps),
             pos,
+            None,
         )
     }
 
@@ -288,6 +407,7 @@ impl KdaState {
             (k.heads, k.head_dim),
             self.eps,
             pos,
+            None,
         )
     }
 
@@ -339,6 +459,7 @@ impl KdaState {
             (k.heads, k.head_dim, k.taps),
             k.l2_eps.unwrap_or(self.eps),
             pos,
+            None,
         )
     }
 
@@ -376,6 +497,7 @@ impl KdaState {
             (k.heads, k.head_dim),
             self.eps,
             pos,
+            None,
         )
     }
 
@@ -479,6 +601,8 @@ impl CudaDevice {
     /// `heads * hd` as there are tokens; `window` the three windows, `w` their taps), then
     /// `l2_norm_heads` on the q and k heads, as the CPU runs them for `heads` heads of `hd`.
     /// The first token is at position `pos[0]`; at 0 the windows are read as zeros.
+    /// With `slotted` (a batched step), row `r` is at `pos[r]` in its slot, whose windows
+    /// start `slotted.stride` values past the previous slot's in `window` (kernels/kda.cu).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda_conv(
         &self,
@@ -490,6 +614,7 @@ impl CudaDevice {
         (heads, hd, taps): (usize, usize, usize),
         eps: f32,
         pos: &Span<u32>,
+        slotted: Option<Slotted>,
     ) -> Result<()> {
         let channels = 3 * heads * hd;
         let rows = x.len() / channels.max(1);
@@ -499,7 +624,14 @@ impl CudaDevice {
                 && x.len() == rows * channels
                 && out.len() == x.len()
                 && w.len() == channels * taps
-                && window.len() == channels * (taps - 1)
+                && slotted
+                    .as_ref()
+                    .map_or(window.len() == channels * (taps - 1), |sl| sl.holds(
+                        window,
+                        channels * (taps - 1),
+                        rows,
+                        pos
+                    ))
                 && !pos.is_empty(),
             "kda_conv: {heads} heads of {hd}, {taps} taps: x {}, weights {}, window {}, out {}",
             x.len(),
@@ -512,8 +644,16 @@ impl CudaDevice {
         let (l2_eps, after) = (eps / n, 1.0 / n.sqrt());
         let (xp, wp, winp, op, pp) = (x.addr(), w.addr(), window.addr(), out.addr(), pos.addr());
         let (h, d, t, r) = (int(heads), int(hd), int(taps), int(rows));
+        let (sp, stride) = Slotted::args(slotted.as_ref());
+        // a block per span of a batched step (one starting at each row, at most), else per
+        // KDA_CONV_ROWS tokens
+        let blocks = if slotted.is_some() {
+            rows
+        } else {
+            rows.div_ceil(KDA_CONV_ROWS)
+        };
         let cfg = LaunchConfig {
-            grid_dim: (3 * heads as u32, rows.div_ceil(KDA_CONV_ROWS) as u32, 1),
+            grid_dim: (3 * heads as u32, blocks as u32, 1),
             block_dim: (head_block(hd), 1, 1),
             shared_mem_bytes: 0,
         };
@@ -525,7 +665,9 @@ impl CudaDevice {
                 .arg(&l2_eps)
                 .arg(&after)
                 .arg(&r)
-                .arg(&pp);
+                .arg(&pp)
+                .arg(&sp)
+                .arg(&stride);
         })
     }
 
@@ -535,6 +677,8 @@ impl CudaDevice {
     /// place) and `gated_norm` with `eps`, of the q, k, v in `qkv`, into `out`: for each of
     /// the tokens in order (`kda_conv`'s layout of `qkv`; a row a token of the gates and
     /// `out`). The first token is at position `pos[0]`; at 0 the states are read as zeros.
+    /// With `slotted` (a batched step), row `r` is at `pos[r]` in its slot, whose states
+    /// start `slotted.stride` values past the previous slot's in `states`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda_delta(
         &self,
@@ -546,11 +690,19 @@ impl CudaDevice {
         (heads, d): (usize, usize),
         eps: f32,
         pos: &Span<u32>,
+        slotted: Option<Slotted>,
     ) -> Result<()> {
         let width = heads * d;
         let rows = out.len() / width.max(1);
         assert!(
-            states.len() == heads * d * d
+            slotted
+                .as_ref()
+                .map_or(states.len() == heads * d * d, |sl| sl.holds(
+                    states,
+                    heads * d * d,
+                    rows,
+                    pos
+                ))
                 && rows > 0
                 && qkv.len() == 3 * rows * width
                 && [g.f.len(), g.gate.len(), out.len()] == [rows * width; 3]
@@ -574,8 +726,11 @@ impl CudaDevice {
         // the rows' entries past the held ones, a column per thread
         let smem = d.saturating_sub(KDA_HELD) * threads as usize * 4;
         self.allow_dynamic_shared("kda_delta_f32", 3 * MAX_KDA_HEAD_DIM * 4, smem)?;
+        let (slp, stride) = Slotted::args(slotted.as_ref());
+        // a block per head and span of a batched step (one starting at each row, at most)
+        let spans = if slotted.is_some() { rows } else { 1 };
         let cfg = LaunchConfig {
-            grid_dim: (heads as u32, 1, 1),
+            grid_dim: (heads as u32, spans as u32, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
@@ -591,7 +746,38 @@ impl CudaDevice {
                 .arg(&bounded)
                 .arg(&lb)
                 .arg(&r)
-                .arg(&pp);
+                .arg(&pp)
+                .arg(&slp)
+                .arg(&stride);
+        })
+    }
+}
+
+/// The rows of a batched step in sequence slots, for the KDA kernels: row `r` belongs to slot
+/// `slots[r]` (or is a pad row, `PAD_SLOT`), whose windows and state are `stride` values past
+/// the previous slot's, `sequences` slots in all.
+pub(super) struct Slotted<'a> {
+    pub slots: &'a Span<u32>,
+    pub stride: usize,
+    pub sequences: usize,
+}
+
+impl Slotted<'_> {
+    /// Whether `buffer` holds every slot's `len` values and the rows' slots and positions are
+    /// there.
+    fn holds(&self, buffer: &Span<f32>, len: usize, rows: usize, pos: &Span<u32>) -> bool {
+        self.sequences > 0
+            && self.stride >= len
+            && buffer.len() >= (self.sequences - 1) * self.stride + len
+            && self.slots.len() >= rows
+            && pos.len() >= rows
+    }
+
+    /// The kernels' `slots` and `slot_len` arguments (a null address without slots).
+    fn args(slotted: Option<&Slotted>) -> (u64, i64) {
+        slotted.map_or((0, 0), |sl| {
+            let stride = i64::try_from(sl.stride).expect("invariant: state offsets fit in i64");
+            (sl.slots.addr(), stride)
         })
     }
 }

@@ -68,6 +68,17 @@ pub fn tiny_deepseek2_model() -> PathBuf {
     )
 }
 
+/// Path of the synthetic tiny-glm5-next q8_0 model (KDA and DSA layers in mHC streams),
+/// written (seed 8, as the gates write it) when absent.
+pub fn tiny_glm5_next_model() -> PathBuf {
+    synth_model(
+        "tiny-glm5-next",
+        "q8_0",
+        8,
+        "models/tiny-glm5-next-q8_0.gguf",
+    )
+}
+
 /// Path of the synthetic tiny-kimi-linear q8_0 model (KDA and MLA layers), written (seed 16)
 /// when absent.
 pub fn tiny_kimi_linear_model() -> PathBuf {

@@ -14,18 +14,11 @@ use anyhow::{bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
 
 use super::{MlaState, MlaWeights, QueryPath};
-use crate::cuda::batched::{batch_product, Input};
+use crate::cuda::batched::{batch_product, Input, RowsAt};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::matvec::{Epilogue, ExpertSel, Norm};
 use crate::cuda::span::Span;
 use crate::cuda::weights::{full_chunks, DeviceStack, DeviceWeight};
-
-/// Where a batched step's rows sit: each row's position and sequence slot.
-#[derive(Clone, Copy)]
-pub(crate) struct RowsAt<'a> {
-    pub pos: &'a Span<u32>,
-    pub slots: &'a Span<u32>,
-}
 
 impl MlaState {
     /// `mla_pre` of the `rows` token rows of `x` of a batched step: the attention norm (into

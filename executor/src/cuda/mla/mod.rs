@@ -13,7 +13,6 @@
 mod batched;
 mod rows;
 
-pub(super) use batched::RowsAt;
 pub use rows::fits;
 
 use std::sync::Arc;

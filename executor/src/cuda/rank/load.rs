@@ -230,7 +230,7 @@ impl RankDevice {
             })
             .collect();
         // attn_output's columns were checked against the heads with the rest of the layer
-        let kda = KdaState::new(&dev, &s, d, geo.eps, &kda_layers, max_rows)?;
+        let kda = KdaState::new(&dev, &s, (d, geo.eps), &kda_layers, (max_rows, sequences))?;
         let hc = HcState::new(&dev, &s, plan, d, max_rows, geo.eps)?;
         let logits_len = match &head {
             Some((_, HeadRows::Own(h))) => h.rows,

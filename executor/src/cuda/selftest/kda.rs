@@ -21,7 +21,8 @@ use crate::cpu::kernels::{
     DeltaInputs, KdaState,
 };
 use crate::cuda::device::DeviceBuffer;
-use crate::cuda::kda::KdaGates;
+use crate::cuda::kda::{KdaGates, Slotted};
+use crate::cuda::ops::PAD_SLOT;
 use crate::cuda::{capture, CudaDevice, CudaStream, Span};
 
 /// The epsilon of the q/k L2 norms and of the output norm (the model's `rms_eps`).
@@ -85,6 +86,132 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     ] {
         rows(cx, case, decay)?;
     }
+    for (case, decay) in [((4, 32, 4), KIMI_DECAY), ((2, 128, 3), GLM5_DECAY)] {
+        slotted(cx, case, decay)?;
+    }
+    Ok(())
+}
+
+/// A batched step in one launch of each kernel over sequence slots: a pad row, sequence A's
+/// fourth token in slot 1 (its state left by three tokens before) and sequence B's first five
+/// in slot 2 (over another sequence's state, from zeros at position 0), against each
+/// sequence's launches a token alone: every row's convolved q, k, v and output (the pad row's
+/// zeros), and every slot's state after (slot 0's untouched), bit for bit.
+fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let l = Layer::new(cx, heads, hd, taps, decay);
+    let w = l.width();
+    let a: Vec<Token> = (0..4).map(|_| Token::new(cx, &l)).collect();
+    let b: Vec<Token> = (0..5).map(|_| Token::new(cx, &l)).collect();
+    let pad = Token::new(cx, &l);
+    let slot_len = windows(&l) + heads * hd * hd;
+    // the references: each sequence's tokens a launch pair each
+    let mut one = OnDevice::new(dev, s, &l)?;
+    for (p, t) in a[..3].iter().enumerate() {
+        one.feed(dev, s, t, p)?;
+        one.enqueue(dev, s, &l)?;
+    }
+    let a_before = dev.download(s, &one.state)?;
+    let (mut want_qkv, mut want_out) = (vec![vec![0f32; 3 * w]], vec![vec![0f32; w]]);
+    one.feed(dev, s, &a[3], 3)?;
+    one.enqueue(dev, s, &l)?;
+    want_qkv.push(dev.download(s, &one.qkv)?);
+    want_out.push(dev.download(s, &one.out)?);
+    let a_after = dev.download(s, &one.state)?;
+    let mut one = OnDevice::new(dev, s, &l)?;
+    for (p, t) in b.iter().enumerate() {
+        one.feed(dev, s, t, p)?;
+        one.enqueue(dev, s, &l)?;
+        want_qkv.push(dev.download(s, &one.qkv)?);
+        want_out.push(dev.download(s, &one.out)?);
+    }
+    let b_after = dev.download(s, &one.state)?;
+    // the batched step: rows [pad, A3, B0 .. B4], the three slots' states side by side
+    let toks: Vec<&Token> = std::iter::once(&pad).chain(&a[3..]).chain(&b).collect();
+    let n = toks.len();
+    let mut x = vec![0f32; 3 * n * w];
+    for (r, t) in toks.iter().enumerate() {
+        for part in 0..3 {
+            x[(part * n + r) * w..][..w].copy_from_slice(&t.x[part * w..][..w]);
+        }
+    }
+    let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
+        toks.iter().flat_map(|&t| f(t).clone()).collect()
+    };
+    let slot0 = random(&mut cx.rng, slot_len, 1.0);
+    let slot2 = random(&mut cx.rng, slot_len, 1.0);
+    let states = dev.upload(s, &[&slot0[..], &a_before[..], &slot2[..]].concat())?;
+    let pos: Vec<u32> = [0, 3, 0, 1, 2, 3, 4].to_vec();
+    let slots: Vec<u32> = [PAD_SLOT, 1, 2, 2, 2, 2, 2].to_vec();
+    let (pos_d, slots_d) = (dev.upload(s, &pos)?, dev.upload(s, &slots)?);
+    let (xd, fd, bd, gd) = (
+        dev.upload(s, &x)?,
+        dev.upload(s, &cat(|t| &t.f))?,
+        dev.upload(s, &cat(|t| &t.b))?,
+        dev.upload(s, &cat(|t| &t.gate))?,
+    );
+    let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
+    let weights = OnDevice::new(dev, s, &l)?;
+    let slot_span = Span::of(&slots_d);
+    let slotted = || Slotted {
+        slots: &slot_span,
+        stride: slot_len,
+        sequences: 3,
+    };
+    let all = Span::of(&states);
+    let (win, states_len) = (windows(&l), 3 * slot_len);
+    dev.kda_conv(
+        s,
+        &Span::of(&xd),
+        &Span::of(&weights.conv),
+        &all,
+        &Span::of(&qkv),
+        (heads, hd, taps),
+        decay.l2_eps,
+        &Span::of(&pos_d),
+        Some(slotted()),
+    )?;
+    let gates = KdaGates {
+        f: Span::of(&fd),
+        dt_bias: Span::of(&weights.dt_bias),
+        a: Span::of(&weights.a),
+        beta: Span::of(&bd),
+        gate: Span::of(&gd),
+        norm: Span::of(&weights.norm),
+        bound: decay.bound,
+    };
+    dev.kda_delta(
+        s,
+        &all.sub(win, states_len - win),
+        &Span::of(&qkv),
+        &gates,
+        &Span::of(&out),
+        (heads, hd),
+        EPS,
+        &Span::of(&pos_d),
+        Some(slotted()),
+    )?;
+    let (qkv, out) = (dev.download(s, &qkv)?, dev.download(s, &out)?);
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for r in 0..n {
+        for part in 0..3 {
+            got.extend_from_slice(&qkv[(part * n + r) * w..][..w]);
+        }
+        want.extend_from_slice(&want_qkv[r]);
+        got.extend_from_slice(&out[r * w..][..w]);
+        want.extend_from_slice(&want_out[r]);
+    }
+    got.extend(dev.download(s, &states)?);
+    want.extend([slot0, a_after, b_after].concat());
+    cx.report.exact(
+        "kda slots",
+        format!(
+            "{heads} heads of {hd}, {taps} taps: a pad row, a sequence's 4th token and another's first 5 in one launch = a launch a token{}",
+            decay.name()
+        ),
+        bit_mismatches(&got, &want),
+    );
     Ok(())
 }
 
@@ -146,6 +273,7 @@ fn rows(
         (heads, hd, taps),
         decay.l2_eps,
         &Span::of(&many.pos),
+        None,
     )?;
     let gates = KdaGates {
         f: Span::of(&fd),
@@ -165,6 +293,7 @@ fn rows(
         (heads, hd),
         EPS,
         &Span::of(&many.pos),
+        None,
     )?;
     let mut got = dev.download(s, &qkv)?;
     got.extend(dev.download(s, &out)?);
@@ -332,6 +461,7 @@ impl OnDevice {
             (l.heads, l.hd, l.taps),
             l.decay.l2_eps,
             &Span::of(&self.pos),
+            None,
         )?;
         let gates = KdaGates {
             f: Span::of(&self.f),
@@ -351,6 +481,7 @@ impl OnDevice {
             (l.heads, l.hd),
             EPS,
             &Span::of(&self.pos),
+            None,
         )
     }
 }
