@@ -400,8 +400,16 @@ pub(super) fn batch_product(
     let rows = rows_of.len() / cols;
     match (xq, x) {
         (Some(xq), x) if on_tensor_cores(Some(xq), rows, ws[0]) => {
-            if let Input::Rows(x, norm) = x {
-                dev.quantize_rows(s, x, cols, xq, norm)?;
+            match x {
+                // normalized in place: the quantizing launch's blocks each read the whole row
+                // for its scale while the others write their slices, so the norm goes first
+                // (the same bits: the quantizer's norm is rms_norm_f32's)
+                Input::Rows(x, Some((norm, xn))) if xn.addr() == x.addr() => {
+                    dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+                    dev.quantize_rows(s, x, cols, xq, None)?;
+                }
+                Input::Rows(x, norm) => dev.quantize_rows(s, x, cols, xq, norm)?,
+                Input::Quantized(_) => {}
             }
             dev.matvec_mma(s, ws, xq, rows, chunks, ys, epilogue, None)
         }

@@ -190,7 +190,7 @@ pub(super) struct ExpertSel {
 // SAFETY: a plain C struct of integers and device addresses, laid out as the kernel reads it
 unsafe impl DeviceRepr for MatvecJob {}
 /// Most rows of a launch's grid (CUDA's limit on its y).
-const MAX_GRID_Y: usize = 65535;
+pub(super) const MAX_GRID_Y: usize = 65535;
 /// Largest chunk count the matvec tree (one lane per chunk) and tree_sum support.
 pub const MAX_CHUNKS: usize = 32;
 /// Shared bytes of a matvec block's 8-bit copy of x: K quants plus, per 32 values, the scale

@@ -10,13 +10,13 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
 
 use super::{MlaState, MlaWeights, QueryPath};
 use crate::cuda::batched::{batch_product, Input, RowsAt};
 use crate::cuda::device::CudaDevice;
-use crate::cuda::matvec::{Epilogue, ExpertSel, Norm};
+use crate::cuda::matvec::{Epilogue, ExpertSel, Norm, MAX_GRID_Y};
 use crate::cuda::span::Span;
 use crate::cuda::weights::{full_chunks, DeviceStack, DeviceWeight};
 
@@ -163,25 +163,37 @@ impl MlaState {
                 x_at.2
             );
         }
-        let gathered = Span::of(&b.heads_in).sub(0, heads * rows * x_at.2);
-        let out = Span::of(&b.heads_out).sub(0, heads * rows * y_at.2);
-        dev.mla_heads_gather(s, x, x_at, (rows, heads), &gathered)?;
-        let sel = ExpertSel {
-            // head h of token row r at r * heads + h, as a router writes its picks
-            ids: Span::of(&b.head_picks).addr(),
-            weights: 0,
-            order: 0,
-            slots: rows * heads,
-            first: stack.first,
-            count: stack.count,
-            stride: stack.stride,
-            x_stride: x_at.2,
-            y_stride: y_at.2,
-            token_rows: rows,
-            x_row_stride: 0,
-        };
+        let (heads_in, head_picks) = b.batched.as_ref().ok_or_else(|| {
+            anyhow!("a batched MLA step on a rank allocated for prefill steps only")
+        })?;
         let w = &stack.weight;
-        dev.matvec_experts(s, &[w], &gathered, None, full_chunks(w), &out, None, sel)?;
-        dev.mla_heads_f32(s, &out, (rows, heads), y, y_at)
+        // launches of at most MAX_GRID_Y (head, row) slots (a joining prompt's chunk of many
+        // rows); every slot is computed alone
+        let per_launch = (MAX_GRID_Y / heads.max(1)).max(1);
+        for r0 in (0..rows).step_by(per_launch) {
+            let n = per_launch.min(rows - r0);
+            let x = x.sub(r0 * x_at.0, x.len() - r0 * x_at.0);
+            let y = y.sub(r0 * y_at.0, y.len() - r0 * y_at.0);
+            let gathered = Span::of(heads_in).sub(0, heads * n * x_at.2);
+            let out = Span::of(&b.heads_out).sub(0, heads * n * y_at.2);
+            dev.mla_heads_gather(s, &x, x_at, (n, heads), &gathered)?;
+            let sel = ExpertSel {
+                // head h of token row r at r * heads + h, as a router writes its picks
+                ids: Span::of(head_picks).addr(),
+                weights: 0,
+                order: 0,
+                slots: n * heads,
+                first: stack.first,
+                count: stack.count,
+                stride: stack.stride,
+                x_stride: x_at.2,
+                y_stride: y_at.2,
+                token_rows: n,
+                x_row_stride: 0,
+            };
+            dev.matvec_experts(s, &[w], &gathered, None, full_chunks(w), &out, None, sel)?;
+            dev.mla_heads_f32(s, &out, (n, heads), &y, y_at)?;
+        }
+        Ok(())
     }
 }

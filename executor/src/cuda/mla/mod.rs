@@ -253,7 +253,8 @@ impl MlaState {
                 dev,
                 s,
                 &shapes,
-                (lora, &head_ids),
+                // a plan of several sequences, or a speculative one, takes batched steps
+                (lora, &head_ids, sequences > 1 || plan.speculative.is_some()),
                 (n, d, capacity),
             )?),
         };

@@ -35,16 +35,14 @@ pub(crate) struct MlaRows {
     pub(super) lat: DeviceBuffer<f32>,
     /// f16 product inputs: the normed rows, or each head's slices gathered head-major.
     a16: DeviceBuffer<u16>,
-    /// A batched decode step's per-head product inputs: each head's slices gathered
-    /// head-major in f32.
-    pub(super) heads_in: DeviceBuffer<f32>,
+    /// On a rank that takes batched decode steps: their per-head product inputs (each head's
+    /// slices gathered head-major in f32), and the rank's head ids once per token row
+    /// (`r * heads + h`: head `h`), the picks of their per-head products.
+    pub(super) batched: Option<(DeviceBuffer<f32>, DeviceBuffer<i32>)>,
     /// The per-head products, head-major.
     pub(super) heads_out: DeviceBuffer<f32>,
     /// Each head's (first row, rows) in the head-major blocks.
     spans: DeviceBuffer<i32>,
-    /// The rank's head ids once per token row (`r * heads + h`: head `h`): the picks of a
-    /// batched decode step's per-head products.
-    pub(super) head_picks: DeviceBuffer<i32>,
     /// Token rows of one latent attention launch, and its partials.
     pub(super) attend_rows: usize,
     pub(super) parts: DeviceBuffer<f32>,
@@ -52,12 +50,13 @@ pub(crate) struct MlaRows {
 
 impl MlaRows {
     /// The buffers of `rows` token rows (hidden size `d`) for layers of these shapes, whose
-    /// heads on this rank are `head_ids`.
+    /// heads on this rank are `head_ids`, with those of batched decode steps where
+    /// `batched`.
     pub(super) fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         shapes: &[Shape],
-        (lora, head_ids): (usize, &[i32]),
+        (lora, head_ids, batched): (usize, &[i32], bool),
         (rows, d, capacity): (usize, usize, usize),
     ) -> Result<MlaRows> {
         let most = |f: &dyn Fn(&Shape) -> usize| shapes.iter().map(f).max().unwrap_or(1).max(1);
@@ -77,10 +76,16 @@ impl MlaRows {
             q_lat: dev.alloc(s, rows * most(&|x| x.heads * x.width))?,
             lat: dev.alloc(s, rows * most(&|x| x.heads * x.kvl))?,
             a16: dev.alloc(s, rows * widest_head.max(d).max(lora))?,
-            heads_in: dev.alloc(s, rows * widest_head)?,
+            batched: if batched {
+                Some((
+                    dev.alloc(s, rows * widest_head)?,
+                    dev.upload(s, &head_ids.repeat(rows))?,
+                ))
+            } else {
+                None
+            },
             heads_out: dev.alloc(s, rows * most(&|x| x.heads * x.kvl.max(x.v)))?,
             spans: dev.alloc(s, 2 * most(&|x| x.heads))?,
-            head_picks: dev.upload(s, &head_ids.repeat(rows))?,
             attend_rows,
             parts: dev.alloc(s, attend_rows * per_row)?,
         })
