@@ -18,7 +18,10 @@
 // down. cells[0] holds their count, cells[1..] the positions (the sparse form of mla.cu's latent attention).
 //
 // A row's cells depend on its own inputs and the cache rows at or before its position only, so
-// a prefill step's rows select what their decode steps would from the same inputs.
+// a prefill step's rows select what their decode steps would from the same inputs. A batched
+// step's rows (`slots` set) each sit in a sequence slot whose cache (rows, then pooled keys) is
+// rows_len and pooled_len values past the previous slot's; a pad row (PAD_SLOT) writes and
+// pools nothing and scores over slot 0's pools at position 0 (there are none).
 //
 // Every value is computed with the CPU loops' float operations in their order, with explicit
 // round-to-nearest intrinsics so that no multiply-add is contracted into an FMA, and the f64
@@ -32,6 +35,22 @@
 // dsa_score_f32's loads ahead of the dependent adds, and dsa_select_f32's threads.
 #define DSA_AHEAD 32
 #define DSA_SELECT_THREADS 256
+
+// Where row y's cache starts in a batched step (`slots` set): its slot's offsets into the rows
+// and the pooled keys; false for a pad row, which has none.
+struct DsaAt {
+    size_t rows, pooled;
+};
+__device__ __forceinline__ bool dsa_slot(const u32* slots, int y, long long rows_len, long long pooled_len,
+                                         DsaAt& at) {
+    at.rows = at.pooled = 0;
+    if (!slots) return true;
+    const u32 slot = slots[y];
+    if (slot == PAD_SLOT) return false;
+    at.rows = (size_t)slot * (size_t)rows_len;
+    at.pooled = (size_t)slot * (size_t)pooled_len;
+    return true;
+}
 
 // Channel d of the pool that position p completes (nothing where p completes none): per
 // channel, a softmax over the members of gate plus the position term ape weighs the members'
@@ -65,11 +84,15 @@ __device__ __forceinline__ void dsa_pool_channel(const float* rows, float* poole
 extern "C" __global__ void __launch_bounds__(DSA_MAX_DIM)
     dsa_write_f32(const float* key, const float* norm_w, const float* norm_b, float norm_eps, const float* gate,
                   const float* ape, float* rows, float* pooled, const u32* pos, int id, int kp, int capacity,
-                  int pool) {
+                  int pool, const u32* slots, long long rows_len, long long pooled_len) {
     overlap_with_neighbours();
     __shared__ float mean_s, scale_s;
     const u32 p = pos[blockIdx.y];
     if (p >= (u32)capacity) return;
+    DsaAt at;
+    if (!dsa_slot(slots, blockIdx.y, rows_len, pooled_len, at)) return;
+    rows += at.rows;
+    pooled += at.pooled;
     key += (size_t)blockIdx.y * id;
     gate += (size_t)blockIdx.y * id;
     const int d = threadIdx.x;
@@ -98,11 +121,16 @@ extern "C" __global__ void __launch_bounds__(DSA_MAX_DIM)
 // Block y pools the pool that the token row at pos[y] completes (dsa_write_f32 wrote every
 // row of the step before), thread d channel d.
 extern "C" __global__ void __launch_bounds__(DSA_MAX_DIM)
-    dsa_pool_f32(const float* ape, const float* rows, float* pooled, const u32* pos, int id, int kp, int capacity) {
+    dsa_pool_f32(const float* ape, const float* rows, float* pooled, const u32* pos, int id, int kp, int capacity,
+                 const u32* slots, long long rows_len, long long pooled_len) {
     overlap_with_neighbours();
     const u32 p = pos[blockIdx.y];
     const int d = threadIdx.x;
     if (p >= (u32)capacity || d >= id) return;
+    DsaAt at;
+    if (!dsa_slot(slots, blockIdx.y, rows_len, pooled_len, at)) return;
+    rows += at.rows;
+    pooled += at.pooled;
     dsa_pool_channel(rows, pooled, ape, p, id, kp, d);
 }
 
@@ -119,9 +147,13 @@ __device__ __forceinline__ int dsa_padded(u32 p, int kp) {
 // goes through a shuffle to every lane, which all add the terms in head order as the CPU does.
 // q: ih heads of id; w: ih raw head weights, times w_scale as the CPU scales them.
 extern "C" __global__ void dsa_score_f32(const float* q, const float* w, float w_scale, const float* pooled,
-                                         const u32* pos, int id, int ih, int kp, float* scores, int scores_stride) {
+                                         const u32* pos, int id, int ih, int kp, float* scores, int scores_stride,
+                                         const u32* slots, long long pooled_len) {
     overlap_with_neighbours();
     const u32 p = pos[blockIdx.y];
+    // a pad row (position 0) has no complete pool to read
+    DsaAt at;
+    if (dsa_slot(slots, blockIdx.y, 0, pooled_len, at)) pooled += at.pooled;
     q += (size_t)blockIdx.y * ih * id;
     w += (size_t)blockIdx.y * ih;
     scores += (size_t)blockIdx.y * scores_stride;

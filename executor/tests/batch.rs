@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    options, smollm2, synth_model, synthetic_variant, tiny_deepseek2_model, tiny_glm5_next_model,
-    tiny_kimi_linear_model, tiny_tp_model,
+    options, smollm2, synth_model, synthetic_variant, tiny_deepseek2_model, tiny_kimi_linear_model,
+    tiny_tp_model,
 };
 use memra_executor::batch::window;
 use memra_executor::batch_gate::{batch_gate, sequences, Sequence};
@@ -129,30 +129,22 @@ fn a_sampled_token_step_is_refused_where_the_token_crosses_stages_late() {
 }
 
 #[test]
-fn a_plan_of_several_sequences_the_cuda_batch_cannot_run_is_refused_by_name() {
-    tiny_glm5_next_model();
+fn a_plan_of_more_sequences_than_the_cuda_batch_takes_is_refused_by_name() {
     tiny_tp_model();
     let options = EngineOptions {
         backend: Backend::Cuda,
         ..options(Arm::Serial)
     };
-    for (name, runtime, why) in [
-        (
-            "tiny-glm5-next",
-            "max_sequences = 4",
-            "runtime.max_sequences is 4; the cuda backend's batched decode covers GQA, MLA and KDA layers with dense or MoE FFNs, without mHC (DSA plans",
+    // the refusal comes before any device is opened, so it holds on a machine without one
+    let plan = variant("tiny-tp", "max_sequences = 300");
+    let err = open(&plan, options).err().expect("cuda must refuse it");
+    let message = format!("{err:#}");
+    assert!(
+        message.contains(
+            "runtime.max_sequences is 300; the cuda backend decodes up to 256 sequences together"
         ),
-        (
-            "tiny-tp",
-            "max_sequences = 300",
-            "runtime.max_sequences is 300; the cuda backend decodes up to 256 sequences together",
-        ),
-    ] {
-        let plan = variant(name, runtime);
-        let err = open(&plan, options).err().expect("cuda must refuse it");
-        let message = format!("{err:#}");
-        assert!(message.contains(why), "{name}: {message}");
-    }
+        "{message}"
+    );
 }
 
 #[test]

@@ -156,6 +156,15 @@ fn sequences_decoded_together_on_cuda_equal_their_one_sequence_decode() {
                 ("kda-batch-ep2", EP2),
             ][..],
         ),
+        (
+            tiny_glm5_next_model(),
+            &[
+                ("dsa-batch", "devices = [[0]]"),
+                ("dsa-batch-pp2", "devices = [[0], [0]]"),
+                ("dsa-batch-tp2", "devices = [[0, 0]]"),
+                ("dsa-batch-ep2", EP2),
+            ][..],
+        ),
     ] {
         // the reference decodes one sequence with the decode kernels only (prompts token by
         // token, graphs): a batched row must have exactly those bits

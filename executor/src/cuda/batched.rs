@@ -47,9 +47,6 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
             "runtime.max_sequences is {sequences}; the cuda backend decodes up to {MAX_SEQUENCES} sequences together"
         );
     }
-    if !batched_layers(plan, false) {
-        bail!("runtime.max_sequences is {sequences}; the cuda backend's batched decode covers GQA, MLA and KDA layers with dense or MoE FFNs, without mHC (DSA plans decode several sequences on the cpu backend; compile with max_sequences = 1 for cuda)");
-    }
     Ok(())
 }
 
@@ -57,22 +54,20 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
 /// kernels, each with its decode step's bits) the cuda backend cannot run, saying why.
 pub fn check_speculative(plan: &Plan) -> Result<()> {
     if plan.speculative.is_some() && !batched_layers(plan, true) {
-        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which cover GQA and MLA layers with dense or MoE FFNs, without mHC, on the cuda backend (not DSA, nor KDA, whose state a rejected draft would have to roll back); run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
+        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which take GQA and MLA layers without mHC on the cuda backend (not KDA, whose state a rejected draft would have to roll back, nor DSA or mHC); run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
     }
     Ok(())
 }
 
-/// Whether the batched decode kernels cover every layer: GQA, MLA and (but for a verify step,
-/// which would have to roll a rejected draft's state back) KDA ones, any FFN, without mHC
-/// streams.
+/// Whether the batched decode kernels cover every layer: every layer kind for a step of
+/// several sequences; for a speculative verify step GQA and MLA layers without mHC streams
+/// (a KDA state would have to roll a rejected draft back, and no model memra reads has DSA
+/// layers or mHC streams without KDA layers to gate them on).
 fn batched_layers(plan: &Plan, verify: bool) -> bool {
     let m = &plan.model;
-    m.mhc.is_none()
-        && (0..m.layers).all(|l| match m.layer_kind(l).mixer {
-            Mixer::Gqa | Mixer::Mla => true,
-            Mixer::Kda => !verify,
-            Mixer::Dsa | Mixer::DsaShared => false,
-        })
+    !verify
+        || (m.mhc.is_none()
+            && (0..m.layers).all(|l| matches!(m.layer_kind(l).mixer, Mixer::Gqa | Mixer::Mla)))
 }
 
 impl RankDevice {
@@ -113,16 +108,36 @@ impl RankDevice {
             slots: &self.slots(rows),
         };
         let out = |y: &Span<f32>| (y.addr(), y.len());
-        // the row-parallel product: added to x in the same launch on a lone rank, left in
-        // `partial` for the group's all-reduce otherwise
+        let hc = self.hc.as_ref();
+        // the row-parallel product: added to x in the same launch on a lone rank (with mHC:
+        // spread over the streams), left in `partial` for the group's all-reduce otherwise
         let row_parallel = |w: &DeviceWeight, input: Input, chunks: Option<usize>, reduced| {
             let chunks = chunks.unwrap_or_else(|| full_chunks(w)).max(1);
-            if reduced {
-                let partial = Self::rows_of(&b.partial, rows, d);
-                product(&[w], input, chunks, &[out(&partial)], Epilogue::Plain)
-            } else {
-                let into_x = Epilogue::Residual(x.addr());
-                product(&[w], input, chunks, &[out(&x)], into_x)
+            match (reduced, hc) {
+                (true, _) => {
+                    let partial = Self::rows_of(&b.partial, rows, d);
+                    product(&[w], input, chunks, &[out(&partial)], Epilogue::Plain)
+                }
+                (false, None) => {
+                    let into_x = Epilogue::Residual(x.addr());
+                    product(&[w], input, chunks, &[out(&x)], into_x)
+                }
+                (false, Some(hc)) => {
+                    let f = hc.output(s, rows * d, false)?;
+                    product(&[w], input, chunks, &[out(&f)], Epilogue::Plain)?;
+                    hc.post(dev, s, &f)
+                }
+            }
+        };
+        // a lone rank's MoE rows: combined into x, or with mHC into the sublayer's output
+        let combine = |state: &super::moe::MoeState| -> Result<()> {
+            match hc {
+                None => state.combine(dev, s, &x, false),
+                Some(hc) => {
+                    let f = hc.output(s, rows * d, true)?;
+                    state.combine(dev, s, &f, false)?;
+                    hc.post(dev, s, &f)
+                }
             }
         };
         match seg {
@@ -133,9 +148,6 @@ impl RankDevice {
                         seg.name()
                     );
                 };
-                if m.sparse {
-                    bail!("layer {layer}: a DSA layer has no batched decode kernels on the cuda backend");
-                }
                 if seg == Segment::MlaPre {
                     let norm = Norm {
                         weight: &lw.attn_norm,
@@ -143,8 +155,43 @@ impl RankDevice {
                     };
                     state.pre_batched(dev, s, m, li, norm, (&x, &xn), at, xq.as_ref())
                 } else {
-                    state.core_batched(dev, s, m, li, at, &att)
+                    // a DSA layer attends over its rows' selections (a shared-indexer layer's
+                    // left by its full layer, on this rank or loaded with the hidden state)
+                    let cells = match (m.sparse, &self.dsa) {
+                        (true, Some(dsa)) => Some(dsa.cells().rows(rows)),
+                        (true, None) => {
+                            bail!("layer {layer}: a DSA layer without a DSA selection state")
+                        }
+                        (false, _) => None,
+                    };
+                    state.core_batched(dev, s, m, li, at, &att, cells.as_ref())
                 }
+            }
+            Segment::DsaSelect => {
+                let (MixerWeights::Mla(m), Some(mla), Some(dsa)) =
+                    (&lw.mixer, &self.mla, &self.dsa)
+                else {
+                    bail!("dsa_select on layer {layer}, not a DSA layer");
+                };
+                let Some(ix) = &m.indexer else {
+                    bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
+                };
+                let norm = Norm {
+                    weight: &lw.attn_norm,
+                    eps,
+                };
+                let q_a = mla.q_lora_normed_rows(m, rows)?;
+                let x = (&x, &xn);
+                dsa.select_batched(dev, s, ix, norm, x, &q_a, li, at, xq.as_ref())
+            }
+            Segment::HcAttnPre | Segment::HcFfnPre => {
+                let (Some(w), Some(hc)) = (&lw.hc, hc) else {
+                    bail!(
+                        "segment `{}` on layer {layer} without mHC in the plan's model",
+                        seg.name()
+                    );
+                };
+                hc.pre(dev, s, &w[usize::from(seg == Segment::HcFfnPre)], &x, rows)
             }
             Segment::KdaPre | Segment::KdaCore => {
                 let (MixerWeights::Kda(k), Some(state)) = (&lw.mixer, &self.kda) else {
@@ -277,7 +324,7 @@ impl RankDevice {
                         let picks = wide.picks(dev, s, rows)?;
                         state.experts(dev, s, e, norm, &x, &picks, rows)?;
                         if lone && e.shared.is_none() {
-                            state.combine(dev, s, &x, false)?;
+                            combine(state)?;
                         }
                         Ok(())
                     }
@@ -302,7 +349,7 @@ impl RankDevice {
                         let input = Input::Rows(&gate, None);
                         product(&[&g.down], input, chunks, &[out(&shared)], Epilogue::Plain)?;
                         if lone {
-                            state.combine(dev, s, &x, false)?;
+                            combine(state)?;
                         }
                         Ok(())
                     }
@@ -316,11 +363,15 @@ impl RankDevice {
     }
 
     /// The final norm and this rank's vocab rows of the head for the step's `logit_rows`,
-    /// into the first rows of `logits`: the rows' hidden states are gathered into the first
-    /// rows of `xn` (one copy per run of consecutive rows), normalized there and multiplied.
-    pub(super) fn batch_head(&self, s: &Arc<CudaStream>) -> Result<()> {
+    /// into the first rows of `logits`: the rows' hidden states (with mHC, the mean of each
+    /// of the `rows` rows' streams first) are gathered into the first rows of `xn` (one copy
+    /// per run of consecutive rows), normalized there and multiplied.
+    pub(super) fn batch_head(&self, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
         let (norm, w) = self.head_weights()?;
         let d = self.hidden_len();
+        if let Some(hc) = &self.hc {
+            hc.mean(&self.dev, s, &Self::rows_of(&self.buf.x, rows, d), rows)?;
+        }
         let picked = &self.logit_rows;
         let out = picked.len();
         let (x, xn) = (Span::of(&self.buf.x), Self::rows_of(&self.buf.xn, out, d));

@@ -14,8 +14,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::Plan;
 
+use super::batched::{batch_product, Input, RowsAt};
 use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
-use super::matvec::Norm;
+use super::matvec::{Epilogue, Norm};
 use super::span::Span;
 use super::weights::{full_chunks, grid, int, upload_matrix, DeviceWeight, LayerLoad};
 use crate::layer_weights::IndexerWeights as HostIndexer;
@@ -100,16 +101,19 @@ impl CudaDevice {
     /// The token rows at `pos[r]` into an indexer cache (`rows`, `pooled`): their layer-normed
     /// keys and their gates, and the pooled key of each pool a row completes (one launch for
     /// a step of one row; a second, once every row is written, for a step of several).
+    /// With `slots` (a batched step), row `r` goes into sequence slot `slots[r]`'s cache,
+    /// slot after slot in `rows` and `pooled`.
     pub(super) fn dsa_write(
         &self,
         s: &CudaStream,
         k: &IndexerKey,
         (rows, pooled): (&Span<f32>, &Span<f32>),
-        pos: &Span<u32>,
+        (pos, slots): (&Span<u32>, Option<&DsaSlots>),
         sh: IndexerShape,
     ) -> Result<()> {
         let IndexerShape { dim, kpool, .. } = sh;
         let n = pos.len();
+        let sequences = slots.map_or(1, |x| x.sequences);
         assert!(
             (1..=MAX_INDEXER_DIM).contains(&dim)
                 && (2..=MAX_POOL).contains(&kpool)
@@ -117,8 +121,9 @@ impl CudaDevice {
                 && [k.key.len(), k.gate.len()] == [n * dim; 2]
                 && [k.norm.0.len(), k.norm.1.len()] == [dim; 2]
                 && k.ape.len() == kpool * dim
-                && rows.len() == sh.rows_len()
-                && pooled.len() == sh.pooled_len(),
+                && rows.len() == sequences * sh.rows_len()
+                && pooled.len() == sequences * sh.pooled_len()
+                && slots.is_none_or(|x| x.slots.len() >= n),
             "dsa_write: {n} rows of keys of {dim}, pools of {kpool}: key {}, gate {}, ape {}, rows {}, pooled {}",
             k.key.len(),
             k.gate.len(),
@@ -135,12 +140,13 @@ impl CudaDevice {
         );
         let (rp, pp, posp, eps) = (rows.addr(), pooled.addr(), pos.addr(), k.norm.2);
         let (id, kpi, cap) = (int(dim), int(kpool), int(sh.capacity));
+        let (sp, rows_len, pooled_len) = DsaSlots::args(slots, sh);
         let pool_now = i32::from(n == 1);
         let cfg = rows_config(n, dim.next_multiple_of(32), 0);
         self.launch(s, "dsa_write_f32", cfg, |a| {
             a.arg(&kp).arg(&wp).arg(&bp).arg(&eps).arg(&gp).arg(&ap);
             a.arg(&rp).arg(&pp).arg(&posp).arg(&id).arg(&kpi).arg(&cap);
-            a.arg(&pool_now);
+            a.arg(&pool_now).arg(&sp).arg(&rows_len).arg(&pooled_len);
         })?;
         if n == 1 {
             return Ok(());
@@ -153,12 +159,14 @@ impl CudaDevice {
                 .arg(&id)
                 .arg(&kpi)
                 .arg(&cap);
+            a.arg(&sp).arg(&rows_len).arg(&pooled_len);
         })
     }
 
     /// The scores of the pools complete at each row's position `pos[r]` into row `r` of
     /// `scores` (padded rows of `sh.scores_len()`, -inf past them): `sum_h w_h relu(q_h .
     /// pool)` with the row's raw head weights `w` times `w_scale`.
+    /// With `slots` (a batched step), row `r` reads sequence slot `slots[r]`'s pools.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dsa_score(
         &self,
@@ -167,16 +175,18 @@ impl CudaDevice {
         w: &Span<f32>,
         w_scale: f32,
         pooled: &Span<f32>,
-        pos: &Span<u32>,
+        (pos, slots): (&Span<u32>, Option<&DsaSlots>),
         sh: IndexerShape,
         scores: &Span<f32>,
     ) -> Result<()> {
         let (n, stride) = (pos.len(), sh.scores_len());
+        let sequences = slots.map_or(1, |x| x.sequences);
         assert!(
             n > 0
                 && q.len() == n * sh.heads * sh.dim
                 && w.len() == n * sh.heads
-                && pooled.len() == sh.pooled_len()
+                && pooled.len() == sequences * sh.pooled_len()
+                && slots.is_none_or(|x| x.slots.len() >= n)
                 && scores.len() >= n * stride,
             "dsa_score: {n} rows of {} heads of {}: q {}, w {}, pooled {}, scores {}",
             sh.heads,
@@ -188,12 +198,14 @@ impl CudaDevice {
         );
         let (qp, wp, pp, posp, sp) = (q.addr(), w.addr(), pooled.addr(), pos.addr(), scores.addr());
         let (id, ih, kp, ss) = (int(sh.dim), int(sh.heads), int(sh.kpool), int(stride));
+        let (slp, _, pooled_len) = DsaSlots::args(slots, sh);
         // a warp per entry of the padded row, a grid row per token row
         let mut cfg = grid(stride * 32, 128);
         cfg.grid_dim.1 = n as u32;
         self.launch(s, "dsa_score_f32", cfg, |a| {
             a.arg(&qp).arg(&wp).arg(&w_scale).arg(&pp).arg(&posp);
             a.arg(&id).arg(&ih).arg(&kp).arg(&sp).arg(&ss);
+            a.arg(&slp).arg(&pooled_len);
         })
     }
 
@@ -255,6 +267,25 @@ impl CudaDevice {
     }
 }
 
+/// The rows of a batched step in sequence slots, for the indexer kernels: row `r` belongs to
+/// slot `slots[r]` (or is a pad row, `PAD_SLOT`), whose cache follows the previous slot's,
+/// `sequences` slots in all.
+pub(super) struct DsaSlots<'a> {
+    pub slots: &'a Span<u32>,
+    pub sequences: usize,
+}
+
+impl DsaSlots<'_> {
+    /// The kernels' `slots`, `rows_len` and `pooled_len` arguments (a null address without
+    /// slots).
+    fn args(slots: Option<&DsaSlots>, sh: IndexerShape) -> (u64, i64, i64) {
+        let len = |n: usize| i64::try_from(n).expect("invariant: cache offsets fit in i64");
+        slots.map_or((0, 0, 0), |x| {
+            (x.slots.addr(), len(sh.rows_len()), len(sh.pooled_len()))
+        })
+    }
+}
+
 /// One DSA layer's indexer on the device (`layer_weights::IndexerWeights`, checked there).
 pub(super) struct IndexerWeights {
     pub q_b: DeviceWeight,
@@ -297,6 +328,8 @@ pub(super) struct DsaState {
     stride: usize,
     /// By the rank's layer index; `None` for other layers.
     caches: Vec<Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>>,
+    /// Sequence slots, each with its own caches.
+    sequences: usize,
     shape: IndexerShape,
     top_k: usize,
     norm_eps: f32,
@@ -345,12 +378,14 @@ impl DsaState {
         if !dsa.select_tail {
             bail!("model.dsa.select_tail = false runs on the cpu backend only (the first tokens may select no cell, which the cpu refuses per position)");
         }
+        // a cache per sequence slot, slot after slot
+        let sequences = plan.runtime.max_sequences.max(1) as usize;
         let mut caches = Vec::new();
         for &has in layers {
             caches.push(match has {
                 true => Some((
-                    dev.alloc(s, shape.rows_len())?,
-                    dev.alloc(s, shape.pooled_len())?,
+                    dev.alloc(s, sequences * shape.rows_len())?,
+                    dev.alloc(s, sequences * shape.pooled_len())?,
                 )),
                 false => None,
             });
@@ -367,6 +402,7 @@ impl DsaState {
             cells: dev.alloc(s, rows * stride)?,
             stride,
             caches,
+            sequences,
             shape,
             top_k: dsa.top_k as usize,
             norm_eps: dsa.norm_eps as f32,
@@ -422,26 +458,88 @@ impl DsaState {
             }
         }
         dev.matvec(s, &ix.q_b, q_a, full_chunks(&ix.q_b), &mut r.q.clone())?;
-        self.select_rows(dev, s, ix, layer, &pos.sub(0, 1))
+        self.select_rows(dev, s, ix, layer, (&pos.sub(0, 1), None))
+    }
+
+    /// `dsa_select` of layer `layer` over a batched step's rows (each in its sequence slot,
+    /// `at`): the indexer's products over the rows with the one-row decode's bits
+    /// (`batch_product`, `xq` the rank's 8-bit copy of the rows) from the normed input (`norm`
+    /// of `x`, into `xn` where a product needs it) and the normed q-LoRA rows `q_a`, then
+    /// [`Self::select_rows`] over the rows' own slots.
+    #[allow(clippy::too_many_arguments)]
+    pub fn select_batched(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        ix: &IndexerWeights,
+        norm: Norm,
+        (x, xn): (&Span<f32>, &Span<f32>),
+        q_a: &Span<f32>,
+        layer: usize,
+        at: RowsAt,
+        xq: Option<&Span<u8>>,
+    ) -> Result<()> {
+        let r = self.rows(at.pos.len())?;
+        let product = |ws: &[&DeviceWeight], input: Input, ys: &[&Span<f32>]| {
+            let ys: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
+            batch_product(
+                dev,
+                xq,
+                s,
+                ws,
+                input,
+                full_chunks(ws[0]),
+                &ys,
+                Epilogue::Plain,
+            )
+        };
+        let ws = [&ix.k, &ix.gate, &ix.proj];
+        let ys = [&r.key, &r.gate, &r.w];
+        let chunks = full_chunks(&ix.k);
+        // as the one-row `select`: one launch where the weights share dtype and chunk count
+        // (the norm in it), else the norm first and a launch each
+        if ws
+            .iter()
+            .all(|m| m.dtype == ix.k.dtype && full_chunks(m) == chunks)
+        {
+            product(&ws, Input::Rows(x, Some((norm, xn))), &ys)?;
+        } else {
+            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
+            for (m, y) in ws.iter().zip(ys) {
+                product(&[m], Input::Rows(xn, None), &[y])?;
+            }
+        }
+        product(&[&ix.q_b], Input::Rows(q_a, None), &[&r.q])?;
+        let slots = DsaSlots {
+            slots: at.slots,
+            sequences: self.sequences,
+        };
+        self.select_rows(dev, s, ix, layer, (at.pos, Some(&slots)))
     }
 
     /// The indexer of layer `layer` over the token rows at `positions` (one per row), whose
     /// products are in [`Self::rows`]: every row's key and gate into the cache, the pools the
     /// rows complete, then each row's scores and selected cells, as its decode step would
-    /// from the same products.
+    /// from the same products. With `slots` (a batched step), each row in its own slot's
+    /// cache; else in the first slot's.
     pub fn select_rows(
         &self,
         dev: &CudaDevice,
         s: &CudaStream,
         ix: &IndexerWeights,
         layer: usize,
-        positions: &Span<u32>,
+        (positions, slots): (&Span<u32>, Option<&DsaSlots>),
     ) -> Result<()> {
         let n = positions.len();
+        let sh = self.shape;
         let (rows, pooled) = self.caches[layer]
             .as_ref()
             .map(|(r, p)| (Span::of(r), Span::of(p)))
             .ok_or_else(|| anyhow!("dsa_select on a layer without an indexer cache"))?;
+        let (rows, pooled) = match slots {
+            Some(_) => (rows, pooled),
+            None => (rows.sub(0, sh.rows_len()), pooled.sub(0, sh.pooled_len())),
+        };
         let r = self.rows(n)?;
         let k = IndexerKey {
             key: r.key,
@@ -453,11 +551,11 @@ impl DsaState {
             gate: r.gate,
             ape: Span::of(&ix.ape),
         };
-        let sh = self.shape;
-        dev.dsa_write(s, &k, (&rows, &pooled), positions, sh)?;
+        dev.dsa_write(s, &k, (&rows, &pooled), (positions, slots), sh)?;
         let w_scale = 1.0 / ((sh.dim * sh.heads) as f32).sqrt();
         let scores = Span::of(&self.scores);
-        dev.dsa_score(s, &r.q, &r.w, w_scale, &pooled, positions, sh, &scores)?;
+        let at = (positions, slots);
+        dev.dsa_score(s, &r.q, &r.w, w_scale, &pooled, at, sh, &scores)?;
         dev.dsa_select(
             s,
             &scores,

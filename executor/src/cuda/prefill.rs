@@ -380,7 +380,7 @@ impl RankDevice {
         let q_a = mla.q_lora_normed_rows(m, rows)?;
         self.products(s, &q_a, false, rows, 1, &[(&ix.q_b, &r.q)])?;
         let positions = Span::of(&self.row_buffers()?.positions).sub(0, rows);
-        dsa.select_rows(&self.dev, s, ix, li, &positions)
+        dsa.select_rows(&self.dev, s, ix, li, (&positions, None))
     }
 
     /// A KDA segment of the layer of index `li` over `rows` token rows: the projections as

@@ -16,6 +16,7 @@ use cudarc::driver::{CudaStream, DeviceSlice};
 use super::{MlaState, MlaWeights, QueryPath};
 use crate::cuda::batched::{batch_product, Input, RowsAt};
 use crate::cuda::device::CudaDevice;
+use crate::cuda::dsa::Cells;
 use crate::cuda::matvec::{Epilogue, ExpertSel, Norm, MAX_GRID_Y};
 use crate::cuda::span::Span;
 use crate::cuda::weights::{full_chunks, DeviceStack, DeviceWeight};
@@ -100,7 +101,9 @@ impl MlaState {
     }
 
     /// `mla_core` of a batched step's rows: latent attention of each row's absorbed queries
-    /// over its slot, then each head's value into the rows of `att`.
+    /// over its slot (a DSA layer's over its row of `cells`), then each head's value into the
+    /// rows of `att`.
+    #[allow(clippy::too_many_arguments)]
     pub fn core_batched(
         &self,
         dev: &CudaDevice,
@@ -109,6 +112,7 @@ impl MlaState {
         layer: usize,
         at: RowsAt,
         att: &Span<f32>,
+        cells: Option<&Cells>,
     ) -> Result<()> {
         let rows = at.pos.len();
         let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
@@ -118,6 +122,10 @@ impl MlaState {
         let lat = Span::of(&b.lat).sub(0, rows * per_lat);
         for r0 in (0..rows).step_by(b.attend_rows) {
             let n = b.attend_rows.min(rows - r0);
+            let cells = cells.map(|c| Cells {
+                span: c.span.sub(r0 * c.stride, n * c.stride),
+                stride: c.stride,
+            });
             dev.mla_attention(
                 s,
                 &q_lat.sub(r0 * per_q, n * per_q),
@@ -128,7 +136,7 @@ impl MlaState {
                 (&at.pos.sub(r0, n), Some(&at.slots.sub(r0, n))),
                 (sh.heads, sh.kvl, sh.width, self.capacity),
                 self.kq_scale,
-                None,
+                cells.as_ref(),
             )?;
         }
         self.heads_batched(

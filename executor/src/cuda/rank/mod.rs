@@ -398,7 +398,7 @@ impl RankDevice {
                     None => Ok(()),
                 }
             }
-            Work::Head if self.batch_step(rows) => self.batch_head(s),
+            Work::Head if self.batch_step(rows) => self.batch_head(rows.rows, s),
             Work::Head => {
                 // mHC: the head reads the streams' mean
                 if let Some(hc) = &self.hc {

@@ -15,7 +15,8 @@ use super::exact::report_replay;
 use super::{random, Ctx};
 use crate::cpu::kernels::{layer_norm, IndexerCache, Selection};
 use crate::cuda::device::DeviceBuffer;
-use crate::cuda::dsa::{Cells, IndexerKey, IndexerShape};
+use crate::cuda::dsa::{Cells, DsaSlots, IndexerKey, IndexerShape};
+use crate::cuda::ops::PAD_SLOT;
 use crate::cuda::{capture, CudaDevice, CudaStream, Span};
 
 /// The key norm's epsilon (glm5-next's `indexer.norm_eps` scale).
@@ -68,6 +69,8 @@ const STEP_ROWS: usize = 7;
 /// the device.
 struct Layer {
     rows_n: usize,
+    /// Sequence slots of the cache, slot after slot.
+    sequences: usize,
     norm_w: Vec<f32>,
     norm_b: Vec<f32>,
     ape: Vec<f32>,
@@ -78,6 +81,7 @@ struct Layer {
     scores: DeviceBuffer<f32>,
     cells: DeviceBuffer<i32>,
     pos: DeviceBuffer<u32>,
+    slots: DeviceBuffer<u32>,
     key: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
     q: DeviceBuffer<f32>,
@@ -108,7 +112,12 @@ impl Token {
 }
 
 impl Layer {
-    fn new(cx: &mut Ctx, sh: IndexerShape, ties: bool, rows_n: usize) -> Result<Layer> {
+    fn new(
+        cx: &mut Ctx,
+        sh: IndexerShape,
+        ties: bool,
+        (rows_n, sequences): (usize, usize),
+    ) -> Result<Layer> {
         let (dev, s) = (cx.dev, cx.s);
         let mut norm_w = random(&mut cx.rng, sh.dim, 1.0);
         let mut norm_b = random(&mut cx.rng, sh.dim, 1.0);
@@ -120,16 +129,18 @@ impl Layer {
         let ape = random(&mut cx.rng, sh.kpool * sh.dim, 1.0);
         Ok(Layer {
             rows_n,
+            sequences,
             d_norm: (dev.upload(s, &norm_w)?, dev.upload(s, &norm_b)?),
             d_ape: dev.upload(s, &ape)?,
             norm_w,
             norm_b,
             ape,
-            rows: dev.alloc(s, sh.rows_len())?,
-            pooled: dev.alloc(s, sh.pooled_len())?,
+            rows: dev.alloc(s, sequences * sh.rows_len())?,
+            pooled: dev.alloc(s, sequences * sh.pooled_len())?,
             scores: dev.alloc(s, rows_n * sh.scores_len())?,
             cells: dev.alloc(s, rows_n * cells_stride(sh))?,
             pos: dev.alloc(s, rows_n)?,
+            slots: dev.alloc(s, rows_n)?,
             key: dev.alloc(s, rows_n * sh.dim)?,
             gate: dev.alloc(s, rows_n * sh.dim)?,
             q: dev.alloc(s, rows_n * sh.heads * sh.dim)?,
@@ -145,18 +156,40 @@ impl Layer {
         first: usize,
         ts: &[Token],
     ) -> Result<()> {
-        assert!(ts.len() <= self.rows_n);
         let pos: Vec<u32> = (first..first + ts.len()).map(|p| p as u32).collect();
-        let cat = |f: fn(&Token) -> &Vec<f32>| ts.iter().flat_map(f).copied().collect::<Vec<_>>();
-        dev.write(s, &pos, &mut self.pos)?;
+        let ts: Vec<&Token> = ts.iter().collect();
+        self.feed_rows(dev, s, (&pos, &vec![0; ts.len()]), &ts)
+    }
+
+    /// The tokens `ts` as one step's rows, row `r` at `pos[r]` in slot `slots[r]`.
+    fn feed_rows(
+        &mut self,
+        dev: &CudaDevice,
+        s: &std::sync::Arc<CudaStream>,
+        (pos, slots): (&[u32], &[u32]),
+        ts: &[&Token],
+    ) -> Result<()> {
+        assert!(ts.len() <= self.rows_n && pos.len() == ts.len() && slots.len() == ts.len());
+        let cat =
+            |f: fn(&Token) -> &Vec<f32>| ts.iter().flat_map(|&t| f(t)).copied().collect::<Vec<_>>();
+        dev.write(s, pos, &mut self.pos)?;
+        dev.write(s, slots, &mut self.slots)?;
         dev.write(s, &cat(|t| &t.key), &mut self.key)?;
         dev.write(s, &cat(|t| &t.gate), &mut self.gate)?;
         dev.write(s, &cat(|t| &t.q), &mut self.q)?;
         dev.write(s, &cat(|t| &t.w), &mut self.w)
     }
 
-    /// The launches of a step of `n` token rows, as a DSA layer makes them.
-    fn enqueue(&self, dev: &CudaDevice, s: &CudaStream, c: &Case, n: usize) -> Result<()> {
+    /// The launches of a step of `n` token rows, as a DSA layer makes them (a batched step's,
+    /// each row in its slot, where `slotted`).
+    fn enqueue(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        c: &Case,
+        n: usize,
+        slotted: bool,
+    ) -> Result<()> {
         let sh = c.shape;
         let key = IndexerKey {
             key: Span::of(&self.key).sub(0, n * sh.dim),
@@ -169,7 +202,13 @@ impl Layer {
             Span::of(&self.pooled),
             Span::of(&self.pos).sub(0, n),
         );
-        dev.dsa_write(s, &key, (&rows, &pooled), &pos, sh)?;
+        let slot_span = Span::of(&self.slots).sub(0, n);
+        let slots = DsaSlots {
+            slots: &slot_span,
+            sequences: self.sequences,
+        };
+        let at = (&pos, slotted.then_some(&slots));
+        dev.dsa_write(s, &key, (&rows, &pooled), at, sh)?;
         let scale = w_scale(sh);
         let scores = Span::of(&self.scores);
         dev.dsa_score(
@@ -178,7 +217,7 @@ impl Layer {
             &Span::of(&self.w).sub(0, n * sh.heads),
             scale,
             &pooled,
-            &pos,
+            at,
             sh,
             &scores,
         )?;
@@ -209,7 +248,7 @@ fn cells_of(v: &[i32]) -> Vec<usize> {
 fn tokens(cx: &mut Ctx, c: &Case) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let sh = c.shape;
-    let mut l = Layer::new(cx, sh, c.ties, 1)?;
+    let mut l = Layer::new(cx, sh, c.ties, (1, 1))?;
     let mut cache = IndexerCache::new(sh.dim, sh.kpool, sh.capacity);
     let how = Selection {
         top_k: c.top_k,
@@ -226,7 +265,7 @@ fn tokens(cx: &mut Ctx, c: &Case) -> Result<()> {
         let w: Vec<f32> = t.w.iter().map(|&v| v * w_scale(sh)).collect();
         cache.select(&t.q, &w, pos, &how, &mut want_cells);
         l.feed(dev, s, pos, std::slice::from_ref(t))?;
-        l.enqueue(dev, s, c, 1)?;
+        l.enqueue(dev, s, c, 1, false)?;
         let rows = dev.download(s, &l.rows)?;
         let at = 2 * sh.dim * pos;
         key_bits += super::bit_mismatches(&rows[at..at + sh.dim], &key);
@@ -268,7 +307,7 @@ fn steps(
 ) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let sh = c.shape;
-    let mut l = Layer::new(cx, sh, c.ties, STEP_ROWS)?;
+    let mut l = Layer::new(cx, sh, c.ties, (STEP_ROWS, 1))?;
     dev.write(s, &one.norm_w, &mut l.d_norm.0)?;
     dev.write(s, &one.norm_b, &mut l.d_norm.1)?;
     dev.write(s, &one.ape, &mut l.d_ape)?;
@@ -277,7 +316,7 @@ fn steps(
     for (k, step) in toks.chunks(STEP_ROWS).enumerate() {
         let first = k * STEP_ROWS;
         l.feed(dev, s, first, step)?;
-        l.enqueue(dev, s, c, step.len())?;
+        l.enqueue(dev, s, c, step.len(), false)?;
         let cells = dev.download(s, &l.cells)?;
         for r in 0..step.len() {
             let got = cells_of(&cells[r * stride..(r + 1) * stride]);
@@ -298,6 +337,69 @@ fn steps(
     );
     cx.report
         .exact("dsa rows", format!("{what}: cells a row"), wrong);
+    slotted_steps(cx, c, one, toks, cells_by_pos, name)
+}
+
+/// The tokens `toks` again as batched steps of `STEP_ROWS` rows in sequence slot 1 of 2, each
+/// behind a pad row, with `one`'s weights: each row's cells against the token-by-token run's
+/// `cells_by_pos`, slot 1's cache after the last step against `one`'s, and slot 0's as it
+/// was, bit for bit.
+fn slotted_steps(
+    cx: &mut Ctx,
+    c: &Case,
+    one: &Layer,
+    toks: &[Token],
+    cells_by_pos: &[Vec<usize>],
+    name: &str,
+) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let sh = c.shape;
+    let mut l = Layer::new(cx, sh, c.ties, (STEP_ROWS + 1, 2))?;
+    dev.write(s, &one.norm_w, &mut l.d_norm.0)?;
+    dev.write(s, &one.norm_b, &mut l.d_norm.1)?;
+    dev.write(s, &one.ape, &mut l.d_ape)?;
+    // slot 0 holds another sequence's cache
+    let other = (
+        random(&mut cx.rng, sh.rows_len(), 1.0),
+        random(&mut cx.rng, sh.pooled_len(), 1.0),
+    );
+    let zero = (vec![0f32; sh.rows_len()], vec![0f32; sh.pooled_len()]);
+    dev.write(s, &[&other.0[..], &zero.0[..]].concat(), &mut l.rows)?;
+    dev.write(s, &[&other.1[..], &zero.1[..]].concat(), &mut l.pooled)?;
+    let pad = Token::new(cx, sh, c.ties);
+    let stride = cells_stride(sh);
+    let mut wrong = 0;
+    for (k, step) in toks.chunks(STEP_ROWS).enumerate() {
+        let first = k * STEP_ROWS;
+        let pos: Vec<u32> = std::iter::once(0)
+            .chain((first..first + step.len()).map(|p| p as u32))
+            .collect();
+        let slots: Vec<u32> = std::iter::once(PAD_SLOT)
+            .chain(std::iter::repeat_n(1, step.len()))
+            .collect();
+        let rows: Vec<&Token> = std::iter::once(&pad).chain(step).collect();
+        l.feed_rows(dev, s, (&pos, &slots), &rows)?;
+        l.enqueue(dev, s, c, rows.len(), true)?;
+        let cells = dev.download(s, &l.cells)?;
+        for r in 0..step.len() {
+            let got = cells_of(&cells[(r + 1) * stride..(r + 2) * stride]);
+            wrong += usize::from(got != cells_by_pos[first + r]);
+        }
+    }
+    let mut want = other.0;
+    want.extend(dev.download(s, &one.rows)?);
+    want.extend(other.1);
+    want.extend(dev.download(s, &one.pooled)?);
+    let mut got = dev.download(s, &l.rows)?;
+    got.extend(dev.download(s, &l.pooled)?);
+    let what = format!("{name}, batched steps of {STEP_ROWS} rows in slot 1 of 2 behind a pad row");
+    cx.report.exact(
+        "dsa slots",
+        format!("{what}: caches"),
+        super::bit_mismatches(&got, &want),
+    );
+    cx.report
+        .exact("dsa slots", format!("{what}: cells a row"), wrong);
     Ok(())
 }
 
@@ -318,19 +420,19 @@ fn graph(cx: &mut Ctx) -> Result<()> {
     let toks: Vec<Token> = (0..c.tokens)
         .map(|_| Token::new(cx, c.shape, false))
         .collect();
-    let mut eager_run = Layer::new(cx, c.shape, false, 1)?;
-    let mut replay_run = Layer::new(cx, c.shape, false, 1)?;
+    let mut eager_run = Layer::new(cx, c.shape, false, (1, 1))?;
+    let mut replay_run = Layer::new(cx, c.shape, false, (1, 1))?;
     dev.write(s, &eager_run.norm_w, &mut replay_run.d_norm.0)?;
     dev.write(s, &eager_run.norm_b, &mut replay_run.d_norm.1)?;
     dev.write(s, &eager_run.ape, &mut replay_run.d_ape)?;
     let mut eager = Vec::new();
     for (pos, t) in toks.iter().enumerate() {
         eager_run.feed(dev, s, pos, std::slice::from_ref(t))?;
-        eager_run.enqueue(dev, s, &c, 1)?;
+        eager_run.enqueue(dev, s, &c, 1, false)?;
         eager.extend(dev.download(s, &eager_run.cells)?.iter().map(|&v| v as f32));
     }
     s.synchronize()?;
-    let captured = capture(s, || replay_run.enqueue(dev, s, &c, 1));
+    let captured = capture(s, || replay_run.enqueue(dev, s, &c, 1, false));
     report_replay(
         cx,
         "dsa graph",
