@@ -424,7 +424,7 @@ fn the_cuda_engine_refuses_a_speculative_plan_its_batched_kernels_do_not_cover_b
             && msg.contains(
                 "[speculative] section needs a verify step on the batched decode kernels"
             )
-            && msg.contains("nor KDA, whose state a rejected draft would have to roll back"),
+            && msg.contains("not KDA, whose state a rejected draft would have to roll back"),
         "{msg}"
     );
 }
