@@ -34,6 +34,14 @@
 // when row y continues a span) and runs its rows in order, as a step of that sequence alone
 // would; a span at position 0 starts from zeros. A pad row (PAD_SLOT) touches no state and
 // gets zeros.
+//
+// A speculative plan's KDA layers (`track` set) keep, as the CPU's KdaState::begin does, the
+// state after each row but the last of a span of 2 to `keeps` rows (a verify step's), so that
+// a later span may start again after any of them: per slot, track holds the positions taken
+// in, the position after the span's first row and the rows kept, and `kept` holds keeps - 1
+// states a slot, each laid out as the live one. A span at a position the state has gone past
+// starts from the kept state there (a span anywhere else before it cannot be honoured: its
+// outputs are NaN). kda_track_u32 records each span once both kernels have run.
 #include "common.cuh"
 
 // The widest head (threads of a block).
@@ -61,7 +69,10 @@ struct KdaSpan {
 __device__ __forceinline__ bool kda_span(const u32* pos, const u32* slots, int rows, int y, long long slot_len,
                                          KdaSpan& span) {
     const u32 slot = slots[y];
-    const auto continues = [&](int r) { return slots[r] == slot && slot != PAD_SLOT && pos[r] == pos[r - 1] + 1; };
+    // row r (> 0) of the span of row r - 1: the same slot (not a pad row's), the next position
+    const auto continues = [&](int r) {
+        return slots[r] == slots[r - 1] && slots[r] != PAD_SLOT && pos[r] == pos[r - 1] + 1;
+    };
     if (y > 0 && continues(y)) return false;
     int end = y + 1;
     while (end < rows && continues(end)) ++end;
@@ -71,6 +82,53 @@ __device__ __forceinline__ bool kda_span(const u32* pos, const u32* slots, int r
     span.base = span.pad ? 0 : (size_t)slot * (size_t)slot_len;
     span.fresh = pos[y] == 0;
     return true;
+}
+
+// A span's keeping: the kept state it starts from (null: the live one), where row u's state is
+// kept (into + u * state_len; null: not kept), and whether it starts where no state is kept.
+struct KdaKeep {
+    const float* restore;
+    float* into;
+    bool lost;
+};
+
+// The keeping of the span of `n` rows at position p in slot `slot` (`kept` is offset to the
+// part of a state the kernel holds; a kept state is state_len values, keeps - 1 a slot).
+__device__ __forceinline__ KdaKeep kda_keep(const u32* track, float* kept, int keeps, long long state_len, u32 slot,
+                                            u32 p, int n, bool fresh) {
+    KdaKeep k = {nullptr, nullptr, false};
+    if (!track) return k;
+    const u32* tr = track + 3 * (size_t)slot;
+    float* mine = kept + (size_t)slot * (size_t)(keeps - 1) * (size_t)state_len;
+    if (!fresh && p < tr[0]) {
+        if (p >= tr[1] && p - tr[1] < tr[2])
+            k.restore = mine + (size_t)(p - tr[1]) * (size_t)state_len;
+        else
+            k.lost = true;
+    }
+    if (n >= 2 && n <= keeps) k.into = mine;
+    return k;
+}
+
+// Thread r: where row r starts a span (every row of a batched step may; without `slots`, row 0
+// starts the one span of slot 0), that span's slot now has taken in its positions, and keeps
+// its rows but the last where it has 2 to `keeps` rows.
+extern "C" __global__ void kda_track_u32(const u32* pos, const u32* slots, int rows, u32* track, int keeps) {
+    overlap_with_neighbours();
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    KdaSpan span = {0, rows, 0, pos[0] == 0, false};
+    if (slots) {
+        if (!kda_span(pos, slots, rows, r, 0, span) || span.pad) return;
+    } else if (r > 0) {
+        return;
+    }
+    const u32 slot = slots ? slots[r] : 0, p = pos[r];
+    const int n = span.end - span.first;
+    u32* tr = track + 3 * (size_t)slot;
+    tr[0] = p + (u32)n;
+    tr[1] = p + 1;
+    tr[2] = n >= 2 && n <= keeps ? (u32)(n - 1) : 0;
 }
 
 __device__ __forceinline__ float kda_sigmoid(float x) {
@@ -95,7 +153,8 @@ __device__ __forceinline__ float kda_rms_scale(const float* v, int n, float eps)
 // after 1 / sqrt(hd), both computed by the host as the CPU computes them.
 extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_conv_f32(const float* x, const float* w, float* window, float* out, int heads, int hd, int taps,
-                 float l2_eps, float after, int rows, const u32* pos, const u32* slots, long long slot_len) {
+                 float l2_eps, float after, int rows, const u32* pos, const u32* slots, long long slot_len,
+                 const u32* track, float* kept, int keeps, long long state_len) {
     overlap_with_neighbours();
     __shared__ float vals[KDA_MAX_DIM];
     __shared__ float scale;
@@ -120,6 +179,13 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
         moves = true;
     }
     const bool fresh = span.fresh;
+    const int n = span.end - span.first;
+    const u32 slot = slots ? slots[span.first] : 0;
+    const KdaKeep kk = kda_keep(track, kept, keeps, state_len, slot, pos[span.first], n, fresh);
+    // the window the span starts from: the kept one it returns to (only the blocks that move
+    // the window read it; a thread its own channel's)
+    if (kk.restore && moves && i < hd)
+        for (int t = 0; t < keep; ++t) window[c * keep + t] = kk.restore[c * keep + t];
     // input t of the sequence's rows this step (t < 0: the window's, zeros at its start)
     const auto input = [&](int t) -> float {
         if (t >= 0) return x[(part * rows + span.first + t) * width + in_part];
@@ -145,11 +211,14 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
             v = __fmul_rn(__fmul_rn(v, scale), after);
         }
         if (i < hd) out[(part * rows + r) * width + in_part] = v;
+        // the window after this row, where it is kept
+        const int u = r - span.first;
+        if (kk.into && u < n - 1 && i < hd)
+            for (int t = 0; t < keep; ++t) kk.into[(size_t)u * state_len + c * keep + t] = input(u + 1 - keep + t);
     }
     if (moves && i < hd) {
         // the sequence's last keep inputs, oldest first: entry t is read from entry n + t of
         // the old window (or x) before that entry is written (n its rows this step)
-        const int n = span.end - span.first;
         for (int t = 0; t < keep; ++t) window[c * keep + t] = input(n - keep + t);
     }
 }
@@ -174,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     kda_delta_f32(float* states, const float* qkv, const float* f, const float* dt_bias, const float* a,
                   const float* b, const float* gate, const float* norm_w, float* out, int heads, int d,
                   float scale, float eps, int bounded, float lb, int rows, const u32* pos, const u32* slots,
-                  long long slot_len) {
+                  long long slot_len, const u32* track, float* kept, int keeps, long long state_len) {
     overlap_with_neighbours();
     __shared__ float qs[KDA_MAX_DIM], ks[KDA_MAX_DIM], decay[KDA_MAX_DIM];
     extern __shared__ float kda_rest[];
@@ -192,13 +261,17 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     float* s = states + at * d + j;
     // entry i >= KDA_HELD of this thread's row, in its shared column
     const auto rest = [&](int i) -> float& { return kda_rest[(size_t)(i - KDA_HELD) * blockDim.x + j]; };
-    // zeros at a sequence's start
+    // zeros at a sequence's start; a kept state where the span returns to one
     const bool fresh = span.fresh;
+    const int n = span.end - span.first;
+    const u32 slot = slots ? slots[span.first] : 0;
+    const KdaKeep kk = kda_keep(track, kept, keeps, state_len, slot, pos[span.first], n, fresh);
+    const float* from = kk.restore ? kk.restore + at * d + j : s;
     float held[KDA_HELD];
 #pragma unroll
-    for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d && !fresh ? s[(size_t)i * d] : 0.f;
+    for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d && !fresh ? from[(size_t)i * d] : 0.f;
     if (j < d)
-        for (int i = KDA_HELD; i < d; ++i) rest(i) = fresh ? 0.f : s[(size_t)i * d];
+        for (int i = KDA_HELD; i < d; ++i) rest(i) = fresh ? 0.f : from[(size_t)i * d];
     for (int r = span.first; r < span.end; ++r) {
         const size_t row = (size_t)r * width + at;
         // every thread is done with the previous token's qs, ks and decay
@@ -239,7 +312,17 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
             rest(i) = v;
             o = __fadd_rn(o, __fmul_rn(v, qs[i]));
         }
-        out[row + j] = __fmul_rn(o, scale);
+        // a span the state cannot honour gives NaN, not another sequence's numbers
+        out[row + j] = kk.lost ? __int_as_float(0x7fc00000) : __fmul_rn(o, scale);
+        // the state after this row, where it is kept
+        const int u = r - span.first;
+        if (kk.into && u < n - 1) {
+            float* to = kk.into + (size_t)u * state_len + at * d + j;
+#pragma unroll
+            for (int i = 0; i < KDA_HELD; ++i)
+                if (i < d) to[(size_t)i * d] = held[i];
+            for (int i = KDA_HELD; i < d; ++i) to[(size_t)i * d] = rest(i);
+        }
     }
     if (j < d) {
 #pragma unroll

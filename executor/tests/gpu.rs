@@ -299,6 +299,22 @@ fn speculative_plans_on_cuda_generate_plain_decodings_tokens_and_logits() {
                 ("mla-spec-tp2", "devices = [[0, 0]]"),
             ][..],
         ),
+        (
+            tiny_kimi_linear_model(),
+            &[
+                ("kda-spec", "devices = [[0]]"),
+                ("kda-spec-pp2", "devices = [[0], [0]]"),
+                ("kda-spec-tp2", "devices = [[0, 0]]"),
+            ][..],
+        ),
+        (
+            tiny_glm5_next_model(),
+            &[
+                ("dsa-spec", "devices = [[0]]"),
+                ("dsa-spec-pp2", "devices = [[0], [0]]"),
+                ("dsa-spec-tp2", "devices = [[0, 0]]"),
+            ][..],
+        ),
     ] {
         let plain_name = format!("{}-plain", placements[0].0);
         let plain = plan_of(&model, &dir, &plain_name, "devices = [[0]]", "");

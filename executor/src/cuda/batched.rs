@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
-use memra_compiler::plan::{Mixer, Plan, Segment};
+use memra_compiler::plan::{Plan, Segment};
 
 use super::device::CudaDevice;
 use super::matvec::{Epilogue, Norm};
@@ -48,26 +48,6 @@ pub fn check_batched(plan: &Plan) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Refuses a speculative plan whose verify step (drafts + 1 rows through the batched decode
-/// kernels, each with its decode step's bits) the cuda backend cannot run, saying why.
-pub fn check_speculative(plan: &Plan) -> Result<()> {
-    if plan.speculative.is_some() && !batched_layers(plan, true) {
-        bail!("the plan's [speculative] section needs a verify step on the batched decode kernels, which take GQA and MLA layers without mHC on the cuda backend (not KDA, whose state a rejected draft would have to roll back, nor DSA or mHC); run this model's speculative plan with --backend cpu, or compile the placement without [speculative]");
-    }
-    Ok(())
-}
-
-/// Whether the batched decode kernels cover every layer: every layer kind for a step of
-/// several sequences; for a speculative verify step GQA and MLA layers without mHC streams
-/// (a KDA state would have to roll a rejected draft back, and no model memra reads has DSA
-/// layers or mHC streams without KDA layers to gate them on).
-fn batched_layers(plan: &Plan, verify: bool) -> bool {
-    let m = &plan.model;
-    !verify
-        || (m.mhc.is_none()
-            && (0..m.layers).all(|l| matches!(m.layer_kind(l).mixer, Mixer::Gqa | Mixer::Mla)))
 }
 
 impl RankDevice {

@@ -181,7 +181,7 @@ pub const FILES: &[KernelFile] = &[
             "mla_heads_f32"
         ]
     ),
-    kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32"]),
+    kernel_file!("kda.cu", ["kda_conv_f32", "kda_delta_f32", "kda_track_u32"]),
     kernel_file!(
         "dsa.cu",
         [

@@ -36,7 +36,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, DeviceSlice, PinnedHostSlice};
 use memra_compiler::plan::{Boundary, Step};
 
-use super::batched::{check_batched, check_speculative};
+use super::batched::check_batched;
 use super::buckets::{Buckets, RunGraphs, Shape, Tally};
 use super::device::CudaDevice;
 use super::enqueue::{CudaOps, InputRing, ReadbackRing};
@@ -146,7 +146,6 @@ impl Engine {
             );
         }
         check_phases(plan)?;
-        check_speculative(plan).map_err(|e| anyhow!("{}: {e:#}", loaded.path.display()))?;
         let map = ProcessMap::of(plan);
         let (local, link) = match options.world {
             None => (plan.ranks.iter().map(|r| r.rank).collect(), None),

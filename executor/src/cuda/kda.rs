@@ -25,7 +25,7 @@ use super::batched::{batch_product, Input, RowsAt};
 use super::device::{CudaDevice, DeviceBuffer};
 use super::matvec::{Epilogue, Norm};
 use super::span::Span;
-use super::weights::{full_chunks, upload_matrix, DeviceWeight, LayerLoad};
+use super::weights::{full_chunks, grid, upload_matrix, DeviceWeight, LayerLoad};
 use crate::layer_weights::KdaWeights as HostKda;
 
 /// The widest KDA head the kernels take (KDA_MAX_DIM in kernels/kda.cu).
@@ -148,6 +148,11 @@ pub(super) struct KdaState {
     gate: DeviceBuffer<f32>,
     /// By the rank's layer index (`None` for other layers): a state per sequence slot.
     states: Vec<Option<DeviceBuffer<f32>>>,
+    /// A speculative plan's kept states (`keeps - 1` a slot) and spans taken in, per layer as
+    /// `states` (kernels/kda.cu).
+    kept: Vec<Option<(DeviceBuffer<f32>, DeviceBuffer<u32>)>>,
+    /// Most rows of a span whose states are kept (0: none are).
+    keeps: usize,
     sequences: usize,
     eps: f32,
 }
@@ -156,12 +161,14 @@ impl KdaState {
     /// The state of a rank whose layers are `layers` (`Some` for KDA layers), if any is KDA;
     /// `d` is the model's embedding width and `eps` its norms' epsilon.
     /// Prefill steps of up to `max_rows` token rows run over the rows at once.
+    /// A speculative plan's verify spans of up to `keeps` rows keep the state after each row
+    /// but the last (0: none are kept).
     pub fn new(
         dev: &CudaDevice,
         s: &Arc<CudaStream>,
         (d, eps): (usize, f32),
         layers: &[Option<&KdaWeights>],
-        (max_rows, sequences): (usize, usize),
+        (max_rows, sequences, keeps): (usize, usize, usize),
     ) -> Result<Option<KdaState>> {
         let held: Vec<&KdaWeights> = layers.iter().flatten().copied().collect();
         if held.is_empty() {
@@ -175,6 +182,16 @@ impl KdaState {
                 // a state per sequence slot, slot after slot
                 Some(k) => Some(dev.alloc(s, k.state_len() * sequences)?),
                 None => None,
+            });
+        }
+        let mut kept = Vec::new();
+        for k in layers {
+            kept.push(match k {
+                Some(k) if keeps > 1 => Some((
+                    dev.alloc(s, k.state_len() * (keeps - 1) * sequences)?,
+                    dev.alloc(s, 3 * sequences)?,
+                )),
+                _ => None,
             });
         }
         let rows = match max_rows {
@@ -201,6 +218,8 @@ impl KdaState {
             beta: dev.alloc(s, most(|k| k.heads))?,
             gate: dev.alloc(s, most(KdaWeights::width))?,
             states,
+            kept,
+            keeps,
             sequences,
             eps,
         }))
@@ -271,6 +290,7 @@ impl KdaState {
             k.l2_eps.unwrap_or(self.eps),
             at.pos,
             Some(self.slotted(k, at)),
+            self.keeping(k, layer, 0).as_ref(),
         )
     }
 
@@ -308,7 +328,39 @@ impl KdaState {
             self.eps,
             at.pos,
             Some(self.slotted(k, at)),
-        )
+            self.keeping(k, layer, windows).as_ref(),
+        )?;
+        self.track(dev, s, k, layer, (at.pos, Some(at.slots)), rows)
+    }
+
+    /// Layer `layer`'s keeping for its kernels (none outside a speculative plan); `windows`
+    /// offsets the kept states to the part a kernel holds (the delta rule's states).
+    fn keeping(&self, k: &KdaWeights, layer: usize, windows: usize) -> Option<Keeping> {
+        let (kept, track) = self.kept.get(layer)?.as_ref()?;
+        let kept = Span::of(kept);
+        Some(Keeping {
+            kept: kept.sub(windows, kept.len() - windows),
+            track: Span::of(track),
+            keeps: self.keeps,
+            state_len: k.state_len(),
+        })
+    }
+
+    /// Records, after layer `layer`'s kernels, the spans of the step's rows at `pos` (in
+    /// `slots` for a batched step; else one span of slot 0) as taken in by its state.
+    fn track(
+        &self,
+        dev: &CudaDevice,
+        s: &CudaStream,
+        k: &KdaWeights,
+        layer: usize,
+        (pos, slots): (&Span<u32>, Option<&Span<u32>>),
+        rows: usize,
+    ) -> Result<()> {
+        match self.keeping(k, layer, 0) {
+            Some(keep) => dev.kda_track(s, (pos, slots), rows, &keep),
+            None => Ok(()),
+        }
     }
 
     /// The rows of `at` in this rank's sequence slots, for layer `k`'s kernels.
@@ -364,6 +416,7 @@ impl KdaState {
             k.l2_eps.unwrap_or(self.eps),
             pos,
             None,
+            self.keeping(k, layer, 0).as_ref(),
         )
     }
 
@@ -408,7 +461,9 @@ impl KdaState {
             self.eps,
             pos,
             None,
-        )
+            self.keeping(k, layer, windows).as_ref(),
+        )?;
+        self.track(dev, s, k, layer, (pos, None), 1)
     }
 
     /// The spans of a prefill step's `rows` token rows for layer `k`: what the products
@@ -460,6 +515,7 @@ impl KdaState {
             k.l2_eps.unwrap_or(self.eps),
             pos,
             None,
+            self.keeping(k, layer, 0).as_ref(),
         )
     }
 
@@ -498,7 +554,9 @@ impl KdaState {
             self.eps,
             pos,
             None,
-        )
+            self.keeping(k, layer, windows).as_ref(),
+        )?;
+        self.track(dev, s, k, layer, (pos, None), att.len() / width)
     }
 
     fn state(&self, layer: usize) -> Result<Span<f32>> {
@@ -615,6 +673,7 @@ impl CudaDevice {
         eps: f32,
         pos: &Span<u32>,
         slotted: Option<Slotted>,
+        keep: Option<&Keeping>,
     ) -> Result<()> {
         let channels = 3 * heads * hd;
         let rows = x.len() / channels.max(1);
@@ -645,6 +704,7 @@ impl CudaDevice {
         let (xp, wp, winp, op, pp) = (x.addr(), w.addr(), window.addr(), out.addr(), pos.addr());
         let (h, d, t, r) = (int(heads), int(hd), int(taps), int(rows));
         let (sp, stride) = Slotted::args(slotted.as_ref());
+        let (tp, kp, keeps, state_len) = Keeping::args(keep);
         // a block per span of a batched step (one starting at each row, at most), else per
         // KDA_CONV_ROWS tokens
         let blocks = if slotted.is_some() {
@@ -668,6 +728,7 @@ impl CudaDevice {
                 .arg(&pp)
                 .arg(&sp)
                 .arg(&stride);
+            a.arg(&tp).arg(&kp).arg(&keeps).arg(&state_len);
         })
     }
 
@@ -691,6 +752,7 @@ impl CudaDevice {
         eps: f32,
         pos: &Span<u32>,
         slotted: Option<Slotted>,
+        keep: Option<&Keeping>,
     ) -> Result<()> {
         let width = heads * d;
         let rows = out.len() / width.max(1);
@@ -727,6 +789,7 @@ impl CudaDevice {
         let smem = d.saturating_sub(KDA_HELD) * threads as usize * 4;
         self.allow_dynamic_shared("kda_delta_f32", 3 * MAX_KDA_HEAD_DIM * 4, smem)?;
         let (slp, stride) = Slotted::args(slotted.as_ref());
+        let (tp, kp, keeps, state_len) = Keeping::args(keep);
         // a block per head and span of a batched step (one starting at each row, at most)
         let spans = if slotted.is_some() { rows } else { 1 };
         let cfg = LaunchConfig {
@@ -749,6 +812,49 @@ impl CudaDevice {
                 .arg(&pp)
                 .arg(&slp)
                 .arg(&stride);
+            a.arg(&tp).arg(&kp).arg(&keeps).arg(&state_len);
+        })
+    }
+
+    /// After a KDA layer's kernels: the spans of the `rows` rows at `pos` (in `slots` for a
+    /// batched step; else one span of slot 0) as taken in by the state `keep` tracks
+    /// (`kda_track_u32`).
+    pub(super) fn kda_track(
+        &self,
+        s: &CudaStream,
+        (pos, slots): (&Span<u32>, Option<&Span<u32>>),
+        rows: usize,
+        keep: &Keeping,
+    ) -> Result<()> {
+        assert!(
+            rows > 0 && pos.len() >= rows && slots.is_none_or(|x| x.len() >= rows),
+            "kda_track: {rows} rows"
+        );
+        let (pp, sp, tp) = (pos.addr(), slots.map_or(0, Span::addr), keep.track.addr());
+        let (r, keeps) = (int(rows), int(keep.keeps));
+        self.launch(s, "kda_track_u32", grid(rows, 128), |a| {
+            a.arg(&pp).arg(&sp).arg(&r).arg(&tp).arg(&keeps);
+        })
+    }
+}
+
+/// A speculative plan's keeping of one KDA layer, for its kernels: the kept states (`keeps -
+/// 1` a slot, each `state_len` values, from the part the kernel holds), and the spans each
+/// slot took in last.
+pub(super) struct Keeping {
+    pub kept: Span<f32>,
+    pub track: Span<u32>,
+    pub keeps: usize,
+    pub state_len: usize,
+}
+
+impl Keeping {
+    /// The kernels' `track`, `kept`, `keeps` and `state_len` arguments (null addresses
+    /// without keeping).
+    fn args(keep: Option<&Keeping>) -> (u64, u64, i32, i64) {
+        keep.map_or((0, 0, 0, 0), |k| {
+            let len = i64::try_from(k.state_len).expect("invariant: state sizes fit in i64");
+            (k.track.addr(), k.kept.addr(), int(k.keeps), len)
         })
     }
 }

@@ -191,7 +191,14 @@ impl RankDevice {
                 _ => None,
             })
             .collect();
-        let mla = MlaState::new(&dev, &s, plan, &geo, &mla_layers, max_rows)?;
+        // the MLA, KDA and MoE buffers of steps over several token rows: a batched plan's
+        // steps take them for every row count, even where its prompt chunk is one row
+        let wide_rows = if sequences > 1 {
+            max_rows.max(2)
+        } else {
+            max_rows
+        };
+        let mla = MlaState::new(&dev, &s, plan, &geo, &mla_layers, wide_rows)?;
         let indexed: Vec<bool> = mla_layers
             .iter()
             .map(|m| m.is_some_and(|m| m.indexer.is_some()))
@@ -230,7 +237,15 @@ impl RankDevice {
             })
             .collect();
         // attn_output's columns were checked against the heads with the rest of the layer
-        let kda = KdaState::new(&dev, &s, (d, geo.eps), &kda_layers, (max_rows, sequences))?;
+        // a speculative plan's verify spans keep the state after each row but the last
+        let keeps = plan.speculative.map_or(0, |sp| sp.tokens as usize + 1);
+        let kda = KdaState::new(
+            &dev,
+            &s,
+            (d, geo.eps),
+            &kda_layers,
+            (wide_rows, sequences, keeps),
+        )?;
         let hc = HcState::new(&dev, &s, plan, d, max_rows, geo.eps)?;
         let logits_len = match &head {
             Some((_, HeadRows::Own(h))) => h.rows,
@@ -300,7 +315,7 @@ impl RankDevice {
         }
         let has_moe = layers.iter().any(|l| matches!(l.ffn, FfnWeights::Moe(_)));
         let moe = match &m.moe {
-            Some(summary) if has_moe => Some(MoeState::new(&dev, &s, summary, d, n)?),
+            Some(summary) if has_moe => Some(MoeState::new(&dev, &s, summary, d, wide_rows)?),
             _ => None,
         };
         let moe_len = moe.as_ref().map_or(0, |e| e.rows.len());

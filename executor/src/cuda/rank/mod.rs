@@ -180,7 +180,7 @@ pub struct RankDevice {
 /// `decode` step every row is a different sequence's next token, so no row reads a cache
 /// entry another row of the step writes. A `decode_bits` step (a speculative verify step,
 /// `StepInput::decode_bits`) runs the batched decode kernels on a plan of one sequence slot
-/// too (GQA plans with dense or MoE FFNs: `batched::check_speculative`).
+/// too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rows {
     pub rows: usize,

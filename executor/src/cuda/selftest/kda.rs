@@ -92,42 +92,46 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// A batched step in one launch of each kernel over sequence slots: a pad row, sequence A's
-/// fourth token in slot 1 (its state left by three tokens before) and sequence B's first five
-/// in slot 2 (over another sequence's state, from zeros at position 0), against each
-/// sequence's launches a token alone: every row's convolved q, k, v and output (the pad row's
-/// zeros), and every slot's state after (slot 0's untouched), bit for bit.
+/// A batched step in one launch of each kernel over sequence slots, against each sequence's
+/// launches a token alone: a pad row first, then sequence C's second token in slot 3 (at the
+/// position after the pad row's), A's fourth in slot 1, B's first five in slot 2 (over another
+/// sequence's state, from zeros at position 0) and E's sixth in slot 0 (at the position after
+/// B's last): every row's convolved q, k, v and output (the pad row's zeros), and every slot's
+/// state after, bit for bit.
 fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let l = Layer::new(cx, heads, hd, taps, decay);
     let w = l.width();
-    let a: Vec<Token> = (0..4).map(|_| Token::new(cx, &l)).collect();
-    let b: Vec<Token> = (0..5).map(|_| Token::new(cx, &l)).collect();
-    let pad = Token::new(cx, &l);
     let slot_len = windows(&l) + heads * hd * hd;
-    // the references: each sequence's tokens a launch pair each
-    let mut one = OnDevice::new(dev, s, &l)?;
-    for (p, t) in a[..3].iter().enumerate() {
-        one.feed(dev, s, t, p)?;
-        one.enqueue(dev, s, &l)?;
-    }
-    let a_before = dev.download(s, &one.state)?;
+    // (slot, tokens before the step, tokens in it): the rows in this order, after the pad row
+    let seqs = [(3usize, 1usize, 1usize), (1, 3, 1), (2, 0, 5), (0, 5, 1)];
+    let mut states = vec![Vec::new(); 4];
+    // B starts over what another sequence left in its slot
+    states[2] = random(&mut cx.rng, slot_len, 1.0);
     let (mut want_qkv, mut want_out) = (vec![vec![0f32; 3 * w]], vec![vec![0f32; w]]);
-    one.feed(dev, s, &a[3], 3)?;
-    one.enqueue(dev, s, &l)?;
-    want_qkv.push(dev.download(s, &one.qkv)?);
-    want_out.push(dev.download(s, &one.out)?);
-    let a_after = dev.download(s, &one.state)?;
-    let mut one = OnDevice::new(dev, s, &l)?;
-    for (p, t) in b.iter().enumerate() {
-        one.feed(dev, s, t, p)?;
-        one.enqueue(dev, s, &l)?;
-        want_qkv.push(dev.download(s, &one.qkv)?);
-        want_out.push(dev.download(s, &one.out)?);
+    let mut after = vec![Vec::new(); 4];
+    let (mut toks, mut pos, mut slots) = (vec![Token::new(cx, &l)], vec![0u32], vec![PAD_SLOT]);
+    for &(slot, before, n) in &seqs {
+        let mut one = OnDevice::new(dev, s, &l)?;
+        for p in 0..before {
+            one.feed(dev, s, &Token::new(cx, &l), p)?;
+            one.enqueue(dev, s, &l)?;
+        }
+        if before > 0 {
+            states[slot] = dev.download(s, &one.state)?;
+        }
+        for p in before..before + n {
+            let t = Token::new(cx, &l);
+            one.feed(dev, s, &t, p)?;
+            one.enqueue(dev, s, &l)?;
+            want_qkv.push(dev.download(s, &one.qkv)?);
+            want_out.push(dev.download(s, &one.out)?);
+            toks.push(t);
+            pos.push(p as u32);
+            slots.push(slot as u32);
+        }
+        after[slot] = dev.download(s, &one.state)?;
     }
-    let b_after = dev.download(s, &one.state)?;
-    // the batched step: rows [pad, A3, B0 .. B4], the three slots' states side by side
-    let toks: Vec<&Token> = std::iter::once(&pad).chain(&a[3..]).chain(&b).collect();
     let n = toks.len();
     let mut x = vec![0f32; 3 * n * w];
     for (r, t) in toks.iter().enumerate() {
@@ -136,13 +140,9 @@ fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay)
         }
     }
     let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
-        toks.iter().flat_map(|&t| f(t).clone()).collect()
+        toks.iter().flat_map(|t| f(t).clone()).collect()
     };
-    let slot0 = random(&mut cx.rng, slot_len, 1.0);
-    let slot2 = random(&mut cx.rng, slot_len, 1.0);
-    let states = dev.upload(s, &[&slot0[..], &a_before[..], &slot2[..]].concat())?;
-    let pos: Vec<u32> = [0, 3, 0, 1, 2, 3, 4].to_vec();
-    let slots: Vec<u32> = [PAD_SLOT, 1, 2, 2, 2, 2, 2].to_vec();
+    let live = dev.upload(s, &states.concat())?;
     let (pos_d, slots_d) = (dev.upload(s, &pos)?, dev.upload(s, &slots)?);
     let (xd, fd, bd, gd) = (
         dev.upload(s, &x)?,
@@ -156,10 +156,10 @@ fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay)
     let slotted = || Slotted {
         slots: &slot_span,
         stride: slot_len,
-        sequences: 3,
+        sequences: 4,
     };
-    let all = Span::of(&states);
-    let (win, states_len) = (windows(&l), 3 * slot_len);
+    let all = Span::of(&live);
+    let (win, states_len) = (windows(&l), 4 * slot_len);
     dev.kda_conv(
         s,
         &Span::of(&xd),
@@ -170,6 +170,7 @@ fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay)
         decay.l2_eps,
         &Span::of(&pos_d),
         Some(slotted()),
+        None,
     )?;
     let gates = KdaGates {
         f: Span::of(&fd),
@@ -190,6 +191,7 @@ fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay)
         EPS,
         &Span::of(&pos_d),
         Some(slotted()),
+        None,
     )?;
     let (qkv, out) = (dev.download(s, &qkv)?, dev.download(s, &out)?);
     let mut got = Vec::new();
@@ -202,12 +204,12 @@ fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay)
         got.extend_from_slice(&out[r * w..][..w]);
         want.extend_from_slice(&want_out[r]);
     }
-    got.extend(dev.download(s, &states)?);
-    want.extend([slot0, a_after, b_after].concat());
+    got.extend(dev.download(s, &live)?);
+    want.extend(after.concat());
     cx.report.exact(
         "kda slots",
         format!(
-            "{heads} heads of {hd}, {taps} taps: a pad row, a sequence's 4th token and another's first 5 in one launch = a launch a token{}",
+            "{heads} heads of {hd}, {taps} taps: a pad row and four sequences' spans (one of five rows) in one launch = a launch a token{}",
             decay.name()
         ),
         bit_mismatches(&got, &want),
@@ -274,6 +276,7 @@ fn rows(
         decay.l2_eps,
         &Span::of(&many.pos),
         None,
+        None,
     )?;
     let gates = KdaGates {
         f: Span::of(&fd),
@@ -293,6 +296,7 @@ fn rows(
         (heads, hd),
         EPS,
         &Span::of(&many.pos),
+        None,
         None,
     )?;
     let mut got = dev.download(s, &qkv)?;
@@ -462,6 +466,7 @@ impl OnDevice {
             l.decay.l2_eps,
             &Span::of(&self.pos),
             None,
+            None,
         )?;
         let gates = KdaGates {
             f: Span::of(&self.f),
@@ -481,6 +486,7 @@ impl OnDevice {
             (l.heads, l.hd),
             EPS,
             &Span::of(&self.pos),
+            None,
             None,
         )
     }
