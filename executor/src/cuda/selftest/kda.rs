@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use anyhow::Result;
+use cudarc::driver::DeviceSlice;
 
 use super::exact::report_replay;
 use super::{bit_mismatches, random, Ctx};
@@ -21,7 +22,7 @@ use crate::cpu::kernels::{
     DeltaInputs, KdaState,
 };
 use crate::cuda::device::DeviceBuffer;
-use crate::cuda::kda::{KdaGates, Slotted};
+use crate::cuda::kda::{KdaGates, Keeping, Slotted};
 use crate::cuda::ops::PAD_SLOT;
 use crate::cuda::{capture, CudaDevice, CudaStream, Span};
 
@@ -88,7 +89,148 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     }
     for (case, decay) in [((4, 32, 4), KIMI_DECAY), ((2, 128, 3), GLM5_DECAY)] {
         slotted(cx, case, decay)?;
+        kept(cx, case, decay)?;
     }
+    Ok(())
+}
+
+/// A speculative plan's keeping, in sequence slot 1 of 2 after three tokens: a verify span of
+/// four rows (t0..t3), then a span at the position after t1 (t2 and t3 rejected) of three
+/// rows, against the token-by-token runs of t0..t3 and of t0, t1 and the new rows: outputs
+/// and the state after, bit for bit; then a span at a position before the rows kept, whose
+/// outputs must all be NaN.
+fn kept(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay) -> Result<()> {
+    let (dev, s) = (cx.dev, cx.s);
+    let l = Layer::new(cx, heads, hd, taps, decay);
+    let w = l.width();
+    let (win, slot_len, keeps) = (windows(&l), windows(&l) + heads * hd * hd, 4);
+    let before: Vec<Token> = (0..3).map(|_| Token::new(cx, &l)).collect();
+    let drafted: Vec<Token> = (0..4).map(|_| Token::new(cx, &l)).collect();
+    let again: Vec<Token> = (0..3).map(|_| Token::new(cx, &l)).collect();
+    // token by token after `before`: the outputs of `extra`'s tokens, and the state after
+    let run = |extra: &[&Token]| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut one = OnDevice::new(dev, s, &l)?;
+        let mut outs = Vec::new();
+        for (p, t) in before.iter().chain(extra.iter().copied()).enumerate() {
+            one.feed(dev, s, t, p)?;
+            one.enqueue(dev, s, &l)?;
+            if p >= before.len() {
+                outs.push(dev.download(s, &one.out)?);
+            }
+        }
+        Ok((outs.concat(), dev.download(s, &one.state)?))
+    };
+    let drafted_refs: Vec<&Token> = drafted.iter().collect();
+    let (want_drafted, _) = run(&drafted_refs)?;
+    let accepted: Vec<&Token> = drafted[..2].iter().chain(&again).collect();
+    let (want_again, want_state) = run(&accepted)?;
+    let want_again = want_again[2 * w..].to_vec();
+    let mut one = OnDevice::new(dev, s, &l)?;
+    for (p, t) in before.iter().enumerate() {
+        one.feed(dev, s, t, p)?;
+        one.enqueue(dev, s, &l)?;
+    }
+    let other = random(&mut cx.rng, slot_len, 1.0);
+    let live = dev.upload(s, &[other.clone(), dev.download(s, &one.state)?].concat())?;
+    let kept_states = dev.alloc::<f32>(s, 2 * (keeps - 1) * slot_len)?;
+    let track = dev.alloc::<u32>(s, 2 * 3)?;
+    let weights = OnDevice::new(dev, s, &l)?;
+    // one span of `toks` at `first` in slot 1, with keeping; its outputs
+    let span = |toks: &[&Token], first: u32| -> Result<Vec<f32>> {
+        let n = toks.len();
+        let mut x = vec![0f32; 3 * n * w];
+        for (r, t) in toks.iter().enumerate() {
+            for part in 0..3 {
+                x[(part * n + r) * w..][..w].copy_from_slice(&t.x[part * w..][..w]);
+            }
+        }
+        let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
+            toks.iter().flat_map(|&t| f(t).clone()).collect()
+        };
+        let pos: Vec<u32> = (first..first + n as u32).collect();
+        let (pos_d, slots_d) = (dev.upload(s, &pos)?, dev.upload(s, &vec![1u32; n])?);
+        let (xd, fd, bd, gd) = (
+            dev.upload(s, &x)?,
+            dev.upload(s, &cat(|t| &t.f))?,
+            dev.upload(s, &cat(|t| &t.b))?,
+            dev.upload(s, &cat(|t| &t.gate))?,
+        );
+        let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
+        let slot_span = Span::of(&slots_d);
+        let slotted = || Slotted {
+            slots: &slot_span,
+            stride: slot_len,
+            sequences: 2,
+        };
+        let keeping = |offset: usize| {
+            let k = Span::of(&kept_states);
+            Keeping {
+                kept: k.sub(offset, k.len() - offset),
+                track: Span::of(&track),
+                keeps,
+                state_len: slot_len,
+            }
+        };
+        let states = Span::of(&live);
+        let pos_s = Span::of(&pos_d);
+        dev.kda_conv(
+            s,
+            &Span::of(&xd),
+            &Span::of(&weights.conv),
+            &states,
+            &Span::of(&qkv),
+            (heads, hd, taps),
+            decay.l2_eps,
+            &pos_s,
+            Some(slotted()),
+            Some(&keeping(0)),
+        )?;
+        let gates = KdaGates {
+            f: Span::of(&fd),
+            dt_bias: Span::of(&weights.dt_bias),
+            a: Span::of(&weights.a),
+            beta: Span::of(&bd),
+            gate: Span::of(&gd),
+            norm: Span::of(&weights.norm),
+            bound: decay.bound,
+        };
+        dev.kda_delta(
+            s,
+            &states.sub(win, states.len() - win),
+            &Span::of(&qkv),
+            &gates,
+            &Span::of(&out),
+            (heads, hd),
+            EPS,
+            &pos_s,
+            Some(slotted()),
+            Some(&keeping(win)),
+        )?;
+        dev.kda_track(s, (&pos_s, Some(&slot_span)), n, &keeping(0))?;
+        dev.download(s, &out)
+    };
+    let mut got = span(&drafted_refs, 3)?;
+    let mut want = want_drafted;
+    let again_refs: Vec<&Token> = again.iter().collect();
+    got.extend(span(&again_refs, 5)?);
+    want.extend(want_again);
+    got.extend(dev.download(s, &live)?);
+    want.extend([other, want_state].concat());
+    cx.report.exact(
+        "kda kept",
+        format!(
+            "{heads} heads of {hd}, {taps} taps: a verify span of 4, then 3 rows after its second = a launch a token{}",
+            decay.name()
+        ),
+        bit_mismatches(&got, &want),
+    );
+    // the state has taken in 8 positions and kept those after 6 and 7: 4 cannot be honoured
+    let lost = span(&again_refs[..1], 4)?;
+    cx.report.exact(
+        "kda kept",
+        format!("{heads} heads of {hd}: a span where no state is kept gives NaN"),
+        lost.iter().filter(|v| !v.is_nan()).count(),
+    );
     Ok(())
 }
 
