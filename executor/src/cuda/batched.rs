@@ -75,8 +75,13 @@ impl RankDevice {
         let (x, xn) = (Self::rows_of(&b.x, rows, d), Self::rows_of(&b.xn, rows, d));
         let eps = self.geo.eps;
         let xq = self.quantized_rows();
+        let p = RowProducts {
+            dev,
+            s,
+            xq: xq.as_ref(),
+        };
         let product = |ws: &[&DeviceWeight], x: Input, chunks, ys: &[(u64, usize)], epilogue| {
-            batch_product(dev, xq.as_ref(), s, ws, x, chunks, ys, epilogue)
+            p.product(ws, x, chunks, ys, epilogue)
         };
         // the GQA attention's output is quantized for the o product in the attention's launch
         // where that product takes the tensor cores
@@ -133,7 +138,7 @@ impl RankDevice {
                         weight: &lw.attn_norm,
                         eps,
                     };
-                    state.pre_batched(dev, s, m, li, norm, (&x, &xn), at, xq.as_ref())
+                    state.pre_batched(p, m, li, norm, (&x, &xn), at)
                 } else {
                     // a DSA layer attends over its rows' selections (a shared-indexer layer's
                     // left by its full layer, on this rank or loaded with the hidden state)
@@ -161,8 +166,7 @@ impl RankDevice {
                     eps,
                 };
                 let q_a = mla.q_lora_normed_rows(m, rows)?;
-                let x = (&x, &xn);
-                dsa.select_batched(dev, s, ix, norm, x, &q_a, li, at, xq.as_ref())
+                dsa.select_batched(p, (ix, li), norm, (&x, &xn), &q_a, at)
             }
             Segment::HcAttnPre | Segment::HcFfnPre => {
                 let (Some(w), Some(hc)) = (&lw.hc, hc) else {
@@ -182,7 +186,7 @@ impl RankDevice {
                         weight: &lw.attn_norm,
                         eps,
                     };
-                    state.pre_batched(dev, s, k, li, norm, (&x, &xn), at, xq.as_ref())
+                    state.pre_batched(p, k, li, norm, (&x, &xn), at)
                 } else {
                     state.core_batched(dev, s, k, li, at, &att)
                 }
@@ -198,21 +202,7 @@ impl RankDevice {
                     weight: &lw.attn_norm,
                     eps,
                 };
-                let (ws, ys) = ([&g.q, &g.k, &g.v], [out(&q), out(&k), out(&v)]);
-                if ws
-                    .iter()
-                    .all(|w| w.dtype == g.q.dtype && full_chunks(w) == full_chunks(&g.q))
-                {
-                    let plain = Epilogue::Plain;
-                    let input = Input::Rows(&x, Some((norm, &xn)));
-                    product(&ws, input, full_chunks(&g.q), &ys, plain)?;
-                } else {
-                    dev.rms_norm(s, &x, norm.weight, eps, &mut xn.clone())?;
-                    for (w, y) in ws.iter().zip(ys) {
-                        let input = Input::Rows(&xn, None);
-                        product(&[w], input, full_chunks(w), &[y], Epilogue::Plain)?;
-                    }
-                }
+                p.normed(&[&g.q, &g.k, &g.v], (&x, &xn), norm, &[&q, &k, &v])?;
                 g.finish_qkv(dev, s, [&q, &k, &v], eps)
             }
             Segment::AttnCore => {
@@ -395,6 +385,69 @@ impl RankDevice {
 pub(super) struct RowsAt<'a> {
     pub pos: &'a Span<u32>,
     pub slots: &'a Span<u32>,
+}
+
+/// The products of a batched step's rows on a rank: its device, the stream they go on, and
+/// its 8-bit copy of the rows (for the products on tensor cores).
+#[derive(Clone, Copy)]
+pub(super) struct RowProducts<'a> {
+    pub dev: &'a CudaDevice,
+    pub s: &'a Arc<CudaStream>,
+    pub xq: Option<&'a Span<u8>>,
+}
+
+impl RowProducts<'_> {
+    /// `ys[i] = ws[i] (rms_norm(x) * norm)` over the rows, as the one-row decode runs them:
+    /// one launch where the weights share dtype and chunk count (the norm in it; `xn` may be
+    /// x, normalized in place), else the norm into `xn` first and a launch each.
+    pub fn normed(
+        &self,
+        ws: &[&DeviceWeight],
+        (x, xn): (&Span<f32>, &Span<f32>),
+        norm: Norm,
+        ys: &[&Span<f32>],
+    ) -> Result<()> {
+        let chunks = full_chunks(ws[0]);
+        let out: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
+        if ws
+            .iter()
+            .all(|w| w.dtype == ws[0].dtype && full_chunks(w) == chunks)
+        {
+            let input = Input::Rows(x, Some((norm, xn)));
+            return self.product(ws, input, chunks, &out, Epilogue::Plain);
+        }
+        self.dev
+            .rms_norm(self.s, x, norm.weight, norm.eps, &mut xn.clone())?;
+        for (w, y) in ws.iter().zip(out) {
+            let chunks = full_chunks(w);
+            self.product(&[w], Input::Rows(xn, None), chunks, &[y], Epilogue::Plain)?;
+        }
+        Ok(())
+    }
+
+    /// `y = w x` over the rows.
+    pub fn plain(&self, w: &DeviceWeight, x: &Span<f32>, y: &Span<f32>) -> Result<()> {
+        let out = [(y.addr(), y.len())];
+        self.product(
+            &[w],
+            Input::Rows(x, None),
+            full_chunks(w),
+            &out,
+            Epilogue::Plain,
+        )
+    }
+
+    /// [`batch_product`] on this rank.
+    pub fn product(
+        &self,
+        ws: &[&DeviceWeight],
+        x: Input,
+        chunks: usize,
+        ys: &[(u64, usize)],
+        epilogue: Epilogue,
+    ) -> Result<()> {
+        batch_product(self.dev, self.xq, self.s, ws, x, chunks, ys, epilogue)
+    }
 }
 
 /// A product's activation rows x: as f32 rows, `rms_norm`ed first with the norm into its span

@@ -14,9 +14,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 use memra_compiler::plan::Plan;
 
-use super::batched::{batch_product, Input, RowsAt};
+use super::batched::{RowProducts, RowsAt};
 use super::device::{CudaDevice, DeviceBuffer, PLAIN_DYNAMIC_SHARED};
-use super::matvec::{Epilogue, Norm};
+use super::matvec::Norm;
 use super::span::Span;
 use super::weights::{full_chunks, grid, int, upload_matrix, DeviceWeight, LayerLoad};
 use crate::layer_weights::IndexerWeights as HostIndexer;
@@ -462,59 +462,32 @@ impl DsaState {
     }
 
     /// `dsa_select` of layer `layer` over a batched step's rows (each in its sequence slot,
-    /// `at`): the indexer's products over the rows with the one-row decode's bits
-    /// (`batch_product`, `xq` the rank's 8-bit copy of the rows) from the normed input (`norm`
-    /// of `x`, into `xn` where a product needs it) and the normed q-LoRA rows `q_a`, then
-    /// [`Self::select_rows`] over the rows' own slots.
-    #[allow(clippy::too_many_arguments)]
+    /// `at`): the indexer's products over the rows with the one-row decode's bits from the
+    /// normed input (`norm` of `x`, into `xn` where a product needs it) and the normed q-LoRA
+    /// rows `q_a`, then [`Self::select_rows`] over the rows' own slots.
     pub fn select_batched(
         &self,
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
-        ix: &IndexerWeights,
+        p: RowProducts,
+        (ix, layer): (&IndexerWeights, usize),
         norm: Norm,
-        (x, xn): (&Span<f32>, &Span<f32>),
+        x: (&Span<f32>, &Span<f32>),
         q_a: &Span<f32>,
-        layer: usize,
         at: RowsAt,
-        xq: Option<&Span<u8>>,
     ) -> Result<()> {
         let r = self.rows(at.pos.len())?;
-        let product = |ws: &[&DeviceWeight], input: Input, ys: &[&Span<f32>]| {
-            let ys: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
-            batch_product(
-                dev,
-                xq,
-                s,
-                ws,
-                input,
-                full_chunks(ws[0]),
-                &ys,
-                Epilogue::Plain,
-            )
-        };
-        let ws = [&ix.k, &ix.gate, &ix.proj];
-        let ys = [&r.key, &r.gate, &r.w];
-        let chunks = full_chunks(&ix.k);
-        // as the one-row `select`: one launch where the weights share dtype and chunk count
-        // (the norm in it), else the norm first and a launch each
-        if ws
-            .iter()
-            .all(|m| m.dtype == ix.k.dtype && full_chunks(m) == chunks)
-        {
-            product(&ws, Input::Rows(x, Some((norm, xn))), &ys)?;
-        } else {
-            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
-            for (m, y) in ws.iter().zip(ys) {
-                product(&[m], Input::Rows(xn, None), &[y])?;
-            }
-        }
-        product(&[&ix.q_b], Input::Rows(q_a, None), &[&r.q])?;
+        // as the one-row `select`
+        p.normed(
+            &[&ix.k, &ix.gate, &ix.proj],
+            x,
+            norm,
+            &[&r.key, &r.gate, &r.w],
+        )?;
+        p.plain(&ix.q_b, q_a, &r.q)?;
         let slots = DsaSlots {
             slots: at.slots,
             sequences: self.sequences,
         };
-        self.select_rows(dev, s, ix, layer, (at.pos, Some(&slots)))
+        self.select_rows(p.dev, p.s, ix, layer, (at.pos, Some(&slots)))
     }
 
     /// The indexer of layer `layer` over the token rows at `positions` (one per row), whose

@@ -21,9 +21,9 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice, LaunchConfig};
 
-use super::batched::{batch_product, Input, RowsAt};
+use super::batched::{RowProducts, RowsAt};
 use super::device::{CudaDevice, DeviceBuffer};
-use super::matvec::{Epilogue, Norm};
+use super::matvec::Norm;
 use super::span::Span;
 use super::weights::{full_chunks, grid, upload_matrix, DeviceWeight, LayerLoad};
 use crate::layer_weights::KdaWeights as HostKda;
@@ -226,59 +226,26 @@ impl KdaState {
     }
 
     /// `kda_pre` of a batched step's rows (each in its sequence slot, `at`): every projection
-    /// over the rows with the one-row decode's bits (`batch_product`; `xq` the rank's 8-bit
-    /// copy of the rows), then the convolutions and q/k norms of each sequence's rows in
-    /// order on its slot's windows.
-    #[allow(clippy::too_many_arguments)]
+    /// over the rows with the one-row decode's bits, then the convolutions and q/k norms of
+    /// each sequence's rows in order on its slot's windows.
     pub fn pre_batched(
         &self,
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
+        p: RowProducts,
         k: &KdaWeights,
         layer: usize,
         norm: Norm,
-        (x, xn): (&Span<f32>, &Span<f32>),
+        x: (&Span<f32>, &Span<f32>),
         at: RowsAt,
-        xq: Option<&Span<u8>>,
     ) -> Result<()> {
+        let (dev, s) = (p.dev, p.s);
         let rows = at.pos.len();
         let sp = self.row_spans(k, rows)?;
-        let product = |ws: &[&DeviceWeight], input: Input, ys: &[&Span<f32>]| {
-            let ys: Vec<(u64, usize)> = ys.iter().map(|y| (y.addr(), y.len())).collect();
-            batch_product(
-                dev,
-                xq,
-                s,
-                ws,
-                input,
-                full_chunks(ws[0]),
-                &ys,
-                Epilogue::Plain,
-            )
-        };
-        // as the one-row `products`: one launch where the weights share dtype and chunk count
-        // (the norm in it), else the norm first and a launch each
-        let normed = |ws: &[&DeviceWeight], ys: &[&Span<f32>]| -> Result<()> {
-            let chunks = full_chunks(ws[0]);
-            if ws
-                .iter()
-                .all(|w| w.dtype == ws[0].dtype && full_chunks(w) == chunks)
-            {
-                return product(ws, Input::Rows(x, Some((norm, xn))), ys);
-            }
-            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
-            for (w, y) in ws.iter().zip(ys) {
-                product(&[w], Input::Rows(xn, None), &[y])?;
-            }
-            Ok(())
-        };
-        normed(&[&k.q, &k.k, &k.v], &[&sp.q, &sp.k, &sp.v])?;
-        normed(
-            &[&k.f_a, &k.beta, &k.g_a],
-            &[&sp.f_low, &sp.beta, &sp.g_low],
-        )?;
-        product(&[&k.f_b], Input::Rows(&sp.f_low, None), &[&sp.f])?;
-        product(&[&k.g_b], Input::Rows(&sp.g_low, None), &[&sp.gate])?;
+        // as the one-row `products`
+        p.normed(&[&k.q, &k.k, &k.v], x, norm, &[&sp.q, &sp.k, &sp.v])?;
+        let low = [&sp.f_low, &sp.beta, &sp.g_low];
+        p.normed(&[&k.f_a, &k.beta, &k.g_a], x, norm, &low)?;
+        p.plain(&k.f_b, &sp.f_low, &sp.f)?;
+        p.plain(&k.g_b, &sp.g_low, &sp.gate)?;
         let state = self.state(layer)?;
         dev.kda_conv(
             s,

@@ -14,69 +14,44 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaStream, DeviceSlice};
 
 use super::{MlaState, MlaWeights, QueryPath};
-use crate::cuda::batched::{batch_product, Input, RowsAt};
+use crate::cuda::batched::{RowProducts, RowsAt};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::dsa::Cells;
-use crate::cuda::matvec::{Epilogue, ExpertSel, Norm, MAX_GRID_Y};
+use crate::cuda::matvec::{ExpertSel, Norm, MAX_GRID_Y};
 use crate::cuda::span::Span;
-use crate::cuda::weights::{full_chunks, DeviceStack, DeviceWeight};
+use crate::cuda::weights::{full_chunks, DeviceStack};
 
 impl MlaState {
     /// `mla_pre` of the `rows` token rows of `x` of a batched step: the attention norm (into
     /// `xn` where a product needs it), the query and latent products, the latent norm and the
     /// rope of every row, each row's cache row written into its slot, and each head's absorbed
-    /// query. `xq` is the rank's 8-bit copy of the rows (tensor-core products).
-    #[allow(clippy::too_many_arguments)]
+    /// query.
     pub fn pre_batched(
         &self,
-        dev: &CudaDevice,
-        s: &Arc<CudaStream>,
+        p: RowProducts,
         m: &MlaWeights,
         layer: usize,
         norm: Norm,
         (x, xn): (&Span<f32>, &Span<f32>),
         at: RowsAt,
-        xq: Option<&Span<u8>>,
     ) -> Result<()> {
+        let (dev, s) = (p.dev, p.s);
         let rows = at.pos.len();
         let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
         let q = Span::of(&b.q).sub(0, rows * sh.q_rows);
         let kv_a = Span::of(&b.kv_a).sub(0, rows * sh.width);
-        let out = |y: &Span<f32>| (y.addr(), y.len());
-        let product = |ws: &[&DeviceWeight], input: Input, ys: &[(u64, usize)]| {
-            batch_product(
-                dev,
-                xq,
-                s,
-                ws,
-                input,
-                full_chunks(ws[0]),
-                ys,
-                Epilogue::Plain,
-            )
-        };
         let (first, first_y) = match &m.q {
             QueryPath::Direct(w) => (w, q.clone()),
             QueryPath::LowRank { a, .. } => (a, Span::of(&b.q_a).sub(0, rows * a.rows)),
         };
-        // as the one-row decode: one launch of both products where their dtype and
-        // reduction agree, else the norm first
-        if first.dtype == m.kv_a.dtype && full_chunks(first) == full_chunks(&m.kv_a) {
-            let input = Input::Rows(x, Some((norm, xn)));
-            product(&[first, &m.kv_a], input, &[out(&first_y), out(&kv_a)])?;
-        } else {
-            dev.rms_norm(s, x, norm.weight, norm.eps, &mut xn.clone())?;
-            product(&[first], Input::Rows(xn, None), &[out(&first_y)])?;
-            product(&[&m.kv_a], Input::Rows(xn, None), &[out(&kv_a)])?;
-        }
+        p.normed(&[first, &m.kv_a], (x, xn), norm, &[&first_y, &kv_a])?;
         if let QueryPath::LowRank { norm, b: q_b, .. } = &m.q {
             let q_norm = Norm {
                 weight: norm,
                 eps: self.eps,
             };
-            // normalized in place
-            let input = Input::Rows(&first_y, Some((q_norm, &first_y)));
-            product(&[q_b], input, &[out(&q)])?;
+            // normalized in place (the DSA indexer's query input)
+            p.normed(&[q_b], (&first_y, &first_y), q_norm, &[&q])?;
         }
         let cache_rows = Span::of(&b.cache_rows).sub(0, rows * sh.width);
         let q_lat = Span::of(&b.q_lat).sub(0, rows * sh.heads * sh.width);
@@ -115,30 +90,9 @@ impl MlaState {
         cells: Option<&Cells>,
     ) -> Result<()> {
         let rows = at.pos.len();
-        let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
-        let cache = self.cache(layer)?;
-        let q_lat = Span::of(&b.q_lat);
-        let (per_q, per_lat) = (sh.heads * sh.width, sh.heads * sh.kvl);
-        let lat = Span::of(&b.lat).sub(0, rows * per_lat);
-        for r0 in (0..rows).step_by(b.attend_rows) {
-            let n = b.attend_rows.min(rows - r0);
-            let cells = cells.map(|c| Cells {
-                span: c.span.sub(r0 * c.stride, n * c.stride),
-                stride: c.stride,
-            });
-            dev.mla_attention(
-                s,
-                &q_lat.sub(r0 * per_q, n * per_q),
-                None,
-                &cache,
-                &lat.sub(r0 * per_lat, n * per_lat),
-                &Span::of(&b.parts),
-                (&at.pos.sub(r0, n), Some(&at.slots.sub(r0, n))),
-                (sh.heads, sh.kvl, sh.width, self.capacity),
-                self.kq_scale,
-                cells.as_ref(),
-            )?;
-        }
+        let sh = m.shape();
+        let lat = self.attend_rows(dev, s, m, layer, (at.pos, Some(at.slots)), cells)?;
+        let per_lat = sh.heads * sh.kvl;
         self.heads_batched(
             dev,
             s,

@@ -646,35 +646,12 @@ impl CudaDevice {
         &self,
         s: &CudaStream,
         x: &Span<f32>,
-        (row_stride, head_stride, len): (usize, usize, usize),
-        (rows, heads): (usize, usize),
+        at: (usize, usize, usize),
+        rows_heads: (usize, usize),
         out: &Span<f32>,
     ) -> Result<()> {
-        let n = heads * rows * len;
-        assert!(
-            n > 0
-                && n <= i32::MAX as usize
-                && out.len() >= n
-                && x.len() >= (rows - 1) * row_stride + (heads - 1) * head_stride + len,
-            "mla_heads_gather: {rows} rows of {heads} heads of {len} values"
-        );
-        let (xp, op) = (x.addr(), out.addr());
-        let (rs, hs, l, r, h) = (
-            int(row_stride),
-            int(head_stride),
-            int(len),
-            int(rows),
-            int(heads),
-        );
-        self.launch(s, "mla_heads_gather_f32", grid(n, 256), |a| {
-            a.arg(&xp)
-                .arg(&rs)
-                .arg(&hs)
-                .arg(&l)
-                .arg(&r)
-                .arg(&h)
-                .arg(&op);
-        })
+        let to = (out.addr(), out.len());
+        self.heads_major(s, "mla_heads_gather_f32", x, at, rows_heads, to)
     }
 
     /// `out[h][r][i]` = f16 of `x[r * row_stride + h * head_stride + i]`, `i < len`: each
@@ -683,20 +660,35 @@ impl CudaDevice {
         &self,
         s: &CudaStream,
         x: &Span<f32>,
-        (row_stride, head_stride, len): (usize, usize, usize),
-        (rows, heads): (usize, usize),
+        at: (usize, usize, usize),
+        rows_heads: (usize, usize),
         out: &Span<u16>,
     ) -> Result<()> {
+        let to = (out.addr(), out.len());
+        self.heads_major(s, "mla_heads_f16", x, at, rows_heads, to)
+    }
+
+    /// `kernel` (`mla_heads_f16` or `mla_heads_gather_f32`): each head's slices of the rows
+    /// of `x` into the head-major `out` (its address and values).
+    fn heads_major(
+        &self,
+        s: &CudaStream,
+        kernel: &str,
+        x: &Span<f32>,
+        (row_stride, head_stride, len): (usize, usize, usize),
+        (rows, heads): (usize, usize),
+        (op, out_len): (u64, usize),
+    ) -> Result<()> {
         let n = heads * rows * len;
-        // the kernel indexes the values with 32-bit ints
+        // the kernels index the values with 32-bit ints
         assert!(
             n > 0
                 && n <= i32::MAX as usize
-                && out.len() >= n
+                && out_len >= n
                 && x.len() >= (rows - 1) * row_stride + (heads - 1) * head_stride + len,
-            "mla_heads_f16: {rows} rows of {heads} heads of {len} values"
+            "{kernel}: {rows} rows of {heads} heads of {len} values"
         );
-        let (xp, op) = (x.addr(), out.addr());
+        let xp = x.addr();
         let (rs, hs, l, r, h) = (
             int(row_stride),
             int(head_stride),
@@ -704,7 +696,7 @@ impl CudaDevice {
             int(rows),
             int(heads),
         );
-        self.launch(s, "mla_heads_f16", grid(n, 256), |a| {
+        self.launch(s, kernel, grid(n, 256), |a| {
             a.arg(&xp)
                 .arg(&rs)
                 .arg(&hs)

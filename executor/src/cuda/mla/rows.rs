@@ -262,30 +262,9 @@ impl MlaState {
         cells: Option<&Cells>,
     ) -> Result<()> {
         let rows = positions.len();
-        let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
-        let cache = self.cache(layer)?;
-        let q_lat = Span::of(&b.q_lat);
-        let lat = Span::of(&b.lat).sub(0, rows * sh.heads * sh.kvl);
-        let (per_q, per_lat) = (sh.heads * sh.width, sh.heads * sh.kvl);
-        for r0 in (0..rows).step_by(b.attend_rows) {
-            let n = b.attend_rows.min(rows - r0);
-            let cells = cells.map(|c| Cells {
-                span: c.span.sub(r0 * c.stride, n * c.stride),
-                stride: c.stride,
-            });
-            dev.mla_attention(
-                s,
-                &q_lat.sub(r0 * per_q, n * per_q),
-                None,
-                &cache,
-                &lat.sub(r0 * per_lat, n * per_lat),
-                &Span::of(&b.parts),
-                (&positions.sub(r0, n), None),
-                (sh.heads, sh.kvl, sh.width, self.capacity),
-                self.kq_scale,
-                cells.as_ref(),
-            )?;
-        }
+        let sh = m.shape();
+        let lat = self.attend_rows(dev, s, m, layer, (positions, None), cells)?;
+        let per_lat = sh.heads * sh.kvl;
         self.per_head(
             dev,
             s,
@@ -294,6 +273,48 @@ impl MlaState {
             (att, (sh.heads * sh.v, sh.v, sh.v)),
             rows,
         )
+    }
+
+    /// Latent attention of the absorbed queries `q_lat` holds for the token rows at
+    /// `positions` (in sequence slots `slots` for a batched step; else slot 0's cache), each
+    /// over its causal prefix (a DSA layer's: its row of `cells`), in launches of
+    /// `attend_rows` rows; returns the rows' latents.
+    pub(super) fn attend_rows(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        m: &MlaWeights,
+        layer: usize,
+        (positions, slots): (&Span<u32>, Option<&Span<u32>>),
+        cells: Option<&Cells>,
+    ) -> Result<Span<f32>> {
+        let rows = positions.len();
+        let (sh, b) = (m.shape(), self.rows_buffers(rows)?);
+        let cache = self.cache(layer)?;
+        let q_lat = Span::of(&b.q_lat);
+        let (per_q, per_lat) = (sh.heads * sh.width, sh.heads * sh.kvl);
+        let lat = Span::of(&b.lat).sub(0, rows * per_lat);
+        for r0 in (0..rows).step_by(b.attend_rows) {
+            let n = b.attend_rows.min(rows - r0);
+            let cells = cells.map(|c| Cells {
+                span: c.span.sub(r0 * c.stride, n * c.stride),
+                stride: c.stride,
+            });
+            let slots = slots.map(|x| x.sub(r0, n));
+            dev.mla_attention(
+                s,
+                &q_lat.sub(r0 * per_q, n * per_q),
+                None,
+                &cache,
+                &lat.sub(r0 * per_lat, n * per_lat),
+                &Span::of(&b.parts),
+                (&positions.sub(r0, n), slots.as_ref()),
+                (sh.heads, sh.kvl, sh.width, self.capacity),
+                self.kq_scale,
+                cells.as_ref(),
+            )?;
+        }
+        Ok(lat)
     }
 
     /// For each head `h` of `stack` and each of the `rows` rows: the head's slice of the row

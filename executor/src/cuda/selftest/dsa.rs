@@ -148,6 +148,22 @@ impl Layer {
         })
     }
 
+    /// A layer with `one`'s weights, a fresh cache of `sequences` slots and the inputs of
+    /// steps of `rows_n` rows.
+    fn like(
+        cx: &mut Ctx,
+        c: &Case,
+        one: &Layer,
+        (rows_n, sequences): (usize, usize),
+    ) -> Result<Layer> {
+        let (dev, s) = (cx.dev, cx.s);
+        let mut l = Layer::new(cx, c.shape, c.ties, (rows_n, sequences))?;
+        dev.write(s, &one.norm_w, &mut l.d_norm.0)?;
+        dev.write(s, &one.norm_b, &mut l.d_norm.1)?;
+        dev.write(s, &one.ape, &mut l.d_ape)?;
+        Ok(l)
+    }
+
     /// The tokens `ts` as one step from position `first` (at most `rows_n` of them).
     fn feed(
         &mut self,
@@ -307,10 +323,7 @@ fn steps(
 ) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let sh = c.shape;
-    let mut l = Layer::new(cx, sh, c.ties, (STEP_ROWS, 1))?;
-    dev.write(s, &one.norm_w, &mut l.d_norm.0)?;
-    dev.write(s, &one.norm_b, &mut l.d_norm.1)?;
-    dev.write(s, &one.ape, &mut l.d_ape)?;
+    let mut l = Layer::like(cx, c, one, (STEP_ROWS, 1))?;
     let stride = cells_stride(sh);
     let mut wrong = 0;
     for (k, step) in toks.chunks(STEP_ROWS).enumerate() {
@@ -354,10 +367,7 @@ fn slotted_steps(
 ) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let sh = c.shape;
-    let mut l = Layer::new(cx, sh, c.ties, (STEP_ROWS + 1, 2))?;
-    dev.write(s, &one.norm_w, &mut l.d_norm.0)?;
-    dev.write(s, &one.norm_b, &mut l.d_norm.1)?;
-    dev.write(s, &one.ape, &mut l.d_ape)?;
+    let mut l = Layer::like(cx, c, one, (STEP_ROWS + 1, 2))?;
     // slot 0 holds another sequence's cache
     let other = (
         random(&mut cx.rng, sh.rows_len(), 1.0),

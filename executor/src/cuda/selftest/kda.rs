@@ -103,7 +103,7 @@ fn kept(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay) ->
     let (dev, s) = (cx.dev, cx.s);
     let l = Layer::new(cx, heads, hd, taps, decay);
     let w = l.width();
-    let (win, slot_len, keeps) = (windows(&l), windows(&l) + heads * hd * hd, 4);
+    let (slot_len, keeps) = (windows(&l) + heads * hd * hd, 4);
     let before: Vec<Token> = (0..3).map(|_| Token::new(cx, &l)).collect();
     let drafted: Vec<Token> = (0..4).map(|_| Token::new(cx, &l)).collect();
     let again: Vec<Token> = (0..3).map(|_| Token::new(cx, &l)).collect();
@@ -137,77 +137,15 @@ fn kept(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay) ->
     let weights = OnDevice::new(dev, s, &l)?;
     // one span of `toks` at `first` in slot 1, with keeping; its outputs
     let span = |toks: &[&Token], first: u32| -> Result<Vec<f32>> {
-        let n = toks.len();
-        let mut x = vec![0f32; 3 * n * w];
-        for (r, t) in toks.iter().enumerate() {
-            for part in 0..3 {
-                x[(part * n + r) * w..][..w].copy_from_slice(&t.x[part * w..][..w]);
-            }
-        }
-        let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
-            toks.iter().flat_map(|&t| f(t).clone()).collect()
+        let pos: Vec<u32> = (first..first + toks.len() as u32).collect();
+        let slots = vec![1u32; toks.len()];
+        let keep = (&kept_states, &track, keeps);
+        let step = Batched {
+            l: &l,
+            weights: &weights,
+            live: (&live, 2),
         };
-        let pos: Vec<u32> = (first..first + n as u32).collect();
-        let (pos_d, slots_d) = (dev.upload(s, &pos)?, dev.upload(s, &vec![1u32; n])?);
-        let (xd, fd, bd, gd) = (
-            dev.upload(s, &x)?,
-            dev.upload(s, &cat(|t| &t.f))?,
-            dev.upload(s, &cat(|t| &t.b))?,
-            dev.upload(s, &cat(|t| &t.gate))?,
-        );
-        let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
-        let slot_span = Span::of(&slots_d);
-        let slotted = || Slotted {
-            slots: &slot_span,
-            stride: slot_len,
-            sequences: 2,
-        };
-        let keeping = |offset: usize| {
-            let k = Span::of(&kept_states);
-            Keeping {
-                kept: k.sub(offset, k.len() - offset),
-                track: Span::of(&track),
-                keeps,
-                state_len: slot_len,
-            }
-        };
-        let states = Span::of(&live);
-        let pos_s = Span::of(&pos_d);
-        dev.kda_conv(
-            s,
-            &Span::of(&xd),
-            &Span::of(&weights.conv),
-            &states,
-            &Span::of(&qkv),
-            (heads, hd, taps),
-            decay.l2_eps,
-            &pos_s,
-            Some(slotted()),
-            Some(&keeping(0)),
-        )?;
-        let gates = KdaGates {
-            f: Span::of(&fd),
-            dt_bias: Span::of(&weights.dt_bias),
-            a: Span::of(&weights.a),
-            beta: Span::of(&bd),
-            gate: Span::of(&gd),
-            norm: Span::of(&weights.norm),
-            bound: decay.bound,
-        };
-        dev.kda_delta(
-            s,
-            &states.sub(win, states.len() - win),
-            &Span::of(&qkv),
-            &gates,
-            &Span::of(&out),
-            (heads, hd),
-            EPS,
-            &pos_s,
-            Some(slotted()),
-            Some(&keeping(win)),
-        )?;
-        dev.kda_track(s, (&pos_s, Some(&slot_span)), n, &keeping(0))?;
-        dev.download(s, &out)
+        Ok(step.run(dev, s, toks, (&pos, &slots), Some(keep))?.1)
     };
     let mut got = span(&drafted_refs, 3)?;
     let mut want = want_drafted;
@@ -275,67 +213,15 @@ fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay)
         after[slot] = dev.download(s, &one.state)?;
     }
     let n = toks.len();
-    let mut x = vec![0f32; 3 * n * w];
-    for (r, t) in toks.iter().enumerate() {
-        for part in 0..3 {
-            x[(part * n + r) * w..][..w].copy_from_slice(&t.x[part * w..][..w]);
-        }
-    }
-    let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
-        toks.iter().flat_map(|t| f(t).clone()).collect()
-    };
     let live = dev.upload(s, &states.concat())?;
-    let (pos_d, slots_d) = (dev.upload(s, &pos)?, dev.upload(s, &slots)?);
-    let (xd, fd, bd, gd) = (
-        dev.upload(s, &x)?,
-        dev.upload(s, &cat(|t| &t.f))?,
-        dev.upload(s, &cat(|t| &t.b))?,
-        dev.upload(s, &cat(|t| &t.gate))?,
-    );
-    let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
     let weights = OnDevice::new(dev, s, &l)?;
-    let slot_span = Span::of(&slots_d);
-    let slotted = || Slotted {
-        slots: &slot_span,
-        stride: slot_len,
-        sequences: 4,
+    let step = Batched {
+        l: &l,
+        weights: &weights,
+        live: (&live, 4),
     };
-    let all = Span::of(&live);
-    let (win, states_len) = (windows(&l), 4 * slot_len);
-    dev.kda_conv(
-        s,
-        &Span::of(&xd),
-        &Span::of(&weights.conv),
-        &all,
-        &Span::of(&qkv),
-        (heads, hd, taps),
-        decay.l2_eps,
-        &Span::of(&pos_d),
-        Some(slotted()),
-        None,
-    )?;
-    let gates = KdaGates {
-        f: Span::of(&fd),
-        dt_bias: Span::of(&weights.dt_bias),
-        a: Span::of(&weights.a),
-        beta: Span::of(&bd),
-        gate: Span::of(&gd),
-        norm: Span::of(&weights.norm),
-        bound: decay.bound,
-    };
-    dev.kda_delta(
-        s,
-        &all.sub(win, states_len - win),
-        &Span::of(&qkv),
-        &gates,
-        &Span::of(&out),
-        (heads, hd),
-        EPS,
-        &Span::of(&pos_d),
-        Some(slotted()),
-        None,
-    )?;
-    let (qkv, out) = (dev.download(s, &qkv)?, dev.download(s, &out)?);
+    let refs: Vec<&Token> = toks.iter().collect();
+    let (qkv, out) = step.run(dev, s, &refs, (&pos, &slots), None)?;
     let mut got = Vec::new();
     let mut want = Vec::new();
     for r in 0..n {
@@ -631,6 +517,105 @@ impl OnDevice {
             None,
             None,
         )
+    }
+}
+
+/// A batched step's launches over the sequence slots' states in `live` (`sequences` of them,
+/// each windows then states) with `l`'s weights.
+struct Batched<'a> {
+    l: &'a Layer,
+    weights: &'a OnDevice,
+    live: (&'a DeviceBuffer<f32>, usize),
+}
+
+impl Batched<'_> {
+    /// `toks` as one step, row `r` at `pos[r]` in slot `slots[r]`, through both kernels (with
+    /// `keep`'s kept states, tracks and most rows kept, and the track launch after them):
+    /// the convolved q, k, v (`kda_conv`'s layout) and the outputs.
+    fn run(
+        &self,
+        dev: &CudaDevice,
+        s: &Arc<CudaStream>,
+        toks: &[&Token],
+        (pos, slots): (&[u32], &[u32]),
+        keep: Option<(&DeviceBuffer<f32>, &DeviceBuffer<u32>, usize)>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let l = self.l;
+        let (n, w, win) = (toks.len(), l.width(), windows(l));
+        let slot_len = win + l.heads * l.hd * l.hd;
+        let mut x = vec![0f32; 3 * n * w];
+        for (r, t) in toks.iter().enumerate() {
+            for part in 0..3 {
+                x[(part * n + r) * w..][..w].copy_from_slice(&t.x[part * w..][..w]);
+            }
+        }
+        let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
+            toks.iter().flat_map(|&t| f(t).clone()).collect()
+        };
+        let (pos_d, slots_d) = (dev.upload(s, pos)?, dev.upload(s, slots)?);
+        let (xd, fd, bd, gd) = (
+            dev.upload(s, &x)?,
+            dev.upload(s, &cat(|t| &t.f))?,
+            dev.upload(s, &cat(|t| &t.b))?,
+            dev.upload(s, &cat(|t| &t.gate))?,
+        );
+        let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
+        let slot_span = Span::of(&slots_d);
+        let slotted = || Slotted {
+            slots: &slot_span,
+            stride: slot_len,
+            sequences: self.live.1,
+        };
+        let keeping = |offset: usize| {
+            keep.map(|(kept, track, keeps)| {
+                let k = Span::of(kept);
+                Keeping {
+                    kept: k.sub(offset, k.len() - offset),
+                    track: Span::of(track),
+                    keeps,
+                    state_len: slot_len,
+                }
+            })
+        };
+        let (states, pos_s) = (Span::of(self.live.0), Span::of(&pos_d));
+        let wt = self.weights;
+        dev.kda_conv(
+            s,
+            &Span::of(&xd),
+            &Span::of(&wt.conv),
+            &states,
+            &Span::of(&qkv),
+            (l.heads, l.hd, l.taps),
+            l.decay.l2_eps,
+            &pos_s,
+            Some(slotted()),
+            keeping(0).as_ref(),
+        )?;
+        let gates = KdaGates {
+            f: Span::of(&fd),
+            dt_bias: Span::of(&wt.dt_bias),
+            a: Span::of(&wt.a),
+            beta: Span::of(&bd),
+            gate: Span::of(&gd),
+            norm: Span::of(&wt.norm),
+            bound: l.decay.bound,
+        };
+        dev.kda_delta(
+            s,
+            &states.sub(win, states.len() - win),
+            &Span::of(&qkv),
+            &gates,
+            &Span::of(&out),
+            (l.heads, l.hd),
+            EPS,
+            &pos_s,
+            Some(slotted()),
+            keeping(win).as_ref(),
+        )?;
+        if let Some(k) = keeping(0) {
+            dev.kda_track(s, (&pos_s, Some(&slot_span)), n, &k)?;
+        }
+        Ok((dev.download(s, &qkv)?, dev.download(s, &out)?))
     }
 }
 
