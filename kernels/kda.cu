@@ -40,8 +40,9 @@
 // a later span may start again after any of them: per slot, track holds the positions taken
 // in, the position after the span's first row and the rows kept, and `kept` holds keeps - 1
 // states a slot, each laid out as the live one. A span at a position the state has gone past
-// starts from the kept state there (a span anywhere else before it cannot be honoured: its
-// outputs are NaN). kda_track_u32 records each span once both kernels have run.
+// starts from the kept state there (a span anywhere else before it cannot be honoured: it
+// starts from NaN, so its outputs and those after it are NaN until the sequence starts again
+// at position 0). kda_track_u32 records each span once both kernels have run.
 #include "common.cuh"
 
 // The widest head (threads of a block).
@@ -163,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     const size_t part = blockIdx.x / heads, in_part = c - part * width;
     const int keep = taps - 1;
     // the sequence's rows first .. end - 1, of which this block takes r0 .. r1 - 1; the block
-    // that takes the last rows moves the window on
+    // of its first rows (the only one that reads the window) moves the window on
     KdaSpan span = {0, rows, 0, pos[0] == 0, false};
     int r0 = blockIdx.y * KDA_CONV_ROWS, r1 = min(rows, r0 + KDA_CONV_ROWS);
     bool moves = blockIdx.y == 0;
@@ -211,12 +212,13 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
             v = __fmul_rn(__fmul_rn(v, scale), after);
         }
         if (i < hd) out[(part * rows + r) * width + in_part] = v;
-        // the window after this row, where it is kept
-        const int u = r - span.first;
-        if (kk.into && u < n - 1 && i < hd)
-            for (int t = 0; t < keep; ++t) kk.into[(size_t)u * state_len + c * keep + t] = input(u + 1 - keep + t);
     }
     if (moves && i < hd) {
+        // the window after each row but the last, where it is kept (by this block alone: a
+        // kept window may be the one this span started from, read above by this thread)
+        if (kk.into)
+            for (int u = 0; u < n - 1; ++u)
+                for (int t = 0; t < keep; ++t) kk.into[(size_t)u * state_len + c * keep + t] = input(u + 1 - keep + t);
         // the sequence's last keep inputs, oldest first: entry t is read from entry n + t of
         // the old window (or x) before that entry is written (n its rows this step)
         for (int t = 0; t < keep; ++t) window[c * keep + t] = input(n - keep + t);
@@ -267,11 +269,15 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
     const u32 slot = slots ? slots[span.first] : 0;
     const KdaKeep kk = kda_keep(track, kept, keeps, state_len, slot, pos[span.first], n, fresh);
     const float* from = kk.restore ? kk.restore + at * d + j : s;
+    // a span the state cannot honour starts from NaN: its outputs, and every later span's
+    // until the sequence starts again at position 0, are NaN, not another sequence's numbers
+    const float nan = __int_as_float(0x7fc00000);
+    const auto initial = [&](int i) -> float { return fresh ? 0.f : kk.lost ? nan : from[(size_t)i * d]; };
     float held[KDA_HELD];
 #pragma unroll
-    for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d && !fresh ? from[(size_t)i * d] : 0.f;
+    for (int i = 0; i < KDA_HELD; ++i) held[i] = j < d && i < d ? initial(i) : 0.f;
     if (j < d)
-        for (int i = KDA_HELD; i < d; ++i) rest(i) = fresh ? 0.f : from[(size_t)i * d];
+        for (int i = KDA_HELD; i < d; ++i) rest(i) = initial(i);
     for (int r = span.first; r < span.end; ++r) {
         const size_t row = (size_t)r * width + at;
         // every thread is done with the previous token's qs, ks and decay
@@ -312,8 +318,7 @@ extern "C" __global__ void __launch_bounds__(KDA_MAX_DIM)
             rest(i) = v;
             o = __fadd_rn(o, __fmul_rn(v, qs[i]));
         }
-        // a span the state cannot honour gives NaN, not another sequence's numbers
-        out[row + j] = kk.lost ? __int_as_float(0x7fc00000) : __fmul_rn(o, scale);
+        out[row + j] = __fmul_rn(o, scale);
         // the state after this row, where it is kept
         const int u = r - span.first;
         if (kk.into && u < n - 1) {
