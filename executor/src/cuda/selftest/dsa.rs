@@ -353,10 +353,23 @@ fn steps(
     slotted_steps(cx, c, one, toks, cells_by_pos, name)
 }
 
-/// The tokens `toks` again as batched steps of `STEP_ROWS` rows in sequence slot 1 of 2, each
-/// behind a pad row, with `one`'s weights: each row's cells against the token-by-token run's
-/// `cells_by_pos`, slot 1's cache after the last step against `one`'s, and slot 0's as it
-/// was, bit for bit.
+/// How `slotted_steps` lays a run's tokens out in batched steps over two sequence slots.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// Steps of `STEP_ROWS` rows in slot 1, each behind a pad row; slot 0 holds another
+    /// sequence's cache.
+    Chunks,
+    /// A step a token, the token in slot 1 and again in slot 0 (two live sequences).
+    Pairs,
+    /// A step a token, one row in slot 1 (the launch that pools as it writes); slot 0 holds
+    /// another sequence's cache.
+    Single,
+}
+
+/// The tokens `toks` again as batched steps over sequence slots laid out by each `Layout`,
+/// with `one`'s weights: each real row's cells against the token-by-token run's
+/// `cells_by_pos`, and each slot's cache after the last step against `one`'s (or, for a slot
+/// of another sequence, as it was), bit for bit.
 fn slotted_steps(
     cx: &mut Ctx,
     c: &Case,
@@ -367,49 +380,77 @@ fn slotted_steps(
 ) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let sh = c.shape;
-    let mut l = Layer::like(cx, c, one, (STEP_ROWS + 1, 2))?;
-    // slot 0 holds another sequence's cache
-    let other = (
-        random(&mut cx.rng, sh.rows_len(), 1.0),
-        random(&mut cx.rng, sh.pooled_len(), 1.0),
-    );
-    let zero = (vec![0f32; sh.rows_len()], vec![0f32; sh.pooled_len()]);
-    dev.write(s, &[&other.0[..], &zero.0[..]].concat(), &mut l.rows)?;
-    dev.write(s, &[&other.1[..], &zero.1[..]].concat(), &mut l.pooled)?;
-    let pad = Token::new(cx, sh, c.ties);
     let stride = cells_stride(sh);
-    let mut wrong = 0;
-    for (k, step) in toks.chunks(STEP_ROWS).enumerate() {
-        let first = k * STEP_ROWS;
-        let pos: Vec<u32> = std::iter::once(0)
-            .chain((first..first + step.len()).map(|p| p as u32))
-            .collect();
-        let slots: Vec<u32> = std::iter::once(PAD_SLOT)
-            .chain(std::iter::repeat_n(1, step.len()))
-            .collect();
-        let rows: Vec<&Token> = std::iter::once(&pad).chain(step).collect();
-        l.feed_rows(dev, s, (&pos, &slots), &rows)?;
-        l.enqueue(dev, s, c, rows.len(), true)?;
-        let cells = dev.download(s, &l.cells)?;
-        for r in 0..step.len() {
-            let got = cells_of(&cells[(r + 1) * stride..(r + 2) * stride]);
-            wrong += usize::from(got != cells_by_pos[first + r]);
+    let want_one = (dev.download(s, &one.rows)?, dev.download(s, &one.pooled)?);
+    let pad = Token::new(cx, sh, c.ties);
+    for layout in [Layout::Chunks, Layout::Pairs, Layout::Single] {
+        let mut l = Layer::like(cx, c, one, (STEP_ROWS + 1, 2))?;
+        // slot 0: another sequence's cache, or (two live sequences) a fresh one
+        let other = match layout {
+            Layout::Pairs => want_one.clone(),
+            _ => (
+                random(&mut cx.rng, sh.rows_len(), 1.0),
+                random(&mut cx.rng, sh.pooled_len(), 1.0),
+            ),
+        };
+        let fresh = match layout {
+            Layout::Pairs => (vec![0f32; sh.rows_len()], vec![0f32; sh.pooled_len()]),
+            _ => other.clone(),
+        };
+        let zero = (vec![0f32; sh.rows_len()], vec![0f32; sh.pooled_len()]);
+        dev.write(s, &[&fresh.0[..], &zero.0[..]].concat(), &mut l.rows)?;
+        dev.write(s, &[&fresh.1[..], &zero.1[..]].concat(), &mut l.pooled)?;
+        // each step's rows: (token index or a pad row, position, slot)
+        let steps: Vec<Vec<(Option<usize>, u32, u32)>> = match layout {
+            Layout::Chunks => (0..toks.len())
+                .collect::<Vec<_>>()
+                .chunks(STEP_ROWS)
+                .map(|step| {
+                    std::iter::once((None, 0, PAD_SLOT))
+                        .chain(step.iter().map(|&t| (Some(t), t as u32, 1)))
+                        .collect()
+                })
+                .collect(),
+            Layout::Pairs => (0..toks.len())
+                .map(|t| vec![(Some(t), t as u32, 1), (Some(t), t as u32, 0)])
+                .collect(),
+            Layout::Single => (0..toks.len())
+                .map(|t| vec![(Some(t), t as u32, 1)])
+                .collect(),
+        };
+        let mut wrong = 0;
+        for step in &steps {
+            let rows: Vec<&Token> = step
+                .iter()
+                .map(|&(t, _, _)| t.map_or(&pad, |t| &toks[t]))
+                .collect();
+            let pos: Vec<u32> = step.iter().map(|&(_, p, _)| p).collect();
+            let slots: Vec<u32> = step.iter().map(|&(_, _, slot)| slot).collect();
+            l.feed_rows(dev, s, (&pos, &slots), &rows)?;
+            l.enqueue(dev, s, c, rows.len(), true)?;
+            let cells = dev.download(s, &l.cells)?;
+            for (r, &(t, _, _)) in step.iter().enumerate() {
+                if let Some(t) = t {
+                    let got = cells_of(&cells[r * stride..(r + 1) * stride]);
+                    wrong += usize::from(got != cells_by_pos[t]);
+                }
+            }
         }
+        let mut want = other.0.clone();
+        want.extend(&want_one.0);
+        want.extend(&other.1);
+        want.extend(&want_one.1);
+        let mut got = dev.download(s, &l.rows)?;
+        got.extend(dev.download(s, &l.pooled)?);
+        let what = format!("{name}, batched steps over 2 slots ({layout:?})");
+        cx.report.exact(
+            "dsa slots",
+            format!("{what}: caches"),
+            super::bit_mismatches(&got, &want),
+        );
+        cx.report
+            .exact("dsa slots", format!("{what}: cells a row"), wrong);
     }
-    let mut want = other.0;
-    want.extend(dev.download(s, &one.rows)?);
-    want.extend(other.1);
-    want.extend(dev.download(s, &one.pooled)?);
-    let mut got = dev.download(s, &l.rows)?;
-    got.extend(dev.download(s, &l.pooled)?);
-    let what = format!("{name}, batched steps of {STEP_ROWS} rows in slot 1 of 2 behind a pad row");
-    cx.report.exact(
-        "dsa slots",
-        format!("{what}: caches"),
-        super::bit_mismatches(&got, &want),
-    );
-    cx.report
-        .exact("dsa slots", format!("{what}: cells a row"), wrong);
     Ok(())
 }
 
