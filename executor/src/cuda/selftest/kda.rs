@@ -89,23 +89,33 @@ pub(super) fn run(cx: &mut Ctx) -> Result<()> {
     }
     for (case, decay) in [((4, 32, 4), KIMI_DECAY), ((2, 128, 3), GLM5_DECAY)] {
         slotted(cx, case, decay)?;
-        kept(cx, case, decay)?;
+        // (batched, drafted rows, accepted, most rows kept): a verify step; a prefill chunk of
+        // more rows than a convolution block that returns past its first block's rows
+        kept(cx, case, decay, (true, 4, 2, 4))?;
+        kept(cx, case, decay, (false, 10, 9, 12))?;
     }
     Ok(())
 }
 
-/// A speculative plan's keeping, in sequence slot 1 of 2 after three tokens: a verify span of
-/// four rows (t0..t3), then a span at the position after t1 (t2 and t3 rejected) of three
-/// rows, against the token-by-token runs of t0..t3 and of t0, t1 and the new rows: outputs
-/// and the state after, bit for bit; then a span at a position before the rows kept, whose
-/// outputs must all be NaN.
-fn kept(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay) -> Result<()> {
+/// A speculative plan's keeping after three tokens, in sequence slot 1 of 2 (a batched step's
+/// launches) or in the one slot of a prefill step's launches (`slotted` false): a span of
+/// `drafted` rows, then one of three rows at the position after its first `accepted` (the
+/// rest rejected), with states kept for spans of up to `keeps` rows, against the
+/// token-by-token runs of the drafted rows and of the accepted and new rows: outputs and the
+/// states after, bit for bit; then a span at a position before the rows kept, whose outputs
+/// must all be NaN.
+fn kept(
+    cx: &mut Ctx,
+    (heads, hd, taps): (usize, usize, usize),
+    decay: Decay,
+    (slotted, drafted, accepted, keeps): (bool, usize, usize, usize),
+) -> Result<()> {
     let (dev, s) = (cx.dev, cx.s);
     let l = Layer::new(cx, heads, hd, taps, decay);
     let w = l.width();
-    let (slot_len, keeps) = (windows(&l) + heads * hd * hd, 4);
+    let slot_len = windows(&l) + heads * hd * hd;
     let before: Vec<Token> = (0..3).map(|_| Token::new(cx, &l)).collect();
-    let drafted: Vec<Token> = (0..4).map(|_| Token::new(cx, &l)).collect();
+    let drafted: Vec<Token> = (0..drafted).map(|_| Token::new(cx, &l)).collect();
     let again: Vec<Token> = (0..3).map(|_| Token::new(cx, &l)).collect();
     // token by token after `before`: the outputs of `extra`'s tokens, and the state after
     let run = |extra: &[&Token]| -> Result<(Vec<f32>, Vec<f32>)> {
@@ -122,51 +132,58 @@ fn kept(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay) ->
     };
     let drafted_refs: Vec<&Token> = drafted.iter().collect();
     let (want_drafted, _) = run(&drafted_refs)?;
-    let accepted: Vec<&Token> = drafted[..2].iter().chain(&again).collect();
-    let (want_again, want_state) = run(&accepted)?;
-    let want_again = want_again[2 * w..].to_vec();
-    let mut one = OnDevice::new(dev, s, &l)?;
-    for (p, t) in before.iter().enumerate() {
-        one.feed(dev, s, t, p)?;
-        one.enqueue(dev, s, &l)?;
-    }
+    let taken: Vec<&Token> = drafted[..accepted].iter().chain(&again).collect();
+    let (want_again, want_state) = run(&taken)?;
+    let want_again = want_again[accepted * w..].to_vec();
+    let (_, before_state) = run(&[])?;
+    // slot 1 of 2 beside another sequence's state, or the one slot
+    let (slot, sequences) = if slotted { (1, 2) } else { (0, 1) };
     let other = random(&mut cx.rng, slot_len, 1.0);
-    let live = dev.upload(s, &[other.clone(), dev.download(s, &one.state)?].concat())?;
-    let kept_states = dev.alloc::<f32>(s, 2 * (keeps - 1) * slot_len)?;
-    let track = dev.alloc::<u32>(s, 2 * 3)?;
+    let others = if slotted { other.clone() } else { Vec::new() };
+    let live = dev.upload(s, &[others.clone(), before_state].concat())?;
+    let kept_states = dev.alloc::<f32>(s, sequences * (keeps - 1) * slot_len)?;
+    let track = dev.alloc::<u32>(s, sequences * 3)?;
     let weights = OnDevice::new(dev, s, &l)?;
-    // one span of `toks` at `first` in slot 1, with keeping; its outputs
-    let span = |toks: &[&Token], first: u32| -> Result<Vec<f32>> {
-        let pos: Vec<u32> = (first..first + toks.len() as u32).collect();
-        let slots = vec![1u32; toks.len()];
+    let step = Batched {
+        l: &l,
+        weights: &weights,
+        live: (&live, sequences),
+        slotted,
+    };
+    // one span of `toks` at `first`, with keeping; its outputs
+    let span = |toks: &[&Token], first: usize| -> Result<Vec<f32>> {
+        let pos: Vec<u32> = (first..first + toks.len()).map(|p| p as u32).collect();
+        let slots = vec![slot; toks.len()];
         let keep = (&kept_states, &track, keeps);
-        let step = Batched {
-            l: &l,
-            weights: &weights,
-            live: (&live, 2),
-        };
         Ok(step.run(dev, s, toks, (&pos, &slots), Some(keep))?.1)
     };
     let mut got = span(&drafted_refs, 3)?;
     let mut want = want_drafted;
     let again_refs: Vec<&Token> = again.iter().collect();
-    got.extend(span(&again_refs, 5)?);
+    got.extend(span(&again_refs, 3 + accepted)?);
     want.extend(want_again);
     got.extend(dev.download(s, &live)?);
-    want.extend([other, want_state].concat());
+    want.extend([others, want_state].concat());
+    let how = if slotted {
+        "in slot 1 of 2"
+    } else {
+        "in a prefill step's launches"
+    };
     cx.report.exact(
         "kda kept",
         format!(
-            "{heads} heads of {hd}, {taps} taps: a verify span of 4, then 3 rows after its second = a launch a token{}",
+            "{heads} heads of {hd}, {taps} taps, {how}: a span of {}, then 3 rows after its {accepted} accepted = a launch a token{}",
+            drafted.len(),
             decay.name()
         ),
         bit_mismatches(&got, &want),
     );
-    // the state has taken in 8 positions and kept those after 6 and 7: 4 cannot be honoured
+    // the state has taken in the positions to the new span's end and kept the last two: 4 is
+    // before them
     let lost = span(&again_refs[..1], 4)?;
     cx.report.exact(
         "kda kept",
-        format!("{heads} heads of {hd}: a span where no state is kept gives NaN"),
+        format!("{heads} heads of {hd}, {how}: a span where no state is kept gives NaN"),
         lost.iter().filter(|v| !v.is_nan()).count(),
     );
     Ok(())
@@ -219,6 +236,7 @@ fn slotted(cx: &mut Ctx, (heads, hd, taps): (usize, usize, usize), decay: Decay)
         l: &l,
         weights: &weights,
         live: (&live, 4),
+        slotted: true,
     };
     let refs: Vec<&Token> = toks.iter().collect();
     let (qkv, out) = step.run(dev, s, &refs, (&pos, &slots), None)?;
@@ -526,6 +544,8 @@ struct Batched<'a> {
     l: &'a Layer,
     weights: &'a OnDevice,
     live: (&'a DeviceBuffer<f32>, usize),
+    /// A batched step's launches over the slots (else a prefill step's, in slot 0).
+    slotted: bool,
 }
 
 impl Batched<'_> {
@@ -561,10 +581,12 @@ impl Batched<'_> {
         );
         let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
         let slot_span = Span::of(&slots_d);
-        let slotted = || Slotted {
-            slots: &slot_span,
-            stride: slot_len,
-            sequences: self.live.1,
+        let slotted = || {
+            self.slotted.then_some(Slotted {
+                slots: &slot_span,
+                stride: slot_len,
+                sequences: self.live.1,
+            })
         };
         let keeping = |offset: usize| {
             keep.map(|(kept, track, keeps)| {
@@ -588,7 +610,7 @@ impl Batched<'_> {
             (l.heads, l.hd, l.taps),
             l.decay.l2_eps,
             &pos_s,
-            Some(slotted()),
+            slotted(),
             keeping(0).as_ref(),
         )?;
         let gates = KdaGates {
@@ -609,11 +631,12 @@ impl Batched<'_> {
             (l.heads, l.hd),
             EPS,
             &pos_s,
-            Some(slotted()),
+            slotted(),
             keeping(win).as_ref(),
         )?;
         if let Some(k) = keeping(0) {
-            dev.kda_track(s, (&pos_s, Some(&slot_span)), n, &k)?;
+            let slots = self.slotted.then_some(&slot_span);
+            dev.kda_track(s, (&pos_s, slots), n, &k)?;
         }
         Ok((dev.download(s, &qkv)?, dev.download(s, &out)?))
     }
