@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    options, smollm2, synth_model, synthetic_variant, tiny_deepseek2_model, tiny_kimi_linear_model,
-    tiny_tp_model,
+    options, smollm2, synth_model, synthetic_variant, tiny_deepseek2_model, tiny_glm5_next_model,
+    tiny_kimi_linear_model, tiny_tp_model,
 };
 use memra_executor::batch::window;
 use memra_executor::batch_gate::{batch_gate, sequences, Sequence};
@@ -72,10 +72,19 @@ fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kin
     tiny_tp_model();
     tiny_deepseek2_model();
     tiny_kimi_linear_model();
+    tiny_glm5_next_model();
+    // the gates' seed for the shared-indexer model (executor/tests/moe_gates.rs)
+    synth_model(
+        "tiny-glm5-next-shared",
+        "q8_0",
+        8,
+        "models/tiny-glm5-next-shared-q8_0.gguf",
+    );
     // (reference plan, plan decoding together, its other runtime lines): PP with the token
     // crossing stages, TP, PP x TP, MLA's latent cache with experts, KDA's state of each
-    // row's slot; every PP plan with two steps in flight in the pipelined arm, each over its
-    // own group of sequences
+    // row's slot, DSA's indexer cache of each row's slot in mHC streams (and a shared-indexer
+    // layer's selection across a PP cut); every PP plan with two steps in flight in the
+    // pipelined arm, each over its own group of sequences
     for (reference, name, more) in [
         ("tiny-tp", "tiny-tp", ""),
         ("tiny-tp", "tiny-tp-pp2", ""),
@@ -83,6 +92,13 @@ fn synthetic_sequences_decoded_together_equal_their_runs_alone_in_every_plan_kin
         ("tiny-tp", "tiny-tp-pp2-tp2", ""),
         ("tiny-deepseek2", "tiny-deepseek2-pp2", "in_flight = 2"),
         ("tiny-kimi-linear", "tiny-kimi-linear-pp2", "in_flight = 2"),
+        ("tiny-glm5-next", "tiny-glm5-next", ""),
+        ("tiny-glm5-next", "tiny-glm5-next-tp2", ""),
+        (
+            "tiny-glm5-next-shared",
+            "tiny-glm5-next-shared-pp2",
+            "in_flight = 2",
+        ),
     ] {
         let reference = variant(reference, "");
         let batched = variant(
