@@ -17,7 +17,8 @@ mod common;
 
 use common::{
     assert_same, compile_scratch, decode_turns, garbled, options, root, smollm2, synth_model,
-    synthetic_variant, tiny_kimi_linear_model, tiny_tp_model,
+    synthetic_variant, tiny_deepseek2_model, tiny_kimi_linear_model, tiny_qwen3moe_model,
+    tiny_tp_model,
 };
 use memra_executor::batch::Batch;
 use memra_executor::cpu::Arm;
@@ -74,6 +75,8 @@ fn smollm2_prompt_lookup_generates_plain_decodings_tokens_and_logits() {
 fn rejected_drafts_leave_no_trace_through_kda_dsa_tp_and_pp_plans() {
     tiny_tp_model();
     tiny_kimi_linear_model();
+    tiny_qwen3moe_model();
+    tiny_deepseek2_model();
     // the gates' seed (executor/tests/moe_gates.rs), so both write the same files
     for shape in ["tiny-glm5-next", "tiny-glm5-next-shared"] {
         synth_model(shape, "q8_0", 8, &format!("models/{shape}-q8_0.gguf"));
@@ -88,6 +91,13 @@ fn rejected_drafts_leave_no_trace_through_kda_dsa_tp_and_pp_plans() {
             "tiny-kimi-linear",
             "tiny-kimi-linear-pp2",
             &[Arm::Pipelined],
+        ),
+        // routed experts; MLA's latent cache with shared experts, across a PP cut
+        ("tiny-qwen3moe", "tiny-qwen3moe", &[Arm::Serial]),
+        (
+            "tiny-deepseek2",
+            "tiny-deepseek2-pp2",
+            &[Arm::Serial, Arm::Pipelined],
         ),
         // KDA and DSA: the indexer's keys and pools past the accepted rows are written again
         ("tiny-glm5-next", "tiny-glm5-next", &[Arm::Serial]),
