@@ -246,19 +246,7 @@ impl KdaState {
         p.normed(&[&k.f_a, &k.beta, &k.g_a], x, norm, &low)?;
         p.plain(&k.f_b, &sp.f_low, &sp.f)?;
         p.plain(&k.g_b, &sp.g_low, &sp.gate)?;
-        let state = self.state(layer)?;
-        dev.kda_conv(
-            s,
-            &sp.projected,
-            &Span::of(&k.conv),
-            &state,
-            &sp.qkv,
-            (k.heads, k.head_dim, k.taps),
-            k.l2_eps.unwrap_or(self.eps),
-            at.pos,
-            Some(self.slotted(k, at)),
-            self.keeping(k, layer, 0).as_ref(),
-        )
+        self.conv_rows(dev, s, k, layer, &sp, (at.pos, Some(at.slots)))
     }
 
     /// `kda_core` of a batched step's rows: the gates, the delta rule of each sequence's rows
@@ -272,32 +260,8 @@ impl KdaState {
         at: RowsAt,
         att: &Span<f32>,
     ) -> Result<()> {
-        let rows = at.pos.len();
-        let sp = self.row_spans(k, rows)?;
-        let state = self.state(layer)?;
-        let windows = 3 * k.width() * (k.taps - 1);
-        let gates = KdaGates {
-            f: sp.f.clone(),
-            dt_bias: Span::of(&k.dt_bias),
-            a: Span::of(&k.a),
-            beta: sp.beta.clone(),
-            gate: sp.gate.clone(),
-            norm: Span::of(&k.o_norm),
-            bound: k.bound,
-        };
-        dev.kda_delta(
-            s,
-            &state.sub(windows, state.len() - windows),
-            &sp.qkv,
-            &gates,
-            att,
-            (k.heads, k.head_dim),
-            self.eps,
-            at.pos,
-            Some(self.slotted(k, at)),
-            self.keeping(k, layer, windows).as_ref(),
-        )?;
-        self.track(dev, s, k, layer, (at.pos, Some(at.slots)), rows)
+        let sp = self.row_spans(k, at.pos.len())?;
+        self.core_rows(dev, s, k, layer, &sp, att, (at.pos, Some(at.slots)))
     }
 
     /// Layer `layer`'s keeping for its kernels (none outside a speculative plan); `windows`
@@ -330,13 +294,14 @@ impl KdaState {
         }
     }
 
-    /// The rows of `at` in this rank's sequence slots, for layer `k`'s kernels.
-    fn slotted<'a>(&self, k: &KdaWeights, at: RowsAt<'a>) -> Slotted<'a> {
-        Slotted {
-            slots: at.slots,
+    /// The rows in sequence slots `slots` (a batched step's), for layer `k`'s kernels; `None`
+    /// for a prefill step's rows, all of slot 0.
+    fn slotted<'a>(&self, k: &KdaWeights, slots: Option<&'a Span<u32>>) -> Option<Slotted<'a>> {
+        slots.map(|slots| Slotted {
+            slots,
             stride: k.state_len(),
             sequences: self.sequences,
-        }
+        })
     }
 
     /// `kda_pre`: every projection (the normed input's, then the low-rank gates' second
@@ -459,9 +424,9 @@ impl KdaState {
         })
     }
 
-    /// The convolutions and q/k norms of a prefill step's rows (after its products into
-    /// `spans`), advancing layer `layer`'s windows token by token from the step's position
-    /// `pos[0]`.
+    /// The convolutions and q/k norms of a step's rows (after its products into `spans`),
+    /// advancing layer `layer`'s windows token by token: a prefill step's from its position
+    /// `pos[0]` in slot 0, a batched step's (`slots`) each sequence's rows on its slot's.
     pub fn conv_rows(
         &self,
         dev: &CudaDevice,
@@ -469,26 +434,32 @@ impl KdaState {
         k: &KdaWeights,
         layer: usize,
         spans: &KdaRowSpans,
-        pos: &Span<u32>,
+        (pos, slots): (&Span<u32>, Option<&Span<u32>>),
     ) -> Result<()> {
         let state = self.state(layer)?;
+        let slotted = self.slotted(k, slots);
+        // a batched step's kernels take every slot's windows, a prefill step's slot 0's
+        let windows = match slotted {
+            Some(_) => state,
+            None => state.sub(0, 3 * k.width() * (k.taps - 1)),
+        };
         dev.kda_conv(
             s,
             &spans.projected,
             &Span::of(&k.conv),
-            &state.sub(0, 3 * k.width() * (k.taps - 1)),
+            &windows,
             &spans.qkv,
             (k.heads, k.head_dim, k.taps),
             k.l2_eps.unwrap_or(self.eps),
             pos,
-            None,
+            slotted,
             self.keeping(k, layer, 0).as_ref(),
         )
     }
 
-    /// The gates, the delta rule and the gated output norm of a prefill step's rows, token
-    /// by token on layer `layer`'s recurrent states from the step's position `pos[0]`, into
-    /// the rows of `att`.
+    /// The gates, the delta rule and the gated output norm of a step's rows (a prefill step's
+    /// token by token from its position `pos[0]` in slot 0, a batched step's each sequence's
+    /// on its slot's states), into the rows of `att`.
     #[allow(clippy::too_many_arguments)]
     pub fn core_rows(
         &self,
@@ -498,10 +469,15 @@ impl KdaState {
         layer: usize,
         spans: &KdaRowSpans,
         att: &Span<f32>,
-        pos: &Span<u32>,
+        (pos, slots): (&Span<u32>, Option<&Span<u32>>),
     ) -> Result<()> {
         let (width, state) = (k.width(), self.state(layer)?);
         let windows = 3 * width * (k.taps - 1);
+        let slotted = self.slotted(k, slots);
+        let states = match slotted {
+            Some(_) => state.sub(windows, state.len() - windows),
+            None => state.sub(windows, k.heads * k.head_dim * k.head_dim),
+        };
         let gates = KdaGates {
             f: spans.f.clone(),
             dt_bias: Span::of(&k.dt_bias),
@@ -513,17 +489,17 @@ impl KdaState {
         };
         dev.kda_delta(
             s,
-            &state.sub(windows, k.heads * k.head_dim * k.head_dim),
+            &states,
             &spans.qkv,
             &gates,
             att,
             (k.heads, k.head_dim),
             self.eps,
             pos,
-            None,
+            slotted,
             self.keeping(k, layer, windows).as_ref(),
         )?;
-        self.track(dev, s, k, layer, (pos, None), att.len() / width)
+        self.track(dev, s, k, layer, (pos, slots), att.len() / width)
     }
 
     fn state(&self, layer: usize) -> Result<Span<f32>> {

@@ -396,7 +396,7 @@ impl RankDevice {
         let sp = state.row_spans(k, rows)?;
         if seg == Segment::KdaCore {
             let att = Self::rows_of(&b.att, rows, lw.o.cols);
-            return state.core_rows(dev, s, k, li, &sp, &att, &Span::of(&b.pos));
+            return state.core_rows(dev, s, k, li, &sp, &att, (&Span::of(&b.pos), None));
         }
         let xn = self.attn_normed_rows(li, rows, s)?;
         let from_x = [
@@ -410,7 +410,7 @@ impl RankDevice {
         self.products(s, &xn, true, rows, 1, &from_x)?;
         self.products(s, &sp.f_low, false, rows, 1, &[(&k.f_b, &sp.f)])?;
         self.products(s, &sp.g_low, false, rows, 1, &[(&k.g_b, &sp.gate)])?;
-        state.conv_rows(dev, s, k, li, &sp, &Span::of(&b.pos))
+        state.conv_rows(dev, s, k, li, &sp, (&Span::of(&b.pos), None))
     }
 
     /// An MLA segment of layer `layer` (index `li`) over `rows` token rows: the decode
