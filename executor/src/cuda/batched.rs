@@ -153,14 +153,7 @@ impl RankDevice {
                 }
             }
             Segment::DsaSelect => {
-                let (MixerWeights::Mla(m), Some(mla), Some(dsa)) =
-                    (&lw.mixer, &self.mla, &self.dsa)
-                else {
-                    bail!("dsa_select on layer {layer}, not a DSA layer");
-                };
-                let Some(ix) = &m.indexer else {
-                    bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
-                };
+                let (m, ix, mla, dsa) = self.dsa_parts(layer, li)?;
                 let norm = Norm {
                     weight: &lw.attn_norm,
                     eps,

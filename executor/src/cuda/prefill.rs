@@ -366,13 +366,7 @@ impl RankDevice {
     /// activations (products over the rows), then every row's selection (`DsaState::select_rows`)
     /// at the positions `mla_pre` wrote.
     fn prefill_dsa(&self, layer: u32, li: usize, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
-        let lw = &self.layers[li];
-        let (MixerWeights::Mla(m), Some(mla), Some(dsa)) = (&lw.mixer, &self.mla, &self.dsa) else {
-            bail!("dsa_select on layer {layer}, not a DSA layer");
-        };
-        let Some(ix) = &m.indexer else {
-            bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
-        };
+        let (m, ix, mla, dsa) = self.dsa_parts(layer, li)?;
         let xn = self.attn_normed_rows(li, rows, s)?;
         let r = dsa.rows(rows)?;
         let from_x = [(&ix.k, &r.key), (&ix.gate, &r.gate), (&ix.proj, &r.w)];

@@ -23,7 +23,7 @@ use memra_compiler::plan::{
 
 use super::collective::{Collective, Exchange, Oneshot, Placement, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
-use super::dsa::DsaState;
+use super::dsa::{DsaState, IndexerWeights};
 use super::kda::{KdaState, KdaWeights};
 use super::matvec::Norm;
 use super::mhc::{HcState, HcWeights};
@@ -341,6 +341,24 @@ impl RankDevice {
     /// Values of one token row of the hidden state (a sublayer's input under mHC).
     pub(super) fn hidden_len(&self) -> usize {
         self.buf.x.len() / self.max_rows
+    }
+
+    /// What the `dsa_select` segment of layer `layer` (index `li`) works with: the layer's
+    /// MLA weights and indexer, and the rank's MLA and DSA states.
+    pub(super) fn dsa_parts(
+        &self,
+        layer: u32,
+        li: usize,
+    ) -> Result<(&MlaWeights, &IndexerWeights, &MlaState, &DsaState)> {
+        let (MixerWeights::Mla(m), Some(mla), Some(dsa)) =
+            (&self.layers[li].mixer, &self.mla, &self.dsa)
+        else {
+            bail!("dsa_select on layer {layer}, not a DSA layer");
+        };
+        let Some(ix) = &m.indexer else {
+            bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
+        };
+        Ok((m, ix, mla, dsa))
     }
 
     /// The first `rows` rows of `buf`, rows of `per` values.
