@@ -287,66 +287,23 @@ fn rows(
         want_out.extend(dev.download(s, &one.out)?);
     }
     let want_state = dev.download(s, &one.state)?;
-    let mut x = vec![0f32; 3 * n * w];
-    for (r, t) in toks.iter().enumerate() {
-        for part in 0..3 {
-            x[(part * n + r) * w..][..w].copy_from_slice(&t.x[part * w..][..w]);
-        }
-    }
-    let cat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
-        toks.iter().flat_map(|t| f(t).clone()).collect()
-    };
-    let (xd, fd, bd, gd) = (
-        dev.upload(s, &x)?,
-        dev.upload(s, &cat(|t| &t.f))?,
-        dev.upload(s, &cat(|t| &t.b))?,
-        dev.upload(s, &cat(|t| &t.gate))?,
-    );
-    let (qkv, out) = (dev.alloc::<f32>(s, 3 * n * w)?, dev.alloc::<f32>(s, n * w)?);
     // the rows start a second sequence, at position 0 over the state a first one left
     let mut many = OnDevice::new(dev, s, &l)?;
     for (r, t) in toks.iter().enumerate() {
         many.feed(dev, s, t, r)?;
         many.enqueue(dev, s, &l)?;
     }
-    dev.write(s, &[0u32], &mut many.pos)?;
-    let state = Span::of(&many.state);
-    let win = windows(&l);
-    dev.kda_conv(
-        s,
-        &Span::of(&xd),
-        &Span::of(&many.conv),
-        &state.sub(0, win),
-        &Span::of(&qkv),
-        (heads, hd, taps),
-        decay.l2_eps,
-        &Span::of(&many.pos),
-        None,
-        None,
-    )?;
-    let gates = KdaGates {
-        f: Span::of(&fd),
-        dt_bias: Span::of(&many.dt_bias),
-        a: Span::of(&many.a),
-        beta: Span::of(&bd),
-        gate: Span::of(&gd),
-        norm: Span::of(&many.norm),
-        bound: decay.bound,
+    let step = Batched {
+        l: &l,
+        weights: &many,
+        live: (&many.state, 1),
+        slotted: false,
     };
-    dev.kda_delta(
-        s,
-        &state.sub(win, heads * hd * hd),
-        &Span::of(&qkv),
-        &gates,
-        &Span::of(&out),
-        (heads, hd),
-        EPS,
-        &Span::of(&many.pos),
-        None,
-        None,
-    )?;
-    let mut got = dev.download(s, &qkv)?;
-    got.extend(dev.download(s, &out)?);
+    let refs: Vec<&Token> = toks.iter().collect();
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let (qkv, out) = step.run(dev, s, &refs, (&pos, &vec![0; n]), None)?;
+    let mut got = qkv;
+    got.extend(out);
     got.extend(dev.download(s, &many.state)?);
     let mut want = want_qkv;
     want.extend(want_out);
@@ -599,13 +556,20 @@ impl Batched<'_> {
                 }
             })
         };
-        let (states, pos_s) = (Span::of(self.live.0), Span::of(&pos_d));
+        let (live, pos_s) = (Span::of(self.live.0), Span::of(&pos_d));
+        // a batched step's kernels take every slot's windows and states, a prefill step's
+        // slot 0's
+        let (windows_of, states_of) = if self.slotted {
+            (live.clone(), live.sub(win, live.len() - win))
+        } else {
+            (live.sub(0, win), live.sub(win, slot_len - win))
+        };
         let wt = self.weights;
         dev.kda_conv(
             s,
             &Span::of(&xd),
             &Span::of(&wt.conv),
-            &states,
+            &windows_of,
             &Span::of(&qkv),
             (l.heads, l.hd, l.taps),
             l.decay.l2_eps,
@@ -624,7 +588,7 @@ impl Batched<'_> {
         };
         dev.kda_delta(
             s,
-            &states.sub(win, states.len() - win),
+            &states_of,
             &Span::of(&qkv),
             &gates,
             &Span::of(&out),
