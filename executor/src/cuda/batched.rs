@@ -140,15 +140,7 @@ impl RankDevice {
                     };
                     state.pre_batched(p, m, li, norm, (&x, &xn), at)
                 } else {
-                    // a DSA layer attends over its rows' selections (a shared-indexer layer's
-                    // left by its full layer, on this rank or loaded with the hidden state)
-                    let cells = match (m.sparse, &self.dsa) {
-                        (true, Some(dsa)) => Some(dsa.cells().rows(rows)),
-                        (true, None) => {
-                            bail!("layer {layer}: a DSA layer without a DSA selection state")
-                        }
-                        (false, _) => None,
-                    };
+                    let cells = self.attended_cells(layer, m, rows)?;
                     state.core_batched(dev, s, m, li, at, &att, cells.as_ref())
                 }
             }

@@ -98,15 +98,7 @@ impl RankDevice {
                     state.pre(dev, s, m, norm, &x, &pos)
                 } else {
                     let att = Span::of(&b.att).sub(0, lw.o.cols);
-                    // a shared-indexer layer reads the selection its full layer left, on
-                    // this rank or loaded with the hidden state
-                    let cells = match (m.sparse, &self.dsa) {
-                        (true, Some(dsa)) => Some(dsa.cells()),
-                        (true, None) => {
-                            bail!("layer {layer}: a DSA layer without a DSA selection state")
-                        }
-                        (false, _) => None,
-                    };
+                    let cells = self.attended_cells(layer, m, 1)?;
                     state.core(dev, s, m, li, &pos, &att, cells.as_ref())
                 }
             }

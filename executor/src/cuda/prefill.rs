@@ -233,7 +233,7 @@ impl RankDevice {
             Segment::MlaPre | Segment::MlaCore => {
                 if let (MixerWeights::Mla(m), Some(state)) = (&self.layers[li].mixer, &self.mla) {
                     if state.takes_rows(m, self.hidden_len()) {
-                        return self.prefill_mla(li, seg, rows, s);
+                        return self.prefill_mla((layer, li), seg, rows, s);
                     }
                 }
                 return self.prefill_mla_by_row(layer, li, seg, rows, s);
@@ -318,8 +318,14 @@ impl RankDevice {
         }
     }
 
-    /// An MLA segment of the layer of index `li` over `rows` token rows at once (`mla::rows`).
-    fn prefill_mla(&self, li: usize, seg: Segment, rows: usize, s: &Arc<CudaStream>) -> Result<()> {
+    /// An MLA segment of layer `layer` (index `li`) over `rows` token rows at once (`mla::rows`).
+    fn prefill_mla(
+        &self,
+        (layer, li): (u32, usize),
+        seg: Segment,
+        rows: usize,
+        s: &Arc<CudaStream>,
+    ) -> Result<()> {
         let lw = &self.layers[li];
         let (MixerWeights::Mla(m), Some(state)) = (&lw.mixer, &self.mla) else {
             bail!("an MLA segment on a layer without MLA weights or state");
@@ -336,13 +342,7 @@ impl RankDevice {
             state.pre_rows(dev, s, m, li, norm, (&x, &xn), &positions, rows)
         } else {
             let att = Self::rows_of(&b.att, rows, lw.o.cols);
-            // a shared-indexer layer reads the selections its full layer left, on this rank
-            // or loaded with the hidden state
-            let cells = match (m.sparse, &self.dsa) {
-                (true, Some(dsa)) => Some(dsa.cells().rows(rows)),
-                (true, None) => bail!("a DSA layer without a DSA selection state"),
-                (false, _) => None,
-            };
+            let cells = self.attended_cells(layer, m, rows)?;
             state.core_rows(dev, s, m, li, &positions, &att, cells.as_ref())
         }
     }

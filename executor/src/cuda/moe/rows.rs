@@ -27,7 +27,8 @@ use crate::cuda::rows::{Groups, Matrix, GEMM_DEPTH};
 use crate::cuda::span::Span;
 use crate::cuda::weights::{full_chunks, grid, int, DeviceStack};
 
-/// A prefill step's buffers of the routed experts, for up to `rows` token rows.
+/// The buffers of the routed experts over several token rows (a prefill or batched decode
+/// step), for up to `rows` of them.
 pub(crate) struct MoeRows {
     /// Experts, and experts selected per row.
     experts: usize,

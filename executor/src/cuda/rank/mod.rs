@@ -23,7 +23,7 @@ use memra_compiler::plan::{
 
 use super::collective::{Collective, Exchange, Oneshot, Placement, Reduce};
 use super::device::{CudaDevice, DeviceBuffer};
-use super::dsa::{DsaState, IndexerWeights};
+use super::dsa::{Cells, DsaState, IndexerWeights};
 use super::kda::{KdaState, KdaWeights};
 use super::matvec::Norm;
 use super::mhc::{HcState, HcWeights};
@@ -359,6 +359,22 @@ impl RankDevice {
             bail!("dsa_select on layer {layer}, an MLA layer without an indexer");
         };
         Ok((m, ix, mla, dsa))
+    }
+
+    /// The cells the first `rows` token rows of MLA layer `layer` (weights `m`) attend over:
+    /// a DSA layer's selections (a shared-indexer layer's, left by its full layer on this rank
+    /// or loaded with the hidden state), none for a dense MLA layer.
+    pub(super) fn attended_cells(
+        &self,
+        layer: u32,
+        m: &MlaWeights,
+        rows: usize,
+    ) -> Result<Option<Cells>> {
+        match (m.sparse, &self.dsa) {
+            (true, Some(dsa)) => Ok(Some(dsa.cells().rows(rows))),
+            (true, None) => bail!("layer {layer}: a DSA layer without a DSA selection state"),
+            (false, _) => Ok(None),
+        }
     }
 
     /// The first `rows` rows of `buf`, rows of `per` values.
