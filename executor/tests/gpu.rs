@@ -2,13 +2,14 @@
 //! builds nothing here): tiny-tp placements written to a scratch directory and compiled, each
 //! gated bit for bit against the 1-rank eager CUDA run, the CUDA run against the CPU backend
 //! within a relative logit tolerance, and batched plans (several sequence slots: tiny-tp on
-//! one device, PP-2, TP-2, PP-2 x TP-2; tiny-qwen3moe on one device, PP-2, TP-2, EP-2) whose
-//! sequences decoded together must have, bit for bit, the logits of each decoded alone (by
-//! the one-sequence decode kernels, and by the batched plan itself), a KDA and a DSA plan's
-//! second sequence in one session, which must start from a fresh state, and speculative plans
-//! (tiny-tp on one device, PP-2, TP-2; tiny-qwen3moe on one device, PP-2, EP-2; both arms)
-//! whose greedy tokens and every generated token's logits are the plain plan's, bit for bit,
-//! with drafts accepted and rejected. Run with
+//! one device, PP-2, TP-2, PP-2 x TP-2; tiny-qwen3moe, tiny-deepseek2, tiny-kimi-linear and
+//! tiny-glm5-next on one device, PP-2, TP-2, EP-2) whose sequences decoded together must have,
+//! bit for bit, the logits of each decoded alone (by the one-sequence decode kernels, and by
+//! the batched plan itself), a KDA and a DSA plan's second sequence in one session, which must
+//! start from a fresh state, and speculative plans (tiny-tp, tiny-deepseek2, tiny-kimi-linear
+//! and tiny-glm5-next on one device, PP-2, TP-2; tiny-qwen3moe on one device, PP-2, EP-2; both
+//! arms) whose greedy tokens and every generated token's logits are the plain plan's, bit for
+//! bit, with drafts accepted and rejected. Run with
 //! `cargo test --release -p memra-executor --features gpu-tests --test gpu`.
 #![cfg(feature = "gpu-tests")]
 
